@@ -1,0 +1,27 @@
+"""The autograd layer: bookkeeping only. It saves q, k, v, out, the LSE and the dropout seed."""
+
+from __future__ import annotations
+
+import torch
+
+from . import ops
+from .options import AttentionOptions, new_rng_state
+
+
+class FlashAttnFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, alibi_slopes, opts: AttentionOptions):
+        rng_state = new_rng_state() if opts.dropout_p > 0 else None
+        out, lse = ops.attention_forward(q, k, v, alibi_slopes, rng_state, *ops.op_arguments(opts))
+        ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, rng_state)
+        ctx.opts = opts
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, alibi_slopes, rng_state = ctx.saved_tensors
+        dq, dk, dv = ops.attention_backward(
+            dout, q, k, v, out, lse, alibi_slopes, rng_state, *ops.op_arguments(ctx.opts)
+        )
+        return dq, dk, dv, None, None

@@ -1,0 +1,79 @@
+"""Tile, warp and stage choices: one table, looked up per GPU family, head dim and phase.
+
+Users never pay for autotuning: ``benchmarks/sweep_blocks.py`` times candidates on the GPU machine
+and the winners are written here by hand, each checked by the GPU test suite first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+# Under TRITON_INTERPRET=1 every program runs in numpy: small tiles keep the tests fast there.
+INTERPRETER = TileConfig(16, 16, 1, 1)
+
+# (max head dim) -> config. Hopper (sm90), bf16/fp16.
+_HOPPER_FORWARD = {
+    64: TileConfig(128, 64, 4, 3),
+    128: TileConfig(128, 64, 8, 3),
+    256: TileConfig(128, 64, 8, 2),
+}
+_HOPPER_DKDV = {
+    64: TileConfig(64, 128, 8, 2),
+    128: TileConfig(64, 128, 8, 2),
+    256: TileConfig(32, 64, 4, 2),
+}
+_HOPPER_DQ = {
+    64: TileConfig(128, 64, 8, 2),
+    128: TileConfig(128, 64, 8, 2),
+    256: TileConfig(64, 32, 4, 2),
+}
+# Other GPUs (Ampere and older, or anything unknown): smaller tiles that fit 100 KB of shared memory.
+_PORTABLE_FORWARD = {64: TileConfig(64, 64, 4, 2), 128: TileConfig(64, 32, 4, 2), 256: TileConfig(32, 32, 4, 1)}
+_PORTABLE_DKDV = {64: TileConfig(32, 64, 4, 1), 128: TileConfig(32, 64, 4, 1), 256: TileConfig(16, 32, 4, 1)}
+_PORTABLE_DQ = {64: TileConfig(64, 32, 4, 1), 128: TileConfig(64, 32, 4, 1), 256: TileConfig(32, 16, 4, 1)}
+
+_TABLES = {
+    ("hopper", "forward"): _HOPPER_FORWARD,
+    ("hopper", "dkdv"): _HOPPER_DKDV,
+    ("hopper", "dq"): _HOPPER_DQ,
+    ("portable", "forward"): _PORTABLE_FORWARD,
+    ("portable", "dkdv"): _PORTABLE_DKDV,
+    ("portable", "dq"): _PORTABLE_DQ,
+}
+
+
+def padded_head_dim(head_dim: int) -> int:
+    """The tile width along the head dim: a power of two, at least 16 (the tensor-core minimum)."""
+    return max(16, 1 << (head_dim - 1).bit_length())
+
+
+def gpu_family(device: torch.device) -> str:
+    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9:
+        return "hopper"
+    return "portable"
+
+
+def tile_config(phase: str, head_dim: int, dtype: torch.dtype, device: torch.device, interpret: bool) -> TileConfig:
+    """The config for ``phase`` in {"forward", "dkdv", "dq"}."""
+    if interpret:
+        return INTERPRETER
+    table = _TABLES[(gpu_family(device), phase)]
+    width = padded_head_dim(head_dim)
+    bucket = min(b for b in table if b >= width) if width <= 256 else 256
+    config = table[bucket]
+    if dtype == torch.float32:
+        # fp32 tiles take twice the shared memory: halve the key/query tile that streams.
+        config = TileConfig(max(16, config.block_m // 2), max(16, config.block_n // 2), config.num_warps,
+                            max(1, config.num_stages - 1))
+    return config

@@ -1,0 +1,153 @@
+"""Blocked attention in plain PyTorch: the CPU path (and ``FLASHATTN_BACKEND=torch`` anywhere).
+
+Same semantics as the Triton kernels, in float32, with O(seqlen) extra memory: the forward walks
+blocks of keys with the online softmax, the backward walks them again and recomputes the
+probabilities from the saved log-sum-exp. No seqlen_q x seqlen_k tensor is ever built; the largest
+temporary is one (batch, heads, seqlen_q, BLOCK_N) score block.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import masks
+from .dropout import keep_mask
+from .options import AttentionOptions
+
+BLOCK_N = 128
+
+
+def _heads_first(x: torch.Tensor, nheads_k: int) -> torch.Tensor:
+    """(B, S, H, D) -> float32 (B, Hk, H // Hk, S, D): a query head's group is its kv head."""
+    batch, seqlen, nheads, head_dim = x.shape
+    return x.transpose(1, 2).float().reshape(batch, nheads_k, nheads // nheads_k, seqlen, head_dim)
+
+
+def _block_scores(
+    q: torch.Tensor,
+    k_block: torch.Tensor,
+    key_idx: torch.Tensor,
+    opts: AttentionOptions,
+    alibi_slopes: torch.Tensor | None,
+    seqlen_q: int,
+    seqlen_k: int,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Scores of all queries against one key block: (scores, tanh of the softcap or None, visible)."""
+    raw = (q @ k_block.unsqueeze(2).transpose(-1, -2)) * opts.softmax_scale
+    capped = None
+    if opts.softcap > 0:
+        capped = torch.tanh(raw / opts.softcap)
+        raw = opts.softcap * capped
+    query_idx = torch.arange(seqlen_q, device=q.device).view(-1, 1)
+    if alibi_slopes is not None:
+        batch, nheads_k, group = q.shape[:3]
+        slopes = alibi_slopes.view(batch, nheads_k, group, 1, 1)
+        raw = raw - slopes * masks.alibi_distance(query_idx, key_idx, seqlen_q, seqlen_k)
+    seen = masks.visible(query_idx, key_idx, seqlen_q, seqlen_k, opts.window_left, opts.window_right)
+    return raw.masked_fill(~seen, float("-inf")), capped, seen
+
+
+def _block_keep(rng_state, opts, q_shape, key_idx, seqlen_q, seqlen_k) -> torch.Tensor:
+    batch, nheads_k, group = q_shape[:3]
+    query_idx = torch.arange(seqlen_q, device=key_idx.device)
+    keep = keep_mask(rng_state, opts.dropout_p, batch, nheads_k * group, query_idx, key_idx.view(-1),
+                     seqlen_q, seqlen_k)
+    return keep.view(batch, nheads_k, group, seqlen_q, -1)
+
+
+def _expand_slopes(alibi_slopes: torch.Tensor | None, batch: int, nheads: int) -> torch.Tensor | None:
+    if alibi_slopes is None:
+        return None
+    return alibi_slopes.float().expand(batch, nheads)
+
+
+def forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    opts: AttentionOptions,
+    alibi_slopes: torch.Tensor | None,
+    rng_state: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q: (B, Sq, Hq, D), k/v: (B, Sk, Hk, D) -> out (B, Sq, Hq, D), lse float32 (B, Hq, Sq)."""
+    batch, seqlen_q, nheads, head_dim = q.shape
+    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    qf = _heads_first(q, nheads_k)
+    slopes = _expand_slopes(alibi_slopes, batch, nheads)
+    row_max = torch.full(qf.shape[:-1], float("-inf"), device=q.device)
+    row_sum = torch.zeros_like(row_max)
+    acc = torch.zeros_like(qf)
+    key_lo, key_hi = masks.visible_key_range(seqlen_q, seqlen_k, opts.window_left, opts.window_right)
+    for start in range(key_lo, key_hi, BLOCK_N):
+        end = min(start + BLOCK_N, key_hi)
+        key_idx = torch.arange(start, end, device=q.device).view(1, -1)
+        k_block = k[:, start:end].transpose(1, 2).float()  # (B, Hk, n, D)
+        v_block = v[:, start:end].transpose(1, 2).float()
+        scores, _, _ = _block_scores(qf, k_block, key_idx, opts, slopes, seqlen_q, seqlen_k)
+        new_max = torch.maximum(row_max, scores.amax(dim=-1))
+        shift = new_max.masked_fill(new_max == float("-inf"), 0.0)  # rows with nothing seen yet
+        probs = torch.exp(scores - shift.unsqueeze(-1))
+        correction = torch.exp(row_max - shift)
+        row_sum = row_sum * correction + probs.sum(dim=-1)
+        if opts.dropout_p > 0:
+            keep = _block_keep(rng_state, opts, qf.shape, key_idx, seqlen_q, seqlen_k)
+            probs = probs.masked_fill(~keep, 0.0)
+        acc = acc * correction.unsqueeze(-1) + probs @ v_block.unsqueeze(2)
+        row_max = new_max
+    empty = row_sum == 0
+    out = acc / row_sum.masked_fill(empty, 1.0).unsqueeze(-1)
+    if opts.dropout_p > 0:
+        out = out / (1.0 - opts.dropout_p)
+    lse = (row_max + torch.log(row_sum)).masked_fill(empty, float("inf"))
+    out = out.reshape(batch, nheads, seqlen_q, head_dim).transpose(1, 2).to(q.dtype)
+    return out, lse.reshape(batch, nheads, seqlen_q)
+
+
+def backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    opts: AttentionOptions,
+    alibi_slopes: torch.Tensor | None,
+    rng_state: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients (dq, dk, dv) recomputed block by block from the saved log-sum-exp."""
+    batch, seqlen_q, nheads, head_dim = q.shape
+    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    qf = _heads_first(q, nheads_k)
+    dof = _heads_first(dout, nheads_k)
+    lse_f = lse.view(qf.shape[:-1])
+    delta = (dof * _heads_first(out, nheads_k)).sum(dim=-1)  # rowsum(dO * O)
+    slopes = _expand_slopes(alibi_slopes, batch, nheads)
+    dq = torch.zeros_like(qf)
+    dk = torch.zeros(batch, seqlen_k, nheads_k, head_dim, dtype=torch.float32, device=q.device)
+    dv = torch.zeros_like(dk)
+    keep_scale = 1.0 / (1.0 - opts.dropout_p)
+    key_lo, key_hi = masks.visible_key_range(seqlen_q, seqlen_k, opts.window_left, opts.window_right)
+    for start in range(key_lo, key_hi, BLOCK_N):
+        end = min(start + BLOCK_N, key_hi)
+        key_idx = torch.arange(start, end, device=q.device).view(1, -1)
+        k_block = k[:, start:end].transpose(1, 2).float()
+        v_block = v[:, start:end].transpose(1, 2).float()
+        scores, capped, _ = _block_scores(qf, k_block, key_idx, opts, slopes, seqlen_q, seqlen_k)
+        probs = torch.exp(scores - lse_f.unsqueeze(-1))  # masked scores and empty rows give 0
+        dprobs = dof @ v_block.unsqueeze(2).transpose(-1, -2)
+        if opts.dropout_p > 0:
+            keep = _block_keep(rng_state, opts, qf.shape, key_idx, seqlen_q, seqlen_k)
+            kept_probs = probs.masked_fill(~keep, 0.0) * keep_scale
+            dprobs = dprobs.masked_fill(~keep, 0.0) * keep_scale
+        else:
+            kept_probs = probs
+        dscores = probs * (dprobs - delta.unsqueeze(-1))
+        if capped is not None:
+            dscores = dscores * (1.0 - capped * capped)
+        dscores = dscores * opts.softmax_scale
+        dq += dscores @ k_block.unsqueeze(2)
+        # sum over the query heads that share each kv head
+        dk[:, start:end] = (dscores.transpose(-1, -2) @ qf).sum(dim=2).transpose(1, 2)
+        dv[:, start:end] = (kept_probs.transpose(-1, -2) @ dof).sum(dim=2).transpose(1, 2)
+    dq = dq.reshape(batch, nheads, seqlen_q, head_dim).transpose(1, 2).to(q.dtype)
+    return dq, dk.to(k.dtype), dv.to(v.dtype)

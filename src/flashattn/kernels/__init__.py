@@ -1,0 +1,1 @@
+"""Triton kernels, by phase. They know nothing of autograd; ``flashattn.ops`` launches them."""

@@ -1,0 +1,275 @@
+"""Backward kernels, FA2 style and free of atomics (so always deterministic).
+
+1. ``delta_kernel``: delta = rowsum(dO * O), one float per query row.
+2. ``dkdv_kernel``: one program per (block of keys, batch x kv head). It walks every query head of
+   the GQA group and every query block that sees these keys, recomputes P from the saved
+   log-sum-exp and accumulates dK and dV in registers; the group's sum is done in the program.
+3. ``dq_kernel``: one program per (block of queries, batch x head), walking the key blocks as the
+   forward does, and accumulating dQ.
+"""
+
+import triton
+import triton.language as tl
+
+from .common import LOG2E, dropout_keep, key_block_bounds, query_block_bounds, scores_log2, visible
+
+
+@triton.jit
+def delta_kernel(
+    Out, DOut, Delta,
+    stride_ob, stride_om, stride_oh,
+    stride_dob, stride_dom, stride_doh,
+    seqlen_q, nheads,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    bh = tl.program_id(1)
+    batch = bh // nheads
+    head = bh % nheads
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM)
+    o = tl.load(Out + batch.to(tl.int64) * stride_ob + head * stride_oh
+                + offs_m[:, None] * stride_om + offs_d[None, :], mask=mask, other=0.0)
+    do = tl.load(DOut + batch.to(tl.int64) * stride_dob + head * stride_doh
+                 + offs_m[:, None] * stride_dom + offs_d[None, :], mask=mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    tl.store(Delta + bh.to(tl.int64) * seqlen_q + offs_m, delta, mask=offs_m < seqlen_q)
+
+
+@triton.jit
+def _load_rows(ptrs, offs_rows, limit, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+               CHECK_ROWS: tl.constexpr):
+    if CHECK_ROWS:
+        if BLOCK_D == HEAD_DIM:
+            return tl.load(ptrs, mask=offs_rows[:, None] < limit, other=0.0)
+        return tl.load(ptrs, mask=(offs_rows[:, None] < limit) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    if BLOCK_D == HEAD_DIM:
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+
+
+@triton.jit
+def _dot(a, b, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    if UPCAST_DOT:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=DOT_PRECISION)
+    return tl.dot(a, b, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def _dkdv_query_range(
+    dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+    lo, hi, offs_n, bh, seqlen_q, seqlen_k,
+    qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
+    dropout_p, rng_seed, rng_offset,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    MASKED: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    offs_d = tl.arange(0, BLOCK_D)
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q = _load_rows(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, seqlen_q, offs_d,
+                       HEAD_DIM, BLOCK_D, MASKED)
+        do = _load_rows(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], offs_m, seqlen_q, offs_d,
+                        HEAD_DIM, BLOCK_D, MASKED)
+        if MASKED:
+            # rows past seqlen_q get lse = +inf, hence P = 0 and no contribution
+            lse = tl.load(lse_base + offs_m, mask=offs_m < seqlen_q, other=float("inf"))
+            delta = tl.load(delta_base + offs_m, mask=offs_m < seqlen_q, other=0.0)
+        else:
+            lse = tl.load(lse_base + offs_m)
+            delta = tl.load(delta_base + offs_m)
+        # -- recompute P (queries x keys) from the log-sum-exp --
+        qk = _dot(q, tl.trans(k), UPCAST_DOT, DOT_PRECISION)
+        s, capped = scores_log2(qk, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
+                                alibi_slope_log2, HAS_SOFTCAP, HAS_ALIBI)
+        p = tl.math.exp2(s - lse[:, None] * LOG2E)
+        if MASKED:
+            seen = visible(offs_m, offs_n, seqlen_q, seqlen_k, window_left, window_right,
+                           WINDOW_LEFT, WINDOW_RIGHT)
+            p = tl.where(seen, p, 0.0)
+        dp = _dot(do, tl.trans(v), UPCAST_DOT, DOT_PRECISION)
+        if HAS_DROPOUT:
+            keep = dropout_keep(rng_seed, rng_offset, bh, offs_m, offs_n, seqlen_q, seqlen_k, dropout_p)
+            keep_scale = 1.0 / (1.0 - dropout_p)
+            p_kept = tl.where(keep, p * keep_scale, 0.0)
+            dp = tl.where(keep, dp * keep_scale, 0.0)
+        else:
+            p_kept = p
+        dv += _dot(tl.trans(p_kept.to(do.dtype)), do, UPCAST_DOT, DOT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        if HAS_SOFTCAP:
+            ds = ds * (1.0 - capped * capped)
+        dk += _dot(tl.trans(ds.to(q.dtype)), q, UPCAST_DOT, DOT_PRECISION)
+    return dk, dv
+
+
+@triton.jit
+def dkdv_kernel(
+    Q, K, V, DOut, Lse, Delta, DK, DV, AlibiSlopes,
+    stride_qb, stride_qm, stride_qh,
+    stride_kb, stride_kn, stride_kh,
+    stride_vb, stride_vn, stride_vh,
+    stride_dob, stride_dom, stride_doh,
+    stride_dkb, stride_dkn, stride_dkh,
+    stride_dvb, stride_dvn, stride_dvh,
+    stride_alibi_b,
+    seqlen_q, seqlen_k, nheads, nheads_k, group_size,
+    softmax_scale, qk_scale, softcap_log2, window_left, window_right,
+    dropout_p, rng_seed, rng_offset,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    start_n = tl.program_id(0) * BLOCK_N
+    bhk = tl.program_id(1)
+    batch = bhk // nheads_k
+    head_k = bhk % nheads_k
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    k = _load_rows(K + batch.to(tl.int64) * stride_kb + head_k.to(tl.int64) * stride_kh
+                   + offs_n[:, None] * stride_kn + offs_d[None, :], offs_n, seqlen_k, offs_d,
+                   HEAD_DIM, BLOCK_D, True)
+    v = _load_rows(V + batch.to(tl.int64) * stride_vb + head_k.to(tl.int64) * stride_vh
+                   + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, seqlen_k, offs_d,
+                   HEAD_DIM, BLOCK_D, True)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    lo, full_lo, full_hi, hi = query_block_bounds(start_n, seqlen_q, seqlen_k, window_left, window_right,
+                                                  BLOCK_M, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT)
+    for g in range(0, group_size):
+        head = head_k * group_size + g
+        bh = batch * nheads + head
+        q_base = Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
+        do_base = DOut + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh
+        lse_base = Lse + bh.to(tl.int64) * seqlen_q
+        delta_base = Delta + bh.to(tl.int64) * seqlen_q
+        alibi_slope_log2 = 0.0
+        if HAS_ALIBI:
+            alibi_slope_log2 = tl.load(AlibiSlopes + batch * stride_alibi_b + head).to(tl.float32) * LOG2E
+        dk, dv = _dkdv_query_range(
+            dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, lo, full_lo, offs_n,
+            bh, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
+            dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_M, True, WINDOW_LEFT, WINDOW_RIGHT,
+            HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION)
+        dk, dv = _dkdv_query_range(
+            dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, full_lo, full_hi,
+            offs_n, bh, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left,
+            window_right, dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_M, False, WINDOW_LEFT,
+            WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION)
+        dk, dv = _dkdv_query_range(
+            dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, full_hi, hi, offs_n,
+            bh, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
+            dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_M, True, WINDOW_LEFT, WINDOW_RIGHT,
+            HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION)
+    dk = dk * softmax_scale
+    store_mask = offs_n[:, None] < seqlen_k
+    if BLOCK_D != HEAD_DIM:
+        store_mask = store_mask & (offs_d[None, :] < HEAD_DIM)
+    tl.store(DK + batch.to(tl.int64) * stride_dkb + head_k.to(tl.int64) * stride_dkh
+             + offs_n[:, None] * stride_dkn + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=store_mask)
+    tl.store(DV + batch.to(tl.int64) * stride_dvb + head_k.to(tl.int64) * stride_dvh
+             + offs_n[:, None] * stride_dvn + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=store_mask)
+
+
+@triton.jit
+def _dq_key_range(
+    dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn,
+    lo, hi, offs_m, bh, seqlen_q, seqlen_k,
+    qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
+    dropout_p, rng_seed, rng_offset,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    offs_d = tl.arange(0, BLOCK_D)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = _load_rows(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], offs_n, seqlen_k, offs_d,
+                       HEAD_DIM, BLOCK_D, MASKED)
+        v = _load_rows(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, seqlen_k, offs_d,
+                       HEAD_DIM, BLOCK_D, MASKED)
+        qk = _dot(q, tl.trans(k), UPCAST_DOT, DOT_PRECISION)
+        s, capped = scores_log2(qk, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
+                                alibi_slope_log2, HAS_SOFTCAP, HAS_ALIBI)
+        p = tl.math.exp2(s - lse_log2[:, None])
+        if MASKED:
+            seen = visible(offs_m, offs_n, seqlen_q, seqlen_k, window_left, window_right,
+                           WINDOW_LEFT, WINDOW_RIGHT)
+            p = tl.where(seen, p, 0.0)
+        dp = _dot(do, tl.trans(v), UPCAST_DOT, DOT_PRECISION)
+        if HAS_DROPOUT:
+            keep = dropout_keep(rng_seed, rng_offset, bh, offs_m, offs_n, seqlen_q, seqlen_k, dropout_p)
+            dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)
+        ds = p * (dp - delta[:, None])
+        if HAS_SOFTCAP:
+            ds = ds * (1.0 - capped * capped)
+        dq += _dot(ds.to(k.dtype), k, UPCAST_DOT, DOT_PRECISION)
+    return dq
+
+
+@triton.jit
+def dq_kernel(
+    Q, K, V, DOut, Lse, Delta, DQ, AlibiSlopes,
+    stride_qb, stride_qm, stride_qh,
+    stride_kb, stride_kn, stride_kh,
+    stride_vb, stride_vn, stride_vh,
+    stride_dob, stride_dom, stride_doh,
+    stride_dqb, stride_dqm, stride_dqh,
+    stride_alibi_b,
+    seqlen_q, seqlen_k, nheads, group_size,
+    softmax_scale, qk_scale, softcap_log2, window_left, window_right,
+    dropout_p, rng_seed, rng_offset,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    batch = bh // nheads
+    head = bh % nheads
+    head_k = head // group_size
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = _load_rows(Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
+                   + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, seqlen_q, offs_d,
+                   HEAD_DIM, BLOCK_D, True)
+    do = _load_rows(DOut + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh
+                    + offs_m[:, None] * stride_dom + offs_d[None, :], offs_m, seqlen_q, offs_d,
+                    HEAD_DIM, BLOCK_D, True)
+    row_ok = offs_m < seqlen_q
+    lse_log2 = tl.load(Lse + bh.to(tl.int64) * seqlen_q + offs_m, mask=row_ok, other=float("inf")) * LOG2E
+    delta = tl.load(Delta + bh.to(tl.int64) * seqlen_q + offs_m, mask=row_ok, other=0.0)
+    k_base = K + batch.to(tl.int64) * stride_kb + head_k.to(tl.int64) * stride_kh
+    v_base = V + batch.to(tl.int64) * stride_vb + head_k.to(tl.int64) * stride_vh
+    alibi_slope_log2 = 0.0
+    if HAS_ALIBI:
+        alibi_slope_log2 = tl.load(AlibiSlopes + batch * stride_alibi_b + head).to(tl.float32) * LOG2E
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    lo, full_lo, full_hi, hi = key_block_bounds(start_m, seqlen_q, seqlen_k, window_left, window_right,
+                                                BLOCK_M, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT)
+    dq = _dq_key_range(
+        dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, lo, full_lo, offs_m, bh,
+        seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
+        dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_N, True, WINDOW_LEFT, WINDOW_RIGHT,
+        HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION)
+    dq = _dq_key_range(
+        dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, full_lo, full_hi, offs_m, bh,
+        seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
+        dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_N, False, WINDOW_LEFT, WINDOW_RIGHT,
+        HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION)
+    dq = _dq_key_range(
+        dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, full_hi, hi, offs_m, bh,
+        seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
+        dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_N, True, WINDOW_LEFT, WINDOW_RIGHT,
+        HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION)
+    dq = dq * softmax_scale
+    store_mask = row_ok[:, None]
+    if BLOCK_D != HEAD_DIM:
+        store_mask = store_mask & (offs_d[None, :] < HEAD_DIM)
+    tl.store(DQ + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh
+             + offs_m[:, None] * stride_dqm + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=store_mask)

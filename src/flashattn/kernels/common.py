@@ -1,0 +1,121 @@
+"""Jit helpers shared by the forward and backward kernels.
+
+``visible`` is the Triton form of :func:`flashattn.masks.visible`; ``key_block_bounds`` and
+``query_block_bounds`` split a tile's loop into boundary blocks (masked) and interior blocks (no mask
+at all), so the masking work is confined to the few tiles that cross a mask edge.
+"""
+
+import triton
+import triton.language as tl
+
+LOG2E: tl.constexpr = 1.4426950408889634
+
+
+@triton.jit
+def tanh(x):
+    # libdevice's tanh does not run under the interpreter; this form saturates cleanly to +-1.
+    return 1.0 - 2.0 / (tl.exp2(x * (2.0 * 1.4426950408889634)) + 1.0)
+
+
+@triton.jit
+def visible(offs_m, offs_n, seqlen_q, seqlen_k, window_left, window_right,
+            WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr):
+    diagonal = offs_m[:, None] + (seqlen_k - seqlen_q)
+    seen = offs_n[None, :] < seqlen_k
+    if WINDOW_LEFT:
+        seen = seen & (offs_n[None, :] >= diagonal - window_left)
+    if WINDOW_RIGHT:
+        seen = seen & (offs_n[None, :] <= diagonal + window_right)
+    return seen
+
+
+@triton.jit
+def scores_log2(qk, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2,
+                HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
+    """Raw q.k products -> scores in base 2 (the softmax scale and log2(e) folded in).
+
+    Returns (scores, tanh term): the tanh term is needed by the softcap's derivative in the backward.
+    """
+    if HAS_SOFTCAP:
+        capped = tanh(qk * qk_scale)  # qk_scale = softmax_scale / softcap here
+        s = capped * softcap_log2
+    else:
+        capped = qk
+        s = qk * qk_scale  # qk_scale = softmax_scale * log2(e)
+    if HAS_ALIBI:
+        distance = tl.abs(offs_m[:, None] + (seqlen_k - seqlen_q) - offs_n[None, :]).to(tl.float32)
+        s = s - alibi_slope_log2 * distance
+    return s, capped
+
+
+@triton.jit
+def key_block_bounds(start_m, seqlen_q, seqlen_k, window_left, window_right,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr):
+    """For the query rows [start_m, start_m + BLOCK_M): key blocks lo <= full_lo <= full_hi <= hi.
+
+    [lo, full_lo) and [full_hi, hi) hold the blocks some of whose scores are masked; every score of a
+    block in [full_lo, full_hi) is visible and its keys are all < seqlen_k.
+    """
+    offset = seqlen_k - seqlen_q
+    first_row = start_m
+    last_row = tl.minimum(start_m + BLOCK_M, seqlen_q) - 1
+    lo = 0
+    hi = seqlen_k
+    full_lo = 0
+    full_hi = (seqlen_k // BLOCK_N) * BLOCK_N
+    if WINDOW_LEFT:
+        lo = tl.maximum(first_row + offset - window_left, 0)
+        lo = (lo // BLOCK_N) * BLOCK_N
+        full_lo = tl.maximum(last_row + offset - window_left, 0)
+        full_lo = tl.cdiv(full_lo, BLOCK_N) * BLOCK_N
+    if WINDOW_RIGHT:
+        hi = tl.minimum(last_row + offset + window_right + 1, seqlen_k)
+        full_hi = tl.minimum(first_row + offset + window_right + 1, seqlen_k)
+        full_hi = tl.maximum(full_hi, 0)
+        full_hi = (full_hi // BLOCK_N) * BLOCK_N
+    hi = tl.maximum(hi, lo)
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def query_block_bounds(start_n, seqlen_q, seqlen_k, window_left, window_right,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr):
+    """For the keys [start_n, start_n + BLOCK_N): query blocks lo <= full_lo <= full_hi <= hi.
+
+    Query i sees key j when j - offset - right <= i <= j - offset + left. Blocks in
+    [full_lo, full_hi) have every (query, key) pair visible and all their queries < seqlen_q; the
+    keys themselves may run past seqlen_k, which only touches dK/dV rows that are never stored.
+    """
+    offset = seqlen_k - seqlen_q
+    first_key = start_n
+    last_key = tl.minimum(start_n + BLOCK_N, seqlen_k) - 1
+    lo = 0
+    hi = seqlen_q
+    full_lo = 0
+    full_hi = (seqlen_q // BLOCK_M) * BLOCK_M
+    if WINDOW_RIGHT:
+        lo = tl.maximum(first_key - offset - window_right, 0)
+        lo = (lo // BLOCK_M) * BLOCK_M
+        full_lo = tl.maximum(last_key - offset - window_right, 0)
+        full_lo = tl.cdiv(full_lo, BLOCK_M) * BLOCK_M
+    if WINDOW_LEFT:
+        hi = tl.minimum(last_key - offset + window_left + 1, seqlen_q)
+        full_hi = tl.minimum(first_key - offset + window_left + 1, seqlen_q)
+        full_hi = tl.maximum(full_hi, 0)
+        full_hi = (full_hi // BLOCK_M) * BLOCK_M
+    hi = tl.maximum(hi, lo)
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def dropout_keep(rng_seed, rng_offset, bh, offs_m, offs_n, seqlen_q, seqlen_k, dropout_p):
+    """Keep-mask for scores (bh, offs_m, offs_n): counter = offset + (bh * Sq + i) * Sk + j."""
+    row = bh.to(tl.int64) * seqlen_q + offs_m.to(tl.int64)
+    counter = rng_offset + row[:, None] * seqlen_k + offs_n[None, :].to(tl.int64)
+    return tl.rand(rng_seed, counter) >= dropout_p

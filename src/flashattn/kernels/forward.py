@@ -1,0 +1,144 @@
+"""Forward kernel: one program per (block of queries, batch x head), online softmax in base 2."""
+
+import triton
+import triton.language as tl
+
+from .common import LOG2E, dropout_keep, key_block_bounds, scores_log2, visible
+
+
+@triton.jit
+def _forward_block_range(
+    acc, row_sum, row_max, q,
+    k_base, v_base, stride_kn, stride_vn,
+    lo, hi, offs_m, bh, seqlen_q, seqlen_k,
+    qk_scale, softcap_log2, alibi_slope_log2,
+    window_left, window_right, dropout_p, rng_seed, rng_offset,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    offs_d = tl.arange(0, BLOCK_D)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kt_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None]
+        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]
+        # -- load K^T and V: interior blocks need no bounds on the keys --
+        if MASKED:
+            if BLOCK_D == HEAD_DIM:
+                kt = tl.load(kt_ptrs, mask=offs_n[None, :] < seqlen_k, other=0.0)
+                v = tl.load(v_ptrs, mask=offs_n[:, None] < seqlen_k, other=0.0)
+            else:
+                kt = tl.load(kt_ptrs, mask=(offs_n[None, :] < seqlen_k) & (offs_d[:, None] < HEAD_DIM), other=0.0)
+                v = tl.load(v_ptrs, mask=(offs_n[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        else:
+            if BLOCK_D == HEAD_DIM:
+                kt = tl.load(kt_ptrs)
+                v = tl.load(v_ptrs)
+            else:
+                kt = tl.load(kt_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+                v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+        # -- scores --
+        if UPCAST_DOT:
+            qk = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision=DOT_PRECISION)
+        else:
+            qk = tl.dot(q, kt, input_precision=DOT_PRECISION)
+        s, _ = scores_log2(qk, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
+                           alibi_slope_log2, HAS_SOFTCAP, HAS_ALIBI)
+        if MASKED:
+            seen = visible(offs_m, offs_n, seqlen_q, seqlen_k, window_left, window_right,
+                           WINDOW_LEFT, WINDOW_RIGHT)
+            s = tl.where(seen, s, float("-inf"))
+        # -- online softmax: rescale what was accumulated when the running max grows --
+        new_max = tl.maximum(row_max, tl.max(s, 1))
+        if MASKED:
+            # a row that has seen no key yet keeps max = -inf; shift it by 0 to avoid inf - inf
+            shift = tl.where(new_max == float("-inf"), 0.0, new_max)
+        else:
+            shift = new_max
+        p = tl.math.exp2(s - shift[:, None])
+        correction = tl.math.exp2(row_max - shift)
+        row_sum = row_sum * correction + tl.sum(p, 1)
+        if HAS_DROPOUT:
+            keep = dropout_keep(rng_seed, rng_offset, bh, offs_m, offs_n, seqlen_q, seqlen_k, dropout_p)
+            p = tl.where(keep, p, 0.0)
+        acc = acc * correction[:, None]
+        if UPCAST_DOT:
+            acc += tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), input_precision=DOT_PRECISION)
+        else:
+            acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        row_max = new_max
+    return acc, row_sum, row_max
+
+
+@triton.jit
+def attention_forward_kernel(
+    Q, K, V, Out, Lse, AlibiSlopes,
+    stride_qb, stride_qm, stride_qh,
+    stride_kb, stride_kn, stride_kh,
+    stride_vb, stride_vn, stride_vh,
+    stride_ob, stride_om, stride_oh,
+    stride_alibi_b,
+    seqlen_q, seqlen_k, nheads, group_size,
+    qk_scale, softcap_log2, window_left, window_right,
+    dropout_p, rng_seed, rng_offset,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    batch = bh // nheads
+    head = bh % nheads
+    head_k = head // group_size
+    # int64 offsets: batch * stride passes 2**31 elements on large inputs
+    q_base = Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
+    k_base = K + batch.to(tl.int64) * stride_kb + head_k.to(tl.int64) * stride_kh
+    v_base = V + batch.to(tl.int64) * stride_vb + head_k.to(tl.int64) * stride_vh
+    o_base = Out + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m[:, None] < seqlen_q
+    if BLOCK_D != HEAD_DIM:
+        row_ok = row_ok & (offs_d[None, :] < HEAD_DIM)
+    # q stays in registers/SRAM for the whole loop over keys
+    q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], mask=row_ok, other=0.0)
+
+    alibi_slope_log2 = 0.0
+    if HAS_ALIBI:
+        alibi_slope_log2 = tl.load(AlibiSlopes + batch * stride_alibi_b + head).to(tl.float32) * LOG2E
+
+    row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    lo, full_lo, full_hi, hi = key_block_bounds(start_m, seqlen_q, seqlen_k, window_left, window_right,
+                                                BLOCK_M, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT)
+    # boundary blocks before the interior, the interior without masks, then boundary blocks after
+    acc, row_sum, row_max = _forward_block_range(
+        acc, row_sum, row_max, q, k_base, v_base, stride_kn, stride_vn, lo, full_lo, offs_m, bh,
+        seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
+        dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_N, True, WINDOW_LEFT, WINDOW_RIGHT,
+        HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION)
+    acc, row_sum, row_max = _forward_block_range(
+        acc, row_sum, row_max, q, k_base, v_base, stride_kn, stride_vn, full_lo, full_hi, offs_m, bh,
+        seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
+        dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_N, False, WINDOW_LEFT, WINDOW_RIGHT,
+        HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION)
+    acc, row_sum, row_max = _forward_block_range(
+        acc, row_sum, row_max, q, k_base, v_base, stride_kn, stride_vn, full_hi, hi, offs_m, bh,
+        seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
+        dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_N, True, WINDOW_LEFT, WINDOW_RIGHT,
+        HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION)
+
+    # -- epilogue: normalize; a row that saw no key gives 0 and lse = +inf --
+    empty = row_sum == 0.0
+    row_sum = tl.where(empty, 1.0, row_sum)
+    out = acc / row_sum[:, None]
+    if HAS_DROPOUT:
+        out = out * (1.0 / (1.0 - dropout_p))
+    lse = tl.where(empty, float("inf"), (row_max + tl.math.log2(row_sum)) / LOG2E)
+    tl.store(Lse + bh.to(tl.int64) * seqlen_q + offs_m, lse, mask=offs_m < seqlen_q)
+    tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :], out.to(Out.dtype.element_ty), mask=row_ok)

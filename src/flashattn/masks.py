@@ -1,0 +1,44 @@
+"""One definition of which key a query sees, and of the ALiBi bias it gets.
+
+Query ``i`` sees key ``j`` when ``i + Sk - Sq - left <= j <= i + Sk - Sq + right``, a bound of -1 being
+absent. Causal attention is ``right == 0``: the diagonal is aligned to the bottom-right corner when
+``Sq != Sk``. ALiBi adds ``-slope * |i + Sk - Sq - j|`` to the score.
+
+The reference, the CPU path and the Triton kernels (``kernels/common.py``) all use this rule; the tests
+check them against each other.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def visible(
+    query_idx: torch.Tensor,
+    key_idx: torch.Tensor,
+    seqlen_q: int,
+    seqlen_k: int,
+    window_left: int,
+    window_right: int,
+) -> torch.Tensor:
+    """Boolean tensor (broadcast of the two index tensors): whether each query sees each key."""
+    diagonal = query_idx + (seqlen_k - seqlen_q)
+    seen = key_idx < seqlen_k
+    if window_left >= 0:
+        seen = seen & (key_idx >= diagonal - window_left)
+    if window_right >= 0:
+        seen = seen & (key_idx <= diagonal + window_right)
+    return seen
+
+
+def alibi_distance(query_idx: torch.Tensor, key_idx: torch.Tensor, seqlen_q: int, seqlen_k: int) -> torch.Tensor:
+    """|i + Sk - Sq - j|: the ALiBi bias is ``-slope`` times this."""
+    return (query_idx + (seqlen_k - seqlen_q) - key_idx).abs()
+
+
+def visible_key_range(seqlen_q: int, seqlen_k: int, window_left: int, window_right: int) -> tuple[int, int]:
+    """The keys [lo, hi) that at least one query sees; a loop over keys may skip the rest."""
+    offset = seqlen_k - seqlen_q
+    lo = max(0, offset - window_left) if window_left >= 0 else 0
+    hi = min(seqlen_k, seqlen_q - 1 + offset + window_right + 1) if window_right >= 0 else seqlen_k
+    return lo, max(lo, hi)

@@ -1,0 +1,249 @@
+"""Custom ops: allocate outputs, pick the tile config, launch. The only place that launches kernels.
+
+Each op is a ``torch.library.custom_op`` with a CPU implementation (blocked PyTorch, ``cpu.py``) and a
+CUDA implementation (Triton), chosen by the dispatcher from the tensors' device, and a fake
+implementation for ``torch.compile``. ``FLASHATTN_BACKEND=torch|triton`` overrides the choice: the
+torch path runs on any device, and the Triton kernels run on CPU tensors under ``TRITON_INTERPRET=1``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from . import configs, cpu
+from .options import AttentionOptions
+
+LOG2E = math.log2(math.e)
+
+
+def backend_override() -> str | None:
+    """The value of FLASHATTN_BACKEND ('torch' or 'triton'), or None to dispatch by device."""
+    value = os.environ.get("FLASHATTN_BACKEND", "").strip().lower()
+    if value in ("", "auto"):
+        return None
+    if value not in ("torch", "triton"):
+        raise ValueError(f"FLASHATTN_BACKEND must be 'torch', 'triton' or unset, got {value!r}")
+    return value
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _options(softmax_scale, window_left, window_right, softcap, dropout_p) -> AttentionOptions:
+    return AttentionOptions(softmax_scale, window_left, window_right, softcap, dropout_p)
+
+
+def _kernel_scalars(opts: AttentionOptions, rng_state: torch.Tensor | None) -> dict:
+    """Runtime scalars and constexpr flags shared by every kernel of one call."""
+    if opts.softcap > 0:
+        qk_scale, softcap_log2 = opts.softmax_scale / opts.softcap, opts.softcap * LOG2E
+    else:
+        qk_scale, softcap_log2 = opts.softmax_scale * LOG2E, 0.0
+    seed, offset = (int(x) for x in rng_state.tolist()) if rng_state is not None else (0, 0)
+    return dict(
+        qk_scale=qk_scale,
+        softcap_log2=softcap_log2,
+        window_left=opts.window_left,
+        window_right=opts.window_right,
+        dropout_p=opts.dropout_p,
+        rng_seed=seed,
+        rng_offset=offset,
+        WINDOW_LEFT=opts.window_left >= 0,
+        WINDOW_RIGHT=opts.window_right >= 0,
+        HAS_SOFTCAP=opts.softcap > 0,
+        HAS_DROPOUT=opts.dropout_p > 0,
+    )
+
+
+def _dot_flags(dtype: torch.dtype) -> dict:
+    # fp32 inputs get exact fp32 products (not tf32), to stay within 2x of PyTorch's fp32 error.
+    # The interpreter's bf16 dot is wrong, so there the tiles are upcast before each product.
+    return dict(
+        UPCAST_DOT=interpreting() and dtype == torch.bfloat16,
+        DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
+    )
+
+
+def _alibi_args(alibi_slopes: torch.Tensor | None, q: torch.Tensor) -> tuple[torch.Tensor, int, bool]:
+    if alibi_slopes is None:
+        return q, 0, False  # any pointer will do: the kernel never reads it
+    return alibi_slopes, (alibi_slopes.stride(0) if alibi_slopes.dim() == 2 else 0), True
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions):
+    from .kernels.forward import attention_forward_kernel
+
+    q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
+    batch, seqlen_q, nheads, head_dim = q.shape
+    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty(batch, nheads, seqlen_q, dtype=torch.float32, device=q.device)
+    config = configs.tile_config("forward", head_dim, q.dtype, q.device, interpreting())
+    slopes, stride_alibi_b, has_alibi = _alibi_args(alibi_slopes, q)
+    grid = (_cdiv(seqlen_q, config.block_m), batch * nheads)
+    attention_forward_kernel[grid](
+        q, k, v, out, lse, slopes,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        stride_alibi_b,
+        seqlen_q, seqlen_k, nheads, nheads // nheads_k,
+        HEAD_DIM=head_dim, BLOCK_D=configs.padded_head_dim(head_dim),
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, HAS_ALIBI=has_alibi,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+        **_kernel_scalars(opts, rng_state), **_dot_flags(q.dtype),
+    )
+    return out, lse
+
+
+def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: AttentionOptions):
+    from .kernels.backward import delta_kernel, dkdv_kernel, dq_kernel
+
+    dout, q, k, v, out = (_last_dim_contiguous(x) for x in (dout, q, k, v, out))
+    batch, seqlen_q, nheads, head_dim = q.shape
+    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    block_d = configs.padded_head_dim(head_dim)
+    interpret = interpreting()
+
+    delta = torch.empty_like(lse)
+    delta_block = 16 if interpret else 64
+    delta_kernel[(_cdiv(seqlen_q, delta_block), batch * nheads)](
+        out, dout, delta,
+        out.stride(0), out.stride(1), out.stride(2),
+        dout.stride(0), dout.stride(1), dout.stride(2),
+        seqlen_q, nheads, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=delta_block,
+    )
+
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    slopes, stride_alibi_b, has_alibi = _alibi_args(alibi_slopes, q)
+    shared = dict(
+        softmax_scale=opts.softmax_scale, HEAD_DIM=head_dim, BLOCK_D=block_d, HAS_ALIBI=has_alibi,
+        **_kernel_scalars(opts, rng_state), **_dot_flags(q.dtype),
+    )
+    input_strides = (
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        dout.stride(0), dout.stride(1), dout.stride(2),
+    )
+    config = configs.tile_config("dkdv", head_dim, q.dtype, q.device, interpret)
+    dkdv_kernel[(_cdiv(seqlen_k, config.block_n), batch * nheads_k)](
+        q, k, v, dout, lse, delta, dk, dv, slopes, *input_strides,
+        dk.stride(0), dk.stride(1), dk.stride(2),
+        dv.stride(0), dv.stride(1), dv.stride(2),
+        stride_alibi_b, seqlen_q, seqlen_k, nheads, nheads_k, nheads // nheads_k,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+        num_warps=config.num_warps, num_stages=config.num_stages, **shared,
+    )
+    config = configs.tile_config("dq", head_dim, q.dtype, q.device, interpret)
+    dq_kernel[(_cdiv(seqlen_q, config.block_m), batch * nheads)](
+        q, k, v, dout, lse, delta, dq, slopes, *input_strides,
+        dq.stride(0), dq.stride(1), dq.stride(2),
+        stride_alibi_b, seqlen_q, seqlen_k, nheads, nheads // nheads_k,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+        num_warps=config.num_warps, num_stages=config.num_stages, **shared,
+    )
+    return dq, dk, dv
+
+
+# ---------------------------------------------------------------------------------------------
+# The custom ops. Options arrive unpacked (custom ops take only tensors and scalars).
+# ---------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("flashattn::attention_forward", mutates_args=(), device_types="cpu")
+def attention_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    alibi_slopes: torch.Tensor | None,
+    rng_state: torch.Tensor | None,
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    dropout_p: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) for q (B, Sq, Hq, D), k/v (B, Sk, Hk, D); lse is float32 (B, Hq, Sq), natural log."""
+    opts = _options(softmax_scale, window_left, window_right, softcap, dropout_p)
+    if backend_override() == "triton":
+        return _triton_forward(q, k, v, alibi_slopes, rng_state, opts)
+    return cpu.forward(q, k, v, opts, alibi_slopes, rng_state)
+
+
+@attention_forward.register_kernel("cuda")
+def _attention_forward_cuda(q, k, v, alibi_slopes, rng_state, softmax_scale, window_left, window_right,
+                            softcap, dropout_p):
+    opts = _options(softmax_scale, window_left, window_right, softcap, dropout_p)
+    if backend_override() == "torch":
+        return cpu.forward(q, k, v, opts, alibi_slopes, rng_state)
+    return _triton_forward(q, k, v, alibi_slopes, rng_state, opts)
+
+
+@attention_forward.register_fake
+def _attention_forward_fake(q, k, v, alibi_slopes, rng_state, softmax_scale, window_left, window_right,
+                            softcap, dropout_p):
+    batch, seqlen_q, nheads, _ = q.shape
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    return out, q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
+
+
+@torch.library.custom_op("flashattn::attention_backward", mutates_args=(), device_types="cpu")
+def attention_backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    alibi_slopes: torch.Tensor | None,
+    rng_state: torch.Tensor | None,
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    dropout_p: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv), recomputed from the saved log-sum-exp; dk/dv are summed over each GQA group."""
+    opts = _options(softmax_scale, window_left, window_right, softcap, dropout_p)
+    if backend_override() == "triton":
+        return _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts)
+    return cpu.backward(dout, q, k, v, out, lse, opts, alibi_slopes, rng_state)
+
+
+@attention_backward.register_kernel("cuda")
+def _attention_backward_cuda(dout, q, k, v, out, lse, alibi_slopes, rng_state, softmax_scale, window_left,
+                             window_right, softcap, dropout_p):
+    opts = _options(softmax_scale, window_left, window_right, softcap, dropout_p)
+    if backend_override() == "torch":
+        return cpu.backward(dout, q, k, v, out, lse, opts, alibi_slopes, rng_state)
+    return _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts)
+
+
+@attention_backward.register_fake
+def _attention_backward_fake(dout, q, k, v, out, lse, alibi_slopes, rng_state, softmax_scale, window_left,
+                             window_right, softcap, dropout_p):
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            torch.empty_like(k, memory_format=torch.contiguous_format),
+            torch.empty_like(v, memory_format=torch.contiguous_format))
+
+
+def op_arguments(opts: AttentionOptions) -> tuple[float, int, int, float, float]:
+    """The scalar tail of both ops' argument lists, in their order."""
+    return opts.softmax_scale, opts.window_left, opts.window_right, opts.softcap, opts.dropout_p
+
