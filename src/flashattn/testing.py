@@ -1,0 +1,134 @@
+"""Input generators and the tolerance rule, shared by the tests, the demo and the benchmark.
+
+The rule is flash-attn's: against a float64 reference, flashattn's error may be at most ``factor``
+(2 for outputs, 3 for gradients) times the error of plain PyTorch computing the same thing in the
+input precision, plus the rounding error of the reference itself in that precision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .options import new_rng_state
+from .reference import attention_ref
+
+
+@dataclass(frozen=True)
+class Case:
+    """One attention problem: shapes and options."""
+
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    nheads: int
+    nheads_k: int
+    head_dim: int
+    options: dict = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        opts = ",".join(f"{k}={v}" for k, v in self.options.items() if k != "alibi_slopes")
+        if "alibi_slopes" in self.options:
+            opts += ",alibi"
+        return (f"b{self.batch}-q{self.seqlen_q}-k{self.seqlen_k}-h{self.nheads}/{self.nheads_k}"
+                f"-d{self.head_dim}" + (f"-{opts}" if opts else ""))
+
+
+def random_inputs(case: Case, dtype: torch.dtype, device: str | torch.device, requires_grad: bool = False):
+    """Fresh random q, k, v (never zeros), plus ALiBi slopes on ``device`` if the case uses them."""
+    q = torch.randn(case.batch, case.seqlen_q, case.nheads, case.head_dim, dtype=dtype, device=device)
+    k = torch.randn(case.batch, case.seqlen_k, case.nheads_k, case.head_dim, dtype=dtype, device=device)
+    v = torch.randn(case.batch, case.seqlen_k, case.nheads_k, case.head_dim, dtype=dtype, device=device)
+    for x in (q, k, v):
+        x.requires_grad_(requires_grad)
+    return q, k, v
+
+
+def max_error_report(name: str, actual: torch.Tensor, expected: torch.Tensor) -> str:
+    diff = (actual.double() - expected.double()).abs()
+    flat = int(diff.argmax())
+    where = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape))
+    return (f"{name}: max error {diff.max().item():.3e} at {where}, mean {diff.mean().item():.3e}, "
+            f"got {actual.reshape(-1)[flat].item():.6g}, expected {expected.reshape(-1)[flat].item():.6g}")
+
+
+def assert_within_rule(name: str, actual: torch.Tensor, oracle: torch.Tensor, baseline: torch.Tensor,
+                       factor: float, floor: float = 0.0) -> None:
+    """Assert |actual - oracle| <= factor * |baseline - oracle| + 2 * rounding (max norms).
+
+    The rounding term is the larger of the oracle's rounding to the output dtype and ``floor``, the
+    rounding that the algorithm cannot avoid (see the gradients in ``check_against_reference``). The
+    floor matters only where the exact answer is 0 (a gradient through a softmax over one key) and
+    PyTorch happens to hit that 0 exactly.
+    """
+    assert actual.shape == oracle.shape, f"{name}: shape {tuple(actual.shape)} != {tuple(oracle.shape)}"
+    assert torch.isfinite(actual).all(), f"{name}: has non-finite values"
+    oracle = oracle.double()
+    error = (actual.double() - oracle).abs().max().item()
+    baseline_error = (baseline.double() - oracle).abs().max().item()
+    rounding = (oracle.to(actual.dtype).double() - oracle).abs().max().item()
+    rounding = max(rounding, floor)
+    bound = factor * baseline_error + 2 * rounding
+    assert error <= bound, (
+        f"{name}: error {error:.3e} > {factor} x PyTorch's {baseline_error:.3e} + 2 x rounding {rounding:.3e}\n"
+        + max_error_report(name, actual, oracle)
+    )
+
+
+def assert_lse_close(lse: torch.Tensor, oracle_lse: torch.Tensor, dtype: torch.dtype) -> None:
+    """The log-sum-exp is float32 whatever the input dtype; +inf marks rows that see no key."""
+    assert lse.dtype == torch.float32
+    empty = torch.isinf(oracle_lse)
+    assert torch.equal(torch.isinf(lse), empty), "lse: +inf rows differ from the reference's empty rows"
+    # the scores are rounded products of dtype inputs: allow a few ulps of the dtype at the lse's scale
+    tolerance = 8 * torch.finfo(dtype).eps * (1 + oracle_lse[~empty].abs().max().item() if (~empty).any() else 1)
+    error = (lse[~empty].double() - oracle_lse[~empty]).abs().max().item() if (~empty).any() else 0.0
+    assert error <= tolerance, f"lse: max error {error:.3e} > {tolerance:.3e}"
+
+
+def check_against_reference(case: Case, dtype: torch.dtype, device: str | torch.device, attention_fn,
+                            backward: bool = True, inputs=None) -> None:
+    """Run ``attention_fn(q, k, v, **options, return_attn_probs=True)`` and hold it to the rule.
+
+    The dropout stream is drawn after ``torch.manual_seed(0)``, so the reference replays it exactly.
+    """
+    q, k, v = inputs if inputs is not None else random_inputs(case, dtype, device)
+    q, k, v = (x.detach().requires_grad_(backward) for x in (q, k, v))
+    options = dict(case.options)
+    dropout_p = options.get("dropout_p", 0.0)
+    torch.manual_seed(0)
+    out, lse, _ = attention_fn(q, k, v, return_attn_probs=True, **options)
+    torch.manual_seed(0)
+    rng_state = new_rng_state() if dropout_p > 0 else None
+    ref_options = {key: value for key, value in options.items() if key != "deterministic"}
+
+    def reference(upcast: bool):
+        leaves = [x.detach().clone().requires_grad_(backward) for x in (q, k, v)]
+        if upcast:
+            leaves = [x.detach().double().requires_grad_(backward) for x in leaves]
+        out_ref, lse_ref = attention_ref(*leaves, rng_state=rng_state, upcast=upcast, **ref_options)
+        return leaves, out_ref, lse_ref
+
+    oracle_leaves, out_oracle, lse_oracle = reference(upcast=True)
+    baseline_leaves, out_baseline, _ = reference(upcast=False)
+    assert out.dtype == dtype and out.shape == q.shape
+    assert_within_rule("out", out, out_oracle, out_baseline, factor=2)
+    assert_lse_close(lse, lse_oracle, dtype)
+    if not backward:
+        return
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    oracle_grads = torch.autograd.grad(out_oracle, oracle_leaves, dout.double())
+    baseline_grads = torch.autograd.grad(out_baseline, baseline_leaves, dout)
+    # dS = P * (dP - delta) cancels terms of size |dO| |v| / (1 - p) in float32, and delta is
+    # rowsum(dO * O) of O as stored in the input dtype (as in flash-attn): both roundings reach dq/dk
+    # through one more product with q or k and the softmax scale.
+    softmax_scale = options.get("softmax_scale") or case.head_dim**-0.5
+    delta_error = (dout.double() * (out.double() - out_oracle.detach())).sum(-1).abs().max().item()
+    cancelled = (dout.abs().max() * v.abs().max()).item() / (1.0 - dropout_p)
+    grad_floor = torch.finfo(torch.float32).eps * cancelled + delta_error
+    grad_floor *= torch.maximum(q.abs().max(), k.abs().max()).item() * softmax_scale
+    for name, grad, oracle, baseline in zip(("dq", "dk", "dv"), grads, oracle_grads, baseline_grads):
+        assert grad.dtype == dtype
+        assert_within_rule(name, grad, oracle, baseline, factor=3, floor=grad_floor)

@@ -1,0 +1,63 @@
+"""The grids of shapes and options the correctness tests walk."""
+
+import torch
+
+from flashattn.testing import Case
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+OPTIONS = {
+    "plain": {},
+    "causal": {"causal": True},
+    "window": {"window_size": (17, 5)},
+    "window-left": {"window_size": (9, -1)},
+    "softcap": {"softcap": 2.5},
+    "alibi": {"alibi_slopes": "per-head"},
+    "dropout": {"dropout_p": 0.17},
+    "causal-alibi-softcap": {"causal": True, "alibi_slopes": "per-batch-head", "softcap": 4.0},
+    "window-dropout-scale": {"window_size": (6, 0), "dropout_p": 0.3, "softmax_scale": 0.3},
+}
+
+
+def make_case(shape, option_name: str, device) -> Case:
+    batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim = shape
+    options = dict(OPTIONS[option_name])
+    slopes = options.get("alibi_slopes")
+    if slopes == "per-head":
+        options["alibi_slopes"] = torch.rand(nheads, device=device) * 0.5
+    elif slopes == "per-batch-head":
+        options["alibi_slopes"] = torch.rand(batch, nheads, device=device) * 0.5
+    return Case(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, options)
+
+
+# (batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim): awkward on purpose
+CPU_SHAPES = [
+    (2, 1, 1, 2, 1, 40),
+    (1, 113, 203, 4, 2, 40),
+    (2, 203, 113, 4, 4, 96),
+    (1, 77, 77, 6, 1, 200),
+    (1, 130, 130, 2, 2, 256),
+    (2, 33, 64, 2, 1, 3),
+    (1, 1023, 1023, 2, 1, 64),
+]
+
+# Under the interpreter every program runs in numpy: small shapes, still ragged against 16-wide tiles.
+INTERPRETER_SHAPES = [
+    (2, 1, 1, 2, 1, 16),
+    (1, 37, 61, 4, 2, 40),
+    (2, 61, 37, 2, 2, 96),
+    (1, 33, 33, 2, 1, 200),
+]
+
+GPU_SHAPES = [
+    (2, 1, 1, 2, 1, 64),
+    (2, 113, 203, 4, 2, 40),
+    (2, 203, 113, 4, 4, 96),
+    (1, 1023, 1024, 4, 1, 128),
+    (1, 1024, 1023, 2, 2, 200),
+    (2, 512, 512, 3, 3, 256),
+    (1, 2048, 2048, 4, 2, 64),
+    (1, 257, 4099, 2, 1, 128),
+    (1, 8192, 8192, 2, 1, 128),
+    (1, 4096, 4096, 2, 2, 256),
+]

@@ -1,0 +1,92 @@
+"""The demo and the command line: they run, they say PASS, and bad arguments are usage errors.
+
+Fast on purpose (tiny sequence lengths, CPU only): the numbers themselves are the kernels' tests' job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import types
+
+import pytest
+
+import flashattn
+from flashattn import cli
+from flashattn.demo import run_demo
+
+
+def run_module(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m flashattn ARGS`` in a fresh interpreter: what a user types, __main__ included."""
+    return subprocess.run([sys.executable, "-m", "flashattn", *args], capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def test_info_prints_the_version():
+    result = run_module("info")
+    assert result.returncode == 0, result.stderr
+    assert flashattn.__version__ in result.stdout
+    for label in ("torch", "triton", "device", "backend"):
+        assert label in result.stdout
+
+
+def test_info_reports_the_backend_override(monkeypatch, capsys):
+    monkeypatch.setenv("FLASHATTN_BACKEND", "torch")
+    assert cli.main(["info"]) == 0
+    assert "forced by FLASHATTN_BACKEND=torch" in capsys.readouterr().out
+
+
+def test_run_demo_on_cpu_passes(capsys):
+    run_demo(device="cpu", seqlens=[64, 128], heads=2)
+    out = capsys.readouterr().out
+    table_rows = [line for line in out.splitlines() if line.lstrip("│ ").startswith(("64 ", "128 "))]
+    assert sum("PASS" in line for line in table_rows) == 2, out
+    assert "FAIL" not in out
+    assert "exact: max error" in out and "within the dtype tolerance" in out
+    assert "O(N) vs O(N^2)" in out
+
+
+def test_demo_subcommand_runs(capsys):
+    assert cli.main(["demo", "--device", "cpu", "--seqlens", "32,64", "--heads", "1", "--headdim", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "PASS" in out and "FAIL" not in out
+
+
+@pytest.mark.parametrize("argv", [
+    [],                                  # no subcommand
+    ["nosuchcommand"],
+    ["demo", "--seqlens", "0"],
+    ["demo", "--seqlens", "abc"],
+    ["demo", "--dtype", "int8"],
+    ["demo", "--device", "tpu"],
+    ["demo", "--heads", "-1"],
+    ["info", "--unknown-flag"],
+])
+def test_bad_arguments_exit_with_code_2(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    assert "usage:" in capsys.readouterr().err
+
+
+def test_bad_arguments_exit_with_code_2_from_the_command_line():
+    result = run_module("demo", "--batch", "zero")
+    assert result.returncode == 2
+    assert "--batch" in result.stderr
+
+
+def test_bench_is_registered_when_its_module_has_the_hooks(monkeypatch):
+    ran: list[argparse.Namespace] = []
+    bench = types.ModuleType("flashattn.bench")
+    bench.__doc__ = "Benchmark the kernels."
+    bench.add_arguments = lambda parser: parser.add_argument("--repeats", type=int, default=1)
+    bench.run = lambda args: ran.append(args) or 0
+    monkeypatch.setitem(sys.modules, "flashattn.bench", bench)
+    assert cli.main(["bench", "--repeats", "3"]) == 0
+    assert ran[0].repeats == 3
+
+
+def test_bench_is_skipped_when_its_module_lacks_the_hooks(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flashattn.bench", types.ModuleType("flashattn.bench"))
+    assert "bench" not in cli.all_subcommands()
