@@ -48,7 +48,9 @@ def test_run_demo_on_cpu_passes(capsys):
 
 
 def test_demo_subcommand_runs(capsys):
-    assert cli.main(["demo", "--device", "cpu", "--seqlens", "32,64", "--heads", "1", "--headdim", "16"]) == 0
+    argv = ["demo", "--device", "cpu", "--seqlens", "32,64", "--heads", "1", "--headdim", "16",
+            "--threads", "1"]
+    assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "PASS" in out and "FAIL" not in out
 
@@ -61,6 +63,7 @@ def test_demo_subcommand_runs(capsys):
     ["demo", "--dtype", "int8"],
     ["demo", "--device", "tpu"],
     ["demo", "--heads", "-1"],
+    ["demo", "--threads", "0"],
     ["info", "--unknown-flag"],
 ])
 def test_bad_arguments_exit_with_code_2(argv, capsys):

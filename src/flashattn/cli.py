@@ -81,7 +81,8 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heads", type=positive_int, default=None, help="default: 8 on cpu, 16 on cuda")
     parser.add_argument("--causal", action="store_true", help="use the causal mask")
     parser.add_argument("--threads", type=positive_int, default=None,
-                        help="torch CPU threads for the run (default: torch's; fewer is steadier on a busy machine)")
+                        help="torch CPU threads for the run "
+                             "(default: torch's; fewer is steadier on a busy machine)")
 
 
 def run_demo_command(args: argparse.Namespace) -> int:

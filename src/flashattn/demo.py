@@ -604,7 +604,7 @@ def run_demo(
         raise ValueError(f"threads must be >= 1, got {threads}")
     previous_threads = torch.get_num_threads()
     print(f"flashattn demo on {settings.device} (backend: {_backend_name(settings.device)}, "
-          f"{threads or previous_threads} CPU threads), seqlens {', '.join(map(str, settings.seqlens))}")
+          f"CPU threads: {threads or previous_threads}), seqlens {', '.join(map(str, settings.seqlens))}")
     rows = []
     try:
         if threads is not None:

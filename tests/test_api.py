@@ -1,0 +1,149 @@
+"""The public API: packed forms, strided inputs, dropout, determinism, masked rows, bad input.
+
+Each test runs on both backends: the torch path, and the Triton kernels (interpreter without a GPU).
+"""
+
+import pytest
+import torch
+
+from flashattn import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
+from flashattn.reference import attention_ref
+from flashattn.testing import Case, check_against_reference
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(params=["torch", pytest.param("triton", marks=pytest.mark.interpreter)])
+def backend(request, monkeypatch):
+    monkeypatch.setenv("FLASHATTN_BACKEND", request.param)
+    return request.param
+
+
+def test_qkvpacked_matches_unpacked(backend):
+    qkv = torch.randn(2, 45, 3, 4, 32, device=DEVICE, requires_grad=True)
+    out = flash_attn_qkvpacked_func(qkv, causal=True)
+    q, k, v = qkv.detach().unbind(dim=2)
+    expected, _ = attention_ref(q, k, v, causal=True)
+    torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=1e-5)
+    out.sum().backward()
+    assert qkv.grad.shape == qkv.shape and torch.isfinite(qkv.grad).all()
+
+
+def test_kvpacked_matches_unpacked_with_gqa(backend):
+    q = torch.randn(1, 19, 6, 48, device=DEVICE)
+    kv = torch.randn(1, 31, 2, 2, 48, device=DEVICE)
+    out = flash_attn_kvpacked_func(q, kv, window_size=(4, 2))
+    expected, _ = attention_ref(q, kv[:, :, 0], kv[:, :, 1], window_size=(4, 2))
+    torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=1e-5)
+
+
+def test_strided_inputs_are_read_in_place(backend):
+    # (B, H, S, D) storage viewed as (B, S, H, D): the last dim is contiguous, the rest are not
+    q, k, v = (torch.randn(2, 3, n, 40, device=DEVICE).transpose(1, 2) for n in (50, 70, 70))
+    assert not q.is_contiguous()
+    case = Case(2, 50, 70, 3, 3, 40, {"causal": True})
+    check_against_reference(case, torch.float32, DEVICE, flash_attn_func, inputs=(q, k, v))
+
+
+def test_fully_masked_rows_give_zero_and_finite_gradients(backend):
+    q = torch.randn(1, 40, 2, 16, device=DEVICE, requires_grad=True)
+    k, v = (torch.randn(1, 10, 2, 16, device=DEVICE, requires_grad=True) for _ in range(2))
+    out, lse, _ = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert torch.equal(out[:, :30], torch.zeros_like(out[:, :30]))
+    assert torch.isinf(lse[..., :30]).all() and torch.isfinite(lse[..., 30:]).all()
+    out.sum().backward()
+    assert all(torch.isfinite(x.grad).all() for x in (q, k, v))
+    assert torch.equal(q.grad[:, :30], torch.zeros_like(q.grad[:, :30]))
+
+
+def _grads(q, k, v, **options):
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    out = flash_attn_func(*leaves, **options)
+    out.backward(torch.ones_like(out))
+    return [x.grad for x in leaves]
+
+
+def test_deterministic_backward_is_bitwise_repeatable(backend):
+    q, k, v = (torch.randn(2, 67, 4, 32, device=DEVICE) for _ in range(3))
+    first = _grads(q, k, v, causal=True, deterministic=True)
+    second = _grads(q, k, v, causal=True, deterministic=True)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+def test_dropout_reproducible_and_seeded(backend):
+    q, k, v = (torch.randn(1, 33, 2, 16, device=DEVICE) for _ in range(3))
+    torch.manual_seed(7)
+    first = flash_attn_func(q, k, v, dropout_p=0.4)
+    torch.manual_seed(7)
+    second = flash_attn_func(q, k, v, dropout_p=0.4)
+    third = flash_attn_func(q, k, v, dropout_p=0.4)
+    assert torch.equal(first, second)
+    assert not torch.equal(first, third)
+
+
+def test_dropout_zero_is_no_dropout(backend):
+    q, k, v = (torch.randn(1, 33, 2, 16, device=DEVICE) for _ in range(3))
+    assert torch.equal(flash_attn_func(q, k, v, dropout_p=0.0), flash_attn_func(q, k, v))
+
+
+def test_dropout_mean_over_seeds_approaches_no_dropout(backend):
+    q, k, v = (torch.randn(1, 24, 1, 16, device=DEVICE) for _ in range(3))
+    expected = flash_attn_func(q, k, v)
+    draws = 300 if backend == "torch" else 60
+    mean = sum(flash_attn_func(q, k, v, dropout_p=0.25) for _ in range(draws)) / draws
+    # each element is a mean of independent draws: its error shrinks as 1/sqrt(draws)
+    spread = (mean - expected).abs().mean().item()
+    single = (flash_attn_func(q, k, v, dropout_p=0.25) - expected).abs().mean().item()
+    assert spread < 2.5 * single / draws**0.5
+
+
+def test_dropout_backward_regenerates_the_mask(backend):
+    case = Case(2, 29, 41, 2, 1, 24, {"dropout_p": 0.3, "causal": True})
+    check_against_reference(case, torch.float32, DEVICE, flash_attn_func)
+
+
+BAD_INPUTS = [
+    ("rank", lambda q, k, v: (q[0], k, v), {}, ValueError, "q must have 4 dimensions"),
+    ("dtype", lambda q, k, v: (q.double(), k.double(), v.double()), {}, TypeError, "float16, bfloat16"),
+    ("dtype-mismatch", lambda q, k, v: (q, k.half(), v.half()), {}, TypeError, "k must have q's dtype"),
+    ("head-dim", lambda q, k, v: (q, k[..., :8], v[..., :8]), {}, ValueError, "head dim"),
+    ("heads", lambda q, k, v: (q, torch.randn(2, 8, 3, 16), torch.randn(2, 8, 3, 16)), {}, ValueError, "multiple of the number"),
+    ("kv-shape", lambda q, k, v: (q, k, v[:, :5]), {}, ValueError, "k and v must have the same shape"),
+    ("batch", lambda q, k, v: (q, k[:1], v[:1]), {}, ValueError, "batch size"),
+    ("dropout", lambda q, k, v: (q, k, v), {"dropout_p": 1.0}, ValueError, "dropout_p"),
+    ("window", lambda q, k, v: (q, k, v), {"window_size": (-2, 0)}, ValueError, "window_size"),
+    ("softcap", lambda q, k, v: (q, k, v), {"softcap": -1.0}, ValueError, "softcap"),
+    ("alibi-shape", lambda q, k, v: (q, k, v), {"alibi_slopes": torch.ones(3)}, ValueError, "alibi_slopes"),
+    ("alibi-dtype", lambda q, k, v: (q, k, v), {"alibi_slopes": torch.ones(4, dtype=torch.float64)},
+     TypeError, "alibi_slopes must be float32"),
+    ("not-a-tensor", lambda q, k, v: (q.tolist(), k, v), {}, TypeError, "q must be a torch.Tensor"),
+    ("head-dim-too-big", lambda q, k, v: (q.new_zeros(2, 8, 4, 300),) * 3, {}, ValueError, "between 1 and 256"),
+]
+
+
+@pytest.mark.parametrize("name,transform,options,error,message", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+def test_bad_input_is_refused_with_a_clear_error(name, transform, options, error, message):
+    q, k, v = torch.randn(2, 8, 4, 16), torch.randn(2, 8, 2, 16), torch.randn(2, 8, 2, 16)
+    with pytest.raises(error, match=message):
+        flash_attn_func(*transform(q, k, v), **options)
+
+
+def test_packed_forms_check_their_layout():
+    with pytest.raises(ValueError, match="qkv must have shape"):
+        flash_attn_qkvpacked_func(torch.randn(1, 4, 2, 2, 8))
+    with pytest.raises(ValueError, match="kv must have shape"):
+        flash_attn_kvpacked_func(torch.randn(1, 4, 2, 8), torch.randn(1, 4, 3, 2, 8))
+
+
+def test_backend_override_must_be_known(monkeypatch):
+    monkeypatch.setenv("FLASHATTN_BACKEND", "cuda-please")
+    with pytest.raises(ValueError, match="FLASHATTN_BACKEND"):
+        flash_attn_func(*(torch.randn(1, 4, 2, 8) for _ in range(3)))
+
+
+@pytest.mark.gpu
+def test_device_mismatch_is_refused():
+    q = torch.randn(1, 8, 2, 16, device="cuda")
+    with pytest.raises(ValueError, match="k must be on q's device"):
+        flash_attn_func(q, q.cpu(), q.cpu())
