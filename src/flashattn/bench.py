@@ -1,0 +1,345 @@
+"""``flashattn bench``: attention providers side by side, in one run, on the local device.
+
+Providers are a registry of builders: each takes (q, k, v, causal) in flash-attn layout
+(batch, seqlen, heads, headdim) and returns a zero-argument callable that runs the forward. The
+backward is timed as ``torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)``, the
+convention of every FlashAttention benchmark. FLOPs: 4 * B * H * Sq * Sk * D forward, halved when
+causal; backward = 2.5 x forward.
+
+Results go to ``benchmarks/results/`` as JSON (GPU name, versions, commit, date) and to a Markdown
+table; a provider that is missing or fails on a case is reported, not fatal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+
+import platform
+import subprocess
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from . import __version__
+from .interface import flash_attn_func
+
+Runner = Callable[[], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class BenchCase:
+    batch: int
+    seqlen: int
+    nheads: int
+    head_dim: int
+    causal: bool
+    dtype: str = "bfloat16"
+    nheads_k: int | None = None
+
+    def forward_flops(self) -> float:
+        flops = 4.0 * self.batch * self.nheads * self.seqlen * self.seqlen * self.head_dim
+        return flops / 2 if self.causal else flops
+
+
+@dataclass
+class Measurement:
+    provider: str
+    case: BenchCase
+    fwd_ms: float | None = None
+    bwd_ms: float | None = None
+    fwd_tflops: float | None = None
+    bwd_tflops: float | None = None
+    peak_extra_mib: float | None = None
+    max_diff_vs_flashattn: float | None = None
+    error: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def _sdpa(backend_name: str):
+    def build(q, k, v, causal: bool) -> Runner:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backend = getattr(SDPBackend, backend_name)
+        qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))  # torch's layout: (B, H, S, D)
+        gqa = qh.shape[1] != kh.shape[1]
+
+        def run():
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal, enable_gqa=gqa).transpose(1, 2)
+
+        return run
+
+    return build
+
+
+def _flashattn(q, k, v, causal: bool) -> Runner:
+    return lambda: flash_attn_func(q, k, v, causal=causal)
+
+
+def _naive(q, k, v, causal: bool) -> Runner:
+    def run():
+        qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))
+        group = qh.shape[1] // kh.shape[1]
+        kh, vh = kh.repeat_interleave(group, 1), vh.repeat_interleave(group, 1)
+        scores = (qh @ kh.transpose(-1, -2)) * qh.shape[-1] ** -0.5
+        if causal:
+            sq, sk = scores.shape[-2:]
+            mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq)
+            scores = scores.masked_fill(~mask, float("-inf"))
+        return (scores.softmax(-1) @ vh).transpose(1, 2)
+
+    return run
+
+
+_FLEX_CACHE: dict = {}
+
+
+def _flex(q, k, v, causal: bool) -> Runner:
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    import torch._dynamo
+
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
+    if "fn" not in _FLEX_CACHE:
+        _FLEX_CACHE["fn"] = torch.compile(flex_attention, dynamic=False)
+    compiled = _FLEX_CACHE["fn"]
+    qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))
+    block_mask = None
+    if causal:
+        block_mask = create_block_mask(lambda b, h, i, j: i >= j, None, None, qh.shape[2], kh.shape[2],
+                                       device=q.device)
+    gqa = qh.shape[1] != kh.shape[1]
+    return lambda: compiled(qh, kh, vh, block_mask=block_mask, enable_gqa=gqa).transpose(1, 2)
+
+
+PROVIDERS: dict[str, Callable] = {
+    "flashattn": _flashattn,
+    "sdpa_flash": _sdpa("FLASH_ATTENTION"),
+    "sdpa_cudnn": _sdpa("CUDNN_ATTENTION"),
+    "sdpa_efficient": _sdpa("EFFICIENT_ATTENTION"),
+    "sdpa_math": _sdpa("MATH"),
+    "flex": _flex,
+    "naive": _naive,
+}
+CPU_PROVIDERS = ("flashattn", "sdpa_math", "naive")
+
+
+def _time_ms(fn: Callable[[], object], device: torch.device) -> float:
+    if device.type == "cuda":
+        import triton.testing
+
+        return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+    import time
+
+    fn()
+    samples = []
+    for _ in range(5):
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1e3)
+    return sorted(samples)[len(samples) // 2]
+
+
+def measure(provider: str, case: BenchCase, device: torch.device, modes: tuple[str, ...],
+            reference_out: torch.Tensor | None) -> tuple[Measurement, torch.Tensor | None]:
+    result = Measurement(provider, case)
+    dtype = getattr(torch, case.dtype)
+    nheads_k = case.nheads_k or case.nheads
+    generator = torch.Generator(device=device).manual_seed(0)
+    shape_q = (case.batch, case.seqlen, case.nheads, case.head_dim)
+    shape_k = (case.batch, case.seqlen, nheads_k, case.head_dim)
+    try:
+        q = torch.randn(shape_q, device=device, dtype=dtype, generator=generator, requires_grad=True)
+        k = torch.randn(shape_k, device=device, dtype=dtype, generator=generator, requires_grad=True)
+        v = torch.randn(shape_k, device=device, dtype=dtype, generator=generator, requires_grad=True)
+        fn = PROVIDERS[provider](q, k, v, case.causal)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+        with torch.no_grad():
+            out = fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            result.peak_extra_mib = (torch.cuda.max_memory_allocated() - base) / 2**20
+        if reference_out is not None:
+            result.max_diff_vs_flashattn = (out.float() - reference_out.float()).abs().max().item()
+        flops = case.forward_flops()
+        if "fwd" in modes:
+            with torch.no_grad():
+                result.fwd_ms = _time_ms(fn, device)
+            result.fwd_tflops = flops / result.fwd_ms / 1e9
+        if "bwd" in modes:
+            out_grad = fn()
+            dout = torch.randn_like(out_grad)
+            result.bwd_ms = _time_ms(lambda: torch.autograd.grad(out_grad, (q, k, v), dout, retain_graph=True),
+                                     device)
+            result.bwd_tflops = 2.5 * flops / result.bwd_ms / 1e9
+        return result, out.detach()
+    except Exception as exc:  # a provider that cannot run a case is reported, not fatal
+        result.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+        return result, None
+    finally:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def anchor_grid(head_dims=(64, 128, 256), seqlens=(512, 1024, 2048, 4096, 8192, 16384),
+                causal=(False, True), tokens: int = 16384, hidden: int = 2048, dtype: str = "bfloat16"):
+    """The ANCHORS grid: batch * seqlen = 16k tokens, heads * headdim = 2048."""
+    return [BenchCase(max(1, tokens // n), n, hidden // d, d, c, dtype)
+            for d in head_dims for c in causal for n in seqlens]
+
+
+def environment() -> dict:
+    info = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "flashattn": __version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    try:
+        info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                        check=False, cwd=Path(__file__).parent).stdout.strip() or None
+    except OSError:
+        info["commit"] = None
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info.update(device=props.name, sms=props.multi_processor_count, capability=f"{props.major}.{props.minor}")
+    else:
+        info["device"] = platform.processor() or "cpu"
+    return info
+
+
+def measured_matmul_tflops(device: torch.device) -> float | None:
+    """The dense bf16 matmul ceiling of this GPU, measured (8192^3 on random data)."""
+    if device.type != "cuda":
+        return None
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    ms = _time_ms(lambda: a @ b, device)
+    return 2 * 8192**3 / ms / 1e9
+
+
+def markdown_table(measurements: list[Measurement], providers: list[str]) -> str:
+    """One table per (head dim, causal): fwd / bwd TFLOP/s per provider, and flashattn's ratios."""
+    lines = []
+    groups = sorted({(m.case.head_dim, m.case.causal) for m in measurements})
+    for head_dim, causal in groups:
+        lines.append(f"\n**hdim {head_dim}, {'causal' if causal else 'non-causal'}** — fwd / bwd TFLOP/s\n")
+        ratio_cols = [p for p in ("sdpa_flash", "sdpa_cudnn") if p in providers]
+        header = ["seqlen", *providers, *(f"flashattn / {p}" for p in ratio_cols)]
+        lines.append("| " + " | ".join(header) + " |")
+        lines.append("|" + "---|" * len(header))
+        rows = sorted({m.case.seqlen for m in measurements if (m.case.head_dim, m.case.causal) == (head_dim, causal)})
+        for seqlen in rows:
+            cell = {m.provider: m for m in measurements
+                    if (m.case.head_dim, m.case.causal, m.case.seqlen) == (head_dim, causal, seqlen)}
+
+            def fmt(m: Measurement | None) -> str:
+                if m is None or m.error:
+                    return "–"
+                return " / ".join("–" if x is None else (f"{x:.0f}" if x >= 10 else f"{x:.2g}")
+                                  for x in (m.fwd_tflops, m.bwd_tflops))
+
+            def ratio(a: float | None, b: float | None) -> str:
+                return "–" if not a or not b else f"{a / b:.2f}"
+
+            ours = cell.get("flashattn")
+            ratios = []
+            for p in ratio_cols:
+                other = cell.get(p)
+                if ours is None or other is None or other.error or ours.error:
+                    ratios.append("–")
+                else:
+                    ratios.append(f"{ratio(ours.fwd_tflops, other.fwd_tflops)} / {ratio(ours.bwd_tflops, other.bwd_tflops)}")
+            lines.append("| " + " | ".join([str(seqlen), *(fmt(cell.get(p)) for p in providers), *ratios]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--providers", nargs="+", default=None, choices=list(PROVIDERS),
+                        help="default: all on a GPU; flashattn, sdpa_math and naive on the CPU")
+    parser.add_argument("--head-dims", nargs="+", type=int, default=None)
+    parser.add_argument("--seqlens", nargs="+", type=int, default=None)
+    parser.add_argument("--causal", choices=("both", "yes", "no"), default="both")
+    parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None)
+    parser.add_argument("--tokens", type=int, default=16384, help="batch * seqlen (default 16384)")
+    parser.add_argument("--hidden", type=int, default=2048, help="heads * headdim (default 2048)")
+    parser.add_argument("--gqa", type=int, default=1, help="query heads per kv head (default 1)")
+    parser.add_argument("--modes", nargs="+", choices=("fwd", "bwd"), default=["fwd", "bwd"])
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"),
+                        help="folder for the JSON results (default benchmarks/results)")
+    parser.add_argument("--markdown", type=Path, default=None, help="also write the table to this file")
+
+
+def run(args: argparse.Namespace) -> int:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    on_gpu = device.type == "cuda"
+    providers = args.providers or (list(PROVIDERS) if on_gpu else list(CPU_PROVIDERS))
+    if "flashattn" in providers:  # first, so the others are checked against it
+        providers = ["flashattn"] + [p for p in providers if p != "flashattn"]
+    causal = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
+    if on_gpu:
+        grid = anchor_grid(tuple(args.head_dims or (64, 128, 256)),
+                           tuple(args.seqlens or (512, 1024, 2048, 4096, 8192, 16384)), causal,
+                           args.tokens, args.hidden, args.dtype or "bfloat16")
+    else:  # a small CPU grid instead of failing
+        grid = anchor_grid(tuple(args.head_dims or (64,)), tuple(args.seqlens or (256, 512, 1024)), causal,
+                           tokens=min(args.tokens, 1024), hidden=min(args.hidden, 256),
+                           dtype=args.dtype or "float32")
+    if args.gqa > 1:
+        grid = [BenchCase(c.batch, c.seqlen, c.nheads, c.head_dim, c.causal, c.dtype, c.nheads // args.gqa)
+                for c in grid]
+    env = environment()
+    env["matmul_tflops"] = measured_matmul_tflops(device)
+    print(f"# {env.get('device')}  torch {env['torch']}  triton {env['triton']}  commit {env['commit']}"
+          f"  matmul {env['matmul_tflops'] and round(env['matmul_tflops'])} TFLOP/s", flush=True)
+    measurements: list[Measurement] = []
+    modes = tuple(args.modes)
+    for case in grid:
+        reference_out = None
+        for provider in providers:
+            if provider == "naive" and case.batch * case.nheads * case.seqlen**2 * 2 > 8 * 2**30:
+                measurements.append(Measurement(provider, case, error="skipped: N^2 scores over 8 GiB"))
+                continue
+            m, out = measure(provider, case, device, modes, reference_out)
+            if provider == "flashattn":
+                reference_out = out
+            measurements.append(m)
+            shown = m.error or (f"fwd {m.fwd_tflops or 0:6.1f}  bwd {m.bwd_tflops or 0:6.1f} TFLOP/s"
+                                f"  mem {m.peak_extra_mib or 0:8.1f} MiB  diff {m.max_diff_vs_flashattn}")
+            print(f"d{case.head_dim:<4} causal={int(case.causal)} n={case.seqlen:<6} {provider:<15} {shown}",
+                  flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stamp = env["date"].replace(":", "").replace("-", "")[:15]
+    name = f"{stamp}-{(env.get('device') or 'cpu').replace(' ', '_')}-{env.get('commit')}.json"
+    path = args.out / name
+    path.write_text(json.dumps({"environment": env, "results": [asdict(m) for m in measurements]}, indent=1))
+    table = markdown_table(measurements, providers)
+    print(table)
+    print(f"results: {path}")
+    if args.markdown:
+        args.markdown.write_text(table)
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flashattn.bench", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
