@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 
 import platform
 import subprocess
@@ -196,6 +197,15 @@ def anchor_grid(head_dims=(64, 128, 256), seqlens=(512, 1024, 2048, 4096, 8192, 
             for d in head_dims for c in causal for n in seqlens]
 
 
+def _git_commit() -> str | None:
+    try:
+        result = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                check=False, cwd=Path(__file__).parent)
+    except OSError:
+        return None
+    return result.stdout.strip() or None
+
+
 def environment() -> dict:
     info = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -209,11 +219,7 @@ def environment() -> dict:
         info["triton"] = triton.__version__
     except ImportError:
         info["triton"] = None
-    try:
-        info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                        check=False, cwd=Path(__file__).parent).stdout.strip() or None
-    except OSError:
-        info["commit"] = None
+    info["commit"] = os.environ.get("FLASHATTN_COMMIT") or _git_commit()  # the env var: trees without .git
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         info.update(device=props.name, sms=props.multi_processor_count, capability=f"{props.major}.{props.minor}")

@@ -6,6 +6,7 @@ and the winners are written here by hand, each checked by the GPU test suite fir
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -64,8 +65,27 @@ def gpu_family(device: torch.device) -> str:
     return "portable"
 
 
+_OVERRIDES: dict[str, TileConfig] = {}
+
+
+@contextlib.contextmanager
+def use_config(phase: str, config: TileConfig):
+    """Force ``config`` for ``phase`` inside the block: how the block-size sweep tries candidates."""
+    previous = _OVERRIDES.get(phase)
+    _OVERRIDES[phase] = config
+    try:
+        yield
+    finally:
+        if previous is None:
+            del _OVERRIDES[phase]
+        else:
+            _OVERRIDES[phase] = previous
+
+
 def tile_config(phase: str, head_dim: int, dtype: torch.dtype, device: torch.device, interpret: bool) -> TileConfig:
     """The config for ``phase`` in {"forward", "dkdv", "dq"}."""
+    if phase in _OVERRIDES:
+        return _OVERRIDES[phase]
     if interpret:
         return INTERPRETER
     table = _TABLES[(gpu_family(device), phase)]

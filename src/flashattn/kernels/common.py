@@ -8,7 +8,7 @@ at all), so the masking work is confined to the few tiles that cross a mask edge
 import triton
 import triton.language as tl
 
-LOG2E: tl.constexpr = 1.4426950408889634
+LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
