@@ -23,26 +23,42 @@ class TileConfig:
 # Under TRITON_INTERPRET=1 every program runs in numpy: small tiles keep the tests fast there.
 INTERPRETER = TileConfig(16, 16, 1, 1)
 
-# (max head dim) -> config. Hopper (sm90), bf16/fp16.
+# (max head dim, masked by causal/window) -> config, for Hopper (sm90) and bf16/fp16. Measured with
+# benchmarks/sweep_blocks.py on an H200, 2026-11-21 (seqlen 4096, 16k tokens, heads * headdim = 2048).
 _HOPPER_FORWARD = {
-    64: TileConfig(128, 64, 4, 3),
-    128: TileConfig(128, 64, 8, 3),
-    256: TileConfig(128, 64, 8, 2),
+    (64, False): TileConfig(128, 64, 8, 3),
+    (64, True): TileConfig(128, 64, 8, 3),
+    (128, False): TileConfig(128, 128, 8, 3),
+    (128, True): TileConfig(128, 64, 8, 3),
+    (256, False): TileConfig(128, 64, 8, 2),
+    (256, True): TileConfig(128, 64, 8, 2),
 }
 _HOPPER_DKDV = {
-    64: TileConfig(64, 128, 8, 2),
-    128: TileConfig(64, 128, 8, 2),
-    256: TileConfig(32, 64, 4, 2),
+    (64, False): TileConfig(64, 64, 4, 2),
+    (64, True): TileConfig(64, 64, 4, 2),
+    (128, False): TileConfig(64, 64, 4, 2),
+    (128, True): TileConfig(64, 64, 4, 2),
+    (256, False): TileConfig(64, 64, 8, 2),
+    (256, True): TileConfig(32, 32, 4, 2),
 }
 _HOPPER_DQ = {
-    64: TileConfig(128, 64, 8, 2),
-    128: TileConfig(128, 64, 8, 2),
-    256: TileConfig(64, 32, 4, 2),
+    (64, False): TileConfig(128, 64, 8, 3),
+    (64, True): TileConfig(128, 64, 8, 3),
+    (128, False): TileConfig(128, 64, 8, 3),
+    (128, True): TileConfig(128, 64, 8, 3),
+    (256, False): TileConfig(128, 64, 8, 1),
+    (256, True): TileConfig(64, 64, 4, 2),
 }
 # Other GPUs (Ampere and older, or anything unknown): smaller tiles that fit 100 KB of shared memory.
-_PORTABLE_FORWARD = {64: TileConfig(64, 64, 4, 2), 128: TileConfig(64, 32, 4, 2), 256: TileConfig(32, 32, 4, 1)}
-_PORTABLE_DKDV = {64: TileConfig(32, 64, 4, 1), 128: TileConfig(32, 64, 4, 1), 256: TileConfig(16, 32, 4, 1)}
-_PORTABLE_DQ = {64: TileConfig(64, 32, 4, 1), 128: TileConfig(64, 32, 4, 1), 256: TileConfig(32, 16, 4, 1)}
+_PORTABLE_FORWARD = {(64, c): TileConfig(64, 64, 4, 2) for c in (False, True)} | {
+    (128, c): TileConfig(64, 32, 4, 2) for c in (False, True)} | {
+    (256, c): TileConfig(32, 32, 4, 1) for c in (False, True)}
+_PORTABLE_DKDV = {(64, c): TileConfig(32, 64, 4, 1) for c in (False, True)} | {
+    (128, c): TileConfig(32, 64, 4, 1) for c in (False, True)} | {
+    (256, c): TileConfig(16, 32, 4, 1) for c in (False, True)}
+_PORTABLE_DQ = {(64, c): TileConfig(64, 32, 4, 1) for c in (False, True)} | {
+    (128, c): TileConfig(64, 32, 4, 1) for c in (False, True)} | {
+    (256, c): TileConfig(32, 16, 4, 1) for c in (False, True)}
 
 _TABLES = {
     ("hopper", "forward"): _HOPPER_FORWARD,
@@ -55,8 +71,12 @@ _TABLES = {
 
 
 def padded_head_dim(head_dim: int) -> int:
-    """The tile width along the head dim: a power of two, at least 16 (the tensor-core minimum)."""
-    return max(16, 1 << (head_dim - 1).bit_length())
+    """The tile width along the head dim: a power of two, at least 32.
+
+    16 is the tensor cores' minimum, but ptxas (CUDA 13.0) crashed compiling the causal dq kernel
+    with 16-wide tiles on an H200; the 32-wide tile masks the padding like any other head dim.
+    """
+    return max(32, 1 << (head_dim - 1).bit_length())
 
 
 def gpu_family(device: torch.device) -> str:
@@ -82,7 +102,8 @@ def use_config(phase: str, config: TileConfig):
             _OVERRIDES[phase] = previous
 
 
-def tile_config(phase: str, head_dim: int, dtype: torch.dtype, device: torch.device, interpret: bool) -> TileConfig:
+def tile_config(phase: str, head_dim: int, masked: bool, dtype: torch.dtype, device: torch.device,
+                interpret: bool) -> TileConfig:
     """The config for ``phase`` in {"forward", "dkdv", "dq"}."""
     if phase in _OVERRIDES:
         return _OVERRIDES[phase]
@@ -90,8 +111,8 @@ def tile_config(phase: str, head_dim: int, dtype: torch.dtype, device: torch.dev
         return INTERPRETER
     table = _TABLES[(gpu_family(device), phase)]
     width = padded_head_dim(head_dim)
-    bucket = min(b for b in table if b >= width) if width <= 256 else 256
-    config = table[bucket]
+    bucket = min(b for b in (64, 128, 256) if b >= width)
+    config = table[(bucket, masked)]
     if dtype == torch.float32:
         # fp32 tiles take twice the shared memory: halve the key/query tile that streams.
         config = TileConfig(max(16, config.block_m // 2), max(16, config.block_n // 2), config.num_warps,

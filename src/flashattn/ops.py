@@ -90,7 +90,7 @@ def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions):
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(batch, nheads, seqlen_q, dtype=torch.float32, device=q.device)
-    config = configs.tile_config("forward", head_dim, q.dtype, q.device, interpreting())
+    config = configs.tile_config("forward", head_dim, opts.masked, q.dtype, q.device, interpreting())
     slopes, stride_alibi_b, has_alibi = _alibi_args(alibi_slopes, q)
     grid = (_cdiv(seqlen_q, config.block_m), batch * nheads)
     attention_forward_kernel[grid](
@@ -141,7 +141,7 @@ def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Att
         v.stride(0), v.stride(1), v.stride(2),
         dout.stride(0), dout.stride(1), dout.stride(2),
     )
-    config = configs.tile_config("dkdv", head_dim, q.dtype, q.device, interpret)
+    config = configs.tile_config("dkdv", head_dim, opts.masked, q.dtype, q.device, interpret)
     dkdv_kernel[(_cdiv(seqlen_k, config.block_n), batch * nheads_k)](
         q, k, v, dout, lse, delta, dk, dv, slopes, *input_strides,
         dk.stride(0), dk.stride(1), dk.stride(2),
@@ -150,7 +150,7 @@ def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Att
         BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         num_warps=config.num_warps, num_stages=config.num_stages, **shared,
     )
-    config = configs.tile_config("dq", head_dim, q.dtype, q.device, interpret)
+    config = configs.tile_config("dq", head_dim, opts.masked, q.dtype, q.device, interpret)
     dq_kernel[(_cdiv(seqlen_q, config.block_m), batch * nheads)](
         q, k, v, dout, lse, delta, dq, slopes, *input_strides,
         dq.stride(0), dq.stride(1), dq.stride(2),

@@ -44,6 +44,11 @@ class AttentionOptions:
     def causal(self) -> bool:
         return self.window_right == 0 and self.window_left < 0
 
+    @property
+    def masked(self) -> bool:
+        """Whether a causal or window mask hides part of the scores (tile choices differ then)."""
+        return self.window_left >= 0 or self.window_right >= 0
+
 
 def new_rng_state() -> torch.Tensor:
     """A (seed, offset) pair for the dropout stream, drawn from torch's default generator.
