@@ -60,11 +60,12 @@ def _kernel_scalars(opts: AttentionOptions, rng_state: torch.Tensor | None) -> d
 
 
 def _dot_flags(dtype: torch.dtype) -> dict:
-    # fp32 inputs get exact fp32 products (not tf32), to stay within 2x of PyTorch's fp32 error.
-    # The interpreter's bf16 dot is wrong, so there the tiles are upcast before each product.
+    # fp32 inputs get exact fp32 products (not tf32) and compensated accumulators, to stay within
+    # 2x of PyTorch's fp32 error. The interpreter's bf16 dot is wrong: there tiles are upcast first.
     return dict(
         UPCAST_DOT=interpreting() and dtype == torch.bfloat16,
         DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
+        COMPENSATED=dtype == torch.float32,
     )
 
 

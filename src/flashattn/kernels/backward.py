@@ -11,7 +11,7 @@
 import triton
 import triton.language as tl
 
-from .common import LOG2E, dropout_keep, key_block_bounds, query_block_bounds, scores_log2, visible
+from .common import LOG2E, accumulate, dot, dropout_keep, key_block_bounds, query_block_bounds, scores_log2, visible
 
 
 @triton.jit
@@ -49,22 +49,15 @@ def _load_rows(ptrs, offs_rows, limit, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: 
 
 
 @triton.jit
-def _dot(a, b, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    if UPCAST_DOT:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=DOT_PRECISION)
-    return tl.dot(a, b, input_precision=DOT_PRECISION)
-
-
-@triton.jit
 def _dkdv_query_range(
-    dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+    dk, dv, dk_comp, dv_comp, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
     lo, hi, offs_n, bh, seqlen_q, seqlen_k,
     qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
     dropout_p, rng_seed, rng_offset,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     MASKED: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
 ):
     offs_d = tl.arange(0, BLOCK_D)
     for start_m in range(lo, hi, BLOCK_M):
@@ -81,7 +74,7 @@ def _dkdv_query_range(
             lse = tl.load(lse_base + offs_m)
             delta = tl.load(delta_base + offs_m)
         # -- recompute P (queries x keys) from the log-sum-exp --
-        qk = _dot(q, tl.trans(k), UPCAST_DOT, DOT_PRECISION)
+        qk = dot(q, tl.trans(k), UPCAST_DOT, DOT_PRECISION)
         s, capped = scores_log2(qk, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
                                 alibi_slope_log2, HAS_SOFTCAP, HAS_ALIBI)
         p = tl.math.exp2(s - lse[:, None] * LOG2E)
@@ -89,7 +82,7 @@ def _dkdv_query_range(
             seen = visible(offs_m, offs_n, seqlen_q, seqlen_k, window_left, window_right,
                            WINDOW_LEFT, WINDOW_RIGHT)
             p = tl.where(seen, p, 0.0)
-        dp = _dot(do, tl.trans(v), UPCAST_DOT, DOT_PRECISION)
+        dp = dot(do, tl.trans(v), UPCAST_DOT, DOT_PRECISION)
         if HAS_DROPOUT:
             keep = dropout_keep(rng_seed, rng_offset, bh, offs_m, offs_n, seqlen_q, seqlen_k, dropout_p)
             keep_scale = 1.0 / (1.0 - dropout_p)
@@ -97,12 +90,14 @@ def _dkdv_query_range(
             dp = tl.where(keep, dp * keep_scale, 0.0)
         else:
             p_kept = p
-        dv += _dot(tl.trans(p_kept.to(do.dtype)), do, UPCAST_DOT, DOT_PRECISION)
+        dv, dv_comp = accumulate(dv, dv_comp, dot(tl.trans(p_kept.to(do.dtype)), do, UPCAST_DOT, DOT_PRECISION),
+                                 COMPENSATED)
         ds = p * (dp - delta[:, None])
         if HAS_SOFTCAP:
             ds = ds * (1.0 - capped * capped)
-        dk += _dot(tl.trans(ds.to(q.dtype)), q, UPCAST_DOT, DOT_PRECISION)
-    return dk, dv
+        dk, dk_comp = accumulate(dk, dk_comp, dot(tl.trans(ds.to(q.dtype)), q, UPCAST_DOT, DOT_PRECISION),
+                                 COMPENSATED)
+    return dk, dv, dk_comp, dv_comp
 
 
 @triton.jit
@@ -121,7 +116,7 @@ def dkdv_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
 ):
     start_n = tl.program_id(0) * BLOCK_N
     bhk = tl.program_id(1)
@@ -137,6 +132,8 @@ def dkdv_kernel(
                    HEAD_DIM, BLOCK_D, True)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dk_comp = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv_comp = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     lo, full_lo, full_hi, hi = query_block_bounds(start_n, seqlen_q, seqlen_k, window_left, window_right,
                                                   BLOCK_M, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT)
     for g in range(0, group_size):
@@ -149,21 +146,21 @@ def dkdv_kernel(
         alibi_slope_log2 = 0.0
         if HAS_ALIBI:
             alibi_slope_log2 = tl.load(AlibiSlopes + batch * stride_alibi_b + head).to(tl.float32) * LOG2E
-        dk, dv = _dkdv_query_range(
-            dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, lo, full_lo, offs_n,
-            bh, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
+        dk, dv, dk_comp, dv_comp = _dkdv_query_range(
+            dk, dv, dk_comp, dv_comp, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+            lo, full_lo, offs_n, bh, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
             dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_M, True, WINDOW_LEFT, WINDOW_RIGHT,
-            HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION)
-        dk, dv = _dkdv_query_range(
-            dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, full_lo, full_hi,
-            offs_n, bh, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left,
+            HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED)
+        dk, dv, dk_comp, dv_comp = _dkdv_query_range(
+            dk, dv, dk_comp, dv_comp, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+            full_lo, full_hi, offs_n, bh, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left,
             window_right, dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_M, False, WINDOW_LEFT,
-            WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION)
-        dk, dv = _dkdv_query_range(
-            dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, full_hi, hi, offs_n,
-            bh, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
+            WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED)
+        dk, dv, dk_comp, dv_comp = _dkdv_query_range(
+            dk, dv, dk_comp, dv_comp, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+            full_hi, hi, offs_n, bh, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
             dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_M, True, WINDOW_LEFT, WINDOW_RIGHT,
-            HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION)
+            HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED)
     dk = dk * softmax_scale
     store_mask = offs_n[:, None] < seqlen_k
     if BLOCK_D != HEAD_DIM:
@@ -176,14 +173,14 @@ def dkdv_kernel(
 
 @triton.jit
 def _dq_key_range(
-    dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn,
+    dq, dq_comp, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn,
     lo, hi, offs_m, bh, seqlen_q, seqlen_k,
     qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
     dropout_p, rng_seed, rng_offset,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
 ):
     offs_d = tl.arange(0, BLOCK_D)
     for start_n in range(lo, hi, BLOCK_N):
@@ -192,7 +189,7 @@ def _dq_key_range(
                        HEAD_DIM, BLOCK_D, MASKED)
         v = _load_rows(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, seqlen_k, offs_d,
                        HEAD_DIM, BLOCK_D, MASKED)
-        qk = _dot(q, tl.trans(k), UPCAST_DOT, DOT_PRECISION)
+        qk = dot(q, tl.trans(k), UPCAST_DOT, DOT_PRECISION)
         s, capped = scores_log2(qk, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
                                 alibi_slope_log2, HAS_SOFTCAP, HAS_ALIBI)
         p = tl.math.exp2(s - lse_log2[:, None])
@@ -200,15 +197,15 @@ def _dq_key_range(
             seen = visible(offs_m, offs_n, seqlen_q, seqlen_k, window_left, window_right,
                            WINDOW_LEFT, WINDOW_RIGHT)
             p = tl.where(seen, p, 0.0)
-        dp = _dot(do, tl.trans(v), UPCAST_DOT, DOT_PRECISION)
+        dp = dot(do, tl.trans(v), UPCAST_DOT, DOT_PRECISION)
         if HAS_DROPOUT:
             keep = dropout_keep(rng_seed, rng_offset, bh, offs_m, offs_n, seqlen_q, seqlen_k, dropout_p)
             dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)
         ds = p * (dp - delta[:, None])
         if HAS_SOFTCAP:
             ds = ds * (1.0 - capped * capped)
-        dq += _dot(ds.to(k.dtype), k, UPCAST_DOT, DOT_PRECISION)
-    return dq
+        dq, dq_comp = accumulate(dq, dq_comp, dot(ds.to(k.dtype), k, UPCAST_DOT, DOT_PRECISION), COMPENSATED)
+    return dq, dq_comp
 
 
 @triton.jit
@@ -226,7 +223,7 @@ def dq_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
 ):
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
@@ -250,23 +247,24 @@ def dq_kernel(
     if HAS_ALIBI:
         alibi_slope_log2 = tl.load(AlibiSlopes + batch * stride_alibi_b + head).to(tl.float32) * LOG2E
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    dq_comp = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     lo, full_lo, full_hi, hi = key_block_bounds(start_m, seqlen_q, seqlen_k, window_left, window_right,
                                                 BLOCK_M, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT)
-    dq = _dq_key_range(
-        dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, lo, full_lo, offs_m, bh,
+    dq, dq_comp = _dq_key_range(
+        dq, dq_comp, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, lo, full_lo, offs_m, bh,
         seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
         dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_N, True, WINDOW_LEFT, WINDOW_RIGHT,
-        HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION)
-    dq = _dq_key_range(
-        dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, full_lo, full_hi, offs_m, bh,
+        HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED)
+    dq, dq_comp = _dq_key_range(
+        dq, dq_comp, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, full_lo, full_hi, offs_m, bh,
         seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
         dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_N, False, WINDOW_LEFT, WINDOW_RIGHT,
-        HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION)
-    dq = _dq_key_range(
-        dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, full_hi, hi, offs_m, bh,
+        HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED)
+    dq, dq_comp = _dq_key_range(
+        dq, dq_comp, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, full_hi, hi, offs_m, bh,
         seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
         dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_N, True, WINDOW_LEFT, WINDOW_RIGHT,
-        HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION)
+        HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED)
     dq = dq * softmax_scale
     store_mask = row_ok[:, None]
     if BLOCK_D != HEAD_DIM:

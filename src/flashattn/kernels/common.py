@@ -119,3 +119,26 @@ def dropout_keep(rng_seed, rng_offset, bh, offs_m, offs_n, seqlen_q, seqlen_k, d
     row = bh.to(tl.int64) * seqlen_q + offs_m.to(tl.int64)
     counter = rng_offset + row[:, None] * seqlen_k + offs_n[None, :].to(tl.int64)
     return tl.rand(rng_seed, counter) >= dropout_p
+
+
+@triton.jit
+def dot(a, b, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    if UPCAST_DOT:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=DOT_PRECISION)
+    return tl.dot(a, b, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def accumulate(acc, compensation, increment, COMPENSATED: tl.constexpr):
+    """acc + increment, Kahan-compensated when COMPENSATED (float32 inputs).
+
+    An accumulator that sums one tile product per block over a long sequence is a chain of
+    thousands of float32 additions, and loses about sqrt(chain) ulps; PyTorch's blocked reductions
+    lose less, and the float32 tests hold flashattn to within 3x of them.
+    """
+    if COMPENSATED:
+        corrected = increment - compensation
+        total = acc + corrected
+        compensation = (total - acc) - corrected
+        return total, compensation
+    return acc + increment, compensation

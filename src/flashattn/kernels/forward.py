@@ -3,12 +3,12 @@
 import triton
 import triton.language as tl
 
-from .common import LOG2E, dropout_keep, key_block_bounds, scores_log2, visible
+from .common import LOG2E, accumulate, dot, dropout_keep, key_block_bounds, scores_log2, visible
 
 
 @triton.jit
 def _forward_block_range(
-    acc, row_sum, row_max, q,
+    acc, acc_comp, row_sum, row_max, q,
     k_base, v_base, stride_kn, stride_vn,
     lo, hi, offs_m, bh, seqlen_q, seqlen_k,
     qk_scale, softcap_log2, alibi_slope_log2,
@@ -16,7 +16,7 @@ def _forward_block_range(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
 ):
     offs_d = tl.arange(0, BLOCK_D)
     for start_n in range(lo, hi, BLOCK_N):
@@ -39,10 +39,7 @@ def _forward_block_range(
                 kt = tl.load(kt_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
                 v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
         # -- scores --
-        if UPCAST_DOT:
-            qk = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision=DOT_PRECISION)
-        else:
-            qk = tl.dot(q, kt, input_precision=DOT_PRECISION)
+        qk = dot(q, kt, UPCAST_DOT, DOT_PRECISION)
         s, _ = scores_log2(qk, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
                            alibi_slope_log2, HAS_SOFTCAP, HAS_ALIBI)
         if MASKED:
@@ -63,12 +60,11 @@ def _forward_block_range(
             keep = dropout_keep(rng_seed, rng_offset, bh, offs_m, offs_n, seqlen_q, seqlen_k, dropout_p)
             p = tl.where(keep, p, 0.0)
         acc = acc * correction[:, None]
-        if UPCAST_DOT:
-            acc += tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), input_precision=DOT_PRECISION)
-        else:
-            acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        if COMPENSATED:
+            acc_comp = acc_comp * correction[:, None]
+        acc, acc_comp = accumulate(acc, acc_comp, dot(p.to(v.dtype), v, UPCAST_DOT, DOT_PRECISION), COMPENSATED)
         row_max = new_max
-    return acc, row_sum, row_max
+    return acc, acc_comp, row_sum, row_max
 
 
 @triton.jit
@@ -85,7 +81,7 @@ def attention_forward_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
 ):
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
@@ -113,25 +109,26 @@ def attention_forward_kernel(
     row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    acc_comp = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     lo, full_lo, full_hi, hi = key_block_bounds(start_m, seqlen_q, seqlen_k, window_left, window_right,
                                                 BLOCK_M, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT)
     # boundary blocks before the interior, the interior without masks, then boundary blocks after
-    acc, row_sum, row_max = _forward_block_range(
-        acc, row_sum, row_max, q, k_base, v_base, stride_kn, stride_vn, lo, full_lo, offs_m, bh,
+    acc, acc_comp, row_sum, row_max = _forward_block_range(
+        acc, acc_comp, row_sum, row_max, q, k_base, v_base, stride_kn, stride_vn, lo, full_lo, offs_m, bh,
         seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
         dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_N, True, WINDOW_LEFT, WINDOW_RIGHT,
-        HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION)
-    acc, row_sum, row_max = _forward_block_range(
-        acc, row_sum, row_max, q, k_base, v_base, stride_kn, stride_vn, full_lo, full_hi, offs_m, bh,
+        HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED)
+    acc, acc_comp, row_sum, row_max = _forward_block_range(
+        acc, acc_comp, row_sum, row_max, q, k_base, v_base, stride_kn, stride_vn, full_lo, full_hi, offs_m, bh,
         seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
         dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_N, False, WINDOW_LEFT, WINDOW_RIGHT,
-        HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION)
-    acc, row_sum, row_max = _forward_block_range(
-        acc, row_sum, row_max, q, k_base, v_base, stride_kn, stride_vn, full_hi, hi, offs_m, bh,
+        HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED)
+    acc, acc_comp, row_sum, row_max = _forward_block_range(
+        acc, acc_comp, row_sum, row_max, q, k_base, v_base, stride_kn, stride_vn, full_hi, hi, offs_m, bh,
         seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
         dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_N, True, WINDOW_LEFT, WINDOW_RIGHT,
-        HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION)
+        HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED)
 
     # -- epilogue: normalize; a row that saw no key gives 0 and lse = +inf --
     empty = row_sum == 0.0
