@@ -61,14 +61,16 @@ def main() -> None:
                             error = (out - expected).abs().max().item()
                             if phase == "forward":
                                 ok = error < 0.03
-                                ms = triton.testing.do_bench(lambda: flash_attn_func(q, k, v, causal=causal),
-                                                             return_mode="median")
+                                ms = triton.testing.do_bench(
+                                    lambda q=q, k=k, v=v, causal=causal: flash_attn_func(q, k, v, causal=causal),
+                                    return_mode="median")
                                 tflops = flops / ms / 1e9
                             else:
                                 grads = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
                                 ok = error < 0.03 and all(torch.isfinite(g).all() for g in grads)
                                 ms = triton.testing.do_bench(
-                                    lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True),
+                                    lambda out=out, q=q, k=k, v=v, dout=dout: torch.autograd.grad(
+                                        out, (q, k, v), dout, retain_graph=True),
                                     return_mode="median")
                                 tflops = 2.5 * flops / ms / 1e9
                         status = "ok" if ok else "WRONG"

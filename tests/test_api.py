@@ -67,7 +67,7 @@ def test_deterministic_backward_is_bitwise_repeatable(backend):
     q, k, v = (torch.randn(2, 67, 4, 32, device=DEVICE) for _ in range(3))
     first = _grads(q, k, v, causal=True, deterministic=True)
     second = _grads(q, k, v, causal=True, deterministic=True)
-    for a, b in zip(first, second):
+    for a, b in zip(first, second, strict=True):
         assert torch.equal(a, b)
 
 
@@ -108,7 +108,7 @@ BAD_INPUTS = [
     ("dtype", lambda q, k, v: (q.double(), k.double(), v.double()), {}, TypeError, "float16, bfloat16"),
     ("dtype-mismatch", lambda q, k, v: (q, k.half(), v.half()), {}, TypeError, "k must have q's dtype"),
     ("head-dim", lambda q, k, v: (q, k[..., :8], v[..., :8]), {}, ValueError, "head dim"),
-    ("heads", lambda q, k, v: (q, torch.randn(2, 8, 3, 16), torch.randn(2, 8, 3, 16)), {}, ValueError, "multiple of the number"),
+    ("heads", lambda q, k, v: (q, *torch.randn(2, 2, 8, 3, 16)), {}, ValueError, "multiple of the number"),
     ("kv-shape", lambda q, k, v: (q, k, v[:, :5]), {}, ValueError, "k and v must have the same shape"),
     ("batch", lambda q, k, v: (q, k[:1], v[:1]), {}, ValueError, "batch size"),
     ("dropout", lambda q, k, v: (q, k, v), {"dropout_p": 1.0}, ValueError, "dropout_p"),
@@ -118,7 +118,7 @@ BAD_INPUTS = [
     ("alibi-dtype", lambda q, k, v: (q, k, v), {"alibi_slopes": torch.ones(4, dtype=torch.float64)},
      TypeError, "alibi_slopes must be float32"),
     ("not-a-tensor", lambda q, k, v: (q.tolist(), k, v), {}, TypeError, "q must be a torch.Tensor"),
-    ("head-dim-too-big", lambda q, k, v: (q.new_zeros(2, 8, 4, 300),) * 3, {}, ValueError, "between 1 and 256"),
+    ("head-dim-too-big", lambda q, k, v: (torch.randn(2, 8, 4, 300),) * 3, {}, ValueError, "between 1 and 256"),
 ]
 
 

@@ -1,8 +1,8 @@
 """The blocked PyTorch path (CPU tensors, FLASHATTN_BACKEND=torch) against the float64 reference."""
 
 import pytest
-
 from cases import CPU_SHAPES, DTYPES, OPTIONS, make_case
+
 from flashattn import flash_attn_func
 from flashattn.testing import check_against_reference
 

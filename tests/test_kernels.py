@@ -6,8 +6,8 @@ the same tests run on CUDA, and the ``gpu``-marked ones add the large shapes.
 
 import pytest
 import torch
-
 from cases import DTYPES, GPU_SHAPES, INTERPRETER_SHAPES, OPTIONS, make_case
+
 from flashattn import flash_attn_func
 from flashattn.testing import check_against_reference
 

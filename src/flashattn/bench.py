@@ -16,7 +16,6 @@ import argparse
 import datetime
 import json
 import os
-
 import platform
 import subprocess
 from collections.abc import Callable
@@ -101,9 +100,8 @@ _FLEX_CACHE: dict = {}
 
 
 def _flex(q, k, v, causal: bool) -> Runner:
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
     import torch._dynamo
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
     if "fn" not in _FLEX_CACHE:
@@ -269,7 +267,8 @@ def markdown_table(measurements: list[Measurement], providers: list[str]) -> str
                 if ours is None or other is None or other.error or ours.error:
                     ratios.append("–")
                 else:
-                    ratios.append(f"{ratio(ours.fwd_tflops, other.fwd_tflops)} / {ratio(ours.bwd_tflops, other.bwd_tflops)}")
+                    fwd, bwd = ratio(ours.fwd_tflops, other.fwd_tflops), ratio(ours.bwd_tflops, other.bwd_tflops)
+                    ratios.append(f"{fwd} / {bwd}")
             lines.append("| " + " | ".join([str(seqlen), *(fmt(cell.get(p)) for p in providers), *ratios]) + " |")
     return "\n".join(lines) + "\n"
 

@@ -11,7 +11,17 @@
 import triton
 import triton.language as tl
 
-from .common import LOG2E, accumulate, dot, dropout_keep, key_block_bounds, query_block_bounds, scores_log2, visible
+from .common import (
+    LOG2E,
+    accumulate,
+    dot,
+    dropout_keep,
+    key_block_bounds,
+    query_block_bounds,
+    scores_log2,
+    stage_range,
+    visible,
+)
 
 
 @triton.jit
@@ -146,21 +156,14 @@ def dkdv_kernel(
         alibi_slope_log2 = 0.0
         if HAS_ALIBI:
             alibi_slope_log2 = tl.load(AlibiSlopes + batch * stride_alibi_b + head).to(tl.float32) * LOG2E
-        dk, dv, dk_comp, dv_comp = _dkdv_query_range(
-            dk, dv, dk_comp, dv_comp, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-            lo, full_lo, offs_n, bh, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
-            dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_M, True, WINDOW_LEFT, WINDOW_RIGHT,
-            HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED)
-        dk, dv, dk_comp, dv_comp = _dkdv_query_range(
-            dk, dv, dk_comp, dv_comp, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-            full_lo, full_hi, offs_n, bh, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left,
-            window_right, dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_M, False, WINDOW_LEFT,
-            WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED)
-        dk, dv, dk_comp, dv_comp = _dkdv_query_range(
-            dk, dv, dk_comp, dv_comp, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-            full_hi, hi, offs_n, bh, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
-            dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_M, True, WINDOW_LEFT, WINDOW_RIGHT,
-            HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED)
+        for stage in tl.static_range(3):
+            start, end = stage_range(stage, lo, full_lo, full_hi, hi)
+            dk, dv, dk_comp, dv_comp = _dkdv_query_range(
+                dk, dv, dk_comp, dv_comp, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+                start, end, offs_n, bh, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2,
+                window_left, window_right, dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_M,
+                stage != 1, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT,
+                DOT_PRECISION, COMPENSATED)
     dk = dk * softmax_scale
     store_mask = offs_n[:, None] < seqlen_k
     if BLOCK_D != HEAD_DIM:
@@ -250,21 +253,13 @@ def dq_kernel(
     dq_comp = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     lo, full_lo, full_hi, hi = key_block_bounds(start_m, seqlen_q, seqlen_k, window_left, window_right,
                                                 BLOCK_M, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT)
-    dq, dq_comp = _dq_key_range(
-        dq, dq_comp, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, lo, full_lo, offs_m, bh,
-        seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
-        dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_N, True, WINDOW_LEFT, WINDOW_RIGHT,
-        HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED)
-    dq, dq_comp = _dq_key_range(
-        dq, dq_comp, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, full_lo, full_hi, offs_m, bh,
-        seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
-        dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_N, False, WINDOW_LEFT, WINDOW_RIGHT,
-        HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED)
-    dq, dq_comp = _dq_key_range(
-        dq, dq_comp, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, full_hi, hi, offs_m, bh,
-        seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
-        dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_N, True, WINDOW_LEFT, WINDOW_RIGHT,
-        HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED)
+    for stage in tl.static_range(3):
+        start, end = stage_range(stage, lo, full_lo, full_hi, hi)
+        dq, dq_comp = _dq_key_range(
+            dq, dq_comp, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, start, end, offs_m, bh,
+            seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
+            dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_N, stage != 1, WINDOW_LEFT, WINDOW_RIGHT,
+            HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED)
     dq = dq * softmax_scale
     store_mask = row_ok[:, None]
     if BLOCK_D != HEAD_DIM:

@@ -114,6 +114,23 @@ def query_block_bounds(start_n, seqlen_q, seqlen_k, window_left, window_right,
 
 
 @triton.jit
+def stage_range(STAGE: tl.constexpr, lo, full_lo, full_hi, hi):
+    """The blocks of one stage of a tile's loop: 0 = boundary blocks before the interior (masked),
+    1 = the interior (no masks), 2 = boundary blocks after it (masked). Callers unroll the stages
+    with ``tl.static_range(3)`` and pass ``MASKED = stage != 1``."""
+    if STAGE == 0:
+        start = lo
+        end = full_lo
+    elif STAGE == 1:
+        start = full_lo
+        end = full_hi
+    else:
+        start = full_hi
+        end = hi
+    return start, end
+
+
+@triton.jit
 def dropout_keep(rng_seed, rng_offset, bh, offs_m, offs_n, seqlen_q, seqlen_k, dropout_p):
     """Keep-mask for scores (bh, offs_m, offs_n): counter = offset + (bh * Sq + i) * Sk + j."""
     row = bh.to(tl.int64) * seqlen_q + offs_m.to(tl.int64)

@@ -3,7 +3,7 @@
 import triton
 import triton.language as tl
 
-from .common import LOG2E, accumulate, dot, dropout_keep, key_block_bounds, scores_log2, visible
+from .common import LOG2E, accumulate, dot, dropout_keep, key_block_bounds, scores_log2, stage_range, visible
 
 
 @triton.jit
@@ -113,22 +113,13 @@ def attention_forward_kernel(
 
     lo, full_lo, full_hi, hi = key_block_bounds(start_m, seqlen_q, seqlen_k, window_left, window_right,
                                                 BLOCK_M, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT)
-    # boundary blocks before the interior, the interior without masks, then boundary blocks after
-    acc, acc_comp, row_sum, row_max = _forward_block_range(
-        acc, acc_comp, row_sum, row_max, q, k_base, v_base, stride_kn, stride_vn, lo, full_lo, offs_m, bh,
-        seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
-        dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_N, True, WINDOW_LEFT, WINDOW_RIGHT,
-        HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED)
-    acc, acc_comp, row_sum, row_max = _forward_block_range(
-        acc, acc_comp, row_sum, row_max, q, k_base, v_base, stride_kn, stride_vn, full_lo, full_hi, offs_m, bh,
-        seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
-        dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_N, False, WINDOW_LEFT, WINDOW_RIGHT,
-        HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED)
-    acc, acc_comp, row_sum, row_max = _forward_block_range(
-        acc, acc_comp, row_sum, row_max, q, k_base, v_base, stride_kn, stride_vn, full_hi, hi, offs_m, bh,
-        seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
-        dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_N, True, WINDOW_LEFT, WINDOW_RIGHT,
-        HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED)
+    for stage in tl.static_range(3):
+        start, end = stage_range(stage, lo, full_lo, full_hi, hi)
+        acc, acc_comp, row_sum, row_max = _forward_block_range(
+            acc, acc_comp, row_sum, row_max, q, k_base, v_base, stride_kn, stride_vn, start, end, offs_m, bh,
+            seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
+            dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_N, stage != 1, WINDOW_LEFT, WINDOW_RIGHT,
+            HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED)
 
     # -- epilogue: normalize; a row that saw no key gives 0 and lse = +inf --
     empty = row_sum == 0.0
