@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from . import __version__
+from .demo import median_seconds
 from .interface import flash_attn_func
 
 Runner = Callable[[], torch.Tensor]
@@ -129,19 +130,7 @@ CPU_PROVIDERS = ("flashattn", "sdpa_math", "naive")
 
 
 def _time_ms(fn: Callable[[], object], device: torch.device) -> float:
-    if device.type == "cuda":
-        import triton.testing
-
-        return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
-    import time
-
-    fn()
-    samples = []
-    for _ in range(5):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e3)
-    return sorted(samples)[len(samples) // 2]
+    return median_seconds(fn, device) * 1e3
 
 
 def measure(provider: str, case: BenchCase, device: torch.device, modes: tuple[str, ...],

@@ -22,6 +22,7 @@ import torch
 
 from .interface import flash_attn_func
 from .reference import attention_ref
+from .testing import error_bound, rounding_error
 
 GIB = 1024**3
 # The oracle holds about this many float64 N x N temporaries at once (scores, scaled scores, masked
@@ -101,7 +102,7 @@ class DemoRow:
         """The exactness bar: twice standard attention's own error plus twice the dtype's rounding."""
         if self.standard_error is None or self.oracle_rounding is None:
             return None
-        return 2.0 * self.standard_error + 2.0 * self.oracle_rounding
+        return error_bound(self.standard_error, self.oracle_rounding, factor=2.0)
 
     @property
     def verdict(self) -> str:
@@ -379,7 +380,7 @@ def measure_seqlen(settings: DemoSettings, seqlen: int, oracle_budget_bytes: int
         _free_cached_memory(device)
         row.oracle_note = "float64 oracle skipped: out of memory"
         return row
-    row.oracle_rounding = (oracle.to(dtype).double() - oracle).abs().max().item()
+    row.oracle_rounding = rounding_error(oracle, dtype)
     if flash_out is not None:
         row.flash_error = (part.of(flash_out).double() - oracle).abs().max().item()
     if standard_out is None:  # standard attention ran out of memory: its error on the slice alone

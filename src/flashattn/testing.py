@@ -53,6 +53,16 @@ def max_error_report(name: str, actual: torch.Tensor, expected: torch.Tensor) ->
             f"got {actual.reshape(-1)[flat].item():.6g}, expected {expected.reshape(-1)[flat].item():.6g}")
 
 
+def rounding_error(oracle: torch.Tensor, dtype: torch.dtype) -> float:
+    """Max |oracle rounded to ``dtype`` - oracle|: what no ``dtype`` result can do better than."""
+    return (oracle.double().to(dtype).double() - oracle.double()).abs().max().item()
+
+
+def error_bound(baseline_error: float, rounding: float, factor: float) -> float:
+    """flash-attn's rule: ``factor`` x plain PyTorch's error, plus twice the unavoidable rounding."""
+    return factor * baseline_error + 2 * rounding
+
+
 def assert_within_rule(name: str, actual: torch.Tensor, oracle: torch.Tensor, baseline: torch.Tensor,
                        factor: float, floor: float = 0.0) -> None:
     """Assert |actual - oracle| <= factor * |baseline - oracle| + 2 * rounding (max norms).
@@ -67,9 +77,8 @@ def assert_within_rule(name: str, actual: torch.Tensor, oracle: torch.Tensor, ba
     oracle = oracle.double()
     error = (actual.double() - oracle).abs().max().item()
     baseline_error = (baseline.double() - oracle).abs().max().item()
-    rounding = (oracle.to(actual.dtype).double() - oracle).abs().max().item()
-    rounding = max(rounding, floor)
-    bound = factor * baseline_error + 2 * rounding
+    rounding = max(rounding_error(oracle, actual.dtype), floor)
+    bound = error_bound(baseline_error, rounding, factor)
     assert error <= bound, (
         f"{name}: error {error:.3e} > {factor} x PyTorch's {baseline_error:.3e} + 2 x rounding {rounding:.3e}\n"
         + max_error_report(name, actual, oracle)
