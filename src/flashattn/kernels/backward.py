@@ -59,6 +59,39 @@ def _load_rows(ptrs, offs_rows, limit, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: 
 
 
 @triton.jit
+def _probs_and_dscores(
+    q, k, v, do, lse_log2, delta, offs_m, offs_n, bh, seqlen_q, seqlen_k,
+    qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right, dropout_p, rng_seed, rng_offset,
+    MASKED: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Recompute one (queries x keys) tile of P from the log-sum-exp, and dS = dScores / scale.
+
+    Returns (P after dropout, the one dV needs; dS, the one dQ and dK need).
+    """
+    qk = dot(q, tl.trans(k), UPCAST_DOT, DOT_PRECISION)
+    s, capped = scores_log2(qk, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
+                            alibi_slope_log2, HAS_SOFTCAP, HAS_ALIBI)
+    p = tl.math.exp2(s - lse_log2[:, None])
+    if MASKED:
+        seen = visible(offs_m, offs_n, seqlen_q, seqlen_k, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT)
+        p = tl.where(seen, p, 0.0)
+    dp = dot(do, tl.trans(v), UPCAST_DOT, DOT_PRECISION)
+    if HAS_DROPOUT:
+        keep = dropout_keep(rng_seed, rng_offset, bh, offs_m, offs_n, seqlen_q, seqlen_k, dropout_p)
+        keep_scale = 1.0 / (1.0 - dropout_p)
+        p_kept = tl.where(keep, p * keep_scale, 0.0)
+        dp = tl.where(keep, dp * keep_scale, 0.0)
+    else:
+        p_kept = p
+    ds = p * (dp - delta[:, None])
+    if HAS_SOFTCAP:
+        ds = ds * (1.0 - capped * capped)
+    return p_kept, ds
+
+
+@triton.jit
 def _dkdv_query_range(
     dk, dv, dk_comp, dv_comp, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
     lo, hi, offs_n, bh, seqlen_q, seqlen_k,
@@ -83,28 +116,12 @@ def _dkdv_query_range(
         else:
             lse = tl.load(lse_base + offs_m)
             delta = tl.load(delta_base + offs_m)
-        # -- recompute P (queries x keys) from the log-sum-exp --
-        qk = dot(q, tl.trans(k), UPCAST_DOT, DOT_PRECISION)
-        s, capped = scores_log2(qk, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
-                                alibi_slope_log2, HAS_SOFTCAP, HAS_ALIBI)
-        p = tl.math.exp2(s - lse[:, None] * LOG2E)
-        if MASKED:
-            seen = visible(offs_m, offs_n, seqlen_q, seqlen_k, window_left, window_right,
-                           WINDOW_LEFT, WINDOW_RIGHT)
-            p = tl.where(seen, p, 0.0)
-        dp = dot(do, tl.trans(v), UPCAST_DOT, DOT_PRECISION)
-        if HAS_DROPOUT:
-            keep = dropout_keep(rng_seed, rng_offset, bh, offs_m, offs_n, seqlen_q, seqlen_k, dropout_p)
-            keep_scale = 1.0 / (1.0 - dropout_p)
-            p_kept = tl.where(keep, p * keep_scale, 0.0)
-            dp = tl.where(keep, dp * keep_scale, 0.0)
-        else:
-            p_kept = p
+        p_kept, ds = _probs_and_dscores(
+            q, k, v, do, lse * LOG2E, delta, offs_m, offs_n, bh, seqlen_q, seqlen_k, qk_scale, softcap_log2,
+            alibi_slope_log2, window_left, window_right, dropout_p, rng_seed, rng_offset, MASKED, WINDOW_LEFT,
+            WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION)
         dv, dv_comp = accumulate(dv, dv_comp, dot(tl.trans(p_kept.to(do.dtype)), do, UPCAST_DOT, DOT_PRECISION),
                                  COMPENSATED)
-        ds = p * (dp - delta[:, None])
-        if HAS_SOFTCAP:
-            ds = ds * (1.0 - capped * capped)
         dk, dk_comp = accumulate(dk, dk_comp, dot(tl.trans(ds.to(q.dtype)), q, UPCAST_DOT, DOT_PRECISION),
                                  COMPENSATED)
     return dk, dv, dk_comp, dv_comp
@@ -192,21 +209,10 @@ def _dq_key_range(
                        HEAD_DIM, BLOCK_D, MASKED)
         v = _load_rows(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, seqlen_k, offs_d,
                        HEAD_DIM, BLOCK_D, MASKED)
-        qk = dot(q, tl.trans(k), UPCAST_DOT, DOT_PRECISION)
-        s, capped = scores_log2(qk, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
-                                alibi_slope_log2, HAS_SOFTCAP, HAS_ALIBI)
-        p = tl.math.exp2(s - lse_log2[:, None])
-        if MASKED:
-            seen = visible(offs_m, offs_n, seqlen_q, seqlen_k, window_left, window_right,
-                           WINDOW_LEFT, WINDOW_RIGHT)
-            p = tl.where(seen, p, 0.0)
-        dp = dot(do, tl.trans(v), UPCAST_DOT, DOT_PRECISION)
-        if HAS_DROPOUT:
-            keep = dropout_keep(rng_seed, rng_offset, bh, offs_m, offs_n, seqlen_q, seqlen_k, dropout_p)
-            dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)
-        ds = p * (dp - delta[:, None])
-        if HAS_SOFTCAP:
-            ds = ds * (1.0 - capped * capped)
+        _, ds = _probs_and_dscores(
+            q, k, v, do, lse_log2, delta, offs_m, offs_n, bh, seqlen_q, seqlen_k, qk_scale, softcap_log2,
+            alibi_slope_log2, window_left, window_right, dropout_p, rng_seed, rng_offset, MASKED, WINDOW_LEFT,
+            WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION)
         dq, dq_comp = accumulate(dq, dq_comp, dot(ds.to(k.dtype), k, UPCAST_DOT, DOT_PRECISION), COMPENSATED)
     return dq, dq_comp
 
