@@ -1,4 +1,4 @@
-"""``flashattn bench``: attention providers side by side, in one run, on the local device.
+"""Attention providers side by side, in one run, on the local device (``flashattn bench``).
 
 Providers are a registry of builders: each takes (q, k, v, causal) in flash-attn layout
 (batch, seqlen, heads, headdim) and returns a zero-argument callable that runs the forward. The
