@@ -262,6 +262,49 @@ def markdown_table(measurements: list[Measurement], providers: list[str]) -> str
     return "\n".join(lines) + "\n"
 
 
+def plot_results(results_path: Path, png_path: Path) -> None:
+    """TFLOP/s against seqlen per provider, one panel per (head dim, causal, mode), from a results JSON."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = json.loads(Path(results_path).read_text())
+    rows = [r for r in data["results"] if not r.get("error")]
+    panels = sorted({(r["case"]["head_dim"], r["case"]["causal"]) for r in rows})
+    modes = [m for m in ("fwd", "bwd") if any(r.get(f"{m}_tflops") for r in rows)]
+    fig, axes = plt.subplots(len(modes), len(panels), figsize=(3.2 * len(panels), 3.0 * len(modes)),
+                             squeeze=False, sharey=True)
+    providers = list(dict.fromkeys(r["provider"] for r in rows))
+    for col, (head_dim, causal) in enumerate(panels):
+        for row, mode in enumerate(modes):
+            ax = axes[row][col]
+            for provider in providers:
+                points = sorted((r["case"]["seqlen"], r[f"{mode}_tflops"]) for r in rows
+                                if r["provider"] == provider and r[f"{mode}_tflops"]
+                                and (r["case"]["head_dim"], r["case"]["causal"]) == (head_dim, causal))
+                if points:
+                    ax.plot(*zip(*points, strict=True), marker="o", markersize=3, label=provider,
+                            linewidth=2.2 if provider == "flashattn" else 1.2)
+            ax.set_xscale("log", base=2)
+            seqlens = sorted({r["case"]["seqlen"] for r in rows})
+            ax.set_xticks(seqlens, [f"{n // 1024}k" if n >= 1024 else str(n) for n in seqlens], fontsize=7)
+            ax.minorticks_off()
+            ax.set_title(f"hdim {head_dim}, {'causal' if causal else 'non-causal'}, {mode}", fontsize=9)
+            ax.grid(alpha=0.3)
+            if col == 0:
+                ax.set_ylabel("TFLOP/s")
+            if row == len(modes) - 1:
+                ax.set_xlabel("seqlen")
+    env = data["environment"]
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"{env.get('device')}, {env.get('date', '')[:10]}, torch {env.get('torch')}, "
+                 f"triton {env.get('triton')}, commit {env.get('commit')}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=110)
+    plt.close(fig)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--providers", nargs="+", default=None, choices=list(PROVIDERS),
                         help="default: all on a GPU; flashattn, sdpa_math and naive on the CPU")
@@ -276,6 +319,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"),
                         help="folder for the JSON results (default benchmarks/results)")
     parser.add_argument("--markdown", type=Path, default=None, help="also write the table to this file")
+    parser.add_argument("--plot", type=Path, default=None,
+                        help="also draw TFLOP/s against seqlen to this PNG (needs matplotlib)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -326,6 +371,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"results: {path}")
     if args.markdown:
         args.markdown.write_text(table)
+    if args.plot:
+        plot_results(path, args.plot)
+        print(f"plot: {args.plot}")
     return 0
 
 
