@@ -179,12 +179,16 @@ def builtin_subcommands() -> dict[str, Subcommand]:
     }
 
 
+# subcommand -> the module that holds its ``add_arguments(parser)`` and ``run(args)``
+MODULE_SUBCOMMANDS = {"bench": "bench", "memory": "memory", "io": "iomodel"}
+
+
 def optional_subcommands() -> dict[str, Subcommand]:
-    """Subcommands whose module may be absent: registered only when it imports and has the two hooks
-    ``add_arguments(parser)`` and ``run(args)``, so that the CLI works before (or without) them."""
+    """Subcommands that live in a module of their own: registered only when it imports and has the two
+    hooks ``add_arguments(parser)`` and ``run(args)``, so that the CLI works without (or before) them."""
     found: dict[str, Subcommand] = {}
-    for name in ("bench",):
-        module_name = f"{__package__}.{name}"
+    for name, module in MODULE_SUBCOMMANDS.items():
+        module_name = f"{__package__}.{module}"
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as error:
