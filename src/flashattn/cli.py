@@ -17,6 +17,8 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from .units import positive_int
+
 EXIT_USAGE = 2  # argparse's exit status for bad arguments; the run functions use it for bad values too
 
 
@@ -32,17 +34,6 @@ class Subcommand:
 # ---------------------------------------------------------------------------------------------
 # Argument types
 # ---------------------------------------------------------------------------------------------
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1, so that a typo is a usage error (exit 2), not a traceback."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def positive_int_list(text: str) -> list[int]:

@@ -23,6 +23,7 @@ import torch
 from .interface import flash_attn_func
 from .reference import attention_ref
 from .testing import error_bound, rounding_error
+from .units import format_bytes
 
 GIB = 1024**3
 # The oracle holds about this many float64 N x N temporaries at once (scores, scaled scores, masked
@@ -414,17 +415,6 @@ def standard_model_bytes(settings: DemoSettings, seqlen: int) -> int:
 # ---------------------------------------------------------------------------------------------
 # Output
 # ---------------------------------------------------------------------------------------------
-
-
-def format_bytes(count: int | None) -> str:
-    if count is None:
-        return "-"
-    value = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def format_seconds(seconds: float | None) -> str:

@@ -40,6 +40,8 @@ import sys
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
+from .units import positive_float, positive_int
+
 EXIT_USAGE = 2  # the exit status of argparse for bad arguments; ``run`` uses it for bad values too
 FLOAT32_BYTES = 4  # the log-sum-exp and delta rows are float32 whatever the input dtype
 DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp32": 4, "float32": 4}
@@ -654,48 +656,28 @@ def format_report(report: IoReport) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``flashattn io`` (no GPU needed: everything is counted, nothing is run)."""
-    parser.add_argument("--seqlen", type=_positive_int, default=None,
+    parser.add_argument("--seqlen", type=positive_int, default=None,
                         help="sequence length of queries and keys (required unless both of the next two are given)")
-    parser.add_argument("--seqlen-q", type=_positive_int, default=None, help="query length (overrides --seqlen)")
-    parser.add_argument("--seqlen-k", type=_positive_int, default=None, help="key length (overrides --seqlen)")
-    parser.add_argument("--head-dim", type=_positive_int, default=128, help="default 128")
-    parser.add_argument("--heads", type=_positive_int, default=16, help="query heads (default 16)")
-    parser.add_argument("--kv-heads", type=_positive_int, default=None, help="kv heads for GQA (default: --heads)")
-    parser.add_argument("--batch", type=_positive_int, default=1, help="default 1")
+    parser.add_argument("--seqlen-q", type=positive_int, default=None, help="query length (overrides --seqlen)")
+    parser.add_argument("--seqlen-k", type=positive_int, default=None, help="key length (overrides --seqlen)")
+    parser.add_argument("--head-dim", type=positive_int, default=128, help="default 128")
+    parser.add_argument("--heads", type=positive_int, default=16, help="query heads (default 16)")
+    parser.add_argument("--kv-heads", type=positive_int, default=None, help="kv heads for GQA (default: --heads)")
+    parser.add_argument("--batch", type=positive_int, default=1, help="default 1")
     parser.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="bf16", help="default bf16")
     parser.add_argument("--causal", action="store_true", help="causal mask (bottom-right aligned when Sq != Sk)")
     parser.add_argument("--gpu", choices=tuple(GPU_PRESETS), default="h200",
                         help="measured ceilings: h100 789 TFLOP/s, 3.02 TB/s; h200 788 TFLOP/s, 4.23 TB/s "
                              "(default h200)")
-    parser.add_argument("--peak-tflops", type=_positive_float, default=None, help="override the GPU's TFLOP/s")
-    parser.add_argument("--bandwidth-tbs", type=_positive_float, default=None, help="override the GPU's TB/s")
-    parser.add_argument("--block-m", type=_positive_int, default=None,
+    parser.add_argument("--peak-tflops", type=positive_float, default=None, help="override the GPU's TFLOP/s")
+    parser.add_argument("--bandwidth-tbs", type=positive_float, default=None, help="override the GPU's TB/s")
+    parser.add_argument("--block-m", type=positive_int, default=None,
                         help="query tile of every kernel (default: flashattn's Hopper table)")
-    parser.add_argument("--block-n", type=_positive_int, default=None,
+    parser.add_argument("--block-n", type=positive_int, default=None,
                         help="key tile of every kernel (default: flashattn's Hopper table)")
-    parser.add_argument("--sram-kb", type=_positive_float, default=HOPPER_SRAM_KB,
+    parser.add_argument("--sram-kb", type=positive_float, default=HOPPER_SRAM_KB,
                         help=f"SRAM size M for the paper's asymptotic form (default {HOPPER_SRAM_KB}, Hopper's "
                              "shared memory per SM)")
     parser.add_argument("--json", action="store_true", help="print the full report as JSON")

@@ -22,7 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .cli import EXIT_USAGE, positive_int, positive_int_list
+from .cli import EXIT_USAGE, positive_int_list
+from .units import format_bytes, positive_float, positive_int
 
 KIB = 1024
 MIB = 1024**2
@@ -258,20 +259,6 @@ def memory_table(
 # ---------------------------------------------------------------------------------------------
 
 
-def format_bytes(count: float) -> str:
-    """Binary units with three significant digits: 1.00 MiB, 80.0 MiB, 320 GiB, 20.0 TiB."""
-    value = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if abs(value) < 1024 or unit == "PiB":
-            break
-        value /= 1024
-    if unit == "B":
-        return f"{value:.0f} B"
-    if abs(value) >= 100:
-        return f"{value:.0f} {unit}"
-    return f"{value:.1f} {unit}" if abs(value) >= 10 else f"{value:.2f} {unit}"
-
-
 def format_ratio(ratio: float) -> str:
     """4096x, or 1.25x when the ratio is not whole."""
     return f"{ratio:.0f}x" if ratio == int(ratio) else f"{ratio:.2f}x"
@@ -459,17 +446,6 @@ def plot_memory(
 SHAPE_FLAGS = ("layers", "heads", "kv_heads", "head_dim", "hidden")
 # Calculator argument -> the flag a user typed, for error messages.
 FLAG_NAMES = {"seqlen": "--seqlens", "seqlens": "--seqlens", "model": "--model", "config": "--model"}
-
-
-def positive_float(text: str) -> float:
-    """An argparse type: a number > 0 (GPU memory in GiB may be fractional)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
