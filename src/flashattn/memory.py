@@ -534,7 +534,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(to_json(results, gpu_memory_bytes), indent=2))
     else:
-        print(render_table(results, gpu_memory_bytes), end="")
+        print(render_table(results, gpu_memory_bytes).rstrip("\n"))
 
     if args.plot is not None:
         try:
