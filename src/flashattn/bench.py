@@ -19,7 +19,7 @@ import os
 import platform
 import subprocess
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -225,6 +225,21 @@ def measured_matmul_tflops(device: torch.device) -> float | None:
     return 2 * 8192**3 / ms / 1e9
 
 
+def write_csv(path: Path, measurements: list[Measurement], env: dict) -> None:
+    """One row per (provider, case), each tagged with the GPU, versions, commit and date."""
+    import csv
+
+    case_fields = [f.name for f in fields(BenchCase)]
+    result_fields = ["fwd_ms", "bwd_ms", "fwd_tflops", "bwd_tflops", "peak_extra_mib", "max_diff_vs_flashattn", "error"]
+    env_fields = ["device", "torch", "triton", "commit", "date"]
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["provider", *case_fields, *result_fields, *env_fields])
+        for m in measurements:
+            writer.writerow([m.provider, *(getattr(m.case, k) for k in case_fields),
+                             *(getattr(m, k) for k in result_fields), *(env.get(k) for k in env_fields)])
+
+
 def markdown_table(measurements: list[Measurement], providers: list[str]) -> str:
     """One table per (head dim, causal): fwd / bwd TFLOP/s per provider, and flashattn's ratios."""
     lines = []
@@ -366,9 +381,10 @@ def run(args: argparse.Namespace) -> int:
     name = f"{stamp}-{(env.get('device') or 'cpu').replace(' ', '_')}-{env.get('commit')}.json"
     path = args.out / name
     path.write_text(json.dumps({"environment": env, "results": [asdict(m) for m in measurements]}, indent=1))
+    write_csv(path.with_suffix(".csv"), measurements, env)
     table = markdown_table(measurements, providers)
     print(table)
-    print(f"results: {path}")
+    print(f"results: {path} and {path.with_suffix('.csv').name}")
     if args.markdown:
         args.markdown.write_text(table)
     if args.plot:

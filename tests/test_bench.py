@@ -1,0 +1,44 @@
+"""The benchmark tool on the CPU: it runs its small CPU grid and writes JSON, CSV, Markdown and a plot."""
+
+import json
+
+import pytest
+
+from flashattn import bench
+
+
+def test_cpu_bench_writes_results_and_checks_providers_against_flashattn(tmp_path):
+    markdown = tmp_path / "table.md"
+    code = bench.main(["--seqlens", "64", "--causal", "yes", "--providers", "flashattn", "sdpa_math", "naive",
+                       "--out", str(tmp_path), "--markdown", str(markdown)])
+    assert code == 0
+    (results_path,) = tmp_path.glob("*.json")
+    data = json.loads(results_path.read_text())
+    assert data["environment"]["torch"] and data["environment"]["date"]
+    rows = {r["provider"]: r for r in data["results"]}
+    assert set(rows) == {"flashattn", "sdpa_math", "naive"}
+    for provider in ("sdpa_math", "naive"):
+        assert rows[provider]["error"] is None
+        assert rows[provider]["max_diff_vs_flashattn"] < 1e-5  # same function, float32
+    assert all(r["fwd_ms"] > 0 and r["bwd_ms"] > 0 for r in rows.values())
+    assert results_path.with_suffix(".csv").read_text().startswith("provider,")
+    assert "| 64 |" in markdown.read_text()
+
+
+def test_plot_from_results(tmp_path):
+    pytest.importorskip("matplotlib")
+    bench.main(["--seqlens", "64", "--causal", "no", "--modes", "fwd", "--providers", "flashattn", "naive",
+                "--out", str(tmp_path), "--plot", str(tmp_path / "plot.png")])
+    assert (tmp_path / "plot.png").stat().st_size > 10_000
+
+
+def test_missing_provider_case_is_reported_not_fatal(tmp_path, monkeypatch):
+    def broken(q, k, v, causal):
+        raise RuntimeError("no kernel for this case")
+
+    monkeypatch.setitem(bench.PROVIDERS, "naive", broken)
+    assert bench.main(["--seqlens", "64", "--causal", "no", "--modes", "fwd", "--providers", "flashattn", "naive",
+                       "--out", str(tmp_path)]) == 0
+    (results_path,) = tmp_path.glob("*.json")
+    rows = {r["provider"]: r for r in json.loads(results_path.read_text())["results"]}
+    assert rows["naive"]["error"].startswith("RuntimeError: no kernel")
