@@ -41,10 +41,6 @@ class AttentionOptions:
         return cls(scale, left, right, float(softcap), float(dropout_p), bool(deterministic))
 
     @property
-    def causal(self) -> bool:
-        return self.window_right == 0 and self.window_left < 0
-
-    @property
     def masked(self) -> bool:
         """Whether a causal or window mask hides part of the scores (tile choices differ then)."""
         return self.window_left >= 0 or self.window_right >= 0
