@@ -171,7 +171,7 @@ def builtin_subcommands() -> dict[str, Subcommand]:
 
 
 # subcommand -> the module that holds its ``add_arguments(parser)`` and ``run(args)``
-MODULE_SUBCOMMANDS = {"bench": "bench", "memory": "memory", "io": "iomodel"}
+MODULE_SUBCOMMANDS = {"bench": "bench", "memory": "memory", "io": "iomodel", "blocks": "blocks"}
 
 
 def optional_subcommands() -> dict[str, Subcommand]:
