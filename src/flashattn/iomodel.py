@@ -236,13 +236,19 @@ def _total(transfers: list[Transfer], term: Term | None = None) -> int:
     return sum(t.nbytes for t in transfers if term is None or t.term == term)
 
 
-def standard_forward_bytes(problem: AttentionProblem) -> list[Transfer]:
-    """S = Q K^T, P = softmax(S), O = P V: three kernels, the Sq x Sk matrices round-tripping HBM."""
+def _standard_sizes(problem: AttentionProblem) -> tuple[int, int, int]:
+    """Bytes of one q-shaped tensor, of one k/v-shaped tensor (read per query head: GQA broadcasts, no
+    copy), and of one Sq x Sk matrix, for all batches and query heads."""
     p = problem
     heads = p.batch * p.heads
-    q_bytes = heads * p.seqlen_q * p.head_dim * p.dtype_bytes
-    kv_bytes = heads * p.seqlen_k * p.head_dim * p.dtype_bytes  # K/V read per query head (GQA: broadcast)
-    matrix = heads * p.seqlen_q * p.seqlen_k * p.dtype_bytes
+    return (heads * p.seqlen_q * p.head_dim * p.dtype_bytes,
+            heads * p.seqlen_k * p.head_dim * p.dtype_bytes,
+            heads * p.seqlen_q * p.seqlen_k * p.dtype_bytes)
+
+
+def standard_forward_bytes(problem: AttentionProblem) -> list[Transfer]:
+    """S = Q K^T, P = softmax(S), O = P V: three kernels, the Sq x Sk matrices round-tripping HBM."""
+    q_bytes, kv_bytes, matrix = _standard_sizes(problem)
     return [
         Transfer("S = Q K^T", "q", "read", q_bytes),
         Transfer("S = Q K^T", "k", "read", kv_bytes),
@@ -260,11 +266,7 @@ def standard_backward_bytes(problem: AttentionProblem) -> list[Transfer]:
 
     The softmax backward reads P and dP once and writes dS (its row sums are fused into the pass).
     """
-    p = problem
-    heads = p.batch * p.heads
-    q_bytes = heads * p.seqlen_q * p.head_dim * p.dtype_bytes
-    kv_bytes = heads * p.seqlen_k * p.head_dim * p.dtype_bytes  # per query head, as in the forward
-    matrix = heads * p.seqlen_q * p.seqlen_k * p.dtype_bytes
+    q_bytes, kv_bytes, matrix = _standard_sizes(problem)
     return [
         Transfer("dV = P^T dO", "P", "read", matrix, "quadratic"),
         Transfer("dV = P^T dO", "do", "read", q_bytes),
