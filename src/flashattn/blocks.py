@@ -41,9 +41,10 @@ MAX_HEAD_DIM = 256  # the interface's limit, and the last bucket of the tile tab
 HOPPER_SMS = 132  # H100/H200 SXM: the SM count the model assumes when no GPU is visible
 HOPPER_SMEM_PER_BLOCK = 227 * 1024  # Hopper's opt-in shared memory per block, when no GPU is visible
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel: padded head dims up to 128, then 256.
-# The single source: benchmarks/sweep_blocks.py imports these.
-Candidate = tuple[int, int, int, int]
+# (BLOCK_M, BLOCK_N, num_warps, num_stages[, tma, warp_specialize]) per kernel: padded head dims up to
+# 128, then 256; the two flags (forward only) are TileConfig's. The single source: benchmarks/sweep_blocks.py
+# imports these.
+Candidate = tuple
 CANDIDATES: dict[str, list[Candidate]] = {
     "forward": [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 4, 4),
                 (64, 64, 4, 3), (128, 32, 4, 3), (128, 128, 4, 2), (64, 128, 4, 3), (128, 64, 8, 2)],
@@ -73,17 +74,27 @@ def candidates_for(phase: str, head_dim: int) -> list[Candidate]:
     return list((CANDIDATES_256 if padded_head_dim(head_dim) > 128 else CANDIDATES)[phase])
 
 
+FLAG_NAMES = ("tma", "ws")  # label suffixes of TileConfig's tma and warp_specialize
+
+
 def candidate_label(candidate: Candidate) -> str:
-    return "x".join(str(x) for x in candidate)
+    flags = [name for name, on in zip(FLAG_NAMES, candidate[4:], strict=False) if on]
+    return "x".join(str(x) for x in candidate[:4]) + "".join(f"+{name}" for name in flags)
 
 
 def parse_candidates(text: str) -> list[Candidate]:
-    """An argparse type: ``BMxBNxWARPSxSTAGES`` configs, comma separated (``16x16x1x1,32x16x1x1``)."""
+    """An argparse type: ``BMxBNxWARPSxSTAGES`` configs, comma separated (``16x16x1x1,32x16x1x1``);
+    a forward config may end in ``+tma`` and ``+ws`` (TMA descriptors, warp specialization; sm90)."""
     found: list[Candidate] = []
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
-        fields = part.lower().split("x")
+        numbers, *flags = part.lower().split("+")
+        unknown = set(flags) - set(FLAG_NAMES)
+        if unknown:
+            raise argparse.ArgumentTypeError(f"{part}: unknown flag(s) {sorted(unknown)}; expected "
+                                             f"{' and '.join('+' + f for f in FLAG_NAMES)}")
+        fields = numbers.split("x")
         try:
             block_m, block_n, num_warps, num_stages = (int(f) for f in fields)
         except ValueError:
@@ -97,7 +108,7 @@ def parse_candidates(text: str) -> list[Candidate]:
             raise argparse.ArgumentTypeError(f"{part}: num_warps must be a power of two up to 32, got {num_warps}")
         if num_stages < 1:
             raise argparse.ArgumentTypeError(f"{part}: num_stages must be >= 1, got {num_stages}")
-        found.append((block_m, block_n, num_warps, num_stages))
+        found.append((block_m, block_n, num_warps, num_stages, *(name in flags for name in FLAG_NAMES)))
     if not found:
         raise argparse.ArgumentTypeError(f"no config in {text!r}")
     return found
@@ -155,7 +166,7 @@ def shared_memory_bytes(phase: str, candidate: Candidate, head_dim: int, dtype_b
     """
     from .configs import padded_head_dim
 
-    block_m, block_n, _, num_stages = candidate
+    block_m, block_n, _, num_stages = candidate[:4]
     width = padded_head_dim(head_dim)
     held, streamed = {
         "forward": (block_m, 2 * block_n),
@@ -309,7 +320,7 @@ def sweep(shape: Shape, candidates: dict[str, list[Candidate]], *, device, timed
                 cases[run_shape] = _Case(run_shape, device, backward)
             status, error, ms = run_candidate(phase, candidate, cases[run_shape], timed)
             model = estimate(phase, candidate, shape, sms)
-            row = Row(phase, candidate_label(candidate), *candidate, status=status, max_error=error, ms=ms,
+            row = Row(phase, candidate_label(candidate), *candidate[:4], status=status, max_error=error, ms=ms,
                       tflops=None if ms is None else flops / ms / 1e9, **asdict(model))
             rows.append(row)
             if progress is not None:

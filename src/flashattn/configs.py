@@ -7,6 +7,7 @@ and the winners are written here by hand, each checked by the GPU test suite fir
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +19,9 @@ class TileConfig:
     block_n: int
     num_warps: int
     num_stages: int
+    # forward only, sm90: K/V/Q/O tiles through TMA tensor descriptors, and a warp-specialized key loop
+    tma: bool = False
+    warp_specialize: bool = False
 
 
 # Under TRITON_INTERPRET=1 every program runs in numpy: small tiles keep the tests fast there.
@@ -115,6 +119,7 @@ def tile_config(phase: str, head_dim: int, masked: bool, dtype: torch.dtype, dev
     config = table[(bucket, masked)]
     if dtype == torch.float32:
         # fp32 tiles take twice the shared memory: halve the key/query tile that streams.
-        config = TileConfig(max(16, config.block_m // 2), max(16, config.block_n // 2), config.num_warps,
-                            max(1, config.num_stages - 1))
+        config = dataclasses.replace(config, block_m=max(16, config.block_m // 2),
+                                     block_n=max(16, config.block_n // 2),
+                                     num_stages=max(1, config.num_stages - 1))
     return config

@@ -83,6 +83,17 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def _tma_compatible(*tensors: torch.Tensor) -> bool:
+    """TMA descriptors need 16-byte aligned base addresses and 16-byte multiples as leading strides."""
+    return all(x.data_ptr() % 16 == 0 and all(s * x.element_size() % 16 == 0 for s in x.stride()[:-1])
+               for x in tensors)
+
+
+def _tma_workspace(size: int, alignment: int, stream) -> torch.Tensor:
+    # device-side tensor descriptors (tl.make_tensor_descriptor) live in a global-memory workspace
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
 def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions):
     from .kernels.forward import attention_forward_kernel
 
@@ -92,6 +103,11 @@ def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions):
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(batch, nheads, seqlen_q, dtype=torch.float32, device=q.device)
     config = configs.tile_config("forward", head_dim, opts.masked, q.dtype, q.device, interpreting())
+    use_tma = config.tma and _tma_compatible(q, k, v, out)
+    if use_tma and q.is_cuda:
+        import triton
+
+        triton.set_allocator(_tma_workspace)
     slopes, stride_alibi_b, has_alibi = _alibi_args(alibi_slopes, q)
     grid = (_cdiv(seqlen_q, config.block_m), batch * nheads)
     attention_forward_kernel[grid](
@@ -104,6 +120,7 @@ def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions):
         seqlen_q, seqlen_k, nheads, nheads // nheads_k,
         HEAD_DIM=head_dim, BLOCK_D=configs.padded_head_dim(head_dim),
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, HAS_ALIBI=has_alibi,
+        USE_TMA=use_tma, WARP_SPECIALIZE=use_tma and config.warp_specialize, HEAVY_FIRST=opts.window_right >= 0,
         num_warps=config.num_warps, num_stages=config.num_stages,
         **_kernel_scalars(opts, rng_state), **_dot_flags(q.dtype),
     )

@@ -7,23 +7,17 @@ from .common import LOG2E, accumulate, dot, dropout_keep, key_block_bounds, scor
 
 
 @triton.jit
-def _forward_block_range(
-    acc, acc_comp, row_sum, row_max, q,
-    k_base, v_base, stride_kn, stride_vn,
-    lo, hi, offs_m, bh, seqlen_q, seqlen_k,
-    qk_scale, softcap_log2, alibi_slope_log2,
-    window_left, window_right, dropout_p, rng_seed, rng_offset,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
-):
-    offs_d = tl.arange(0, BLOCK_D)
-    for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        kt_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None]
-        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]
-        # -- load K^T and V: interior blocks need no bounds on the keys --
+def _load_key_block(k_source, v_source, start_n, offs_n, offs_d, stride_kn, stride_vn, seqlen_k,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr):
+    """K^T and V for the keys offs_n. With USE_TMA the sources are tensor descriptors, whose loads
+    zero-fill rows past seqlen_k and columns past HEAD_DIM; otherwise they are base pointers, and
+    interior blocks (MASKED false) need no bounds on the keys."""
+    if USE_TMA:
+        kt = k_source.load([start_n, 0]).T
+        v = v_source.load([start_n, 0])
+    else:
+        kt_ptrs = k_source + offs_n[None, :] * stride_kn + offs_d[:, None]
+        v_ptrs = v_source + offs_n[:, None] * stride_vn + offs_d[None, :]
         if MASKED:
             if BLOCK_D == HEAD_DIM:
                 kt = tl.load(kt_ptrs, mask=offs_n[None, :] < seqlen_k, other=0.0)
@@ -38,6 +32,28 @@ def _forward_block_range(
             else:
                 kt = tl.load(kt_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
                 v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    return kt, v
+
+
+@triton.jit
+def _forward_block_range(
+    acc, acc_comp, row_sum, row_max, q,
+    k_source, v_source, stride_kn, stride_vn,
+    lo, hi, offs_m, bh, seqlen_q, seqlen_k,
+    qk_scale, softcap_log2, alibi_slope_log2,
+    window_left, window_right, dropout_p, rng_seed, rng_offset,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
+    USE_TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+):
+    offs_d = tl.arange(0, BLOCK_D)
+    # warp specialization (sm90): a producer warp issues the TMA loads while the others compute
+    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kt, v = _load_key_block(k_source, v_source, start_n, offs_n, offs_d, stride_kn, stride_vn, seqlen_k,
+                                HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
         # -- scores --
         qk = dot(q, kt, UPCAST_DOT, DOT_PRECISION)
         s, _ = scores_log2(qk, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
@@ -82,8 +98,14 @@ def attention_forward_kernel(
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
+    USE_TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, HEAVY_FIRST: tl.constexpr,
 ):
-    start_m = tl.program_id(0) * BLOCK_M
+    if HEAVY_FIRST:
+        # with a causal mask the last query blocks see the most keys: launch them first, so the
+        # grid's last wave holds the short tiles instead of a long tail of full ones
+        start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
+    else:
+        start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
     batch = bh // nheads
     head = bh % nheads
@@ -100,7 +122,20 @@ def attention_forward_kernel(
     if BLOCK_D != HEAD_DIM:
         row_ok = row_ok & (offs_d[None, :] < HEAD_DIM)
     # q stays in registers/SRAM for the whole loop over keys
-    q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], mask=row_ok, other=0.0)
+    if USE_TMA:
+        # per-program descriptors over this (batch, head)'s rows: loads past seqlen or HEAD_DIM read
+        # zeros, stores there are dropped
+        q_desc = tl.make_tensor_descriptor(q_base, shape=[seqlen_q, HEAD_DIM], strides=[stride_qm, 1],
+                                           block_shape=[BLOCK_M, BLOCK_D])
+        k_source = tl.make_tensor_descriptor(k_base, shape=[seqlen_k, HEAD_DIM], strides=[stride_kn, 1],
+                                             block_shape=[BLOCK_N, BLOCK_D])
+        v_source = tl.make_tensor_descriptor(v_base, shape=[seqlen_k, HEAD_DIM], strides=[stride_vn, 1],
+                                             block_shape=[BLOCK_N, BLOCK_D])
+        q = q_desc.load([start_m, 0])
+    else:
+        k_source = k_base
+        v_source = v_base
+        q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], mask=row_ok, other=0.0)
 
     alibi_slope_log2 = 0.0
     if HAS_ALIBI:
@@ -116,10 +151,10 @@ def attention_forward_kernel(
     for stage in tl.static_range(3):
         start, end = stage_range(stage, lo, full_lo, full_hi, hi)
         acc, acc_comp, row_sum, row_max = _forward_block_range(
-            acc, acc_comp, row_sum, row_max, q, k_base, v_base, stride_kn, stride_vn, start, end, offs_m, bh,
+            acc, acc_comp, row_sum, row_max, q, k_source, v_source, stride_kn, stride_vn, start, end, offs_m, bh,
             seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
             dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_N, stage != 1, WINDOW_LEFT, WINDOW_RIGHT,
-            HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED)
+            HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED, USE_TMA, WARP_SPECIALIZE)
 
     # -- epilogue: normalize; a row that saw no key gives 0 and lse = +inf --
     empty = row_sum == 0.0
@@ -129,4 +164,9 @@ def attention_forward_kernel(
         out = out * (1.0 / (1.0 - dropout_p))
     lse = tl.where(empty, float("inf"), (row_max + tl.math.log2(row_sum)) / LOG2E)
     tl.store(Lse + bh.to(tl.int64) * seqlen_q + offs_m, lse, mask=offs_m < seqlen_q)
-    tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :], out.to(Out.dtype.element_ty), mask=row_ok)
+    if USE_TMA:
+        o_desc = tl.make_tensor_descriptor(o_base, shape=[seqlen_q, HEAD_DIM], strides=[stride_om, 1],
+                                           block_shape=[BLOCK_M, BLOCK_D])
+        o_desc.store([start_m, 0], out.to(Out.dtype.element_ty))
+    else:
+        tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :], out.to(Out.dtype.element_ty), mask=row_ok)
