@@ -9,9 +9,9 @@ mkdir -p "$OUT"
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 SEQLEN=${SEQLEN:-4096}
 declare -A CANDIDATES=(
-  [64]="128x64x8x3,128x64x4x3+tma+ws,128x64x4x2+tma+ws,128x128x4x2+tma+ws,128x128x4x3+tma+ws,64x64x4x3+tma+ws"
-  [128]="128x128x8x3,128x64x8x3,128x128x8x3+tma,128x128x4x2+tma+ws,128x64x4x2+tma+ws,128x64x4x3+tma+ws,128x128x4x3+tma+ws"
-  [256]="128x64x8x2,128x64x8x2+tma,128x64x4x2+tma+ws,64x64x4x2+tma+ws,128x32x4x2+tma+ws,64x128x4x2+tma+ws"
+  [64]="128x64x8x3,128x64x4x2+tma+ws,128x64x4x3+tma+ws,128x128x4x2+tma+ws,128x128x4x3+tma+ws,256x64x4x2+tma+ws,256x128x4x2+tma+ws"
+  [128]="128x128x8x3,128x128x8x3+tma,128x128x4x2+tma+ws,128x64x4x2+tma+ws,128x64x4x3+tma+ws,128x128x4x3+tma+ws,256x64x4x2+tma+ws"
+  [256]="128x64x8x2,128x64x8x2+tma,128x64x4x2+tma+ws,128x32x4x2+tma+ws,64x64x4x2+tma+ws,128x64x4x1+tma+ws"
 )
 for d in ${HEAD_DIMS:-64 128 256}; do
   for causal in "" "--causal"; do
