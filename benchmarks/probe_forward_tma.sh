@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Forward tile sweep with the sm90 options (TMA descriptors, warp specialization) on the GPU machine:
+# Forward tile sweep with the sm90 option (TMA descriptors) on the GPU machine:
 # every (head dim, causal) at seqlen 4096 (16k tokens, heads * head dim = 2048), each candidate checked
 # against SDPA before it is timed (flashattn blocks). Usage: bash benchmarks/probe_forward_tma.sh
 # Logs and JSON under $OUT (or ./gpu-out); the best rows are printed last.
@@ -9,9 +9,9 @@ mkdir -p "$OUT"
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 SEQLEN=${SEQLEN:-4096}
 declare -A CANDIDATES=(
-  [64]="128x64x8x3,128x64x4x2+tma+ws,128x64x4x3+tma+ws,128x128x4x2+tma+ws,128x128x4x3+tma+ws,256x64x4x2+tma+ws,256x128x4x2+tma+ws"
-  [128]="128x128x8x3,128x128x8x3+tma,128x128x4x2+tma+ws,128x64x4x2+tma+ws,128x64x4x3+tma+ws,128x128x4x3+tma+ws,256x64x4x2+tma+ws"
-  [256]="128x64x8x2,128x64x8x2+tma,128x64x4x2+tma+ws,128x32x4x2+tma+ws,64x64x4x2+tma+ws,128x64x4x1+tma+ws"
+  [64]="128x64x8x3,128x64x8x3+tma,256x64x8x2,256x64x8x2+tma,256x128x8x2+tma"
+  [128]="128x128x8x3+tma,128x64x8x3,256x32x8x3+tma,128x64x8x4+tma"
+  [256]="128x64x8x2,128x64x8x2+tma,128x32x8x3+tma,64x64x4x2+tma"
 )
 for d in ${HEAD_DIMS:-64 128 256}; do
   for causal in "" "--causal"; do

@@ -128,10 +128,10 @@ def test_plot_draws_a_png(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_candidates_take_the_tma_and_warp_specialization_flags():
-    parsed = blocks.parse_candidates("128x64x4x3+tma+ws, 64x64x4x2")
-    assert parsed == [(128, 64, 4, 3, True, True), (64, 64, 4, 2, False, False)]
-    assert [blocks.candidate_label(c) for c in parsed] == ["128x64x4x3+tma+ws", "64x64x4x2"]
+def test_candidates_take_the_tma_flag():
+    parsed = blocks.parse_candidates("128x64x4x3+tma, 64x64x4x2")
+    assert parsed == [(128, 64, 4, 3, True), (64, 64, 4, 2, False)]
+    assert [blocks.candidate_label(c) for c in parsed] == ["128x64x4x3+tma", "64x64x4x2"]
 
 
 def test_an_unknown_candidate_flag_is_refused_by_name():

@@ -41,8 +41,8 @@ MAX_HEAD_DIM = 256  # the interface's limit, and the last bucket of the tile tab
 HOPPER_SMS = 132  # H100/H200 SXM: the SM count the model assumes when no GPU is visible
 HOPPER_SMEM_PER_BLOCK = 227 * 1024  # Hopper's opt-in shared memory per block, when no GPU is visible
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages[, tma, warp_specialize]) per kernel: padded head dims up to
-# 128, then 256; the two flags (forward only) are TileConfig's. The single source: benchmarks/sweep_blocks.py
+# (BLOCK_M, BLOCK_N, num_warps, num_stages[, tma]) per kernel: padded head dims up to 128, then 256;
+# the flag (forward only) is TileConfig's. The single source: benchmarks/sweep_blocks.py
 # imports these.
 Candidate = tuple
 CANDIDATES: dict[str, list[Candidate]] = {
@@ -74,7 +74,7 @@ def candidates_for(phase: str, head_dim: int) -> list[Candidate]:
     return list((CANDIDATES_256 if padded_head_dim(head_dim) > 128 else CANDIDATES)[phase])
 
 
-FLAG_NAMES = ("tma", "ws")  # label suffixes of TileConfig's tma and warp_specialize
+FLAG_NAMES = ("tma",)  # label suffixes of TileConfig's flags
 
 
 def candidate_label(candidate: Candidate) -> str:
@@ -84,7 +84,7 @@ def candidate_label(candidate: Candidate) -> str:
 
 def parse_candidates(text: str) -> list[Candidate]:
     """An argparse type: ``BMxBNxWARPSxSTAGES`` configs, comma separated (``16x16x1x1,32x16x1x1``);
-    a forward config may end in ``+tma`` and ``+ws`` (TMA descriptors, warp specialization; sm90)."""
+    a forward config may end in ``+tma`` (TMA tensor descriptors; sm90)."""
     found: list[Candidate] = []
     for part in (p.strip() for p in text.split(",")):
         if not part:

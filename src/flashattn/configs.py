@@ -19,22 +19,24 @@ class TileConfig:
     block_n: int
     num_warps: int
     num_stages: int
-    # forward only, sm90: K/V/Q/O tiles through TMA tensor descriptors, and a warp-specialized key loop
+    # forward only, sm90: Q/K/V/O tiles through TMA tensor descriptors
     tma: bool = False
-    warp_specialize: bool = False
 
 
 # Under TRITON_INTERPRET=1 every program runs in numpy: small tiles keep the tests fast there.
 INTERPRETER = TileConfig(16, 16, 1, 1)
 
 # (max head dim, masked by causal/window) -> config, for Hopper (sm90) and bf16/fp16. Measured with
-# benchmarks/sweep_blocks.py on an H200, 2026-11-21 (seqlen 4096, 16k tokens, heads * headdim = 2048).
+# benchmarks/sweep_blocks.py and benchmarks/probe_forward_tma.sh on an H200, 2026-11-21 (seqlen 4096 and
+# 16384, 16k tokens, heads * headdim = 2048). TMA descriptors win where the tiles are large (hdim 128:
+# 535-541 against 500-519 TFLOP/s at 16k; hdim 256 non-causal: 505 against 485) and lose at hdim 64
+# (408 against 440), where the kernel is bound by the exponentials rather than by feeding the MMAs.
 _HOPPER_FORWARD = {
     (64, False): TileConfig(128, 64, 8, 3),
     (64, True): TileConfig(128, 64, 8, 3),
-    (128, False): TileConfig(128, 128, 8, 3),
-    (128, True): TileConfig(128, 64, 8, 3),
-    (256, False): TileConfig(128, 64, 8, 2),
+    (128, False): TileConfig(128, 128, 8, 3, tma=True),
+    (128, True): TileConfig(128, 128, 8, 3, tma=True),
+    (256, False): TileConfig(128, 64, 8, 2, tma=True),
     (256, True): TileConfig(128, 64, 8, 2),
 }
 _HOPPER_DKDV = {

@@ -94,12 +94,6 @@ def _tma_workspace(size: int, alignment: int, stream) -> torch.Tensor:
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
-def _can_warp_specialize(dtype: torch.dtype, opts: AttentionOptions) -> bool:
-    # Dropout's random numbers spill registers in the specialized loop (seen in the sm90 SASS), and
-    # float32 tiles take no wgmma there: both keep the plain pipelined loop.
-    return dtype != torch.float32 and opts.dropout_p == 0
-
-
 def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions):
     from .kernels.forward import attention_forward_kernel
 
@@ -126,8 +120,7 @@ def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions):
         seqlen_q, seqlen_k, nheads, nheads // nheads_k,
         HEAD_DIM=head_dim, BLOCK_D=configs.padded_head_dim(head_dim),
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, HAS_ALIBI=has_alibi,
-        USE_TMA=use_tma, WARP_SPECIALIZE=use_tma and config.warp_specialize and _can_warp_specialize(q.dtype, opts),
-        HEAVY_FIRST=opts.window_right >= 0,
+        USE_TMA=use_tma, HEAVY_FIRST=opts.window_right >= 0,
         num_warps=config.num_warps, num_stages=config.num_stages,
         **_kernel_scalars(opts, rng_state), **_dot_flags(q.dtype),
     )

@@ -35,14 +35,6 @@ def _load_key_block(k_source, v_source, start_n, offs_n, offs_d, stride_kn, stri
     return kt, v
 
 
-# How a key loop masks its blocks: boundary stages mask every block and the interior none. The
-# warp-specialized loop masks every block too: Triton 3.6 specializes only a kernel's single loop, and
-# a run-time branch in its body stops it from splitting the tile between two consumer warpgroups
-# (seen in the SASS: 4 warps and register spills instead of 12 warps and none).
-MASK_NONE = tl.constexpr(0)
-MASK_ALL = tl.constexpr(1)
-
-
 @triton.jit
 def _forward_block_range(
     acc, acc_comp, row_sum, row_max, q,
@@ -51,28 +43,27 @@ def _forward_block_range(
     qk_scale, softcap_log2, alibi_slope_log2,
     window_left, window_right, dropout_p, rng_seed, rng_offset,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    MASK_MODE: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
+    MASKED: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
-    USE_TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
     offs_d = tl.arange(0, BLOCK_D)
-    # warp specialization (sm90): a producer warp issues the TMA loads while the others compute
-    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+    for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kt, v = _load_key_block(k_source, v_source, start_n, offs_n, offs_d, stride_kn, stride_vn, seqlen_k,
-                                HEAD_DIM, BLOCK_D, MASK_MODE != MASK_NONE, USE_TMA)
+                                HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
         # -- scores --
         qk = dot(q, kt, UPCAST_DOT, DOT_PRECISION)
         s, _ = scores_log2(qk, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
                            alibi_slope_log2, HAS_SOFTCAP, HAS_ALIBI)
-        if MASK_MODE == MASK_ALL:
+        if MASKED:
             seen = visible(offs_m, offs_n, seqlen_q, seqlen_k, window_left, window_right,
                            WINDOW_LEFT, WINDOW_RIGHT)
             s = tl.where(seen, s, float("-inf"))
         # -- online softmax: rescale what was accumulated when the running max grows --
         new_max = tl.maximum(row_max, tl.max(s, 1))
-        if MASK_MODE != MASK_NONE:
+        if MASKED:
             # a row that has seen no key yet keeps max = -inf; shift it by 0 to avoid inf - inf
             shift = tl.where(new_max == float("-inf"), 0.0, new_max)
         else:
@@ -88,8 +79,6 @@ def _forward_block_range(
             acc_comp = acc_comp * correction[:, None]
             acc, acc_comp = accumulate(acc, acc_comp, dot(p.to(v.dtype), v, UPCAST_DOT, DOT_PRECISION), COMPENSATED)
         else:
-            # acc_comp stays out of the loop's carried values: the warp-specialization pass fails on a
-            # value carried through unchanged
             acc = acc + dot(p.to(v.dtype), v, UPCAST_DOT, DOT_PRECISION)
         row_max = new_max
     return acc, acc_comp, row_sum, row_max
@@ -110,7 +99,7 @@ def attention_forward_kernel(
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
-    USE_TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, HEAVY_FIRST: tl.constexpr,
+    USE_TMA: tl.constexpr, HEAVY_FIRST: tl.constexpr,
 ):
     if HEAVY_FIRST:
         # with a causal mask the last query blocks see the most keys: launch them first, so the
@@ -160,21 +149,14 @@ def attention_forward_kernel(
 
     lo, full_lo, full_hi, hi = key_block_bounds(start_m, seqlen_q, seqlen_k, window_left, window_right,
                                                 BLOCK_M, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT)
-    if WARP_SPECIALIZE:
+    for stage in tl.static_range(3):
+        start, end = stage_range(stage, lo, full_lo, full_hi, hi)
         acc, acc_comp, row_sum, row_max = _forward_block_range(
-            acc, acc_comp, row_sum, row_max, q, k_source, v_source, stride_kn, stride_vn, lo, hi, offs_m,
-            bh, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
-            dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_N, MASK_ALL, WINDOW_LEFT,
-            WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED, USE_TMA, True)
-    else:
-        for stage in tl.static_range(3):
-            start, end = stage_range(stage, lo, full_lo, full_hi, hi)
-            acc, acc_comp, row_sum, row_max = _forward_block_range(
-                acc, acc_comp, row_sum, row_max, q, k_source, v_source, stride_kn, stride_vn, start, end, offs_m,
-                bh, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left,
-                window_right, dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_N,
-                MASK_NONE if stage == 1 else MASK_ALL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
-                HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED, USE_TMA, False)
+            acc, acc_comp, row_sum, row_max, q, k_source, v_source, stride_kn, stride_vn, start, end, offs_m,
+            bh, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left,
+            window_right, dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_N,
+            stage != 1, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
+            HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED, USE_TMA)
 
     # -- epilogue: normalize; a row that saw no key gives 0 and lse = +inf --
     empty = row_sum == 0.0
