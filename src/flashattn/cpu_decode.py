@@ -16,15 +16,17 @@ from .options import AttentionOptions
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
-    """Rotary embedding of x (..., D) with angle tables cos/sin (..., rotary_dim / 2), in float32.
+    """Rotary embedding of x (..., D) with angle tables cos/sin (..., rotary_dim / 2).
 
     Interleaved (GPT-J): dims (2j, 2j+1) turn by angle j. Not interleaved (GPT-NeoX): dims
-    (j, j + rotary_dim / 2). Dims past rotary_dim are unchanged. Returned in x's dtype.
+    (j, j + rotary_dim / 2). Dims past rotary_dim are unchanged. Computed in float32 (float64 for float64
+    x), returned in x's dtype.
     """
     rotary_dim = 2 * cos.shape[-1]
-    xf = x.float()
+    compute = torch.promote_types(x.dtype, torch.float32)
+    xf = x.to(compute)
     head, tail = xf[..., :rotary_dim], xf[..., rotary_dim:]
-    cos, sin = cos.float(), sin.float()
+    cos, sin = cos.to(compute), sin.to(compute)
     if interleaved:
         even, odd = head[..., 0::2], head[..., 1::2]
         rotated = torch.stack((even * cos - odd * sin, odd * cos + even * sin), dim=-1).flatten(-2)
