@@ -311,3 +311,20 @@ def test_paged_matches_contiguous_on_gpu(monkeypatch, page_size):
         contiguous = run(inputs, num_splits=num_splits)
         paged = run(to_paged(inputs, page_size), num_splits=num_splits)
         assert torch.equal(paged[0], contiguous[0]) and torch.equal(paged[1], contiguous[1])
+
+
+def test_custom_ops_pass_opcheck(backend):
+    """Schema, fake (torch.compile), mutation and dispatch checks of the append and attention ops."""
+    from flashattn.decode_ops import kvcache_append, kvcache_attention
+
+    inputs = build(variant(PAGED, rotary_dim=16, batch_cache=3, leftpad=(1, 2)), torch.float16, DEVICE)
+    paged = to_paged(inputs, 16)
+    for cache in (inputs, paged):
+        table = cache.get("block_table")
+        torch.library.opcheck(kvcache_append, (
+            cache["k_cache"], cache["v_cache"], cache["k"], cache["v"], cache["cache_seqlens"],
+            cache["cache_batch_idx"], table, cache["rotary_cos"], cache["rotary_sin"], True))
+        torch.library.opcheck(kvcache_attention, (
+            cache["q"], cache["k_cache"], cache["v_cache"], cache["cache_seqlens"], cache["cache_batch_idx"],
+            cache["cache_leftpad"], table, cache["rotary_cos"], cache["rotary_sin"], None, 1, 0.2, -1, 0, 0.0,
+            False, 2))

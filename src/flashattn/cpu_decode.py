@@ -102,12 +102,19 @@ def attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad
 
 
 def _weights(lse_partial: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weights w_s = exp(l_s - L) (0 for empty splits, l_s = +-inf) and the merged L (+inf if all empty)."""
+    """Weights w_s = exp(l_s - L) (0 for empty splits, l_s = +-inf) and the merged L (+inf if all empty).
+
+    Computed as a softmax over the splits (shifted by the largest finite l_s), the accurate form.
+    """
     finite = lse_partial.masked_fill(torch.isinf(lse_partial), float("-inf"))
-    merged = torch.logsumexp(finite, dim=0)  # -inf where every split is empty
-    empty = merged == float("-inf")
-    weights = torch.exp(finite - merged.masked_fill(empty, 0.0))  # exp(-inf) = 0 for empty splits
-    return weights, merged.masked_fill(empty, float("inf"))
+    shift = finite.amax(dim=0)
+    empty = shift == float("-inf")  # every split of the row is empty
+    shift = shift.masked_fill(empty, 0.0)
+    exps = torch.exp(finite - shift)  # exp(-inf) = 0 for empty splits
+    total = exps.sum(dim=0)
+    weights = exps / total.masked_fill(empty, 1.0)
+    merged = (shift + torch.log(total)).masked_fill(empty, float("inf"))
+    return weights, merged
 
 
 def combine(out_partial: torch.Tensor, lse_partial: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,7 +123,8 @@ def combine(out_partial: torch.Tensor, lse_partial: torch.Tensor) -> tuple[torch
     weights, merged = _weights(lse_partial.to(compute))
     weighted = weights.transpose(-1, -2).unsqueeze(-1) * out_partial.to(compute)  # (S, B, Sq, H, D)
     weighted = weighted.masked_fill(weights.transpose(-1, -2).unsqueeze(-1) == 0, 0.0)  # never read empty splits
-    return weighted.sum(dim=0).to(out_partial.dtype), merged.to(lse_partial.dtype)
+    out = weighted.sum(dim=0).to(out_partial.dtype).contiguous()
+    return out, merged.to(lse_partial.dtype).contiguous()
 
 
 def combine_backward(dout, dlse, out_partial, lse_partial) -> tuple[torch.Tensor, torch.Tensor]:
@@ -131,4 +139,4 @@ def combine_backward(dout, dlse, out_partial, lse_partial) -> tuple[torch.Tensor
     dout_dot_out = (weights * dot).sum(dim=0)
     dlse_partial = (weights * (dot - dout_dot_out + dlse.to(compute))).masked_fill(~used, 0.0)
     dout_partial = weights.transpose(-1, -2).unsqueeze(-1) * dout.unsqueeze(0)
-    return dout_partial.to(out_partial.dtype), dlse_partial.to(lse_partial.dtype)
+    return dout_partial.to(out_partial.dtype).contiguous(), dlse_partial.to(lse_partial.dtype).contiguous()

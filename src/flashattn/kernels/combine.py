@@ -71,7 +71,7 @@ def combine_kernel(
         lse = tl.load(LsePartial + s * stride_lps + lse_offsets, mask=row_ok, other=float("-inf"))
         weight = tl.math.exp2((_finite_lse(lse.to(tl.float32)) - shift) * LOG2E)[:, None]
         partial = tl.load(OutPartial + s * stride_ops + out_offsets, mask=tile_ok, other=0.0).to(tl.float32)
-        acc += tl.where(weight > 0.0, weight * partial, 0.0)  # an empty split's output may hold anything
+        acc += weight * tl.where(weight > 0.0, partial, 0.0)  # an empty split's output may hold anything
 
     empty = total == 0.0
     out = acc / tl.where(empty, 1.0, total)[:, None]
@@ -118,8 +118,8 @@ def combine_backward_kernel(
         lse = tl.load(LsePartial + s * stride_lps + lse_offsets, mask=row_ok, other=float("-inf"))
         weight = tl.math.exp2((_finite_lse(lse.to(tl.float32)) - norm) * LOG2E)
         partial = tl.load(OutPartial + s * stride_ops + out_offsets, mask=tile_ok, other=0.0).to(tl.float32)
-        dot_s = tl.sum(dout * partial, 1)
-        dout_dot_out += tl.where(weight > 0.0, weight * dot_s, 0.0)
+        dot_s = tl.sum(dout * tl.where(weight[:, None] > 0.0, partial, 0.0), 1)
+        dout_dot_out += weight * dot_s
         dout_partial = (weight[:, None] * dout).to(DOutPartial.dtype.element_ty)
         tl.store(DOutPartial + s * stride_dops + dout_offsets, dout_partial, mask=tile_ok)
         tl.store(DLsePartial + s * stride_dlps + dlse_offsets, dot_s.to(DLsePartial.dtype.element_ty), mask=row_ok)
