@@ -328,3 +328,30 @@ def test_custom_ops_pass_opcheck(backend):
             cache["q"], cache["k_cache"], cache["v_cache"], cache["cache_seqlens"], cache["cache_batch_idx"],
             cache["cache_leftpad"], table, cache["rotary_cos"], cache["rotary_sin"], None, 1, 0.2, -1, 0, 0.0,
             False, 2))
+
+
+def test_decode_step_compiles_fullgraph(torch_backend):
+    """A decode step (append in place, then attend) and a combine compile without graph breaks and give
+    eager's results: the ops' fake implementations and mutation annotations are what make this work."""
+    from flashattn import flash_attn_combine
+
+    torch._dynamo.reset()
+    problem = variant(PAGED, rotary_dim=16, options={"causal": True})
+    inputs = build(problem, torch.float32, "cpu")
+    paged = to_paged(inputs, 16)
+
+    def step(q, k_cache, v_cache, k, v, cos, sin, cache_seqlens, block_table):
+        out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cos, sin, cache_seqlens,
+                                           block_table=block_table, causal=True, return_softmax_lse=True,
+                                           check_indices=False)
+        merged, _ = flash_attn_combine(torch.stack([out, out]), torch.stack([lse, lse]))
+        return merged
+
+    arguments = [paged[name] for name in ("q", "k_cache", "v_cache", "k", "v", "rotary_cos", "rotary_sin",
+                                          "cache_seqlens", "block_table")]
+    eager_arguments = [x.clone() for x in arguments]
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    out = compiled(*arguments)
+    expected_out = step(*eager_arguments)
+    torch.testing.assert_close(out, expected_out, rtol=1e-6, atol=1e-6)
+    assert torch.equal(arguments[1], eager_arguments[1]), "the compiled step must append into the cache in place"
