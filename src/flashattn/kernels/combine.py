@@ -27,15 +27,20 @@ def _finite_lse(lse):
 @triton.jit
 def _merged_lse(LsePartial, lse_offsets, row_ok, stride_lps, num_splits, BLOCK_M: tl.constexpr):
     """(shift, total): max of the finite partial lse (0 if none) and sum_s exp(l_s - shift)."""
+    # pointers advance split by split: 64-bit arithmetic, however large num_splits x stride gets
     lse_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    for s in range(num_splits):
-        lse = tl.load(LsePartial + s * stride_lps + lse_offsets, mask=row_ok, other=float("-inf"))
+    lse_ptrs = LsePartial + lse_offsets
+    for _ in range(num_splits):
+        lse = tl.load(lse_ptrs, mask=row_ok, other=float("-inf"))
         lse_max = tl.maximum(lse_max, _finite_lse(lse.to(tl.float32)))
+        lse_ptrs += stride_lps
     shift = tl.where(lse_max == float("-inf"), 0.0, lse_max)
     total = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for s in range(num_splits):
-        lse = tl.load(LsePartial + s * stride_lps + lse_offsets, mask=row_ok, other=float("-inf"))
+    lse_ptrs = LsePartial + lse_offsets
+    for _ in range(num_splits):
+        lse = tl.load(lse_ptrs, mask=row_ok, other=float("-inf"))
         total += tl.math.exp2((_finite_lse(lse.to(tl.float32)) - shift) * LOG2E)
+        lse_ptrs += stride_lps
     return shift, total
 
 
@@ -67,11 +72,15 @@ def combine_kernel(
 
     shift, total = _merged_lse(LsePartial, lse_offsets, row_ok, stride_lps, num_splits, BLOCK_M)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for s in range(num_splits):
-        lse = tl.load(LsePartial + s * stride_lps + lse_offsets, mask=row_ok, other=float("-inf"))
+    lse_ptrs = LsePartial + lse_offsets
+    out_ptrs = OutPartial + out_offsets
+    for _ in range(num_splits):
+        lse = tl.load(lse_ptrs, mask=row_ok, other=float("-inf"))
         weight = tl.math.exp2((_finite_lse(lse.to(tl.float32)) - shift) * LOG2E)[:, None]
-        partial = tl.load(OutPartial + s * stride_ops + out_offsets, mask=tile_ok, other=0.0).to(tl.float32)
+        partial = tl.load(out_ptrs, mask=tile_ok, other=0.0).to(tl.float32)
         acc += weight * tl.where(weight > 0.0, partial, 0.0)  # an empty split's output may hold anything
+        lse_ptrs += stride_lps
+        out_ptrs += stride_ops
 
     empty = total == 0.0
     out = acc / tl.where(empty, 1.0, total)[:, None]
@@ -114,19 +123,30 @@ def combine_backward_kernel(
 
     # pass 1: d out_partial, and dout . o_s parked in d lse_partial; their weighted sum is dout . out
     dout_dot_out = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for s in range(num_splits):
-        lse = tl.load(LsePartial + s * stride_lps + lse_offsets, mask=row_ok, other=float("-inf"))
+    lse_ptrs = LsePartial + lse_offsets
+    out_ptrs = OutPartial + out_offsets
+    dout_partial_ptrs = DOutPartial + dout_offsets
+    dlse_partial_ptrs = DLsePartial + dlse_offsets
+    for _ in range(num_splits):
+        lse = tl.load(lse_ptrs, mask=row_ok, other=float("-inf"))
         weight = tl.math.exp2((_finite_lse(lse.to(tl.float32)) - norm) * LOG2E)
-        partial = tl.load(OutPartial + s * stride_ops + out_offsets, mask=tile_ok, other=0.0).to(tl.float32)
+        partial = tl.load(out_ptrs, mask=tile_ok, other=0.0).to(tl.float32)
         dot_s = tl.sum(dout * tl.where(weight[:, None] > 0.0, partial, 0.0), 1)
         dout_dot_out += weight * dot_s
-        dout_partial = (weight[:, None] * dout).to(DOutPartial.dtype.element_ty)
-        tl.store(DOutPartial + s * stride_dops + dout_offsets, dout_partial, mask=tile_ok)
-        tl.store(DLsePartial + s * stride_dlps + dlse_offsets, dot_s.to(DLsePartial.dtype.element_ty), mask=row_ok)
+        tl.store(dout_partial_ptrs, (weight[:, None] * dout).to(DOutPartial.dtype.element_ty), mask=tile_ok)
+        tl.store(dlse_partial_ptrs, dot_s.to(DLsePartial.dtype.element_ty), mask=row_ok)
+        lse_ptrs += stride_lps
+        out_ptrs += stride_ops
+        dout_partial_ptrs += stride_dops
+        dlse_partial_ptrs += stride_dlps
     # pass 2: d lse_partial from the parked dot products (each program reads back only what it wrote)
-    for s in range(num_splits):
-        lse = tl.load(LsePartial + s * stride_lps + lse_offsets, mask=row_ok, other=float("-inf"))
+    lse_ptrs = LsePartial + lse_offsets
+    dlse_partial_ptrs = DLsePartial + dlse_offsets
+    for _ in range(num_splits):
+        lse = tl.load(lse_ptrs, mask=row_ok, other=float("-inf"))
         weight = tl.math.exp2((_finite_lse(lse.to(tl.float32)) - norm) * LOG2E)
-        dot_s = tl.load(DLsePartial + s * stride_dlps + dlse_offsets, mask=row_ok, other=0.0).to(tl.float32)
+        dot_s = tl.load(dlse_partial_ptrs, mask=row_ok, other=0.0).to(tl.float32)
         grad = tl.where(weight > 0.0, weight * (dot_s - dout_dot_out + dlse), 0.0)
-        tl.store(DLsePartial + s * stride_dlps + dlse_offsets, grad.to(DLsePartial.dtype.element_ty), mask=row_ok)
+        tl.store(dlse_partial_ptrs, grad.to(DLsePartial.dtype.element_ty), mask=row_ok)
+        lse_ptrs += stride_lps
+        dlse_partial_ptrs += stride_dlps
