@@ -4,7 +4,15 @@ Triton kernels on the GPU, blocked PyTorch on the CPU, one flash-attn compatible
 """
 
 from .interface import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
+from .kvcache import flash_attn_combine, flash_attn_with_kvcache
 
 __version__ = "0.1.0"
 
-__all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func", "__version__"]
+__all__ = [
+    "flash_attn_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_with_kvcache",
+    "flash_attn_combine",
+    "__version__",
+]

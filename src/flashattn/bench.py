@@ -321,6 +321,13 @@ def plot_results(results_path: Path, png_path: Path) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--mode", choices=("attention", "decode"), default="attention",
+                        help="attention (default): the training grid below; decode: one new token over a KV "
+                             "cache, see flashattn.bench_decode (--batches, --cache-lens, --page-sizes)")
+    parser.add_argument("--batches", nargs="+", type=int, default=None, help="decode mode: batch sizes")
+    parser.add_argument("--cache-lens", nargs="+", type=int, default=None, help="decode mode: cache lengths")
+    parser.add_argument("--page-sizes", nargs="+", type=int, default=None,
+                        help="decode mode: page sizes of the paged cases (a contiguous case always runs)")
     parser.add_argument("--providers", nargs="+", default=None, choices=list(PROVIDERS),
                         help="default: all on a GPU; flashattn, sdpa_math and naive on the CPU")
     parser.add_argument("--head-dims", nargs="+", type=int, default=None)
@@ -339,6 +346,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "mode", "attention") == "decode":
+        from . import bench_decode
+
+        return bench_decode.run(args, environment())
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     on_gpu = device.type == "cuda"
     providers = args.providers or (list(PROVIDERS) if on_gpu else list(CPU_PROVIDERS))

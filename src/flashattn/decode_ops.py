@@ -1,0 +1,362 @@
+"""Custom ops of the inference entry points: KV-cache append, attention over the cache, combine.
+
+Same pattern as ``ops.py``: each op is a ``torch.library.custom_op`` with a CPU implementation
+(``cpu_decode.py``), a CUDA implementation (Triton, ``kernels/decode.py`` and ``kernels/combine.py``) and
+a fake implementation for ``torch.compile``; ``FLASHATTN_BACKEND=torch|triton`` overrides the choice.
+The tile and split choices for decoding live here too (``decode_config``, ``choose_num_splits``).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from . import configs, cpu_decode
+from .ops import (
+    _alibi_args,
+    _cdiv,
+    _dot_flags,
+    _kernel_scalars,
+    _last_dim_contiguous,
+    backend_override,
+    interpreting,
+)
+from .options import AttentionOptions
+
+MAX_SPLITS = 128
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    block_m: int  # rows of the query tile: (query token, query head of the group) pairs
+    block_n: int  # keys per step
+    num_warps: int
+    num_stages: int
+
+
+def decode_config(rows: int, head_dim: int, dtype: torch.dtype, interpret: bool) -> DecodeConfig:
+    """Tiles for the attention over the cache. ``rows`` = group size x seqlen_q.
+
+    Decoding streams K/V once and does little arithmetic per byte: a query tile just large enough for
+    the packed rows (16, the tensor cores' minimum, for a GQA group of up to 16 heads at one token),
+    and key blocks that keep a few loads in flight. Not yet swept on the GPU: a starting point.
+    """
+    if interpret:
+        return DecodeConfig(16, 16, 1, 1)
+    width = configs.padded_head_dim(head_dim)
+    block_m = min(64 if width <= 128 else 32, max(16, 1 << (rows - 1).bit_length()))
+    block_n = 64 if width <= 128 else 32
+    if dtype == torch.float32:
+        block_n = max(16, block_n // 2)
+    return DecodeConfig(block_m, block_n, 4, 3 if width <= 128 else 2)
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def processor_count(device: torch.device) -> int:
+    """Streaming multiprocessors of the GPU; under the interpreter a small stand-in, so that the
+    default heuristic splits there too and the tests exercise it."""
+    if device.type != "cuda":
+        return 4
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def choose_num_splits(programs: int, key_blocks: int, processors: int) -> int:
+    """How many chunks to split each program's keys into (flash-decoding).
+
+    ``programs`` = batch x kv heads x query tiles; ``key_blocks`` = key blocks of the longest sequence.
+    When the programs fill the GPU, no split. Otherwise enough splits for about two programs per
+    processor, each split keeping at least 4 key blocks so that the loads are still pipelined and the
+    merge stays cheap next to the attention.
+    """
+    if programs >= processors:
+        return 1
+    wanted = _cdiv(2 * processors, programs)
+    return max(1, min(wanted, key_blocks // 4, MAX_SPLITS))
+
+
+# ---------------------------------------------------------------------------------------------
+# Launchers
+# ---------------------------------------------------------------------------------------------
+
+
+def _paged_geometry(k_cache: torch.Tensor, block_table: torch.Tensor | None) -> dict:
+    """capacity (keys a sequence can hold), rows that the batch index addresses, blocks, page size."""
+    if block_table is None:
+        return dict(capacity=k_cache.shape[1], batch_cache=k_cache.shape[0], num_blocks=0, page_size=1)
+    return dict(capacity=block_table.shape[1] * k_cache.shape[1], batch_cache=block_table.shape[0],
+                num_blocks=k_cache.shape[0], page_size=k_cache.shape[1])
+
+
+def _rotary_args(rotary_cos: torch.Tensor | None) -> tuple[int, int]:
+    """(rotary_dim, seqlen_ro); (0, 0) without rotary."""
+    if rotary_cos is None:
+        return 0, 0
+    return 2 * rotary_cos.shape[1], rotary_cos.shape[0]
+
+
+def _triton_append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
+                   rotary_interleaved: bool) -> None:
+    from .kernels.decode import kvcache_append_kernel
+
+    batch, seqlen_new, nheads_k, head_dim = k.shape
+    geometry = _paged_geometry(k_cache, block_table)
+    rotary_dim, seqlen_ro = _rotary_args(rotary_cos)
+    block_n = 16 if interpreting() else 32
+    placeholder = cache_seqlens  # any pointer will do where a constexpr flag says it is never read
+    cos = rotary_cos if rotary_cos is not None else k
+    sin = rotary_sin if rotary_sin is not None else k
+    grid = (_cdiv(seqlen_new, block_n), batch * nheads_k)
+    kvcache_append_kernel[grid](
+        k, v, k_cache, v_cache, cache_seqlens,
+        cache_batch_idx if cache_batch_idx is not None else placeholder,
+        block_table if block_table is not None else placeholder, cos, sin,
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_table.stride(0) if block_table is not None else 0,
+        cos.stride(0), sin.stride(0),
+        seqlen_new, nheads_k, geometry["capacity"], geometry["batch_cache"], geometry["num_blocks"],
+        geometry["page_size"], rotary_dim, seqlen_ro,
+        HEAD_DIM=head_dim, BLOCK_D=configs.padded_head_dim(head_dim), BLOCK_N=block_n,
+        PAGED=block_table is not None, HAS_BATCH_IDX=cache_batch_idx is not None,
+        HAS_ROTARY=rotary_cos is not None, INTERLEAVED=rotary_interleaved,
+    )
+
+
+def _triton_combine(out_partial, lse_partial, out=None, lse=None):
+    from .kernels.combine import combine_kernel
+
+    out_partial = _last_dim_contiguous(out_partial)
+    num_splits, batch, seqlen, nheads, head_dim = out_partial.shape
+    if out is None:
+        out = torch.empty(out_partial.shape[1:], dtype=out_partial.dtype, device=out_partial.device)
+    if lse is None:
+        lse = torch.empty(batch, nheads, seqlen, dtype=lse_partial.dtype, device=lse_partial.device)
+    block_m = 16 if interpreting() else 32
+    combine_kernel[(_cdiv(seqlen * nheads, block_m), batch)](
+        out_partial, lse_partial, out, lse,
+        *out_partial.stride()[:4], *lse_partial.stride(),
+        *out.stride()[:3], *lse.stride(),
+        num_splits, seqlen, nheads,
+        HEAD_DIM=head_dim, BLOCK_D=configs.padded_head_dim(head_dim), BLOCK_M=block_m,
+    )
+    return out, lse
+
+
+def _triton_combine_backward(dout, dlse, out_partial, lse_partial):
+    from .kernels.combine import combine_backward_kernel
+
+    dout, out_partial = _last_dim_contiguous(dout), _last_dim_contiguous(out_partial)
+    num_splits, batch, seqlen, nheads, head_dim = out_partial.shape
+    dout_partial = torch.empty_like(out_partial, memory_format=torch.contiguous_format)
+    dlse_partial = torch.empty_like(lse_partial, memory_format=torch.contiguous_format)
+    block_m = 16 if interpreting() else 32
+    combine_backward_kernel[(_cdiv(seqlen * nheads, block_m), batch)](
+        dout, dlse, out_partial, lse_partial, dout_partial, dlse_partial,
+        *dout.stride()[:3], *dlse.stride(),
+        *out_partial.stride()[:4], *lse_partial.stride(),
+        *dout_partial.stride()[:4], *dlse_partial.stride(),
+        num_splits, seqlen, nheads,
+        HEAD_DIM=head_dim, BLOCK_D=configs.padded_head_dim(head_dim), BLOCK_M=block_m,
+    )
+    return dout_partial, dlse_partial
+
+
+def _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_cos,
+                      rotary_sin, alibi_slopes, seqlen_new: int, opts: AttentionOptions, rotary_interleaved: bool,
+                      num_splits: int):
+    from .kernels.decode import kvcache_attention_kernel
+
+    q = _last_dim_contiguous(q)
+    batch, seqlen_q, nheads, head_dim = q.shape
+    nheads_k = k_cache.shape[2]
+    group_size = nheads // nheads_k
+    interpret = interpreting()
+    config = decode_config(group_size * seqlen_q, head_dim, q.dtype, interpret)
+    geometry = _paged_geometry(k_cache, block_table)
+    row_blocks = _cdiv(group_size * seqlen_q, config.block_m)
+    if num_splits <= 0:
+        key_blocks = _cdiv(geometry["capacity"], config.block_n)
+        num_splits = choose_num_splits(batch * nheads_k * row_blocks, key_blocks, processor_count(q.device))
+    num_splits = min(num_splits, MAX_SPLITS)
+
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty(batch, nheads, seqlen_q, dtype=torch.float32, device=q.device)
+    if num_splits == 1:  # straight into the outputs
+        out_target, lse_target = out.unsqueeze(0), lse.unsqueeze(0)
+    else:  # float32 partials, merged below
+        out_target = torch.empty((num_splits, *q.shape), dtype=torch.float32, device=q.device)
+        lse_target = torch.empty((num_splits, batch, nheads, seqlen_q), dtype=torch.float32, device=q.device)
+
+    rotary_dim, seqlen_ro = _rotary_args(rotary_cos)
+    slopes, stride_alibi_b, has_alibi = _alibi_args(alibi_slopes, q)
+    placeholder = cache_seqlens
+    cos = rotary_cos if rotary_cos is not None else q
+    sin = rotary_sin if rotary_sin is not None else q
+    scalars = _kernel_scalars(opts, None)
+    for unused in ("dropout_p", "rng_seed", "rng_offset", "HAS_DROPOUT"):
+        scalars.pop(unused)
+    grid = (row_blocks, batch * nheads_k, num_splits)
+    kvcache_attention_kernel[grid](
+        q, k_cache, v_cache, out_target, lse_target, cache_seqlens,
+        cache_batch_idx if cache_batch_idx is not None else placeholder,
+        cache_leftpad if cache_leftpad is not None else placeholder,
+        block_table if block_table is not None else placeholder, cos, sin, slopes,
+        q.stride(0), q.stride(1), q.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        *out_target.stride()[:4], *lse_target.stride(),
+        block_table.stride(0) if block_table is not None else 0, cos.stride(0), sin.stride(0), stride_alibi_b,
+        seqlen_q, seqlen_new, nheads_k, group_size, geometry["capacity"], geometry["batch_cache"],
+        geometry["num_blocks"], geometry["page_size"], rotary_dim, seqlen_ro, num_splits,
+        HEAD_DIM=head_dim, BLOCK_D=configs.padded_head_dim(head_dim), BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n, PAGED=block_table is not None, HAS_BATCH_IDX=cache_batch_idx is not None,
+        HAS_LEFTPAD=cache_leftpad is not None, HAS_ROTARY=rotary_cos is not None,
+        INTERLEAVED=rotary_interleaved, ROTARY_PER_TOKEN=opts.masked, HAS_ALIBI=has_alibi,
+        num_warps=config.num_warps, num_stages=config.num_stages, **scalars, **_dot_flags(q.dtype),
+    )
+    if num_splits > 1:
+        _triton_combine(out_target, lse_target, out, lse)
+    return out, lse
+
+
+# ---------------------------------------------------------------------------------------------
+# The custom ops
+# ---------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("flashattn::kvcache_append", mutates_args=("k_cache", "v_cache"), device_types="cpu")
+def kvcache_append(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    cache_batch_idx: torch.Tensor | None,
+    block_table: torch.Tensor | None,
+    rotary_cos: torch.Tensor | None,
+    rotary_sin: torch.Tensor | None,
+    rotary_interleaved: bool,
+) -> None:
+    """Write k (rotated at positions cache_seqlens[b] + t) and v into the caches at those positions."""
+    append = _triton_append if backend_override() == "triton" else cpu_decode.append
+    append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
+           rotary_interleaved)
+
+
+@kvcache_append.register_kernel("cuda")
+def _kvcache_append_cuda(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos,
+                         rotary_sin, rotary_interleaved):
+    append = cpu_decode.append if backend_override() == "torch" else _triton_append
+    append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
+           rotary_interleaved)
+
+
+@kvcache_append.register_fake
+def _kvcache_append_fake(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos,
+                         rotary_sin, rotary_interleaved):
+    return None
+
+
+@torch.library.custom_op("flashattn::kvcache_attention", mutates_args=(), device_types="cpu")
+def kvcache_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    cache_batch_idx: torch.Tensor | None,
+    cache_leftpad: torch.Tensor | None,
+    block_table: torch.Tensor | None,
+    rotary_cos: torch.Tensor | None,
+    rotary_sin: torch.Tensor | None,
+    alibi_slopes: torch.Tensor | None,
+    seqlen_new: int,
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    rotary_interleaved: bool,
+    num_splits: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of q (B, Sq, H, D) over the keys [cache_leftpad, cache_seqlens + seqlen_new) of each
+    batch element's cache; lse is float32 (B, H, Sq), natural log, +inf for a row that sees no key."""
+    opts = AttentionOptions(softmax_scale, window_left, window_right, softcap)
+    if backend_override() == "triton":
+        return _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                                 rotary_cos, rotary_sin, alibi_slopes, seqlen_new, opts, rotary_interleaved,
+                                 num_splits)
+    return cpu_decode.attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                                rotary_cos, rotary_sin, alibi_slopes, seqlen_new, opts, rotary_interleaved)
+
+
+@kvcache_attention.register_kernel("cuda")
+def _kvcache_attention_cuda(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                            rotary_cos, rotary_sin, alibi_slopes, seqlen_new, softmax_scale, window_left,
+                            window_right, softcap, rotary_interleaved, num_splits):
+    opts = AttentionOptions(softmax_scale, window_left, window_right, softcap)
+    if backend_override() == "torch":
+        return cpu_decode.attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad,
+                                    block_table, rotary_cos, rotary_sin, alibi_slopes, seqlen_new, opts,
+                                    rotary_interleaved)
+    return _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                             rotary_cos, rotary_sin, alibi_slopes, seqlen_new, opts, rotary_interleaved, num_splits)
+
+
+@kvcache_attention.register_fake
+def _kvcache_attention_fake(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                            rotary_cos, rotary_sin, alibi_slopes, seqlen_new, softmax_scale, window_left,
+                            window_right, softcap, rotary_interleaved, num_splits):
+    batch, seqlen_q, nheads, _ = q.shape
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    return out, q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
+
+
+@torch.library.custom_op("flashattn::attention_combine", mutates_args=(), device_types="cpu")
+def attention_combine(out_partial: torch.Tensor, lse_partial: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """out_partial (S, B, Sq, H, D), lse_partial (S, B, H, Sq) -> out (B, Sq, H, D), lse (B, H, Sq)."""
+    if backend_override() == "triton":
+        return _triton_combine(out_partial, lse_partial)
+    return cpu_decode.combine(out_partial, lse_partial)
+
+
+@attention_combine.register_kernel("cuda")
+def _attention_combine_cuda(out_partial, lse_partial):
+    if backend_override() == "torch":
+        return cpu_decode.combine(out_partial, lse_partial)
+    return _triton_combine(out_partial, lse_partial)
+
+
+@attention_combine.register_fake
+def _attention_combine_fake(out_partial, lse_partial):
+    _, batch, seqlen, nheads, _ = out_partial.shape
+    return out_partial.new_empty(out_partial.shape[1:]), lse_partial.new_empty((batch, nheads, seqlen))
+
+
+@torch.library.custom_op("flashattn::attention_combine_backward", mutates_args=(), device_types="cpu")
+def attention_combine_backward(
+    dout: torch.Tensor, dlse: torch.Tensor, out_partial: torch.Tensor, lse_partial: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d out_partial, d lse_partial) of :func:`attention_combine`."""
+    if backend_override() == "triton":
+        return _triton_combine_backward(dout, dlse, out_partial, lse_partial)
+    return cpu_decode.combine_backward(dout, dlse, out_partial, lse_partial)
+
+
+@attention_combine_backward.register_kernel("cuda")
+def _attention_combine_backward_cuda(dout, dlse, out_partial, lse_partial):
+    if backend_override() == "torch":
+        return cpu_decode.combine_backward(dout, dlse, out_partial, lse_partial)
+    return _triton_combine_backward(dout, dlse, out_partial, lse_partial)
+
+
+@attention_combine_backward.register_fake
+def _attention_combine_backward_fake(dout, dlse, out_partial, lse_partial):
+    return (torch.empty_like(out_partial, memory_format=torch.contiguous_format),
+            torch.empty_like(lse_partial, memory_format=torch.contiguous_format))

@@ -1,0 +1,152 @@
+"""Merging attention results over disjoint key sets, and its gradient.
+
+Split s saw keys K_s and produced a normalized output o_s with log-sum-exp l_s. Over the union of the
+key sets the log-sum-exp is L = log sum_s exp(l_s) and the output is out = sum_s w_s o_s with weights
+w_s = exp(l_s - L). A split that saw no key carries l_s = +inf (flashattn's convention for an empty
+row) or -inf (the mathematical one): both get weight 0, and whatever its o_s holds is never read into
+the sum. When every split is empty the row gives out = 0 and L = +inf, as an empty row does elsewhere.
+
+Gradient, with g = dL/dout and gL = dLoss/dL:  dLoss/do_s = w_s g and
+dLoss/dl_s = w_s (g . o_s - g . out + gL), where g . out = sum_t w_t (g . o_t).
+
+One program per (block of (token, head) rows, batch element); the splits are a runtime loop.
+"""
+
+import triton
+import triton.language as tl
+
+from .common import LOG2E
+
+
+@triton.jit
+def _finite_lse(lse):
+    """Both infinities mark an empty split: map them to -inf, whose weight is exp(-inf) = 0."""
+    return tl.where(lse == float("inf"), float("-inf"), lse)
+
+
+@triton.jit
+def _merged_lse(LsePartial, lse_offsets, row_ok, stride_lps, num_splits, BLOCK_M: tl.constexpr):
+    """(shift, total): max of the finite partial lse (0 if none) and sum_s exp(l_s - shift)."""
+    # pointers advance split by split: 64-bit arithmetic, however large num_splits x stride gets
+    lse_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    lse_ptrs = LsePartial + lse_offsets
+    for _ in range(num_splits):
+        lse = tl.load(lse_ptrs, mask=row_ok, other=float("-inf"))
+        lse_max = tl.maximum(lse_max, _finite_lse(lse.to(tl.float32)))
+        lse_ptrs += stride_lps
+    shift = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    total = tl.zeros([BLOCK_M], dtype=tl.float32)
+    lse_ptrs = LsePartial + lse_offsets
+    for _ in range(num_splits):
+        lse = tl.load(lse_ptrs, mask=row_ok, other=float("-inf"))
+        total += tl.math.exp2((_finite_lse(lse.to(tl.float32)) - shift) * LOG2E)
+        lse_ptrs += stride_lps
+    return shift, total
+
+
+@triton.jit
+def _row_offsets(offs_r, batch, nheads, stride_b, stride_m, stride_h):
+    token = offs_r // nheads
+    head = offs_r % nheads
+    return batch.to(tl.int64) * stride_b + token.to(tl.int64) * stride_m + head.to(tl.int64) * stride_h
+
+
+@triton.jit
+def combine_kernel(
+    OutPartial, LsePartial, Out, Lse,
+    stride_ops, stride_opb, stride_opm, stride_oph,
+    stride_lps, stride_lpb, stride_lph, stride_lpm,
+    stride_ob, stride_om, stride_oh,
+    stride_lb, stride_lh, stride_lm,
+    num_splits, seqlen, nheads,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """out[b, m, h] = sum_s w_s out_partial[s, b, m, h]; lse[b, h, m] = log sum_s exp(lse_partial[s, b, h, m])."""
+    batch = tl.program_id(1)
+    offs_r = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # row r = token * nheads + head
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_r < seqlen * nheads
+    tile_ok = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+    lse_offsets = _row_offsets(offs_r, batch, nheads, stride_lpb, stride_lpm, stride_lph)
+    out_offsets = _row_offsets(offs_r, batch, nheads, stride_opb, stride_opm, stride_oph)[:, None] + offs_d[None, :]
+
+    shift, total = _merged_lse(LsePartial, lse_offsets, row_ok, stride_lps, num_splits, BLOCK_M)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    lse_ptrs = LsePartial + lse_offsets
+    out_ptrs = OutPartial + out_offsets
+    for _ in range(num_splits):
+        lse = tl.load(lse_ptrs, mask=row_ok, other=float("-inf"))
+        weight = tl.math.exp2((_finite_lse(lse.to(tl.float32)) - shift) * LOG2E)[:, None]
+        partial = tl.load(out_ptrs, mask=tile_ok, other=0.0).to(tl.float32)
+        acc += weight * tl.where(weight > 0.0, partial, 0.0)  # an empty split's output may hold anything
+        lse_ptrs += stride_lps
+        out_ptrs += stride_ops
+
+    empty = total == 0.0
+    out = acc / tl.where(empty, 1.0, total)[:, None]
+    lse = tl.where(empty, float("inf"), shift + tl.math.log2(tl.where(empty, 1.0, total)) / LOG2E)
+    tl.store(Lse + _row_offsets(offs_r, batch, nheads, stride_lb, stride_lm, stride_lh), lse, mask=row_ok)
+    out_ptrs = Out + _row_offsets(offs_r, batch, nheads, stride_ob, stride_om, stride_oh)[:, None] + offs_d[None, :]
+    tl.store(out_ptrs, out.to(Out.dtype.element_ty), mask=tile_ok)
+
+
+@triton.jit
+def combine_backward_kernel(
+    DOut, DLse, OutPartial, LsePartial, DOutPartial, DLsePartial,
+    stride_dob, stride_dom, stride_doh,
+    stride_dlb, stride_dlh, stride_dlm,
+    stride_ops, stride_opb, stride_opm, stride_oph,
+    stride_lps, stride_lpb, stride_lph, stride_lpm,
+    stride_dops, stride_dopb, stride_dopm, stride_doph,
+    stride_dlps, stride_dlpb, stride_dlph, stride_dlpm,
+    num_splits, seqlen, nheads,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """d out_partial[s] = w_s dout; d lse_partial[s] = w_s (dout . o_s - dout . out + dlse)."""
+    batch = tl.program_id(1)
+    offs_r = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_r < seqlen * nheads
+    tile_ok = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+    lse_offsets = _row_offsets(offs_r, batch, nheads, stride_lpb, stride_lpm, stride_lph)
+    out_offsets = _row_offsets(offs_r, batch, nheads, stride_opb, stride_opm, stride_oph)[:, None] + offs_d[None, :]
+    dlse_offsets = _row_offsets(offs_r, batch, nheads, stride_dlpb, stride_dlpm, stride_dlph)
+    dout_offsets = _row_offsets(offs_r, batch, nheads, stride_dopb, stride_dopm, stride_doph)[:, None] \
+        + offs_d[None, :]
+
+    dout_rows = _row_offsets(offs_r, batch, nheads, stride_dob, stride_dom, stride_doh)
+    dout = tl.load(DOut + dout_rows[:, None] + offs_d[None, :], mask=tile_ok, other=0.0).to(tl.float32)
+    dlse = tl.load(DLse + _row_offsets(offs_r, batch, nheads, stride_dlb, stride_dlm, stride_dlh),
+                   mask=row_ok, other=0.0).to(tl.float32)
+    shift, total = _merged_lse(LsePartial, lse_offsets, row_ok, stride_lps, num_splits, BLOCK_M)
+    norm = tl.math.log2(tl.where(total == 0.0, 1.0, total)) / LOG2E + shift  # the merged lse (finite part)
+
+    # pass 1: d out_partial, and dout . o_s parked in d lse_partial; their weighted sum is dout . out
+    dout_dot_out = tl.zeros([BLOCK_M], dtype=tl.float32)
+    lse_ptrs = LsePartial + lse_offsets
+    out_ptrs = OutPartial + out_offsets
+    dout_partial_ptrs = DOutPartial + dout_offsets
+    dlse_partial_ptrs = DLsePartial + dlse_offsets
+    for _ in range(num_splits):
+        lse = tl.load(lse_ptrs, mask=row_ok, other=float("-inf"))
+        weight = tl.math.exp2((_finite_lse(lse.to(tl.float32)) - norm) * LOG2E)
+        partial = tl.load(out_ptrs, mask=tile_ok, other=0.0).to(tl.float32)
+        dot_s = tl.sum(dout * tl.where(weight[:, None] > 0.0, partial, 0.0), 1)
+        dout_dot_out += weight * dot_s
+        tl.store(dout_partial_ptrs, (weight[:, None] * dout).to(DOutPartial.dtype.element_ty), mask=tile_ok)
+        tl.store(dlse_partial_ptrs, dot_s.to(DLsePartial.dtype.element_ty), mask=row_ok)
+        lse_ptrs += stride_lps
+        out_ptrs += stride_ops
+        dout_partial_ptrs += stride_dops
+        dlse_partial_ptrs += stride_dlps
+    # pass 2: d lse_partial from the parked dot products (each program reads back only what it wrote)
+    lse_ptrs = LsePartial + lse_offsets
+    dlse_partial_ptrs = DLsePartial + dlse_offsets
+    for _ in range(num_splits):
+        lse = tl.load(lse_ptrs, mask=row_ok, other=float("-inf"))
+        weight = tl.math.exp2((_finite_lse(lse.to(tl.float32)) - norm) * LOG2E)
+        dot_s = tl.load(dlse_partial_ptrs, mask=row_ok, other=0.0).to(tl.float32)
+        grad = tl.where(weight > 0.0, weight * (dot_s - dout_dot_out + dlse), 0.0)
+        tl.store(dlse_partial_ptrs, grad.to(DLsePartial.dtype.element_ty), mask=row_ok)
+        lse_ptrs += stride_lps
+        dlse_partial_ptrs += stride_dlps

@@ -1,0 +1,295 @@
+"""Decode kernels: append new keys/values into a KV cache, and attention of a few queries over the cache.
+
+Two kernels, launched one after the other on the same stream (``decode_ops.py``):
+
+* ``kvcache_append_kernel`` writes the new k (rotated, when rotary tables are given) and v into the cache
+  at positions ``cache_seqlens[b] + t``, through the block table when the cache is paged.
+* ``kvcache_attention_kernel`` runs the online softmax over the valid keys of the cache. One program
+  owns one kv head of one batch element and packs the query heads that share it into its tile: row
+  ``r`` of the tile is query token ``r // group_size`` of query head ``kv_head * group_size + r % group_size``.
+  Each K/V tile is then loaded once for the whole group, which is what makes GQA decoding fast (one
+  query token per head would leave a tile of 1 row). A third grid axis splits the key range
+  (flash-decoding); each split writes a normalized partial output and its log-sum-exp, merged by
+  ``kernels/combine.py``.
+
+Positions: the cache holds keys at absolute positions ``[leftpad, cache_seqlens + seqlen_new)``; the
+attention sees them as keys ``0 .. seqlen_k - 1`` with ``seqlen_k = cache_seqlens + seqlen_new - leftpad``,
+and the masks are aligned to the bottom-right corner of that range (``masks.visible``). Rotary angles are
+looked up at absolute positions, as flash-attn does.
+"""
+
+import triton
+import triton.language as tl
+
+from .common import LOG2E, accumulate, dot, key_block_bounds, scores_log2, stage_range, visible
+
+
+@triton.jit
+def load_rotated(row_ptrs, row_mask, positions, Cos, Sin, stride_cos, stride_sin, rotary_dim, seqlen_ro,
+                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_ROTARY: tl.constexpr,
+                 INTERLEAVED: tl.constexpr):
+    """Load rows [R, BLOCK_D] from ``row_ptrs`` ([R, 1] pointers to element 0 of each row), rotated.
+
+    The first ``rotary_dim`` dims of row r turn by the angles of position ``positions[r]``: pairs
+    (2j, 2j+1) when INTERLEAVED (GPT-J), pairs (j, j + rotary_dim / 2) otherwise (GPT-NeoX); the rest of
+    the row is unchanged. Computed in float32; returned in float32.
+    """
+    offs_d = tl.arange(0, BLOCK_D)[None, :]
+    mask = row_mask & (offs_d < HEAD_DIM)
+    x = tl.load(row_ptrs + offs_d, mask=mask, other=0.0).to(tl.float32)
+    if HAS_ROTARY:
+        half = rotary_dim // 2
+        in_rotary = offs_d < rotary_dim
+        if INTERLEAVED:
+            partner = offs_d ^ 1
+            freq = offs_d // 2
+            sign = tl.where(offs_d % 2 == 0, -1.0, 1.0)
+        else:
+            first_half = offs_d < half
+            partner = tl.where(first_half, offs_d + half, offs_d - half)
+            freq = tl.where(first_half, offs_d, offs_d - half)
+            sign = tl.where(first_half, -1.0, 1.0)
+        rotary_mask = mask & in_rotary
+        x_partner = tl.load(row_ptrs + partner, mask=rotary_mask, other=0.0).to(tl.float32)
+        # positions past the tables (only reachable with inputs the host check refuses) read angle 0
+        table_mask = rotary_mask & (positions[:, None] < seqlen_ro) & (positions[:, None] >= 0)
+        position = positions[:, None].to(tl.int64)
+        cos = tl.load(Cos + position * stride_cos + freq, mask=table_mask, other=1.0).to(tl.float32)
+        sin = tl.load(Sin + position * stride_sin + freq, mask=table_mask, other=0.0).to(tl.float32)
+        x = tl.where(in_rotary, x * cos + sign * x_partner * sin, x)
+    return x
+
+
+@triton.jit
+def kvcache_append_kernel(
+    K, V, KCache, VCache, CacheSeqlens, CacheBatchIdx, BlockTable, Cos, Sin,
+    stride_kb, stride_kn, stride_kh,
+    stride_vb, stride_vn, stride_vh,
+    stride_kcb, stride_kcn, stride_kch,
+    stride_vcb, stride_vcn, stride_vch,
+    stride_btb, stride_cos, stride_sin,
+    seqlen_new, nheads_k, capacity, batch_cache, num_blocks, page_size, rotary_dim, seqlen_ro,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr,
+):
+    """One program per (block of new tokens, batch x kv head): cache[pos] = rotary(k), v at pos."""
+    bh = tl.program_id(1)
+    batch = bh // nheads_k
+    head_k = bh % nheads_k
+    cache_len = tl.load(CacheSeqlens + batch)
+    cache_batch = batch
+    if HAS_BATCH_IDX:
+        cache_batch = tl.load(CacheBatchIdx + batch)
+    offs_t = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    positions = cache_len + offs_t
+    # the host refuses appends past the cache; the mask keeps a bad index from ever writing out of bounds
+    ok = (offs_t < seqlen_new) & (positions >= 0) & (positions < capacity)
+    ok = ok & (cache_batch >= 0) & (cache_batch < batch_cache)
+    if PAGED:
+        block = tl.load(BlockTable + cache_batch.to(tl.int64) * stride_btb + positions // page_size, mask=ok, other=0)
+        ok = ok & (block >= 0) & (block < num_blocks)
+        in_page = (positions % page_size).to(tl.int64)
+        k_rows = block.to(tl.int64) * stride_kcb + in_page * stride_kcn
+        v_rows = block.to(tl.int64) * stride_vcb + in_page * stride_vcn
+    else:
+        k_rows = cache_batch.to(tl.int64) * stride_kcb + positions.to(tl.int64) * stride_kcn
+        v_rows = cache_batch.to(tl.int64) * stride_vcb + positions.to(tl.int64) * stride_vcn
+    row_mask = ok[:, None]
+    offs_d = tl.arange(0, BLOCK_D)[None, :]
+    store_mask = row_mask & (offs_d < HEAD_DIM)
+
+    tokens = offs_t[:, None].to(tl.int64)
+    k_src = K + batch.to(tl.int64) * stride_kb + head_k.to(tl.int64) * stride_kh + tokens * stride_kn
+    k_new = load_rotated(k_src, row_mask, positions, Cos, Sin, stride_cos, stride_sin, rotary_dim, seqlen_ro,
+                         HEAD_DIM, BLOCK_D, HAS_ROTARY, INTERLEAVED)
+    k_dst = KCache + head_k.to(tl.int64) * stride_kch + k_rows[:, None] + offs_d
+    tl.store(k_dst, k_new.to(KCache.dtype.element_ty), mask=store_mask)
+
+    v_src = V + batch.to(tl.int64) * stride_vb + head_k.to(tl.int64) * stride_vh + tokens * stride_vn
+    v_new = tl.load(v_src + offs_d, mask=store_mask, other=0.0)
+    v_dst = VCache + head_k.to(tl.int64) * stride_vch + v_rows[:, None] + offs_d
+    tl.store(v_dst, v_new.to(VCache.dtype.element_ty), mask=store_mask)
+
+
+@triton.jit
+def _key_rows(offs_n, leftpad, cache_batch, BlockTable, stride_btb, page_size, num_blocks,
+              stride_kcb, stride_kcn, stride_vcb, stride_vcn, PAGED: tl.constexpr):
+    """Element offsets of the K and V rows of keys ``offs_n`` (effective positions), and which rows exist.
+
+    Contiguous caches have every row; in a paged cache a key whose block-table entry is out of range
+    (refused on the host unless the caller turned the check off) is never read.
+    """
+    positions = offs_n + leftpad
+    if PAGED:
+        block = tl.load(BlockTable + cache_batch.to(tl.int64) * stride_btb + positions // page_size)
+        exists = (block >= 0) & (block < num_blocks)
+        block = tl.where(exists, block, 0).to(tl.int64)
+        in_page = (positions % page_size).to(tl.int64)
+        return block * stride_kcb + in_page * stride_kcn, block * stride_vcb + in_page * stride_vcn, exists
+    rows = positions.to(tl.int64)
+    return (cache_batch.to(tl.int64) * stride_kcb + rows * stride_kcn,
+            cache_batch.to(tl.int64) * stride_vcb + rows * stride_vcn, offs_n >= 0)
+
+
+@triton.jit
+def _decode_block_range(
+    acc, acc_comp, row_sum, row_max, q,
+    k_head, v_head, BlockTable, stride_btb, page_size, num_blocks,
+    stride_kcb, stride_kcn, stride_vcb, stride_vcn,
+    lo, hi, query_idx, leftpad, cache_batch, seqlen_q, seqlen_k,
+    qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr, PAGED: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
+):
+    offs_d = tl.arange(0, BLOCK_D)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        if MASKED:
+            # the block table is read only for keys that exist: past seqlen_k its row may end
+            k_rows, v_rows, exists = _key_rows(tl.minimum(offs_n, seqlen_k - 1), leftpad, cache_batch,
+                                               BlockTable, stride_btb, page_size, num_blocks,
+                                               stride_kcb, stride_kcn, stride_vcb, stride_vcn, PAGED)
+            exists = exists & (offs_n < seqlen_k)
+        else:
+            k_rows, v_rows, exists = _key_rows(offs_n, leftpad, cache_batch, BlockTable, stride_btb, page_size,
+                                               num_blocks, stride_kcb, stride_kcn, stride_vcb, stride_vcn, PAGED)
+        kt_ptrs = k_head + k_rows[None, :] + offs_d[:, None]
+        v_ptrs = v_head + v_rows[:, None] + offs_d[None, :]
+        # -- load K^T and V: contiguous interior blocks need no mask on the keys --
+        if MASKED or PAGED:
+            if BLOCK_D == HEAD_DIM:
+                kt = tl.load(kt_ptrs, mask=exists[None, :], other=0.0)
+                v = tl.load(v_ptrs, mask=exists[:, None], other=0.0)
+            else:
+                kt = tl.load(kt_ptrs, mask=exists[None, :] & (offs_d[:, None] < HEAD_DIM), other=0.0)
+                v = tl.load(v_ptrs, mask=exists[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        else:
+            if BLOCK_D == HEAD_DIM:
+                kt = tl.load(kt_ptrs)
+                v = tl.load(v_ptrs)
+            else:
+                kt = tl.load(kt_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+                v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+        # -- scores: the rows are (token, head) pairs, masks and ALiBi follow each row's token --
+        qk = dot(q, kt, UPCAST_DOT, DOT_PRECISION)
+        s, _ = scores_log2(qk, query_idx, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
+                           alibi_slope_log2, HAS_SOFTCAP, HAS_ALIBI)
+        if MASKED:
+            seen = visible(query_idx, offs_n, seqlen_q, seqlen_k, window_left, window_right,
+                           WINDOW_LEFT, WINDOW_RIGHT)
+            s = tl.where(seen, s, float("-inf"))
+        # -- online softmax --
+        new_max = tl.maximum(row_max, tl.max(s, 1))
+        if MASKED:
+            shift = tl.where(new_max == float("-inf"), 0.0, new_max)
+        else:
+            shift = new_max
+        p = tl.math.exp2(s - shift[:, None])
+        correction = tl.math.exp2(row_max - shift)
+        row_sum = row_sum * correction + tl.sum(p, 1)
+        acc = acc * correction[:, None]
+        if COMPENSATED:
+            acc_comp = acc_comp * correction[:, None]
+        acc, acc_comp = accumulate(acc, acc_comp, dot(p.to(v.dtype), v, UPCAST_DOT, DOT_PRECISION), COMPENSATED)
+        row_max = new_max
+    return acc, acc_comp, row_sum, row_max
+
+
+@triton.jit
+def kvcache_attention_kernel(
+    Q, KCache, VCache, Out, Lse, CacheSeqlens, CacheBatchIdx, CacheLeftpad, BlockTable, Cos, Sin, AlibiSlopes,
+    stride_qb, stride_qm, stride_qh,
+    stride_kcb, stride_kcn, stride_kch,
+    stride_vcb, stride_vcn, stride_vch,
+    stride_os, stride_ob, stride_om, stride_oh,
+    stride_ls, stride_lb, stride_lh, stride_lm,
+    stride_btb, stride_cos, stride_sin, stride_alibi_b,
+    seqlen_q, seqlen_new, nheads_k, group_size, capacity, batch_cache, num_blocks, page_size,
+    rotary_dim, seqlen_ro, num_splits,
+    qk_scale, softcap_log2, window_left, window_right,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr,
+    HAS_ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr, ROTARY_PER_TOKEN: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
+):
+    """Grid (row blocks, batch x kv heads, splits). Writes out/lse of split ``program_id(2)``."""
+    start_r = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    split = tl.program_id(2)
+    batch = bh // nheads_k
+    head_k = bh % nheads_k
+
+    # -- this batch element's keys; clamped so that no index, even a bad one, leaves the cache --
+    cache_len = tl.load(CacheSeqlens + batch)
+    total = tl.minimum(tl.maximum(cache_len, 0) + seqlen_new, capacity)
+    cache_batch = batch
+    if HAS_BATCH_IDX:
+        cache_batch = tl.load(CacheBatchIdx + batch)
+        total = tl.where((cache_batch >= 0) & (cache_batch < batch_cache), total, 0)
+        cache_batch = tl.where(total > 0, cache_batch, 0)
+    leftpad = 0
+    if HAS_LEFTPAD:
+        leftpad = tl.minimum(tl.maximum(tl.load(CacheLeftpad + batch), 0), total)
+    seqlen_k = total - leftpad
+
+    # -- the tile's rows: (query token, query head of this kv head's group) --
+    offs_r = start_r + tl.arange(0, BLOCK_M)
+    query_idx = offs_r // group_size
+    head = head_k * group_size + offs_r % group_size
+    row_ok = offs_r < seqlen_q * group_size
+    q_rows = Q + batch.to(tl.int64) * stride_qb + query_idx[:, None].to(tl.int64) * stride_qm \
+        + head[:, None].to(tl.int64) * stride_qh
+    if ROTARY_PER_TOKEN:  # causal or local: query i sits at position cache_seqlens + i
+        q_positions = cache_len + query_idx
+    else:  # otherwise every query sits at position cache_seqlens (flash-attn's convention)
+        q_positions = cache_len + query_idx * 0
+    q = load_rotated(q_rows, row_ok[:, None], q_positions, Cos, Sin, stride_cos, stride_sin, rotary_dim, seqlen_ro,
+                     HEAD_DIM, BLOCK_D, HAS_ROTARY, INTERLEAVED)
+    q = q.to(Q.dtype.element_ty)  # rounded like the rotated keys in the cache; q stays on chip throughout
+
+    alibi_slope_log2 = 0.0
+    if HAS_ALIBI:
+        slopes = tl.load(AlibiSlopes + batch * stride_alibi_b + head, mask=row_ok, other=0.0)
+        alibi_slope_log2 = (slopes.to(tl.float32) * LOG2E)[:, None]
+
+    row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    acc_comp = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    # -- the keys any row of the tile sees, then this split's share of their blocks --
+    first_query = start_r // group_size
+    lo, full_lo, full_hi, hi = key_block_bounds(first_query, seqlen_q, seqlen_k, window_left, window_right,
+                                                BLOCK_M, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT)
+    blocks_per_split = tl.cdiv(tl.cdiv(hi - lo, BLOCK_N), num_splits)
+    split_lo = tl.minimum(lo + split * blocks_per_split * BLOCK_N, hi)
+    split_hi = tl.minimum(split_lo + blocks_per_split * BLOCK_N, hi)
+
+    k_head = KCache + head_k.to(tl.int64) * stride_kch
+    v_head = VCache + head_k.to(tl.int64) * stride_vch
+    for stage in tl.static_range(3):
+        start, end = stage_range(stage, lo, full_lo, full_hi, hi)
+        start = tl.minimum(tl.maximum(start, split_lo), split_hi)
+        end = tl.maximum(tl.minimum(end, split_hi), start)
+        acc, acc_comp, row_sum, row_max = _decode_block_range(
+            acc, acc_comp, row_sum, row_max, q, k_head, v_head, BlockTable, stride_btb, page_size, num_blocks,
+            stride_kcb, stride_kcn, stride_vcb, stride_vcn, start, end, query_idx, leftpad, cache_batch,
+            seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
+            HEAD_DIM, BLOCK_D, BLOCK_N, stage != 1, PAGED, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
+            UPCAST_DOT, DOT_PRECISION, COMPENSATED)
+
+    # -- epilogue: normalize; a row (or a split) that saw no key gives 0 and lse = +inf --
+    empty = row_sum == 0.0
+    out = acc / tl.where(empty, 1.0, row_sum)[:, None]
+    lse = tl.where(empty, float("inf"), (row_max + tl.math.log2(tl.where(empty, 1.0, row_sum))) / LOG2E)
+    split_offset = split.to(tl.int64)
+    lse_ptrs = Lse + split_offset * stride_ls + batch.to(tl.int64) * stride_lb + head.to(tl.int64) * stride_lh \
+        + query_idx.to(tl.int64) * stride_lm
+    tl.store(lse_ptrs, lse, mask=row_ok)
+    offs_d = tl.arange(0, BLOCK_D)
+    out_ptrs = Out + split_offset * stride_os + batch.to(tl.int64) * stride_ob \
+        + query_idx[:, None].to(tl.int64) * stride_om + head[:, None].to(tl.int64) * stride_oh + offs_d[None, :]
+    tl.store(out_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))

@@ -1,0 +1,32 @@
+"""The decode mode of ``flashattn bench`` on the CPU: it runs its small grid, checks SDPA against
+flashattn on the same cache, and writes JSON, CSV and a Markdown table."""
+
+import json
+
+from flashattn import bench
+from flashattn.bench_decode import DecodeCase, choose_grid_copies
+
+
+def test_decode_mode_writes_results_and_agrees_with_sdpa(tmp_path):
+    markdown = tmp_path / "decode.md"
+    code = bench.main(["--mode", "decode", "--batches", "2", "--cache-lens", "48", "--page-sizes", "16",
+                       "--out", str(tmp_path), "--markdown", str(markdown)])
+    assert code == 0
+    (results_path,) = tmp_path.glob("*-decode.json")
+    rows = json.loads(results_path.read_text())["results"]
+    by_key = {(r["provider"], r["case"]["page_size"]): r for r in rows}
+    assert set(by_key) == {("flashattn", None), ("flashattn_nosplit", None), ("sdpa_math", None),
+                           ("flashattn", 16), ("flashattn_nosplit", 16)}
+    for row in rows:
+        assert row["error"] is None and row["us"] > 0 and row["gbytes_per_s"] > 0
+    for key in (("flashattn_nosplit", None), ("sdpa_math", None), ("flashattn_nosplit", 16)):
+        assert by_key[key]["extra"]["max_diff_vs_flashattn"] < 1e-5  # same attention, float32
+    assert results_path.with_suffix(".csv").read_text().startswith("provider,")
+    assert "| 48 | 2 | paged 16 |" in markdown.read_text()
+
+
+def test_kv_bytes_and_cache_copies():
+    case = DecodeCase(batch=4, cache_len=4096)  # 32/8 heads, head dim 128, bf16
+    assert case.kv_bytes() == 2 * 4 * 4096 * 8 * 128 * 2
+    assert choose_grid_copies(case.kv_bytes(), l2=50 << 20) == 4  # 4 x 50 MiB over 64 MiB per copy
+    assert choose_grid_copies(case.kv_bytes(), l2=0) == 1

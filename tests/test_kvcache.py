@@ -1,0 +1,357 @@
+"""flash_attn_with_kvcache against the float64 reference over the concatenated cache.
+
+Every test runs on both backends: the torch path, and the Triton kernels (the interpreter without a
+GPU, CUDA with one). The ``gpu``-marked tests add decode-sized shapes on the GPU.
+"""
+
+import pytest
+import torch
+from kvcache_cases import KVProblem, build, expected, gather_paged, rotary_ref, to_paged, variant
+
+from flashattn import flash_attn_with_kvcache
+from flashattn.cpu_decode import rotate
+from flashattn.testing import assert_lse_close, assert_within_rule, rounding_error
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(params=["torch", pytest.param("triton", marks=pytest.mark.interpreter)])
+def backend(request, monkeypatch):
+    monkeypatch.setenv("FLASHATTN_BACKEND", request.param)
+    return request.param
+
+
+def run(inputs: dict, **overrides):
+    """Call flash_attn_with_kvcache on copies of the caches; returns (out, lse, k_cache, v_cache) after."""
+    arguments = dict(inputs, **overrides)
+    arguments["k_cache"], arguments["v_cache"] = arguments["k_cache"].clone(), arguments["v_cache"].clone()
+    out, lse = flash_attn_with_kvcache(**arguments, return_softmax_lse=True)
+    return out, lse, arguments["k_cache"], arguments["v_cache"]
+
+
+def check(problem: KVProblem, dtype: torch.dtype, device=DEVICE, seed: int = 0):
+    """Run ``problem`` (paged if it says so) and hold out, lse and the appended cache to the rule."""
+    inputs = build(problem, dtype, device, seed)
+    oracle, baseline = expected(inputs, upcast=True), expected(inputs, upcast=False)
+    call_inputs = to_paged(inputs, problem.page_size) if problem.page_size else inputs
+    out, lse, k_cache, v_cache = run(call_inputs)
+    if problem.page_size:
+        k_cache, v_cache = (gather_paged(c, call_inputs["block_table"]) for c in (k_cache, v_cache))
+    assert out.dtype == dtype and out.shape == inputs["q"].shape
+    assert_within_rule("out", out, oracle["out"], baseline["out"], factor=2)
+    assert_lse_close(lse, oracle["lse"], dtype)
+    assert_within_rule("k_cache", k_cache, oracle["k_cache"], baseline["k_cache"], factor=2)
+    assert torch.equal(v_cache, baseline["v_cache"]), "v_cache: the append must copy v exactly"
+    return out, lse
+
+
+BASE = KVProblem()
+PAGED = KVProblem(capacity=48, page_size=16, cache_seqlens=(5, 40))
+
+# Interpreter-sized problems: each names what it adds to the plain decode step.
+PROBLEMS = {
+    "decode": BASE,
+    "decode-causal-mqa": variant(BASE, nheads=5, nheads_k=1, options={"causal": True}),
+    "decode-no-append": variant(BASE, seqlen_new=0, cache_seqlens=(1, 48)),
+    "chunk-causal-gqa": variant(BASE, seqlen_q=6, seqlen_new=6, nheads=6, nheads_k=2, options={"causal": True}),
+    "more-queries-than-new": variant(BASE, seqlen_q=5, seqlen_new=2, options={"causal": True}),
+    "rotary-interleaved": variant(BASE, head_dim=32, rotary_dim=32, seqlen_new=3, seqlen_q=3,
+                                  options={"causal": True}),
+    "rotary-neox-partial": variant(BASE, rotary_dim=16, interleaved=False, seqlen_new=2, seqlen_q=2,
+                                   options={"causal": True}),
+    "rotary-not-causal": variant(BASE, rotary_dim=24, interleaved=False, seqlen_new=2, seqlen_q=3),
+    "window-alibi-softcap": variant(BASE, seqlen_q=3, seqlen_new=2, options={
+        "window_size": (7, 0), "alibi_slopes": "per-batch-head", "softcap": 3.0}),
+    "leftpad": variant(BASE, leftpad=(4, 29), seqlen_q=2, seqlen_new=2, rotary_dim=16,
+                       options={"causal": True, "alibi_slopes": "per-head"}),
+    "batch-idx": variant(BASE, batch_cache=4, cache_seqlens=(20, 7), options={"softmax_scale": 0.3}),
+    "split": variant(BASE, num_splits=3, cache_seqlens=(33, 45), seqlen_new=2),
+    "split-window": variant(BASE, num_splits=4, seqlen_q=2, options={"window_size": (20, 3)}),
+    "empty-cache": variant(BASE, cache_seqlens=(0, 0), seqlen_new=2, seqlen_q=3, options={"causal": True}),
+    "paged": PAGED,
+    "paged-all-options": variant(PAGED, batch_cache=3, leftpad=(2, 17), rotary_dim=16, seqlen_new=3, seqlen_q=2,
+                                 num_splits=2, options={"causal": True}),
+    "head-dim-96": variant(BASE, head_dim=96, nheads=8, nheads_k=2, rotary_dim=32, seqlen_q=2, seqlen_new=2),
+}
+
+
+@pytest.mark.parametrize("name", list(PROBLEMS))
+def test_matches_reference(backend, name):
+    check(PROBLEMS[name], torch.float16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", ["chunk-causal-gqa", "paged-all-options"])
+def test_matches_reference_other_dtypes(backend, name, dtype):
+    check(PROBLEMS[name], dtype)
+
+
+def test_append_writes_exactly_the_new_rows(backend):
+    problem = variant(PAGED, seqlen_new=5, cache_seqlens=(0, 43), batch_cache=3)
+    inputs = build(problem, torch.float16, DEVICE)
+    rows = inputs["cache_batch_idx"].long()
+    written = torch.zeros(inputs["k_cache"].shape[:2], dtype=torch.bool, device=DEVICE)
+    for b, start in enumerate(problem.cache_seqlens):
+        written[rows[b], start : start + problem.seqlen_new] = True
+    for call_inputs in (inputs, to_paged(inputs, problem.page_size)):
+        _, _, k_cache, v_cache = run(call_inputs)
+        if "block_table" in call_inputs:
+            k_cache, v_cache = (gather_paged(c, call_inputs["block_table"]) for c in (k_cache, v_cache))
+        for b, start in enumerate(problem.cache_seqlens):
+            assert torch.equal(k_cache[rows[b], start : start + problem.seqlen_new], inputs["k"][b])
+            assert torch.equal(v_cache[rows[b], start : start + problem.seqlen_new], inputs["v"][b])
+        assert torch.equal(k_cache[~written], inputs["k_cache"][~written]), "k_cache changed outside the append"
+        assert torch.equal(v_cache[~written], inputs["v_cache"][~written]), "v_cache changed outside the append"
+
+
+def test_paged_blocks_nobody_owns_are_untouched(backend):
+    inputs = to_paged(build(variant(PAGED, seqlen_new=8), torch.float16, DEVICE), 16)
+    _, _, k_cache, _ = run(inputs)
+    owned = torch.zeros(k_cache.shape[0], dtype=torch.bool, device=DEVICE)
+    owned[inputs["block_table"].long().view(-1)] = True
+    assert torch.equal(k_cache[~owned], inputs["k_cache"][~owned])
+
+
+def test_paged_matches_contiguous(backend):
+    problem = variant(PAGED, seqlen_q=3, seqlen_new=3, rotary_dim=16, options={"causal": True})
+    inputs = build(problem, torch.float16, DEVICE)
+    contiguous = run(inputs)
+    paged = run(to_paged(inputs, problem.page_size))
+    assert torch.equal(paged[0], contiguous[0]) and torch.equal(paged[1], contiguous[1])
+
+
+def test_split_counts_agree(backend):
+    problem = variant(BASE, cache_seqlens=(40, 47), seqlen_q=2, options={"causal": True})
+    inputs = build(problem, torch.float32, DEVICE)
+    oracle, baseline = expected(inputs, upcast=True), expected(inputs, upcast=False)
+    results = {}
+    for num_splits in (1, 2, 5, 0):
+        out, lse, _, _ = run(inputs, num_splits=num_splits)
+        assert_within_rule(f"out ({num_splits} splits)", out, oracle["out"], baseline["out"], factor=2)
+        assert_lse_close(lse, oracle["lse"], torch.float32)
+        results[num_splits] = out
+    # splitting changes only the order of float32 sums: a few roundings of the output apart
+    for num_splits, out in results.items():
+        assert (out - results[1]).abs().max().item() <= 8 * rounding_error(oracle["out"], torch.float32) + 1e-6, \
+            f"{num_splits} splits vs 1"
+
+
+def test_int_cache_seqlens_matches_tensor(backend):
+    problem = variant(BASE, cache_seqlens=(17, 17))
+    inputs = build(problem, torch.float16, DEVICE)
+    as_tensor = run(inputs)
+    as_int = run(inputs, cache_seqlens=17)
+    assert torch.equal(as_int[0], as_tensor[0]) and torch.equal(as_int[2], as_tensor[2])
+
+
+def test_rows_that_see_no_key(backend):
+    """An empty cache and nothing appended: every row sees no key, giving 0 and lse = +inf."""
+    inputs = build(variant(BASE, cache_seqlens=(0, 0), seqlen_new=0, seqlen_q=2), torch.float16, DEVICE)
+    out, lse, _, _ = run(inputs)
+    assert torch.equal(out, torch.zeros_like(out)) and torch.isinf(lse).all() and (lse > 0).all()
+
+
+def test_returns_out_alone_by_default(backend):
+    inputs = build(BASE, torch.float16, DEVICE)
+    out = flash_attn_with_kvcache(**inputs)
+    assert isinstance(out, torch.Tensor) and out.shape == inputs["q"].shape
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_cpu_rotary_matches_plain_rotary(interleaved):
+    """The torch path's rotation against the rotate-half reference, in float64, rotary_dim < head dim."""
+    x = torch.randn(2, 5, 3, 20, dtype=torch.float64)
+    angles = torch.rand(30, 6, dtype=torch.float64) * 6
+    positions = torch.randint(0, 30, (2, 5))
+    ours = rotate(x, angles.cos()[positions].unsqueeze(2), angles.sin()[positions].unsqueeze(2), interleaved)
+    torch.testing.assert_close(ours, rotary_ref(x, angles.cos(), angles.sin(), positions, interleaved),
+                               rtol=0, atol=1e-14)
+    assert torch.equal(ours[..., 12:], x[..., 12:])
+
+
+def test_rotary_pairs_follow_the_layout():
+    """Interleaved turns (0, 1) together; GPT-NeoX turns (0, rotary_dim / 2) together."""
+    x = torch.zeros(1, 1, 1, 8, dtype=torch.float64)
+    x[..., 0] = 1.0
+    cos, sin = torch.zeros(1, 4, dtype=torch.float64), torch.ones(1, 4, dtype=torch.float64)  # 90 degrees
+    positions = torch.zeros(1, 1, dtype=torch.long)
+    assert rotary_ref(x, cos, sin, positions, True)[..., 1].item() == 1.0
+    assert rotary_ref(x, cos, sin, positions, False)[..., 4].item() == 1.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: clear errors naming the argument; no write outside the cache even unchecked
+# ---------------------------------------------------------------------------------------------
+
+
+def _bad(inputs: dict, match: str, error=ValueError, **overrides):
+    with pytest.raises(error, match=match):
+        flash_attn_with_kvcache(**dict(inputs, **overrides))
+
+
+def test_bad_indices_are_refused(backend):
+    inputs = build(BASE, torch.float16, DEVICE)
+    i32 = dict(dtype=torch.int32, device=DEVICE)
+    _bad(inputs, "too small for the append", cache_seqlens=torch.tensor([3, 48], **i32))
+    _bad(inputs, "too small for the append", cache_seqlens=48)
+    _bad(inputs, "cache_seqlens must be >= 0", cache_seqlens=-1)
+    _bad(inputs, "too small for the append", cache_seqlens=torch.tensor([-2, 3], **i32))
+    _bad(inputs, "cache_batch_idx", cache_batch_idx=torch.tensor([0, 2], **i32))
+    _bad(inputs, "cache_leftpad", cache_leftpad=torch.tensor([0, 31], **i32))
+    paged = to_paged(build(PAGED, torch.float16, DEVICE), 16)
+    table = paged["block_table"].clone()
+    table[1, 0] = paged["k_cache"].shape[0]
+    _bad(paged, r"block_table holds a block index outside \[0, 9\)", block_table=table)
+    table[1, 0] = -1
+    _bad(paged, "block_table holds", block_table=table)
+    table = paged["block_table"].clone()
+    table[0, 2] = 99  # a page that sequence 0 (5 + 1 keys) never uses: allowed
+    flash_attn_with_kvcache(**dict(paged, block_table=table))
+
+
+def test_bad_shapes_and_dtypes_are_refused(backend):
+    inputs = build(BASE, torch.float16, DEVICE)
+    i64 = dict(dtype=torch.int64, device=DEVICE)
+    _bad(inputs, "cache_seqlens must be int32", TypeError, cache_seqlens=torch.tensor([1, 2], **i64))
+    _bad(inputs, r"cache_seqlens must have shape \(2\)", cache_seqlens=torch.tensor([1], dtype=torch.int32,
+                                                                                     device=DEVICE))
+    _bad(inputs, "cache_batch_idx must be int32", TypeError, cache_batch_idx=torch.tensor([0, 1], **i64))
+    _bad(inputs, "k_cache must have q's dtype", TypeError, k_cache=inputs["k_cache"].float())
+    _bad(inputs, "k must have q's dtype", TypeError, k=inputs["k"].float())
+    _bad(inputs, "k and v must be given together", v=None)
+    _bad(inputs, "k must have shape", k=inputs["k"][:, :, :1])
+    _bad(inputs, "head dim", k_cache=inputs["k_cache"][..., :8], v_cache=inputs["v_cache"][..., :8])
+    _bad(inputs, "multiple of the number of key/value heads", q=inputs["q"][:, :, :3])
+    _bad(inputs, "contiguous last dimension", k_cache=inputs["k_cache"].transpose(1, 3).contiguous().transpose(1, 3))
+    _bad(inputs, "num_splits", num_splits=-1)
+    _bad(inputs, "window_size", window_size=(-2, 0))
+    cos = torch.ones(48, 8, dtype=torch.float16, device=DEVICE)
+    _bad(inputs, "rotary_cos and rotary_sin must be given together", rotary_cos=cos)
+    _bad(inputs, "need k and v", rotary_cos=cos, rotary_sin=cos, k=None, v=None)
+    _bad(inputs, "seqlen_ro >= 48", rotary_cos=cos[:40], rotary_sin=cos[:40])
+    _bad(inputs, "rotary_dim <= head dim", rotary_cos=torch.ones(48, 24, device=DEVICE), rotary_sin=cos)
+    paged = to_paged(build(PAGED, torch.float16, DEVICE), 16)
+    _bad(paged, "block_table must be int32", TypeError, block_table=paged["block_table"].long())
+    pool = torch.zeros(4, 24, 2, 40, dtype=torch.float16, device=DEVICE)
+    _bad(paged, "page size k_cache.shape.1. must be a multiple of 16", k_cache=pool, v_cache=pool.clone())
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_unchecked_bad_indices_never_write_outside_the_cache(triton_backend, paged):
+    """With check_indices=False nothing is refused, but the kernels clamp and mask every index: the
+    memory around the cache (a view into a larger buffer) keeps its sentinel values. (The torch path
+    indexes with torch, which raises on a bad index instead.)"""
+    problem = variant(PAGED, seqlen_new=4) if paged else variant(BASE, seqlen_new=4)
+    inputs = build(problem, torch.float16, DEVICE)
+    if paged:
+        inputs = to_paged(inputs, 16)
+        inputs["block_table"][0, 0] = 10_000
+        inputs["block_table"][1, 2] = -5
+    else:
+        inputs["cache_batch_idx"] = torch.tensor([1, 7], dtype=torch.int32, device=DEVICE)
+    inputs["cache_seqlens"] = torch.tensor([46, 30], dtype=torch.int32, device=DEVICE)  # 46 + 4 > 48
+    shape = inputs["k_cache"].shape
+    buffers = []
+    for name in ("k_cache", "v_cache"):
+        buffer = torch.full((shape[0] + 2, *shape[1:]), -7.0, dtype=torch.float16, device=DEVICE)
+        buffer[1:-1] = inputs[name]
+        inputs[name] = buffer[1:-1]
+        buffers.append(buffer)
+    out = flash_attn_with_kvcache(**inputs, check_indices=False)
+    for buffer in buffers:
+        assert (buffer[0] == -7.0).all() and (buffer[-1] == -7.0).all(), "a write left the cache"
+    assert out.shape == inputs["q"].shape
+
+
+def test_forward_only(backend):
+    """As in flash-attn there is no backward: asking for one is an error, not a silent zero gradient."""
+    inputs = build(BASE, torch.float32, DEVICE)
+    inputs["q"].requires_grad_(True)
+    out = flash_attn_with_kvcache(**inputs)
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        out.sum().backward()
+
+
+# ---------------------------------------------------------------------------------------------
+# The GPU: decode-sized shapes (GQA 32/8, head dim 128, long caches), contiguous and paged
+# ---------------------------------------------------------------------------------------------
+
+GPU_PROBLEMS = [
+    KVProblem(batch=4, nheads=32, nheads_k=8, head_dim=128, capacity=4096, cache_seqlens=(4095, 1000, 17, 3000)),
+    KVProblem(batch=2, nheads=32, nheads_k=8, head_dim=128, capacity=8192, cache_seqlens=(8000, 5000),
+              page_size=256, rotary_dim=128, interleaved=False, options={"causal": True}),
+    KVProblem(batch=3, nheads=16, nheads_k=2, head_dim=64, capacity=2048, cache_seqlens=(100, 2000, 1),
+              page_size=16, rotary_dim=32, seqlen_q=4, seqlen_new=4, options={"causal": True}),
+    KVProblem(batch=2, seqlen_q=128, seqlen_new=128, nheads=8, nheads_k=2, head_dim=128, capacity=1024,
+              cache_seqlens=(500, 0), leftpad=(100, 0), options={"causal": True, "window_size": (300, 0)}),
+    KVProblem(batch=2, nheads=8, nheads_k=8, head_dim=256, capacity=1024, cache_seqlens=(1000, 3),
+              batch_cache=5, options={"softcap": 30.0, "alibi_slopes": "per-head"}),
+    KVProblem(batch=1, nheads=32, nheads_k=8, head_dim=96, capacity=32768, cache_seqlens=(32000,), num_splits=7),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("problem", GPU_PROBLEMS, ids=str)
+def test_matches_reference_on_gpu(monkeypatch, problem, dtype):
+    monkeypatch.setenv("FLASHATTN_BACKEND", "triton")
+    check(problem, dtype, "cuda")
+    torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [16, 64, 256])
+def test_paged_matches_contiguous_on_gpu(monkeypatch, page_size):
+    monkeypatch.setenv("FLASHATTN_BACKEND", "triton")
+    problem = KVProblem(batch=8, nheads=32, nheads_k=8, head_dim=128, capacity=4096,
+                        cache_seqlens=(4000, 1, 17, 256, 1023, 3333, 2048, 4095), rotary_dim=64)
+    inputs = build(problem, torch.bfloat16, "cuda")
+    for num_splits in (1, 0):
+        contiguous = run(inputs, num_splits=num_splits)
+        paged = run(to_paged(inputs, page_size), num_splits=num_splits)
+        assert torch.equal(paged[0], contiguous[0]) and torch.equal(paged[1], contiguous[1])
+
+
+def test_custom_ops_pass_opcheck(backend):
+    """Schema, fake (torch.compile), mutation and dispatch checks of the append and attention ops."""
+    from flashattn.decode_ops import kvcache_append, kvcache_attention
+
+    inputs = build(variant(PAGED, rotary_dim=16, batch_cache=3, leftpad=(1, 2)), torch.float16, DEVICE)
+    paged = to_paged(inputs, 16)
+    for cache in (inputs, paged):
+        table = cache.get("block_table")
+        torch.library.opcheck(kvcache_append, (
+            cache["k_cache"], cache["v_cache"], cache["k"], cache["v"], cache["cache_seqlens"],
+            cache["cache_batch_idx"], table, cache["rotary_cos"], cache["rotary_sin"], True))
+        torch.library.opcheck(kvcache_attention, (
+            cache["q"], cache["k_cache"], cache["v_cache"], cache["cache_seqlens"], cache["cache_batch_idx"],
+            cache["cache_leftpad"], table, cache["rotary_cos"], cache["rotary_sin"], None, 1, 0.2, -1, 0, 0.0,
+            False, 2))
+
+
+def test_decode_step_compiles_fullgraph(torch_backend):
+    """A decode step (append in place, then attend) and a combine compile without graph breaks and give
+    eager's results: the ops' fake implementations and mutation annotations are what make this work."""
+    from flashattn import flash_attn_combine
+
+    torch._dynamo.reset()
+    problem = variant(PAGED, rotary_dim=16, options={"causal": True})
+    inputs = build(problem, torch.float32, "cpu")
+    paged = to_paged(inputs, 16)
+
+    def step(q, k_cache, v_cache, k, v, cos, sin, cache_seqlens, block_table):
+        out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cos, sin, cache_seqlens,
+                                           block_table=block_table, causal=True, return_softmax_lse=True,
+                                           check_indices=False)
+        merged, _ = flash_attn_combine(torch.stack([out, out]), torch.stack([lse, lse]))
+        return merged
+
+    arguments = [paged[name] for name in ("q", "k_cache", "v_cache", "k", "v", "rotary_cos", "rotary_sin",
+                                          "cache_seqlens", "block_table")]
+    eager_arguments = [x.clone() for x in arguments]
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    out = compiled(*arguments)
+    expected_out = step(*eager_arguments)
+    torch.testing.assert_close(out, expected_out, rtol=1e-6, atol=1e-6)
+    assert torch.equal(arguments[1], eager_arguments[1]), "the compiled step must append into the cache in place"
