@@ -4,7 +4,14 @@ Triton kernels on the GPU, blocked PyTorch on the CPU, one flash-attn compatible
 """
 
 from .interface import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
+from .sdpa import scaled_dot_product_attention
 
 __version__ = "0.1.0"
 
-__all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func", "__version__"]
+__all__ = [
+    "flash_attn_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_qkvpacked_func",
+    "scaled_dot_product_attention",
+    "__version__",
+]

@@ -28,10 +28,13 @@ def attention_ref(
     alibi_slopes: torch.Tensor | None = None,
     dropout_p: float = 0.0,
     rng_state: torch.Tensor | None = None,
+    attn_mask: torch.Tensor | None = None,
     upcast: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Materializing attention. q: (B, Sq, Hq, D), k/v: (B, Sk, Hk, D). Returns (out, lse).
 
+    ``attn_mask``: an SDPA mask broadcastable to (B, Hq, Sq, Sk); bool True = take part, float is
+    added to the scores (after the softcap). A float mask that requires grad gets its gradient.
     ``upcast=True`` computes in float64 and returns float64; otherwise it computes in q's dtype.
     Rows that see no key give out = 0 and lse = +inf, as the kernels do.
     """
@@ -53,6 +56,11 @@ def attention_ref(
         slopes = alibi_slopes.to(dtype).expand(batch, nheads) if alibi_slopes.dim() == 1 else alibi_slopes
         dist = masks.alibi_distance(rows, cols, seqlen_q, seqlen_k).to(dtype)
         scores = scores - slopes.to(dtype).view(batch, nheads, 1, 1) * dist
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        else:
+            scores = scores + attn_mask.to(dtype)
     left, right = window_size
     if causal:
         right = 0

@@ -1,0 +1,155 @@
+"""``torch.nn.functional.scaled_dot_product_attention``, computed by flashattn's kernels.
+
+Same signature, layout and semantics as torch's: query (batch, heads, Lq, E), key/value (batch, heads_k,
+Lk, E), output (batch, heads, Lq, E). The inputs are transposed to flashattn's (batch, seqlen, heads, E)
+as views (no copy while the last dim is contiguous), and the output comes back the same way.
+
+``is_causal`` is torch's: aligned to the TOP-LEFT corner of the score matrix (query i sees keys 0..i),
+unlike flashattn's ``causal`` (bottom-right). For Lq = 2, Lk = 5 and for Lq = 5, Lk = 2::
+
+    1 0 0 0 0          1 0
+    1 1 0 0 0          1 1
+                       1 1
+                       1 1
+                       1 1
+
+With Lq <= Lk no query sees a key past Lq - 1, so those keys are dropped (a view) and the rest is a
+square causal problem; with Lq > Lk it is flashattn's window (-1, Lq - Lk), whose right edge passes
+through (i, i).
+
+``attn_mask`` is a boolean (True = take part) or additive float mask broadcastable to
+(batch, heads, Lq, Lk). It is read tile by tile inside the kernels through a broadcast view: a (Lq, Lk)
+mask costs Lq x Lk, not batch x heads x Lq x Lk. A float mask that requires grad gets its gradient;
+that gradient is built as a float32 (batch, heads, Lq, Lk) buffer and summed over the mask's broadcast
+dims, so it costs O(Lq x Lk) memory per batch and head, and only when it is asked for.
+
+A row that no key may be seen by (its mask all False or -inf) gives 0, with zero gradients, as torch
+2.5+ does. Unlike torch, ``attn_mask`` and ``is_causal`` may be given together (both apply).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .autograd import FlashAttnFunction
+from .interface import MAX_HEAD_DIM, SUPPORTED_DTYPES
+from .options import AttentionOptions
+
+
+def _check_inputs(query, key, value) -> None:
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() not in (3, 4):
+            raise ValueError(f"{name} must have 4 dimensions (batch, heads, seqlen, headdim) or 3 (heads, "
+                             f"seqlen, headdim), got shape {tuple(x.shape)}")
+        if x.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name} must be float16, bfloat16 or float32, got {x.dtype}")
+    for name, x in (("key", key), ("value", value)):
+        if x.dim() != query.dim():
+            raise ValueError(f"{name} must have query's rank {query.dim()}, got shape {tuple(x.shape)}")
+        if x.dtype != query.dtype:
+            raise TypeError(f"{name} must have query's dtype {query.dtype}, got {x.dtype}")
+        if x.device != query.device:
+            raise ValueError(f"{name} must be on query's device {query.device}, got {x.device}")
+    if key.shape[:-1] != value.shape[:-1]:
+        raise ValueError(f"key and value must agree in all but the last dim, got {tuple(key.shape)} and "
+                         f"{tuple(value.shape)}")
+    if query.dim() == 4 and key.shape[0] != query.shape[0]:
+        raise ValueError(f"key and value must have query's batch size {query.shape[0]}, got {key.shape[0]}")
+    head_dim = query.shape[-1]
+    if key.shape[-1] != head_dim:
+        raise ValueError(f"key must have query's head dim {head_dim}, got {key.shape[-1]}")
+    if value.shape[-1] != head_dim:
+        raise ValueError(f"value must have query's head dim {head_dim} (flashattn computes one head dim), "
+                         f"got {value.shape[-1]}")
+    if not 1 <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(f"head dim must be between 1 and {MAX_HEAD_DIM}, got {head_dim}")
+    if query.shape[-2] == 0 or key.shape[-2] == 0:
+        raise ValueError(f"seqlens must be >= 1, got Lq={query.shape[-2]}, Lk={key.shape[-2]}")
+
+
+def _check_heads(nheads: int, nheads_k: int, enable_gqa: bool) -> None:
+    if nheads == nheads_k or nheads_k == 1:  # one kv head broadcasts, as in torch
+        return
+    if not enable_gqa:
+        raise ValueError(f"query has {nheads} heads but key and value have {nheads_k}: pass enable_gqa=True "
+                         f"for grouped-query attention, or give key and value {nheads} heads")
+    if nheads % nheads_k != 0:
+        raise ValueError(f"with enable_gqa=True the number of query heads ({nheads}) must be a multiple of "
+                         f"the number of key/value heads ({nheads_k})")
+
+
+def _check_mask(attn_mask, query: torch.Tensor, full_shape: tuple[int, ...]) -> None:
+    if not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
+    if attn_mask.dtype not in (torch.bool, torch.float32, query.dtype):
+        raise TypeError(f"attn_mask must be bool, float32 or query's dtype {query.dtype}, got {attn_mask.dtype}")
+    if attn_mask.device != query.device:
+        raise ValueError(f"attn_mask must be on query's device {query.device}, got {attn_mask.device}")
+    try:
+        broadcast = torch.broadcast_shapes(attn_mask.shape, full_shape)
+    except RuntimeError:
+        broadcast = None
+    if attn_mask.dim() > len(full_shape) or broadcast != torch.Size(full_shape):
+        raise ValueError(f"attn_mask must be broadcastable to (batch, heads, Lq, Lk) = {full_shape}, "
+                         f"got shape {tuple(attn_mask.shape)}")
+
+
+def scaled_dot_product_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """Drop-in for :func:`torch.nn.functional.scaled_dot_product_attention`, without the N x N matrix.
+
+    Args:
+        query: (batch, heads, Lq, E) or (heads, Lq, E); float16 / bfloat16 / float32, E in 1..256.
+        key, value: (batch, heads_k, Lk, E), the same E as query (flashattn has one head dim).
+        attn_mask: bool (True = take part) or float (added to the scores; bool, float32 or query's
+            dtype), broadcastable to (batch, heads, Lq, Lk). A float mask may require grad.
+        dropout_p: dropout on the attention probabilities, applied whenever > 0 (as in torch).
+        is_causal: top-left aligned causal mask (see the module docstring); may combine with attn_mask.
+        scale: defaults to 1 / sqrt(E).
+        enable_gqa: allow heads_k < heads (heads a multiple of heads_k; query head h uses kv head
+            h // (heads // heads_k)). One kv head always broadcasts.
+
+    Returns:
+        (batch, heads, Lq, E) in query's dtype: a transposed view of a (batch, Lq, heads, E) tensor.
+        Rows that see no key are 0.
+    """
+    _check_inputs(query, key, value)
+    unbatched = query.dim() == 3
+    if unbatched:
+        query, key, value = (x.unsqueeze(0) for x in (query, key, value))
+    batch, nheads, seqlen_q, head_dim = query.shape
+    nheads_k, seqlen_k = key.shape[1], key.shape[2]
+    _check_heads(nheads, nheads_k, enable_gqa)
+    if not 0.0 <= float(dropout_p) < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    mask = None
+    if attn_mask is not None:
+        full_shape = (nheads, seqlen_q, seqlen_k) if unbatched else (batch, nheads, seqlen_q, seqlen_k)
+        _check_mask(attn_mask, query, full_shape)
+        mask = attn_mask[(None,) * (4 - attn_mask.dim())]  # 4 dims, as a view
+
+    # (batch, heads, L, E) -> (batch, L, heads, E): views, read in place by the kernels
+    q, k, v = (x.transpose(1, 2) for x in (query, key, value))
+    window = (-1, -1)
+    if is_causal:
+        if seqlen_q <= seqlen_k:
+            k, v = k[:, :seqlen_q], v[:, :seqlen_q]  # keys no query sees under top-left causal
+            if mask is not None and mask.shape[-1] != 1:
+                mask = mask[..., :seqlen_q]
+            window = (-1, 0)
+        else:
+            window = (-1, seqlen_q - seqlen_k)
+    opts = AttentionOptions.build(head_dim, scale, False, window, 0.0, dropout_p, False)
+    out, _ = FlashAttnFunction.apply(q, k, v, None, opts, mask)
+    out = out.transpose(1, 2)
+    return out.squeeze(0) if unbatched else out
