@@ -78,6 +78,11 @@ def _block_scores(
     return raw.masked_fill(~seen, float("-inf")), capped, seen
 
 
+def _to_input_layout(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """float32 (B, H, S, D) -> a contiguous (B, S, H, D) tensor of ``like``'s dtype, as the ops promise."""
+    return torch.empty_like(like, memory_format=torch.contiguous_format).copy_(x.transpose(1, 2))
+
+
 def _block_keep(rng_state, opts, q_shape, key_idx, seqlen_q, seqlen_k) -> torch.Tensor:
     batch, nheads_k, group = q_shape[:3]
     query_idx = torch.arange(seqlen_q, device=key_idx.device)
@@ -145,7 +150,7 @@ def forward(
     if opts.dropout_p > 0:
         out = out / (1.0 - opts.dropout_p)
     lse = (row_max + torch.log(row_sum)).masked_fill(empty, float("inf"))
-    out = out.reshape(batch, nheads, seqlen_q, head_dim).transpose(1, 2).to(q.dtype)
+    out = _to_input_layout(out.reshape(batch, nheads, seqlen_q, head_dim), q)
     return out, lse.reshape(batch, nheads, seqlen_q)
 
 
@@ -208,7 +213,7 @@ def backward(
         # sum over the query heads that share each kv head
         dk[:, start:end] = (dscores.transpose(-1, -2) @ qf).sum(dim=2).transpose(1, 2)
         dv[:, start:end] = (kept_probs.transpose(-1, -2) @ dof).sum(dim=2).transpose(1, 2)
-    dq = dq.reshape(batch, nheads, seqlen_q, head_dim).transpose(1, 2).to(q.dtype)
+    dq = _to_input_layout(dq.reshape(batch, nheads, seqlen_q, head_dim), q)
     dmask = dmask.to(attn_mask.dtype) if dmask is not None else q.new_empty(0)
     return dq, dk.to(k.dtype), dv.to(v.dtype), dmask
 

@@ -67,14 +67,18 @@ def attention_ref(
     seen = masks.visible(rows, cols, seqlen_q, seqlen_k, left, right)
     scores = scores.masked_fill(~seen, float("-inf"))
 
+    # rows that see no key: computed as if unmasked and then zeroed, so that neither the forward nor the
+    # backward meets -inf - (-inf) (an additive -inf mask would otherwise carry NaN into the gradients)
+    empty = (scores == float("-inf")).all(dim=-1, keepdim=True)
+    scores = scores.masked_fill(empty, 0.0)
     lse = torch.logsumexp(scores, dim=-1)
-    probs = torch.exp(scores - lse.unsqueeze(-1)).nan_to_num(0.0)  # rows with no key: lse = -inf
+    probs = torch.exp(scores - lse.unsqueeze(-1)).masked_fill(empty, 0.0)
     if dropout_p > 0:
         assert rng_state is not None, "dropout needs the rng_state the kernel used"
         keep = keep_mask(rng_state, dropout_p, batch, nheads, rows.view(-1), cols.view(-1), seqlen_q, seqlen_k)
         probs = probs.masked_fill(~keep.to(q.device), 0.0) / (1.0 - dropout_p)
     out = (probs @ vh).transpose(1, 2)
-    lse = lse.masked_fill(lse == float("-inf"), float("inf"))
+    lse = lse.masked_fill(empty.squeeze(-1), float("inf"))
     return out, lse
 
 
