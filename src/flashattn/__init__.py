@@ -4,7 +4,7 @@ Triton kernels on the GPU, blocked PyTorch on the CPU, one flash-attn compatible
 """
 
 from .interface import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
-from .sdpa import scaled_dot_product_attention
+from .sdpa import scaled_dot_product_attention, sdpa_override
 
 __version__ = "0.1.0"
 
@@ -13,5 +13,6 @@ __all__ = [
     "flash_attn_kvpacked_func",
     "flash_attn_qkvpacked_func",
     "scaled_dot_product_attention",
+    "sdpa_override",
     "__version__",
 ]

@@ -29,7 +29,11 @@ A row that no key may be seen by (its mask all False or -inf) gives 0, with zero
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+
 import torch
+import torch.nn.functional as F
 
 from .autograd import FlashAttnFunction
 from .interface import MAX_HEAD_DIM, SUPPORTED_DTYPES
@@ -40,6 +44,8 @@ def _check_inputs(query, key, value) -> None:
     for name, x in (("query", query), ("key", key), ("value", value)):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.is_nested:
+            raise TypeError(f"{name} must be a dense tensor: flashattn takes no nested tensors")
         if x.dim() not in (3, 4):
             raise ValueError(f"{name} must have 4 dimensions (batch, heads, seqlen, headdim) or 3 (heads, "
                              f"seqlen, headdim), got shape {tuple(x.shape)}")
@@ -96,6 +102,16 @@ def _check_mask(attn_mask, query: torch.Tensor, full_shape: tuple[int, ...]) -> 
                          f"got shape {tuple(attn_mask.shape)}")
 
 
+def check_arguments(query, key, value, attn_mask=None, dropout_p=0.0, enable_gqa=False) -> None:
+    """Raise TypeError / ValueError, naming the argument, for what flashattn's SDPA does not take."""
+    _check_inputs(query, key, value)
+    _check_heads(query.shape[-3], key.shape[-3], enable_gqa)
+    if not 0.0 <= float(dropout_p) < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if attn_mask is not None:
+        _check_mask(attn_mask, query, (*query.shape[:-1], key.shape[-2]))
+
+
 def scaled_dot_product_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -123,20 +139,12 @@ def scaled_dot_product_attention(
         (batch, heads, Lq, E) in query's dtype: a transposed view of a (batch, Lq, heads, E) tensor.
         Rows that see no key are 0.
     """
-    _check_inputs(query, key, value)
+    check_arguments(query, key, value, attn_mask, dropout_p, enable_gqa)
     unbatched = query.dim() == 3
     if unbatched:
         query, key, value = (x.unsqueeze(0) for x in (query, key, value))
-    batch, nheads, seqlen_q, head_dim = query.shape
-    nheads_k, seqlen_k = key.shape[1], key.shape[2]
-    _check_heads(nheads, nheads_k, enable_gqa)
-    if not 0.0 <= float(dropout_p) < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    mask = None
-    if attn_mask is not None:
-        full_shape = (nheads, seqlen_q, seqlen_k) if unbatched else (batch, nheads, seqlen_q, seqlen_k)
-        _check_mask(attn_mask, query, full_shape)
-        mask = attn_mask[(None,) * (4 - attn_mask.dim())]  # 4 dims, as a view
+    head_dim, seqlen_q, seqlen_k = query.shape[-1], query.shape[-2], key.shape[-2]
+    mask = None if attn_mask is None else attn_mask[(None,) * (4 - attn_mask.dim())]  # 4 dims, as a view
 
     # (batch, heads, L, E) -> (batch, L, heads, E): views, read in place by the kernels
     q, k, v = (x.transpose(1, 2) for x in (query, key, value))
@@ -153,3 +161,46 @@ def scaled_dot_product_attention(
     out, _ = FlashAttnFunction.apply(q, k, v, None, opts, mask)
     out = out.transpose(1, 2)
     return out.squeeze(0) if unbatched else out
+
+
+@contextlib.contextmanager
+def sdpa_override():
+    """Route ``torch.nn.functional.scaled_dot_product_attention`` to flashattn inside the block.
+
+    Code that looks the function up at call time (``F.scaled_dot_product_attention(...)``, as
+    ``torch.nn.MultiheadAttention`` and Hugging Face's "sdpa" attention do) gets flashattn's. A call
+    flashattn cannot take (float64, head dim > 256, value's head dim != query's, nested tensors, ...)
+    goes to torch's own function, with one warning per distinct reason. The original function is
+    restored on exit, exceptions included. The patch is process-wide: other threads see it too.
+
+    Example::
+
+        with flashattn.sdpa_override():
+            out = model(tokens)
+    """
+    original = F.scaled_dot_product_attention
+    warned: set[str] = set()
+
+    def routed(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+               enable_gqa=False, **torch_only):
+        reason = f"arguments flashattn does not know: {sorted(torch_only)}" if torch_only else None
+        if reason is None:
+            try:
+                check_arguments(query, key, value, attn_mask, dropout_p, enable_gqa)
+            except (TypeError, ValueError) as exc:
+                reason = str(exc)
+        if reason is None:
+            return scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                                enable_gqa)
+        if reason not in warned:
+            warned.add(reason)
+            warnings.warn(f"flashattn.sdpa_override: using torch's scaled_dot_product_attention: {reason}",
+                          stacklevel=2)
+        return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                        scale=scale, enable_gqa=enable_gqa, **torch_only)
+
+    F.scaled_dot_product_attention = routed
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = original
