@@ -143,6 +143,18 @@ def scaled_dot_product_attention(
     unbatched = query.dim() == 3
     if unbatched:
         query, key, value = (x.unsqueeze(0) for x in (query, key, value))
+    out = attention_bhle(query, key, value, attn_mask, dropout_p, is_causal, scale)
+    return out.squeeze(0) if unbatched else out
+
+
+def attention_bhle(query, key, value, attn_mask, dropout_p: float, is_causal: bool, scale: float | None,
+                   softcap: float = 0.0, sliding_window: int | None = None) -> torch.Tensor:
+    """The SDPA computation on checked 4-dim inputs, plus two options torch's signature lacks.
+
+    ``softcap`` > 0 caps the scores (``softcap * tanh(scores / softcap)``) before the mask is added;
+    ``sliding_window`` w, with ``is_causal``, lets query i see keys i - w + 1 .. i (Hugging Face's
+    sliding window), applied by the kernels' window, not by a mask. Returns (batch, heads, Lq, E).
+    """
     head_dim, seqlen_q, seqlen_k = query.shape[-1], query.shape[-2], key.shape[-2]
     mask = None if attn_mask is None else attn_mask[(None,) * (4 - attn_mask.dim())]  # 4 dims, as a view
 
@@ -154,13 +166,16 @@ def scaled_dot_product_attention(
             k, v = k[:, :seqlen_q], v[:, :seqlen_q]  # keys no query sees under top-left causal
             if mask is not None and mask.shape[-1] != 1:
                 mask = mask[..., :seqlen_q]
-            window = (-1, 0)
-        else:
+            window = (-1 if sliding_window is None else sliding_window - 1, 0)
+        elif sliding_window is None:
             window = (-1, seqlen_q - seqlen_k)
-    opts = AttentionOptions.build(head_dim, scale, False, window, 0.0, dropout_p, False)
+        else:
+            raise ValueError("sliding_window with is_causal needs Lq <= Lk")
+    elif sliding_window is not None:
+        raise ValueError("sliding_window needs is_causal=True")
+    opts = AttentionOptions.build(head_dim, scale, False, window, softcap, dropout_p, False)
     out, _ = FlashAttnFunction.apply(q, k, v, None, opts, mask)
-    out = out.transpose(1, 2)
-    return out.squeeze(0) if unbatched else out
+    return out.transpose(1, 2)
 
 
 @contextlib.contextmanager
