@@ -33,13 +33,13 @@ def configs():
 MODELS = list(configs())
 
 
-def build(name: str, implementation: str, dtype=torch.float32, state=None):
+def build(name: str, implementation: str, dtype=torch.float32, state=None, device="cpu"):
     config = copy.deepcopy(configs()[name])
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=implementation)
     if state is not None:
         model.load_state_dict(state)
-    return model.to(dtype).eval()
+    return model.to(device=device, dtype=dtype).eval()
 
 
 def padded_batch(side: str):
@@ -56,22 +56,39 @@ def padded_batch(side: str):
     return ids, mask
 
 
+def check_logits(name: str, dtype: torch.dtype, side: str, device: str = "cpu") -> None:
+    """Our logits at the real tokens within the rule of both "eager" and "sdpa" (oracle: float64 sdpa)."""
+    state = build(name, "eager").state_dict()
+    ours = build(name, ATTN_IMPLEMENTATION, dtype, state, device)
+    assert ours.config._attn_implementation == ATTN_IMPLEMENTATION
+    ids, mask = (x.to(device) for x in padded_batch(side))
+    real = mask.bool()
+    with torch.no_grad():
+        logits = ours(input_ids=ids, attention_mask=mask).logits
+        oracle = build(name, "sdpa", torch.float64, state, device)(input_ids=ids, attention_mask=mask).logits
+        for baseline_name in ("eager", "sdpa"):
+            baseline = build(name, baseline_name, dtype, state, device)(input_ids=ids, attention_mask=mask).logits
+            assert_within_rule(f"logits vs {baseline_name}", logits[real], oracle[real], baseline[real], factor=2)
+
+
 @pytest.mark.parametrize("side", ["right", "left", "none"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("name", MODELS)
 def test_logits_match_eager_and_sdpa(torch_backend, name, dtype, side):
-    reference = build(name, "eager")
-    state = reference.state_dict()
-    ours = build(name, ATTN_IMPLEMENTATION, dtype, state)
-    assert ours.config._attn_implementation == ATTN_IMPLEMENTATION
-    ids, mask = padded_batch(side)
-    real = mask.bool()
-    with torch.no_grad():
-        logits = ours(input_ids=ids, attention_mask=mask).logits
-        oracle = build(name, "sdpa", torch.float64, state)(input_ids=ids, attention_mask=mask).logits
-        for baseline_name in ("eager", "sdpa"):
-            baseline = build(name, baseline_name, dtype, state)(input_ids=ids, attention_mask=mask).logits
-            assert_within_rule(f"logits vs {baseline_name}", logits[real], oracle[real], baseline[real], factor=2)
+    check_logits(name, dtype, side)
+
+
+@pytest.mark.interpreter
+def test_logits_on_the_kernels(triton_backend):
+    check_logits("mistral", torch.float32, "left", triton_backend)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("side", ["right", "left", "none"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", MODELS)
+def test_logits_on_the_gpu(triton_backend, name, dtype, side):
+    check_logits(name, dtype, side, "cuda")
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -93,18 +110,28 @@ def test_training_step_gradients_match_eager(torch_backend, name):
         assert_within_rule(param, ours[param], oracle[param], baseline[param], factor=3)
 
 
-@pytest.mark.parametrize("name", MODELS)
-def test_generate_with_kv_cache_gives_sdpa_tokens(torch_backend, name):
-    ids, mask = padded_batch("left")
+def check_generate(name: str, device: str = "cpu") -> None:
+    ids, mask = (x.to(device) for x in padded_batch("left"))
     state = build(name, "eager").state_dict()
     tokens = {}
     for implementation in (ATTN_IMPLEMENTATION, "sdpa", "eager"):
-        model = build(name, implementation, state=state)
+        model = build(name, implementation, state=state, device=device)
         tokens[implementation] = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12,
                                                 do_sample=False, use_cache=True, pad_token_id=0)
     assert tokens[ATTN_IMPLEMENTATION].shape == (3, 19 + 12)
     assert torch.equal(tokens[ATTN_IMPLEMENTATION], tokens["sdpa"])
     assert torch.equal(tokens[ATTN_IMPLEMENTATION], tokens["eager"])
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_generate_with_kv_cache_gives_sdpa_tokens(torch_backend, name):
+    check_generate(name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", MODELS)
+def test_generate_on_the_gpu(triton_backend, name):
+    check_generate(name, "cuda")
 
 
 def test_softcap_and_sliding_window_reach_the_kernels(torch_backend, monkeypatch):
