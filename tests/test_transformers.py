@@ -110,6 +110,22 @@ def test_training_step_gradients_match_eager(torch_backend, name):
         assert_within_rule(param, ours[param], oracle[param], baseline[param], factor=3)
 
 
+@pytest.mark.parametrize("name", MODELS)
+def test_prefill_in_two_chunks_with_a_cache_matches_one_pass(torch_backend, name):
+    """The second chunk's queries sit after the cached keys: the mask and the kernels' bottom-right
+    causal window must agree on what they see."""
+    ids, mask = padded_batch("left")
+    state = build(name, "eager").state_dict()
+    model = build(name, ATTN_IMPLEMENTATION, state=state)
+    with torch.no_grad():
+        first = model(input_ids=ids[:, :11], attention_mask=mask[:, :11], use_cache=True)
+        second = model(input_ids=ids[:, 11:], attention_mask=mask, past_key_values=first.past_key_values).logits
+        oracle = build(name, "sdpa", torch.float64, state)(input_ids=ids, attention_mask=mask).logits[:, 11:]
+        baseline = build(name, "sdpa", state=state)(input_ids=ids, attention_mask=mask).logits[:, 11:]
+    real = mask[:, 11:].bool()
+    assert_within_rule("second chunk", second[real], oracle[real], baseline[real], factor=2)
+
+
 def check_generate(name: str, device: str = "cpu") -> None:
     ids, mask = (x.to(device) for x in padded_batch("left"))
     state = build(name, "eager").state_dict()
@@ -151,7 +167,7 @@ def test_softcap_and_sliding_window_reach_the_kernels(torch_backend, monkeypatch
     key, value = torch.randn(1, 2, 12, 16), torch.randn(1, 2, 12, 16)
     out, _ = integration.attention_forward(module, query, key, value, None, scaling=0.3, softcap=5.0,
                                            sliding_window=4)
-    assert seen == {"softcap": 5.0, "sliding_window": 4} and out.shape == (1, 12, 4, 16)
+    assert seen == {"softcap": 5.0, "sliding_window": 4, "mask_is_causal": False} and out.shape == (1, 12, 4, 16)
     # the same thing spelled out: softcap * tanh(scores / softcap), then keys i-3..i
     keys = key.repeat_interleave(2, dim=1).double()
     scores = 5.0 * torch.tanh(query.double() @ keys.transpose(-1, -2) * 0.3 / 5.0)

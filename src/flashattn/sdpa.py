@@ -148,12 +148,16 @@ def scaled_dot_product_attention(
 
 
 def attention_bhle(query, key, value, attn_mask, dropout_p: float, is_causal: bool, scale: float | None,
-                   softcap: float = 0.0, sliding_window: int | None = None) -> torch.Tensor:
-    """The SDPA computation on checked 4-dim inputs, plus two options torch's signature lacks.
+                   softcap: float = 0.0, sliding_window: int | None = None,
+                   mask_is_causal: bool = False) -> torch.Tensor:
+    """The SDPA computation on checked 4-dim inputs, plus options torch's signature lacks.
 
     ``softcap`` > 0 caps the scores (``softcap * tanh(scores / softcap)``) before the mask is added;
     ``sliding_window`` w, with ``is_causal``, lets query i see keys i - w + 1 .. i (Hugging Face's
-    sliding window), applied by the kernels' window, not by a mask. Returns (batch, heads, Lq, E).
+    sliding window), applied by the kernels' window, not by a mask. ``mask_is_causal`` promises that
+    ``attn_mask`` hides every key past the bottom-right diagonal (true of a KV cache's causal masks,
+    whose last query sits at or before the last key); the kernels then skip the tiles above it.
+    Returns (batch, heads, Lq, E).
     """
     head_dim, seqlen_q, seqlen_k = query.shape[-1], query.shape[-2], key.shape[-2]
     mask = None if attn_mask is None else attn_mask[(None,) * (4 - attn_mask.dim())]  # 4 dims, as a view
@@ -173,6 +177,8 @@ def attention_bhle(query, key, value, attn_mask, dropout_p: float, is_causal: bo
             raise ValueError("sliding_window with is_causal needs Lq <= Lk")
     elif sliding_window is not None:
         raise ValueError("sliding_window needs is_causal=True")
+    elif mask is not None and mask_is_causal:
+        window = (-1, 0)  # bottom-right: hides nothing that the mask shows
     opts = AttentionOptions.build(head_dim, scale, False, window, softcap, dropout_p, False)
     out, _ = FlashAttnFunction.apply(q, k, v, None, opts, mask)
     return out.transpose(1, 2)

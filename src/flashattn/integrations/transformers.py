@@ -43,18 +43,21 @@ def attention_forward(
     ((B, Lq, H, D), None). ``attention_mask``: None or the 4-dim bool/float mask of ``sdpa_mask``."""
     check_arguments(query, key, value, attention_mask, dropout, enable_gqa=True)
     q_length = query.shape[2]
-    is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    causal_model = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     # as in transformers' sdpa: a mask, when given, already holds the causal part; one query (decoding)
     # sees the whole cache
-    is_causal = bool(q_length > 1 and attention_mask is None and is_causal)
+    is_causal = bool(q_length > 1 and attention_mask is None and causal_model)
     if position_bias is not None:  # a learned additive bias (T5-style), with the mask folded in
         if attention_mask is not None and attention_mask.dtype == torch.bool:
             attention_mask = position_bias.masked_fill(~attention_mask, float("-inf"))
         else:
             attention_mask = position_bias if attention_mask is None else position_bias + attention_mask
     window = sliding_window if is_causal and sliding_window and sliding_window < key.shape[2] else None
+    # A causal model's mask hides the keys past each query's position, and every cache keeps the keys in
+    # position order with the last query at or before the last key: the bottom-right causal window hides
+    # no more than the mask, and lets the kernels skip the tiles above the diagonal.
     out = attention_bhle(query, key, value, attention_mask, dropout, is_causal, scaling, softcap=softcap or 0.0,
-                         sliding_window=window)
+                         sliding_window=window, mask_is_causal=bool(causal_model) and attention_mask is not None)
     return out.transpose(1, 2), None  # (B, Lq, H, D), contiguous: the kernels write that layout
 
 
