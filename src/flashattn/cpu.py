@@ -13,7 +13,7 @@ import functools
 import torch
 
 from . import masks
-from .dropout import keep_mask
+from .dropout import PackedFrame, keep_mask
 from .options import AttentionOptions
 
 BLOCK_N = 128
@@ -61,11 +61,11 @@ def _block_scores(
     return raw.masked_fill(~seen, float("-inf")), capped, seen
 
 
-def _block_keep(rng_state, opts, q_shape, key_idx, seqlen_q, seqlen_k) -> torch.Tensor:
+def _block_keep(rng_state, opts, q_shape, key_idx, seqlen_q, seqlen_k, frame) -> torch.Tensor:
     batch, nheads_k, group = q_shape[:3]
     query_idx = torch.arange(seqlen_q, device=key_idx.device)
     keep = keep_mask(rng_state, opts.dropout_p, batch, nheads_k * group, query_idx, key_idx.view(-1),
-                     seqlen_q, seqlen_k)
+                     seqlen_q, seqlen_k, frame=frame)
     return keep.view(batch, nheads_k, group, seqlen_q, -1)
 
 
@@ -82,8 +82,12 @@ def forward(
     opts: AttentionOptions,
     alibi_slopes: torch.Tensor | None,
     rng_state: torch.Tensor | None,
+    dropout_frame: PackedFrame | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q: (B, Sq, Hq, D), k/v: (B, Sk, Hk, D) -> out (B, Sq, Hq, D), lse float32 (B, Hq, Sq)."""
+    """q: (B, Sq, Hq, D), k/v: (B, Sk, Hk, D) -> out (B, Sq, Hq, D), lse float32 (B, Hq, Sq).
+
+    ``dropout_frame`` places a single sequence of a varlen batch in the packed dropout stream.
+    """
     _settle_exp_kernel()
     batch, seqlen_q, nheads, head_dim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
@@ -105,7 +109,7 @@ def forward(
         correction = torch.exp(row_max - shift)
         row_sum = row_sum * correction + probs.sum(dim=-1)
         if opts.dropout_p > 0:
-            keep = _block_keep(rng_state, opts, qf.shape, key_idx, seqlen_q, seqlen_k)
+            keep = _block_keep(rng_state, opts, qf.shape, key_idx, seqlen_q, seqlen_k, dropout_frame)
             probs = probs.masked_fill(~keep, 0.0)
         acc = acc * correction.unsqueeze(-1) + probs @ v_block.unsqueeze(2)
         row_max = new_max
@@ -128,6 +132,7 @@ def backward(
     opts: AttentionOptions,
     alibi_slopes: torch.Tensor | None,
     rng_state: torch.Tensor | None,
+    dropout_frame: PackedFrame | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients (dq, dk, dv) recomputed block by block from the saved log-sum-exp."""
     _settle_exp_kernel()
@@ -152,7 +157,7 @@ def backward(
         probs = torch.exp(scores - lse_f.unsqueeze(-1))  # masked scores and empty rows give 0
         dprobs = dof @ v_block.unsqueeze(2).transpose(-1, -2)
         if opts.dropout_p > 0:
-            keep = _block_keep(rng_state, opts, qf.shape, key_idx, seqlen_q, seqlen_k)
+            keep = _block_keep(rng_state, opts, qf.shape, key_idx, seqlen_q, seqlen_k, dropout_frame)
             kept_probs = probs.masked_fill(~keep, 0.0) * keep_scale
             dprobs = dprobs.masked_fill(~keep, 0.0) * keep_scale
         else:
@@ -167,3 +172,67 @@ def backward(
         dv[:, start:end] = (kept_probs.transpose(-1, -2) @ dof).sum(dim=2).transpose(1, 2)
     dq = dq.reshape(batch, nheads, seqlen_q, head_dim).transpose(1, 2).to(q.dtype)
     return dq, dk.to(k.dtype), dv.to(v.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Varlen: one dense call per sequence. cu_seqlens arrive as host lists (the op reads them once).
+# ---------------------------------------------------------------------------------------------
+
+
+def _sequences(cu_seqlens_q: list[int], cu_seqlens_k: list[int], alibi_slopes: torch.Tensor | None):
+    """(b, query slice, key slice, that sequence's ALiBi slopes) for each sequence with queries and keys."""
+    for b in range(len(cu_seqlens_q) - 1):
+        queries = slice(cu_seqlens_q[b], cu_seqlens_q[b + 1])
+        keys = slice(cu_seqlens_k[b], cu_seqlens_k[b + 1])
+        if queries.start == queries.stop or keys.start == keys.stop:
+            continue  # nothing to compute: no output rows, or rows that see no key (out = 0, lse = +inf)
+        slopes = alibi_slopes[b] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
+        yield b, queries, keys, slopes
+
+
+def varlen_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: list[int],
+    cu_seqlens_k: list[int],
+    opts: AttentionOptions,
+    alibi_slopes: torch.Tensor | None,
+    rng_state: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q: (total_q, Hq, D), k/v: (total_k, Hk, D) -> out (total_q, Hq, D), lse float32 (Hq, total_q)."""
+    total_q, nheads = q.shape[:2]
+    out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.full((nheads, total_q), float("inf"), dtype=torch.float32, device=q.device)
+    for _, queries, keys, slopes in _sequences(cu_seqlens_q, cu_seqlens_k, alibi_slopes):
+        frame = PackedFrame(queries.start, keys.start, total_q, k.shape[0])
+        seq_out, seq_lse = forward(q[None, queries], k[None, keys], v[None, keys], opts, slopes, rng_state, frame)
+        out[queries] = seq_out[0]
+        lse[:, queries] = seq_lse[0]
+    return out, lse
+
+
+def varlen_backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    cu_seqlens_q: list[int],
+    cu_seqlens_k: list[int],
+    opts: AttentionOptions,
+    alibi_slopes: torch.Tensor | None,
+    rng_state: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients (dq, dk, dv) of the packed tensors; tokens of sequences with nothing to see get 0."""
+    dq, dk, dv = (torch.zeros(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+    for _, queries, keys, slopes in _sequences(cu_seqlens_q, cu_seqlens_k, alibi_slopes):
+        frame = PackedFrame(queries.start, keys.start, q.shape[0], k.shape[0])
+        seq_lse = lse[None, :, queries].contiguous()
+        seq_dq, seq_dk, seq_dv = backward(
+            dout[None, queries], q[None, queries], k[None, keys], v[None, keys], out[None, queries], seq_lse,
+            opts, slopes, rng_state, frame,
+        )
+        dq[queries], dk[keys], dv[keys] = seq_dq[0], seq_dk[0], seq_dv[0]
+    return dq, dk, dv
