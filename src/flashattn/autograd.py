@@ -28,12 +28,16 @@ class FlashAttnFunction(torch.autograd.Function):
 
 
 class FlashAttnVarlenFunction(torch.autograd.Function):
-    """Packed (varlen) batches: the same books, plus cu_seqlens and the max lengths (ints, or -1)."""
+    """Packed (varlen) batches: the same books, plus cu_seqlens and the max lengths (ints, or -1).
+
+    ``cu_seqlens_k`` None means cu_seqlens_q (torch.compile refuses one tensor passed twice to apply).
+    """
 
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
                 opts: AttentionOptions):
         rng_state = new_rng_state() if opts.dropout_p > 0 else None
+        cu_seqlens_k = cu_seqlens_q if cu_seqlens_k is None else cu_seqlens_k
         out, lse = ops.varlen_attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                 alibi_slopes, rng_state, *ops.op_arguments(opts))
         ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state)

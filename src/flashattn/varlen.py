@@ -137,7 +137,11 @@ def flash_attn_varlen_func(
     max_k = _max_seqlen_argument("max_seqlen_k", max_seqlen_k)
     opts = AttentionOptions.build(q.shape[-1], softmax_scale, causal, window_size, softcap, dropout_p,
                                   deterministic)
-    out, lse = FlashAttnVarlenFunction.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, alibi_slopes, opts)
+    # torch.compile refuses one tensor passed twice to an autograd.Function (qkvpacked does): None stands
+    # for "the same as cu_seqlens_q"
+    shared_cu_seqlens = None if cu_seqlens_k is cu_seqlens_q else cu_seqlens_k
+    out, lse = FlashAttnVarlenFunction.apply(q, k, v, cu_seqlens_q, shared_cu_seqlens, max_q, max_k, alibi_slopes,
+                                             opts)
     return (out, lse, None) if return_attn_probs else out
 
 
