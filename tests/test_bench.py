@@ -44,7 +44,7 @@ def test_missing_provider_case_is_reported_not_fatal(tmp_path, monkeypatch):
     assert rows["naive"]["error"].startswith("RuntimeError: no kernel")
 
 
-def test_varlen_providers_on_the_same_tokens(tmp_path, torch_backend):
+def test_varlen_providers_on_the_same_tokens(tmp_path):
     assert bench.main(["--seqlens", "64", "--causal", "yes", "--modes", "fwd", "--providers", "flashattn",
                        "--varlen", "--out", str(tmp_path)]) == 0
     (results_path,) = tmp_path.glob("*.json")

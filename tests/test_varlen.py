@@ -117,7 +117,7 @@ def test_equal_lengths_match_the_dense_function(backend):
         # the very same kernel code on the very same data: only the pointer arithmetic differs
         assert torch.equal(packed, dense.flatten(0, 1))
     else:
-        torch.testing.assert_close(packed, dense.flatten(0, 1), rtol=0, atol=1e-6)
+        torch.testing.assert_close(packed, dense.flatten(0, 1), rtol=1e-5, atol=1e-6)
 
 
 def test_lse_layout_and_attn_probs_convention(backend):
@@ -200,8 +200,8 @@ def test_deterministic_backward_is_bitwise_repeatable(backend):
 @pytest.mark.interpreter
 def test_dropout_is_seeded_and_the_same_stream_on_both_backends(monkeypatch):
     case = VarlenCase((9, 0, 17), (11, 5, 17), 2, 1, 16)
-    cu_q, cu_k = case.cu_seqlens("cpu")
-    q, k, v = case.random_inputs(torch.float32, "cpu")
+    cu_q, cu_k = case.cu_seqlens(DEVICE)
+    q, k, v = case.random_inputs(torch.float32, DEVICE)
     outputs = {}
     for backend in ("torch", "triton"):
         monkeypatch.setenv("FLASHATTN_BACKEND", backend)
