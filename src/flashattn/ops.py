@@ -103,22 +103,32 @@ class Packing:
         return self.cu_seqlens_q.shape[0] - 1
 
 
-def _layout(q: torch.Tensor, k: torch.Tensor, packing: Packing | None) -> dict:
+@dataclass(frozen=True)
+class _Layout:
     """What the launchers need to know of dense (B, S, H, D) or packed (total, H, D) inputs.
 
-    ``lengths`` go to the kernels' seqlen_q/seqlen_k arguments (the packed totals for varlen);
-    ``grid_q``/``grid_k`` are the longest sequences, which size the grids; ``cu_seqlens`` are the kernels'
+    ``lengths`` go to the kernels' seqlen_q/seqlen_k arguments (the packed totals for varlen); ``grid_q``
+    and ``grid_k`` are the longest sequences, which size the grids; ``cu_seqlens`` are the kernels'
     CuSeqlensQ/CuSeqlensK (any pointer when dense: never read).
     """
-    if packing is None:
-        batch, seqlen_q = q.shape[:2]
-        seqlen_k = k.shape[1]
-        return dict(batch=batch, lengths=(seqlen_q, seqlen_k), grid_q=seqlen_q, grid_k=seqlen_k,
-                    cu_seqlens=(q, q), lse_shape=(batch, q.shape[2], seqlen_q), is_varlen=False)
-    total_q, total_k = q.shape[0], k.shape[0]
-    return dict(batch=packing.batch, lengths=(total_q, total_k), grid_q=packing.max_seqlen_q,
-                grid_k=packing.max_seqlen_k, cu_seqlens=(packing.cu_seqlens_q, packing.cu_seqlens_k),
-                lse_shape=(q.shape[1], total_q), is_varlen=True)
+
+    batch: int
+    lengths: tuple[int, int]
+    grid_q: int
+    grid_k: int
+    cu_seqlens: tuple[torch.Tensor, torch.Tensor]
+    lse_shape: tuple[int, ...]
+    is_varlen: bool
+
+    @classmethod
+    def of(cls, q: torch.Tensor, k: torch.Tensor, packing: Packing | None) -> _Layout:
+        if packing is None:
+            batch, seqlen_q = q.shape[:2]
+            seqlen_k = k.shape[1]
+            return cls(batch, (seqlen_q, seqlen_k), seqlen_q, seqlen_k, (q, q), (batch, q.shape[2], seqlen_q), False)
+        total_q, total_k = q.shape[0], k.shape[0]
+        return cls(packing.batch, (total_q, total_k), packing.max_seqlen_q, packing.max_seqlen_k,
+                   (packing.cu_seqlens_q, packing.cu_seqlens_k), (q.shape[1], total_q), True)
 
 
 def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, packing: Packing | None = None):
@@ -127,21 +137,21 @@ def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, pa
     q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
     nheads, head_dim = q.shape[-2:]
     nheads_k = k.shape[-2]
-    layout = _layout(q, k, packing)
+    layout = _Layout.of(q, k, packing)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty(layout["lse_shape"], dtype=torch.float32, device=q.device)
+    lse = torch.empty(layout.lse_shape, dtype=torch.float32, device=q.device)
     config = configs.tile_config("forward", head_dim, opts.masked, q.dtype, q.device, interpreting())
     slopes, stride_alibi_b, has_alibi = _alibi_args(alibi_slopes, q)
-    grid = (_cdiv(layout["grid_q"], config.block_m), layout["batch"] * nheads)
+    grid = (_cdiv(layout.grid_q, config.block_m), layout.batch * nheads)
     if grid[0] == 0:
         return out, lse  # only empty sequences: nothing to compute, nothing to store
     attention_forward_kernel[grid](
-        q, k, v, out, lse, slopes, *layout["cu_seqlens"],
+        q, k, v, out, lse, slopes, *layout.cu_seqlens,
         *_strides(q), *_strides(k), *_strides(v), *_strides(out),
         stride_alibi_b,
-        *layout["lengths"], nheads, nheads // nheads_k,
+        *layout.lengths, nheads, nheads // nheads_k,
         HEAD_DIM=head_dim, BLOCK_D=configs.padded_head_dim(head_dim),
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, HAS_ALIBI=has_alibi, IS_VARLEN=layout["is_varlen"],
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, HAS_ALIBI=has_alibi, IS_VARLEN=layout.is_varlen,
         num_warps=config.num_warps, num_stages=config.num_stages,
         **_kernel_scalars(opts, rng_state), **_dot_flags(q.dtype),
     )
@@ -155,21 +165,21 @@ def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Att
     dout, q, k, v, out = (_last_dim_contiguous(x) for x in (dout, q, k, v, out))
     nheads, head_dim = q.shape[-2:]
     nheads_k = k.shape[-2]
-    layout = _layout(q, k, packing)
-    batch = layout["batch"]
+    layout = _Layout.of(q, k, packing)
+    batch = layout.batch
     block_d = configs.padded_head_dim(head_dim)
     interpret = interpreting()
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
-    if layout["grid_q"] == 0 or layout["grid_k"] == 0:
+    if layout.grid_q == 0 or layout.grid_k == 0:
         # no sequence has both queries and keys: every gradient is 0 (and may have no rows at all)
         return dq.zero_(), dk.zero_(), dv.zero_()
 
     # delta = rowsum(dO * O) is per query row: packed tokens are one batch of total_q rows to it
     delta = torch.empty_like(lse)
     delta_block = 16 if interpret else 64
-    delta_rows, delta_batch = (layout["lengths"][0], 1) if packing is not None else (layout["grid_q"], batch)
+    delta_rows, delta_batch = (layout.lengths[0], 1) if packing is not None else (layout.grid_q, batch)
     delta_kernel[(_cdiv(delta_rows, delta_block), delta_batch * nheads)](
         out, dout, delta, *_strides(out), *_strides(dout),
         delta_rows, nheads, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=delta_block,
@@ -178,21 +188,21 @@ def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Att
     slopes, stride_alibi_b, has_alibi = _alibi_args(alibi_slopes, q)
     shared = dict(
         softmax_scale=opts.softmax_scale, HEAD_DIM=head_dim, BLOCK_D=block_d, HAS_ALIBI=has_alibi,
-        IS_VARLEN=layout["is_varlen"], **_kernel_scalars(opts, rng_state), **_dot_flags(q.dtype),
+        IS_VARLEN=layout.is_varlen, **_kernel_scalars(opts, rng_state), **_dot_flags(q.dtype),
     )
     inputs = (q, k, v, dout, lse, delta)
     input_strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(dout))
     config = configs.tile_config("dkdv", head_dim, opts.masked, q.dtype, q.device, interpret)
-    dkdv_kernel[(_cdiv(layout["grid_k"], config.block_n), batch * nheads_k)](
-        *inputs, dk, dv, slopes, *layout["cu_seqlens"], *input_strides, *_strides(dk), *_strides(dv),
-        stride_alibi_b, *layout["lengths"], nheads, nheads_k, nheads // nheads_k,
+    dkdv_kernel[(_cdiv(layout.grid_k, config.block_n), batch * nheads_k)](
+        *inputs, dk, dv, slopes, *layout.cu_seqlens, *input_strides, *_strides(dk), *_strides(dv),
+        stride_alibi_b, *layout.lengths, nheads, nheads_k, nheads // nheads_k,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         num_warps=config.num_warps, num_stages=config.num_stages, **shared,
     )
     config = configs.tile_config("dq", head_dim, opts.masked, q.dtype, q.device, interpret)
-    dq_kernel[(_cdiv(layout["grid_q"], config.block_m), batch * nheads)](
-        *inputs, dq, slopes, *layout["cu_seqlens"], *input_strides, *_strides(dq),
-        stride_alibi_b, *layout["lengths"], nheads, nheads // nheads_k,
+    dq_kernel[(_cdiv(layout.grid_q, config.block_m), batch * nheads)](
+        *inputs, dq, slopes, *layout.cu_seqlens, *input_strides, *_strides(dq),
+        stride_alibi_b, *layout.lengths, nheads, nheads // nheads_k,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         num_warps=config.num_warps, num_stages=config.num_stages, **shared,
     )
