@@ -26,3 +26,33 @@ class FlashAttnFunction(torch.autograd.Function):
             dout, q, k, v, out, lse, alibi_slopes, rng_state, *ops.op_arguments(ctx.opts), attn_mask, mask_needs_grad
         )
         return dq, dk, dv, None, None, dmask if mask_needs_grad else None
+
+
+class FlashAttnVarlenFunction(torch.autograd.Function):
+    """Packed (varlen) batches: the same books, plus cu_seqlens and the max lengths (ints, or -1).
+
+    ``cu_seqlens_k`` None means cu_seqlens_q (torch.compile refuses one tensor passed twice to apply).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
+                opts: AttentionOptions):
+        rng_state = new_rng_state() if opts.dropout_p > 0 else None
+        cu_seqlens_k = cu_seqlens_q if cu_seqlens_k is None else cu_seqlens_k
+        out, lse = ops.varlen_attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                alibi_slopes, rng_state, *ops.op_arguments(opts))
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state)
+        ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
+        ctx.opts = opts
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state = ctx.saved_tensors
+        dq, dk, dv = ops.varlen_attention_backward(
+            dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlens, alibi_slopes, rng_state,
+            *ops.op_arguments(ctx.opts),
+        )
+        # no gradient for cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, opts
+        return dq, dk, dv, None, None, None, None, None, None

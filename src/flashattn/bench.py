@@ -8,6 +8,11 @@ causal; backward = 2.5 x forward.
 
 Results go to ``benchmarks/results/`` as JSON (GPU name, versions, commit, date) and to a Markdown
 table; a provider that is missing or fails on a case is reported, not fatal.
+
+``--varlen`` adds two packed providers on the same tokens (batch * seqlen): ``flashattn_varlen``
+(the batch packed, equal lengths: the cost of the varlen path against the dense one, same FLOPs) and
+``flashattn_varlen_mixed`` (the tokens re-cut into sequences of random lengths averaging seqlen; its
+TFLOP/s count the FLOPs of those lengths, and its output is not compared).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import torch.nn.functional as F
 from . import __version__
 from .demo import median_seconds
 from .interface import flash_attn_func
+from .varlen import flash_attn_varlen_func
 
 Runner = Callable[[], torch.Tensor]
 
@@ -97,6 +103,36 @@ def _naive(q, k, v, causal: bool) -> Runner:
     return run
 
 
+def mixed_lengths(total: int, mean: int, seed: int = 0) -> list[int]:
+    """Sequence lengths drawn uniformly from [1, 2 * mean - 1] until they add up to ``total``."""
+    generator = torch.Generator().manual_seed(seed)
+    lengths: list[int] = []
+    while sum(lengths) < total:
+        lengths.append(int(torch.randint(1, max(2, 2 * mean), (1,), generator=generator)))
+    lengths[-1] -= sum(lengths) - total
+    return lengths
+
+
+def _flashattn_varlen(mixed: bool):
+    def build(q, k, v, causal: bool) -> Runner:
+        batch, seqlen, nheads, head_dim = q.shape
+        lengths = mixed_lengths(batch * seqlen, seqlen) if mixed else [seqlen] * batch
+        cu_seqlens = torch.tensor([0, *lengths], device=q.device).cumsum(0).to(torch.int32)
+        packed = [x.flatten(0, 1) for x in (q, k, v)]  # views: the backward reaches q, k and v
+        longest = max(lengths)
+
+        def run():
+            out = flash_attn_varlen_func(*packed, cu_seqlens, cu_seqlens, longest, longest, causal=causal)
+            return out.view(q.shape)
+
+        flops = sum(4.0 * nheads * n * n * head_dim for n in lengths)
+        run.forward_flops = flops / 2 if causal else flops
+        run.comparable = not mixed  # mixed lengths compute another function than the dense providers
+        return run
+
+    return build
+
+
 _FLEX_CACHE: dict = {}
 
 
@@ -125,8 +161,11 @@ PROVIDERS: dict[str, Callable] = {
     "sdpa_math": _sdpa("MATH"),
     "flex": _flex,
     "naive": _naive,
+    "flashattn_varlen": _flashattn_varlen(mixed=False),
+    "flashattn_varlen_mixed": _flashattn_varlen(mixed=True),
 }
 CPU_PROVIDERS = ("flashattn", "sdpa_math", "naive")
+VARLEN_PROVIDERS = ("flashattn_varlen", "flashattn_varlen_mixed")
 
 
 def _time_ms(fn: Callable[[], object], device: torch.device) -> float:
@@ -155,9 +194,9 @@ def measure(provider: str, case: BenchCase, device: torch.device, modes: tuple[s
         if device.type == "cuda":
             torch.cuda.synchronize()
             result.peak_extra_mib = (torch.cuda.max_memory_allocated() - base) / 2**20
-        if reference_out is not None:
+        if reference_out is not None and getattr(fn, "comparable", True):
             result.max_diff_vs_flashattn = (out.float() - reference_out.float()).abs().max().item()
-        flops = case.forward_flops()
+        flops = getattr(fn, "forward_flops", None) or case.forward_flops()
         if "fwd" in modes:
             with torch.no_grad():
                 result.fwd_ms = _time_ms(fn, device)
@@ -338,6 +377,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hidden", type=int, default=2048, help="heads * headdim (default 2048)")
     parser.add_argument("--gqa", type=int, default=1, help="query heads per kv head (default 1)")
     parser.add_argument("--modes", nargs="+", choices=("fwd", "bwd"), default=["fwd", "bwd"])
+    parser.add_argument("--varlen", action="store_true",
+                        help="add the packed providers flashattn_varlen and flashattn_varlen_mixed")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"),
                         help="folder for the JSON results (default benchmarks/results)")
     parser.add_argument("--markdown", type=Path, default=None, help="also write the table to this file")
@@ -352,7 +393,10 @@ def run(args: argparse.Namespace) -> int:
         return bench_decode.run(args, environment())
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     on_gpu = device.type == "cuda"
-    providers = args.providers or (list(PROVIDERS) if on_gpu else list(CPU_PROVIDERS))
+    dense_providers = [p for p in PROVIDERS if p not in VARLEN_PROVIDERS]
+    providers = args.providers or (dense_providers if on_gpu else list(CPU_PROVIDERS))
+    if args.varlen:
+        providers = providers + [p for p in VARLEN_PROVIDERS if p not in providers]
     if "flashattn" in providers:  # first, so the others are checked against it
         providers = ["flashattn"] + [p for p in providers if p != "flashattn"]
     causal = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]

@@ -14,7 +14,7 @@ import functools
 import torch
 
 from . import masks
-from .dropout import keep_mask
+from .dropout import PackedFrame, keep_mask
 from .options import AttentionOptions
 
 BLOCK_N = 128
@@ -83,11 +83,11 @@ def _to_input_layout(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(like, memory_format=torch.contiguous_format).copy_(x.transpose(1, 2))
 
 
-def _block_keep(rng_state, opts, q_shape, key_idx, seqlen_q, seqlen_k) -> torch.Tensor:
+def _block_keep(rng_state, opts, q_shape, key_idx, seqlen_q, seqlen_k, frame) -> torch.Tensor:
     batch, nheads_k, group = q_shape[:3]
     query_idx = torch.arange(seqlen_q, device=key_idx.device)
     keep = keep_mask(rng_state, opts.dropout_p, batch, nheads_k * group, query_idx, key_idx.view(-1),
-                     seqlen_q, seqlen_k)
+                     seqlen_q, seqlen_k, frame=frame)
     return keep.view(batch, nheads_k, group, seqlen_q, -1)
 
 
@@ -113,10 +113,12 @@ def forward(
     alibi_slopes: torch.Tensor | None,
     rng_state: torch.Tensor | None,
     attn_mask: torch.Tensor | None = None,
+    dropout_frame: PackedFrame | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q: (B, Sq, Hq, D), k/v: (B, Sk, Hk, D) -> out (B, Sq, Hq, D), lse float32 (B, Hq, Sq).
 
     ``attn_mask``: optional SDPA mask, 4 dims broadcastable to (B, Hq, Sq, Sk).
+    ``dropout_frame`` places a single sequence of a varlen batch in the packed dropout stream.
     """
     _settle_exp_kernel()
     batch, seqlen_q, nheads, head_dim = q.shape
@@ -141,7 +143,7 @@ def forward(
         correction = torch.exp(row_max - shift)
         row_sum = row_sum * correction + probs.sum(dim=-1)
         if opts.dropout_p > 0:
-            keep = _block_keep(rng_state, opts, qf.shape, key_idx, seqlen_q, seqlen_k)
+            keep = _block_keep(rng_state, opts, qf.shape, key_idx, seqlen_q, seqlen_k, dropout_frame)
             probs = probs.masked_fill(~keep, 0.0)
         acc = acc * correction.unsqueeze(-1) + probs @ v_block.unsqueeze(2)
         row_max = new_max
@@ -166,11 +168,12 @@ def backward(
     rng_state: torch.Tensor | None,
     attn_mask: torch.Tensor | None = None,
     mask_needs_grad: bool = False,
+    dropout_frame: PackedFrame | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients (dq, dk, dv, dmask) recomputed block by block from the saved log-sum-exp.
 
     dmask, the gradient of a float ``attn_mask`` in its own shape and dtype, is computed when
-    ``mask_needs_grad``; otherwise it is an empty tensor.
+    ``mask_needs_grad``; otherwise it is an empty tensor. ``dropout_frame``: as in :func:`forward`.
     """
     _settle_exp_kernel()
     batch, seqlen_q, nheads, head_dim = q.shape
@@ -197,7 +200,7 @@ def backward(
         probs = torch.exp(scores - lse_f.unsqueeze(-1))  # masked scores and empty rows give 0
         dprobs = dof @ v_block.unsqueeze(2).transpose(-1, -2)
         if opts.dropout_p > 0:
-            keep = _block_keep(rng_state, opts, qf.shape, key_idx, seqlen_q, seqlen_k)
+            keep = _block_keep(rng_state, opts, qf.shape, key_idx, seqlen_q, seqlen_k, dropout_frame)
             kept_probs = probs.masked_fill(~keep, 0.0) * keep_scale
             dprobs = dprobs.masked_fill(~keep, 0.0) * keep_scale
         else:
@@ -224,3 +227,68 @@ def _accumulate_mask_grad(dmask: torch.Tensor, dscores: torch.Tensor, start: int
         dmask += masks.sum_to_shape(dscores, dmask.shape)
     else:
         dmask[..., start:end] += masks.sum_to_shape(dscores, (*dmask.shape[:3], end - start))
+
+
+# ---------------------------------------------------------------------------------------------
+# Varlen: one dense call per sequence. cu_seqlens arrive as host lists (the op reads them once).
+# ---------------------------------------------------------------------------------------------
+
+
+def _sequences(cu_seqlens_q: list[int], cu_seqlens_k: list[int], alibi_slopes: torch.Tensor | None):
+    """(b, query slice, key slice, that sequence's ALiBi slopes) for each sequence with queries and keys."""
+    for b in range(len(cu_seqlens_q) - 1):
+        queries = slice(cu_seqlens_q[b], cu_seqlens_q[b + 1])
+        keys = slice(cu_seqlens_k[b], cu_seqlens_k[b + 1])
+        if queries.start == queries.stop or keys.start == keys.stop:
+            continue  # nothing to compute: no output rows, or rows that see no key (out = 0, lse = +inf)
+        slopes = alibi_slopes[b] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
+        yield b, queries, keys, slopes
+
+
+def varlen_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: list[int],
+    cu_seqlens_k: list[int],
+    opts: AttentionOptions,
+    alibi_slopes: torch.Tensor | None,
+    rng_state: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q: (total_q, Hq, D), k/v: (total_k, Hk, D) -> out (total_q, Hq, D), lse float32 (Hq, total_q)."""
+    total_q, nheads = q.shape[:2]
+    out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.full((nheads, total_q), float("inf"), dtype=torch.float32, device=q.device)
+    for _, queries, keys, slopes in _sequences(cu_seqlens_q, cu_seqlens_k, alibi_slopes):
+        frame = PackedFrame(queries.start, keys.start, total_q, k.shape[0])
+        seq_out, seq_lse = forward(q[None, queries], k[None, keys], v[None, keys], opts, slopes, rng_state,
+                                  dropout_frame=frame)
+        out[queries] = seq_out[0]
+        lse[:, queries] = seq_lse[0]
+    return out, lse
+
+
+def varlen_backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    cu_seqlens_q: list[int],
+    cu_seqlens_k: list[int],
+    opts: AttentionOptions,
+    alibi_slopes: torch.Tensor | None,
+    rng_state: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients (dq, dk, dv) of the packed tensors; tokens of sequences with nothing to see get 0."""
+    dq, dk, dv = (torch.zeros(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+    for _, queries, keys, slopes in _sequences(cu_seqlens_q, cu_seqlens_k, alibi_slopes):
+        frame = PackedFrame(queries.start, keys.start, q.shape[0], k.shape[0])
+        seq_lse = lse[None, :, queries].contiguous()
+        seq_dq, seq_dk, seq_dv, _ = backward(
+            dout[None, queries], q[None, queries], k[None, keys], v[None, keys], out[None, queries], seq_lse,
+            opts, slopes, rng_state, dropout_frame=frame,
+        )
+        dq[queries], dk[keys], dv[keys] = seq_dq[0], seq_dk[0], seq_dv[0]
+    return dq, dk, dv

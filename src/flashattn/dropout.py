@@ -4,9 +4,21 @@ Triton's ``tl.rand(seed, offset)`` runs Philox-4x32 with 10 rounds on the counte
 (offset_lo, offset_hi, 0, 0) and key (seed_lo, seed_hi), and maps the first word to [0, 1). Reproducing
 it here lets the CPU path, the reference and the kernels drop exactly the same scores, so each can be
 checked against the others with dropout on. A score is kept when its uniform draw is >= ``dropout_p``.
+
+Which counter a score takes:
+
+- dense, score (b, h, i, j) of (batch, nheads, seqlen_q, seqlen_k):
+  ``offset + ((b * nheads + h) * seqlen_q + i) * seqlen_k + j``;
+- varlen (packed sequences), query token ``tq`` and key token ``tk`` of the packed tensors (their rows in
+  q and k, i.e. ``cu_seqlens_q[b] + i`` and ``cu_seqlens_k[b] + j``), head h:
+  ``offset + (h * total_q + tq) * total_k + tk``. This is the dense formula for one batch of the whole
+  packed tensors (seqlen_q = total_q, seqlen_k = total_k), so it depends only on where the tokens sit,
+  never on ``max_seqlen``. A :class:`PackedFrame` places one sequence in that stream.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -40,6 +52,16 @@ def philox_uniform(seed: int, counter: torch.Tensor) -> torch.Tensor:
     return signed.to(torch.int32).to(torch.float32) * _UNIFORM_SCALE
 
 
+@dataclass(frozen=True)
+class PackedFrame:
+    """Where one sequence of a varlen batch sits in the packed dropout stream (see the module doc)."""
+
+    query_start: int  # cu_seqlens_q[b]
+    key_start: int  # cu_seqlens_k[b]
+    total_q: int
+    total_k: int
+
+
 def keep_mask(
     rng_state: torch.Tensor,
     dropout_p: float,
@@ -49,8 +71,18 @@ def keep_mask(
     key_idx: torch.Tensor,
     seqlen_q: int,
     seqlen_k: int,
+    frame: PackedFrame | None = None,
 ) -> torch.Tensor:
-    """Keep-mask of shape (batch, nheads, len(query_idx), len(key_idx)) for the given score indices."""
+    """Keep-mask of shape (batch, nheads, len(query_idx), len(key_idx)) for the given score indices.
+
+    With a ``frame``, the indices are positions in one sequence of a varlen batch (``batch`` is 1) and
+    the mask is the packed stream's; ``seqlen_q``/``seqlen_k`` are then unused.
+    """
+    if frame is not None:
+        assert batch == 1, "a packed frame holds one sequence"
+        query_idx = query_idx + frame.query_start
+        key_idx = key_idx + frame.key_start
+        seqlen_q, seqlen_k = frame.total_q, frame.total_k
     seed, offset = (int(x) for x in rng_state.tolist())
     device = query_idx.device
     bh = torch.arange(batch * nheads, device=device, dtype=torch.int64).view(batch, nheads, 1, 1)

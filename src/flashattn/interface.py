@@ -26,55 +26,69 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
 
 
-def _check_tensor(name: str, x, rank: int) -> None:
+def _check_tensor(name: str, x, rank: int, layout: str = "(batch, seqlen, nheads, headdim)") -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() != rank:
-        raise ValueError(f"{name} must have {rank} dimensions (batch, seqlen, nheads, headdim), "
-                         f"got shape {tuple(x.shape)}")
+        raise ValueError(f"{name} must have {rank} dimensions {layout}, got shape {tuple(x.shape)}")
     if x.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"{name} must be float16, bfloat16 or float32, got {x.dtype}")
 
 
-def _validate(q, k, v, dropout_p, window_size, softcap, alibi_slopes) -> None:
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        _check_tensor(name, x, 4)
+def _check_kv_like_q(q, k, v) -> None:
+    """k and v against q: dtype, device, shapes and heads (GQA), whatever the layout's rank."""
     for name, x in (("k", k), ("v", v)):
         if x.dtype != q.dtype:
             raise TypeError(f"{name} must have q's dtype {q.dtype}, got {x.dtype}")
         if x.device != q.device:
             raise ValueError(f"{name} must be on q's device {q.device}, got {x.device}")
-    batch, _, nheads, head_dim = q.shape
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-    if k.shape[0] != batch:
-        raise ValueError(f"k must have q's batch size {batch}, got {k.shape[0]}")
-    if k.shape[3] != head_dim:
-        raise ValueError(f"k and v must have q's head dim {head_dim}, got {k.shape[3]}")
+    nheads, head_dim = q.shape[-2:]
+    if k.shape[-1] != head_dim:
+        raise ValueError(f"k and v must have q's head dim {head_dim}, got {k.shape[-1]}")
     if not 1 <= head_dim <= MAX_HEAD_DIM:
         raise ValueError(f"head dim must be between 1 and {MAX_HEAD_DIM}, got {head_dim}")
-    nheads_k = k.shape[2]
+    nheads_k = k.shape[-2]
     if nheads_k == 0 or nheads % nheads_k != 0:
         raise ValueError(f"the number of query heads ({nheads}) must be a multiple of the number of "
                          f"key/value heads ({nheads_k})")
-    if q.shape[1] == 0 or k.shape[1] == 0:
-        raise ValueError(f"seqlens must be >= 1, got seqlen_q={q.shape[1]}, seqlen_k={k.shape[1]}")
+
+
+def _check_options(dropout_p, window_size, softcap) -> None:
     if not 0.0 <= float(dropout_p) < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     if len(window_size) != 2 or any(int(w) != w or w < -1 for w in window_size):
         raise ValueError(f"window_size must be a pair of ints >= -1 (-1: unbounded), got {window_size}")
     if softcap < 0:
         raise ValueError(f"softcap must be >= 0 (0: off), got {softcap}")
-    if alibi_slopes is not None:
-        if not isinstance(alibi_slopes, torch.Tensor):
-            raise TypeError(f"alibi_slopes must be a torch.Tensor, got {type(alibi_slopes).__name__}")
-        if alibi_slopes.dtype != torch.float32:
-            raise TypeError(f"alibi_slopes must be float32, got {alibi_slopes.dtype}")
-        if tuple(alibi_slopes.shape) not in ((nheads,), (batch, nheads)):
-            raise ValueError(f"alibi_slopes must have shape ({nheads},) or ({batch}, {nheads}), "
-                             f"got {tuple(alibi_slopes.shape)}")
-        if alibi_slopes.device != q.device:
-            raise ValueError(f"alibi_slopes must be on q's device {q.device}, got {alibi_slopes.device}")
+
+
+def _check_alibi(alibi_slopes, batch: int, nheads: int, device: torch.device) -> None:
+    if alibi_slopes is None:
+        return
+    if not isinstance(alibi_slopes, torch.Tensor):
+        raise TypeError(f"alibi_slopes must be a torch.Tensor, got {type(alibi_slopes).__name__}")
+    if alibi_slopes.dtype != torch.float32:
+        raise TypeError(f"alibi_slopes must be float32, got {alibi_slopes.dtype}")
+    if tuple(alibi_slopes.shape) not in ((nheads,), (batch, nheads)):
+        raise ValueError(f"alibi_slopes must have shape ({nheads},) or ({batch}, {nheads}), "
+                         f"got {tuple(alibi_slopes.shape)}")
+    if alibi_slopes.device != device:
+        raise ValueError(f"alibi_slopes must be on q's device {device}, got {alibi_slopes.device}")
+
+
+def _validate(q, k, v, dropout_p, window_size, softcap, alibi_slopes) -> None:
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(name, x, 4)
+    _check_kv_like_q(q, k, v)
+    batch, _, nheads, _ = q.shape
+    if k.shape[0] != batch:
+        raise ValueError(f"k must have q's batch size {batch}, got {k.shape[0]}")
+    if q.shape[1] == 0 or k.shape[1] == 0:
+        raise ValueError(f"seqlens must be >= 1, got seqlen_q={q.shape[1]}, seqlen_k={k.shape[1]}")
+    _check_options(dropout_p, window_size, softcap)
+    _check_alibi(alibi_slopes, batch, nheads, q.device)
 
 
 def flash_attn_func(

@@ -51,7 +51,7 @@ def new_rng_state() -> torch.Tensor:
 
     It lives on the CPU so that drawing it never synchronizes the GPU; ``torch.manual_seed`` makes it
     reproducible. The seed keys a Philox stream; each score (b, h, i, j) takes counter
-    ``offset + ((b * H + h) * Sq + i) * Sk + j``.
+    ``offset + ((b * H + h) * Sq + i) * Sk + j`` (varlen batches: see ``dropout.py``).
     """
     seed = torch.randint(0, 2**62, (1,), dtype=torch.int64)
     return torch.cat([seed, torch.zeros(1, dtype=torch.int64)])

@@ -13,7 +13,7 @@ import math
 import torch
 
 from . import masks
-from .dropout import keep_mask
+from .dropout import PackedFrame, keep_mask
 
 
 def attention_ref(
@@ -30,13 +30,15 @@ def attention_ref(
     rng_state: torch.Tensor | None = None,
     attn_mask: torch.Tensor | None = None,
     upcast: bool = True,
+    dropout_frame: PackedFrame | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Materializing attention. q: (B, Sq, Hq, D), k/v: (B, Sk, Hk, D). Returns (out, lse).
 
     ``attn_mask``: an SDPA mask broadcastable to (B, Hq, Sq, Sk); bool True = take part, float is
     added to the scores (after the softcap). A float mask that requires grad gets its gradient.
     ``upcast=True`` computes in float64 and returns float64; otherwise it computes in q's dtype.
-    Rows that see no key give out = 0 and lse = +inf, as the kernels do.
+    Rows that see no key give out = 0 and lse = +inf, as the kernels do. ``dropout_frame`` places a
+    single sequence of a varlen batch in the packed dropout stream (see ``dropout.py``).
     """
     batch, seqlen_q, nheads, head_dim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
@@ -75,11 +77,53 @@ def attention_ref(
     probs = torch.exp(scores - lse.unsqueeze(-1)).masked_fill(empty, 0.0)
     if dropout_p > 0:
         assert rng_state is not None, "dropout needs the rng_state the kernel used"
-        keep = keep_mask(rng_state, dropout_p, batch, nheads, rows.view(-1), cols.view(-1), seqlen_q, seqlen_k)
+        keep = keep_mask(rng_state, dropout_p, batch, nheads, rows.view(-1), cols.view(-1), seqlen_q, seqlen_k,
+                         frame=dropout_frame)
         probs = probs.masked_fill(~keep.to(q.device), 0.0) / (1.0 - dropout_p)
     out = (probs @ vh).transpose(1, 2)
     lse = lse.masked_fill(empty.squeeze(-1), float("inf"))
     return out, lse
+
+
+def varlen_attention_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    *,
+    alibi_slopes: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    rng_state: torch.Tensor | None = None,
+    upcast: bool = True,
+    **options,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`attention_ref` on each sequence of a packed (varlen) batch, concatenated.
+
+    q: (total_q, Hq, D), k/v: (total_k, Hk, D), cu_seqlens: (batch + 1,). Returns out of q's shape and
+    lse of shape (Hq, total_q), the varlen layout. Masks are aligned per sequence; ALiBi slopes of shape
+    (batch, Hq) give each sequence its row; dropout takes the packed stream.
+    """
+    total_q, nheads = q.shape[:2]
+    total_k = k.shape[0]
+    dtype = torch.float64 if upcast else q.dtype
+    outs, lses = [], []
+    bounds_q, bounds_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for b in range(len(bounds_q) - 1):
+        (q_start, q_end), (k_start, k_end) = bounds_q[b : b + 2], bounds_k[b : b + 2]
+        slopes = alibi_slopes
+        if alibi_slopes is not None and alibi_slopes.dim() == 2:
+            slopes = alibi_slopes[b : b + 1]
+        frame = PackedFrame(q_start, k_start, total_q, total_k)
+        out, lse = attention_ref(
+            q[None, q_start:q_end], k[None, k_start:k_end], v[None, k_start:k_end], alibi_slopes=slopes,
+            dropout_p=dropout_p, rng_state=rng_state, upcast=upcast, dropout_frame=frame, **options,
+        )
+        outs.append(out[0].to(dtype))
+        lses.append(lse[0])
+    if not outs:
+        return q.new_zeros(q.shape, dtype=dtype), q.new_zeros((nheads, 0), dtype=dtype)
+    return torch.cat(outs), torch.cat(lses, dim=1)
 
 
 def seed_block_attention(

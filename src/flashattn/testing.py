@@ -7,12 +7,13 @@ input precision, plus the rounding error of the reference itself in that precisi
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
 
 from .options import new_rng_state
-from .reference import attention_ref
+from .reference import attention_ref, varlen_attention_ref
 
 
 @dataclass(frozen=True)
@@ -28,11 +29,51 @@ class Case:
     options: dict = field(default_factory=dict)
 
     def __str__(self) -> str:
-        opts = ",".join(f"{k}={v}" for k, v in self.options.items() if k != "alibi_slopes")
-        if "alibi_slopes" in self.options:
-            opts += ",alibi"
         return (f"b{self.batch}-q{self.seqlen_q}-k{self.seqlen_k}-h{self.nheads}/{self.nheads_k}"
-                f"-d{self.head_dim}" + (f"-{opts}" if opts else ""))
+                f"-d{self.head_dim}{_options_label(self.options)}")
+
+
+def _options_label(options: dict) -> str:
+    opts = ",".join(f"{k}={v}" for k, v in options.items() if k != "alibi_slopes")
+    if "alibi_slopes" in options:
+        opts += ",alibi"
+    return f"-{opts}" if opts else ""
+
+
+@dataclass(frozen=True)
+class VarlenCase:
+    """One packed (varlen) attention problem: each sequence's query and key lengths, heads, options."""
+
+    seqlens_q: tuple[int, ...]
+    seqlens_k: tuple[int, ...]
+    nheads: int
+    nheads_k: int
+    head_dim: int
+    options: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        assert len(self.seqlens_q) == len(self.seqlens_k), "one key length per query length"
+
+    @property
+    def batch(self) -> int:
+        return len(self.seqlens_q)
+
+    def cu_seqlens(self, device) -> tuple[torch.Tensor, torch.Tensor]:
+        def running(lengths):
+            return torch.tensor([0, *lengths], device=device).cumsum(0).to(torch.int32)
+
+        return running(self.seqlens_q), running(self.seqlens_k)
+
+    def random_inputs(self, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        total_q, total_k = sum(self.seqlens_q), sum(self.seqlens_k)
+        q = torch.randn(total_q, self.nheads, self.head_dim, dtype=dtype, device=device)
+        k = torch.randn(total_k, self.nheads_k, self.head_dim, dtype=dtype, device=device)
+        v = torch.randn(total_k, self.nheads_k, self.head_dim, dtype=dtype, device=device)
+        return q, k, v
+
+    def __str__(self) -> str:
+        return (f"q{'/'.join(map(str, self.seqlens_q))}-k{'/'.join(map(str, self.seqlens_k))}"
+                f"-h{self.nheads}/{self.nheads_k}-d{self.head_dim}{_options_label(self.options)}")
 
 
 def random_inputs(case: Case, dtype: torch.dtype, device: str | torch.device, requires_grad: bool = False):
@@ -110,10 +151,11 @@ def score_grad_floor(dout: torch.Tensor, out: torch.Tensor, out_oracle: torch.Te
 
 
 def check_against_reference(case: Case, dtype: torch.dtype, device: str | torch.device, attention_fn,
-                            backward: bool = True, inputs=None) -> None:
+                            backward: bool = True, inputs=None, reference_fn=attention_ref) -> None:
     """Run ``attention_fn(q, k, v, **options, return_attn_probs=True)`` and hold it to the rule.
 
     The dropout stream is drawn after ``torch.manual_seed(0)``, so the reference replays it exactly.
+    ``reference_fn`` is called as ``attention_ref`` is (the varlen check passes the per-sequence one).
     """
     q, k, v = inputs if inputs is not None else random_inputs(case, dtype, device)
     q, k, v = (x.detach().requires_grad_(backward) for x in (q, k, v))
@@ -129,7 +171,7 @@ def check_against_reference(case: Case, dtype: torch.dtype, device: str | torch.
         leaves = [x.detach().clone().requires_grad_(backward) for x in (q, k, v)]
         if upcast:
             leaves = [x.detach().double().requires_grad_(backward) for x in leaves]
-        out_ref, lse_ref = attention_ref(*leaves, rng_state=rng_state, upcast=upcast, **ref_options)
+        out_ref, lse_ref = reference_fn(*leaves, rng_state=rng_state, upcast=upcast, **ref_options)
         return leaves, out_ref, lse_ref
 
     oracle_leaves, out_oracle, lse_oracle = reference(upcast=True)
@@ -150,3 +192,22 @@ def check_against_reference(case: Case, dtype: torch.dtype, device: str | torch.
     for name, grad, oracle, baseline in zip(("dq", "dk", "dv"), grads, oracle_grads, baseline_grads, strict=True):
         assert grad.dtype == dtype
         assert_within_rule(name, grad, oracle, baseline, factor=3, floor=grad_floor)
+
+
+def check_varlen_against_reference(case: VarlenCase, dtype: torch.dtype, device: str | torch.device,
+                                   backward: bool = True, max_seqlens=None, inputs=None) -> None:
+    """:func:`check_against_reference` for ``flash_attn_varlen_func`` against the per-sequence reference.
+
+    ``max_seqlens`` overrides the (max_seqlen_q, max_seqlen_k) passed (ints or 0-d tensors); by default
+    they are the longest sequences.
+    """
+    from .varlen import flash_attn_varlen_func
+
+    cu_seqlens_q, cu_seqlens_k = case.cu_seqlens(device)
+    if max_seqlens is None:
+        max_seqlens = (max(case.seqlens_q), max(case.seqlens_k))
+    attention_fn = functools.partial(flash_attn_varlen_func, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                     max_seqlen_q=max_seqlens[0], max_seqlen_k=max_seqlens[1])
+    reference_fn = functools.partial(varlen_attention_ref, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    inputs = inputs if inputs is not None else case.random_inputs(dtype, device)
+    check_against_reference(case, dtype, device, attention_fn, backward, inputs, reference_fn)

@@ -6,6 +6,10 @@
    log-sum-exp and accumulates dK and dV in registers; the group's sum is done in the program.
 3. ``dq_kernel``: one program per (block of queries, batch x head), walking the key blocks as the
    forward does, and accumulating dQ.
+
+Varlen batches (``IS_VARLEN``) use the same kernels, as the forward does: each program reads its
+sequence from cu_seqlens and exits when its block lies past the sequence's end; the delta kernel needs
+no change (it runs over the packed tokens as one batch).
 """
 
 import triton
@@ -17,9 +21,11 @@ from .common import (
     apply_attn_mask,
     dot,
     dropout_keep,
+    dropout_row_base,
     key_block_bounds,
     query_block_bounds,
     scores_log2,
+    sequence_bounds,
     stage_range,
     visible,
 )
@@ -61,8 +67,9 @@ def _load_rows(ptrs, offs_rows, limit, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: 
 
 @triton.jit
 def _probs_and_dscores(
-    q, k, v, do, lse_log2, delta, offs_m, offs_n, bh, seqlen_q, seqlen_k,
-    qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right, dropout_p, rng_seed, rng_offset,
+    q, k, v, do, lse_log2, delta, offs_m, offs_n, seqlen_q, seqlen_k,
+    qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
+    dropout_p, rng_seed, rng_row_base, rng_row_stride,
     MASKED: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -85,7 +92,7 @@ def _probs_and_dscores(
         p = tl.where(seen, p, 0.0)
     dp = dot(do, tl.trans(v), UPCAST_DOT, DOT_PRECISION)
     if HAS_DROPOUT:
-        keep = dropout_keep(rng_seed, rng_offset, bh, offs_m, offs_n, seqlen_q, seqlen_k, dropout_p)
+        keep = dropout_keep(rng_seed, rng_row_base, offs_m, offs_n, rng_row_stride, dropout_p)
         keep_scale = 1.0 / (1.0 - dropout_p)
         p_kept = tl.where(keep, p * keep_scale, 0.0)
         dp = tl.where(keep, dp * keep_scale, 0.0)
@@ -101,9 +108,9 @@ def _probs_and_dscores(
 @triton.jit
 def _dkdv_query_range(
     dk, dv, dk_comp, dv_comp, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-    lo, hi, offs_n, bh, seqlen_q, seqlen_k,
+    lo, hi, offs_n, seqlen_q, seqlen_k,
     qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
-    dropout_p, rng_seed, rng_offset,
+    dropout_p, rng_seed, rng_row_base, rng_row_stride,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     MASKED: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
@@ -125,9 +132,9 @@ def _dkdv_query_range(
             lse = tl.load(lse_base + offs_m)
             delta = tl.load(delta_base + offs_m)
         p_kept, ds, _ = _probs_and_dscores(
-            q, k, v, do, lse * LOG2E, delta, offs_m, offs_n, bh, seqlen_q, seqlen_k, qk_scale, softcap_log2,
-            alibi_slope_log2, window_left, window_right, dropout_p, rng_seed, rng_offset, MASKED, WINDOW_LEFT,
-            WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION,
+            q, k, v, do, lse * LOG2E, delta, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
+            alibi_slope_log2, window_left, window_right, dropout_p, rng_seed, rng_row_base, rng_row_stride,
+            MASKED, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION,
             mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL)
         dv, dv_comp = accumulate(dv, dv_comp, dot(tl.trans(p_kept.to(do.dtype)), do, UPCAST_DOT, DOT_PRECISION),
                                  COMPENSATED)
@@ -138,7 +145,7 @@ def _dkdv_query_range(
 
 @triton.jit
 def dkdv_kernel(
-    Q, K, V, DOut, Lse, Delta, DK, DV, AlibiSlopes,
+    Q, K, V, DOut, Lse, Delta, DK, DV, AlibiSlopes, CuSeqlensQ, CuSeqlensK,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -153,20 +160,35 @@ def dkdv_kernel(
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
     Mask=None, stride_mask_b=0, stride_mask_h=0, stride_mask_m=0, stride_mask_n=0,
     HAS_MASK: tl.constexpr = False, MASK_IS_BOOL: tl.constexpr = False,
 ):
+    """Varlen: seqlen_q/seqlen_k arrive as the packed totals, Lse/Delta are (nheads, total_q)."""
     start_n = tl.program_id(0) * BLOCK_N
     bhk = tl.program_id(1)
     batch = bhk // nheads_k
     head_k = bhk % nheads_k
+    if IS_VARLEN:
+        total_q = seqlen_q
+        total_k = seqlen_k
+        q_start, seqlen_q, k_start, seqlen_k = sequence_bounds(CuSeqlensQ, CuSeqlensK, batch)
+        if start_n >= seqlen_k:
+            return  # a key block past this sequence's end: padding of the max_seqlen_k grid
+        k_base = K + k_start.to(tl.int64) * stride_kn + head_k.to(tl.int64) * stride_kh
+        v_base = V + k_start.to(tl.int64) * stride_vn + head_k.to(tl.int64) * stride_vh
+        dk_base = DK + k_start.to(tl.int64) * stride_dkn + head_k.to(tl.int64) * stride_dkh
+        dv_base = DV + k_start.to(tl.int64) * stride_dvn + head_k.to(tl.int64) * stride_dvh
+    else:
+        k_base = K + batch.to(tl.int64) * stride_kb + head_k.to(tl.int64) * stride_kh
+        v_base = V + batch.to(tl.int64) * stride_vb + head_k.to(tl.int64) * stride_vh
+        dk_base = DK + batch.to(tl.int64) * stride_dkb + head_k.to(tl.int64) * stride_dkh
+        dv_base = DV + batch.to(tl.int64) * stride_dvb + head_k.to(tl.int64) * stride_dvh
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    k = _load_rows(K + batch.to(tl.int64) * stride_kb + head_k.to(tl.int64) * stride_kh
-                   + offs_n[:, None] * stride_kn + offs_d[None, :], offs_n, seqlen_k, offs_d,
+    k = _load_rows(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], offs_n, seqlen_k, offs_d,
                    HEAD_DIM, BLOCK_D, True)
-    v = _load_rows(V + batch.to(tl.int64) * stride_vb + head_k.to(tl.int64) * stride_vh
-                   + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, seqlen_k, offs_d,
+    v = _load_rows(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, seqlen_k, offs_d,
                    HEAD_DIM, BLOCK_D, True)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -176,11 +198,21 @@ def dkdv_kernel(
                                                   BLOCK_M, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT)
     for g in range(0, group_size):
         head = head_k * group_size + g
-        bh = batch * nheads + head
-        q_base = Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
-        do_base = DOut + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh
-        lse_base = Lse + bh.to(tl.int64) * seqlen_q
-        delta_base = Delta + bh.to(tl.int64) * seqlen_q
+        if IS_VARLEN:
+            q_base = Q + q_start.to(tl.int64) * stride_qm + head.to(tl.int64) * stride_qh
+            do_base = DOut + q_start.to(tl.int64) * stride_dom + head.to(tl.int64) * stride_doh
+            lse_base = Lse + head.to(tl.int64) * total_q + q_start
+            delta_base = Delta + head.to(tl.int64) * total_q + q_start
+            rng_row_base = dropout_row_base(rng_offset, head.to(tl.int64) * total_q + q_start, total_k, k_start)
+            rng_row_stride = total_k
+        else:
+            bh = batch * nheads + head
+            q_base = Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
+            do_base = DOut + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh
+            lse_base = Lse + bh.to(tl.int64) * seqlen_q
+            delta_base = Delta + bh.to(tl.int64) * seqlen_q
+            rng_row_base = dropout_row_base(rng_offset, bh.to(tl.int64) * seqlen_q, seqlen_k, 0)
+            rng_row_stride = seqlen_k
         alibi_slope_log2 = 0.0
         if HAS_ALIBI:
             alibi_slope_log2 = tl.load(AlibiSlopes + batch * stride_alibi_b + head).to(tl.float32) * LOG2E
@@ -191,26 +223,25 @@ def dkdv_kernel(
             start, end = stage_range(stage, lo, full_lo, full_hi, hi)
             dk, dv, dk_comp, dv_comp = _dkdv_query_range(
                 dk, dv, dk_comp, dv_comp, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                start, end, offs_n, bh, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2,
-                window_left, window_right, dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_M,
-                stage != 1 or HAS_MASK, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT,
-                DOT_PRECISION, COMPENSATED, mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL)
+                start, end, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2,
+                window_left, window_right, dropout_p, rng_seed, rng_row_base, rng_row_stride, HEAD_DIM, BLOCK_D,
+                BLOCK_M, stage != 1 or HAS_MASK, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
+                UPCAST_DOT, DOT_PRECISION, COMPENSATED, mask_base, stride_mask_m, stride_mask_n, HAS_MASK,
+                MASK_IS_BOOL)
     dk = dk * softmax_scale
     store_mask = offs_n[:, None] < seqlen_k
     if BLOCK_D != HEAD_DIM:
         store_mask = store_mask & (offs_d[None, :] < HEAD_DIM)
-    tl.store(DK + batch.to(tl.int64) * stride_dkb + head_k.to(tl.int64) * stride_dkh
-             + offs_n[:, None] * stride_dkn + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=store_mask)
-    tl.store(DV + batch.to(tl.int64) * stride_dvb + head_k.to(tl.int64) * stride_dvh
-             + offs_n[:, None] * stride_dvn + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=store_mask)
+    tl.store(dk_base + offs_n[:, None] * stride_dkn + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=store_mask)
+    tl.store(dv_base + offs_n[:, None] * stride_dvn + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=store_mask)
 
 
 @triton.jit
 def _dq_key_range(
     dq, dq_comp, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn,
-    lo, hi, offs_m, bh, seqlen_q, seqlen_k,
+    lo, hi, offs_m, seqlen_q, seqlen_k,
     qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
-    dropout_p, rng_seed, rng_offset,
+    dropout_p, rng_seed, rng_row_base, rng_row_stride,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
@@ -226,9 +257,9 @@ def _dq_key_range(
         v = _load_rows(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, seqlen_k, offs_d,
                        HEAD_DIM, BLOCK_D, MASKED)
         _, ds, dmask = _probs_and_dscores(
-            q, k, v, do, lse_log2, delta, offs_m, offs_n, bh, seqlen_q, seqlen_k, qk_scale, softcap_log2,
-            alibi_slope_log2, window_left, window_right, dropout_p, rng_seed, rng_offset, MASKED, WINDOW_LEFT,
-            WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION,
+            q, k, v, do, lse_log2, delta, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
+            alibi_slope_log2, window_left, window_right, dropout_p, rng_seed, rng_row_base, rng_row_stride,
+            MASKED, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION,
             mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL)
         if MASK_GRAD:
             # the full (Lq, Lk) gradient of this (batch, head); blocks outside [lo, hi) stay 0
@@ -240,7 +271,7 @@ def _dq_key_range(
 
 @triton.jit
 def dq_kernel(
-    Q, K, V, DOut, Lse, Delta, DQ, AlibiSlopes,
+    Q, K, V, DOut, Lse, Delta, DQ, AlibiSlopes, CuSeqlensQ, CuSeqlensK,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -254,27 +285,50 @@ def dq_kernel(
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
     Mask=None, stride_mask_b=0, stride_mask_h=0, stride_mask_m=0, stride_mask_n=0, DMask=None,
     HAS_MASK: tl.constexpr = False, MASK_IS_BOOL: tl.constexpr = False, MASK_GRAD: tl.constexpr = False,
 ):
+    """Varlen: seqlen_q/seqlen_k arrive as the packed totals, Lse/Delta are (nheads, total_q)."""
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
     batch = bh // nheads
     head = bh % nheads
     head_k = head // group_size
+    if IS_VARLEN:
+        total_q = seqlen_q
+        total_k = seqlen_k
+        q_start, seqlen_q, k_start, seqlen_k = sequence_bounds(CuSeqlensQ, CuSeqlensK, batch)
+        if start_m >= seqlen_q:
+            return  # a query block past this sequence's end: padding of the max_seqlen_q grid
+        q_base = Q + q_start.to(tl.int64) * stride_qm + head.to(tl.int64) * stride_qh
+        do_base = DOut + q_start.to(tl.int64) * stride_dom + head.to(tl.int64) * stride_doh
+        dq_base = DQ + q_start.to(tl.int64) * stride_dqm + head.to(tl.int64) * stride_dqh
+        k_base = K + k_start.to(tl.int64) * stride_kn + head_k.to(tl.int64) * stride_kh
+        v_base = V + k_start.to(tl.int64) * stride_vn + head_k.to(tl.int64) * stride_vh
+        lse_base = Lse + head.to(tl.int64) * total_q + q_start
+        delta_base = Delta + head.to(tl.int64) * total_q + q_start
+        rng_row_base = dropout_row_base(rng_offset, head.to(tl.int64) * total_q + q_start, total_k, k_start)
+        rng_row_stride = total_k
+    else:
+        q_base = Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
+        do_base = DOut + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh
+        dq_base = DQ + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh
+        k_base = K + batch.to(tl.int64) * stride_kb + head_k.to(tl.int64) * stride_kh
+        v_base = V + batch.to(tl.int64) * stride_vb + head_k.to(tl.int64) * stride_vh
+        lse_base = Lse + bh.to(tl.int64) * seqlen_q
+        delta_base = Delta + bh.to(tl.int64) * seqlen_q
+        rng_row_base = dropout_row_base(rng_offset, bh.to(tl.int64) * seqlen_q, seqlen_k, 0)
+        rng_row_stride = seqlen_k
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    q = _load_rows(Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
-                   + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, seqlen_q, offs_d,
+    q = _load_rows(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, seqlen_q, offs_d,
                    HEAD_DIM, BLOCK_D, True)
-    do = _load_rows(DOut + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh
-                    + offs_m[:, None] * stride_dom + offs_d[None, :], offs_m, seqlen_q, offs_d,
+    do = _load_rows(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], offs_m, seqlen_q, offs_d,
                     HEAD_DIM, BLOCK_D, True)
     row_ok = offs_m < seqlen_q
-    lse_log2 = tl.load(Lse + bh.to(tl.int64) * seqlen_q + offs_m, mask=row_ok, other=float("inf")) * LOG2E
-    delta = tl.load(Delta + bh.to(tl.int64) * seqlen_q + offs_m, mask=row_ok, other=0.0)
-    k_base = K + batch.to(tl.int64) * stride_kb + head_k.to(tl.int64) * stride_kh
-    v_base = V + batch.to(tl.int64) * stride_vb + head_k.to(tl.int64) * stride_vh
+    lse_log2 = tl.load(lse_base + offs_m, mask=row_ok, other=float("inf")) * LOG2E
+    delta = tl.load(delta_base + offs_m, mask=row_ok, other=0.0)
     alibi_slope_log2 = 0.0
     if HAS_ALIBI:
         alibi_slope_log2 = tl.load(AlibiSlopes + batch * stride_alibi_b + head).to(tl.float32) * LOG2E
@@ -291,14 +345,13 @@ def dq_kernel(
     for stage in tl.static_range(3):
         start, end = stage_range(stage, lo, full_lo, full_hi, hi)
         dq, dq_comp = _dq_key_range(
-            dq, dq_comp, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, start, end, offs_m, bh,
+            dq, dq_comp, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, start, end, offs_m,
             seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
-            dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_N, stage != 1 or HAS_MASK, WINDOW_LEFT,
-            WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED,
+            dropout_p, rng_seed, rng_row_base, rng_row_stride, HEAD_DIM, BLOCK_D, BLOCK_N, stage != 1 or HAS_MASK,
+            WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED,
             mask_base, stride_mask_m, stride_mask_n, dmask_base, HAS_MASK, MASK_IS_BOOL, MASK_GRAD)
     dq = dq * softmax_scale
     store_mask = row_ok[:, None]
     if BLOCK_D != HEAD_DIM:
         store_mask = store_mask & (offs_d[None, :] < HEAD_DIM)
-    tl.store(DQ + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh
-             + offs_m[:, None] * stride_dqm + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=store_mask)
+    tl.store(dq_base + offs_m[:, None] * stride_dqm + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=store_mask)

@@ -131,10 +131,29 @@ def stage_range(STAGE: tl.constexpr, lo, full_lo, full_hi, hi):
 
 
 @triton.jit
-def dropout_keep(rng_seed, rng_offset, bh, offs_m, offs_n, seqlen_q, seqlen_k, dropout_p):
-    """Keep-mask for scores (bh, offs_m, offs_n): counter = offset + (bh * Sq + i) * Sk + j."""
-    row = bh.to(tl.int64) * seqlen_q + offs_m.to(tl.int64)
-    counter = rng_offset + row[:, None] * seqlen_k + offs_n[None, :].to(tl.int64)
+def sequence_bounds(CuSeqlensQ, CuSeqlensK, batch):
+    """Varlen: (first query token, seqlen_q, first key token, seqlen_k) of sequence ``batch``."""
+    q_start = tl.load(CuSeqlensQ + batch)
+    k_start = tl.load(CuSeqlensK + batch)
+    seqlen_q = tl.load(CuSeqlensQ + batch + 1) - q_start
+    seqlen_k = tl.load(CuSeqlensK + batch + 1) - k_start
+    return q_start, seqlen_q, k_start, seqlen_k
+
+
+@triton.jit
+def dropout_row_base(rng_offset, row, row_stride, first_key):
+    """The counter of score (0, 0) of one (batch x head) slice: ``offset + row * row_stride + first_key``.
+
+    Dense: row = bh * Sq, row_stride = Sk, first_key = 0. Varlen (the packed stream of ``dropout.py``):
+    row = head * total_q + cu_seqlens_q[b], row_stride = total_k, first_key = cu_seqlens_k[b].
+    """
+    return rng_offset + row.to(tl.int64) * row_stride + first_key
+
+
+@triton.jit
+def dropout_keep(rng_seed, row_base, offs_m, offs_n, row_stride, dropout_p):
+    """Keep-mask for scores (offs_m, offs_n) of one slice: counter = row_base + i * row_stride + j."""
+    counter = row_base + offs_m.to(tl.int64)[:, None] * row_stride + offs_n[None, :].to(tl.int64)
     return tl.rand(rng_seed, counter) >= dropout_p
 
 

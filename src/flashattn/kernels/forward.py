@@ -9,8 +9,10 @@ from .common import (
     apply_attn_mask,
     dot,
     dropout_keep,
+    dropout_row_base,
     key_block_bounds,
     scores_log2,
+    sequence_bounds,
     stage_range,
     visible,
 )
@@ -49,9 +51,9 @@ def _load_key_block(k_source, v_source, start_n, offs_n, offs_d, stride_kn, stri
 def _forward_block_range(
     acc, acc_comp, row_sum, row_max, q,
     k_source, v_source, stride_kn, stride_vn,
-    lo, hi, offs_m, bh, seqlen_q, seqlen_k,
+    lo, hi, offs_m, seqlen_q, seqlen_k,
     qk_scale, softcap_log2, alibi_slope_log2,
-    window_left, window_right, dropout_p, rng_seed, rng_offset,
+    window_left, window_right, dropout_p, rng_seed, rng_row_base, rng_row_stride,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
@@ -97,7 +99,7 @@ def _forward_block_range(
         correction = tl.math.exp2(row_max - shift)
         row_sum = row_sum * correction + tl.sum(p, 1)
         if HAS_DROPOUT:
-            keep = dropout_keep(rng_seed, rng_offset, bh, offs_m, offs_n, seqlen_q, seqlen_k, dropout_p)
+            keep = dropout_keep(rng_seed, rng_row_base, offs_m, offs_n, rng_row_stride, dropout_p)
             p = tl.where(keep, p, 0.0)
         acc = acc * correction[:, None]
         if COMPENSATED:
@@ -111,7 +113,7 @@ def _forward_block_range(
 
 @triton.jit
 def attention_forward_kernel(
-    Q, K, V, Out, Lse, AlibiSlopes,
+    Q, K, V, Out, Lse, AlibiSlopes, CuSeqlensQ, CuSeqlensK,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -124,10 +126,12 @@ def attention_forward_kernel(
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
-    USE_TMA: tl.constexpr, HEAVY_FIRST: tl.constexpr, DEFER_SCALE: tl.constexpr,
+    IS_VARLEN: tl.constexpr, USE_TMA: tl.constexpr, HEAVY_FIRST: tl.constexpr, DEFER_SCALE: tl.constexpr,
     Mask=None, stride_mask_b=0, stride_mask_h=0, stride_mask_m=0, stride_mask_n=0,
     HAS_MASK: tl.constexpr = False, MASK_IS_BOOL: tl.constexpr = False,
 ):
+    """Dense: seqlen_q/seqlen_k are the lengths, Lse is (batch, nheads, seqlen_q). Varlen: they are the
+    packed totals total_q/total_k, the batch strides are unused, and Lse is (nheads, total_q)."""
     if HEAVY_FIRST:
         # with a causal mask the last query blocks see the most keys: launch them first, so the
         # grid's last wave holds the short tiles instead of a long tail of full ones
@@ -138,11 +142,28 @@ def attention_forward_kernel(
     batch = bh // nheads
     head = bh % nheads
     head_k = head // group_size
-    # int64 offsets: batch * stride passes 2**31 elements on large inputs
-    q_base = Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
-    k_base = K + batch.to(tl.int64) * stride_kb + head_k.to(tl.int64) * stride_kh
-    v_base = V + batch.to(tl.int64) * stride_vb + head_k.to(tl.int64) * stride_vh
-    o_base = Out + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh
+    if IS_VARLEN:
+        total_q = seqlen_q
+        total_k = seqlen_k
+        q_start, seqlen_q, k_start, seqlen_k = sequence_bounds(CuSeqlensQ, CuSeqlensK, batch)
+        if start_m >= seqlen_q:
+            return  # a query block past this sequence's end: padding of the max_seqlen_q grid
+        q_base = Q + q_start.to(tl.int64) * stride_qm + head.to(tl.int64) * stride_qh
+        k_base = K + k_start.to(tl.int64) * stride_kn + head_k.to(tl.int64) * stride_kh
+        v_base = V + k_start.to(tl.int64) * stride_vn + head_k.to(tl.int64) * stride_vh
+        o_base = Out + q_start.to(tl.int64) * stride_om + head.to(tl.int64) * stride_oh
+        lse_base = Lse + head.to(tl.int64) * total_q + q_start
+        rng_row_base = dropout_row_base(rng_offset, head.to(tl.int64) * total_q + q_start, total_k, k_start)
+        rng_row_stride = total_k
+    else:
+        # int64 offsets: batch * stride passes 2**31 elements on large inputs
+        q_base = Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
+        k_base = K + batch.to(tl.int64) * stride_kb + head_k.to(tl.int64) * stride_kh
+        v_base = V + batch.to(tl.int64) * stride_vb + head_k.to(tl.int64) * stride_vh
+        o_base = Out + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh
+        lse_base = Lse + bh.to(tl.int64) * seqlen_q
+        rng_row_base = dropout_row_base(rng_offset, bh.to(tl.int64) * seqlen_q, seqlen_k, 0)
+        rng_row_stride = seqlen_k
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -185,10 +206,10 @@ def attention_forward_kernel(
         # an SDPA mask may hide any score: every block takes the masked path then
         acc, acc_comp, row_sum, row_max = _forward_block_range(
             acc, acc_comp, row_sum, row_max, q, k_source, v_source, stride_kn, stride_vn, start, end, offs_m,
-            bh, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
-            dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_N, stage != 1 or HAS_MASK, WINDOW_LEFT,
-            WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED, USE_TMA,
-            DEFER_SCALE, mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL)
+            seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
+            dropout_p, rng_seed, rng_row_base, rng_row_stride, HEAD_DIM, BLOCK_D, BLOCK_N, stage != 1 or HAS_MASK,
+            WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED,
+            USE_TMA, DEFER_SCALE, mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL)
 
     # -- epilogue: normalize; a row that saw no key gives 0 and lse = +inf --
     empty = row_sum == 0.0
@@ -197,7 +218,7 @@ def attention_forward_kernel(
     if HAS_DROPOUT:
         out = out * (1.0 / (1.0 - dropout_p))
     lse = tl.where(empty, float("inf"), (row_max + tl.math.log2(row_sum)) / LOG2E)
-    tl.store(Lse + bh.to(tl.int64) * seqlen_q + offs_m, lse, mask=offs_m < seqlen_q)
+    tl.store(lse_base + offs_m, lse, mask=offs_m < seqlen_q)
     if USE_TMA:
         o_desc = tl.make_tensor_descriptor(o_base, shape=[seqlen_q, HEAD_DIM], strides=[stride_om, 1],
                                            block_shape=[BLOCK_M, BLOCK_D])

@@ -1,0 +1,193 @@
+"""Public functions for packed (variable-length) batches, with the flash-attn 2 signatures.
+
+Layout: the sequences of a batch are concatenated along the token axis, q of shape
+(total_q, nheads, headdim) and k, v of shape (total_k, nheads_k, headdim); sequence b holds the query
+rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` and the key rows ``cu_seqlens_k[b]:cu_seqlens_k[b + 1]``.
+No padding is stored or computed. Each sequence is attended to on its own, as
+:func:`flashattn.flash_attn_func` would attend to it alone: causal and window masks are aligned to the
+bottom-right corner of *each sequence's* score matrix. For a sequence with 2 queries and 5 keys,
+causal=True::
+
+    1 1 1 1 0
+    1 1 1 1 1
+
+and with 5 queries and 2 keys (rows 0-2 see no key: their output is 0 and their lse +inf)::
+
+    0 0
+    0 0
+    0 0
+    1 0
+    1 1
+
+Sequences may be empty (length 0 on either side); a query sequence whose key sequence is empty gives
+out = 0 and lse = +inf, and no gradient.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .autograd import FlashAttnVarlenFunction
+from .interface import _check_alibi, _check_kv_like_q, _check_options, _check_tensor
+from .ops import DERIVE_MAX_SEQLEN
+from .options import AttentionOptions
+
+PACKED = "(total_tokens, nheads, headdim)"
+
+
+def _check_cu_seqlens(name: str, cu_seqlens, device: torch.device) -> None:
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of dtype int32, got {type(cu_seqlens).__name__}")
+    if cu_seqlens.dtype != torch.int32:
+        raise TypeError(f"{name} must have dtype torch.int32, got {cu_seqlens.dtype}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 2:
+        raise ValueError(f"{name} must have shape (batch + 1,) with batch >= 1, got {tuple(cu_seqlens.shape)}")
+    if cu_seqlens.device != device:
+        raise ValueError(f"{name} must be on q's device {device}, got {cu_seqlens.device}")
+
+
+def _max_seqlen_argument(name: str, value) -> int:
+    """The op's integer: the value itself, or DERIVE_MAX_SEQLEN for a tensor (never read in the graph)."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 0 or value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
+            raise TypeError(f"{name} must be an int or a 0-d integer tensor, got a {value.dtype} tensor of "
+                            f"shape {tuple(value.shape)}")
+        return DERIVE_MAX_SEQLEN
+    if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
+        raise TypeError(f"{name} must be an int or a 0-d integer tensor, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value
+
+
+def _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, dropout_p, window_size, softcap, alibi_slopes) -> None:
+    """Everything that can be checked without reading cu_seqlens' values.
+
+    The values (non-decreasing, ending at the token counts, within max_seqlen) are checked by the op,
+    where reading them costs no GPU synchronization (see :func:`flashattn.ops.resolve_packing`).
+    """
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(name, x, 3, PACKED)
+    _check_kv_like_q(q, k, v)
+    _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.device)
+    _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q.device)
+    batch = cu_seqlens_q.shape[0] - 1
+    if cu_seqlens_k.shape[0] != batch + 1:
+        raise ValueError(f"cu_seqlens_k must have cu_seqlens_q's length batch + 1 = {batch + 1}, "
+                         f"got {cu_seqlens_k.shape[0]}")
+    _check_options(dropout_p, window_size, softcap)
+    _check_alibi(alibi_slopes, batch, q.shape[1], q.device)
+
+
+def flash_attn_varlen_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int | torch.Tensor,
+    max_seqlen_k: int | torch.Tensor,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    block_table: torch.Tensor | None = None,
+):
+    """Exact attention over a packed batch of sequences of different lengths (see the module docstring).
+
+    Args:
+        q: (total_q, nheads, headdim), float16 / bfloat16 / float32, headdim 1..256.
+        k, v: (total_k, nheads_k, headdim), nheads divisible by nheads_k (GQA/MQA: query head h uses kv
+            head h // (nheads // nheads_k)).
+        cu_seqlens_q, cu_seqlens_k: int32 (batch + 1,) on q's device: 0, then the running sums of the
+            sequence lengths; the last entry is total_q (total_k).
+        max_seqlen_q, max_seqlen_k: the longest query (key) sequence, or any larger bound; the kernels'
+            grids are sized by them. An int, or a 0-d integer tensor (as torch.compile produces without
+            ``.item()``): a tensor's value is not read, the exact maximum is taken from cu_seqlens
+            instead (on the GPU, one small device-to-host copy).
+        dropout_p, softmax_scale, causal, window_size, softcap: as in :func:`flashattn.flash_attn_func`,
+            per sequence: query i of a sequence sees its key j when
+            i + Sk - Sq - left <= j <= i + Sk - Sq + right, with that sequence's Sq and Sk.
+        alibi_slopes: float32 (nheads,) or (batch, nheads); adds -slope * |i + Sk - Sq - j| per sequence.
+        deterministic: accepted for compatibility; the backward is always deterministic (no atomics).
+        return_attn_probs: also return the log-sum-exp.
+        block_table: paged KV is not supported here (NotImplementedError).
+
+    Returns:
+        out of q's shape and dtype; or, with ``return_attn_probs``, ``(out, softmax_lse, None)`` where
+        softmax_lse is float32 (nheads, total_q), flash-attn 2's varlen layout, in natural log (+inf for a
+        row that sees no key). The third item, flash-attn's ``S_dmask``, is always None.
+
+    Dropout draws from the packed stream: the score of query token tq (a row of q) and key token tk (a
+    row of k) in head h takes Philox counter ``offset + (h * total_q + tq) * total_k + tk``
+    (``flashattn.dropout``), so the CPU path, the kernels and the reference drop the same scores.
+
+    On the GPU with integer max lengths, cu_seqlens' values are trusted, as in flash-attn (checking them
+    would synchronize every call); on the CPU, or when a max length is a tensor, they are checked.
+    """
+    if block_table is not None:
+        raise NotImplementedError("block_table (paged KV) is not supported by flash_attn_varlen_func: gather the "
+                                  "pages into packed k and v, or use a paged-KV decoding entry point")
+    _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, dropout_p, window_size, softcap, alibi_slopes)
+    max_q = _max_seqlen_argument("max_seqlen_q", max_seqlen_q)
+    max_k = _max_seqlen_argument("max_seqlen_k", max_seqlen_k)
+    opts = AttentionOptions.build(q.shape[-1], softmax_scale, causal, window_size, softcap, dropout_p,
+                                  deterministic)
+    # torch.compile refuses one tensor passed twice to an autograd.Function (qkvpacked does): None stands
+    # for "the same as cu_seqlens_q"
+    shared_cu_seqlens = None if cu_seqlens_k is cu_seqlens_q else cu_seqlens_k
+    out, lse = FlashAttnVarlenFunction.apply(q, k, v, cu_seqlens_q, shared_cu_seqlens, max_q, max_k, alibi_slopes,
+                                             opts)
+    return (out, lse, None) if return_attn_probs else out
+
+
+def flash_attn_varlen_qkvpacked_func(
+    qkv: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int | torch.Tensor,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+):
+    """:func:`flash_attn_varlen_func` on qkv of shape (total, 3, nheads, headdim); no copies are made."""
+    _check_tensor("qkv", qkv, 4, "(total_tokens, 3, nheads, headdim)")
+    if qkv.shape[1] != 3:
+        raise ValueError(f"qkv must have shape (total_tokens, 3, nheads, headdim), got {tuple(qkv.shape)}")
+    q, k, v = qkv.unbind(dim=1)
+    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale,
+                                  causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int | torch.Tensor,
+    max_seqlen_k: int | torch.Tensor,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+):
+    """:func:`flash_attn_varlen_func` on q and kv of shape (total_k, 2, nheads_k, headdim)."""
+    _check_tensor("kv", kv, 4, "(total_tokens, 2, nheads_k, headdim)")
+    if kv.shape[1] != 2:
+        raise ValueError(f"kv must have shape (total_tokens, 2, nheads_k, headdim), got {tuple(kv.shape)}")
+    k, v = kv.unbind(dim=1)
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                                  softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs)
