@@ -109,8 +109,8 @@ def use_config(phase: str, config: TileConfig):
 
 
 def tile_config(phase: str, head_dim: int, masked: bool, dtype: torch.dtype, device: torch.device,
-                interpret: bool) -> TileConfig:
-    """The config for ``phase`` in {"forward", "dkdv", "dq"}."""
+                interpret: bool, attn_mask: bool = False) -> TileConfig:
+    """The config for ``phase`` in {"forward", "dkdv", "dq"}; ``attn_mask``: an SDPA mask streams too."""
     if phase in _OVERRIDES:
         return _OVERRIDES[phase]
     if interpret:
@@ -124,4 +124,8 @@ def tile_config(phase: str, head_dim: int, masked: bool, dtype: torch.dtype, dev
         config = dataclasses.replace(config, block_m=max(16, config.block_m // 2),
                                      block_n=max(16, config.block_n // 2),
                                      num_stages=max(1, config.num_stages - 1))
+    if attn_mask:
+        # the mask's (BLOCK_M, BLOCK_N) tile is pipelined beside K and V, 4 bytes a score for a float
+        # mask: the hdim-128 forward's 128x128x3 tiles asked for 361 KB of shared memory on an H200
+        config = dataclasses.replace(config, block_n=min(config.block_n, 64), num_stages=min(config.num_stages, 2))
     return config

@@ -167,7 +167,8 @@ def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, at
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(layout.lse_shape, dtype=torch.float32, device=q.device)
     masked = opts.masked or attn_mask is not None
-    config = configs.tile_config("forward", head_dim, masked, q.dtype, q.device, interpreting())
+    config = configs.tile_config("forward", head_dim, masked, q.dtype, q.device, interpreting(),
+                                 attn_mask=attn_mask is not None)
     use_tma = config.tma and _tma_compatible(q, k, v, out)
     if use_tma and q.is_cuda:
         import triton
@@ -225,20 +226,21 @@ def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Att
         IS_VARLEN=layout.is_varlen, **_kernel_scalars(opts, rng_state), **_dot_flags(q.dtype),
         **_mask_arguments(attn_mask, q, layout.lengths[1]),
     )
-    masked = opts.masked or attn_mask is not None
+    has_mask = attn_mask is not None
+    masked = opts.masked or has_mask
     # The mask's gradient is dS, (B, Hq, Sq, Sk) in float32: O(N^2) memory, only when it is asked for.
     dmask = (torch.zeros(batch, nheads, *layout.lengths, dtype=torch.float32, device=q.device)
              if mask_needs_grad else None)
     inputs = (q, k, v, dout, lse, delta)
     input_strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(dout))
-    config = configs.tile_config("dkdv", head_dim, masked, q.dtype, q.device, interpret)
+    config = configs.tile_config("dkdv", head_dim, masked, q.dtype, q.device, interpret, attn_mask=has_mask)
     dkdv_kernel[(_cdiv(layout.grid_k, config.block_n), batch * nheads_k)](
         *inputs, dk, dv, slopes, *layout.cu_seqlens, *input_strides, *_strides(dk), *_strides(dv),
         stride_alibi_b, *layout.lengths, nheads, nheads_k, nheads // nheads_k,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         num_warps=config.num_warps, num_stages=config.num_stages, **shared,
     )
-    config = configs.tile_config("dq", head_dim, masked, q.dtype, q.device, interpret)
+    config = configs.tile_config("dq", head_dim, masked, q.dtype, q.device, interpret, attn_mask=has_mask)
     dq_kernel[(_cdiv(layout.grid_q, config.block_m), batch * nheads)](
         *inputs, dq, slopes, *layout.cu_seqlens, *input_strides, *_strides(dq),
         stride_alibi_b, *layout.lengths, nheads, nheads // nheads_k,
