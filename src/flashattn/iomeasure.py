@@ -491,6 +491,13 @@ def measure(report: IoReport, shape, method: str = "auto", ncu: str | None = Non
 # ---------------------------------------------------------------------------------------------
 
 
+def short_kernel_name(name: str, width: int = 60) -> str:
+    """A kernel's function name without return type, namespaces, template arguments and parameters."""
+    name = name.removeprefix("void ").replace("(anonymous namespace)::", "")
+    name = re.split(r"[<(]", name, maxsplit=1)[0].rsplit("::", 1)[-1]
+    return name if len(name) <= width else name[: width - 3] + "..."
+
+
 def _bandwidth(value: float | None) -> str:
     return "-" if value is None else f"{value / 1e12:.2f} TB/s"
 
@@ -509,7 +516,7 @@ def format_measurement(measurement: IoMeasurement, report: IoReport) -> str:
         lines.append(f"Measured on {measurement.device} with Nsight Compute: DRAM bytes read + written "
                      f"({' + '.join(NCU_METRICS)}), each kernel from a cold L2 (ncu flushes the caches).")
         header = ["", "model: no L2 reuse", "model: L2 kept all", "measured read", "measured write",
-                  "measured", "measured / model"]
+                  "measured", "measured / no-reuse model"]
         rows = []
         for p in measurement.passes:
             measured = p.measured_bytes
@@ -529,7 +536,8 @@ def format_measurement(measurement: IoMeasurement, report: IoReport) -> str:
                 if "model_bytes" in k:
                     model = (f"   model {format_bytes(k['model_bytes'])}, "
                              f"L2 kept all {format_bytes(k['model_once_bytes'])}")
-                lines.append(f"    {k['kernel'][:60]:<60} {format_bytes(k['read_bytes'] + k['write_bytes']):>10}"
+                lines.append(f"    {short_kernel_name(k['kernel']):<60} "
+                             f"{format_bytes(k['read_bytes'] + k['write_bytes']):>10}"
                              f"{model}")
         if measurement.unattributed_kernels:
             lines.append(f"  outside every pass (ignored): {', '.join(measurement.unattributed_kernels)}")
@@ -553,7 +561,8 @@ def format_measurement(measurement: IoMeasurement, report: IoReport) -> str:
         for p in measurement.passes:
             if p.kernels:
                 lines.append(f"  {p.implementation} {p.direction}:")
-                lines += [f"    {k['kernel'][:60]:<60} {format_seconds(k['seconds']):>10}" for k in p.kernels]
+                lines += [f"    {short_kernel_name(k['kernel']):<60} {format_seconds(k['seconds']):>10}"
+                          for k in p.kernels]
     if report.problem.kv_heads != report.problem.heads:
         lines.append("Note: with GQA, standard attention copies K and V per query head (repeat_interleave); "
                      "the model assumes a broadcast.")
