@@ -11,6 +11,7 @@ import textwrap
 import torch
 import torch._dynamo.testing
 
+import flashattn
 from flashattn import flash_attn_func
 
 
@@ -52,3 +53,38 @@ def test_import_and_cpu_path_work_without_triton():
                             env={"PATH": "", "FLASHATTN_BACKEND": ""})
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("ok")
+
+
+def _masked_loss(query, key, value, mask):
+    out = flashattn.scaled_dot_product_attention(query, key, value, attn_mask=mask, is_causal=True,
+                                                 enable_gqa=True)
+    return (out**2).sum()
+
+
+def test_fullgraph_compile_of_sdpa_with_a_float_mask_matches_eager(torch_backend):
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounterWithBackend("inductor")
+    compiled = torch.compile(_masked_loss, fullgraph=True, backend=counter)
+    leaves = [torch.randn(2, 4, 29, 32), torch.randn(2, 2, 41, 32), torch.randn(2, 2, 41, 32),
+              torch.randn(1, 4, 29, 41)]
+    leaves = [x.requires_grad_() for x in leaves]
+    eager_leaves = [x.detach().clone().requires_grad_() for x in leaves]
+    compiled(*leaves).backward()
+    _masked_loss(*eager_leaves).backward()
+    for a, b in zip(leaves, eager_leaves, strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6)
+    assert counter.frame_count == 1
+
+
+def test_custom_ops_pass_opcheck_with_a_mask(torch_backend):
+    """The fake implementations agree with the real ones (shapes, strides, dtypes), mask gradient included."""
+    from flashattn import ops
+
+    q, k, v = torch.randn(2, 9, 4, 16), torch.randn(2, 13, 2, 16), torch.randn(2, 13, 2, 16)
+    mask = torch.randn(1, 4, 9, 13)
+    scalars = (0.25, -1, 0, 0.0, 0.0)
+    out, lse = ops.attention_forward(q, k, v, None, None, *scalars, mask)
+    torch.library.opcheck(ops.attention_forward, (q, k, v, None, None, *scalars, mask))
+    for mask_grad in (True, False):
+        torch.library.opcheck(ops.attention_backward,
+                              (torch.randn_like(out), q, k, v, out, lse, None, None, *scalars, mask, mask_grad))

@@ -5,6 +5,7 @@ Triton kernels on the GPU, blocked PyTorch on the CPU, one flash-attn compatible
 
 from .interface import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
 from .kvcache import flash_attn_combine, flash_attn_with_kvcache
+from .sdpa import scaled_dot_product_attention, sdpa_override
 
 __version__ = "0.1.0"
 
@@ -14,5 +15,7 @@ __all__ = [
     "flash_attn_qkvpacked_func",
     "flash_attn_with_kvcache",
     "flash_attn_combine",
+    "scaled_dot_product_attention",
+    "sdpa_override",
     "__version__",
 ]

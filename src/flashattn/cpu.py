@@ -3,7 +3,8 @@
 Same semantics as the Triton kernels, in float32, with O(seqlen) extra memory: the forward walks
 blocks of keys with the online softmax, the backward walks them again and recomputes the
 probabilities from the saved log-sum-exp. No seqlen_q x seqlen_k tensor is ever built; the largest
-temporary is one (batch, heads, seqlen_q, BLOCK_N) score block.
+temporary is one (batch, heads, seqlen_q, BLOCK_N) score block. An SDPA mask is read one key block at a
+time, through a broadcast view; its gradient (when asked for) has the mask's own shape.
 """
 
 from __future__ import annotations
@@ -37,6 +38,15 @@ def _heads_first(x: torch.Tensor, nheads_k: int) -> torch.Tensor:
     return x.transpose(1, 2).float().reshape(batch, nheads_k, nheads // nheads_k, seqlen, head_dim)
 
 
+def _grouped_mask(attn_mask: torch.Tensor | None, q_shape: torch.Size, seqlen_k: int) -> torch.Tensor | None:
+    """The SDPA mask as a broadcast view (B, Hk, G, Sq, Sk), matching the grouped queries. No copy."""
+    if attn_mask is None:
+        return None
+    batch, nheads_k, group, seqlen_q = q_shape[:4]
+    full = attn_mask.expand(batch, nheads_k * group, seqlen_q, seqlen_k)
+    return full.unflatten(1, (nheads_k, group))
+
+
 def _block_scores(
     q: torch.Tensor,
     k_block: torch.Tensor,
@@ -45,8 +55,13 @@ def _block_scores(
     alibi_slopes: torch.Tensor | None,
     seqlen_q: int,
     seqlen_k: int,
+    mask_block: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """Scores of all queries against one key block: (scores, tanh of the softcap or None, visible)."""
+    """Scores of all queries against one key block: (scores, tanh of the softcap or None, visible).
+
+    ``mask_block``: the SDPA mask's columns for this block, (B, Hk, G, Sq, n) broadcast; a bool
+    mask hides the scores where it is False, a float mask is added after the softcap.
+    """
     raw = (q @ k_block.unsqueeze(2).transpose(-1, -2)) * opts.softmax_scale
     capped = None
     if opts.softcap > 0:
@@ -57,8 +72,15 @@ def _block_scores(
         batch, nheads_k, group = q.shape[:3]
         slopes = alibi_slopes.view(batch, nheads_k, group, 1, 1)
         raw = raw - slopes * masks.alibi_distance(query_idx, key_idx, seqlen_q, seqlen_k)
+    if mask_block is not None:
+        raw = raw.masked_fill(~mask_block, float("-inf")) if mask_block.dtype == torch.bool else raw + mask_block
     seen = masks.visible(query_idx, key_idx, seqlen_q, seqlen_k, opts.window_left, opts.window_right)
     return raw.masked_fill(~seen, float("-inf")), capped, seen
+
+
+def _to_input_layout(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """float32 (B, H, S, D) -> a contiguous (B, S, H, D) tensor of ``like``'s dtype, as the ops promise."""
+    return torch.empty_like(like, memory_format=torch.contiguous_format).copy_(x.transpose(1, 2))
 
 
 def _block_keep(rng_state, opts, q_shape, key_idx, seqlen_q, seqlen_k) -> torch.Tensor:
@@ -75,6 +97,14 @@ def _expand_slopes(alibi_slopes: torch.Tensor | None, batch: int, nheads: int) -
     return alibi_slopes.float().expand(batch, nheads)
 
 
+def _mask_columns(mask: torch.Tensor | None, start: int, end: int) -> torch.Tensor | None:
+    """One key block of the grouped mask, float masks in float32."""
+    if mask is None:
+        return None
+    block = mask[..., start:end]
+    return block if block.dtype == torch.bool else block.float()
+
+
 def forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -82,13 +112,18 @@ def forward(
     opts: AttentionOptions,
     alibi_slopes: torch.Tensor | None,
     rng_state: torch.Tensor | None,
+    attn_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q: (B, Sq, Hq, D), k/v: (B, Sk, Hk, D) -> out (B, Sq, Hq, D), lse float32 (B, Hq, Sq)."""
+    """q: (B, Sq, Hq, D), k/v: (B, Sk, Hk, D) -> out (B, Sq, Hq, D), lse float32 (B, Hq, Sq).
+
+    ``attn_mask``: optional SDPA mask, 4 dims broadcastable to (B, Hq, Sq, Sk).
+    """
     _settle_exp_kernel()
     batch, seqlen_q, nheads, head_dim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     qf = _heads_first(q, nheads_k)
     slopes = _expand_slopes(alibi_slopes, batch, nheads)
+    mask = _grouped_mask(attn_mask, qf.shape, seqlen_k)
     row_max = torch.full(qf.shape[:-1], float("-inf"), device=q.device)
     row_sum = torch.zeros_like(row_max)
     acc = torch.zeros_like(qf)
@@ -98,7 +133,8 @@ def forward(
         key_idx = torch.arange(start, end, device=q.device).view(1, -1)
         k_block = k[:, start:end].transpose(1, 2).float()  # (B, Hk, n, D)
         v_block = v[:, start:end].transpose(1, 2).float()
-        scores, _, _ = _block_scores(qf, k_block, key_idx, opts, slopes, seqlen_q, seqlen_k)
+        mask_block = _mask_columns(mask, start, end)
+        scores, _, _ = _block_scores(qf, k_block, key_idx, opts, slopes, seqlen_q, seqlen_k, mask_block)
         new_max = torch.maximum(row_max, scores.amax(dim=-1))
         shift = new_max.masked_fill(new_max == float("-inf"), 0.0)  # rows with nothing seen yet
         probs = torch.exp(scores - shift.unsqueeze(-1))
@@ -114,7 +150,7 @@ def forward(
     if opts.dropout_p > 0:
         out = out / (1.0 - opts.dropout_p)
     lse = (row_max + torch.log(row_sum)).masked_fill(empty, float("inf"))
-    out = out.reshape(batch, nheads, seqlen_q, head_dim).transpose(1, 2).to(q.dtype)
+    out = _to_input_layout(out.reshape(batch, nheads, seqlen_q, head_dim), q)
     return out, lse.reshape(batch, nheads, seqlen_q)
 
 
@@ -128,8 +164,14 @@ def backward(
     opts: AttentionOptions,
     alibi_slopes: torch.Tensor | None,
     rng_state: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients (dq, dk, dv) recomputed block by block from the saved log-sum-exp."""
+    attn_mask: torch.Tensor | None = None,
+    mask_needs_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients (dq, dk, dv, dmask) recomputed block by block from the saved log-sum-exp.
+
+    dmask, the gradient of a float ``attn_mask`` in its own shape and dtype, is computed when
+    ``mask_needs_grad``; otherwise it is an empty tensor.
+    """
     _settle_exp_kernel()
     batch, seqlen_q, nheads, head_dim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
@@ -138,6 +180,8 @@ def backward(
     lse_f = lse.view(qf.shape[:-1])
     delta = (dof * _heads_first(out, nheads_k)).sum(dim=-1)  # rowsum(dO * O)
     slopes = _expand_slopes(alibi_slopes, batch, nheads)
+    mask = _grouped_mask(attn_mask, qf.shape, seqlen_k)
+    dmask = torch.zeros(attn_mask.shape, dtype=torch.float32, device=q.device) if mask_needs_grad else None
     dq = torch.zeros_like(qf)
     dk = torch.zeros(batch, seqlen_k, nheads_k, head_dim, dtype=torch.float32, device=q.device)
     dv = torch.zeros_like(dk)
@@ -148,7 +192,8 @@ def backward(
         key_idx = torch.arange(start, end, device=q.device).view(1, -1)
         k_block = k[:, start:end].transpose(1, 2).float()
         v_block = v[:, start:end].transpose(1, 2).float()
-        scores, capped, _ = _block_scores(qf, k_block, key_idx, opts, slopes, seqlen_q, seqlen_k)
+        mask_block = _mask_columns(mask, start, end)
+        scores, capped, _ = _block_scores(qf, k_block, key_idx, opts, slopes, seqlen_q, seqlen_k, mask_block)
         probs = torch.exp(scores - lse_f.unsqueeze(-1))  # masked scores and empty rows give 0
         dprobs = dof @ v_block.unsqueeze(2).transpose(-1, -2)
         if opts.dropout_p > 0:
@@ -158,6 +203,9 @@ def backward(
         else:
             kept_probs = probs
         dscores = probs * (dprobs - delta.unsqueeze(-1))
+        if dmask is not None:
+            # the mask is added after the softcap: its gradient is dS before the softcap's derivative
+            _accumulate_mask_grad(dmask, dscores.flatten(1, 2), start, end)
         if capped is not None:
             dscores = dscores * (1.0 - capped * capped)
         dscores = dscores * opts.softmax_scale
@@ -165,5 +213,14 @@ def backward(
         # sum over the query heads that share each kv head
         dk[:, start:end] = (dscores.transpose(-1, -2) @ qf).sum(dim=2).transpose(1, 2)
         dv[:, start:end] = (kept_probs.transpose(-1, -2) @ dof).sum(dim=2).transpose(1, 2)
-    dq = dq.reshape(batch, nheads, seqlen_q, head_dim).transpose(1, 2).to(q.dtype)
-    return dq, dk.to(k.dtype), dv.to(v.dtype)
+    dq = _to_input_layout(dq.reshape(batch, nheads, seqlen_q, head_dim), q)
+    dmask = dmask.to(attn_mask.dtype) if dmask is not None else q.new_empty(0)
+    return dq, dk.to(k.dtype), dv.to(v.dtype), dmask
+
+
+def _accumulate_mask_grad(dmask: torch.Tensor, dscores: torch.Tensor, start: int, end: int) -> None:
+    """Add one key block's dS (B, Hq, Sq, n) into ``dmask``, summed over the dims the mask broadcasts."""
+    if dmask.shape[3] == 1:
+        dmask += masks.sum_to_shape(dscores, dmask.shape)
+    else:
+        dmask[..., start:end] += masks.sum_to_shape(dscores, (*dmask.shape[:3], end - start))

@@ -5,7 +5,9 @@ absent. Causal attention is ``right == 0``: the diagonal is aligned to the botto
 ``Sq != Sk``. ALiBi adds ``-slope * |i + Sk - Sq - j|`` to the score.
 
 The reference, the CPU path and the Triton kernels (``kernels/common.py``) all use this rule; the tests
-check them against each other.
+check them against each other. An SDPA ``attn_mask`` (bool: True = take part; float: added to the
+scores after the softcap) applies on top of it, in ``kernels/common.apply_attn_mask``, ``cpu.py`` and
+the reference.
 """
 
 from __future__ import annotations
@@ -42,3 +44,9 @@ def visible_key_range(seqlen_q: int, seqlen_k: int, window_left: int, window_rig
     lo = max(0, offset - window_left) if window_left >= 0 else 0
     hi = min(seqlen_k, seqlen_q - 1 + offset + window_right + 1) if window_right >= 0 else seqlen_k
     return lo, max(lo, hi)
+
+
+def sum_to_shape(grad: torch.Tensor, shape) -> torch.Tensor:
+    """Sum ``grad`` over the dims where ``shape`` has size 1 (a broadcast mask's gradient), keeping the rank."""
+    dims = [d for d, (size, full) in enumerate(zip(shape, grad.shape, strict=True)) if size == 1 and full != 1]
+    return grad.sum(dim=dims, keepdim=True) if dims else grad

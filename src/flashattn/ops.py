@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from . import configs, cpu
+from . import configs, cpu, masks
 from .options import AttentionOptions
 
 LOG2E = math.log2(math.e)
@@ -75,6 +75,20 @@ def _alibi_args(alibi_slopes: torch.Tensor | None, q: torch.Tensor) -> tuple[tor
     return alibi_slopes, (alibi_slopes.stride(0) if alibi_slopes.dim() == 2 else 0), True
 
 
+def _mask_arguments(attn_mask: torch.Tensor | None, q: torch.Tensor, seqlen_k: int) -> dict:
+    """The SDPA mask as the kernels read it: broadcast to (B, Hq, Sq, Sk) by stride-0 views, no copy."""
+    if attn_mask is None:
+        return dict(Mask=q, stride_mask_b=0, stride_mask_h=0, stride_mask_m=0, stride_mask_n=0,
+                    HAS_MASK=False, MASK_IS_BOOL=False)
+    batch, seqlen_q, nheads, _ = q.shape
+    mask = attn_mask.expand(batch, nheads, seqlen_q, seqlen_k)
+    is_bool = mask.dtype == torch.bool
+    if is_bool:
+        mask = mask.view(torch.uint8)  # same bytes; Triton loads it as integers
+    return dict(Mask=mask, stride_mask_b=mask.stride(0), stride_mask_h=mask.stride(1),
+                stride_mask_m=mask.stride(2), stride_mask_n=mask.stride(3), HAS_MASK=True, MASK_IS_BOOL=is_bool)
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -94,7 +108,7 @@ def _tma_workspace(size: int, alignment: int, stream) -> torch.Tensor:
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
-def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions):
+def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, attn_mask=None):
     from .kernels.forward import attention_forward_kernel
 
     q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
@@ -102,7 +116,8 @@ def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions):
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(batch, nheads, seqlen_q, dtype=torch.float32, device=q.device)
-    config = configs.tile_config("forward", head_dim, opts.masked, q.dtype, q.device, interpreting())
+    masked = opts.masked or attn_mask is not None
+    config = configs.tile_config("forward", head_dim, masked, q.dtype, q.device, interpreting())
     use_tma = config.tma and _tma_compatible(q, k, v, out)
     if use_tma and q.is_cuda:
         import triton
@@ -121,13 +136,15 @@ def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions):
         HEAD_DIM=head_dim, BLOCK_D=configs.padded_head_dim(head_dim),
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, HAS_ALIBI=has_alibi,
         USE_TMA=use_tma, HEAVY_FIRST=opts.window_right >= 0,
+        DEFER_SCALE=opts.softcap == 0 and alibi_slopes is None and attn_mask is None and opts.softmax_scale > 0,
         num_warps=config.num_warps, num_stages=config.num_stages,
-        **_kernel_scalars(opts, rng_state), **_dot_flags(q.dtype),
+        **_kernel_scalars(opts, rng_state), **_dot_flags(q.dtype), **_mask_arguments(attn_mask, q, seqlen_k),
     )
     return out, lse
 
 
-def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: AttentionOptions):
+def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: AttentionOptions, attn_mask=None,
+                     mask_needs_grad=False):
     from .kernels.backward import delta_kernel, dkdv_kernel, dq_kernel
 
     dout, q, k, v, out = (_last_dim_contiguous(x) for x in (dout, q, k, v, out))
@@ -151,15 +168,19 @@ def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Att
     slopes, stride_alibi_b, has_alibi = _alibi_args(alibi_slopes, q)
     shared = dict(
         softmax_scale=opts.softmax_scale, HEAD_DIM=head_dim, BLOCK_D=block_d, HAS_ALIBI=has_alibi,
-        **_kernel_scalars(opts, rng_state), **_dot_flags(q.dtype),
+        **_kernel_scalars(opts, rng_state), **_dot_flags(q.dtype), **_mask_arguments(attn_mask, q, seqlen_k),
     )
+    masked = opts.masked or attn_mask is not None
+    # The mask's gradient is dS, (B, Hq, Sq, Sk) in float32: O(N^2) memory, only when it is asked for.
+    dmask = (torch.zeros(batch, nheads, seqlen_q, seqlen_k, dtype=torch.float32, device=q.device)
+             if mask_needs_grad else None)
     input_strides = (
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         dout.stride(0), dout.stride(1), dout.stride(2),
     )
-    config = configs.tile_config("dkdv", head_dim, opts.masked, q.dtype, q.device, interpret)
+    config = configs.tile_config("dkdv", head_dim, masked, q.dtype, q.device, interpret)
     dkdv_kernel[(_cdiv(seqlen_k, config.block_n), batch * nheads_k)](
         q, k, v, dout, lse, delta, dk, dv, slopes, *input_strides,
         dk.stride(0), dk.stride(1), dk.stride(2),
@@ -168,15 +189,18 @@ def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Att
         BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         num_warps=config.num_warps, num_stages=config.num_stages, **shared,
     )
-    config = configs.tile_config("dq", head_dim, opts.masked, q.dtype, q.device, interpret)
+    config = configs.tile_config("dq", head_dim, masked, q.dtype, q.device, interpret)
     dq_kernel[(_cdiv(seqlen_q, config.block_m), batch * nheads)](
         q, k, v, dout, lse, delta, dq, slopes, *input_strides,
         dq.stride(0), dq.stride(1), dq.stride(2),
         stride_alibi_b, seqlen_q, seqlen_k, nheads, nheads // nheads_k,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        num_warps=config.num_warps, num_stages=config.num_stages, **shared,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+        DMask=dmask if mask_needs_grad else q, MASK_GRAD=mask_needs_grad, **shared,
     )
-    return dq, dk, dv
+    if dmask is None:
+        return dq, dk, dv, q.new_empty(0)
+    return dq, dk, dv, masks.sum_to_shape(dmask, attn_mask.shape).to(attn_mask.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -196,26 +220,31 @@ def attention_forward(
     window_right: int,
     softcap: float,
     dropout_p: float,
+    attn_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) for q (B, Sq, Hq, D), k/v (B, Sk, Hk, D); lse is float32 (B, Hq, Sq), natural log."""
+    """(out, lse) for q (B, Sq, Hq, D), k/v (B, Sk, Hk, D); lse is float32 (B, Hq, Sq), natural log.
+
+    ``attn_mask``: an SDPA mask (bool: True = take part; float: added to the scores) of 4 dims
+    broadcastable to (B, Hq, Sq, Sk).
+    """
     opts = _options(softmax_scale, window_left, window_right, softcap, dropout_p)
     if backend_override() == "triton":
-        return _triton_forward(q, k, v, alibi_slopes, rng_state, opts)
-    return cpu.forward(q, k, v, opts, alibi_slopes, rng_state)
+        return _triton_forward(q, k, v, alibi_slopes, rng_state, opts, attn_mask)
+    return cpu.forward(q, k, v, opts, alibi_slopes, rng_state, attn_mask)
 
 
 @attention_forward.register_kernel("cuda")
 def _attention_forward_cuda(q, k, v, alibi_slopes, rng_state, softmax_scale, window_left, window_right,
-                            softcap, dropout_p):
+                            softcap, dropout_p, attn_mask=None):
     opts = _options(softmax_scale, window_left, window_right, softcap, dropout_p)
     if backend_override() == "torch":
-        return cpu.forward(q, k, v, opts, alibi_slopes, rng_state)
-    return _triton_forward(q, k, v, alibi_slopes, rng_state, opts)
+        return cpu.forward(q, k, v, opts, alibi_slopes, rng_state, attn_mask)
+    return _triton_forward(q, k, v, alibi_slopes, rng_state, opts, attn_mask)
 
 
 @attention_forward.register_fake
 def _attention_forward_fake(q, k, v, alibi_slopes, rng_state, softmax_scale, window_left, window_right,
-                            softcap, dropout_p):
+                            softcap, dropout_p, attn_mask=None):
     batch, seqlen_q, nheads, _ = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     return out, q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
@@ -236,29 +265,36 @@ def attention_backward(
     window_right: int,
     softcap: float,
     dropout_p: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv), recomputed from the saved log-sum-exp; dk/dv are summed over each GQA group."""
+    attn_mask: torch.Tensor | None = None,
+    mask_needs_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, dmask), recomputed from the saved log-sum-exp; dk/dv are summed over each GQA group.
+
+    dmask is the gradient of a float ``attn_mask`` (its shape and dtype) when ``mask_needs_grad``,
+    else an empty tensor.
+    """
     opts = _options(softmax_scale, window_left, window_right, softcap, dropout_p)
     if backend_override() == "triton":
-        return _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts)
-    return cpu.backward(dout, q, k, v, out, lse, opts, alibi_slopes, rng_state)
+        return _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts, attn_mask, mask_needs_grad)
+    return cpu.backward(dout, q, k, v, out, lse, opts, alibi_slopes, rng_state, attn_mask, mask_needs_grad)
 
 
 @attention_backward.register_kernel("cuda")
 def _attention_backward_cuda(dout, q, k, v, out, lse, alibi_slopes, rng_state, softmax_scale, window_left,
-                             window_right, softcap, dropout_p):
+                             window_right, softcap, dropout_p, attn_mask=None, mask_needs_grad=False):
     opts = _options(softmax_scale, window_left, window_right, softcap, dropout_p)
     if backend_override() == "torch":
-        return cpu.backward(dout, q, k, v, out, lse, opts, alibi_slopes, rng_state)
-    return _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts)
+        return cpu.backward(dout, q, k, v, out, lse, opts, alibi_slopes, rng_state, attn_mask, mask_needs_grad)
+    return _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts, attn_mask, mask_needs_grad)
 
 
 @attention_backward.register_fake
 def _attention_backward_fake(dout, q, k, v, out, lse, alibi_slopes, rng_state, softmax_scale, window_left,
-                             window_right, softcap, dropout_p):
+                             window_right, softcap, dropout_p, attn_mask=None, mask_needs_grad=False):
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             torch.empty_like(k, memory_format=torch.contiguous_format),
-            torch.empty_like(v, memory_format=torch.contiguous_format))
+            torch.empty_like(v, memory_format=torch.contiguous_format),
+            attn_mask.new_empty(attn_mask.shape) if mask_needs_grad else q.new_empty(0))
 
 
 def op_arguments(opts: AttentionOptions) -> tuple[float, int, int, float, float]:

@@ -28,10 +28,13 @@ def attention_ref(
     alibi_slopes: torch.Tensor | None = None,
     dropout_p: float = 0.0,
     rng_state: torch.Tensor | None = None,
+    attn_mask: torch.Tensor | None = None,
     upcast: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Materializing attention. q: (B, Sq, Hq, D), k/v: (B, Sk, Hk, D). Returns (out, lse).
 
+    ``attn_mask``: an SDPA mask broadcastable to (B, Hq, Sq, Sk); bool True = take part, float is
+    added to the scores (after the softcap). A float mask that requires grad gets its gradient.
     ``upcast=True`` computes in float64 and returns float64; otherwise it computes in q's dtype.
     Rows that see no key give out = 0 and lse = +inf, as the kernels do.
     """
@@ -53,20 +56,29 @@ def attention_ref(
         slopes = alibi_slopes.to(dtype).expand(batch, nheads) if alibi_slopes.dim() == 1 else alibi_slopes
         dist = masks.alibi_distance(rows, cols, seqlen_q, seqlen_k).to(dtype)
         scores = scores - slopes.to(dtype).view(batch, nheads, 1, 1) * dist
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        else:
+            scores = scores + attn_mask.to(dtype)
     left, right = window_size
     if causal:
         right = 0
     seen = masks.visible(rows, cols, seqlen_q, seqlen_k, left, right)
     scores = scores.masked_fill(~seen, float("-inf"))
 
+    # rows that see no key: computed as if unmasked and then zeroed, so that neither the forward nor the
+    # backward meets -inf - (-inf) (an additive -inf mask would otherwise carry NaN into the gradients)
+    empty = (scores == float("-inf")).all(dim=-1, keepdim=True)
+    scores = scores.masked_fill(empty, 0.0)
     lse = torch.logsumexp(scores, dim=-1)
-    probs = torch.exp(scores - lse.unsqueeze(-1)).nan_to_num(0.0)  # rows with no key: lse = -inf
+    probs = torch.exp(scores - lse.unsqueeze(-1)).masked_fill(empty, 0.0)
     if dropout_p > 0:
         assert rng_state is not None, "dropout needs the rng_state the kernel used"
         keep = keep_mask(rng_state, dropout_p, batch, nheads, rows.view(-1), cols.view(-1), seqlen_q, seqlen_k)
         probs = probs.masked_fill(~keep.to(q.device), 0.0) / (1.0 - dropout_p)
     out = (probs @ vh).transpose(1, 2)
-    lse = lse.masked_fill(lse == float("-inf"), float("inf"))
+    lse = lse.masked_fill(empty.squeeze(-1), float("inf"))
     return out, lse
 
 

@@ -96,6 +96,19 @@ def assert_lse_close(lse: torch.Tensor, oracle_lse: torch.Tensor, dtype: torch.d
     assert error <= tolerance, f"lse: max error {error:.3e} > {tolerance:.3e}"
 
 
+def score_grad_floor(dout: torch.Tensor, out: torch.Tensor, out_oracle: torch.Tensor, v: torch.Tensor,
+                     dropout_p: float = 0.0) -> float:
+    """The rounding that dS = P * (dP - delta), the gradient of the scores, cannot avoid.
+
+    It cancels terms of size |dO . v| / (1 - p) in float32, and delta is rowsum(dO * O) of O as stored
+    in the input dtype (as in flash-attn). Tensors may be in either layout: the head dim is last.
+    """
+    delta_error = (dout.double() * (out.double() - out_oracle.detach().double())).sum(-1).abs().max().item()
+    # |dO_i . v_j| <= |dO_i| |v_j|: a dot product of that size rounds by about eps times it
+    cancelled = (dout.float().norm(dim=-1).max() * v.float().norm(dim=-1).max()).item() / (1.0 - dropout_p)
+    return torch.finfo(torch.float32).eps * cancelled + delta_error
+
+
 def check_against_reference(case: Case, dtype: torch.dtype, device: str | torch.device, attention_fn,
                             backward: bool = True, inputs=None) -> None:
     """Run ``attention_fn(q, k, v, **options, return_attn_probs=True)`` and hold it to the rule.
@@ -130,14 +143,9 @@ def check_against_reference(case: Case, dtype: torch.dtype, device: str | torch.
     grads = torch.autograd.grad(out, (q, k, v), dout)
     oracle_grads = torch.autograd.grad(out_oracle, oracle_leaves, dout.double())
     baseline_grads = torch.autograd.grad(out_baseline, baseline_leaves, dout)
-    # dS = P * (dP - delta) cancels terms of size |dO . v| / (1 - p) in float32, and delta is
-    # rowsum(dO * O) of O as stored in the input dtype (as in flash-attn): both roundings reach dq/dk
-    # through one more product with q or k and the softmax scale.
+    # dS reaches dq/dk through one more product with q or k and the softmax scale.
     softmax_scale = options.get("softmax_scale") or case.head_dim**-0.5
-    delta_error = (dout.double() * (out.double() - out_oracle.detach())).sum(-1).abs().max().item()
-    # |dO_i . v_j| <= |dO_i| |v_j|: a dot product of that size rounds by about eps times it
-    cancelled = (dout.float().norm(dim=-1).max() * v.float().norm(dim=-1).max()).item() / (1.0 - dropout_p)
-    grad_floor = torch.finfo(torch.float32).eps * cancelled + delta_error
+    grad_floor = score_grad_floor(dout, out, out_oracle, v, dropout_p)
     grad_floor *= torch.maximum(q.abs().max(), k.abs().max()).item() * softmax_scale
     for name, grad, oracle, baseline in zip(("dq", "dk", "dv"), grads, oracle_grads, baseline_grads, strict=True):
         assert grad.dtype == dtype

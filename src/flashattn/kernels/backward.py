@@ -14,6 +14,7 @@ import triton.language as tl
 from .common import (
     LOG2E,
     accumulate,
+    apply_attn_mask,
     dot,
     dropout_keep,
     key_block_bounds,
@@ -65,14 +66,19 @@ def _probs_and_dscores(
     MASKED: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    mask_base, stride_mask_m, stride_mask_n, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
 ):
     """Recompute one (queries x keys) tile of P from the log-sum-exp, and dS = dScores / scale.
 
-    Returns (P after dropout, the one dV needs; dS, the one dQ and dK need).
+    Returns (P after dropout, the one dV needs; dS, the one dQ and dK need; the gradient of an
+    additive SDPA mask, which is dS before the softcap's derivative: the mask is added after it).
     """
     qk = dot(q, tl.trans(k), UPCAST_DOT, DOT_PRECISION)
     s, capped = scores_log2(qk, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
                             alibi_slope_log2, HAS_SOFTCAP, HAS_ALIBI)
+    if HAS_MASK:
+        s = apply_attn_mask(s, mask_base, stride_mask_m, stride_mask_n, offs_m, offs_n, seqlen_q, seqlen_k,
+                            MASK_IS_BOOL)
     p = tl.math.exp2(s - lse_log2[:, None])
     if MASKED:
         seen = visible(offs_m, offs_n, seqlen_q, seqlen_k, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT)
@@ -85,10 +91,11 @@ def _probs_and_dscores(
         dp = tl.where(keep, dp * keep_scale, 0.0)
     else:
         p_kept = p
-    ds = p * (dp - delta[:, None])
+    dmask = p * (dp - delta[:, None])
+    ds = dmask
     if HAS_SOFTCAP:
         ds = ds * (1.0 - capped * capped)
-    return p_kept, ds
+    return p_kept, ds, dmask
 
 
 @triton.jit
@@ -101,6 +108,7 @@ def _dkdv_query_range(
     MASKED: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
+    mask_base, stride_mask_m, stride_mask_n, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
 ):
     offs_d = tl.arange(0, BLOCK_D)
     for start_m in range(lo, hi, BLOCK_M):
@@ -116,10 +124,11 @@ def _dkdv_query_range(
         else:
             lse = tl.load(lse_base + offs_m)
             delta = tl.load(delta_base + offs_m)
-        p_kept, ds = _probs_and_dscores(
+        p_kept, ds, _ = _probs_and_dscores(
             q, k, v, do, lse * LOG2E, delta, offs_m, offs_n, bh, seqlen_q, seqlen_k, qk_scale, softcap_log2,
             alibi_slope_log2, window_left, window_right, dropout_p, rng_seed, rng_offset, MASKED, WINDOW_LEFT,
-            WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION)
+            WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION,
+            mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL)
         dv, dv_comp = accumulate(dv, dv_comp, dot(tl.trans(p_kept.to(do.dtype)), do, UPCAST_DOT, DOT_PRECISION),
                                  COMPENSATED)
         dk, dk_comp = accumulate(dk, dk_comp, dot(tl.trans(ds.to(q.dtype)), q, UPCAST_DOT, DOT_PRECISION),
@@ -144,6 +153,8 @@ def dkdv_kernel(
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
+    Mask=None, stride_mask_b=0, stride_mask_h=0, stride_mask_m=0, stride_mask_n=0,
+    HAS_MASK: tl.constexpr = False, MASK_IS_BOOL: tl.constexpr = False,
 ):
     start_n = tl.program_id(0) * BLOCK_N
     bhk = tl.program_id(1)
@@ -173,14 +184,17 @@ def dkdv_kernel(
         alibi_slope_log2 = 0.0
         if HAS_ALIBI:
             alibi_slope_log2 = tl.load(AlibiSlopes + batch * stride_alibi_b + head).to(tl.float32) * LOG2E
+        mask_base = Mask
+        if HAS_MASK:
+            mask_base = Mask + batch.to(tl.int64) * stride_mask_b + head.to(tl.int64) * stride_mask_h
         for stage in tl.static_range(3):
             start, end = stage_range(stage, lo, full_lo, full_hi, hi)
             dk, dv, dk_comp, dv_comp = _dkdv_query_range(
                 dk, dv, dk_comp, dv_comp, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
                 start, end, offs_n, bh, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2,
                 window_left, window_right, dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_M,
-                stage != 1, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT,
-                DOT_PRECISION, COMPENSATED)
+                stage != 1 or HAS_MASK, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT,
+                DOT_PRECISION, COMPENSATED, mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL)
     dk = dk * softmax_scale
     store_mask = offs_n[:, None] < seqlen_k
     if BLOCK_D != HEAD_DIM:
@@ -201,6 +215,8 @@ def _dq_key_range(
     MASKED: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
+    mask_base, stride_mask_m, stride_mask_n, dmask_base, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
+    MASK_GRAD: tl.constexpr,
 ):
     offs_d = tl.arange(0, BLOCK_D)
     for start_n in range(lo, hi, BLOCK_N):
@@ -209,10 +225,15 @@ def _dq_key_range(
                        HEAD_DIM, BLOCK_D, MASKED)
         v = _load_rows(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, seqlen_k, offs_d,
                        HEAD_DIM, BLOCK_D, MASKED)
-        _, ds = _probs_and_dscores(
+        _, ds, dmask = _probs_and_dscores(
             q, k, v, do, lse_log2, delta, offs_m, offs_n, bh, seqlen_q, seqlen_k, qk_scale, softcap_log2,
             alibi_slope_log2, window_left, window_right, dropout_p, rng_seed, rng_offset, MASKED, WINDOW_LEFT,
-            WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION)
+            WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION,
+            mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL)
+        if MASK_GRAD:
+            # the full (Lq, Lk) gradient of this (batch, head); blocks outside [lo, hi) stay 0
+            in_bounds = (offs_m[:, None] < seqlen_q) & (offs_n[None, :] < seqlen_k)
+            tl.store(dmask_base + offs_m[:, None].to(tl.int64) * seqlen_k + offs_n[None, :], dmask, mask=in_bounds)
         dq, dq_comp = accumulate(dq, dq_comp, dot(ds.to(k.dtype), k, UPCAST_DOT, DOT_PRECISION), COMPENSATED)
     return dq, dq_comp
 
@@ -233,6 +254,8 @@ def dq_kernel(
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
+    Mask=None, stride_mask_b=0, stride_mask_h=0, stride_mask_m=0, stride_mask_n=0, DMask=None,
+    HAS_MASK: tl.constexpr = False, MASK_IS_BOOL: tl.constexpr = False, MASK_GRAD: tl.constexpr = False,
 ):
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
@@ -257,6 +280,12 @@ def dq_kernel(
         alibi_slope_log2 = tl.load(AlibiSlopes + batch * stride_alibi_b + head).to(tl.float32) * LOG2E
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     dq_comp = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    mask_base = Mask
+    dmask_base = DMask
+    if HAS_MASK:
+        mask_base = Mask + batch.to(tl.int64) * stride_mask_b + head.to(tl.int64) * stride_mask_h
+    if MASK_GRAD:
+        dmask_base = DMask + bh.to(tl.int64) * seqlen_q * seqlen_k
     lo, full_lo, full_hi, hi = key_block_bounds(start_m, seqlen_q, seqlen_k, window_left, window_right,
                                                 BLOCK_M, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT)
     for stage in tl.static_range(3):
@@ -264,8 +293,9 @@ def dq_kernel(
         dq, dq_comp = _dq_key_range(
             dq, dq_comp, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, start, end, offs_m, bh,
             seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
-            dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_N, stage != 1, WINDOW_LEFT, WINDOW_RIGHT,
-            HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED)
+            dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_N, stage != 1 or HAS_MASK, WINDOW_LEFT,
+            WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED,
+            mask_base, stride_mask_m, stride_mask_n, dmask_base, HAS_MASK, MASK_IS_BOOL, MASK_GRAD)
     dq = dq * softmax_scale
     store_mask = row_ok[:, None]
     if BLOCK_D != HEAD_DIM:

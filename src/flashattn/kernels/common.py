@@ -159,3 +159,22 @@ def accumulate(acc, compensation, increment, COMPENSATED: tl.constexpr):
         compensation = (total - acc) - corrected
         return total, compensation
     return acc + increment, compensation
+
+
+@triton.jit
+def apply_attn_mask(s, mask_base, stride_mask_m, stride_mask_n, offs_m, offs_n, seqlen_q, seqlen_k,
+                    MASK_IS_BOOL: tl.constexpr):
+    """Base-2 scores ``s`` with the SDPA mask tile at (offs_m, offs_n) applied.
+
+    A boolean mask keeps the scores where it is True (-inf elsewhere); a float mask is a bias in
+    natural-log units, added after the softcap. Broadcast dims have stride 0, so one (Lq, Lk) mask
+    serves every batch and head. Scores outside the sequences read as hidden.
+    """
+    in_bounds = (offs_m[:, None] < seqlen_q) & (offs_n[None, :] < seqlen_k)
+    ptrs = (mask_base + offs_m[:, None].to(tl.int64) * stride_mask_m
+            + offs_n[None, :].to(tl.int64) * stride_mask_n)
+    if MASK_IS_BOOL:
+        keep = tl.load(ptrs, mask=in_bounds, other=0)  # torch.bool arrives viewed as uint8
+        return tl.where(keep != 0, s, float("-inf"))
+    bias = tl.load(ptrs, mask=in_bounds, other=float("-inf")).to(tl.float32)
+    return s + bias * LOG2E

@@ -3,7 +3,17 @@
 import triton
 import triton.language as tl
 
-from .common import LOG2E, accumulate, dot, dropout_keep, key_block_bounds, scores_log2, stage_range, visible
+from .common import (
+    LOG2E,
+    accumulate,
+    apply_attn_mask,
+    dot,
+    dropout_keep,
+    key_block_bounds,
+    scores_log2,
+    stage_range,
+    visible,
+)
 
 
 @triton.jit
@@ -46,7 +56,8 @@ def _forward_block_range(
     MASKED: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
-    USE_TMA: tl.constexpr,
+    USE_TMA: tl.constexpr, DEFER_SCALE: tl.constexpr,
+    mask_base, stride_mask_m, stride_mask_n, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
 ):
     offs_d = tl.arange(0, BLOCK_D)
     for start_n in range(lo, hi, BLOCK_N):
@@ -55,20 +66,34 @@ def _forward_block_range(
                                 HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
         # -- scores --
         qk = dot(q, kt, UPCAST_DOT, DOT_PRECISION)
-        s, _ = scores_log2(qk, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
-                           alibi_slope_log2, HAS_SOFTCAP, HAS_ALIBI)
+        if DEFER_SCALE:
+            # plain scores with a positive scale: max(qk * scale) = max(qk) * scale, so the scale can
+            # wait for exp2's argument, where scale * qk - max is one FFMA per score (not FMUL + FADD)
+            s = qk
+        else:
+            s, _ = scores_log2(qk, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
+                               alibi_slope_log2, HAS_SOFTCAP, HAS_ALIBI)
         if MASKED:
             seen = visible(offs_m, offs_n, seqlen_q, seqlen_k, window_left, window_right,
                            WINDOW_LEFT, WINDOW_RIGHT)
             s = tl.where(seen, s, float("-inf"))
+        if HAS_MASK:
+            s = apply_attn_mask(s, mask_base, stride_mask_m, stride_mask_n, offs_m, offs_n, seqlen_q, seqlen_k,
+                                MASK_IS_BOOL)
         # -- online softmax: rescale what was accumulated when the running max grows --
-        new_max = tl.maximum(row_max, tl.max(s, 1))
+        if DEFER_SCALE:
+            new_max = tl.maximum(row_max, tl.max(s, 1) * qk_scale)
+        else:
+            new_max = tl.maximum(row_max, tl.max(s, 1))
         if MASKED:
             # a row that has seen no key yet keeps max = -inf; shift it by 0 to avoid inf - inf
             shift = tl.where(new_max == float("-inf"), 0.0, new_max)
         else:
             shift = new_max
-        p = tl.math.exp2(s - shift[:, None])
+        if DEFER_SCALE:
+            p = tl.math.exp2(s * qk_scale - shift[:, None])
+        else:
+            p = tl.math.exp2(s - shift[:, None])
         correction = tl.math.exp2(row_max - shift)
         row_sum = row_sum * correction + tl.sum(p, 1)
         if HAS_DROPOUT:
@@ -99,7 +124,9 @@ def attention_forward_kernel(
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
-    USE_TMA: tl.constexpr, HEAVY_FIRST: tl.constexpr,
+    USE_TMA: tl.constexpr, HEAVY_FIRST: tl.constexpr, DEFER_SCALE: tl.constexpr,
+    Mask=None, stride_mask_b=0, stride_mask_h=0, stride_mask_m=0, stride_mask_n=0,
+    HAS_MASK: tl.constexpr = False, MASK_IS_BOOL: tl.constexpr = False,
 ):
     if HEAVY_FIRST:
         # with a causal mask the last query blocks see the most keys: launch them first, so the
@@ -147,16 +174,21 @@ def attention_forward_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     acc_comp = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
+    mask_base = Mask
+    if HAS_MASK:
+        mask_base = Mask + batch.to(tl.int64) * stride_mask_b + head.to(tl.int64) * stride_mask_h
+
     lo, full_lo, full_hi, hi = key_block_bounds(start_m, seqlen_q, seqlen_k, window_left, window_right,
                                                 BLOCK_M, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT)
     for stage in tl.static_range(3):
         start, end = stage_range(stage, lo, full_lo, full_hi, hi)
+        # an SDPA mask may hide any score: every block takes the masked path then
         acc, acc_comp, row_sum, row_max = _forward_block_range(
             acc, acc_comp, row_sum, row_max, q, k_source, v_source, stride_kn, stride_vn, start, end, offs_m,
-            bh, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left,
-            window_right, dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_N,
-            stage != 1, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
-            HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED, USE_TMA)
+            bh, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
+            dropout_p, rng_seed, rng_offset, HEAD_DIM, BLOCK_D, BLOCK_N, stage != 1 or HAS_MASK, WINDOW_LEFT,
+            WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED, USE_TMA,
+            DEFER_SCALE, mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL)
 
     # -- epilogue: normalize; a row that saw no key gives 0 and lse = +inf --
     empty = row_sum == 0.0

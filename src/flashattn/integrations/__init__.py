@@ -1,0 +1,1 @@
+"""Integrations with other libraries; each module registers flashattn when it is imported."""
