@@ -405,9 +405,13 @@ def test_gpu_ncu_measure_reads_dram_bytes_or_says_why_not(capsys):
     if measured["method"] == "profiler":  # no access to the counters: the reason must say so
         assert measured["fallback_reason"]
         return
-    flash = {p["direction"]: p for p in measured["passes"] if p["implementation"] == "flashattn"}
-    # q, k, v read at least once and o written: the "L2 kept all" bracket is a floor for DRAM traffic
-    # (allowing 10% for counter granularity); the no-reuse count is a ceiling.
-    for entry in flash.values():
-        assert 0.9 * entry["model_once_bytes"] <= entry["measured_bytes"] <= 1.1 * entry["model_bytes"]
+    assert measured["bytes_measured"] is True
+    # ncu starts every kernel from a cold L2, so each input byte comes from DRAM at least once: the reads
+    # of the "L2 kept all" bracket are a floor for the measured reads (writes may still sit in L2 when the
+    # kernel ends, so they have no floor); the no-reuse count is a ceiling (20% for sector granularity).
+    for entry in measured["passes"]:
+        if entry["implementation"] != "flashattn":
+            continue
+        assert entry["read_bytes"] >= 0.9 * entry["model_once_read_bytes"], entry
+        assert entry["measured_bytes"] <= 1.2 * entry["model_bytes"], entry
     assert os.environ.get("FLASHATTN_BACKEND") != "torch"

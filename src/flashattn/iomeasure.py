@@ -368,6 +368,7 @@ class PassComparison:
     model_bytes: int  # no reuse across programs: the upper bracket
     model_once_bytes: int  # L2 kept every tile: the lower bracket
     status: str  # "ok", "OOM", or "not run"
+    model_once_read_bytes: int = 0  # the reads of the lower bracket: each input read once
     read_bytes: float | None = None
     write_bytes: float | None = None
     seconds: float | None = None  # per call
@@ -411,6 +412,12 @@ def _model_pass(report: IoReport, implementation: str, direction: str) -> PassRe
     return getattr(report, f"{implementation}_{direction}")
 
 
+def _empty_comparison(model: PassReport, status: str) -> PassComparison:
+    """The model's side of one pass; the measured side is filled in by the caller."""
+    return PassComparison(model.implementation, model.direction, model.nbytes, model.once_nbytes, status,
+                          sum(t.once_nbytes for t in model.transfers if t.access == "read"))
+
+
 def compare_traffic(report: IoReport, kernels: Sequence[KernelTraffic], status: dict[str, str],
                     device: str) -> IoMeasurement:
     """Sum ncu's bytes per pass and put them beside the model's; flashattn's kernels also one by one."""
@@ -419,8 +426,7 @@ def compare_traffic(report: IoReport, kernels: Sequence[KernelTraffic], status: 
         label = phase_label((implementation, direction))
         model = _model_pass(report, implementation, direction)
         mine = [k for k in kernels if k.phase == label]
-        comparison = PassComparison(implementation, direction, model.nbytes, model.once_nbytes,
-                                    status.get(label, "not run"))
+        comparison = _empty_comparison(model, status.get(label, "not run"))
         if mine:
             comparison.read_bytes = sum(k.read_bytes for k in mine)
             comparison.write_bytes = sum(k.write_bytes for k in mine)
@@ -446,8 +452,7 @@ def compare_times(report: IoReport, times: Sequence[KernelTime], status: dict[st
         label = phase_label((implementation, direction))
         model = _model_pass(report, implementation, direction)
         mine = [t for t in times if t.phase == label]
-        comparison = PassComparison(implementation, direction, model.nbytes, model.once_nbytes,
-                                    status.get(label, "not run"))
+        comparison = _empty_comparison(model, status.get(label, "not run"))
         if mine and comparison.status == "ok":
             comparison.seconds = sum(t.seconds for t in mine) / repeats
             comparison.kernels = [{"kernel": t.kernel, "seconds": t.seconds / repeats}
@@ -515,6 +520,8 @@ def format_measurement(measurement: IoMeasurement, report: IoReport) -> str:
     if measurement.method == "ncu":
         lines.append(f"Measured on {measurement.device} with Nsight Compute: DRAM bytes read + written "
                      f"({' + '.join(NCU_METRICS)}), each kernel from a cold L2 (ncu flushes the caches).")
+        lines.append("Reads below the 'L2 kept all' bracket cannot happen from a cold L2; writes can: what a "
+                     "kernel writes last may still sit in L2 when it ends, uncounted.")
         header = ["", "model: no L2 reuse", "model: L2 kept all", "measured read", "measured write",
                   "measured", "measured / no-reuse model"]
         rows = []
