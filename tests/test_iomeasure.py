@@ -375,6 +375,36 @@ def test_bad_measure_with_is_a_usage_error(capsys):
     assert exit_info.value.code == 2 and "--measure-with" in capsys.readouterr().err
 
 
+def test_measure_plumbing_with_the_gpu_faked(monkeypatch, capsys):
+    """On a (faked) H100 without ncu: the H100 preset, the device's tiles, and the fallback in the JSON."""
+    from flashattn import configs, measure
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(measure, "device_label", lambda device: "NVIDIA H100 80GB HBM3 (faked)")
+    monkeypatch.setattr(configs, "gpu_family", lambda device: "hopper")
+    monkeypatch.setattr(iomeasure, "find_ncu", lambda explicit=None: None)
+    monkeypatch.setattr(iomeasure, "measure_with_profiler", profiler_times)
+    monkeypatch.delenv("FLASHATTN_BACKEND", raising=False)
+    assert iomodel.run(parse("--seqlen", "1024", "--heads", "4", "--head-dim", "64", "--measure", "--json")) == 0
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)
+    assert data["gpu"]["name"] == "H100 (measured)"  # picked from the device's name
+    assert data["tiling"]["forward"] == {"block_m": 128, "block_n": 64}  # configs' Hopper table, hdim 64
+    assert data["measured"]["method"] == "profiler" and "not on PATH" in data["measured"]["fallback_reason"]
+    assert "measuring on NVIDIA H100 80GB HBM3 (faked)" in captured.err
+    assert iomodel.run(parse("--seqlen", "1024", "--heads", "4", "--head-dim", "64", "--measure")) == 0
+    text = capsys.readouterr().out
+    assert text.index("Attention IO:") < text.index("NOT A BYTE MEASUREMENT")
+
+
+def test_measure_refuses_the_torch_backend(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("FLASHATTN_BACKEND", "torch")
+    assert iomodel.run(parse("--seqlen", "1024", "--measure")) == 2
+    assert "FLASHATTN_BACKEND=torch" in capsys.readouterr().err
+
+
 def test_the_model_alone_keeps_its_json_shape(capsys):
     assert iomodel.run(parse("--seqlen", "256", "--json")) == 0
     data = json.loads(capsys.readouterr().out)

@@ -462,8 +462,7 @@ def compare_times(report: IoReport, times: Sequence[KernelTime], status: dict[st
 
 
 def measure(report: IoReport, shape, method: str = "auto", ncu: str | None = None, device_label: str = "",
-            ncu_runner: Callable = measure_with_ncu,
-            profiler_runner: Callable = measure_with_profiler) -> IoMeasurement:
+            ncu_runner: Callable | None = None, profiler_runner: Callable | None = None) -> IoMeasurement:
     """Measure with ncu when ``method`` allows and it works, else with torch.profiler.
 
     ``method``: 'auto' (ncu if found, falling back to the profiler with the reason), 'ncu' (ncu or an
@@ -472,6 +471,8 @@ def measure(report: IoReport, shape, method: str = "auto", ncu: str | None = Non
     """
     if method not in ("auto", "ncu", "profiler"):
         raise ValueError(f"method must be auto, ncu or profiler, got {method!r}")
+    ncu_runner = ncu_runner or measure_with_ncu
+    profiler_runner = profiler_runner or measure_with_profiler
     reason = "--measure-with profiler"
     if method != "profiler":
         path = find_ncu(ncu)
