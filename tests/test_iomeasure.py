@@ -141,6 +141,8 @@ def test_profile_command_filters_by_nvtx_and_asks_for_the_dram_counters(tmp_path
     assert command[command.index("--metrics") + 1] == "dram__bytes_read.sum,dram__bytes_write.sum"
     assert command[command.index("--target-processes") + 1] == "all"
     assert "--nvtx" in command
+    # autograd launches the backward from its own thread: the ranges must be scoped to the process
+    assert command[command.index("--nvtx-push-pop-scope") + 1] == "process"
     includes = [command[i + 1] for i, arg in enumerate(command) if arg == "--nvtx-include"]
     assert sorted(includes) == sorted(f"flashattn-io:{impl}:{direction}/" for impl in ("standard", "flashattn")
                                       for direction in ("forward", "backward"))
@@ -195,6 +197,18 @@ def test_measure_with_ncu_reports_a_permission_failure(fake_ncu, monkeypatch):
     monkeypatch.setenv("FAKE_NCU_MODE", "permission")
     with pytest.raises(NcuUnavailable, match="ERR_NVGPUCTRPERM"):
         measure_with_ncu(SHAPE, fake_ncu)
+
+
+def test_a_pass_that_ran_without_profiled_kernels_is_refused():
+    kernels = attribute_phases(parse_ncu_csv(DETAILS), parse_ncu_csv(DETAILS_NVTX))
+    forward_only = [k for k in kernels if not k.phase.endswith("backward")]
+    every_pass_ran = dict.fromkeys(("standard forward", "standard backward", "flashattn forward",
+                                    "flashattn backward"), "ok")
+    iomeasure.check_every_pass_profiled(kernels, every_pass_ran)
+    with pytest.raises(NcuUnavailable, match="no kernel of the standard backward pass"):
+        iomeasure.check_every_pass_profiled(forward_only, every_pass_ran)
+    iomeasure.check_every_pass_profiled(forward_only, {**every_pass_ran, "standard backward": "OOM",
+                                                       "flashattn backward": "OOM"})
 
 
 def test_a_missing_ncu_executable_is_unavailable_not_a_crash(tmp_path):

@@ -4,8 +4,9 @@ Two ways, the first that works:
 
 1. **Nsight Compute** (``ncu``, found on PATH or in /usr/local/cuda/bin). A child process
    (``python -m flashattn.iomeasure --child SPEC``) runs the four passes once each, every pass inside
-   an NVTX range of its own (``flashattn-io:standard:forward`` ...), after an unprofiled warm-up that
-   compiles the kernels. ncu profiles only the kernels inside those ranges and reads two DRAM counters
+   an NVTX push/pop range of its own (``flashattn-io:standard:forward`` ...), after an unprofiled
+   warm-up that compiles the kernels. The ranges are scoped to the process
+   (``--nvtx-push-pop-scope process``): autograd launches the backward's kernels from its own thread. ncu profiles only the kernels inside those ranges and reads two DRAM counters
    of each, ``dram__bytes_read.sum`` and ``dram__bytes_write.sum``. It flushes the caches before every
    kernel it profiles (its default ``--cache-control all``), so each count is one kernel's traffic from
    a cold L2: the quantity the IO model brackets, kernel by kernel, between "no reuse across programs"
@@ -191,10 +192,16 @@ def child_command(shape) -> list[str]:
 
 
 def ncu_profile_command(ncu: str, report: Path, log: Path, shape) -> list[str]:
-    """Profile the child: only kernels inside the four NVTX ranges, only the two DRAM counters."""
+    """Profile the child: only kernels inside the four NVTX ranges, only the two DRAM counters.
+
+    The ranges are push/pop ranges (``--print-nvtx-rename kernel`` names kernels after those only),
+    scoped to the process: autograd launches the backward's CUDA kernels from its own device thread,
+    which a per-thread range pushed by the main thread would not cover.
+    """
     includes = [arg for phase in PHASES for arg in ("--nvtx-include", f"{range_name(phase)}/")]  # '/': push/pop
-    return [ncu, "--target-processes", "all", "--nvtx", *includes, "--metrics", ",".join(NCU_METRICS),
-            "--export", str(report), "--force-overwrite", "--log-file", str(log), *child_command(shape)]
+    return [ncu, "--target-processes", "all", "--nvtx", "--nvtx-push-pop-scope", "process", *includes,
+            "--metrics", ",".join(NCU_METRICS), "--export", str(report), "--force-overwrite", "--log-file",
+            str(log), *child_command(shape)]
 
 
 def ncu_import_command(ncu: str, report: Path, by_range: bool) -> list[str]:
@@ -268,6 +275,14 @@ def attribute_phases(kernels: Sequence[KernelTraffic], renamed: Sequence[KernelT
     return [KernelTraffic(k.id, k.kernel, k.read_bytes, k.write_bytes, phases.get(k.id)) for k in kernels]
 
 
+def check_every_pass_profiled(kernels: Sequence[KernelTraffic], status: dict[str, str]) -> None:
+    """NcuUnavailable if a pass that ran has no profiled kernel: its bytes would silently read as zero."""
+    for phase in PHASES:
+        label = phase_label(phase)
+        if status.get(label) == "ok" and not any(k.phase == label for k in kernels):
+            raise NcuUnavailable(f"ncu profiled no kernel of the {label} pass (its NVTX range matched nothing)")
+
+
 def _child_status(stdout: str) -> dict[str, str]:
     """The child's last JSON line (it prints one); every pass 'ok' if there is none."""
     for line in reversed(stdout.splitlines()):
@@ -304,7 +319,9 @@ def measure_with_ncu(shape, ncu: str, timeout: float = NCU_TIMEOUT_SECONDS) -> t
             if table.returncode != 0:
                 raise NcuUnavailable(f"ncu --import failed: {(table.stderr.strip() or 'no output').splitlines()[-1]}")
         kernels = attribute_phases(parse_ncu_csv(tables[0].stdout), parse_ncu_csv(tables[1].stdout))
-    return kernels, _child_status(profiled.stdout)
+    status = _child_status(profiled.stdout)
+    check_every_pass_profiled(kernels, status)
+    return kernels, status
 
 
 # ---------------------------------------------------------------------------------------------
