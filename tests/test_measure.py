@@ -153,7 +153,7 @@ def test_gpu_measure_matches_the_model(capsys):
         lse = 8 * seqlen * 4
         assert 2 * scores <= cells[(seqlen, "inference", "standard")]["measured_bytes"] <= 2 * scores + 2 * q_bytes
         assert lse <= cells[(seqlen, "inference", "flashattn")]["measured_bytes"] <= lse + 4096
-        assert cells[(seqlen, "training", "flashattn")]["measured_bytes"] == lse
+        assert lse <= cells[(seqlen, "training", "flashattn")]["measured_bytes"] <= lse + 4096
         assert scores <= cells[(seqlen, "training", "standard")]["measured_bytes"] <= scores + 2 * q_bytes
         # flashattn's backward scratch is O(N): the delta rows (and rounding), nothing N x N
         assert cells[(seqlen, "training", "flashattn")]["peak_bytes"] <= 4 * lse + 4096

@@ -6,8 +6,9 @@ Two ways, the first that works:
    (``python -m flashattn.iomeasure --child SPEC``) runs the four passes once each, every pass inside
    an NVTX push/pop range of its own (``flashattn-io:standard:forward`` ...), after an unprofiled
    warm-up that compiles the kernels. The ranges are scoped to the process
-   (``--nvtx-push-pop-scope process``): autograd launches the backward's kernels from its own thread. ncu profiles only the kernels inside those ranges and reads two DRAM counters
-   of each, ``dram__bytes_read.sum`` and ``dram__bytes_write.sum``. It flushes the caches before every
+   (``--nvtx-push-pop-scope process``): autograd launches the backward's kernels from its own thread.
+   ncu profiles only the kernels inside those ranges and reads two DRAM counters of each,
+   ``dram__bytes_read.sum`` and ``dram__bytes_write.sum``. It flushes the caches before every
    kernel it profiles (its default ``--cache-control all``), so each count is one kernel's traffic from
    a cold L2: the quantity the IO model brackets, kernel by kernel, between "no reuse across programs"
    and "L2 kept every tile". The report is read back twice as CSV, once with the kernels' own names

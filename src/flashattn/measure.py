@@ -206,6 +206,20 @@ def _measure_training(shape: LayerShape, implementation: str, device: torch.devi
     cell.peak_bytes = peak - output_bytes - sum(_storage_bytes(g) for g in kept["grads"])
 
 
+WARM_UP_SEQLEN = 128
+
+
+def warm_up(config: ModelConfig, dtype: str, device: torch.device) -> None:
+    """One small forward and backward of each implementation, unmeasured, so that what a first call
+    allocates once for the whole process (cuBLAS's workspace, kept after the call; Triton's compiled
+    kernels) is not counted against the first measured cell."""
+    shape = LayerShape(1, WARM_UP_SEQLEN, WARM_UP_SEQLEN, config.heads, config.kv_heads, config.head_dim, dtype)
+    for implementation in IMPLEMENTATIONS:
+        inputs = make_inputs(shape, device, requires_grad=True)
+        gradients(attention_runner(implementation, inputs, shape.causal)(), inputs)
+    free_cached_memory(device)
+
+
 def measure_layer_memory(config: ModelConfig, batch: int, seqlen: int, dtype: str,
                          device: torch.device) -> list[MemoryCell]:
     """Measure one layer of ``config`` (non-causal self-attention over ``seqlen``): both implementations,
@@ -321,6 +335,7 @@ def run_memory_measure(config: ModelConfig, seqlens: Sequence[int], args: argpar
         return EXIT_USAGE
     label = device_label(device)
     print(f"flashattn memory: measuring on {label}", file=sys.stderr, flush=True)
+    warm_up(config, args.dtype, device)
     cells: list[MemoryCell] = []
     for seqlen in seqlens:
         cells += measure_layer_memory(config, args.batch, seqlen, args.dtype, device)
