@@ -85,6 +85,22 @@ def test_estimate_by_hand():
     assert dkdv.reread_factor == 2 and dkdv.programs == 2 * 2 * 3
 
 
+def test_accumulator_registers_by_hand():
+    # forward, hdim 128: O accumulator 128 x 128 and scores 128 x 128 in fp32 over 8 warps (256 threads)
+    assert blocks.accumulator_registers("forward", (128, 128, 8, 3), 128, 2) == (128 * 128 + 128 * 128) // 256 == 128
+    # the same tile over 4 warps needs 256 registers a thread: more than the 255 there are
+    assert blocks.accumulator_registers("forward", (128, 128, 4, 2), 128, 2) == 256
+    # dK/dV: dk and dv 64 x 128, scores and dP 64 x 64, over 128 threads
+    assert blocks.accumulator_registers("dkdv", (64, 64, 4, 2), 128, 2) == (2 * 64 * 128 + 2 * 64 * 64) // 128 == 192
+    # dQ: dq 128 x 128, scores and dP 128 x 64; float32 inputs add a compensation tile for dq
+    assert blocks.accumulator_registers("dq", (128, 64, 8, 3), 128, 2) == (128 * 128 + 2 * 128 * 64) // 256 == 128
+    assert blocks.accumulator_registers("dq", (128, 64, 8, 3), 128, 4) == (2 * 128 * 128 + 2 * 128 * 64) // 256
+    # head dim 40 is held as 64-wide tiles
+    assert blocks.accumulator_registers("forward", (64, 64, 4, 3), 40, 2) == (64 * 64 + 64 * 64) // 128
+    shape = blocks.Shape(batch=1, seqlen=256, heads=2, head_dim=128, dtype="bf16", causal=False)
+    assert blocks.estimate("forward", (128, 128, 4, 2), shape, sms=132).accumulator_regs == 256
+
+
 @pytest.mark.interpreter
 def test_json_of_the_validation_sweep(triton_backend, capsys):
     argv = [*TINY, "--phase", "both", "--candidates", "16x16x1x1", "--interpret-check", "--json", "--sms", "8"]

@@ -37,6 +37,16 @@ def test_info_reports_the_backend_override(monkeypatch, capsys):
     assert "forced by FLASHATTN_BACKEND=torch" in capsys.readouterr().out
 
 
+def test_info_json_has_the_same_fields(monkeypatch, capsys):
+    import json
+
+    monkeypatch.setenv("FLASHATTN_BACKEND", "torch")
+    assert cli.main(["info", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["flashattn"] == flashattn.__version__ and data["FLASHATTN_BACKEND"] == "torch"
+    assert set(data) >= {"python", "torch", "triton", "device", "backend"}
+
+
 def test_run_demo_on_cpu_passes(capsys):
     run_demo(device="cpu", seqlens=[64, 128], heads=2)
     out = capsys.readouterr().out

@@ -344,7 +344,9 @@ def test_hopper_accessor_agrees_with_tile_config(monkeypatch, phase, head_dim, m
 def test_tiling_from_the_table_and_overrides():
     tiling = Tiling.from_hopper_table(128, causal=False, dtype_bytes=2)
     assert tiling == Tiling(BlockShape(128, 128), BlockShape(64, 64), BlockShape(128, 64))
-    assert Tiling.from_hopper_table(128, causal=True, dtype_bytes=2).forward == BlockShape(128, 128)
+    causal_forward = configs._HOPPER_FORWARD[(128, True)]  # the table changes with sweeps; agreement is the point
+    assert Tiling.from_hopper_table(128, causal=True, dtype_bytes=2).forward == BlockShape(
+        causal_forward.block_m, causal_forward.block_n)
     overridden = tiling.with_overrides(block_n=32)
     assert overridden == Tiling(BlockShape(128, 32), BlockShape(64, 32), BlockShape(128, 32))
     with pytest.raises(InvalidArgument) as error:

@@ -89,15 +89,21 @@ def _flashattn(q, k, v, causal: bool) -> Runner:
 
 
 def _naive(q, k, v, causal: bool) -> Runner:
+    """Standard attention as the FlashAttention paper's Algorithm 0 writes it: S = Q K^T, P = softmax(S),
+    O = P V, with S and P materialized in the input dtype. ``flashattn memory --measure`` and
+    ``flashattn io --measure`` compare it against their models, so it moves no more than they count."""
+
     def run():
         qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))
         group = qh.shape[1] // kh.shape[1]
-        kh, vh = kh.repeat_interleave(group, 1), vh.repeat_interleave(group, 1)
-        scores = (qh @ kh.transpose(-1, -2)) * qh.shape[-1] ** -0.5
+        if group > 1:  # GQA: a copy of K and V per query head, O(N d); skipped when there is no group
+            kh, vh = kh.repeat_interleave(group, 1), vh.repeat_interleave(group, 1)
+        # The scale goes on q (an O(N d) pass) rather than on the scores (an extra N x N round trip)
+        scores = (qh * qh.shape[-1] ** -0.5) @ kh.transpose(-1, -2)
         if causal:
             sq, sk = scores.shape[-2:]
-            mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq)
-            scores = scores.masked_fill(~mask, float("-inf"))
+            hidden = torch.ones(sq, sk, dtype=torch.bool, device=q.device).triu(sk - sq + 1)
+            scores.masked_fill_(hidden, float("-inf"))  # in place: no second N x N tensor
         return (scores.softmax(-1) @ vh).transpose(1, 2)
 
     return run

@@ -40,6 +40,7 @@ EXIT_USAGE = 2  # argparse's exit status for bad arguments; ``run`` uses it for 
 MAX_HEAD_DIM = 256  # the interface's limit, and the last bucket of the tile table
 HOPPER_SMS = 132  # H100/H200 SXM: the SM count the model assumes when no GPU is visible
 HOPPER_SMEM_PER_BLOCK = 227 * 1024  # Hopper's opt-in shared memory per block, when no GPU is visible
+MAX_REGISTERS_PER_THREAD = 255  # since Volta
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages[, tma]) per kernel: padded head dims up to 128, then 256;
 # the flag (forward only) is TileConfig's. The single source: benchmarks/sweep_blocks.py
@@ -154,6 +155,7 @@ class Estimate:
     reread_factor: float  # those bytes over the tensors' own size: how many times each is read
     programs: int  # the kernel's grid
     programs_per_sm: float
+    accumulator_regs: int = 0  # 32-bit registers per thread for the fp32 tiles: see accumulator_registers
 
 
 def shared_memory_bytes(phase: str, candidate: Candidate, head_dim: int, dtype_bytes: int) -> int:
@@ -183,6 +185,30 @@ def grid_programs(phase: str, candidate: Candidate, shape: Shape) -> int:
     return -(-shape.seqlen // rows) * shape.batch * shape.heads
 
 
+def accumulator_registers(phase: str, candidate: Candidate, head_dim: int, dtype_bytes: int) -> int:
+    """32-bit registers per thread that one program's fp32 tiles take, at least: a lower bound on its
+    register use, to read against the 255 a thread may have (above it, certain spills; near it, likely).
+
+    The tiles live in the registers of the program's ``32 * num_warps`` threads: the forward's output
+    accumulator (BLOCK_M x d) and score tile (BLOCK_M x BLOCK_N); dK/dV's two accumulators
+    (2 x BLOCK_N x d) and its score and dP tiles (2 x BLOCK_M x BLOCK_N); dQ's accumulator (BLOCK_M x d)
+    and its score and dP tiles. float32 inputs add a Kahan compensation tile per accumulator. Operand
+    tiles, pointers and masks come on top and are not counted.
+    """
+    from .configs import padded_head_dim
+
+    block_m, block_n, num_warps = candidate[:3]
+    width = padded_head_dim(head_dim)
+    accumulators, scores = {
+        "forward": (block_m * width, block_m * block_n),
+        "dkdv": (2 * block_n * width, 2 * block_m * block_n),
+        "dq": (block_m * width, 2 * block_m * block_n),
+    }[phase]
+    if dtype_bytes == 4:
+        accumulators *= 2
+    return -(-(accumulators + scores) // (32 * num_warps))
+
+
 def estimate(phase: str, candidate: Candidate, shape: Shape, sms: int) -> Estimate:
     """Shared memory, re-reads (from ``iomodel``'s byte counts for this tiling) and programs per SM."""
     problem = shape.problem()
@@ -194,7 +220,8 @@ def estimate(phase: str, candidate: Candidate, shape: Shape, sms: int) -> Estima
     once_bytes = sum(t.once_nbytes for t in rereads)
     programs = grid_programs(phase, candidate, shape)
     return Estimate(shared_memory_bytes(phase, candidate, shape.head_dim, shape.dtype_bytes), reread_bytes,
-                    reread_bytes / once_bytes, programs, programs / sms)
+                    reread_bytes / once_bytes, programs, programs / sms,
+                    accumulator_registers(phase, candidate, shape.head_dim, shape.dtype_bytes))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,6 +246,7 @@ class Row:
     reread_factor: float
     programs: int
     programs_per_sm: float
+    accumulator_regs: int = 0
     best: bool = False
 
 
@@ -339,7 +367,8 @@ def sweep(shape: Shape, candidates: dict[str, list[Candidate]], *, device, timed
 
 def format_table(rows: list[Row], smem_limit: int) -> str:
     """One line per candidate; ``*`` marks the best of its kernel, ``!`` an estimate over the limit."""
-    header = ["", "kernel", "BMxBNxWxS", "smem", "re-reads", "progs/SM", "ms", "TFLOP/s", "error", "status"]
+    header = ["", "kernel", "BMxBNxWxS", "smem", "re-reads", "progs/SM", "acc regs", "ms", "TFLOP/s", "error",
+              "status"]
     body = [[
         "*" if r.best else "",
         r.phase,
@@ -347,6 +376,7 @@ def format_table(rows: list[Row], smem_limit: int) -> str:
         format_bytes(r.smem_bytes) + ("!" if r.smem_bytes > smem_limit else ""),
         f"{r.reread_factor:.0f}x {format_bytes(r.reread_bytes)}",
         f"{r.programs_per_sm:.1f}",
+        f"{r.accumulator_regs}" + ("!" if r.accumulator_regs > MAX_REGISTERS_PER_THREAD else ""),
         "-" if r.ms is None else f"{r.ms:.3f}",
         "-" if r.tflops is None else f"{r.tflops:.1f}",
         "-" if r.max_error is None else f"{r.max_error:.1e}",
@@ -487,7 +517,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"\n* best of its kernel.  smem: tiles held per program, streamed ones x stages ('!': over the "
               f"{format_bytes(smem_limit)} limit).\nre-reads: HBM bytes of the streamed tensors (forward, dq: K/V; "
               f"dkdv: Q/dO) and how many times each is read, with no L2 reuse.\nprogs/SM: the grid over {sms} SMs.  "
-              "error: max |x - ref| / max |ref| of the output (and gradients) against float32 SDPA.")
+              f"acc regs: 32-bit registers per thread of the fp32 tiles, a lower bound ('!': over "
+              f"{MAX_REGISTERS_PER_THREAD}).\nerror: max |x - ref| / max |ref| of the output (and gradients) "
+              "against float32 SDPA.")
     if args.plot is not None:
         if not timed:
             print("flashattn blocks: --plot skipped: no timings without a CUDA GPU", file=sys.stderr)

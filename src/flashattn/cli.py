@@ -95,7 +95,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
 
 
 def add_info_arguments(parser: argparse.ArgumentParser) -> None:
-    """info has no options; the function exists so that every subcommand has the same shape."""
+    parser.add_argument("--json", action="store_true", help="print the same fields as a JSON object")
 
 
 def triton_version() -> str:
@@ -150,6 +150,11 @@ def run_info_command(args: argparse.Namespace) -> int:
     ]
     if os.environ.get("FLASHATTN_BACKEND"):
         lines.append(("FLASHATTN_BACKEND", os.environ["FLASHATTN_BACKEND"]))
+    if args.json:
+        import json
+
+        print(json.dumps(dict(lines), indent=2))
+        return 0
     width = max(len(name) for name, _ in lines)
     for name, value in lines:
         print(f"{name.ljust(width)}  {value}")

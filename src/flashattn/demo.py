@@ -239,12 +239,25 @@ def _quiet_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def peak_extra_bytes_cpu(fn: Callable[[], object]) -> int:
-    """Peak bytes allocated by fn above what was live before it, from the profiler's allocation events.
+@dataclass(frozen=True)
+class AllocationWindow:
+    """What a call allocated, relative to what was allocated just before it.
+
+    ``peak``: the most bytes it had allocated at any moment (its output included); ``end``: what it
+    left allocated when it returned (its output, plus anything it saved, e.g. for a backward; negative
+    when it freed more than it kept).
+    """
+
+    peak: int
+    end: int
+
+
+def allocation_window_cpu(fn: Callable[[], object]) -> AllocationWindow:
+    """The allocations of fn on the CPU, from the profiler's allocation events.
 
     tracemalloc does not see torch's allocator and RSS is noisy, but torch.profiler with
     profile_memory=True records every CPU allocation and free with its size and time: the running sum
-    of those, in time order, peaks at the extra memory fn needed (its output included).
+    of those, in time order, peaks at the extra memory fn needed and ends at what it kept.
     """
     from torch.profiler import ProfilerActivity, profile
 
@@ -265,28 +278,47 @@ def peak_extra_bytes_cpu(fn: Callable[[], object]) -> int:
     for event in events:
         live += event.nbytes()
         peak = max(peak, live)
-    return peak
+    return AllocationWindow(peak, live)
 
 
-def peak_extra_bytes_cuda(fn: Callable[[], object], device: torch.device) -> int:
-    """Peak bytes the CUDA caching allocator handed out during fn above what was allocated before it
-    (the inputs and anything else alive), its output included."""
+def allocation_window_cuda(fn: Callable[[], object], device: torch.device) -> AllocationWindow:
+    """The allocations of fn on a CUDA device, from the caching allocator's counters (bytes handed out
+    to tensors, not what the allocator reserved from the driver)."""
     _synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
     fn()
     _synchronize(device)
-    return torch.cuda.max_memory_allocated(device) - before
+    return AllocationWindow(torch.cuda.max_memory_allocated(device) - before,
+                            torch.cuda.memory_allocated(device) - before)
 
 
-def _is_out_of_memory(error: BaseException) -> bool:
+def allocation_window(fn: Callable[[], object], device: torch.device) -> AllocationWindow:
+    if device.type == "cuda":
+        return allocation_window_cuda(fn, device)
+    return allocation_window_cpu(fn)
+
+
+def peak_extra_bytes_cpu(fn: Callable[[], object]) -> int:
+    """Peak bytes allocated by fn above what was live before it (its output included)."""
+    return allocation_window_cpu(fn).peak
+
+
+def peak_extra_bytes_cuda(fn: Callable[[], object], device: torch.device) -> int:
+    """Peak bytes the CUDA caching allocator handed out during fn above what was allocated before it
+    (the inputs and anything else alive), its output included."""
+    return allocation_window_cuda(fn, device).peak
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """True for torch's out-of-memory errors, CUDA's and the CPU allocator's (a plain RuntimeError)."""
     if isinstance(error, torch.cuda.OutOfMemoryError):
         return True
-    message = str(error).lower()  # the CPU allocator raises a plain RuntimeError
+    message = str(error).lower()
     return isinstance(error, RuntimeError) and "alloc" in message and "memory" in message
 
 
-def _free_cached_memory(device: torch.device) -> None:
+def free_cached_memory(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
@@ -310,19 +342,19 @@ def measure_path(
         else:
             result.extra_bytes = peak_extra_bytes_cpu(keep_output)
     except (torch.cuda.OutOfMemoryError, RuntimeError) as error:
-        if not _is_out_of_memory(error):
+        if not is_out_of_memory(error):
             raise
         result.out_of_memory = True
         output = None
-        _free_cached_memory(device)
+        free_cached_memory(device)
         return result, output
     try:
         result.seconds = median_seconds(fn, device)
     except (torch.cuda.OutOfMemoryError, RuntimeError) as error:
-        if not _is_out_of_memory(error):
+        if not is_out_of_memory(error):
             raise
         result.timing_out_of_memory = True
-        _free_cached_memory(device)
+        free_cached_memory(device)
     return result, output
 
 
@@ -376,9 +408,9 @@ def measure_seqlen(settings: DemoSettings, seqlen: int, oracle_budget_bytes: int
     try:
         oracle = attention_ref(q_part, k_part, v_part, causal=causal, upcast=True)[0]
     except (torch.cuda.OutOfMemoryError, RuntimeError) as error:
-        if not _is_out_of_memory(error):
+        if not is_out_of_memory(error):
             raise
-        _free_cached_memory(device)
+        free_cached_memory(device)
         row.oracle_note = "float64 oracle skipped: out of memory"
         return row
     row.oracle_rounding = rounding_error(oracle, dtype)
@@ -603,7 +635,7 @@ def run_demo(
         with torch.no_grad():
             for seqlen in settings.seqlens:
                 rows.append(measure_seqlen(settings, seqlen, oracle_budget_bytes, seed))
-                _free_cached_memory(settings.device)
+                free_cached_memory(settings.device)
     finally:
         torch.set_num_threads(previous_threads)
     print()

@@ -670,9 +670,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=positive_int, default=1, help="default 1")
     parser.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="bf16", help="default bf16")
     parser.add_argument("--causal", action="store_true", help="causal mask (bottom-right aligned when Sq != Sk)")
-    parser.add_argument("--gpu", choices=tuple(GPU_PRESETS), default="h200",
+    parser.add_argument("--gpu", choices=tuple(GPU_PRESETS), default=None,
                         help="measured ceilings: h100 789 TFLOP/s, 3.02 TB/s; h200 788 TFLOP/s, 4.23 TB/s "
-                             "(default h200)")
+                             "(default h200; with --measure, the GPU measured on when it is one of them)")
     parser.add_argument("--peak-tflops", type=positive_float, default=None, help="override the GPU's TFLOP/s")
     parser.add_argument("--bandwidth-tbs", type=positive_float, default=None, help="override the GPU's TB/s")
     parser.add_argument("--block-m", type=positive_int, default=None,
@@ -683,6 +683,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"SRAM size M for the paper's asymptotic form (default {HOPPER_SRAM_KB}, Hopper's "
                              "shared memory per SM)")
     parser.add_argument("--json", action="store_true", help="print the full report as JSON")
+    measured = parser.add_argument_group("measurement (needs a CUDA GPU)")
+    measured.add_argument("--measure", action="store_true",
+                          help="also run the four passes once on this GPU and print the DRAM bytes Nsight "
+                               "Compute measures beside the model; where ncu is missing or may not read the "
+                               "GPU's counters, kernel times from torch.profiler and the bandwidth the "
+                               "model's bytes imply (labelled: not a byte measurement)")
+    measured.add_argument("--measure-with", choices=("auto", "ncu", "profiler"), default="auto",
+                          help="auto: ncu when found, else (or when it fails) torch.profiler (default auto)")
+    measured.add_argument("--ncu", metavar="PATH", default=None,
+                          help="the ncu executable (default: ncu on PATH, else $CUDA_HOME/bin/ncu or "
+                               "/usr/local/cuda/bin/ncu)")
 
 
 # The flag each validated field comes from, so that an error names what the user typed.
@@ -709,12 +720,17 @@ def report_from_args(args: argparse.Namespace) -> IoReport:
         tiling = Tiling.uniform(args.block_m, args.block_n)
     else:
         tiling = Tiling.for_problem(problem).with_overrides(args.block_m, args.block_n)
-    preset = GPU_PRESETS[args.gpu]
+    return analyze(problem, tiling, gpu_from_args(args), args.sram_kb)
+
+
+def gpu_from_args(args: argparse.Namespace, default: str = "h200") -> Gpu:
+    """The --gpu preset (``default`` when not given), with --peak-tflops / --bandwidth-tbs applied."""
+    key = args.gpu or default
+    preset = GPU_PRESETS[key]
     custom = args.peak_tflops is not None or args.bandwidth_tbs is not None
-    gpu = Gpu(f"{args.gpu.upper()} (custom)" if custom else preset.name,
+    return Gpu(f"{key.upper()} (custom)" if custom else preset.name,
               preset.peak_flops if args.peak_tflops is None else args.peak_tflops * 1e12,
               preset.bandwidth if args.bandwidth_tbs is None else args.bandwidth_tbs * 1e12)
-    return analyze(problem, tiling, gpu, args.sram_kb)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -728,6 +744,14 @@ def run(args: argparse.Namespace) -> int:
         if error.field == "head_dim" and "table" in error.message:
             return _usage_error(flag, f"{error.message}; pass --block-m and --block-n to model a larger one")
         return _usage_error(flag, error.message)
+    if args.measure:
+        if args.block_m is not None or args.block_n is not None:
+            flag = "--block-m" if args.block_m is not None else "--block-n"
+            return _usage_error(flag, "--measure runs the tiles of flashattn's table on this GPU and models "
+                                      "those: drop --block-m and --block-n")
+        from .iomeasure import run_measure
+
+        return run_measure(args, report)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:

@@ -9,8 +9,9 @@ has an exact, itemized answer: for Llama-2-70B, batch 1, bfloat16, training, 320
 
 Only the memory that attention itself adds is counted ("extra" memory): q, k and v are inputs both
 implementations share, and the attention output, which both produce, is reported as a separate item.
-The numbers are a model, not a measurement; ``flashattn demo`` measures the same two quantities on a
-real run.
+The numbers are a model, not a measurement; ``flashattn memory --measure`` (``measure.py``) runs one
+layer of the model and prints the measured peaks beside them, and ``flashattn demo`` measures the
+same two quantities over a range of lengths.
 """
 
 from __future__ import annotations
@@ -475,6 +476,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-memory-gb", type=positive_float, default=None, metavar="GB",
                         help="GPU memory to compare against, in GiB as GPU datasheets count it (80 for an "
                              "H100, 141 for an H200; default: the CUDA GPU's, if there is one)")
+    parser.add_argument("--measure", nargs="?", const="cuda", choices=("cuda", "cpu"), default=None,
+                        metavar="DEVICE",
+                        help="instead of the table, measure one layer at each seqlen (standard attention and "
+                             "flashattn, inference and training) and print it beside the model: peak memory "
+                             "from the CUDA allocator; 'cpu' measures the CPU path with torch.profiler "
+                             "(default device: cuda)")
 
 
 def _usage_error(message: str) -> int:
@@ -524,6 +531,9 @@ def run(args: argparse.Namespace) -> int:
         results = memory_table(config, seqlens, args.batch, args.dtype, args.mode, args.dropout)
     except MemoryArgumentError as error:
         return _usage_error(f"{_flag(error.argument)}: {error.detail}")
+    if args.measure is not None and args.dropout:
+        return _usage_error("--dropout: not measured (the standard attention measured has no dropout); "
+                            "drop --dropout or --measure")
 
     if args.gpu_memory_gb is not None:
         gpu_memory_bytes, gpu_label = int(args.gpu_memory_gb * GIB), None
@@ -531,7 +541,13 @@ def run(args: argparse.Namespace) -> int:
         gpu = detected_gpu()
         gpu_memory_bytes, gpu_label = gpu if gpu is not None else (None, None)
 
-    if args.json:
+    if args.measure is not None:
+        from .measure import run_memory_measure
+
+        status = run_memory_measure(config, seqlens, args)
+        if status:
+            return status
+    elif args.json:
         print(json.dumps(to_json(results, gpu_memory_bytes), indent=2))
     else:
         print(render_table(results, gpu_memory_bytes).rstrip("\n"))
