@@ -6,6 +6,7 @@ set -u -o pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT/r"
 export PYTHONPATH=src PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+# the device copy of the tree may carry stale git metadata: pass FLASHATTN_COMMIT=<hash> to tag the results
 R="$OUT/r"
 timeout "${TEST_TIMEOUT:-200}" python3 -m pytest ${TEST_ARGS:-} -n 12 -q -p no:cacheprovider > "$R/tests.log" 2>&1
 echo "tests exit $?" >> "$R/tests.log"

@@ -35,9 +35,15 @@ _HOPPER_FORWARD = {
     (64, False): TileConfig(128, 64, 8, 3),
     (64, True): TileConfig(128, 64, 8, 3),
     (128, False): TileConfig(128, 128, 8, 3, tma=True),
-    (128, True): TileConfig(128, 128, 8, 3, tma=True),
+    (128, True): TileConfig(128, 64, 8, 3),
     (256, False): TileConfig(128, 64, 8, 2, tma=True),
     (256, True): TileConfig(128, 64, 8, 2),
+}
+# Long sequences (both >= LONG_SEQLEN): the causal hdim-128 forward takes the large TMA tile, 523-538
+# against 489 TFLOP/s at 16k; at 1k its 128x128 diagonal tiles waste too much (231 against 278).
+LONG_SEQLEN = 8192
+_HOPPER_FORWARD_LONG = {
+    (128, True): TileConfig(128, 128, 8, 3, tma=True),
 }
 _HOPPER_DKDV = {
     (64, False): TileConfig(64, 64, 4, 2),
@@ -66,6 +72,7 @@ _PORTABLE_DQ = {(64, c): TileConfig(64, 32, 4, 1) for c in (False, True)} | {
     (128, c): TileConfig(64, 32, 4, 1) for c in (False, True)} | {
     (256, c): TileConfig(32, 16, 4, 1) for c in (False, True)}
 
+_LONG_TABLES = {("hopper", "forward"): _HOPPER_FORWARD_LONG}
 _TABLES = {
     ("hopper", "forward"): _HOPPER_FORWARD,
     ("hopper", "dkdv"): _HOPPER_DKDV,
@@ -108,17 +115,17 @@ def use_config(phase: str, config: TileConfig):
             _OVERRIDES[phase] = previous
 
 
-def tile_config(phase: str, head_dim: int, masked: bool, dtype: torch.dtype, device: torch.device,
-                interpret: bool, attn_mask: bool = False) -> TileConfig:
-    """The config for ``phase`` in {"forward", "dkdv", "dq"}; ``attn_mask``: an SDPA mask streams too."""
-    if phase in _OVERRIDES:
-        return _OVERRIDES[phase]
-    if interpret:
-        return INTERPRETER
-    table = _TABLES[(gpu_family(device), phase)]
+def lookup(family: str, phase: str, head_dim: int, masked: bool, dtype: torch.dtype, attn_mask: bool = False,
+           seqlen: int = 0) -> TileConfig:
+    """The table's config for ``phase`` on a GPU ``family`` ("hopper" or "portable"), without a device.
+
+    ``attn_mask``: an SDPA mask streams beside K and V. ``seqlen``: the shorter of the (longest) query
+    and key lengths, which picks the long-sequence entries.
+    """
     width = padded_head_dim(head_dim)
     bucket = min(b for b in (64, 128, 256) if b >= width)
-    config = table[(bucket, masked)]
+    long_table = _LONG_TABLES.get((family, phase), {}) if seqlen >= LONG_SEQLEN else {}
+    config = long_table.get((bucket, masked)) or _TABLES[(family, phase)][(bucket, masked)]
     if dtype == torch.float32:
         # fp32 tiles take twice the shared memory: halve the key/query tile that streams.
         config = dataclasses.replace(config, block_m=max(16, config.block_m // 2),
@@ -129,3 +136,14 @@ def tile_config(phase: str, head_dim: int, masked: bool, dtype: torch.dtype, dev
         # mask: the hdim-128 forward's 128x128x3 tiles asked for 361 KB of shared memory on an H200
         config = dataclasses.replace(config, block_n=min(config.block_n, 64), num_stages=min(config.num_stages, 2))
     return config
+
+
+def tile_config(phase: str, head_dim: int, masked: bool, dtype: torch.dtype, device: torch.device,
+                interpret: bool, attn_mask: bool = False, seqlen: int = 0) -> TileConfig:
+    """The config for ``phase`` in {"forward", "dkdv", "dq"} on ``device``: a forced one (``use_config``),
+    the interpreter's, or the table's (:func:`lookup`)."""
+    if phase in _OVERRIDES:
+        return _OVERRIDES[phase]
+    if interpret:
+        return INTERPRETER
+    return lookup(gpu_family(device), phase, head_dim, masked, dtype, attn_mask, seqlen)

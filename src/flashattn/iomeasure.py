@@ -615,7 +615,8 @@ def device_tiling(problem, dtype, device) -> Tiling:
     from . import configs
 
     return Tiling(*(BlockShape(config.block_m, config.block_n) for config in (
-        configs.tile_config(phase, problem.head_dim, problem.causal, dtype, device, interpret=False)
+        configs.tile_config(phase, problem.head_dim, problem.causal, dtype, device, interpret=False,
+                            seqlen=min(problem.seqlen_q, problem.seqlen_k) if phase == "forward" else 0)
         for phase in ("forward", "dkdv", "dq"))))
 
 

@@ -112,21 +112,20 @@ class BlockShape:
                 raise InvalidArgument(name, f"expected a power of two >= 16, got {value!r}")
 
 
-def hopper_block_shape(phase: str, head_dim: int, masked: bool, dtype_bytes: int) -> BlockShape:
-    """The tile ``configs.tile_config`` picks for ``phase`` on a Hopper GPU, read from its table.
+def hopper_block_shape(phase: str, head_dim: int, masked: bool, dtype_bytes: int, seqlen: int = 0) -> BlockShape:
+    """The tile ``configs.tile_config`` picks for ``phase`` on a Hopper GPU (``configs.lookup``, no device).
 
-    ``tile_config`` needs a CUDA device to pick the Hopper table; this reads the same table without
-    one, mirroring its bucketing by padded head dim and its halving of both tiles for float32 inputs.
+    ``seqlen``: the shorter of the query and key lengths (long sequences have their own entries).
     """
+    import torch
+
     from . import configs
 
     width = configs.padded_head_dim(head_dim)
     if width > MAX_TABLE_HEAD_DIM:
         raise InvalidArgument("head_dim", f"the Hopper tile table stops at {MAX_TABLE_HEAD_DIM}, got {head_dim}")
-    bucket = min(b for b in (64, 128, 256) if b >= width)
-    config = configs._TABLES[("hopper", phase)][(bucket, masked)]
-    if dtype_bytes == FLOAT32_BYTES:
-        return BlockShape(max(16, config.block_m // 2), max(16, config.block_n // 2))
+    dtype = torch.float32 if dtype_bytes == FLOAT32_BYTES else torch.bfloat16
+    config = configs.lookup("hopper", phase, head_dim, masked, dtype, seqlen=seqlen)
     return BlockShape(config.block_m, config.block_n)
 
 
@@ -139,13 +138,15 @@ class Tiling:
     dq: BlockShape
 
     @classmethod
-    def from_hopper_table(cls, head_dim: int, causal: bool, dtype_bytes: int) -> Tiling:
+    def from_hopper_table(cls, head_dim: int, causal: bool, dtype_bytes: int, seqlen: int = 0) -> Tiling:
         """What flashattn runs on an H100/H200 (a causal mask is the only mask this model knows)."""
-        return cls(*(hopper_block_shape(phase, head_dim, causal, dtype_bytes) for phase in ("forward", "dkdv", "dq")))
+        return cls(*(hopper_block_shape(phase, head_dim, causal, dtype_bytes, seqlen)
+                     for phase in ("forward", "dkdv", "dq")))
 
     @classmethod
     def for_problem(cls, problem: AttentionProblem) -> Tiling:
-        return cls.from_hopper_table(problem.head_dim, problem.causal, problem.dtype_bytes)
+        return cls.from_hopper_table(problem.head_dim, problem.causal, problem.dtype_bytes,
+                                     min(problem.seqlen_q, problem.seqlen_k))
 
     @classmethod
     def uniform(cls, block_m: int, block_n: int) -> Tiling:

@@ -168,7 +168,7 @@ def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, at
     lse = torch.empty(layout.lse_shape, dtype=torch.float32, device=q.device)
     masked = opts.masked or attn_mask is not None
     config = configs.tile_config("forward", head_dim, masked, q.dtype, q.device, interpreting(),
-                                 attn_mask=attn_mask is not None)
+                                 attn_mask=attn_mask is not None, seqlen=min(layout.grid_q, layout.grid_k))
     use_tma = config.tma and _tma_compatible(q, k, v, out)
     if use_tma and q.is_cuda:
         import triton
