@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from . import decode_ops
-from .interface import MAX_HEAD_DIM, SUPPORTED_DTYPES, _check_tensor
+from .interface import MAX_HEAD_DIM, SUPPORTED_DTYPES, _check_alibi, _check_options, _check_tensor
 from .options import AttentionOptions
 
 PAGE_MULTIPLE = 16
@@ -53,20 +53,8 @@ def _check_index(name: str, x, shape: tuple[int, ...], device: torch.device) -> 
 
 def _validate_options(q: torch.Tensor, window_size, softcap: float, alibi_slopes) -> None:
     batch, _, nheads, _ = q.shape
-    if len(window_size) != 2 or any(int(w) != w or w < -1 for w in window_size):
-        raise ValueError(f"window_size must be a pair of ints >= -1 (-1: unbounded), got {window_size}")
-    if softcap < 0:
-        raise ValueError(f"softcap must be >= 0 (0: off), got {softcap}")
-    if alibi_slopes is not None:
-        if not isinstance(alibi_slopes, torch.Tensor):
-            raise TypeError(f"alibi_slopes must be a torch.Tensor, got {type(alibi_slopes).__name__}")
-        if alibi_slopes.dtype != torch.float32:
-            raise TypeError(f"alibi_slopes must be float32, got {alibi_slopes.dtype}")
-        if tuple(alibi_slopes.shape) not in ((nheads,), (batch, nheads)):
-            raise ValueError(f"alibi_slopes must have shape ({nheads},) or ({batch}, {nheads}), "
-                             f"got {tuple(alibi_slopes.shape)}")
-        if alibi_slopes.device != q.device:
-            raise ValueError(f"alibi_slopes must be on q's device {q.device}, got {alibi_slopes.device}")
+    _check_options(0.0, window_size, softcap)  # no dropout at inference
+    _check_alibi(alibi_slopes, batch, nheads, q.device)
 
 
 def _validate_cache(q, k_cache, v_cache, k, v, block_table, cache_batch_idx) -> int:
