@@ -2,23 +2,24 @@
 
 Two ways, the first that works:
 
-1. **Nsight Compute** (``ncu``, found on PATH or in /usr/local/cuda/bin). A child process
-   (``python -m flashattn.iomeasure --child SPEC``) runs the four passes once each, every pass inside
-   an NVTX push/pop range of its own (``flashattn-io:standard:forward`` ...), after an unprofiled
-   warm-up that compiles the kernels. The ranges are scoped to the process
-   (``--nvtx-push-pop-scope process``): autograd launches the backward's kernels from its own thread.
-   ncu profiles only the kernels inside those ranges and reads two DRAM counters of each,
-   ``dram__bytes_read.sum`` and ``dram__bytes_write.sum``. It flushes the caches before every
-   kernel it profiles (its default ``--cache-control all``), so each count is one kernel's traffic from
-   a cold L2: the quantity the IO model brackets, kernel by kernel, between "no reuse across programs"
-   and "L2 kept every tile". The report is read back twice as CSV, once with the kernels' own names
-   and once renamed after their NVTX range (``--print-nvtx-rename kernel``), and joined on the result
-   ID: every kernel's bytes land in its pass.
-2. **torch.profiler**, when there is no ncu or ncu may not read the counters (ERR_NVGPUCTRPERM:
-   the driver restricts them to administrators unless loaded with NVreg_RestrictProfilingToAdminUsers=0).
-   It gives kernel durations only, so what is reported is the *implied* bandwidth, the model's bytes
-   over the measured time: clearly not a byte measurement. An implied bandwidth above the GPU's real
-   one means the no-reuse model overcounts (L2 served some of the re-read tiles).
+1. **Nsight Compute** (``ncu``, found on PATH or in /usr/local/cuda/bin), one run per pass. ncu starts
+   a child process (``python -m flashattn.iomeasure --child SPEC --pass IMPLEMENTATION:DIRECTION``)
+   with profiling off (``--profile-from-start off``). The child warms the implementation up (a forward
+   and a backward, unprofiled: the Triton kernels compile, cuBLAS picks its algorithms), then calls
+   ``torch.cuda.profiler.start()`` right before the measured call and ``torch.cuda.synchronize();
+   torch.cuda.profiler.stop()`` after it. cudaProfilerStart/Stop act on the whole process, so the
+   kernels that autograd launches from its own device thread during the backward are profiled too
+   (an NVTX push/pop range, being per thread, missed them). ncu reads two DRAM counters of every
+   kernel in between, ``dram__bytes_read.sum`` and ``dram__bytes_write.sum``, and their sum over the
+   run is the pass's traffic. ncu flushes the caches before every kernel it profiles (its default
+   ``--cache-control all``), so each count is one kernel's traffic from a cold L2: the quantity the IO
+   model brackets, kernel by kernel, between "no reuse across programs" and "L2 kept every tile".
+2. **torch.profiler**, when there is no ncu, ncu may not read the counters (ERR_NVGPUCTRPERM: the
+   driver restricts them to administrators unless loaded with NVreg_RestrictProfilingToAdminUsers=0),
+   or an ncu run fails. It gives kernel durations only, so what is reported is the *implied*
+   bandwidth, the model's bytes over the measured time: clearly not a byte measurement. An implied
+   bandwidth above the GPU's real one means the no-reuse model overcounts (L2 served some of the
+   re-read tiles).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,12 +54,12 @@ from .iomodel import (
 )
 
 NCU_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
-RANGE_PREFIX = "flashattn-io"
 IMPLEMENTATIONS = ("standard", "flashattn")
 DIRECTIONS = ("forward", "backward")
+# Forwards first: when an implementation's forward runs out of memory, its backward is not tried.
 PHASES = tuple((implementation, direction) for direction in DIRECTIONS for implementation in IMPLEMENTATIONS)
 PROFILER_REPEATS = 5  # calls per pass averaged by the torch.profiler fallback
-NCU_TIMEOUT_SECONDS = 600
+NCU_TIMEOUT_SECONDS = 300  # per ncu run (one pass)
 # ncu prints sizes in SI units (233.47 Kbyte is Hopper's 228 KiB of shared memory); the binary
 # spellings are accepted too, in case a version prints them.
 BYTE_UNITS = {
@@ -68,6 +69,7 @@ BYTE_UNITS = {
 # Which kernel of the IO model a flashattn kernel is, by a word in its name (kernels/forward.py,
 # kernels/backward.py); checked in this order.
 FLASHATTN_KERNEL_WORDS = ("delta", "dkdv", "dq", "forward")
+NO_KERNELS_PROFILED = "No kernels were profiled"  # ncu's warning when the profiled region launched nothing
 
 
 class NcuUnavailable(RuntimeError):
@@ -78,11 +80,18 @@ def phase_label(phase: tuple[str, str]) -> str:
     return f"{phase[0]} {phase[1]}"
 
 
-def range_name(phase: tuple[str, str]) -> str:
-    return f"{RANGE_PREFIX}:{phase[0]}:{phase[1]}"
+def phase_argument(phase: tuple[str, str]) -> str:
+    """How the child's ``--pass`` spells a pass: 'flashattn:backward'."""
+    return f"{phase[0]}:{phase[1]}"
 
 
-_RANGE_PATTERN = re.compile(rf"{RANGE_PREFIX}:({'|'.join(IMPLEMENTATIONS)}):({'|'.join(DIRECTIONS)})")
+def parse_phase(text: str) -> tuple[str, str]:
+    """The pass of a ``--pass`` argument; ValueError naming the choices otherwise."""
+    implementation, _, direction = text.partition(":")
+    if (implementation, direction) not in PHASES:
+        choices = ", ".join(phase_argument(p) for p in PHASES)
+        raise ValueError(f"--pass must be one of {choices}, got {text!r}")
+    return implementation, direction
 
 
 # ---------------------------------------------------------------------------------------------
@@ -91,12 +100,13 @@ _RANGE_PATTERN = re.compile(rf"{RANGE_PREFIX}:({'|'.join(IMPLEMENTATIONS)}):({'|
 
 
 def run_phases(shape, device, around: Callable[[tuple[str, str]], contextlib.AbstractContextManager],
-               repeats: int = 1) -> dict[str, str]:
-    """Run every pass ``repeats`` times inside ``around(phase)``; return 'ok' or 'OOM' per pass label.
+               repeats: int = 1, phases: Sequence[tuple[str, str]] = PHASES) -> dict[str, str]:
+    """Run each of ``phases`` ``repeats`` times inside ``around(phase)``; 'ok' or 'OOM' per pass label.
 
-    Each implementation first runs a forward and a backward outside any range: that compiles the
+    Each implementation first runs a forward and a backward outside ``around``: that compiles the
     Triton kernels and lets cuBLAS pick its algorithms, so the measured calls are the steady state.
-    The forward runs under no_grad; the backward runs ``torch.autograd.grad`` on one retained graph.
+    The forward runs under no_grad; the backward runs ``torch.autograd.grad`` on one retained graph,
+    whose forward also runs outside ``around``.
     """
     import torch
 
@@ -105,23 +115,28 @@ def run_phases(shape, device, around: Callable[[tuple[str, str]], contextlib.Abs
 
     status: dict[str, str] = {}
     for implementation in IMPLEMENTATIONS:
+        directions = [direction for direction in DIRECTIONS if (implementation, direction) in phases]
+        if not directions:
+            continue
         try:
             inputs = make_inputs(shape, device, requires_grad=True)
             forward = attention_runner(implementation, inputs, shape.causal)
             gradients(forward(), inputs)  # warm-up
-            with torch.no_grad(), around((implementation, "forward")):
-                for _ in range(repeats):
-                    forward()
-            status[phase_label((implementation, "forward"))] = "ok"
-            out = forward()
-            with around((implementation, "backward")):
-                for _ in range(repeats):
-                    gradients(out, inputs, retain_graph=True)
-            status[phase_label((implementation, "backward"))] = "ok"
+            if "forward" in directions:
+                with torch.no_grad(), around((implementation, "forward")):
+                    for _ in range(repeats):
+                        forward()
+                status[phase_label((implementation, "forward"))] = "ok"
+            if "backward" in directions:
+                out = forward()
+                with around((implementation, "backward")):
+                    for _ in range(repeats):
+                        gradients(out, inputs, retain_graph=True)
+                status[phase_label((implementation, "backward"))] = "ok"
         except RuntimeError as error:  # torch.cuda.OutOfMemoryError is a RuntimeError
             if not is_out_of_memory(error):
                 raise
-            for direction in DIRECTIONS:
+            for direction in directions:
                 status.setdefault(phase_label((implementation, direction)), "OOM")
         finally:
             inputs = forward = out = None
@@ -130,39 +145,43 @@ def run_phases(shape, device, around: Callable[[tuple[str, str]], contextlib.Abs
 
 
 @contextlib.contextmanager
-def nvtx_range(phase: tuple[str, str]) -> Iterator[None]:
-    """An NVTX push/pop range around a pass; synchronized, so that its kernels finish inside it."""
+def cuda_profiler_range(phase: tuple[str, str]) -> Iterator[None]:
+    """cudaProfilerStart/Stop around a pass: what ncu (``--profile-from-start off``) profiles.
+
+    Process-wide, so autograd's device thread is covered. Synchronized on both sides: the warm-up's
+    kernels finish before, and the pass's kernels before the stop.
+    """
     import torch
 
     torch.cuda.synchronize()
-    torch.cuda.nvtx.range_push(range_name(phase))
+    torch.cuda.profiler.start()
     try:
         yield
         torch.cuda.synchronize()
     finally:
-        torch.cuda.nvtx.range_pop()
+        torch.cuda.profiler.stop()
 
 
-def child_main(spec: str) -> int:
-    """The process ncu profiles: the passes of one shape, each in its NVTX range; statuses as JSON."""
+def child_main(spec: str, phase: tuple[str, str]) -> int:
+    """The process ncu profiles: one pass of one shape between cudaProfilerStart/Stop; its status as JSON."""
     import torch
 
     from .measure import LayerShape
 
     shape = LayerShape(**json.loads(spec))
-    status = run_phases(shape, torch.device("cuda"), nvtx_range)
+    status = run_phases(shape, torch.device("cuda"), cuda_profiler_range, phases=(phase,))
     print(json.dumps({"status": status}), flush=True)
     return 0
 
 
 # ---------------------------------------------------------------------------------------------
-# Nsight Compute: the command, its CSV, and which pass each kernel belongs to
+# Nsight Compute: one run per pass, and its CSV
 # ---------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class KernelTraffic:
-    """One profiled kernel: its DRAM bytes, and the pass (phase label) it ran in once attributed."""
+    """One profiled kernel: its DRAM bytes, and the pass (phase label) it ran in."""
 
     id: int
     kernel: str
@@ -188,39 +207,31 @@ def find_ncu(explicit: str | None = None) -> str | None:
     return None
 
 
-def child_command(shape) -> list[str]:
-    return [sys.executable, "-m", "flashattn.iomeasure", "--child", json.dumps(asdict(shape))]
+def child_command(shape, phase: tuple[str, str]) -> list[str]:
+    return [sys.executable, "-m", "flashattn.iomeasure", "--child", json.dumps(asdict(shape)),
+            "--pass", phase_argument(phase)]
 
 
-def ncu_profile_command(ncu: str, report: Path, log: Path, shape) -> list[str]:
-    """Profile the child: only kernels inside the four NVTX ranges, only the two DRAM counters.
-
-    The ranges are push/pop ranges (``--print-nvtx-rename kernel`` names kernels after those only),
-    scoped to the process: autograd launches the backward's CUDA kernels from its own device thread,
-    which a per-thread range pushed by the main thread would not cover.
-    """
-    includes = [arg for phase in PHASES for arg in ("--nvtx-include", f"{range_name(phase)}/")]  # '/': push/pop
-    return [ncu, "--target-processes", "all", "--nvtx", "--nvtx-push-pop-scope", "process", *includes,
-            "--metrics", ",".join(NCU_METRICS), "--export", str(report), "--force-overwrite", "--log-file",
-            str(log), *child_command(shape)]
+def ncu_profile_command(ncu: str, report: Path, log: Path, shape, phase: tuple[str, str]) -> list[str]:
+    """Profile one pass: every kernel between the child's cudaProfilerStart and Stop, two DRAM counters."""
+    return [ncu, "--target-processes", "all", "--profile-from-start", "off",
+            "--metrics", ",".join(NCU_METRICS), "--export", str(report), "--force-overwrite",
+            "--log-file", str(log), *child_command(shape, phase)]
 
 
-def ncu_import_command(ncu: str, report: Path, by_range: bool) -> list[str]:
+def ncu_import_command(ncu: str, report: Path) -> list[str]:
     """Read the report back as CSV (``--print-units base``: bytes, not scaled units)."""
-    command = [ncu, "--import", str(report), "--csv", "--print-units", "base"]
-    return command + (["--print-nvtx-rename", "kernel"] if by_range else [])
+    return [ncu, "--import", str(report), "--csv", "--print-units", "base"]
 
 
 def ncu_failure(output: str) -> str | None:
-    """Why ncu could not measure, from its messages; None if they show no failure."""
+    """Why ncu could not measure, from its messages (no permission, an error); None if they show none."""
     if "ERR_NVGPUCTRPERM" in output:
         return ("ncu may not read this GPU's performance counters (ERR_NVGPUCTRPERM): the driver restricts them "
                 "to administrators (see https://developer.nvidia.com/ERR_NVGPUCTRPERM)")
     errors = [line.strip() for line in output.splitlines() if line.lstrip().startswith("==ERROR==")]
     if errors:
         return "ncu failed: " + errors[0].removeprefix("==ERROR==").strip()
-    if "No kernels were profiled" in output:
-        return "ncu profiled no kernel (no kernel ran inside the NVTX ranges)"
     return None
 
 
@@ -246,7 +257,8 @@ def parse_ncu_csv(text: str) -> list[KernelTraffic]:
     lines = text.splitlines()
     start = next((i for i, line in enumerate(lines) if '"Kernel Name"' in line and '"Metric Value"' in line), None)
     if start is None:
-        raise NcuUnavailable(ncu_failure(text) or "ncu printed no metrics table")
+        no_kernel = "ncu profiled no kernel" if NO_KERNELS_PROFILED in text else None
+        raise NcuUnavailable(ncu_failure(text) or no_kernel or "ncu printed no metrics table")
     kernels: dict[int, dict[str, Any]] = {}
     for row in csv.DictReader(io.StringIO("\n".join(lines[start:]))):
         metric = row.get("Metric Name")
@@ -264,33 +276,13 @@ def parse_ncu_csv(text: str) -> list[KernelTraffic]:
             for kernel_id, entry in sorted(kernels.items())]
 
 
-def attribute_phases(kernels: Sequence[KernelTraffic], renamed: Sequence[KernelTraffic]) -> list[KernelTraffic]:
-    """Give each kernel the pass of its NVTX range, read from the renamed CSV (same IDs)."""
-    phases = {}
-    for kernel in renamed:
-        match = _RANGE_PATTERN.search(kernel.kernel)
-        if match:
-            phases[kernel.id] = phase_label((match.group(1), match.group(2)))
-    if not phases:
-        raise NcuUnavailable("ncu's report names none of the NVTX ranges: cannot tell the passes apart")
-    return [KernelTraffic(k.id, k.kernel, k.read_bytes, k.write_bytes, phases.get(k.id)) for k in kernels]
-
-
-def check_every_pass_profiled(kernels: Sequence[KernelTraffic], status: dict[str, str]) -> None:
-    """NcuUnavailable if a pass that ran has no profiled kernel: its bytes would silently read as zero."""
-    for phase in PHASES:
-        label = phase_label(phase)
-        if status.get(label) == "ok" and not any(k.phase == label for k in kernels):
-            raise NcuUnavailable(f"ncu profiled no kernel of the {label} pass (its NVTX range matched nothing)")
-
-
-def _child_status(stdout: str) -> dict[str, str]:
-    """The child's last JSON line (it prints one); every pass 'ok' if there is none."""
+def _child_status(stdout: str, phase: tuple[str, str]) -> str:
+    """The pass's status from the child's last JSON line; NcuUnavailable if it printed none."""
     for line in reversed(stdout.splitlines()):
         if line.startswith("{"):
-            with contextlib.suppress(json.JSONDecodeError):
-                return json.loads(line)["status"]
-    return {phase_label(p): "ok" for p in PHASES}
+            with contextlib.suppress(json.JSONDecodeError, KeyError, TypeError):
+                return json.loads(line)["status"][phase_label(phase)]
+    raise NcuUnavailable(f"the profiled process of the {phase_label(phase)} pass printed no status line")
 
 
 def _run(command: list[str], timeout: float) -> subprocess.CompletedProcess:
@@ -302,26 +294,57 @@ def _run(command: list[str], timeout: float) -> subprocess.CompletedProcess:
         raise NcuUnavailable(f"cannot run {command[0]}: {error.strerror or error}") from None
 
 
+def _last_line(*texts: str) -> str:
+    for text in texts:
+        if text.strip():
+            return text.strip().splitlines()[-1]
+    return "no output"
+
+
+def profile_pass(ncu: str, shape, phase: tuple[str, str], workdir: Path,
+                 timeout: float = NCU_TIMEOUT_SECONDS) -> tuple[list[KernelTraffic], str]:
+    """One ncu run of one pass: (its kernels, labelled with the pass; 'ok' or 'OOM')."""
+    label = phase_label(phase)
+    name = phase_argument(phase).replace(":", "-")
+    report, log = workdir / f"{name}.ncu-rep", workdir / f"{name}.log"
+    profiled = _run(ncu_profile_command(ncu, report, log, shape, phase), timeout)
+    messages = "\n".join([log.read_text(errors="replace") if log.exists() else "", profiled.stdout,
+                          profiled.stderr])
+    reason = ncu_failure(messages)
+    if profiled.returncode != 0 and "ERR_NVGPUCTRPERM" not in messages:
+        # ncu passes the child's stderr through: its last line is the child's error, if it raised one
+        reason = (f"ncu exited with status {profiled.returncode} profiling the {label} pass: "
+                  f"{_last_line(profiled.stderr, messages)}" + (f" ({reason})" if reason else ""))
+    if reason:
+        raise NcuUnavailable(reason)
+    status = _child_status(profiled.stdout, phase)
+    if status != "ok":
+        return [], status  # out of memory: nothing to import
+    if NO_KERNELS_PROFILED in messages or not report.exists():
+        raise NcuUnavailable(f"ncu profiled no kernel of the {label} pass (none ran between "
+                             "cudaProfilerStart and cudaProfilerStop)")
+    table = _run(ncu_import_command(ncu, report), timeout)
+    if table.returncode != 0:
+        raise NcuUnavailable(f"ncu --import failed: {_last_line(table.stderr)}")
+    return [replace(kernel, phase=label) for kernel in parse_ncu_csv(table.stdout)], status
+
+
 def measure_with_ncu(shape, ncu: str, timeout: float = NCU_TIMEOUT_SECONDS) -> tuple[list[KernelTraffic], dict]:
-    """Profile the passes of ``shape`` under ncu: (kernels with their pass, status per pass)."""
+    """Profile each pass of ``shape`` in an ncu run of its own: (kernels with their pass, status per pass).
+
+    An implementation whose forward ran out of memory is not run again for its backward: the child's
+    warm-up, a forward and a backward, would run out of memory the same way.
+    """
+    kernels: list[KernelTraffic] = []
+    status: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="flashattn-io-") as workdir:
-        report, log = Path(workdir, "io.ncu-rep"), Path(workdir, "ncu.log")
-        profiled = _run(ncu_profile_command(ncu, report, log, shape), timeout)
-        messages = "\n".join([log.read_text(errors="replace") if log.exists() else "", profiled.stdout,
-                              profiled.stderr])
-        reason = ncu_failure(messages)
-        if reason:
-            raise NcuUnavailable(reason)
-        if profiled.returncode != 0 or not report.exists():
-            tail = (profiled.stderr.strip() or messages.strip()).splitlines()[-1:] or ["no output"]
-            raise NcuUnavailable(f"ncu exited with status {profiled.returncode}: {tail[0]}")
-        tables = [_run(ncu_import_command(ncu, report, by_range), timeout) for by_range in (False, True)]
-        for table in tables:
-            if table.returncode != 0:
-                raise NcuUnavailable(f"ncu --import failed: {(table.stderr.strip() or 'no output').splitlines()[-1]}")
-        kernels = attribute_phases(parse_ncu_csv(tables[0].stdout), parse_ncu_csv(tables[1].stdout))
-    status = _child_status(profiled.stdout)
-    check_every_pass_profiled(kernels, status)
+        for phase in PHASES:
+            implementation, direction = phase
+            if direction == "backward" and status.get(phase_label((implementation, "forward"))) == "OOM":
+                status[phase_label(phase)] = "OOM"
+                continue
+            found, status[phase_label(phase)] = profile_pass(ncu, shape, phase, Path(workdir), timeout)
+            kernels += found
     return kernels, status
 
 
@@ -418,12 +441,11 @@ class IoMeasurement:
     passes: list[PassComparison]
     fallback_reason: str | None = None  # why not ncu, for the profiler method
     repeats: int = 1
-    unattributed_kernels: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"method": self.method, "device": self.device, "bytes_measured": self.method == "ncu",
                 "fallback_reason": self.fallback_reason, "repeats": self.repeats,
-                "passes": [p.to_dict() for p in self.passes], "unattributed_kernels": self.unattributed_kernels}
+                "passes": [p.to_dict() for p in self.passes]}
 
 
 def _model_pass(report: IoReport, implementation: str, direction: str) -> PassReport:
@@ -458,8 +480,7 @@ def compare_traffic(report: IoReport, kernels: Sequence[KernelTraffic], status: 
                              model_once_bytes=sum(t.once_nbytes for t in transfers))
             comparison.kernels.append(entry)
         passes.append(comparison)
-    unattributed = [k.kernel for k in kernels if k.phase is None]
-    return IoMeasurement("ncu", device, passes, unattributed_kernels=unattributed)
+    return IoMeasurement("ncu", device, passes)
 
 
 def compare_times(report: IoReport, times: Sequence[KernelTime], status: dict[str, str], device: str,
@@ -532,6 +553,31 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return _markdown_table(header, rows)
 
 
+def _kernel_bytes(kernel: dict) -> str:
+    model = ""
+    if "model_bytes" in kernel:
+        model = (f"   model {format_bytes(kernel['model_bytes'])}, "
+                 f"L2 kept all {format_bytes(kernel['model_once_bytes'])}")
+    return f"{format_bytes(kernel['read_bytes'] + kernel['write_bytes']):>10}{model}"
+
+
+def _kernel_lines(passes: Sequence[PassComparison], describe: Callable[[dict], str]) -> list[str]:
+    """Each pass, then a line per kernel (its short name, then ``describe(kernel)``).
+
+    A pass without kernels says why (its status, or that none was recorded), so that no pass heading
+    stands empty.
+    """
+    lines = []
+    for p in passes:
+        if not p.kernels:
+            lines.append(f"  {p.implementation} {p.direction}: "
+                         f"{'no kernel recorded' if p.status == 'ok' else p.status}")
+            continue
+        lines.append(f"  {p.implementation} {p.direction}:")
+        lines += [f"    {short_kernel_name(k['kernel']):<60} {describe(k)}" for k in p.kernels]
+    return lines
+
+
 def format_measurement(measurement: IoMeasurement, report: IoReport) -> str:
     """The side-by-side table of model and measurement, then the kernels of each pass."""
     gpu = report.gpu
@@ -553,20 +599,7 @@ def format_measurement(measurement: IoMeasurement, report: IoReport) -> str:
                          "-" if measured is None else f"{measured / p.model_bytes:.2f}"])
         lines += _table(header, rows)
         lines += ["", "Kernels (measured read + write; flashattn's beside the model's count for that kernel):"]
-        for p in measurement.passes:
-            if not p.kernels:
-                continue
-            lines.append(f"  {p.implementation} {p.direction}:")
-            for k in p.kernels:
-                model = ""
-                if "model_bytes" in k:
-                    model = (f"   model {format_bytes(k['model_bytes'])}, "
-                             f"L2 kept all {format_bytes(k['model_once_bytes'])}")
-                lines.append(f"    {short_kernel_name(k['kernel']):<60} "
-                             f"{format_bytes(k['read_bytes'] + k['write_bytes']):>10}"
-                             f"{model}")
-        if measurement.unattributed_kernels:
-            lines.append(f"  outside every pass (ignored): {', '.join(measurement.unattributed_kernels)}")
+        lines += _kernel_lines(measurement.passes, _kernel_bytes)
     else:
         lines.append(f"NOT A BYTE MEASUREMENT: {measurement.fallback_reason}; so torch.profiler timed the kernels "
                      f"on {measurement.device} (mean of {measurement.repeats} calls per pass), and the bandwidth "
@@ -584,11 +617,7 @@ def format_measurement(measurement: IoMeasurement, report: IoReport) -> str:
                       "means the no-reuse count overcounts (L2 served re-read tiles); the real traffic lies "
                       "between the two brackets.",
                   "", "Kernels (time per call):"]
-        for p in measurement.passes:
-            if p.kernels:
-                lines.append(f"  {p.implementation} {p.direction}:")
-                lines += [f"    {short_kernel_name(k['kernel']):<60} {format_seconds(k['seconds']):>10}"
-                          for k in p.kernels]
+        lines += _kernel_lines(measurement.passes, lambda k: f"{format_seconds(k['seconds']):>10}")
     if report.problem.kv_heads != report.problem.heads:
         lines.append("Note: with GQA, standard attention copies K and V per query head (repeat_interleave); "
                      "the model assumes a broadcast.")
@@ -670,7 +699,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashattn.iomeasure",
                                      description="the process `flashattn io --measure` runs under ncu")
     parser.add_argument("--child", required=True, metavar="SPEC", help="the shape, as measure.LayerShape's JSON")
-    return child_main(parser.parse_args(argv).child)
+    parser.add_argument("--pass", required=True, dest="phase", metavar="IMPLEMENTATION:DIRECTION",
+                        help="the pass to profile: " + ", ".join(phase_argument(p) for p in PHASES))
+    args = parser.parse_args(argv)
+    try:
+        phase = parse_phase(args.phase)
+    except ValueError as error:
+        parser.error(str(error))
+    return child_main(args.child, phase)
 
 
 if __name__ == "__main__":
