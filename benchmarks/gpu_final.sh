@@ -18,7 +18,7 @@ timeout "${DECODE_TIMEOUT:-100}" python3 -m flashattn bench --mode decode --cach
   --markdown "$R/decode.md" > "$R/decode.log" 2>&1
 echo "decode exit $?" >> "$R/decode.log"
 timeout 60 python3 -m flashattn memory --model llama-3-8b --seqlens 2048 8192 --measure > "$R/memory.log" 2>&1
-timeout 60 python3 -m flashattn io --measure --seqlen 4096 --batch 4 --heads 16 --head-dim 128 > "$R/io.log" 2>&1
+timeout 180 python3 -m flashattn io --measure --seqlen 4096 --batch 4 --heads 16 --head-dim 128 > "$R/io.log" 2>&1
 tar czf "$OUT/results.tgz" -C "$R" .
 grep -E "^(FAILED|ERROR)" "$R/tests.log" | head -10; tail -2 "$R/tests.log"
 tail -2 "$R/bench.log"; tail -1 "$R/decode.log"
