@@ -185,7 +185,7 @@ def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, at
         *layout.lengths, nheads, nheads // nheads_k,
         HEAD_DIM=head_dim, BLOCK_D=configs.padded_head_dim(head_dim),
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, HAS_ALIBI=has_alibi, IS_VARLEN=layout.is_varlen,
-        USE_TMA=use_tma, HEAVY_FIRST=opts.window_right >= 0,
+        USE_TMA=use_tma,
         DEFER_SCALE=opts.softcap == 0 and alibi_slopes is None and attn_mask is None and opts.softmax_scale > 0,
         num_warps=config.num_warps, num_stages=config.num_stages,
         **_kernel_scalars(opts, rng_state), **_dot_flags(q.dtype), **_mask_arguments(attn_mask, q, layout.lengths[1]),

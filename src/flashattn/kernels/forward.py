@@ -126,15 +126,15 @@ def attention_forward_kernel(
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
-    IS_VARLEN: tl.constexpr, USE_TMA: tl.constexpr, HEAVY_FIRST: tl.constexpr, DEFER_SCALE: tl.constexpr,
+    IS_VARLEN: tl.constexpr, USE_TMA: tl.constexpr, DEFER_SCALE: tl.constexpr,
     Mask=None, stride_mask_b=0, stride_mask_h=0, stride_mask_m=0, stride_mask_n=0,
     HAS_MASK: tl.constexpr = False, MASK_IS_BOOL: tl.constexpr = False,
 ):
     """Dense: seqlen_q/seqlen_k are the lengths, Lse is (batch, nheads, seqlen_q). Varlen: they are the
     packed totals total_q/total_k, the batch strides are unused, and Lse is (nheads, total_q)."""
-    if HEAVY_FIRST:
-        # with a causal mask the last query blocks see the most keys: launch them first, so the
-        # grid's last wave holds the short tiles instead of a long tail of full ones
+    if WINDOW_RIGHT:
+        # with a causal (right-bounded) mask the last query blocks see the most keys: launch them
+        # first, so the grid's last wave holds the short tiles instead of a long tail of full ones
         start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     else:
         start_m = tl.program_id(0) * BLOCK_M
