@@ -15,6 +15,7 @@ from test_sdpa import check_sdpa, sdpa_inputs
 
 from flashattn import configs, ops, scaled_dot_product_attention
 from flashattn.mask_blocks import block_map, block_maps, block_summary
+from flashattn.options import new_rng_state
 from flashattn.reference import attention_ref
 from flashattn.sdpa import attention_bhle
 from flashattn.testing import assert_within_rule, score_grad_floor
@@ -204,30 +205,54 @@ def test_mixed_tiles_and_causal(triton_backend, kind, dtype, is_causal):
         check_sdpa(*inputs, mask, is_causal=is_causal, enable_gqa=True)
 
 
+def check_against_reference(run, inputs, dropout_p: float = 0.0, **reference_options) -> None:
+    """``run(query, key, value)`` (flashattn, (B, H, L, E)) within the rule of ``attention_ref`` with
+    ``reference_options`` in float64, outputs and gradients (the dropout stream drawn after seed 0)."""
+    leaves = [x.detach().requires_grad_() for x in inputs]
+    torch.manual_seed(0)
+    out = run(*leaves)
+    torch.manual_seed(0)
+    rng_state = new_rng_state() if dropout_p > 0 else None
+
+    def reference(upcast: bool):
+        ref_leaves = [(x.double() if upcast else x).detach().clone().requires_grad_() for x in inputs]
+        ref_out, _ = attention_ref(*(x.transpose(1, 2) for x in ref_leaves), dropout_p=dropout_p,
+                                   rng_state=rng_state, upcast=upcast, **reference_options)
+        return ref_leaves, ref_out.transpose(1, 2)
+
+    (oracle_leaves, oracle), (baseline_leaves, baseline) = reference(True), reference(False)
+    assert_within_rule("out", out, oracle, baseline, factor=2)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, leaves, dout)
+    oracle_grads = torch.autograd.grad(oracle, oracle_leaves, dout.double())
+    baseline_grads = torch.autograd.grad(baseline, baseline_leaves, dout)
+    scale = inputs[0].shape[-1] ** -0.5
+    floor = score_grad_floor(dout, out, oracle, inputs[2], dropout_p) * max(
+        inputs[0].abs().max(), inputs[1].abs().max()).item() * scale
+    for name, grad, oracle_grad, baseline_grad in zip(("dq", "dk", "dv"), grads, oracle_grads, baseline_grads,
+                                                      strict=True):
+        assert_within_rule(name, grad, oracle_grad, baseline_grad, factor=3, floor=floor)
+
+
 @pytest.mark.interpreter
 @pytest.mark.parametrize("sliding_window", [9, 30])
 def test_sliding_window_with_padding_mask(triton_backend, sliding_window):
     """A left window (the kernels' WINDOW_LEFT bounds) cut further by the map of a padding mask."""
-    query, key, value = (x.requires_grad_() for x in sdpa_inputs(2, 2, 2, 61, 61, 16, torch.float32,
-                                                                  triton_backend))
+    inputs = sdpa_inputs(2, 2, 2, 61, 61, 16, torch.float32, triton_backend)
     mask = structured_mask("left-padding", 2, 2, 61, 61, triton_backend)
-    out = attention_bhle(query, key, value, mask, 0.0, True, None, sliding_window=sliding_window)
-    i, j = (torch.arange(61, device=triton_backend).view(shape) for shape in ((-1, 1), (1, -1)))
-    explicit = mask & (j <= i) & (j > i - sliding_window)
-    leaves = [x.detach().double().requires_grad_() for x in (query, key, value)]
-    oracle = F.scaled_dot_product_attention(*leaves, attn_mask=explicit)
-    baseline_leaves = [x.detach().clone().requires_grad_() for x in (query, key, value)]
-    baseline, _ = attention_ref(*(x.transpose(1, 2) for x in baseline_leaves), attn_mask=explicit, upcast=False)
-    baseline = baseline.transpose(1, 2)
-    assert_within_rule("out", out, oracle, baseline, factor=2)
-    dout = torch.randn_like(out)
-    grads = torch.autograd.grad(out, (query, key, value), dout)
-    oracle_grads = torch.autograd.grad(oracle, leaves, dout.double())
-    baseline_grads = torch.autograd.grad(baseline, baseline_leaves, dout)
-    floor = score_grad_floor(dout, out, oracle, value) * max(query.abs().max(), key.abs().max()).item() * 16**-0.5
-    for name, grad, oracle_grad, baseline_grad in zip(("dq", "dk", "dv"), grads, oracle_grads, baseline_grads,
-                                                      strict=True):
-        assert_within_rule(name, grad, oracle_grad, baseline_grad, factor=3, floor=floor)
+    check_against_reference(
+        lambda q, k, v: attention_bhle(q, k, v, mask, 0.0, True, None, sliding_window=sliding_window),
+        inputs, attn_mask=mask, window_size=(sliding_window - 1, 0))
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("kind", ["block-diagonal", "empty-rows"])
+def test_dropout_with_hidden_tiles_replays_the_reference(triton_backend, kind):
+    """Skipped tiles leave the dropout stream where it was: each score's counter is its position."""
+    inputs = sdpa_inputs(2, 2, 2, 45, 70, 16, torch.float32, triton_backend)
+    mask = structured_mask(kind, 2, 2, 45, 70, triton_backend)
+    check_against_reference(lambda q, k, v: scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.3),
+                            inputs, dropout_p=0.3, attn_mask=mask)
 
 
 @pytest.mark.interpreter
