@@ -97,7 +97,7 @@ def _mask_arguments(attn_mask: torch.Tensor | None, q: torch.Tensor, seqlen_k: i
 def _block_map_arguments(attn_mask: torch.Tensor | None, q: torch.Tensor, seqlen_k: int,
                          *tiles: tuple[int, int, bool]) -> list[dict]:
     """Per kernel tiled ``(block_m, block_n, rows_are_keys)``: its block map of the mask's hidden tiles
-    (``mask_blocks.py``), broadcast to (B, Hq, rows, 2 + columns) by stride-0 views, no copy."""
+    (``mask_blocks.py``), broadcast to (B, Hq, rows, 2 * columns + 1) by stride-0 views, no copy."""
     if attn_mask is None or not SKIP_HIDDEN_TILES:
         return [dict(BlockMap=q, stride_map_b=0, stride_map_h=0, stride_map_row=0, HAS_BLOCK_MAP=False)
                 for _ in tiles]
