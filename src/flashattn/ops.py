@@ -14,10 +14,14 @@ from dataclasses import dataclass
 
 import torch
 
-from . import configs, cpu, masks
+from . import configs, cpu, mask_blocks, masks
 from .options import AttentionOptions
 
 LOG2E = math.log2(math.e)
+
+SKIP_HIDDEN_TILES = True
+"""Skip the tiles that an SDPA mask hides entirely (``mask_blocks.py``). False computes every tile, as
+before: for measuring what skipping saves, and for tests that show the skipping happens."""
 
 
 def backend_override() -> str | None:
@@ -88,6 +92,23 @@ def _mask_arguments(attn_mask: torch.Tensor | None, q: torch.Tensor, seqlen_k: i
         mask = mask.view(torch.uint8)  # same bytes; Triton loads it as integers
     return dict(Mask=mask, stride_mask_b=mask.stride(0), stride_mask_h=mask.stride(1),
                 stride_mask_m=mask.stride(2), stride_mask_n=mask.stride(3), HAS_MASK=True, MASK_IS_BOOL=is_bool)
+
+
+def _block_map_arguments(attn_mask: torch.Tensor | None, q: torch.Tensor, seqlen_k: int,
+                         *tiles: tuple[int, int, bool]) -> list[dict]:
+    """Per kernel tiled ``(block_m, block_n, rows_are_keys)``: its block map of the mask's hidden tiles
+    (``mask_blocks.py``), broadcast to (B, Hq, rows, 2 * columns + 1) by stride-0 views, no copy."""
+    if attn_mask is None or not SKIP_HIDDEN_TILES:
+        return [dict(BlockMap=q, stride_map_b=0, stride_map_h=0, stride_map_row=0, HAS_BLOCK_MAP=False)
+                for _ in tiles]
+    batch, seqlen_q, nheads, _ = q.shape
+    arguments = []
+    for block_map in mask_blocks.block_maps(attn_mask, seqlen_q, seqlen_k, *tiles):
+        block_map = block_map.expand(batch, nheads, *block_map.shape[2:])
+        arguments.append(dict(BlockMap=block_map, stride_map_b=block_map.stride(0),
+                              stride_map_h=block_map.stride(1), stride_map_row=block_map.stride(2),
+                              HAS_BLOCK_MAP=True))
+    return arguments
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -189,6 +210,7 @@ def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, at
         DEFER_SCALE=opts.softcap == 0 and alibi_slopes is None and attn_mask is None and opts.softmax_scale > 0,
         num_warps=config.num_warps, num_stages=config.num_stages,
         **_kernel_scalars(opts, rng_state), **_dot_flags(q.dtype), **_mask_arguments(attn_mask, q, layout.lengths[1]),
+        **_block_map_arguments(attn_mask, q, layout.lengths[1], (config.block_m, config.block_n, False))[0],
     )
     return out, lse
 
@@ -233,20 +255,23 @@ def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Att
              if mask_needs_grad else None)
     inputs = (q, k, v, dout, lse, delta)
     input_strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(dout))
-    config = configs.tile_config("dkdv", head_dim, masked, q.dtype, q.device, interpret, attn_mask=has_mask)
-    dkdv_kernel[(_cdiv(layout.grid_k, config.block_n), batch * nheads_k)](
+    dkdv_config = configs.tile_config("dkdv", head_dim, masked, q.dtype, q.device, interpret, attn_mask=has_mask)
+    dq_config = configs.tile_config("dq", head_dim, masked, q.dtype, q.device, interpret, attn_mask=has_mask)
+    dkdv_map, dq_map = _block_map_arguments(attn_mask, q, layout.lengths[1],
+                                            (dkdv_config.block_m, dkdv_config.block_n, True),
+                                            (dq_config.block_m, dq_config.block_n, False))
+    dkdv_kernel[(_cdiv(layout.grid_k, dkdv_config.block_n), batch * nheads_k)](
         *inputs, dk, dv, slopes, *layout.cu_seqlens, *input_strides, *_strides(dk), *_strides(dv),
         stride_alibi_b, *layout.lengths, nheads, nheads_k, nheads // nheads_k,
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        num_warps=config.num_warps, num_stages=config.num_stages, **shared,
+        BLOCK_M=dkdv_config.block_m, BLOCK_N=dkdv_config.block_n,
+        num_warps=dkdv_config.num_warps, num_stages=dkdv_config.num_stages, **shared, **dkdv_map,
     )
-    config = configs.tile_config("dq", head_dim, masked, q.dtype, q.device, interpret, attn_mask=has_mask)
-    dq_kernel[(_cdiv(layout.grid_q, config.block_m), batch * nheads)](
+    dq_kernel[(_cdiv(layout.grid_q, dq_config.block_m), batch * nheads)](
         *inputs, dq, slopes, *layout.cu_seqlens, *input_strides, *_strides(dq),
         stride_alibi_b, *layout.lengths, nheads, nheads // nheads_k,
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        num_warps=config.num_warps, num_stages=config.num_stages,
-        DMask=dmask if mask_needs_grad else q, MASK_GRAD=mask_needs_grad, **shared,
+        BLOCK_M=dq_config.block_m, BLOCK_N=dq_config.block_n,
+        num_warps=dq_config.num_warps, num_stages=dq_config.num_stages,
+        DMask=dmask if mask_needs_grad else q, MASK_GRAD=mask_needs_grad, **shared, **dq_map,
     )
     if dmask is None:
         return dq, dk, dv, q.new_empty(0)

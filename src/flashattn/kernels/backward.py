@@ -23,6 +23,7 @@ from .common import (
     dropout_keep,
     dropout_row_base,
     key_block_bounds,
+    mapped_blocks,
     query_block_bounds,
     scores_log2,
     sequence_bounds,
@@ -116,9 +117,15 @@ def _dkdv_query_range(
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
     mask_base, stride_mask_m, stride_mask_n, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
+    block_list, HAS_BLOCK_MAP: tl.constexpr,
 ):
+    """Query blocks lo, lo + BLOCK_M, ... < hi; with HAS_BLOCK_MAP, the blocks block_list[lo:hi]."""
     offs_d = tl.arange(0, BLOCK_D)
-    for start_m in range(lo, hi, BLOCK_M):
+    for step in range(lo, hi, 1 if HAS_BLOCK_MAP else BLOCK_M):
+        if HAS_BLOCK_MAP:
+            start_m = tl.load(block_list + step) * BLOCK_M
+        else:
+            start_m = step
         offs_m = start_m + tl.arange(0, BLOCK_M)
         q = _load_rows(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, seqlen_q, offs_d,
                        HEAD_DIM, BLOCK_D, MASKED)
@@ -163,6 +170,7 @@ def dkdv_kernel(
     IS_VARLEN: tl.constexpr,
     Mask=None, stride_mask_b=0, stride_mask_h=0, stride_mask_m=0, stride_mask_n=0,
     HAS_MASK: tl.constexpr = False, MASK_IS_BOOL: tl.constexpr = False,
+    BlockMap=None, stride_map_b=0, stride_map_h=0, stride_map_row=0, HAS_BLOCK_MAP: tl.constexpr = False,
 ):
     """Varlen: seqlen_q/seqlen_k arrive as the packed totals, Lse/Delta are (nheads, total_q)."""
     start_n = tl.program_id(0) * BLOCK_N
@@ -219,15 +227,27 @@ def dkdv_kernel(
         mask_base = Mask
         if HAS_MASK:
             mask_base = Mask + batch.to(tl.int64) * stride_mask_b + head.to(tl.int64) * stride_mask_h
+        block_list = BlockMap
+        head_lo = lo
+        head_full_lo = full_lo
+        head_full_hi = full_hi
+        head_hi = hi
+        if HAS_BLOCK_MAP:
+            # only the query blocks with a score this head's SDPA mask shows, in one masked stage
+            block_list, head_lo, head_hi = mapped_blocks(BlockMap, stride_map_b, stride_map_h, stride_map_row, batch,
+                                                         head, start_n // BLOCK_N, lo, hi, tl.cdiv(seqlen_q, BLOCK_M),
+                                                         BLOCK_M)
+            head_full_lo = head_lo
+            head_full_hi = head_hi
         for stage in tl.static_range(3):
-            start, end = stage_range(stage, lo, full_lo, full_hi, hi)
+            start, end = stage_range(stage, head_lo, head_full_lo, head_full_hi, head_hi)
             dk, dv, dk_comp, dv_comp = _dkdv_query_range(
                 dk, dv, dk_comp, dv_comp, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
                 start, end, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2,
                 window_left, window_right, dropout_p, rng_seed, rng_row_base, rng_row_stride, HEAD_DIM, BLOCK_D,
                 BLOCK_M, stage != 1 or HAS_MASK, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
                 UPCAST_DOT, DOT_PRECISION, COMPENSATED, mask_base, stride_mask_m, stride_mask_n, HAS_MASK,
-                MASK_IS_BOOL)
+                MASK_IS_BOOL, block_list, HAS_BLOCK_MAP)
     dk = dk * softmax_scale
     store_mask = offs_n[:, None] < seqlen_k
     if BLOCK_D != HEAD_DIM:
@@ -247,10 +267,15 @@ def _dq_key_range(
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
     mask_base, stride_mask_m, stride_mask_n, dmask_base, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
-    MASK_GRAD: tl.constexpr,
+    MASK_GRAD: tl.constexpr, block_list, HAS_BLOCK_MAP: tl.constexpr,
 ):
+    """Key blocks lo, lo + BLOCK_N, ... < hi; with HAS_BLOCK_MAP, the blocks block_list[lo:hi]."""
     offs_d = tl.arange(0, BLOCK_D)
-    for start_n in range(lo, hi, BLOCK_N):
+    for step in range(lo, hi, 1 if HAS_BLOCK_MAP else BLOCK_N):
+        if HAS_BLOCK_MAP:
+            start_n = tl.load(block_list + step) * BLOCK_N
+        else:
+            start_n = step
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k = _load_rows(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], offs_n, seqlen_k, offs_d,
                        HEAD_DIM, BLOCK_D, MASKED)
@@ -262,7 +287,7 @@ def _dq_key_range(
             MASKED, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION,
             mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL)
         if MASK_GRAD:
-            # the full (Lq, Lk) gradient of this (batch, head); blocks outside [lo, hi) stay 0
+            # the full (Lq, Lk) gradient of this (batch, head); blocks not visited stay 0
             in_bounds = (offs_m[:, None] < seqlen_q) & (offs_n[None, :] < seqlen_k)
             tl.store(dmask_base + offs_m[:, None].to(tl.int64) * seqlen_k + offs_n[None, :], dmask, mask=in_bounds)
         dq, dq_comp = accumulate(dq, dq_comp, dot(ds.to(k.dtype), k, UPCAST_DOT, DOT_PRECISION), COMPENSATED)
@@ -288,6 +313,7 @@ def dq_kernel(
     IS_VARLEN: tl.constexpr,
     Mask=None, stride_mask_b=0, stride_mask_h=0, stride_mask_m=0, stride_mask_n=0, DMask=None,
     HAS_MASK: tl.constexpr = False, MASK_IS_BOOL: tl.constexpr = False, MASK_GRAD: tl.constexpr = False,
+    BlockMap=None, stride_map_b=0, stride_map_h=0, stride_map_row=0, HAS_BLOCK_MAP: tl.constexpr = False,
 ):
     """Varlen: seqlen_q/seqlen_k arrive as the packed totals, Lse/Delta are (nheads, total_q)."""
     start_m = tl.program_id(0) * BLOCK_M
@@ -342,6 +368,13 @@ def dq_kernel(
         dmask_base = DMask + bh.to(tl.int64) * seqlen_q * seqlen_k
     lo, full_lo, full_hi, hi = key_block_bounds(start_m, seqlen_q, seqlen_k, window_left, window_right,
                                                 BLOCK_M, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT)
+    block_list = BlockMap
+    if HAS_BLOCK_MAP:
+        # only the key blocks with a score the SDPA mask shows, in one masked stage (positions in a list)
+        block_list, lo, hi = mapped_blocks(BlockMap, stride_map_b, stride_map_h, stride_map_row, batch, head,
+                                           start_m // BLOCK_M, lo, hi, tl.cdiv(seqlen_k, BLOCK_N), BLOCK_N)
+        full_lo = lo
+        full_hi = hi
     for stage in tl.static_range(3):
         start, end = stage_range(stage, lo, full_lo, full_hi, hi)
         dq, dq_comp = _dq_key_range(
@@ -349,7 +382,8 @@ def dq_kernel(
             seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
             dropout_p, rng_seed, rng_row_base, rng_row_stride, HEAD_DIM, BLOCK_D, BLOCK_N, stage != 1 or HAS_MASK,
             WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED,
-            mask_base, stride_mask_m, stride_mask_n, dmask_base, HAS_MASK, MASK_IS_BOOL, MASK_GRAD)
+            mask_base, stride_mask_m, stride_mask_n, dmask_base, HAS_MASK, MASK_IS_BOOL, MASK_GRAD,
+            block_list, HAS_BLOCK_MAP)
     dq = dq * softmax_scale
     store_mask = row_ok[:, None]
     if BLOCK_D != HEAD_DIM:

@@ -207,3 +207,18 @@ def apply_attn_mask(s, mask_base, stride_mask_m, stride_mask_n, offs_m, offs_n, 
         return tl.where(keep != 0, s, float("-inf"))
     bias = tl.load(ptrs, mask=in_bounds, other=float("-inf")).to(tl.float32)
     return s + bias * LOG2E
+
+
+@triton.jit
+def mapped_blocks(BlockMap, stride_map_b, stride_map_h, stride_map_row, batch, head, row, lo, hi, columns,
+                  BLOCK: tl.constexpr):
+    """Row ``row`` of a (batch, head)'s block map (``flashattn.mask_blocks``), for a loop over [lo, hi).
+
+    Returns (the row's list of visible blocks, first, last): the list's positions [first, last) hold
+    the visible blocks inside [lo, hi), in order; ``columns`` is the number of blocks in a row.
+    """
+    map_row = (BlockMap + batch.to(tl.int64) * stride_map_b + head.to(tl.int64) * stride_map_h
+               + row.to(tl.int64) * stride_map_row)
+    first = tl.load(map_row + lo // BLOCK)  # visible blocks before block lo // BLOCK
+    last = tl.load(map_row + tl.cdiv(hi, BLOCK))
+    return map_row + columns + 1, first, last

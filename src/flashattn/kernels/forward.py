@@ -11,6 +11,7 @@ from .common import (
     dropout_keep,
     dropout_row_base,
     key_block_bounds,
+    mapped_blocks,
     scores_log2,
     sequence_bounds,
     stage_range,
@@ -60,9 +61,15 @@ def _forward_block_range(
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
     USE_TMA: tl.constexpr, DEFER_SCALE: tl.constexpr,
     mask_base, stride_mask_m, stride_mask_n, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
+    block_list, HAS_BLOCK_MAP: tl.constexpr,
 ):
+    """Key blocks lo, lo + BLOCK_N, ... < hi; with HAS_BLOCK_MAP, the blocks block_list[lo:hi]."""
     offs_d = tl.arange(0, BLOCK_D)
-    for start_n in range(lo, hi, BLOCK_N):
+    for step in range(lo, hi, 1 if HAS_BLOCK_MAP else BLOCK_N):
+        if HAS_BLOCK_MAP:
+            start_n = tl.load(block_list + step) * BLOCK_N
+        else:
+            start_n = step
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kt, v = _load_key_block(k_source, v_source, start_n, offs_n, offs_d, stride_kn, stride_vn, seqlen_k,
                                 HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
@@ -129,6 +136,7 @@ def attention_forward_kernel(
     IS_VARLEN: tl.constexpr, USE_TMA: tl.constexpr, HEAVY_FIRST: tl.constexpr, DEFER_SCALE: tl.constexpr,
     Mask=None, stride_mask_b=0, stride_mask_h=0, stride_mask_m=0, stride_mask_n=0,
     HAS_MASK: tl.constexpr = False, MASK_IS_BOOL: tl.constexpr = False,
+    BlockMap=None, stride_map_b=0, stride_map_h=0, stride_map_row=0, HAS_BLOCK_MAP: tl.constexpr = False,
 ):
     """Dense: seqlen_q/seqlen_k are the lengths, Lse is (batch, nheads, seqlen_q). Varlen: they are the
     packed totals total_q/total_k, the batch strides are unused, and Lse is (nheads, total_q)."""
@@ -201,6 +209,13 @@ def attention_forward_kernel(
 
     lo, full_lo, full_hi, hi = key_block_bounds(start_m, seqlen_q, seqlen_k, window_left, window_right,
                                                 BLOCK_M, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT)
+    block_list = BlockMap
+    if HAS_BLOCK_MAP:
+        # only the key blocks with a score the SDPA mask shows, in one masked stage (positions in a list)
+        block_list, lo, hi = mapped_blocks(BlockMap, stride_map_b, stride_map_h, stride_map_row, batch, head,
+                                           start_m // BLOCK_M, lo, hi, tl.cdiv(seqlen_k, BLOCK_N), BLOCK_N)
+        full_lo = lo
+        full_hi = hi
     for stage in tl.static_range(3):
         start, end = stage_range(stage, lo, full_lo, full_hi, hi)
         # an SDPA mask may hide any score: every block takes the masked path then
@@ -209,7 +224,8 @@ def attention_forward_kernel(
             seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
             dropout_p, rng_seed, rng_row_base, rng_row_stride, HEAD_DIM, BLOCK_D, BLOCK_N, stage != 1 or HAS_MASK,
             WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED,
-            USE_TMA, DEFER_SCALE, mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL)
+            USE_TMA, DEFER_SCALE, mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL,
+            block_list, HAS_BLOCK_MAP)
 
     # -- epilogue: normalize; a row that saw no key gives 0 and lse = +inf --
     empty = row_sum == 0.0
