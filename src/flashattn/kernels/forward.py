@@ -29,7 +29,8 @@ def _load_paged_key_block(k_head, v_head, start_n, offs_n, offs_d, seqlen_k, pag
     """
     positions = offs_n
     if MASKED:
-        # the table's row may end right after the sequence's last page: look up no key past seqlen_k
+        # keys past seqlen_k address the last key's row: the table's row may end at the sequence's last
+        # page, and that page's later rows may hold anything. Their lanes load nothing either.
         positions = tl.minimum(offs_n, seqlen_k - 1)
     k_rows, v_rows, exists = paged_kv_rows(positions, start_n, page_table_row, page_size, num_pages,
                                            stride_kb, stride_kn, stride_vb, stride_vn, ONE_PAGE)
