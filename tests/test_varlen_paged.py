@@ -317,3 +317,21 @@ def test_block_table_on_another_device_is_refused():
     args["block_table"] = args["block_table"].cpu()
     with pytest.raises(ValueError, match="block_table must be on q's device"):
         flash_attn_varlen_func(**args)
+
+
+def _paged_call(q, k_pages, v_pages, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table):
+    return flash_attn_varlen_func(q, k_pages, v_pages, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                  causal=True, block_table=block_table)
+
+
+def test_fullgraph_compile_matches_eager(torch_backend):
+    """A prefill step over a paged cache compiles without graph breaks (the op's fake carries it)."""
+    torch._dynamo.reset()
+    compiled = torch.compile(_paged_call, fullgraph=True, dynamic=True)
+    for seqlens_q, seqlens_k in (((5, 1), (40, 17)), ((3, 9), (9, 60))):
+        case = VarlenCase(seqlens_q, seqlens_k, 4, 2, 32)
+        cu_q, cu_k = case.cu_seqlens("cpu")
+        q, k, v = case.random_inputs(torch.float32, "cpu")
+        k_pages, v_pages, table = page_keys(k, v, cu_k, 16)
+        arguments = (q, k_pages, v_pages, cu_q, cu_k, cu_q.diff().max(), cu_k.diff().max(), table)
+        assert torch.equal(compiled(*arguments), _paged_call(*arguments))
