@@ -224,38 +224,36 @@ def test_custom_op_passes_opcheck(torch_backend):
 
 @pytest.mark.interpreter
 def test_unchecked_bad_entries_never_read_outside_the_pools(triton_backend):
-    """What the GPU does with indices it cannot check: a missing page reads as zeros, a sequence longer
-    than its table row is cut at the row's end. The launcher is called directly, past the checks."""
+    """What the GPU does with indices it cannot check: a page outside the pool reads page 0, a sequence
+    longer than its table row is cut at the row's end, an empty pool has no keys. The launcher is called
+    directly, past the checks."""
     case = VarlenCase((6, 9), (40, 37), 2, 1, 16)
     cu_q, cu_k = case.cu_seqlens("cpu")
     q, k, v = case.random_inputs(torch.float32, "cpu")
     k_pages, v_pages, table = page_keys(k, v, cu_k, 16, spare_pages=0)
+    pools = [x.nan_to_num(0.0) for x in (k_pages, v_pages)]  # page 0 is read: no NaN there
     opts = AttentionOptions.build(16, None, True, (-1, -1), 0.0, 0.0, False)
 
     def run(pool_k, pool_v, block_table, cu_seqlens_k):
         packing = ops.Packing(cu_q, cu_seqlens_k, 9, 48)
         return ops._triton_forward(q, pool_k, pool_v, None, None, opts, packing=packing, block_table=block_table)
 
-    # page 1 of sequence 0 and page 2 of sequence 1 point far outside the pool
-    bad = table.clone()
+    # page 1 of sequence 0 (an interior block) and page 2 of sequence 1 (its masked last block)
+    bad, zeroed = table.clone(), table.clone()
     bad[0, 1], bad[1, 2] = -(2**30), 2**30
-    # the same, read from a zero page appended to the pool
-    zero_page = k_pages.shape[0]
-    zeroed = table.clone()
-    zeroed[0, 1], zeroed[1, 2] = zero_page, zero_page
-    padded = [torch.cat([x.nan_to_num(0.0), torch.zeros_like(x[:1])]) for x in (k_pages, v_pages)]
-    expected = run(*padded, zeroed, cu_k)
-    actual = run(*(x.nan_to_num(0.0) for x in (k_pages, v_pages)), bad, cu_k)
-    assert torch.equal(actual[0], expected[0]) and torch.equal(actual[1], expected[1])
+    zeroed[0, 1], zeroed[1, 2] = 0, 0
+    for actual, expected in zip(run(*pools, bad, cu_k), run(*pools, zeroed, cu_k), strict=True):
+        assert torch.equal(actual, expected)
 
     # sequence 1 claims 60 keys but its row holds 3 pages (48 keys): it is cut to 48
-    table_only = table[:, :3].contiguous()
-    too_long = torch.tensor([0, 40, 100], dtype=torch.int32)
-    cut = torch.tensor([0, 40, 88], dtype=torch.int32)
-    pools = [x.nan_to_num(0.0) for x in (k_pages, v_pages)]
-    actual = run(*pools, table_only, too_long)
-    expected = run(*pools, table_only, cut)
-    assert torch.equal(actual[0], expected[0]) and torch.equal(actual[1], expected[1])
+    three_pages = table[:, :3].contiguous()
+    too_long, cut = torch.tensor([0, 40, 100], dtype=torch.int32), torch.tensor([0, 40, 88], dtype=torch.int32)
+    for actual, expected in zip(run(*pools, three_pages, too_long), run(*pools, three_pages, cut), strict=True):
+        assert torch.equal(actual, expected)
+
+    # an empty pool: every query sees no key
+    out, lse = run(*(x[:0] for x in pools), table, cu_k)
+    assert torch.equal(out, torch.zeros_like(out)) and torch.isinf(lse).all()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ torch path runs on any device, and the Triton kernels run on CPU tensors under `
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -161,8 +162,10 @@ def _paging_arguments(block_table: torch.Tensor | None, k: torch.Tensor, block_n
     if block_table is None:
         return {}
     table = _last_dim_contiguous(block_table)
-    page_size = k.shape[1]
-    return dict(BlockTable=table, stride_btb=table.stride(0), page_size=page_size, pages_per_seq=table.shape[1],
+    num_pages, page_size = k.shape[:2]
+    # the kernel cuts every sequence at pages_per_seq * page_size keys: an empty pool has room for none
+    pages_per_seq = table.shape[1] if num_pages > 0 else 0
+    return dict(BlockTable=table, stride_btb=table.stride(0), page_size=page_size, pages_per_seq=pages_per_seq,
                 PAGED_KV=True, ONE_PAGE=page_size % block_n == 0)
 
 
@@ -180,8 +183,12 @@ def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, at
     masked = opts.masked or attn_mask is not None
     config = configs.tile_config("forward", head_dim, masked, q.dtype, q.device, interpreting(),
                                  attn_mask=attn_mask is not None, seqlen=min(layout.grid_q, layout.grid_k))
-    # a TMA descriptor spans one strided block of rows: it cannot follow a block table's pages
-    use_tma = config.tma and block_table is None and _tma_compatible(q, k, v, out)
+    if block_table is not None and config.tma:
+        # a TMA descriptor spans one strided block of rows and cannot follow pages: paged K/V take pointer
+        # loads, where a tile sized for TMA spills (hdim 128: 128 x 128 needs about 650 bytes of stack per
+        # thread, ptxas for sm90; 128 x 64, the causal entry, 24)
+        config = dataclasses.replace(config, block_n=min(config.block_n, 64), tma=False)
+    use_tma = config.tma and _tma_compatible(q, k, v, out)
     if use_tma and q.is_cuda:
         import triton
 

@@ -165,8 +165,8 @@ def flash_attn_varlen_func(
     would synchronize every call); on the CPU, or when a max length is a tensor, they are checked. The
     same holds for block_table: its entries for the pages in use are checked (in [0, num_pages)) when it
     is on the CPU, the key lengths against its capacity wherever cu_seqlens are read. On the GPU the
-    kernel reads a missing page as zeros and cuts a too long sequence at the table's capacity: a bad
-    index gives a wrong answer, never a read outside k and v.
+    kernel reads page 0 for a page index outside the pool and cuts a too long sequence at the table's
+    capacity: a bad index gives a wrong answer, never a read outside k and v.
     """
     paged = block_table is not None
     _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, dropout_p, window_size, softcap, alibi_slopes, paged)

@@ -160,7 +160,8 @@ def paged_kv_rows(positions, first_position, table_row, page_size, num_pages,
     pages, ``stride_*n`` over the rows of a page. ONE_PAGE: every position lies in the page of
     ``first_position`` (a block that starts on a multiple of its size, which divides page_size), so the
     table is read once for the block instead of once per row. A page index outside [0, num_pages) (refused
-    on the host wherever it can be checked) marks its rows as missing, and they are never read.
+    on the host wherever it can be checked) is replaced by page 0 and its rows are marked missing
+    (``exists`` false): callers mask them, or read page 0 (num_pages >= 1), never outside the cache.
     """
     if ONE_PAGE:
         page = tl.load(table_row + first_position // page_size)

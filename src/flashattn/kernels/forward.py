@@ -25,24 +25,34 @@ def _load_paged_key_block(k_head, v_head, start_n, offs_n, offs_d, seqlen_k, pag
                           HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr, ONE_PAGE: tl.constexpr):
     """K^T and V for the keys offs_n of a paged cache (pointer loads: a TMA descriptor cannot follow pages).
 
-    Rows of a missing page read as zeros, so a bad block-table entry never reads outside the cache.
+    A page index outside the pool reads page 0 instead (``paged_kv_rows``): a wrong answer for a bad table,
+    never a read outside the cache. Interior blocks (MASKED false) load without any mask, as packed keys do;
+    masking the missing pages there too cost ptxas hundreds of bytes of spills in the hdim-128 causal tile.
     """
     positions = offs_n
     if MASKED:
         # keys past seqlen_k address the last key's row: the table's row may end at the sequence's last
         # page, and that page's later rows may hold anything. Their lanes load nothing either.
         positions = tl.minimum(offs_n, seqlen_k - 1)
-    k_rows, v_rows, exists = paged_kv_rows(positions, start_n, page_table_row, page_size, num_pages,
-                                           stride_kb, stride_kn, stride_vb, stride_vn, ONE_PAGE)
+    k_rows, v_rows, _ = paged_kv_rows(positions, start_n, page_table_row, page_size, num_pages,
+                                      stride_kb, stride_kn, stride_vb, stride_vn, ONE_PAGE)
+    kt_ptrs = k_head + k_rows[None, :] + offs_d[:, None]
+    v_ptrs = v_head + v_rows[:, None] + offs_d[None, :]
     if MASKED:
-        exists = exists & (offs_n < seqlen_k)
-    kt_mask = exists[None, :]
-    v_mask = exists[:, None]
-    if BLOCK_D != HEAD_DIM:
-        kt_mask = kt_mask & (offs_d[:, None] < HEAD_DIM)
-        v_mask = v_mask & (offs_d[None, :] < HEAD_DIM)
-    kt = tl.load(k_head + k_rows[None, :] + offs_d[:, None], mask=kt_mask, other=0.0)
-    v = tl.load(v_head + v_rows[:, None] + offs_d[None, :], mask=v_mask, other=0.0)
+        key_ok = offs_n < seqlen_k
+        if BLOCK_D == HEAD_DIM:
+            kt = tl.load(kt_ptrs, mask=key_ok[None, :], other=0.0)
+            v = tl.load(v_ptrs, mask=key_ok[:, None], other=0.0)
+        else:
+            kt = tl.load(kt_ptrs, mask=key_ok[None, :] & (offs_d[:, None] < HEAD_DIM), other=0.0)
+            v = tl.load(v_ptrs, mask=key_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    else:
+        if BLOCK_D == HEAD_DIM:
+            kt = tl.load(kt_ptrs)
+            v = tl.load(v_ptrs)
+        else:
+            kt = tl.load(kt_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+            v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
     return kt, v
 
 
@@ -196,7 +206,8 @@ def attention_forward_kernel(
             num_pages = total_k
             # the keys are not packed: the dropout stream's total_k is the key count, cu_seqlens_k[-1]
             total_k = tl.load(CuSeqlensK + tl.num_programs(1) // nheads)
-            # a length past the table's pages (refused on the host wherever it can be checked) is cut there
+            # a length past the table's pages (refused on the host wherever it can be checked) is cut there;
+            # an empty pool comes with pages_per_seq = 0
             seqlen_k = tl.minimum(seqlen_k, pages_per_seq * page_size)
             page_table_row = BlockTable + batch.to(tl.int64) * stride_btb
             k_base = K + head_k.to(tl.int64) * stride_kh
