@@ -111,6 +111,17 @@ def test_kernels_blocks_wider_than_a_page(triton_backend, block_n, page_size, op
     assert_same((out, lse), (expected_out, expected_lse))
 
 
+@pytest.mark.interpreter
+def test_kernels_never_take_tma_for_pages(triton_backend):
+    # a TMA tile in the table (hdim 128 non-causal on Hopper) becomes a pointer-load tile for a paged call
+    case = make_varlen_case(INTERPRETER_SHAPES[1], "plain", "cpu")
+    with configs.use_config("forward", configs.TileConfig(16, 128, 1, 1, tma=True)):
+        paged = paged_and_packed(case, torch.float16, 16, "cpu")[:2]
+    with configs.use_config("forward", configs.TileConfig(16, 64, 1, 1)):
+        packed = paged_and_packed(case, torch.float16, 16, "cpu")[2:]
+    assert_same(paged, packed)
+
+
 # ---------------------------------------------------------------------------------------------
 # Against the float64 reference (the tolerance rule)
 # ---------------------------------------------------------------------------------------------
