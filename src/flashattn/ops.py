@@ -425,12 +425,13 @@ def resolve_packing(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, tota
     return Packing(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), host_q, host_k
 
 
-def check_block_table(block_table: torch.Tensor, cu_seqlens_k: list[int], num_pages: int, page_size: int) -> None:
-    """Refuse key lengths that the block table cannot hold, and page indices outside the pool.
+def check_block_table(block_table: torch.Tensor, cu_seqlens_k: list[int], num_pages: int, page_size: int,
+                      read_entries: bool) -> None:
+    """Refuse key lengths that the block table cannot hold, and (``read_entries``) page indices outside the
+    pool among the pages the sequences use: the rest of a row is padding and may hold anything.
 
-    ``cu_seqlens_k`` is the host copy. The table's entries are read only where that costs no GPU
-    synchronization (a CPU table), and only those of the pages the sequences use: the rest of a row is
-    padding and may hold anything.
+    ``cu_seqlens_k`` is the host copy. Reading the entries of a GPU table synchronizes: the caller asks for
+    it where that costs nothing (a CPU table) or happens anyway (the torch path gathers through the table).
     """
     lengths = torch.tensor(cu_seqlens_k).diff()
     capacity = block_table.shape[1] * page_size
@@ -439,10 +440,11 @@ def check_block_table(block_table: torch.Tensor, cu_seqlens_k: list[int], num_pa
         b = int(lengths.argmax())
         raise ValueError(f"cu_seqlens_k gives sequence {b} {longest} keys, more than block_table can hold: "
                          f"block_table.shape[1] * page_size = {block_table.shape[1]} * {page_size} = {capacity}")
-    if block_table.device.type != "cpu":
+    if not read_entries:
         return
     pages_used = (lengths + page_size - 1) // page_size
     used = torch.arange(block_table.shape[1]) < pages_used.view(-1, 1)
+    block_table = block_table.cpu()
     bad = used & ((block_table < 0) | (block_table >= num_pages))
     if bad.any():
         b, column = (int(i) for i in bad.nonzero()[0])
@@ -456,7 +458,8 @@ def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     packing, host_q, host_k = resolve_packing(cu_seqlens_q, cu_seqlens_k, q.shape[0], None if paged else k.shape[0],
                                               max_seqlen_q, max_seqlen_k, need_host=backend == "torch")
     if paged and host_k is not None:
-        check_block_table(block_table, host_k, k.shape[0], k.shape[1])
+        read_entries = block_table.device.type == "cpu" or backend == "torch"
+        check_block_table(block_table, host_k, k.shape[0], k.shape[1], read_entries)
     if backend == "torch":
         return cpu.varlen_forward(q, k, v, host_q, host_k, opts, alibi_slopes, rng_state, block_table)
     return _triton_forward(q, k, v, alibi_slopes, rng_state, opts, packing=packing, block_table=block_table)

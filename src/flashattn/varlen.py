@@ -164,7 +164,8 @@ def flash_attn_varlen_func(
     On the GPU with integer max lengths, cu_seqlens' values are trusted, as in flash-attn (checking them
     would synchronize every call); on the CPU, or when a max length is a tensor, they are checked. The
     same holds for block_table: its entries for the pages in use are checked (in [0, num_pages)) when it
-    is on the CPU, the key lengths against its capacity wherever cu_seqlens are read. On the GPU the
+    is on the CPU (or the torch path reads it anyway), the key lengths against its capacity wherever
+    cu_seqlens are read. On the GPU the
     kernel reads page 0 for a page index outside the pool and cuts a too long sequence at the table's
     capacity: a bad index gives a wrong answer, never a read outside k and v.
     """
