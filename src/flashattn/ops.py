@@ -8,6 +8,7 @@ torch path runs on any device, and the Triton kernels run on CPU tensors under `
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -177,8 +178,21 @@ def _tma_workspace(size: int, alignment: int, stream) -> torch.Tensor:
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
+def _paging_arguments(block_table: torch.Tensor | None, k: torch.Tensor, block_n: int) -> dict:
+    """The paged-KV arguments of the forward kernel: none without a block table (the kernel's defaults)."""
+    if block_table is None:
+        return {}
+    table = _last_dim_contiguous(block_table)
+    num_pages, page_size = k.shape[:2]
+    # the kernel cuts every sequence at pages_per_seq * page_size keys: an empty pool has room for none
+    pages_per_seq = table.shape[1] if num_pages > 0 else 0
+    return dict(BlockTable=table, stride_btb=table.stride(0), page_size=page_size, pages_per_seq=pages_per_seq,
+                PAGED_KV=True, ONE_PAGE=page_size % block_n == 0)
+
+
 def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, attn_mask=None,
-                    packing: Packing | None = None):
+                    packing: Packing | None = None, block_table: torch.Tensor | None = None):
+    """``block_table`` (varlen only): k and v are page pools (num_pages, page_size, Hk, D)."""
     from .kernels.forward import attention_forward_kernel
 
     q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
@@ -190,6 +204,11 @@ def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, at
     masked = opts.masked or attn_mask is not None
     config = configs.tile_config("forward", head_dim, masked, q.dtype, q.device, interpreting(),
                                  attn_mask=attn_mask is not None, seqlen=min(layout.grid_q, layout.grid_k))
+    if block_table is not None and config.tma:
+        # a TMA descriptor spans one strided block of rows and cannot follow pages: paged K/V take pointer
+        # loads, where a tile sized for TMA spills (hdim 128: 128 x 128 needs about 650 bytes of stack per
+        # thread, ptxas for sm90; 128 x 64, the causal entry, 24)
+        config = dataclasses.replace(config, block_n=min(config.block_n, 64), tma=False)
     use_tma = config.tma and _tma_compatible(q, k, v, out)
     if use_tma and q.is_cuda:
         import triton
@@ -211,6 +230,7 @@ def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, at
         num_warps=config.num_warps, num_stages=config.num_stages,
         **_kernel_scalars(opts, rng_state), **_dot_flags(q.dtype), **_mask_arguments(attn_mask, q, layout.lengths[1]),
         **_block_map_arguments(attn_mask, q, layout.lengths[1], (config.block_m, config.block_n, False))[0],
+        **_paging_arguments(block_table, k, config.block_n),
     )
     return out, lse
 
@@ -386,8 +406,8 @@ DERIVE_MAX_SEQLEN = -1
 """A max_seqlen the caller gave as a tensor: the launcher takes the exact maximum from cu_seqlens."""
 
 
-def _check_cu_seqlens(name: str, cu_seqlens: list[int], total: int, total_name: str) -> int:
-    """Check one host copy of cu_seqlens; return its longest sequence."""
+def _check_cu_seqlens(name: str, cu_seqlens: list[int], total: int | None, total_name: str) -> int:
+    """Check one host copy of cu_seqlens; return its longest sequence. ``total`` None: any end (paged keys)."""
     if cu_seqlens[0] != 0:
         raise ValueError(f"{name} must start at 0, got {cu_seqlens[0]}")
     lengths = [end - start for start, end in zip(cu_seqlens, cu_seqlens[1:], strict=False)]
@@ -395,16 +415,18 @@ def _check_cu_seqlens(name: str, cu_seqlens: list[int], total: int, total_name: 
         if length < 0:
             raise ValueError(f"{name} must be non-decreasing (sequence lengths >= 0), but sequence {b} goes "
                              f"from {cu_seqlens[b]} to {cu_seqlens[b + 1]}")
-    if cu_seqlens[-1] != total:
+    if total is not None and cu_seqlens[-1] != total:
         raise ValueError(f"{name} must end at the number of tokens, {total_name} = {total}, "
                          f"got {cu_seqlens[-1]}")
     return max(lengths)
 
 
-def resolve_packing(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, total_q: int, total_k: int,
+def resolve_packing(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, total_q: int, total_k: int | None,
                     max_seqlen_q: int, max_seqlen_k: int, need_host: bool = False,
                     ) -> tuple[Packing, list[int] | None, list[int] | None]:
     """Packing for the kernels, plus host copies of cu_seqlens where they were read.
+
+    ``total_k`` None: the keys are paged, not packed, and cu_seqlens_k may end anywhere.
 
     cu_seqlens are read on the host, and checked, when that costs no GPU synchronization (CPU tensors),
     when a max_seqlen came as a tensor (the grid needs a host value: one small copy gives both), or
@@ -428,13 +450,44 @@ def resolve_packing(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, tota
     return Packing(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), host_q, host_k
 
 
+def check_block_table(block_table: torch.Tensor, cu_seqlens_k: list[int], num_pages: int, page_size: int,
+                      read_entries: bool) -> None:
+    """Refuse key lengths that the block table cannot hold, and (``read_entries``) page indices outside the
+    pool among the pages the sequences use: the rest of a row is padding and may hold anything.
+
+    ``cu_seqlens_k`` is the host copy. Reading the entries of a GPU table synchronizes: the caller asks for
+    it where that costs nothing (a CPU table) or happens anyway (the torch path gathers through the table).
+    """
+    lengths = torch.tensor(cu_seqlens_k).diff()
+    capacity = block_table.shape[1] * page_size
+    longest = int(lengths.max())
+    if longest > capacity:
+        b = int(lengths.argmax())
+        raise ValueError(f"cu_seqlens_k gives sequence {b} {longest} keys, more than block_table can hold: "
+                         f"block_table.shape[1] * page_size = {block_table.shape[1]} * {page_size} = {capacity}")
+    if not read_entries:
+        return
+    pages_used = (lengths + page_size - 1) // page_size
+    used = torch.arange(block_table.shape[1]) < pages_used.view(-1, 1)
+    block_table = block_table.cpu()
+    bad = used & ((block_table < 0) | (block_table >= num_pages))
+    if bad.any():
+        b, column = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"block_table[{b}, {column}] = {int(block_table[b, column])} is not a page of k and v: "
+                         f"the pages a sequence uses must lie in [0, {num_pages}) (k.shape[0])")
+
+
 def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, rng_state,
-                    opts: AttentionOptions, backend: str):
-    packing, host_q, host_k = resolve_packing(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q,
-                                              max_seqlen_k, need_host=backend == "torch")
+                    opts: AttentionOptions, backend: str, block_table: torch.Tensor | None = None):
+    paged = block_table is not None
+    packing, host_q, host_k = resolve_packing(cu_seqlens_q, cu_seqlens_k, q.shape[0], None if paged else k.shape[0],
+                                              max_seqlen_q, max_seqlen_k, need_host=backend == "torch")
+    if paged and host_k is not None:
+        read_entries = block_table.device.type == "cpu" or backend == "torch"
+        check_block_table(block_table, host_k, k.shape[0], k.shape[1], read_entries)
     if backend == "torch":
-        return cpu.varlen_forward(q, k, v, host_q, host_k, opts, alibi_slopes, rng_state)
-    return _triton_forward(q, k, v, alibi_slopes, rng_state, opts, packing=packing)
+        return cpu.varlen_forward(q, k, v, host_q, host_k, opts, alibi_slopes, rng_state, block_table)
+    return _triton_forward(q, k, v, alibi_slopes, rng_state, opts, packing=packing, block_table=block_table)
 
 
 def _varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
@@ -463,24 +516,31 @@ def varlen_attention_forward(
     window_right: int,
     softcap: float,
     dropout_p: float,
+    block_table: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) of a packed batch; lse is float32 (Hq, total_q). max_seqlen -1: derive it."""
+    """(out, lse) of a packed batch; lse is float32 (Hq, total_q). max_seqlen -1: derive it.
+
+    ``block_table``: int32 (batch, max_pages); k and v are then page pools (num_pages, page_size, Hk, D)
+    and sequence b's key j is ``k[block_table[b, j // page_size], j % page_size]``.
+    """
     opts = _options(softmax_scale, window_left, window_right, softcap, dropout_p)
     return _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
-                           rng_state, opts, backend_override() or "torch")
+                           rng_state, opts, backend_override() or "torch", block_table)
 
 
 @varlen_attention_forward.register_kernel("cuda")
 def _varlen_attention_forward_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
-                                   rng_state, softmax_scale, window_left, window_right, softcap, dropout_p):
+                                   rng_state, softmax_scale, window_left, window_right, softcap, dropout_p,
+                                   block_table=None):
     opts = _options(softmax_scale, window_left, window_right, softcap, dropout_p)
     return _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
-                           rng_state, opts, backend_override() or "triton")
+                           rng_state, opts, backend_override() or "triton", block_table)
 
 
 @varlen_attention_forward.register_fake
 def _varlen_attention_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
-                                   rng_state, softmax_scale, window_left, window_right, softcap, dropout_p):
+                                   rng_state, softmax_scale, window_left, window_right, softcap, dropout_p,
+                                   block_table=None):
     total_q, nheads, _ = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     return out, q.new_empty((nheads, total_q), dtype=torch.float32)

@@ -151,6 +151,32 @@ def sequence_bounds(CuSeqlensQ, CuSeqlensK, batch):
 
 
 @triton.jit
+def paged_kv_rows(positions, first_position, table_row, page_size, num_pages,
+                  stride_kb, stride_kn, stride_vb, stride_vn, ONE_PAGE: tl.constexpr):
+    """Element offsets of the K and V rows at key ``positions`` of a paged cache, and which rows exist.
+
+    Position p lives in page ``table_row[p // page_size]`` (``table_row`` points at the sequence's row of
+    the block table, whose last dimension is contiguous), row ``p % page_size``; ``stride_*b`` step over
+    pages, ``stride_*n`` over the rows of a page. ONE_PAGE: every position lies in the page of
+    ``first_position`` (a block that starts on a multiple of its size, which divides page_size), so the
+    table is read once for the block instead of once per row. A page index outside [0, num_pages) (refused
+    on the host wherever it can be checked) is replaced by page 0 and its rows are marked missing
+    (``exists`` false): callers mask them, or read page 0 (num_pages >= 1), never outside the cache.
+    """
+    if ONE_PAGE:
+        page = tl.load(table_row + first_position // page_size)
+        in_page = first_position % page_size + (positions - first_position)
+        exists = tl.broadcast_to((page >= 0) & (page < num_pages), positions.shape)
+    else:
+        page = tl.load(table_row + positions // page_size)
+        in_page = positions % page_size
+        exists = (page >= 0) & (page < num_pages)
+    page = tl.where(exists, page, 0).to(tl.int64)
+    in_page = in_page.to(tl.int64)
+    return page * stride_kb + in_page * stride_kn, page * stride_vb + in_page * stride_vn, exists
+
+
+@triton.jit
 def dropout_row_base(rng_offset, row, row_stride, first_key):
     """The counter of score (0, 0) of one (batch x head) slice: ``offset + row * row_stride + first_key``.
 

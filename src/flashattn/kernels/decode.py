@@ -21,7 +21,7 @@ looked up at absolute positions, as flash-attn does.
 import triton
 import triton.language as tl
 
-from .common import LOG2E, accumulate, dot, key_block_bounds, scores_log2, stage_range, visible
+from .common import LOG2E, accumulate, dot, key_block_bounds, paged_kv_rows, scores_log2, stage_range, visible
 
 
 @triton.jit
@@ -121,11 +121,9 @@ def _key_rows(offs_n, leftpad, cache_batch, BlockTable, stride_btb, page_size, n
     """
     positions = offs_n + leftpad
     if PAGED:
-        block = tl.load(BlockTable + cache_batch.to(tl.int64) * stride_btb + positions // page_size)
-        exists = (block >= 0) & (block < num_blocks)
-        block = tl.where(exists, block, 0).to(tl.int64)
-        in_page = (positions % page_size).to(tl.int64)
-        return block * stride_kcb + in_page * stride_kcn, block * stride_vcb + in_page * stride_vcn, exists
+        # a left pad shifts the positions off the page grid: one table read per row
+        return paged_kv_rows(positions, 0, BlockTable + cache_batch.to(tl.int64) * stride_btb, page_size, num_blocks,
+                             stride_kcb, stride_kcn, stride_vcb, stride_vcn, False)
     rows = positions.to(tl.int64)
     return (cache_batch.to(tl.int64) * stride_kcb + rows * stride_kcn,
             cache_batch.to(tl.int64) * stride_vcb + rows * stride_vcn, offs_n >= 0)
