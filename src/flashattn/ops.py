@@ -235,6 +235,14 @@ def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, at
     return out, lse
 
 
+def _dkdv_passes(config: configs.TileConfig) -> tuple[dict, ...]:
+    """The dK/dV kernel's launches: one for both gradients, or (``split_dkdv``) a dV pass, then a dK pass,
+    each with one accumulator and the keys along its tile's rows."""
+    if not config.split_dkdv:
+        return (dict(),)
+    return (dict(COMPUTE_DK=False, KEY_ROWS=True), dict(COMPUTE_DV=False, KEY_ROWS=True))
+
+
 def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: AttentionOptions, attn_mask=None,
                      mask_needs_grad=False, packing: Packing | None = None):
     from .kernels.backward import delta_kernel, dkdv_kernel, dq_kernel
@@ -280,12 +288,13 @@ def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Att
     dkdv_map, dq_map = _block_map_arguments(attn_mask, q, layout.lengths[1],
                                             (dkdv_config.block_m, dkdv_config.block_n, True),
                                             (dq_config.block_m, dq_config.block_n, False))
-    dkdv_kernel[(_cdiv(layout.grid_k, dkdv_config.block_n), batch * nheads_k)](
-        *inputs, dk, dv, slopes, *layout.cu_seqlens, *input_strides, *_strides(dk), *_strides(dv),
-        stride_alibi_b, *layout.lengths, nheads, nheads_k, nheads // nheads_k,
-        BLOCK_M=dkdv_config.block_m, BLOCK_N=dkdv_config.block_n,
-        num_warps=dkdv_config.num_warps, num_stages=dkdv_config.num_stages, **shared, **dkdv_map,
-    )
+    for gradients in _dkdv_passes(dkdv_config):
+        dkdv_kernel[(_cdiv(layout.grid_k, dkdv_config.block_n), batch * nheads_k)](
+            *inputs, dk, dv, slopes, *layout.cu_seqlens, *input_strides, *_strides(dk), *_strides(dv),
+            stride_alibi_b, *layout.lengths, nheads, nheads_k, nheads // nheads_k,
+            BLOCK_M=dkdv_config.block_m, BLOCK_N=dkdv_config.block_n,
+            num_warps=dkdv_config.num_warps, num_stages=dkdv_config.num_stages, **shared, **dkdv_map, **gradients,
+        )
     dq_kernel[(_cdiv(layout.grid_q, dq_config.block_m), batch * nheads)](
         *inputs, dq, slopes, *layout.cu_seqlens, *input_strides, *_strides(dq),
         stride_alibi_b, *layout.lengths, nheads, nheads // nheads_k,
