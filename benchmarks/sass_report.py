@@ -3,7 +3,7 @@
 Triton runs its whole MLIR pipeline and ptxas (both ship in the triton wheel) for a ``GPUTarget``, so
 registers, stack (spills), shared memory, warps and the instruction mix (HGMMA vs HMMA, FP ops) can be
 read on the CPU machine before any device time is spent. Unspecified constexprs default to False,
-pointers to *bf16 (Lse/Delta/AlibiSlopes *fp32, CuSeqlens* *i32), other arguments to i32.
+pointers to *bf16 (Lse/Delta/AlibiSlopes *fp32, CuSeqlens*/BlockMap/BlockTable *i32), other arguments to i32.
 
 Pointers and ``stride_*`` arguments are compiled as multiples of 16, as Triton's launcher specializes
 them for 16-byte aligned tensors whose strides are multiples of 16 elements (every benchmark shape):
@@ -34,6 +34,7 @@ from triton.compiler import ASTSource
 BIN = triton.__path__[0] + "/backends/nvidia/bin/"
 FLOAT_ARGS = {"softmax_scale", "qk_scale", "softcap_log2", "dropout_p"}
 FP32_POINTERS = {"Lse", "Delta", "AlibiSlopes", "DMask"}
+INT32_POINTERS = {"BlockMap", "BlockTable"}
 COUNTED_OPS = ("HGMMA", "HMMA", "FFMA", "FMUL", "FADD", "MUFU.EX2", "STL", "LDL")
 
 
@@ -45,7 +46,7 @@ def signature(kernel, constexprs: dict, dtype: str) -> dict:
             types[name] = "constexpr"
         elif name in FLOAT_ARGS:
             types[name] = "fp32"
-        elif name.startswith("CuSeqlens"):
+        elif name.startswith("CuSeqlens") or name in INT32_POINTERS:
             types[name] = "*i32"
         elif name[0].isupper():
             types[name] = "*fp32" if name in FP32_POINTERS else f"*{dtype}"
