@@ -35,14 +35,15 @@ def forced(stack: ExitStack, device: str, dtype: torch.dtype, attn_mask: bool = 
     stack.enter_context(configs.use_config("dkdv", split_tiles(device, dtype, attn_mask)))
 
 
-# Every head dim of INTERPRETER_SHAPES meets every option once, with the dtypes taking turns: each
-# option runs in each dtype on some shape, at a third of the full grid's interpreter time.
-LATIN_GRID = [(shape, option, DTYPES[(i + j) % len(DTYPES)])
-              for i, shape in enumerate(INTERPRETER_SHAPES) for j, option in enumerate(OPTIONS)]
+def latin_grid(shapes: list) -> list[tuple]:
+    """Every shape meets every option once, with the dtypes taking turns: each option runs in each dtype
+    on some shape (given 3 shapes or more), at a third of the full grid's cost."""
+    return [(shape, option, DTYPES[(i + j) % len(DTYPES)])
+            for i, shape in enumerate(shapes) for j, option in enumerate(OPTIONS)]
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("shape,option_name,dtype", LATIN_GRID, ids=str)
+@pytest.mark.parametrize("shape,option_name,dtype", latin_grid(INTERPRETER_SHAPES), ids=str)
 def test_split_kernels_match_reference(triton_backend, shape, option_name, dtype):
     case = make_case(shape, option_name, triton_backend)
     with ExitStack() as stack:
@@ -106,9 +107,7 @@ def test_the_hopper_table_splits_the_256_bucket_only(head_dim, masked):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("option_name", list(OPTIONS))
-@pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
+@pytest.mark.parametrize("shape,option_name,dtype", latin_grid(GPU_SHAPES), ids=str)
 def test_split_kernels_match_reference_large(triton_backend, shape, option_name, dtype):
     case = make_case(shape, option_name, "cuda")
     with ExitStack() as stack:
