@@ -28,6 +28,20 @@ def tanh(x):
 
 
 @triton.jit
+def divide_rows(acc, row_sum, ROUND_TO_NEAREST: tl.constexpr):
+    """acc / row_sum[:, None], the softmax normalization.
+
+    Triton compiles a float32 ``/`` to div.full.f32, which may be two ulps off. A row that one key
+    dominates (ALiBi with a steep slope) carries a value of |v| up to ~4 there, and two ulps of that
+    exceeded twice PyTorch's float32 error. The float32 path divides with round-to-nearest instead;
+    the 16-bit outputs round far coarser than either.
+    """
+    if ROUND_TO_NEAREST:
+        return tl.div_rn(acc, tl.broadcast_to(row_sum[:, None], acc.shape))
+    return acc / row_sum[:, None]
+
+
+@triton.jit
 def visible(offs_m, offs_n, seqlen_q, seqlen_k, window_left, window_right,
             WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr):
     diagonal = offs_m[:, None] + (seqlen_k - seqlen_q)

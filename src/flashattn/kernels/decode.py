@@ -21,7 +21,17 @@ looked up at absolute positions, as flash-attn does.
 import triton
 import triton.language as tl
 
-from .common import LOG2E, accumulate, dot, key_block_bounds, paged_kv_rows, scores_log2, stage_range, visible
+from .common import (
+    LOG2E,
+    accumulate,
+    divide_rows,
+    dot,
+    key_block_bounds,
+    paged_kv_rows,
+    scores_log2,
+    stage_range,
+    visible,
+)
 
 
 @triton.jit
@@ -281,7 +291,7 @@ def kvcache_attention_kernel(
 
     # -- epilogue: normalize; a row (or a split) that saw no key gives 0 and lse = +inf --
     empty = row_sum == 0.0
-    out = acc / tl.where(empty, 1.0, row_sum)[:, None]
+    out = divide_rows(acc, tl.where(empty, 1.0, row_sum), COMPENSATED)
     lse = tl.where(empty, float("inf"), (row_max + tl.math.log2(tl.where(empty, 1.0, row_sum))) / LOG2E)
     split_offset = split.to(tl.int64)
     lse_ptrs = Lse + split_offset * stride_ls + batch.to(tl.int64) * stride_lb + head.to(tl.int64) * stride_lh \

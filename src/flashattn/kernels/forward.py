@@ -7,6 +7,7 @@ from .common import (
     LOG2E,
     accumulate,
     apply_attn_mask,
+    divide_rows,
     dot,
     dropout_keep,
     dropout_row_base,
@@ -295,7 +296,7 @@ def attention_forward_kernel(
     # -- epilogue: normalize; a row that saw no key gives 0 and lse = +inf --
     empty = row_sum == 0.0
     row_sum = tl.where(empty, 1.0, row_sum)
-    out = acc / row_sum[:, None]
+    out = divide_rows(acc, row_sum, COMPENSATED)
     if HAS_DROPOUT:
         out = out * (1.0 / (1.0 - dropout_p))
     lse = tl.where(empty, float("inf"), (row_max + tl.math.log2(row_sum)) / LOG2E)
