@@ -3,7 +3,14 @@
 Triton runs its whole MLIR pipeline and ptxas (both ship in the triton wheel) for a ``GPUTarget``, so
 registers, stack (spills), shared memory, warps and the instruction mix (HGMMA vs HMMA, FP ops) can be
 read on the CPU machine before any device time is spent. Unspecified constexprs default to False,
-pointers to *bf16 (Lse/Delta/AlibiSlopes *fp32, CuSeqlens* *i32), other arguments to i32.
+pointers to *bf16 (Lse/Delta/AlibiSlopes *fp32, CuSeqlens*/BlockMap/BlockTable *i32), other arguments to i32.
+
+Pointers and ``stride_*`` arguments are compiled as multiples of 16, as Triton's launcher specializes
+them for 16-byte aligned tensors whose strides are multiples of 16 elements (every benchmark shape):
+that lets loads use 16-byte vectors and cp.async. ``aligned=False`` compiles the unspecialized kernel.
+``loop_STL``/``loop_LDL`` count the spill instructions inside the innermost loops that hold the tensor
+core instructions (HGMMA/HMMA): the ones paid on every tile, where the totals include one-off spills
+around the loops.
 
     PYTHONPATH=src python benchmarks/sass_report.py flashattn.kernels.forward:attention_forward_kernel 8 3 \\
         HEAD_DIM=128 BLOCK_D=128 BLOCK_M=128 BLOCK_N=128 DOT_PRECISION='"tf32"' USE_TMA=True
@@ -27,6 +34,7 @@ from triton.compiler import ASTSource
 BIN = triton.__path__[0] + "/backends/nvidia/bin/"
 FLOAT_ARGS = {"softmax_scale", "qk_scale", "softcap_log2", "dropout_p"}
 FP32_POINTERS = {"Lse", "Delta", "AlibiSlopes", "DMask"}
+INT32_POINTERS = {"BlockMap", "BlockTable"}
 COUNTED_OPS = ("HGMMA", "HMMA", "FFMA", "FMUL", "FADD", "MUFU.EX2", "STL", "LDL")
 
 
@@ -38,13 +46,48 @@ def signature(kernel, constexprs: dict, dtype: str) -> dict:
             types[name] = "constexpr"
         elif name in FLOAT_ARGS:
             types[name] = "fp32"
-        elif name.startswith("CuSeqlens"):
+        elif name.startswith("CuSeqlens") or name in INT32_POINTERS:
             types[name] = "*i32"
         elif name[0].isupper():
             types[name] = "*fp32" if name in FP32_POINTERS else f"*{dtype}"
         else:
             types[name] = "i32"
     return types
+
+
+def alignment_hints(types: dict) -> dict:
+    """``tt.divisibility`` 16 on every pointer and stride, as the launcher gives aligned tensors."""
+    return {(i,): [["tt.divisibility", 16]] for i, (name, kind) in enumerate(types.items())
+            if kind.startswith("*") or name.startswith("stride_")}
+
+
+def _instructions(sass: str) -> list[tuple[int, str]]:
+    found = []
+    for line in sass.splitlines():
+        match = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if match:
+            found.append((int(match.group(1), 16), match.group(2)))
+    return found
+
+
+def hot_loop_spills(sass: str) -> dict:
+    """STL/LDL inside the innermost loops (a backward branch's range) that hold HGMMA or HMMA."""
+    instructions = _instructions(sass)
+    loops = []
+    for address, text in instructions:
+        branch = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
+        if branch and int(branch.group(1), 16) <= address:
+            loops.append((int(branch.group(1), 16), address))
+    innermost = [loop for loop in loops
+                 if not any(other != loop and loop[0] <= other[0] and other[1] <= loop[1] for other in loops)]
+    hot = [(lo, hi) for lo, hi in innermost
+           if any(lo <= address <= hi and re.search(r"\bH(G)?MMA\b", text) for address, text in instructions)]
+
+    def count(op: str) -> int:
+        return sum(1 for address, text in instructions
+                   if re.search(r"\b" + op + r"\b", text) and any(lo <= address <= hi for lo, hi in hot))
+
+    return {"hot_loops": len(hot), "loop_STL": count("STL"), "loop_LDL": count("LDL")}
 
 
 def report(compiled) -> dict:
@@ -61,6 +104,7 @@ def report(compiled) -> dict:
         "shared_bytes": compiled.metadata.shared,
         "warps": compiled.metadata.num_warps,
         **{op: len(re.findall(r"\b" + re.escape(op) + r"\b", sass)) for op in COUNTED_OPS},
+        **hot_loop_spills(sass),
     }
 
 
@@ -72,11 +116,21 @@ def main(argv: list[str]) -> None:
     num_warps, num_stages = int(argv[1]), int(argv[2])
     constexprs = {key: ast.literal_eval(value) for key, value in (arg.split("=", 1) for arg in argv[3:])}
     dtype = constexprs.pop("dtype", "bf16")
+    aligned = constexprs.pop("aligned", True)
     start = time.time()
-    source = ASTSource(fn=kernel, signature=signature(kernel, constexprs, dtype), constexprs=constexprs)
+    print(f"{' '.join(argv[1:])}: {compile_report(kernel, num_warps, num_stages, constexprs, dtype, aligned)} "
+          f"({time.time() - start:.1f} s)")
+
+
+def compile_report(kernel, num_warps: int, num_stages: int, constexprs: dict, dtype: str = "bf16",
+                   aligned: bool = True) -> dict:
+    """Compile ``kernel`` for sm90 with these constexprs and launch options; :func:`report` of the result."""
+    types = signature(kernel, constexprs, dtype)
+    source = ASTSource(fn=kernel, signature=types, constexprs=constexprs,
+                       attrs=alignment_hints(types) if aligned else None)
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": num_warps, "num_stages": num_stages})
-    print(f"{' '.join(argv[1:])}: {report(compiled)} ({time.time() - start:.1f} s)")
+    return report(compiled)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 import torch
 
-from flashattn.testing import Case
+from flashattn.testing import Case, VarlenCase
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -28,6 +28,18 @@ def make_case(shape, option_name: str, device) -> Case:
     elif slopes == "per-batch-head":
         options["alibi_slopes"] = torch.rand(batch, nheads, device=device) * 0.5
     return Case(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, options)
+
+
+def make_varlen_case(shape, option_name: str, device) -> VarlenCase:
+    """A packed case from (seqlens_q, seqlens_k, nheads, nheads_k, head_dim) and an OPTIONS name."""
+    seqlens_q, seqlens_k, nheads, nheads_k, head_dim = shape
+    options = dict(OPTIONS[option_name])
+    slopes = options.get("alibi_slopes")
+    if slopes == "per-head":
+        options["alibi_slopes"] = torch.rand(nheads, device=device) * 0.5
+    elif slopes == "per-batch-head":
+        options["alibi_slopes"] = torch.rand(len(seqlens_q), nheads, device=device) * 0.5
+    return VarlenCase(seqlens_q, seqlens_k, nheads, nheads_k, head_dim, options)
 
 
 # (batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim): awkward on purpose

@@ -479,7 +479,7 @@ def test_measure_plumbing_with_the_gpu_faked(monkeypatch, capsys):
     captured = capsys.readouterr()
     data = json.loads(captured.out)
     assert data["gpu"]["name"] == "H100 (measured)"  # picked from the device's name
-    assert data["tiling"]["forward"] == {"block_m": 128, "block_n": 64}  # configs' Hopper table, hdim 64
+    assert data["tiling"]["forward"] == {"block_m": 128, "block_n": 64, "passes": 1}  # configs' Hopper table, hdim 64
     assert data["measured"]["method"] == "profiler" and "not on PATH" in data["measured"]["fallback_reason"]
     assert "measuring on NVIDIA H100 80GB HBM3 (faked)" in captured.err
     assert iomodel.run(parse("--seqlen", "1024", "--heads", "4", "--head-dim", "64", "--measure")) == 0

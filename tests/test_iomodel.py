@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -112,6 +113,24 @@ def test_flashattn_backward_small_case():
         ("dq", "dq", "write"): 32768,
     }
     assert total(transfers) == 66560 + 401408 + 231424 == 699392
+
+
+def test_a_split_dkdv_kernel_reads_k_q_do_and_the_lse_in_both_passes():
+    split = replace(SMALL_TILES, dkdv=BlockShape(128, 64, passes=2))
+    one_pass, two_passes = by_key(flashattn_backward_bytes(SMALL, SMALL_TILES)), by_key(
+        flashattn_backward_bytes(SMALL, split))
+    for tensor in ("k", "q", "do", "lse"):
+        assert two_passes[("dkdv", tensor, "read")] == 2 * one_pass[("dkdv", tensor, "read")]
+    for key in (("dkdv", "v", "read"), ("dkdv", "delta", "read"), ("dkdv", "dk", "write"), ("dkdv", "dv", "write")):
+        assert two_passes[key] == one_pass[key]
+    second_k_read = next(t for t in flashattn_backward_bytes(SMALL, split) if t.kernel == "dkdv" and t.tensor == "k")
+    assert second_k_read.term == "reread" and second_k_read.once_nbytes == 32768
+    # S is computed in both passes: 8 matmuls for the forward's 2
+    assert flashattn_backward_flops_executed(SMALL, split) == 16777216 * 4
+    assert flashattn_backward_flops_executed(SMALL, SMALL_TILES) == flashattn_backward_flops_executed(SMALL)
+    with pytest.raises(InvalidArgument) as error:
+        BlockShape(64, 64, passes=3)
+    assert error.value.field == "passes"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -338,7 +357,9 @@ def test_hopper_accessor_agrees_with_tile_config(monkeypatch, phase, head_dim, m
     monkeypatch.setattr(configs, "gpu_family", lambda device: "hopper")
     expected = configs.tile_config(phase, head_dim, masked, dtype, torch.device("cpu"), interpret=False)
     dtype_bytes = torch.empty((), dtype=dtype).element_size()
-    assert hopper_block_shape(phase, head_dim, masked, dtype_bytes) == BlockShape(expected.block_m, expected.block_n)
+    passes = 2 if expected.split_dkdv else 1
+    assert hopper_block_shape(phase, head_dim, masked, dtype_bytes) == BlockShape(expected.block_m, expected.block_n,
+                                                                                  passes)
 
 
 def test_tiling_from_the_table_and_overrides():
@@ -408,7 +429,7 @@ def test_run_json_shape_and_small_case(capsys):
     assert data["flashattn"]["backward"]["bytes"] == 699392
     assert data["standard"]["forward"]["bytes"] == 655360
     assert data["standard"]["backward"]["bytes"] == 1179648
-    assert data["tiling"]["dkdv"] == {"block_m": 128, "block_n": 64}
+    assert data["tiling"]["dkdv"] == {"block_m": 128, "block_n": 64, "passes": 1}
     assert data["gpu"]["bandwidth"] == 4.23e12
 
 

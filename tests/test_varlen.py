@@ -7,7 +7,7 @@ the ``gpu``-marked grid adds long sequences. Sequence lengths include 0 and 1 on
 import pytest
 import torch
 import torch._dynamo.testing
-from cases import DTYPES, OPTIONS
+from cases import DTYPES, OPTIONS, make_varlen_case
 
 from flashattn import (
     flash_attn_func,
@@ -37,17 +37,6 @@ GPU_SHAPES = [
     ((1, 333, 1500, 2047), (1700, 1, 1500, 900), 6, 2, 96),
     ((256, 129, 0, 77), (256, 300, 5, 40), 2, 1, 256),
 ]
-
-
-def make_varlen_case(shape, option_name: str, device) -> VarlenCase:
-    seqlens_q, seqlens_k, nheads, nheads_k, head_dim = shape
-    options = dict(OPTIONS[option_name])
-    slopes = options.get("alibi_slopes")
-    if slopes == "per-head":
-        options["alibi_slopes"] = torch.rand(nheads, device=device) * 0.5
-    elif slopes == "per-batch-head":
-        options["alibi_slopes"] = torch.rand(len(seqlens_q), nheads, device=device) * 0.5
-    return VarlenCase(seqlens_q, seqlens_k, nheads, nheads_k, head_dim, options)
 
 
 @pytest.fixture(params=["torch", pytest.param("triton", marks=pytest.mark.interpreter)])
@@ -275,7 +264,6 @@ BAD_INPUTS = [
     ("max-type", dict(max_seqlen_q=5.0), TypeError, "max_seqlen_q must be an int or a 0-d integer tensor"),
     ("max-float-tensor", dict(max_seqlen_k=torch.tensor(6.0)), TypeError, "max_seqlen_k must be an int or a 0-d"),
     ("q-rank", dict(q=torch.randn(1, 8, 4, 16)), ValueError, r"q must have 3 dimensions \(total_tokens, nheads"),
-    ("block-table", dict(block_table=_int32([[0]])), NotImplementedError, "block_table"),
     ("dropout", dict(dropout_p=1.0), ValueError, "dropout_p"),
 ]
 

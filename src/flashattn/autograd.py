@@ -56,3 +56,24 @@ class FlashAttnVarlenFunction(torch.autograd.Function):
         )
         # no gradient for cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, opts
         return dq, dk, dv, None, None, None, None, None, None
+
+
+class FlashAttnVarlenPagedFunction(torch.autograd.Function):
+    """Packed queries over paged keys (a block table): forward only, as in flash-attn.
+
+    Nothing is saved; a backward through the output raises instead of returning no gradient.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, block_table,
+                opts: AttentionOptions):
+        rng_state = new_rng_state() if opts.dropout_p > 0 else None
+        out, lse = ops.varlen_attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                alibi_slopes, rng_state, *ops.op_arguments(opts), block_table)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        raise RuntimeError("flash_attn_varlen_func with a block_table (paged KV) is forward only, as in flash-attn: "
+                           "for gradients, gather the pages into packed k and v and call it without block_table")

@@ -42,9 +42,9 @@ HOPPER_SMS = 132  # H100/H200 SXM: the SM count the model assumes when no GPU is
 HOPPER_SMEM_PER_BLOCK = 227 * 1024  # Hopper's opt-in shared memory per block, when no GPU is visible
 MAX_REGISTERS_PER_THREAD = 255  # since Volta
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages[, tma]) per kernel: padded head dims up to 128, then 256;
-# the flag (forward only) is TileConfig's. The single source: benchmarks/sweep_blocks.py
-# imports these.
+# (BLOCK_M, BLOCK_N, num_warps, num_stages[, tma[, split]]) per kernel: padded head dims up to 128, then 256;
+# the flags are TileConfig's (tma: forward only; split: dK/dV only, split_dkdv). The single source:
+# benchmarks/sweep_blocks.py imports these.
 Candidate = tuple
 CANDIDATES: dict[str, list[Candidate]] = {
     "forward": [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 4, 4),
@@ -56,7 +56,12 @@ CANDIDATES: dict[str, list[Candidate]] = {
 }
 CANDIDATES_256: dict[str, list[Candidate]] = {
     "forward": [(64, 64, 4, 2), (128, 64, 8, 2), (128, 32, 8, 2), (64, 32, 4, 2), (128, 64, 8, 1), (64, 64, 4, 3)],
-    "dkdv": [(32, 64, 4, 2), (64, 64, 8, 2), (32, 32, 4, 2), (64, 32, 8, 2), (32, 128, 8, 2), (64, 128, 8, 1)],
+    # the split passes whose loops are free of spills in the sm90 SASS (docs/perf-notes.md, version 3; the
+    # first is the table's), 64 x 128 split clean only without a causal mask; then the one-pass kernel:
+    # the old table's entries and 128 x 64, whose loops spill least without computing S twice
+    "dkdv": [(32, 128, 8, 2, False, True), (16, 128, 8, 2, False, True), (32, 128, 8, 3, False, True),
+             (64, 128, 8, 1, False, True), (32, 64, 4, 2, False, True), (16, 64, 4, 2, False, True),
+             (64, 64, 8, 2), (32, 32, 4, 2), (128, 64, 8, 1)],
     "dq": [(64, 32, 4, 2), (64, 64, 8, 2), (128, 32, 8, 2), (128, 64, 8, 1), (64, 64, 4, 2), (128, 64, 8, 2)],
 }
 KERNEL_PHASES = ("forward", "dkdv", "dq")
@@ -75,7 +80,7 @@ def candidates_for(phase: str, head_dim: int) -> list[Candidate]:
     return list((CANDIDATES_256 if padded_head_dim(head_dim) > 128 else CANDIDATES)[phase])
 
 
-FLAG_NAMES = ("tma",)  # label suffixes of TileConfig's flags
+FLAG_NAMES = ("tma", "split")  # label suffixes of TileConfig's flags, in its field order
 
 
 def candidate_label(candidate: Candidate) -> str:
@@ -85,7 +90,8 @@ def candidate_label(candidate: Candidate) -> str:
 
 def parse_candidates(text: str) -> list[Candidate]:
     """An argparse type: ``BMxBNxWARPSxSTAGES`` configs, comma separated (``16x16x1x1,32x16x1x1``);
-    a forward config may end in ``+tma`` (TMA tensor descriptors; sm90)."""
+    a forward config may end in ``+tma`` (TMA tensor descriptors; sm90), a dK/dV config in ``+split`` (a dV
+    pass and a dK pass, ``TileConfig.split_dkdv``)."""
     found: list[Candidate] = []
     for part in (p.strip() for p in text.split(",")):
         if not part:
@@ -185,15 +191,21 @@ def grid_programs(phase: str, candidate: Candidate, shape: Shape) -> int:
     return -(-shape.seqlen // rows) * shape.batch * shape.heads
 
 
+def is_split(phase: str, candidate: Candidate) -> bool:
+    """A dK/dV candidate with the split flag: a dV pass and a dK pass."""
+    return phase == "dkdv" and len(candidate) > 5 and bool(candidate[5])
+
+
 def accumulator_registers(phase: str, candidate: Candidate, head_dim: int, dtype_bytes: int) -> int:
     """32-bit registers per thread that one program's fp32 tiles take, at least: a lower bound on its
     register use, to read against the 255 a thread may have (above it, certain spills; near it, likely).
 
     The tiles live in the registers of the program's ``32 * num_warps`` threads: the forward's output
     accumulator (BLOCK_M x d) and score tile (BLOCK_M x BLOCK_N); dK/dV's two accumulators
-    (2 x BLOCK_N x d) and its score and dP tiles (2 x BLOCK_M x BLOCK_N); dQ's accumulator (BLOCK_M x d)
-    and its score and dP tiles. float32 inputs add a Kahan compensation tile per accumulator. Operand
-    tiles, pointers and masks come on top and are not counted.
+    (2 x BLOCK_N x d, one when split: the dK pass holds the most) and its score and dP tiles
+    (2 x BLOCK_M x BLOCK_N); dQ's accumulator (BLOCK_M x d) and its score and dP tiles. float32 inputs add
+    a Kahan compensation tile per accumulator. Operand tiles, pointers and masks come on top and are not
+    counted.
     """
     from .configs import padded_head_dim
 
@@ -201,7 +213,7 @@ def accumulator_registers(phase: str, candidate: Candidate, head_dim: int, dtype
     width = padded_head_dim(head_dim)
     accumulators, scores = {
         "forward": (block_m * width, block_m * block_n),
-        "dkdv": (2 * block_n * width, 2 * block_m * block_n),
+        "dkdv": ((1 if is_split(phase, candidate) else 2) * block_n * width, 2 * block_m * block_n),
         "dq": (block_m * width, 2 * block_m * block_n),
     }[phase]
     if dtype_bytes == 4:
@@ -213,6 +225,8 @@ def estimate(phase: str, candidate: Candidate, shape: Shape, sms: int) -> Estima
     """Shared memory, re-reads (from ``iomodel``'s byte counts for this tiling) and programs per SM."""
     problem = shape.problem()
     tiling = Tiling.uniform(candidate[0], candidate[1])
+    if is_split(phase, candidate):
+        tiling = replace(tiling, dkdv=replace(tiling.dkdv, passes=2))
     transfers = (flashattn_forward_bytes(problem, tiling) if phase == "forward"
                  else flashattn_backward_bytes(problem, tiling))
     rereads = [t for t in transfers if t.kernel == phase and t.term == "reread"]
@@ -430,7 +444,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="forward sweeps the forward kernel; backward the dK/dV and dQ kernels, each timed "
                              "as the whole backward; both all three (default forward)")
     parser.add_argument("--candidates", type=parse_candidates, default=None, metavar="BMxBNxWxS[,...]",
-                        help="sweep these configs for every swept kernel instead of the built-in lists")
+                        help="sweep these configs for every swept kernel instead of the built-in lists; "
+                             "+tma (forward) and +split (dK/dV in two passes) set TileConfig's flags")
     parser.add_argument("--interpret-check", action="store_true",
                         help="no timings: run each candidate once on a tiny shape to validate it (automatic "
                              "without a GPU when TRITON_INTERPRET=1 and FLASHATTN_BACKEND=triton)")

@@ -21,6 +21,10 @@ class TileConfig:
     num_stages: int
     # forward only, sm90: Q/K/V/O tiles through TMA tensor descriptors
     tma: bool = False
+    # dK/dV only: a dV pass, then a dK pass over the queries, each holding one fp32 accumulator and
+    # computing its tile with the keys along the rows (dkdv_kernel's COMPUTE_DK/COMPUTE_DV, KEY_ROWS):
+    # 8 tile products per backward instead of 7, for large head dims whose two accumulators spill
+    split_dkdv: bool = False
 
 
 # Under TRITON_INTERPRET=1 every program runs in numpy: small tiles keep the tests fast there.
@@ -45,13 +49,17 @@ LONG_SEQLEN = 8192
 _HOPPER_FORWARD_LONG = {
     (128, True): TileConfig(128, 128, 8, 3, tma=True),
 }
+# hdim 256: dV and dK in two passes with the keys along the rows (split_dkdv), chosen from the SASS
+# (benchmarks/sass_report.py, docs/perf-notes.md version 3), not yet timed: 32 x 128 tiles, 8 warps and 2
+# stages are the largest that keep both passes free of spills in their loops, causal or not, and under
+# the shared memory limit. One pass spilled (64 x 64, 8 warps) or ran on mma.sync (32 x 32, causal).
 _HOPPER_DKDV = {
     (64, False): TileConfig(64, 64, 4, 2),
     (64, True): TileConfig(64, 64, 4, 2),
     (128, False): TileConfig(64, 64, 4, 2),
     (128, True): TileConfig(64, 64, 4, 2),
-    (256, False): TileConfig(64, 64, 8, 2),
-    (256, True): TileConfig(32, 32, 4, 2),
+    (256, False): TileConfig(32, 128, 8, 2, split_dkdv=True),
+    (256, True): TileConfig(32, 128, 8, 2, split_dkdv=True),
 }
 _HOPPER_DQ = {
     (64, False): TileConfig(128, 64, 8, 3),

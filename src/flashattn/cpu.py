@@ -245,6 +245,13 @@ def _sequences(cu_seqlens_q: list[int], cu_seqlens_k: list[int], alibi_slopes: t
         yield b, queries, keys, slopes
 
 
+def paged_rows(pool: torch.Tensor, table_row: torch.Tensor, length: int) -> torch.Tensor:
+    """The first ``length`` rows of a sequence in a paged pool (num_pages, page_size, ...), gathered in order."""
+    page_size = pool.shape[1]
+    pages = table_row[: -(-length // page_size)].long()
+    return pool[pages].flatten(0, 1)[:length]
+
+
 def varlen_forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -254,14 +261,25 @@ def varlen_forward(
     opts: AttentionOptions,
     alibi_slopes: torch.Tensor | None,
     rng_state: torch.Tensor | None,
+    block_table: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q: (total_q, Hq, D), k/v: (total_k, Hk, D) -> out (total_q, Hq, D), lse float32 (Hq, total_q)."""
+    """q: (total_q, Hq, D), k/v: (total_k, Hk, D) -> out (total_q, Hq, D), lse float32 (Hq, total_q).
+
+    With ``block_table`` (batch, max_pages), k and v are page pools (num_pages, page_size, Hk, D): each
+    sequence's keys are gathered through its row of the table, and then attended to exactly as packed keys
+    would be (the dropout stream included: key j of sequence b is packed key ``cu_seqlens_k[b] + j``).
+    """
     total_q, nheads = q.shape[:2]
     out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.full((nheads, total_q), float("inf"), dtype=torch.float32, device=q.device)
-    for _, queries, keys, slopes in _sequences(cu_seqlens_q, cu_seqlens_k, alibi_slopes):
-        frame = PackedFrame(queries.start, keys.start, total_q, k.shape[0])
-        seq_out, seq_lse = forward(q[None, queries], k[None, keys], v[None, keys], opts, slopes, rng_state,
+    for b, queries, keys, slopes in _sequences(cu_seqlens_q, cu_seqlens_k, alibi_slopes):
+        frame = PackedFrame(queries.start, keys.start, total_q, cu_seqlens_k[-1])
+        if block_table is None:
+            seq_k, seq_v = k[keys], v[keys]
+        else:
+            length = keys.stop - keys.start
+            seq_k, seq_v = paged_rows(k, block_table[b], length), paged_rows(v, block_table[b], length)
+        seq_out, seq_lse = forward(q[None, queries], seq_k[None], seq_v[None], opts, slopes, rng_state,
                                   dropout_frame=frame)
         out[queries] = seq_out[0]
         lse[:, queries] = seq_lse[0]

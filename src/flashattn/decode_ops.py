@@ -146,6 +146,7 @@ def _triton_combine(out_partial, lse_partial, out=None, lse=None):
         *out.stride()[:3], *lse.stride(),
         num_splits, seqlen, nheads,
         HEAD_DIM=head_dim, BLOCK_D=configs.padded_head_dim(head_dim), BLOCK_M=block_m,
+        ROUND_TO_NEAREST=out.dtype == torch.float32,
     )
     return out, lse
 

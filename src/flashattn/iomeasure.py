@@ -42,11 +42,11 @@ from typing import Any
 
 from .iomodel import (
     GPU_PRESETS,
-    BlockShape,
     IoReport,
     PassReport,
     Tiling,
     analyze,
+    block_shape,
     format_bytes,
     format_report,
     format_seconds,
@@ -643,7 +643,7 @@ def device_tiling(problem, dtype, device) -> Tiling:
     """The tiles flashattn's kernels run for ``problem`` in ``dtype`` on ``device`` (configs' table)."""
     from . import configs
 
-    return Tiling(*(BlockShape(config.block_m, config.block_n) for config in (
+    return Tiling(*(block_shape(config) for config in (
         configs.tile_config(phase, problem.head_dim, problem.causal, dtype, device, interpret=False,
                             seqlen=min(problem.seqlen_q, problem.seqlen_k) if phase == "forward" else 0)
         for phase in ("forward", "dkdv", "dq"))))

@@ -99,10 +99,15 @@ class AttentionProblem:
 
 @dataclass(frozen=True)
 class BlockShape:
-    """One kernel's tile: ``block_m`` query rows by ``block_n`` key rows."""
+    """One kernel's tile: ``block_m`` query rows by ``block_n`` key rows.
+
+    ``passes``: how many times the kernel walks its tiles; 2 for a dK/dV kernel that runs as a dV pass
+    and a dK pass (``TileConfig.split_dkdv``).
+    """
 
     block_m: int
     block_n: int
+    passes: int = 1
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n"):
@@ -110,6 +115,8 @@ class BlockShape:
             # tl.arange needs a power of two and tl.dot at least 16 rows: the kernels take nothing else
             if not isinstance(value, int) or value < 16 or value & (value - 1):
                 raise InvalidArgument(name, f"expected a power of two >= 16, got {value!r}")
+        if self.passes not in (1, 2):
+            raise InvalidArgument("passes", f"expected 1 or 2 (a split dK/dV kernel), got {self.passes!r}")
 
 
 def hopper_block_shape(phase: str, head_dim: int, masked: bool, dtype_bytes: int, seqlen: int = 0) -> BlockShape:
@@ -126,7 +133,12 @@ def hopper_block_shape(phase: str, head_dim: int, masked: bool, dtype_bytes: int
         raise InvalidArgument("head_dim", f"the Hopper tile table stops at {MAX_TABLE_HEAD_DIM}, got {head_dim}")
     dtype = torch.float32 if dtype_bytes == FLOAT32_BYTES else torch.bfloat16
     config = configs.lookup("hopper", phase, head_dim, masked, dtype, seqlen=seqlen)
-    return BlockShape(config.block_m, config.block_n)
+    return block_shape(config)
+
+
+def block_shape(config) -> BlockShape:
+    """The IO model's view of a ``configs.TileConfig``: its tile, and the dK/dV kernel's passes."""
+    return BlockShape(config.block_m, config.block_n, 2 if config.split_dkdv else 1)
 
 
 @dataclass(frozen=True)
@@ -305,25 +317,33 @@ def flashattn_forward_bytes(problem: AttentionProblem, tiling: Tiling) -> list[T
 
 def flashattn_backward_bytes(problem: AttentionProblem, tiling: Tiling) -> list[Transfer]:
     """The delta kernel, then dK/dV (per key block and kv head, walking the group's query heads),
-    then dQ (per query block and head, streaming K/V as the forward does)."""
+    then dQ (per query block and head, streaming K/V as the forward does).
+
+    A split dK/dV kernel (``tiling.dkdv.passes == 2``) reads K, q, dO and the LSE in both passes, V and
+    delta in the dK pass only; its second read of K counts as a re-read.
+    """
     p = problem
     heads = p.batch * p.heads
     kv_heads = p.batch * p.kv_heads
     row_bytes = p.head_dim * p.dtype_bytes
     q_rows = heads * p.seqlen_q
     kv_rows = kv_heads * p.seqlen_k
+    passes = tiling.dkdv.passes
     # dK/dV: each kv head's program reads q/dO/lse/delta of every query head in its group
     query_rows_streamed = kv_heads * p.group_size * sum(query_rows_loaded_per_key_block(p, tiling.dkdv))
     keys_streamed = heads * sum(keys_loaded_per_query_block(p, tiling.dq))
+    k_read = (Transfer("dkdv", "k", "read", kv_rows * row_bytes) if passes == 1
+              else Transfer("dkdv", "k", "read", passes * kv_rows * row_bytes, "reread", kv_rows * row_bytes))
     return [
         Transfer("delta", "o", "read", q_rows * row_bytes),
         Transfer("delta", "do", "read", q_rows * row_bytes),
         Transfer("delta", "delta", "write", q_rows * FLOAT32_BYTES),
-        Transfer("dkdv", "k", "read", kv_rows * row_bytes),
+        k_read,
         Transfer("dkdv", "v", "read", kv_rows * row_bytes),
-        Transfer("dkdv", "q", "read", query_rows_streamed * row_bytes, "reread", q_rows * row_bytes),
-        Transfer("dkdv", "do", "read", query_rows_streamed * row_bytes, "reread", q_rows * row_bytes),
-        Transfer("dkdv", "lse", "read", query_rows_streamed * FLOAT32_BYTES, "reread", q_rows * FLOAT32_BYTES),
+        Transfer("dkdv", "q", "read", passes * query_rows_streamed * row_bytes, "reread", q_rows * row_bytes),
+        Transfer("dkdv", "do", "read", passes * query_rows_streamed * row_bytes, "reread", q_rows * row_bytes),
+        Transfer("dkdv", "lse", "read", passes * query_rows_streamed * FLOAT32_BYTES, "reread",
+                 q_rows * FLOAT32_BYTES),
         Transfer("dkdv", "delta", "read", query_rows_streamed * FLOAT32_BYTES, "reread", q_rows * FLOAT32_BYTES),
         Transfer("dkdv", "dk", "write", kv_rows * row_bytes),
         Transfer("dkdv", "dv", "write", kv_rows * row_bytes),
@@ -358,11 +378,13 @@ def backward_flops(problem: AttentionProblem) -> int:
     return forward_flops(problem) * 5 // 2
 
 
-def flashattn_backward_flops_executed(problem: AttentionProblem) -> int:
+def flashattn_backward_flops_executed(problem: AttentionProblem, tiling: Tiling | None = None) -> int:
     """What flashattn's backward runs: Q K^T is recomputed in the dK/dV and in the dQ kernel, and
-    dO V^T as well, so 7 matmuls for the forward's 2 (3.5x). Causal halving as in the convention
-    (the masked halves of diagonal tiles, also computed, are ignored)."""
-    return forward_flops(problem) * 7 // 2
+    dO V^T as well, so 7 matmuls for the forward's 2 (3.5x); a split dK/dV kernel (``tiling``) computes
+    Q K^T in both of its passes: 8 (4x). Causal halving as in the convention (the masked halves of
+    diagonal tiles, also computed, are ignored)."""
+    passes = 1 if tiling is None else tiling.dkdv.passes
+    return forward_flops(problem) * (6 + passes) // 2
 
 
 def standard_forward_flops_executed(problem: AttentionProblem) -> int:
@@ -542,7 +564,7 @@ def analyze(problem: AttentionProblem, tiling: Tiling | None = None, gpu: Gpu = 
         make("standard", "backward", standard_backward_bytes(problem), backward_flops(problem),
              standard_backward_flops_executed(problem)),
         make("flashattn", "backward", flashattn_backward_bytes(problem, tiling), backward_flops(problem),
-             flashattn_backward_flops_executed(problem)),
+             flashattn_backward_flops_executed(problem, tiling)),
         asymptotic(problem, tiling, sram_kb),
     )
 

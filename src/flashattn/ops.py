@@ -8,16 +8,21 @@ torch path runs on any device, and the Triton kernels run on CPU tensors under `
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
 
 import torch
 
-from . import configs, cpu, masks
+from . import configs, cpu, mask_blocks, masks
 from .options import AttentionOptions
 
 LOG2E = math.log2(math.e)
+
+SKIP_HIDDEN_TILES = True
+"""Skip the tiles that an SDPA mask hides entirely (``mask_blocks.py``). False computes every tile, as
+before: for measuring what skipping saves, and for tests that show the skipping happens."""
 
 
 def backend_override() -> str | None:
@@ -90,6 +95,23 @@ def _mask_arguments(attn_mask: torch.Tensor | None, q: torch.Tensor, seqlen_k: i
                 stride_mask_m=mask.stride(2), stride_mask_n=mask.stride(3), HAS_MASK=True, MASK_IS_BOOL=is_bool)
 
 
+def _block_map_arguments(attn_mask: torch.Tensor | None, q: torch.Tensor, seqlen_k: int,
+                         *tiles: tuple[int, int, bool]) -> list[dict]:
+    """Per kernel tiled ``(block_m, block_n, rows_are_keys)``: its block map of the mask's hidden tiles
+    (``mask_blocks.py``), broadcast to (B, Hq, rows, 2 * columns + 1) by stride-0 views, no copy."""
+    if attn_mask is None or not SKIP_HIDDEN_TILES:
+        return [dict(BlockMap=q, stride_map_b=0, stride_map_h=0, stride_map_row=0, HAS_BLOCK_MAP=False)
+                for _ in tiles]
+    batch, seqlen_q, nheads, _ = q.shape
+    arguments = []
+    for block_map in mask_blocks.block_maps(attn_mask, seqlen_q, seqlen_k, *tiles):
+        block_map = block_map.expand(batch, nheads, *block_map.shape[2:])
+        arguments.append(dict(BlockMap=block_map, stride_map_b=block_map.stride(0),
+                              stride_map_h=block_map.stride(1), stride_map_row=block_map.stride(2),
+                              HAS_BLOCK_MAP=True))
+    return arguments
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -156,8 +178,21 @@ def _tma_workspace(size: int, alignment: int, stream) -> torch.Tensor:
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
+def _paging_arguments(block_table: torch.Tensor | None, k: torch.Tensor, block_n: int) -> dict:
+    """The paged-KV arguments of the forward kernel: none without a block table (the kernel's defaults)."""
+    if block_table is None:
+        return {}
+    table = _last_dim_contiguous(block_table)
+    num_pages, page_size = k.shape[:2]
+    # the kernel cuts every sequence at pages_per_seq * page_size keys: an empty pool has room for none
+    pages_per_seq = table.shape[1] if num_pages > 0 else 0
+    return dict(BlockTable=table, stride_btb=table.stride(0), page_size=page_size, pages_per_seq=pages_per_seq,
+                PAGED_KV=True, ONE_PAGE=page_size % block_n == 0)
+
+
 def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, attn_mask=None,
-                    packing: Packing | None = None):
+                    packing: Packing | None = None, block_table: torch.Tensor | None = None):
+    """``block_table`` (varlen only): k and v are page pools (num_pages, page_size, Hk, D)."""
     from .kernels.forward import attention_forward_kernel
 
     q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
@@ -169,6 +204,11 @@ def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, at
     masked = opts.masked or attn_mask is not None
     config = configs.tile_config("forward", head_dim, masked, q.dtype, q.device, interpreting(),
                                  attn_mask=attn_mask is not None, seqlen=min(layout.grid_q, layout.grid_k))
+    if block_table is not None and config.tma:
+        # a TMA descriptor spans one strided block of rows and cannot follow pages: paged K/V take pointer
+        # loads, where a tile sized for TMA spills (hdim 128: 128 x 128 needs about 650 bytes of stack per
+        # thread, ptxas for sm90; 128 x 64, the causal entry, 24)
+        config = dataclasses.replace(config, block_n=min(config.block_n, 64), tma=False)
     use_tma = config.tma and _tma_compatible(q, k, v, out)
     if use_tma and q.is_cuda:
         import triton
@@ -189,8 +229,18 @@ def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, at
         DEFER_SCALE=opts.softcap == 0 and alibi_slopes is None and attn_mask is None and opts.softmax_scale > 0,
         num_warps=config.num_warps, num_stages=config.num_stages,
         **_kernel_scalars(opts, rng_state), **_dot_flags(q.dtype), **_mask_arguments(attn_mask, q, layout.lengths[1]),
+        **_block_map_arguments(attn_mask, q, layout.lengths[1], (config.block_m, config.block_n, False))[0],
+        **_paging_arguments(block_table, k, config.block_n),
     )
     return out, lse
+
+
+def _dkdv_passes(config: configs.TileConfig) -> tuple[dict, ...]:
+    """The dK/dV kernel's launches: one for both gradients, or (``split_dkdv``) a dV pass, then a dK pass,
+    each with one accumulator and the keys along its tile's rows."""
+    if not config.split_dkdv:
+        return (dict(),)
+    return (dict(COMPUTE_DK=False, KEY_ROWS=True), dict(COMPUTE_DV=False, KEY_ROWS=True))
 
 
 def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: AttentionOptions, attn_mask=None,
@@ -233,20 +283,24 @@ def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Att
              if mask_needs_grad else None)
     inputs = (q, k, v, dout, lse, delta)
     input_strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(dout))
-    config = configs.tile_config("dkdv", head_dim, masked, q.dtype, q.device, interpret, attn_mask=has_mask)
-    dkdv_kernel[(_cdiv(layout.grid_k, config.block_n), batch * nheads_k)](
-        *inputs, dk, dv, slopes, *layout.cu_seqlens, *input_strides, *_strides(dk), *_strides(dv),
-        stride_alibi_b, *layout.lengths, nheads, nheads_k, nheads // nheads_k,
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        num_warps=config.num_warps, num_stages=config.num_stages, **shared,
-    )
-    config = configs.tile_config("dq", head_dim, masked, q.dtype, q.device, interpret, attn_mask=has_mask)
-    dq_kernel[(_cdiv(layout.grid_q, config.block_m), batch * nheads)](
+    dkdv_config = configs.tile_config("dkdv", head_dim, masked, q.dtype, q.device, interpret, attn_mask=has_mask)
+    dq_config = configs.tile_config("dq", head_dim, masked, q.dtype, q.device, interpret, attn_mask=has_mask)
+    dkdv_map, dq_map = _block_map_arguments(attn_mask, q, layout.lengths[1],
+                                            (dkdv_config.block_m, dkdv_config.block_n, True),
+                                            (dq_config.block_m, dq_config.block_n, False))
+    for gradients in _dkdv_passes(dkdv_config):
+        dkdv_kernel[(_cdiv(layout.grid_k, dkdv_config.block_n), batch * nheads_k)](
+            *inputs, dk, dv, slopes, *layout.cu_seqlens, *input_strides, *_strides(dk), *_strides(dv),
+            stride_alibi_b, *layout.lengths, nheads, nheads_k, nheads // nheads_k,
+            BLOCK_M=dkdv_config.block_m, BLOCK_N=dkdv_config.block_n,
+            num_warps=dkdv_config.num_warps, num_stages=dkdv_config.num_stages, **shared, **dkdv_map, **gradients,
+        )
+    dq_kernel[(_cdiv(layout.grid_q, dq_config.block_m), batch * nheads)](
         *inputs, dq, slopes, *layout.cu_seqlens, *input_strides, *_strides(dq),
         stride_alibi_b, *layout.lengths, nheads, nheads // nheads_k,
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        num_warps=config.num_warps, num_stages=config.num_stages,
-        DMask=dmask if mask_needs_grad else q, MASK_GRAD=mask_needs_grad, **shared,
+        BLOCK_M=dq_config.block_m, BLOCK_N=dq_config.block_n,
+        num_warps=dq_config.num_warps, num_stages=dq_config.num_stages,
+        DMask=dmask if mask_needs_grad else q, MASK_GRAD=mask_needs_grad, **shared, **dq_map,
     )
     if dmask is None:
         return dq, dk, dv, q.new_empty(0)
@@ -361,8 +415,8 @@ DERIVE_MAX_SEQLEN = -1
 """A max_seqlen the caller gave as a tensor: the launcher takes the exact maximum from cu_seqlens."""
 
 
-def _check_cu_seqlens(name: str, cu_seqlens: list[int], total: int, total_name: str) -> int:
-    """Check one host copy of cu_seqlens; return its longest sequence."""
+def _check_cu_seqlens(name: str, cu_seqlens: list[int], total: int | None, total_name: str) -> int:
+    """Check one host copy of cu_seqlens; return its longest sequence. ``total`` None: any end (paged keys)."""
     if cu_seqlens[0] != 0:
         raise ValueError(f"{name} must start at 0, got {cu_seqlens[0]}")
     lengths = [end - start for start, end in zip(cu_seqlens, cu_seqlens[1:], strict=False)]
@@ -370,16 +424,18 @@ def _check_cu_seqlens(name: str, cu_seqlens: list[int], total: int, total_name: 
         if length < 0:
             raise ValueError(f"{name} must be non-decreasing (sequence lengths >= 0), but sequence {b} goes "
                              f"from {cu_seqlens[b]} to {cu_seqlens[b + 1]}")
-    if cu_seqlens[-1] != total:
+    if total is not None and cu_seqlens[-1] != total:
         raise ValueError(f"{name} must end at the number of tokens, {total_name} = {total}, "
                          f"got {cu_seqlens[-1]}")
     return max(lengths)
 
 
-def resolve_packing(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, total_q: int, total_k: int,
+def resolve_packing(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, total_q: int, total_k: int | None,
                     max_seqlen_q: int, max_seqlen_k: int, need_host: bool = False,
                     ) -> tuple[Packing, list[int] | None, list[int] | None]:
     """Packing for the kernels, plus host copies of cu_seqlens where they were read.
+
+    ``total_k`` None: the keys are paged, not packed, and cu_seqlens_k may end anywhere.
 
     cu_seqlens are read on the host, and checked, when that costs no GPU synchronization (CPU tensors),
     when a max_seqlen came as a tensor (the grid needs a host value: one small copy gives both), or
@@ -403,13 +459,44 @@ def resolve_packing(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, tota
     return Packing(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), host_q, host_k
 
 
+def check_block_table(block_table: torch.Tensor, cu_seqlens_k: list[int], num_pages: int, page_size: int,
+                      read_entries: bool) -> None:
+    """Refuse key lengths that the block table cannot hold, and (``read_entries``) page indices outside the
+    pool among the pages the sequences use: the rest of a row is padding and may hold anything.
+
+    ``cu_seqlens_k`` is the host copy. Reading the entries of a GPU table synchronizes: the caller asks for
+    it where that costs nothing (a CPU table) or happens anyway (the torch path gathers through the table).
+    """
+    lengths = torch.tensor(cu_seqlens_k).diff()
+    capacity = block_table.shape[1] * page_size
+    longest = int(lengths.max())
+    if longest > capacity:
+        b = int(lengths.argmax())
+        raise ValueError(f"cu_seqlens_k gives sequence {b} {longest} keys, more than block_table can hold: "
+                         f"block_table.shape[1] * page_size = {block_table.shape[1]} * {page_size} = {capacity}")
+    if not read_entries:
+        return
+    pages_used = (lengths + page_size - 1) // page_size
+    used = torch.arange(block_table.shape[1]) < pages_used.view(-1, 1)
+    block_table = block_table.cpu()
+    bad = used & ((block_table < 0) | (block_table >= num_pages))
+    if bad.any():
+        b, column = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"block_table[{b}, {column}] = {int(block_table[b, column])} is not a page of k and v: "
+                         f"the pages a sequence uses must lie in [0, {num_pages}) (k.shape[0])")
+
+
 def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, rng_state,
-                    opts: AttentionOptions, backend: str):
-    packing, host_q, host_k = resolve_packing(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q,
-                                              max_seqlen_k, need_host=backend == "torch")
+                    opts: AttentionOptions, backend: str, block_table: torch.Tensor | None = None):
+    paged = block_table is not None
+    packing, host_q, host_k = resolve_packing(cu_seqlens_q, cu_seqlens_k, q.shape[0], None if paged else k.shape[0],
+                                              max_seqlen_q, max_seqlen_k, need_host=backend == "torch")
+    if paged and host_k is not None:
+        read_entries = block_table.device.type == "cpu" or backend == "torch"
+        check_block_table(block_table, host_k, k.shape[0], k.shape[1], read_entries)
     if backend == "torch":
-        return cpu.varlen_forward(q, k, v, host_q, host_k, opts, alibi_slopes, rng_state)
-    return _triton_forward(q, k, v, alibi_slopes, rng_state, opts, packing=packing)
+        return cpu.varlen_forward(q, k, v, host_q, host_k, opts, alibi_slopes, rng_state, block_table)
+    return _triton_forward(q, k, v, alibi_slopes, rng_state, opts, packing=packing, block_table=block_table)
 
 
 def _varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
@@ -438,24 +525,31 @@ def varlen_attention_forward(
     window_right: int,
     softcap: float,
     dropout_p: float,
+    block_table: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) of a packed batch; lse is float32 (Hq, total_q). max_seqlen -1: derive it."""
+    """(out, lse) of a packed batch; lse is float32 (Hq, total_q). max_seqlen -1: derive it.
+
+    ``block_table``: int32 (batch, max_pages); k and v are then page pools (num_pages, page_size, Hk, D)
+    and sequence b's key j is ``k[block_table[b, j // page_size], j % page_size]``.
+    """
     opts = _options(softmax_scale, window_left, window_right, softcap, dropout_p)
     return _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
-                           rng_state, opts, backend_override() or "torch")
+                           rng_state, opts, backend_override() or "torch", block_table)
 
 
 @varlen_attention_forward.register_kernel("cuda")
 def _varlen_attention_forward_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
-                                   rng_state, softmax_scale, window_left, window_right, softcap, dropout_p):
+                                   rng_state, softmax_scale, window_left, window_right, softcap, dropout_p,
+                                   block_table=None):
     opts = _options(softmax_scale, window_left, window_right, softcap, dropout_p)
     return _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
-                           rng_state, opts, backend_override() or "triton")
+                           rng_state, opts, backend_override() or "triton", block_table)
 
 
 @varlen_attention_forward.register_fake
 def _varlen_attention_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
-                                   rng_state, softmax_scale, window_left, window_right, softcap, dropout_p):
+                                   rng_state, softmax_scale, window_left, window_right, softcap, dropout_p,
+                                   block_table=None):
     total_q, nheads, _ = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     return out, q.new_empty((nheads, total_q), dtype=torch.float32)

@@ -22,8 +22,9 @@ through (i, i).
 mask costs Lq x Lk, not batch x heads x Lq x Lk. A float mask that requires grad gets its gradient;
 that gradient is built as a float32 (batch, heads, Lq, Lk) buffer and summed over the mask's broadcast
 dims, so it costs O(Lq x Lk) memory per batch and head, and only when it is asked for. The kernels
-compute every tile that ``is_causal`` (or, from the transformers integration, the causal window) leaves:
-tiles that a boolean mask hides entirely are not skipped yet.
+compute the tiles that ``is_causal`` (or, from the transformers integration, the causal window) leaves,
+less those that ``attn_mask`` hides entirely (all False, or all -inf): ``flashattn.mask_blocks``
+summarizes the mask per tile once per call, and the kernels walk only the tiles with a visible score.
 
 A row that no key may be seen by (its mask all False or -inf) gives 0, with zero gradients, as torch
 2.5+ does. Unlike torch, ``attn_mask`` and ``is_causal`` may be given together (both apply).

@@ -200,12 +200,42 @@ def check_against_reference(case: Case, dtype: torch.dtype, device: str | torch.
         assert_within_rule(name, grad, oracle, baseline, factor=3, floor=floors[name])
 
 
+def page_keys(k: torch.Tensor, v: torch.Tensor, cu_seqlens_k: torch.Tensor, page_size: int, spare_pages: int = 3,
+              seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Packed k, v (total_k, Hk, D) copied into page pools through a block table: ``(k_pages, v_pages, table)``.
+
+    Pools are (num_pages, page_size, Hk, D), the pages in a random order with ``spare_pages`` that no
+    sequence owns; the table is int32 (batch, max_pages + 1). Everything no key owns is poisoned, so that
+    reading it would show: rows past a sequence's end and spare pages hold NaN, table entries past a
+    sequence's last page hold page indices outside the pool.
+    """
+    bounds = cu_seqlens_k.tolist()
+    lengths = [end - start for start, end in zip(bounds, bounds[1:], strict=False)]
+    pages_per_seq = [-(-n // page_size) for n in lengths]
+    num_pages = sum(pages_per_seq) + spare_pages
+    order = torch.randperm(num_pages, generator=torch.Generator().manual_seed(seed)).tolist()
+    table = torch.tensor([[-1 - b, num_pages + b] * (max(pages_per_seq) // 2 + 1) for b in range(len(lengths))],
+                         dtype=torch.int32)[:, : max(pages_per_seq) + 1]
+    pools = [torch.full((num_pages, page_size, *x.shape[1:]), float("nan"), dtype=x.dtype, device=x.device)
+             for x in (k, v)]
+    for b, (start, length) in enumerate(zip(bounds, lengths, strict=False)):
+        for column in range(pages_per_seq[b]):
+            page = order.pop()
+            table[b, column] = page
+            rows = slice(start + column * page_size, start + min(length, (column + 1) * page_size))
+            for pool, x in zip(pools, (k, v), strict=True):
+                pool[page, : rows.stop - rows.start] = x[rows]
+    return pools[0], pools[1], table.to(k.device)
+
+
 def check_varlen_against_reference(case: VarlenCase, dtype: torch.dtype, device: str | torch.device,
-                                   backward: bool = True, max_seqlens=None, inputs=None) -> None:
+                                   backward: bool = True, max_seqlens=None, inputs=None,
+                                   page_size: int | None = None) -> None:
     """:func:`check_against_reference` for ``flash_attn_varlen_func`` against the per-sequence reference.
 
     ``max_seqlens`` overrides the (max_seqlen_q, max_seqlen_k) passed (ints or 0-d tensors); by default
-    they are the longest sequences.
+    they are the longest sequences. ``page_size``: the call reads k and v through a block table, from
+    pages of that size (:func:`page_keys`); it is forward only, so ``backward`` must be False.
     """
     from .varlen import flash_attn_varlen_func
 
@@ -214,6 +244,13 @@ def check_varlen_against_reference(case: VarlenCase, dtype: torch.dtype, device:
         max_seqlens = (max(case.seqlens_q), max(case.seqlens_k))
     attention_fn = functools.partial(flash_attn_varlen_func, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                                      max_seqlen_q=max_seqlens[0], max_seqlen_k=max_seqlens[1])
+    if page_size is not None:
+        assert not backward, "a paged call is forward only"
+        packed_fn = attention_fn
+
+        def attention_fn(q, k, v, **options):
+            k_pages, v_pages, table = page_keys(k.detach(), v.detach(), cu_seqlens_k, page_size)
+            return packed_fn(q, k_pages, v_pages, block_table=table, **options)
     reference_fn = functools.partial(varlen_attention_ref, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     inputs = inputs if inputs is not None else case.random_inputs(dtype, device)
     check_against_reference(case, dtype, device, attention_fn, backward, inputs, reference_fn)

@@ -21,18 +21,31 @@ and with 5 queries and 2 keys (rows 0-2 see no key: their output is 0 and their 
 
 Sequences may be empty (length 0 on either side); a query sequence whose key sequence is empty gives
 out = 0 and lse = +inf, and no gradient.
+
+Paged keys (``block_table``, forward only, flash-attn 2's convention): k and v are then page pools of
+shape (num_pages, page_size, nheads_k, headdim) and block_table is int32 (batch, max_pages_per_seq).
+Sequence b's key j is row ``j % page_size`` of page ``block_table[b, j // page_size]``; cu_seqlens_k
+still gives the key lengths (``cu_seqlens_k[b + 1] - cu_seqlens_k[b]``), but no longer offsets into k.
+With page_size 16 and block_table[b] = [7, 2, ...], a sequence of 20 keys reads::
+
+    keys  0..15  -> k[7, 0:16]
+    keys 16..19  -> k[2, 0:4]
+
+Entries past a sequence's last page are never read (they may hold anything).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .autograd import FlashAttnVarlenFunction
+from .autograd import FlashAttnVarlenFunction, FlashAttnVarlenPagedFunction
 from .interface import _check_alibi, _check_kv_like_q, _check_options, _check_tensor
+from .kvcache import PAGE_MULTIPLE, _check_index
 from .ops import DERIVE_MAX_SEQLEN
 from .options import AttentionOptions
 
 PACKED = "(total_tokens, nheads, headdim)"
+PAGED = "(num_pages, page_size, nheads_k, headdim) with a block_table"
 
 
 def _check_cu_seqlens(name: str, cu_seqlens, device: torch.device) -> None:
@@ -60,14 +73,29 @@ def _max_seqlen_argument(name: str, value) -> int:
     return value
 
 
-def _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, dropout_p, window_size, softcap, alibi_slopes) -> None:
+def _check_paging(block_table, k, batch: int, max_seqlen_k: int, device: torch.device) -> None:
+    """block_table's dtype, shape and device, the page size, and a max_seqlen_k that the table can hold."""
+    _check_index("block_table", block_table, (batch, None), device)
+    page_size = k.shape[1]
+    if page_size == 0 or page_size % PAGE_MULTIPLE != 0:
+        raise ValueError(f"with a block_table, the page size k.shape[1] must be a positive multiple of "
+                         f"{PAGE_MULTIPLE}, got {page_size}")
+    capacity = block_table.shape[1] * page_size
+    if max_seqlen_k != DERIVE_MAX_SEQLEN and max_seqlen_k > capacity:
+        raise ValueError(f"max_seqlen_k must be at most the keys a block_table row can hold, block_table.shape[1] "
+                         f"* page_size = {block_table.shape[1]} * {page_size} = {capacity}, got {max_seqlen_k}")
+
+
+def _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, dropout_p, window_size, softcap, alibi_slopes,
+                     paged: bool = False) -> None:
     """Everything that can be checked without reading cu_seqlens' values.
 
     The values (non-decreasing, ending at the token counts, within max_seqlen) are checked by the op,
     where reading them costs no GPU synchronization (see :func:`flashattn.ops.resolve_packing`).
     """
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        _check_tensor(name, x, 3, PACKED)
+    _check_tensor("q", q, 3, PACKED)
+    for name, x in (("k", k), ("v", v)):
+        _check_tensor(name, x, 4 if paged else 3, PAGED if paged else PACKED)
     _check_kv_like_q(q, k, v)
     _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.device)
     _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q.device)
@@ -115,7 +143,14 @@ def flash_attn_varlen_func(
         alibi_slopes: float32 (nheads,) or (batch, nheads); adds -slope * |i + Sk - Sq - j| per sequence.
         deterministic: accepted for compatibility; the backward is always deterministic (no atomics).
         return_attn_probs: also return the log-sum-exp.
-        block_table: paged KV is not supported here (NotImplementedError).
+        block_table: optional int32 (batch, max_pages_per_seq): paged keys (see the module docstring).
+            k and v are then (num_pages, page_size, nheads_k, headdim) with page_size a multiple of 16
+            (flash-attn 2 needs 256), and sequence b's key j is ``k[block_table[b, j // page_size],
+            j % page_size]``; cu_seqlens_k gives the key lengths, each at most max_pages_per_seq *
+            page_size, and max_seqlen_k must not exceed that either. Forward only, as in flash-attn: a
+            backward through the output raises RuntimeError. Dropout keys Philox as if the keys were
+            packed (key j of sequence b is packed key ``cu_seqlens_k[b] + j``), so a paged call gives
+            the unpaged call's result on the gathered keys.
 
     Returns:
         out of q's shape and dtype; or, with ``return_attn_probs``, ``(out, softmax_lse, None)`` where
@@ -127,16 +162,24 @@ def flash_attn_varlen_func(
     (``flashattn.dropout``), so the CPU path, the kernels and the reference drop the same scores.
 
     On the GPU with integer max lengths, cu_seqlens' values are trusted, as in flash-attn (checking them
-    would synchronize every call); on the CPU, or when a max length is a tensor, they are checked.
+    would synchronize every call); on the CPU, or when a max length is a tensor, they are checked. The
+    same holds for block_table: its entries for the pages in use are checked (in [0, num_pages)) when it
+    is on the CPU (or the torch path reads it anyway), the key lengths against its capacity wherever
+    cu_seqlens are read. On the GPU the
+    kernel reads page 0 for a page index outside the pool and cuts a too long sequence at the table's
+    capacity: a bad index gives a wrong answer, never a read outside k and v.
     """
-    if block_table is not None:
-        raise NotImplementedError("block_table (paged KV) is not supported by flash_attn_varlen_func: gather the "
-                                  "pages into packed k and v, or use a paged-KV decoding entry point")
-    _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, dropout_p, window_size, softcap, alibi_slopes)
+    paged = block_table is not None
+    _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, dropout_p, window_size, softcap, alibi_slopes, paged)
     max_q = _max_seqlen_argument("max_seqlen_q", max_seqlen_q)
     max_k = _max_seqlen_argument("max_seqlen_k", max_seqlen_k)
     opts = AttentionOptions.build(q.shape[-1], softmax_scale, causal, window_size, softcap, dropout_p,
                                   deterministic)
+    if paged:
+        _check_paging(block_table, k, cu_seqlens_q.shape[0] - 1, max_k, q.device)
+        out, lse = FlashAttnVarlenPagedFunction.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k,
+                                                      alibi_slopes, block_table, opts)
+        return (out, lse, None) if return_attn_probs else out
     # torch.compile refuses one tensor passed twice to an autograd.Function (qkvpacked does): None stands
     # for "the same as cu_seqlens_q"
     shared_cu_seqlens = None if cu_seqlens_k is cu_seqlens_q else cu_seqlens_k

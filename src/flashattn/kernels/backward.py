@@ -4,6 +4,8 @@
 2. ``dkdv_kernel``: one program per (block of keys, batch x kv head). It walks every query head of
    the GQA group and every query block that sees these keys, recomputes P from the saved
    log-sum-exp and accumulates dK and dV in registers; the group's sum is done in the program.
+   Large head dims may run it twice instead, a dV-only and a dK-only pass (``COMPUTE_DK``,
+   ``COMPUTE_DV``), so that each holds one fp32 accumulator.
 3. ``dq_kernel``: one program per (block of queries, batch x head), walking the key blocks as the
    forward does, and accumulating dQ.
 
@@ -23,6 +25,7 @@ from .common import (
     dropout_keep,
     dropout_row_base,
     key_block_bounds,
+    mapped_blocks,
     query_block_bounds,
     scores_log2,
     sequence_bounds,
@@ -66,21 +69,25 @@ def _load_rows(ptrs, offs_rows, limit, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: 
 
 
 @triton.jit
-def _probs_and_dscores(
-    q, k, v, do, lse_log2, delta, offs_m, offs_n, seqlen_q, seqlen_k,
+def _probs(
+    q, k, lse_log2, offs_m, offs_n, seqlen_q, seqlen_k,
     qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
-    dropout_p, rng_seed, rng_row_base, rng_row_stride,
     MASKED: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     mask_base, stride_mask_m, stride_mask_n, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
+    KEY_ROWS: tl.constexpr = False,
 ):
-    """Recompute one (queries x keys) tile of P from the log-sum-exp, and dS = dScores / scale.
+    """Recompute one (queries x keys) tile of P from the log-sum-exp, before dropout.
 
-    Returns (P after dropout, the one dV needs; dS, the one dQ and dK need; the gradient of an
-    additive SDPA mask, which is dS before the softcap's derivative: the mask is added after it).
+    Returns (P, the softcap's tanh term, which its derivative needs). KEY_ROWS computes the product as
+    S^T = K Q^T and hands back its transpose, a relabelling of the registers that moves no data: every
+    warpgroup then holds whole key rows of the tile, so that P^T and dS^T feed dV and dK's products from
+    its own registers (see ``dkdv_kernel``).
     """
-    qk = dot(q, tl.trans(k), UPCAST_DOT, DOT_PRECISION)
+    if KEY_ROWS:
+        qk = tl.trans(dot(k, tl.trans(q), UPCAST_DOT, DOT_PRECISION))
+    else:
+        qk = dot(q, tl.trans(k), UPCAST_DOT, DOT_PRECISION)
     s, capped = scores_log2(qk, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
                             alibi_slope_log2, HAS_SOFTCAP, HAS_ALIBI)
     if HAS_MASK:
@@ -90,19 +97,36 @@ def _probs_and_dscores(
     if MASKED:
         seen = visible(offs_m, offs_n, seqlen_q, seqlen_k, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT)
         p = tl.where(seen, p, 0.0)
-    dp = dot(do, tl.trans(v), UPCAST_DOT, DOT_PRECISION)
+    return p, capped
+
+
+@triton.jit
+def _dropped(x, keep, dropout_p, HAS_DROPOUT: tl.constexpr):
+    """x where dropout keeps the score, scaled by 1 / (1 - p); 0 where it drops it."""
     if HAS_DROPOUT:
-        keep = dropout_keep(rng_seed, rng_row_base, offs_m, offs_n, rng_row_stride, dropout_p)
-        keep_scale = 1.0 / (1.0 - dropout_p)
-        p_kept = tl.where(keep, p * keep_scale, 0.0)
-        dp = tl.where(keep, dp * keep_scale, 0.0)
+        return tl.where(keep, x * (1.0 / (1.0 - dropout_p)), 0.0)
+    return x
+
+
+@triton.jit
+def _dscores(p, capped, v, do, delta, keep, dropout_p, HAS_SOFTCAP: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+             UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, KEY_ROWS: tl.constexpr = False):
+    """dS = dScores / scale of one tile from its P (before dropout) and dP = dO V^T (as V dO^T with
+    KEY_ROWS, as in :func:`_probs`).
+
+    Returns (dS, the one dQ and dK need; the gradient of an additive SDPA mask, which is dS before the
+    softcap's derivative: the mask is added after it).
+    """
+    if KEY_ROWS:
+        dp = tl.trans(dot(v, tl.trans(do), UPCAST_DOT, DOT_PRECISION))
     else:
-        p_kept = p
+        dp = dot(do, tl.trans(v), UPCAST_DOT, DOT_PRECISION)
+    dp = _dropped(dp, keep, dropout_p, HAS_DROPOUT)
     dmask = p * (dp - delta[:, None])
     ds = dmask
     if HAS_SOFTCAP:
         ds = ds * (1.0 - capped * capped)
-    return p_kept, ds, dmask
+    return ds, dmask
 
 
 @triton.jit
@@ -116,9 +140,16 @@ def _dkdv_query_range(
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
     mask_base, stride_mask_m, stride_mask_n, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
+    block_list, HAS_BLOCK_MAP: tl.constexpr, COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr,
+    KEY_ROWS: tl.constexpr,
 ):
+    """Query blocks lo, lo + BLOCK_M, ... < hi; with HAS_BLOCK_MAP, the blocks block_list[lo:hi]."""
     offs_d = tl.arange(0, BLOCK_D)
-    for start_m in range(lo, hi, BLOCK_M):
+    for step in range(lo, hi, 1 if HAS_BLOCK_MAP else BLOCK_M):
+        if HAS_BLOCK_MAP:
+            start_m = tl.load(block_list + step) * BLOCK_M
+        else:
+            start_m = step
         offs_m = start_m + tl.arange(0, BLOCK_M)
         q = _load_rows(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, seqlen_q, offs_d,
                        HEAD_DIM, BLOCK_D, MASKED)
@@ -127,19 +158,30 @@ def _dkdv_query_range(
         if MASKED:
             # rows past seqlen_q get lse = +inf, hence P = 0 and no contribution
             lse = tl.load(lse_base + offs_m, mask=offs_m < seqlen_q, other=float("inf"))
-            delta = tl.load(delta_base + offs_m, mask=offs_m < seqlen_q, other=0.0)
+            if COMPUTE_DK:
+                delta = tl.load(delta_base + offs_m, mask=offs_m < seqlen_q, other=0.0)
         else:
             lse = tl.load(lse_base + offs_m)
-            delta = tl.load(delta_base + offs_m)
-        p_kept, ds, _ = _probs_and_dscores(
-            q, k, v, do, lse * LOG2E, delta, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
-            alibi_slope_log2, window_left, window_right, dropout_p, rng_seed, rng_row_base, rng_row_stride,
-            MASKED, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION,
-            mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL)
-        dv, dv_comp = accumulate(dv, dv_comp, dot(tl.trans(p_kept.to(do.dtype)), do, UPCAST_DOT, DOT_PRECISION),
-                                 COMPENSATED)
-        dk, dk_comp = accumulate(dk, dk_comp, dot(tl.trans(ds.to(q.dtype)), q, UPCAST_DOT, DOT_PRECISION),
-                                 COMPENSATED)
+            if COMPUTE_DK:
+                delta = tl.load(delta_base + offs_m)
+        p, capped = _probs(
+            q, k, lse * LOG2E, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2,
+            window_left, window_right, MASKED, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, UPCAST_DOT,
+            DOT_PRECISION, mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL, KEY_ROWS)
+        keep = p  # read only with dropout
+        if HAS_DROPOUT:
+            keep = dropout_keep(rng_seed, rng_row_base, offs_m, offs_n, rng_row_stride, dropout_p)
+        # the products in the order the one-pass kernel was tuned with: S, dP, dV, dK
+        if COMPUTE_DK:
+            ds, _ = _dscores(p, capped, v, do, delta, keep, dropout_p, HAS_SOFTCAP, HAS_DROPOUT, UPCAST_DOT,
+                             DOT_PRECISION, KEY_ROWS)
+        if COMPUTE_DV:
+            p_kept = _dropped(p, keep, dropout_p, HAS_DROPOUT)
+            dv, dv_comp = accumulate(dv, dv_comp, dot(tl.trans(p_kept.to(do.dtype)), do, UPCAST_DOT, DOT_PRECISION),
+                                     COMPENSATED)
+        if COMPUTE_DK:
+            dk, dk_comp = accumulate(dk, dk_comp, dot(tl.trans(ds.to(q.dtype)), q, UPCAST_DOT, DOT_PRECISION),
+                                     COMPENSATED)
     return dk, dv, dk_comp, dv_comp
 
 
@@ -163,8 +205,23 @@ def dkdv_kernel(
     IS_VARLEN: tl.constexpr,
     Mask=None, stride_mask_b=0, stride_mask_h=0, stride_mask_m=0, stride_mask_n=0,
     HAS_MASK: tl.constexpr = False, MASK_IS_BOOL: tl.constexpr = False,
+    BlockMap=None, stride_map_b=0, stride_map_h=0, stride_map_row=0, HAS_BLOCK_MAP: tl.constexpr = False,
+    COMPUTE_DK: tl.constexpr = True, COMPUTE_DV: tl.constexpr = True, KEY_ROWS: tl.constexpr = False,
 ):
-    """Varlen: seqlen_q/seqlen_k arrive as the packed totals, Lse/Delta are (nheads, total_q)."""
+    """Varlen: seqlen_q/seqlen_k arrive as the packed totals, Lse/Delta are (nheads, total_q).
+
+    COMPUTE_DK / COMPUTE_DV: which of the two gradients this launch computes and stores. Both is one
+    pass of 5 tile products with two fp32 accumulators; at large head dims those do not fit in the
+    registers (hdim 256: 128 per thread at 64 x 64 tiles and 8 warps), so ``ops.py`` may launch a
+    dV-only pass (S, dV: 2 products) and a dK-only pass (S, dP, dK: 3 products) instead, each holding
+    one accumulator (``TileConfig.split_dkdv``).
+
+    KEY_ROWS: S and dP are computed as K Q^T and V dO^T (see ``_probs``), for the one-gradient passes.
+    Triton gives a chained product's warps whole rows of its tile, so with 8 warps (two warpgroups of
+    64 rows) the (queries x keys) tile needs BLOCK_M >= 128 or each warpgroup computes all of S and dP;
+    with keys along the rows, BLOCK_N = 128 splits them between the warpgroups and BLOCK_M stays small
+    enough for double-buffered Q and dO tiles (docs/perf-notes.md, version 3).
+    """
     start_n = tl.program_id(0) * BLOCK_N
     bhk = tl.program_id(1)
     batch = bhk // nheads_k
@@ -188,8 +245,10 @@ def dkdv_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     k = _load_rows(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], offs_n, seqlen_k, offs_d,
                    HEAD_DIM, BLOCK_D, True)
-    v = _load_rows(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, seqlen_k, offs_d,
-                   HEAD_DIM, BLOCK_D, True)
+    v = k  # the dV-only pass never reads V
+    if COMPUTE_DK:
+        v = _load_rows(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, seqlen_k, offs_d,
+                       HEAD_DIM, BLOCK_D, True)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dk_comp = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -219,21 +278,37 @@ def dkdv_kernel(
         mask_base = Mask
         if HAS_MASK:
             mask_base = Mask + batch.to(tl.int64) * stride_mask_b + head.to(tl.int64) * stride_mask_h
+        block_list = BlockMap
+        head_lo = lo
+        head_full_lo = full_lo
+        head_full_hi = full_hi
+        head_hi = hi
+        if HAS_BLOCK_MAP:
+            # only the query blocks with a score this head's SDPA mask shows, in one masked stage
+            block_list, head_lo, head_hi = mapped_blocks(BlockMap, stride_map_b, stride_map_h, stride_map_row, batch,
+                                                         head, start_n // BLOCK_N, lo, hi, tl.cdiv(seqlen_q, BLOCK_M),
+                                                         BLOCK_M)
+            head_full_lo = head_lo
+            head_full_hi = head_hi
         for stage in tl.static_range(3):
-            start, end = stage_range(stage, lo, full_lo, full_hi, hi)
+            start, end = stage_range(stage, head_lo, head_full_lo, head_full_hi, head_hi)
             dk, dv, dk_comp, dv_comp = _dkdv_query_range(
                 dk, dv, dk_comp, dv_comp, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
                 start, end, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2,
                 window_left, window_right, dropout_p, rng_seed, rng_row_base, rng_row_stride, HEAD_DIM, BLOCK_D,
                 BLOCK_M, stage != 1 or HAS_MASK, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
                 UPCAST_DOT, DOT_PRECISION, COMPENSATED, mask_base, stride_mask_m, stride_mask_n, HAS_MASK,
-                MASK_IS_BOOL)
-    dk = dk * softmax_scale
+                MASK_IS_BOOL, block_list, HAS_BLOCK_MAP, COMPUTE_DK, COMPUTE_DV, KEY_ROWS)
     store_mask = offs_n[:, None] < seqlen_k
     if BLOCK_D != HEAD_DIM:
         store_mask = store_mask & (offs_d[None, :] < HEAD_DIM)
-    tl.store(dk_base + offs_n[:, None] * stride_dkn + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=store_mask)
-    tl.store(dv_base + offs_n[:, None] * stride_dvn + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=store_mask)
+    if COMPUTE_DK:
+        dk = dk * softmax_scale
+        tl.store(dk_base + offs_n[:, None] * stride_dkn + offs_d[None, :], dk.to(DK.dtype.element_ty),
+                 mask=store_mask)
+    if COMPUTE_DV:
+        tl.store(dv_base + offs_n[:, None] * stride_dvn + offs_d[None, :], dv.to(DV.dtype.element_ty),
+                 mask=store_mask)
 
 
 @triton.jit
@@ -247,22 +322,31 @@ def _dq_key_range(
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
     mask_base, stride_mask_m, stride_mask_n, dmask_base, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
-    MASK_GRAD: tl.constexpr,
+    MASK_GRAD: tl.constexpr, block_list, HAS_BLOCK_MAP: tl.constexpr,
 ):
+    """Key blocks lo, lo + BLOCK_N, ... < hi; with HAS_BLOCK_MAP, the blocks block_list[lo:hi]."""
     offs_d = tl.arange(0, BLOCK_D)
-    for start_n in range(lo, hi, BLOCK_N):
+    for step in range(lo, hi, 1 if HAS_BLOCK_MAP else BLOCK_N):
+        if HAS_BLOCK_MAP:
+            start_n = tl.load(block_list + step) * BLOCK_N
+        else:
+            start_n = step
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k = _load_rows(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], offs_n, seqlen_k, offs_d,
                        HEAD_DIM, BLOCK_D, MASKED)
         v = _load_rows(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, seqlen_k, offs_d,
                        HEAD_DIM, BLOCK_D, MASKED)
-        _, ds, dmask = _probs_and_dscores(
-            q, k, v, do, lse_log2, delta, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
-            alibi_slope_log2, window_left, window_right, dropout_p, rng_seed, rng_row_base, rng_row_stride,
-            MASKED, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION,
-            mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL)
+        p, capped = _probs(
+            q, k, lse_log2, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2,
+            window_left, window_right, MASKED, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, UPCAST_DOT,
+            DOT_PRECISION, mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL)
+        keep = p  # read only with dropout
+        if HAS_DROPOUT:
+            keep = dropout_keep(rng_seed, rng_row_base, offs_m, offs_n, rng_row_stride, dropout_p)
+        ds, dmask = _dscores(p, capped, v, do, delta, keep, dropout_p, HAS_SOFTCAP, HAS_DROPOUT, UPCAST_DOT,
+                             DOT_PRECISION)
         if MASK_GRAD:
-            # the full (Lq, Lk) gradient of this (batch, head); blocks outside [lo, hi) stay 0
+            # the full (Lq, Lk) gradient of this (batch, head); blocks not visited stay 0
             in_bounds = (offs_m[:, None] < seqlen_q) & (offs_n[None, :] < seqlen_k)
             tl.store(dmask_base + offs_m[:, None].to(tl.int64) * seqlen_k + offs_n[None, :], dmask, mask=in_bounds)
         dq, dq_comp = accumulate(dq, dq_comp, dot(ds.to(k.dtype), k, UPCAST_DOT, DOT_PRECISION), COMPENSATED)
@@ -288,6 +372,7 @@ def dq_kernel(
     IS_VARLEN: tl.constexpr,
     Mask=None, stride_mask_b=0, stride_mask_h=0, stride_mask_m=0, stride_mask_n=0, DMask=None,
     HAS_MASK: tl.constexpr = False, MASK_IS_BOOL: tl.constexpr = False, MASK_GRAD: tl.constexpr = False,
+    BlockMap=None, stride_map_b=0, stride_map_h=0, stride_map_row=0, HAS_BLOCK_MAP: tl.constexpr = False,
 ):
     """Varlen: seqlen_q/seqlen_k arrive as the packed totals, Lse/Delta are (nheads, total_q)."""
     start_m = tl.program_id(0) * BLOCK_M
@@ -342,6 +427,13 @@ def dq_kernel(
         dmask_base = DMask + bh.to(tl.int64) * seqlen_q * seqlen_k
     lo, full_lo, full_hi, hi = key_block_bounds(start_m, seqlen_q, seqlen_k, window_left, window_right,
                                                 BLOCK_M, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT)
+    block_list = BlockMap
+    if HAS_BLOCK_MAP:
+        # only the key blocks with a score the SDPA mask shows, in one masked stage (positions in a list)
+        block_list, lo, hi = mapped_blocks(BlockMap, stride_map_b, stride_map_h, stride_map_row, batch, head,
+                                           start_m // BLOCK_M, lo, hi, tl.cdiv(seqlen_k, BLOCK_N), BLOCK_N)
+        full_lo = lo
+        full_hi = hi
     for stage in tl.static_range(3):
         start, end = stage_range(stage, lo, full_lo, full_hi, hi)
         dq, dq_comp = _dq_key_range(
@@ -349,7 +441,8 @@ def dq_kernel(
             seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
             dropout_p, rng_seed, rng_row_base, rng_row_stride, HEAD_DIM, BLOCK_D, BLOCK_N, stage != 1 or HAS_MASK,
             WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED,
-            mask_base, stride_mask_m, stride_mask_n, dmask_base, HAS_MASK, MASK_IS_BOOL, MASK_GRAD)
+            mask_base, stride_mask_m, stride_mask_n, dmask_base, HAS_MASK, MASK_IS_BOOL, MASK_GRAD,
+            block_list, HAS_BLOCK_MAP)
     dq = dq * softmax_scale
     store_mask = row_ok[:, None]
     if BLOCK_D != HEAD_DIM:

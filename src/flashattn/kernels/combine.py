@@ -15,7 +15,7 @@ One program per (block of (token, head) rows, batch element); the splits are a r
 import triton
 import triton.language as tl
 
-from .common import LOG2E
+from .common import LOG2E, divide_rows
 
 
 @triton.jit
@@ -59,7 +59,7 @@ def combine_kernel(
     stride_ob, stride_om, stride_oh,
     stride_lb, stride_lh, stride_lm,
     num_splits, seqlen, nheads,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, ROUND_TO_NEAREST: tl.constexpr,
 ):
     """out[b, m, h] = sum_s w_s out_partial[s, b, m, h]; lse[b, h, m] = log sum_s exp(lse_partial[s, b, h, m])."""
     batch = tl.program_id(1)
@@ -83,7 +83,7 @@ def combine_kernel(
         out_ptrs += stride_ops
 
     empty = total == 0.0
-    out = acc / tl.where(empty, 1.0, total)[:, None]
+    out = divide_rows(acc, tl.where(empty, 1.0, total), ROUND_TO_NEAREST)
     lse = tl.where(empty, float("inf"), shift + tl.math.log2(tl.where(empty, 1.0, total)) / LOG2E)
     tl.store(Lse + _row_offsets(offs_r, batch, nheads, stride_lb, stride_lm, stride_lh), lse, mask=row_ok)
     out_ptrs = Out + _row_offsets(offs_r, batch, nheads, stride_ob, stride_om, stride_oh)[:, None] + offs_d[None, :]

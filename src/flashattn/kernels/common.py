@@ -28,6 +28,20 @@ def tanh(x):
 
 
 @triton.jit
+def divide_rows(acc, row_sum, ROUND_TO_NEAREST: tl.constexpr):
+    """acc / row_sum[:, None], the softmax normalization.
+
+    Triton compiles a float32 ``/`` to div.full.f32, which may be two ulps off. A row that one key
+    dominates (ALiBi with a steep slope) carries a value of |v| up to ~4 there, and two ulps of that
+    exceeded twice PyTorch's float32 error. The float32 path divides with round-to-nearest instead;
+    the 16-bit outputs round far coarser than either.
+    """
+    if ROUND_TO_NEAREST:
+        return tl.div_rn(acc, tl.broadcast_to(row_sum[:, None], acc.shape))
+    return acc / row_sum[:, None]
+
+
+@triton.jit
 def visible(offs_m, offs_n, seqlen_q, seqlen_k, window_left, window_right,
             WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr):
     diagonal = offs_m[:, None] + (seqlen_k - seqlen_q)
@@ -151,6 +165,32 @@ def sequence_bounds(CuSeqlensQ, CuSeqlensK, batch):
 
 
 @triton.jit
+def paged_kv_rows(positions, first_position, table_row, page_size, num_pages,
+                  stride_kb, stride_kn, stride_vb, stride_vn, ONE_PAGE: tl.constexpr):
+    """Element offsets of the K and V rows at key ``positions`` of a paged cache, and which rows exist.
+
+    Position p lives in page ``table_row[p // page_size]`` (``table_row`` points at the sequence's row of
+    the block table, whose last dimension is contiguous), row ``p % page_size``; ``stride_*b`` step over
+    pages, ``stride_*n`` over the rows of a page. ONE_PAGE: every position lies in the page of
+    ``first_position`` (a block that starts on a multiple of its size, which divides page_size), so the
+    table is read once for the block instead of once per row. A page index outside [0, num_pages) (refused
+    on the host wherever it can be checked) is replaced by page 0 and its rows are marked missing
+    (``exists`` false): callers mask them, or read page 0 (num_pages >= 1), never outside the cache.
+    """
+    if ONE_PAGE:
+        page = tl.load(table_row + first_position // page_size)
+        in_page = first_position % page_size + (positions - first_position)
+        exists = tl.broadcast_to((page >= 0) & (page < num_pages), positions.shape)
+    else:
+        page = tl.load(table_row + positions // page_size)
+        in_page = positions % page_size
+        exists = (page >= 0) & (page < num_pages)
+    page = tl.where(exists, page, 0).to(tl.int64)
+    in_page = in_page.to(tl.int64)
+    return page * stride_kb + in_page * stride_kn, page * stride_vb + in_page * stride_vn, exists
+
+
+@triton.jit
 def dropout_row_base(rng_offset, row, row_stride, first_key):
     """The counter of score (0, 0) of one (batch x head) slice: ``offset + row * row_stride + first_key``.
 
@@ -207,3 +247,18 @@ def apply_attn_mask(s, mask_base, stride_mask_m, stride_mask_n, offs_m, offs_n, 
         return tl.where(keep != 0, s, float("-inf"))
     bias = tl.load(ptrs, mask=in_bounds, other=float("-inf")).to(tl.float32)
     return s + bias * LOG2E
+
+
+@triton.jit
+def mapped_blocks(BlockMap, stride_map_b, stride_map_h, stride_map_row, batch, head, row, lo, hi, columns,
+                  BLOCK: tl.constexpr):
+    """Row ``row`` of a (batch, head)'s block map (``flashattn.mask_blocks``), for a loop over [lo, hi).
+
+    Returns (the row's list of visible blocks, first, last): the list's positions [first, last) hold
+    the visible blocks inside [lo, hi), in order; ``columns`` is the number of blocks in a row.
+    """
+    map_row = (BlockMap + batch.to(tl.int64) * stride_map_b + head.to(tl.int64) * stride_map_h
+               + row.to(tl.int64) * stride_map_row)
+    first = tl.load(map_row + lo // BLOCK)  # visible blocks before block lo // BLOCK
+    last = tl.load(map_row + tl.cdiv(hi, BLOCK))
+    return map_row + columns + 1, first, last

@@ -21,7 +21,17 @@ looked up at absolute positions, as flash-attn does.
 import triton
 import triton.language as tl
 
-from .common import LOG2E, accumulate, dot, key_block_bounds, scores_log2, stage_range, visible
+from .common import (
+    LOG2E,
+    accumulate,
+    divide_rows,
+    dot,
+    key_block_bounds,
+    paged_kv_rows,
+    scores_log2,
+    stage_range,
+    visible,
+)
 
 
 @triton.jit
@@ -121,11 +131,9 @@ def _key_rows(offs_n, leftpad, cache_batch, BlockTable, stride_btb, page_size, n
     """
     positions = offs_n + leftpad
     if PAGED:
-        block = tl.load(BlockTable + cache_batch.to(tl.int64) * stride_btb + positions // page_size)
-        exists = (block >= 0) & (block < num_blocks)
-        block = tl.where(exists, block, 0).to(tl.int64)
-        in_page = (positions % page_size).to(tl.int64)
-        return block * stride_kcb + in_page * stride_kcn, block * stride_vcb + in_page * stride_vcn, exists
+        # a left pad shifts the positions off the page grid: one table read per row
+        return paged_kv_rows(positions, 0, BlockTable + cache_batch.to(tl.int64) * stride_btb, page_size, num_blocks,
+                             stride_kcb, stride_kcn, stride_vcb, stride_vcn, False)
     rows = positions.to(tl.int64)
     return (cache_batch.to(tl.int64) * stride_kcb + rows * stride_kcn,
             cache_batch.to(tl.int64) * stride_vcb + rows * stride_vcn, offs_n >= 0)
@@ -283,7 +291,7 @@ def kvcache_attention_kernel(
 
     # -- epilogue: normalize; a row (or a split) that saw no key gives 0 and lse = +inf --
     empty = row_sum == 0.0
-    out = acc / tl.where(empty, 1.0, row_sum)[:, None]
+    out = divide_rows(acc, tl.where(empty, 1.0, row_sum), COMPENSATED)
     lse = tl.where(empty, float("inf"), (row_max + tl.math.log2(tl.where(empty, 1.0, row_sum))) / LOG2E)
     split_offset = split.to(tl.int64)
     lse_ptrs = Lse + split_offset * stride_ls + batch.to(tl.int64) * stride_lb + head.to(tl.int64) * stride_lh \

@@ -7,15 +7,55 @@ from .common import (
     LOG2E,
     accumulate,
     apply_attn_mask,
+    divide_rows,
     dot,
     dropout_keep,
     dropout_row_base,
     key_block_bounds,
+    mapped_blocks,
+    paged_kv_rows,
     scores_log2,
     sequence_bounds,
     stage_range,
     visible,
 )
+
+
+@triton.jit
+def _load_paged_key_block(k_head, v_head, start_n, offs_n, offs_d, seqlen_k, page_table_row, page_size, num_pages,
+                          stride_kb, stride_kn, stride_vb, stride_vn,
+                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr, ONE_PAGE: tl.constexpr):
+    """K^T and V for the keys offs_n of a paged cache (pointer loads: a TMA descriptor cannot follow pages).
+
+    A page index outside the pool reads page 0 instead (``paged_kv_rows``): a wrong answer for a bad table,
+    never a read outside the cache. Interior blocks (MASKED false) load without any mask, as packed keys do;
+    masking the missing pages there too cost ptxas hundreds of bytes of spills in the hdim-128 causal tile.
+    """
+    positions = offs_n
+    if MASKED:
+        # keys past seqlen_k address the last key's row: the table's row may end at the sequence's last
+        # page, and that page's later rows may hold anything. Their lanes load nothing either.
+        positions = tl.minimum(offs_n, seqlen_k - 1)
+    k_rows, v_rows, _ = paged_kv_rows(positions, start_n, page_table_row, page_size, num_pages,
+                                      stride_kb, stride_kn, stride_vb, stride_vn, ONE_PAGE)
+    kt_ptrs = k_head + k_rows[None, :] + offs_d[:, None]
+    v_ptrs = v_head + v_rows[:, None] + offs_d[None, :]
+    if MASKED:
+        key_ok = offs_n < seqlen_k
+        if BLOCK_D == HEAD_DIM:
+            kt = tl.load(kt_ptrs, mask=key_ok[None, :], other=0.0)
+            v = tl.load(v_ptrs, mask=key_ok[:, None], other=0.0)
+        else:
+            kt = tl.load(kt_ptrs, mask=key_ok[None, :] & (offs_d[:, None] < HEAD_DIM), other=0.0)
+            v = tl.load(v_ptrs, mask=key_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    else:
+        if BLOCK_D == HEAD_DIM:
+            kt = tl.load(kt_ptrs)
+            v = tl.load(v_ptrs)
+        else:
+            kt = tl.load(kt_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+            v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    return kt, v
 
 
 @triton.jit
@@ -60,12 +100,24 @@ def _forward_block_range(
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
     USE_TMA: tl.constexpr, DEFER_SCALE: tl.constexpr,
     mask_base, stride_mask_m, stride_mask_n, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
+    block_list, HAS_BLOCK_MAP: tl.constexpr,
+    page_table_row, page_size, num_pages, stride_kb, stride_vb, PAGED_KV: tl.constexpr, ONE_PAGE: tl.constexpr,
 ):
+    """Key blocks lo, lo + BLOCK_N, ... < hi; with HAS_BLOCK_MAP, the blocks block_list[lo:hi]."""
     offs_d = tl.arange(0, BLOCK_D)
-    for start_n in range(lo, hi, BLOCK_N):
+    for step in range(lo, hi, 1 if HAS_BLOCK_MAP else BLOCK_N):
+        if HAS_BLOCK_MAP:
+            start_n = tl.load(block_list + step) * BLOCK_N
+        else:
+            start_n = step
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        kt, v = _load_key_block(k_source, v_source, start_n, offs_n, offs_d, stride_kn, stride_vn, seqlen_k,
-                                HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
+        if PAGED_KV:
+            kt, v = _load_paged_key_block(k_source, v_source, start_n, offs_n, offs_d, seqlen_k, page_table_row,
+                                          page_size, num_pages, stride_kb, stride_kn, stride_vb, stride_vn,
+                                          HEAD_DIM, BLOCK_D, MASKED, ONE_PAGE)
+        else:
+            kt, v = _load_key_block(k_source, v_source, start_n, offs_n, offs_d, stride_kn, stride_vn, seqlen_k,
+                                    HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
         # -- scores --
         qk = dot(q, kt, UPCAST_DOT, DOT_PRECISION)
         if DEFER_SCALE:
@@ -129,9 +181,17 @@ def attention_forward_kernel(
     IS_VARLEN: tl.constexpr, USE_TMA: tl.constexpr, DEFER_SCALE: tl.constexpr,
     Mask=None, stride_mask_b=0, stride_mask_h=0, stride_mask_m=0, stride_mask_n=0,
     HAS_MASK: tl.constexpr = False, MASK_IS_BOOL: tl.constexpr = False,
+    BlockMap=None, stride_map_b=0, stride_map_h=0, stride_map_row=0, HAS_BLOCK_MAP: tl.constexpr = False,
+    BlockTable=None, stride_btb=0, page_size=1, pages_per_seq=0,
+    PAGED_KV: tl.constexpr = False, ONE_PAGE: tl.constexpr = False,
 ):
     """Dense: seqlen_q/seqlen_k are the lengths, Lse is (batch, nheads, seqlen_q). Varlen: they are the
-    packed totals total_q/total_k, the batch strides are unused, and Lse is (nheads, total_q)."""
+    packed totals total_q/total_k, the batch strides are unused, and Lse is (nheads, total_q).
+
+    PAGED_KV (varlen only): K and V are page pools (num_pages, page_size, nheads_k, headdim), the "batch"
+    strides step over pages, and sequence b's key j is row j % page_size of page
+    BlockTable[b, j // page_size]; seqlen_k is then the number of pages. ONE_PAGE: BLOCK_N divides
+    page_size, so each key block lies in one page."""
     if WINDOW_RIGHT:
         # with a causal (right-bounded) mask the last query blocks see the most keys: launch them
         # first, so the grid's last wave holds the short tiles instead of a long tail of full ones
@@ -142,6 +202,8 @@ def attention_forward_kernel(
     batch = bh // nheads
     head = bh % nheads
     head_k = head // group_size
+    page_table_row = BlockTable
+    num_pages = 0
     if IS_VARLEN:
         total_q = seqlen_q
         total_k = seqlen_k
@@ -149,8 +211,19 @@ def attention_forward_kernel(
         if start_m >= seqlen_q:
             return  # a query block past this sequence's end: padding of the max_seqlen_q grid
         q_base = Q + q_start.to(tl.int64) * stride_qm + head.to(tl.int64) * stride_qh
-        k_base = K + k_start.to(tl.int64) * stride_kn + head_k.to(tl.int64) * stride_kh
-        v_base = V + k_start.to(tl.int64) * stride_vn + head_k.to(tl.int64) * stride_vh
+        if PAGED_KV:
+            num_pages = total_k
+            # the keys are not packed: the dropout stream's total_k is the key count, cu_seqlens_k[-1]
+            total_k = tl.load(CuSeqlensK + tl.num_programs(1) // nheads)
+            # a length past the table's pages (refused on the host wherever it can be checked) is cut there;
+            # an empty pool comes with pages_per_seq = 0
+            seqlen_k = tl.minimum(seqlen_k, pages_per_seq * page_size)
+            page_table_row = BlockTable + batch.to(tl.int64) * stride_btb
+            k_base = K + head_k.to(tl.int64) * stride_kh
+            v_base = V + head_k.to(tl.int64) * stride_vh
+        else:
+            k_base = K + k_start.to(tl.int64) * stride_kn + head_k.to(tl.int64) * stride_kh
+            v_base = V + k_start.to(tl.int64) * stride_vn + head_k.to(tl.int64) * stride_vh
         o_base = Out + q_start.to(tl.int64) * stride_om + head.to(tl.int64) * stride_oh
         lse_base = Lse + head.to(tl.int64) * total_q + q_start
         rng_row_base = dropout_row_base(rng_offset, head.to(tl.int64) * total_q + q_start, total_k, k_start)
@@ -201,6 +274,13 @@ def attention_forward_kernel(
 
     lo, full_lo, full_hi, hi = key_block_bounds(start_m, seqlen_q, seqlen_k, window_left, window_right,
                                                 BLOCK_M, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT)
+    block_list = BlockMap
+    if HAS_BLOCK_MAP:
+        # only the key blocks with a score the SDPA mask shows, in one masked stage (positions in a list)
+        block_list, lo, hi = mapped_blocks(BlockMap, stride_map_b, stride_map_h, stride_map_row, batch, head,
+                                           start_m // BLOCK_M, lo, hi, tl.cdiv(seqlen_k, BLOCK_N), BLOCK_N)
+        full_lo = lo
+        full_hi = hi
     for stage in tl.static_range(3):
         start, end = stage_range(stage, lo, full_lo, full_hi, hi)
         # an SDPA mask may hide any score: every block takes the masked path then
@@ -209,12 +289,14 @@ def attention_forward_kernel(
             seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
             dropout_p, rng_seed, rng_row_base, rng_row_stride, HEAD_DIM, BLOCK_D, BLOCK_N, stage != 1 or HAS_MASK,
             WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED,
-            USE_TMA, DEFER_SCALE, mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL)
+            USE_TMA, DEFER_SCALE, mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL,
+            block_list, HAS_BLOCK_MAP, page_table_row, page_size, num_pages, stride_kb, stride_vb, PAGED_KV,
+            ONE_PAGE)
 
     # -- epilogue: normalize; a row that saw no key gives 0 and lse = +inf --
     empty = row_sum == 0.0
     row_sum = tl.where(empty, 1.0, row_sum)
-    out = acc / row_sum[:, None]
+    out = divide_rows(acc, row_sum, COMPENSATED)
     if HAS_DROPOUT:
         out = out * (1.0 / (1.0 - dropout_p))
     lse = tl.where(empty, float("inf"), (row_max + tl.math.log2(row_sum)) / LOG2E)
