@@ -423,6 +423,10 @@ def run(args: argparse.Namespace) -> int:
           f"  matmul {env['matmul_tflops'] and round(env['matmul_tflops'])} TFLOP/s", flush=True)
     measurements: list[Measurement] = []
     modes = tuple(args.modes)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stamp = env["date"].replace(":", "").replace("-", "")[:15]
+    name = f"{stamp}-{(env.get('device') or 'cpu').replace(' ', '_')}-{env.get('commit')}.json"
+    path = args.out / name
     for case in grid:
         reference_out = None
         for provider in providers:
@@ -437,11 +441,8 @@ def run(args: argparse.Namespace) -> int:
                                 f"  mem {m.peak_extra_mib or 0:8.1f} MiB  diff {m.max_diff_vs_flashattn}")
             print(f"d{case.head_dim:<4} causal={int(case.causal)} n={case.seqlen:<6} {provider:<15} {shown}",
                   flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    stamp = env["date"].replace(":", "").replace("-", "")[:15]
-    name = f"{stamp}-{(env.get('device') or 'cpu').replace(' ', '_')}-{env.get('commit')}.json"
-    path = args.out / name
-    path.write_text(json.dumps({"environment": env, "results": [asdict(m) for m in measurements]}, indent=1))
+        # rewritten after every case, so that a run cut short by a time limit keeps what it measured
+        path.write_text(json.dumps({"environment": env, "results": [asdict(m) for m in measurements]}, indent=1))
     write_csv(path.with_suffix(".csv"), measurements, env)
     table = markdown_table(measurements, providers)
     print(table)
