@@ -215,6 +215,23 @@ def dot(a, b, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
+def dot_short_chains(a, b, CHUNK: tl.constexpr):
+    """a @ b in float32, its reduction cut into CHUNK-long pieces that are summed at the end.
+
+    Triton's float32 ("ieee") dot is one chain of FMAs along the reduction: at head dim 256 a score
+    gathers ~sqrt(256) half-ulps of its partial sums, about 3x what cuBLAS's sgemm loses. Where one
+    key dominates a row (ALiBi's steep slopes) that score error passes straight into the output and
+    put a decode case past twice PyTorch's float32 error. Chains of CHUNK keep it under PyTorch's.
+    """
+    M: tl.constexpr = a.shape[0]
+    K: tl.constexpr = a.shape[1]
+    N: tl.constexpr = b.shape[1]
+    a_pieces = tl.permute(tl.reshape(a, (M, K // CHUNK, CHUNK)), (1, 0, 2))
+    b_pieces = tl.reshape(b, (K // CHUNK, CHUNK, N))
+    return tl.sum(tl.dot(a_pieces, b_pieces, input_precision="ieee"), 0)
+
+
+@triton.jit
 def accumulate(acc, compensation, increment, COMPENSATED: tl.constexpr):
     """acc + increment, Kahan-compensated when COMPENSATED (float32 inputs).
 

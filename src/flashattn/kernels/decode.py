@@ -26,6 +26,7 @@ from .common import (
     accumulate,
     divide_rows,
     dot,
+    dot_short_chains,
     key_block_bounds,
     paged_kv_rows,
     scores_log2,
@@ -181,7 +182,10 @@ def _decode_block_range(
                 kt = tl.load(kt_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
                 v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
         # -- scores: the rows are (token, head) pairs, masks and ALiBi follow each row's token --
-        qk = dot(q, kt, UPCAST_DOT, DOT_PRECISION)
+        if COMPENSATED and BLOCK_D > 32:  # float32: short reduction chains, see dot_short_chains
+            qk = dot_short_chains(q, kt, 32)
+        else:
+            qk = dot(q, kt, UPCAST_DOT, DOT_PRECISION)
         s, _ = scores_log2(qk, query_idx, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
                            alibi_slope_log2, HAS_SOFTCAP, HAS_ALIBI)
         if MASKED:
