@@ -70,14 +70,20 @@ def block_map(summary: torch.Tensor, rows: int, columns: int, transpose: bool = 
     1 (broadcast); ``rows`` x ``columns`` is the kernel's grid of tiles, query blocks x key blocks, or
     key blocks x query blocks with ``transpose`` (the dK/dV kernel's rows are key blocks). Entry ``j``
     of a row, ``j <= columns``, counts the visible blocks before block ``j``; the list of the visible
-    blocks in increasing order starts at ``columns + 1`` (its tail past the count is never read).
+    blocks in increasing order starts at ``columns + 1``, and the hidden blocks follow it (never read).
+    One launch of ``kernels/block_map.py`` per map.
     """
+    from .kernels.block_map import block_map_kernel  # triton is imported only where kernels run
+
     tiles = summary.transpose(2, 3) if transpose else summary
-    visible = tiles.expand(*tiles.shape[:2], rows, columns).to(torch.int32)
-    before = torch.nn.functional.pad(visible.cumsum(-1, dtype=torch.int32), (1, 0))
-    # a stable sort of the hidden flags puts the visible blocks first, in increasing order
-    listed = torch.argsort(1 - visible, dim=-1, stable=True).to(torch.int32)
-    return torch.cat([before, listed], dim=-1).contiguous()  # the kernels step 1 along a row
+    # a tile dim of size 1 stands for every block: it is read with stride 0
+    strides = [0 if size == 1 else stride for size, stride in zip(tiles.shape, tiles.stride(), strict=True)]
+    batch, heads = tiles.shape[:2]
+    result = torch.empty(batch, heads, rows, 2 * columns + 1, dtype=torch.int32, device=summary.device)
+    block_map_kernel[(rows, batch * heads)](
+        tiles.view(torch.uint8) if tiles.dtype == torch.bool else tiles, result, *strides,
+        *result.stride()[:3], heads, columns, BLOCK=max(16, 1 << (columns - 1).bit_length()))
+    return result
 
 
 def block_maps(attn_mask: torch.Tensor, seqlen_q: int, seqlen_k: int,
