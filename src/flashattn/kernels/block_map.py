@@ -17,10 +17,12 @@ def block_map_kernel(
     nheads, columns,
     BLOCK: tl.constexpr,
 ):
-    """Grid (Bm x Hm, rows): the larger count on the grid's first dim, which has no 65535 limit. Summary[b, h, row, :columns] are the row's flags (any int dtype, 0 =
-    hidden); strides are 0 along the dims the summary broadcasts. Map[b, h, row] gets the visible
-    blocks before each block (columns + 1 counts), then the visible blocks in increasing order, then
-    the hidden ones (a stable partition: the kernels read only the visible part)."""
+    """Grid (Bm x Hm, rows): the larger count on the grid's first dim, which has no 65535 limit.
+
+    Summary[b, h, row, :columns] are the row's flags (any int dtype, 0 = hidden); strides are 0
+    along the dims the summary broadcasts. Map[b, h, row] gets the visible blocks before each block
+    (columns + 1 counts), then the visible blocks in increasing order, then the hidden ones (a
+    stable partition: the kernels read only the visible part)."""
     row = tl.program_id(1)
     b = tl.program_id(0) // nheads
     h = tl.program_id(0) % nheads

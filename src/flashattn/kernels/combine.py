@@ -9,7 +9,8 @@ the sum. When every split is empty the row gives out = 0 and L = +inf, as an emp
 Gradient, with g = dL/dout and gL = dLoss/dL:  dLoss/do_s = w_s g and
 dLoss/dl_s = w_s (g . o_s - g . out + gL), where g . out = sum_t w_t (g . o_t).
 
-One program per (block of (token, head) rows, batch element); the splits are a runtime loop.
+One program per (block of (token, head) rows, batch element). The forward loads SPLIT_BLOCK splits'
+partial tiles at once; the backward, which writes a gradient per split, steps split by split.
 """
 
 import triton
@@ -25,23 +26,33 @@ def _finite_lse(lse):
 
 
 @triton.jit
-def _merged_lse(LsePartial, lse_offsets, row_ok, stride_lps, num_splits, BLOCK_M: tl.constexpr):
-    """(shift, total): max of the finite partial lse (0 if none) and sum_s exp(l_s - shift)."""
-    # pointers advance split by split: 64-bit arithmetic, however large num_splits x stride gets
+def _split_tile(splits, num_splits, row_ok):
+    """Which (split, row) entries of a tile of SPLIT_BLOCK splits x BLOCK_M rows exist."""
+    return (splits[:, None] < num_splits) & row_ok[None, :]
+
+
+@triton.jit
+def _merged_lse(LsePartial, lse_offsets, row_ok, stride_lps, num_splits,
+                BLOCK_M: tl.constexpr, SPLIT_BLOCK: tl.constexpr):
+    """(shift, total): max of the finite partial lse (0 if none) and sum_s exp(l_s - shift).
+
+    SPLIT_BLOCK splits are loaded at once and merged into a running (max, sum): a decode step's
+    splits usually fit one step, where a loop over single splits waited on one load after another.
+    """
+    offs_s = tl.arange(0, SPLIT_BLOCK)
     lse_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    lse_ptrs = LsePartial + lse_offsets
-    for _ in range(num_splits):
-        lse = tl.load(lse_ptrs, mask=row_ok, other=float("-inf"))
-        lse_max = tl.maximum(lse_max, _finite_lse(lse.to(tl.float32)))
-        lse_ptrs += stride_lps
-    shift = tl.where(lse_max == float("-inf"), 0.0, lse_max)
     total = tl.zeros([BLOCK_M], dtype=tl.float32)
-    lse_ptrs = LsePartial + lse_offsets
-    for _ in range(num_splits):
-        lse = tl.load(lse_ptrs, mask=row_ok, other=float("-inf"))
-        total += tl.math.exp2((_finite_lse(lse.to(tl.float32)) - shift) * LOG2E)
-        lse_ptrs += stride_lps
-    return shift, total
+    for start in range(0, num_splits, SPLIT_BLOCK):
+        splits = start + offs_s
+        lse = tl.load(LsePartial + splits[:, None].to(tl.int64) * stride_lps + lse_offsets[None, :],
+                      mask=_split_tile(splits, num_splits, row_ok), other=float("-inf"))
+        lse = _finite_lse(lse.to(tl.float32))
+        new_max = tl.maximum(lse_max, tl.max(lse, 0))
+        shift = tl.where(new_max == float("-inf"), 0.0, new_max)
+        total = total * tl.math.exp2((lse_max - shift) * LOG2E) \
+            + tl.sum(tl.math.exp2((lse - shift[None, :]) * LOG2E), 0)
+        lse_max = new_max
+    return tl.where(lse_max == float("-inf"), 0.0, lse_max), total
 
 
 @triton.jit
@@ -59,7 +70,8 @@ def combine_kernel(
     stride_ob, stride_om, stride_oh,
     stride_lb, stride_lh, stride_lm,
     num_splits, seqlen, nheads,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, ROUND_TO_NEAREST: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
+    ROUND_TO_NEAREST: tl.constexpr,
 ):
     """out[b, m, h] = sum_s w_s out_partial[s, b, m, h]; lse[b, h, m] = log sum_s exp(lse_partial[s, b, h, m])."""
     batch = tl.program_id(1)
@@ -70,17 +82,19 @@ def combine_kernel(
     lse_offsets = _row_offsets(offs_r, batch, nheads, stride_lpb, stride_lpm, stride_lph)
     out_offsets = _row_offsets(offs_r, batch, nheads, stride_opb, stride_opm, stride_oph)[:, None] + offs_d[None, :]
 
-    shift, total = _merged_lse(LsePartial, lse_offsets, row_ok, stride_lps, num_splits, BLOCK_M)
+    shift, total = _merged_lse(LsePartial, lse_offsets, row_ok, stride_lps, num_splits, BLOCK_M, SPLIT_BLOCK)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    lse_ptrs = LsePartial + lse_offsets
-    out_ptrs = OutPartial + out_offsets
-    for _ in range(num_splits):
-        lse = tl.load(lse_ptrs, mask=row_ok, other=float("-inf"))
-        weight = tl.math.exp2((_finite_lse(lse.to(tl.float32)) - shift) * LOG2E)[:, None]
-        partial = tl.load(out_ptrs, mask=tile_ok, other=0.0).to(tl.float32)
-        acc += weight * tl.where(weight > 0.0, partial, 0.0)  # an empty split's output may hold anything
-        lse_ptrs += stride_lps
-        out_ptrs += stride_ops
+    offs_s = tl.arange(0, SPLIT_BLOCK)
+    for start in range(0, num_splits, SPLIT_BLOCK):  # SPLIT_BLOCK partial tiles in flight per step
+        splits = start + offs_s
+        split_offsets = splits.to(tl.int64)
+        lse = tl.load(LsePartial + split_offsets[:, None] * stride_lps + lse_offsets[None, :],
+                      mask=_split_tile(splits, num_splits, row_ok), other=float("-inf"))
+        weight = tl.math.exp2((_finite_lse(lse.to(tl.float32)) - shift[None, :]) * LOG2E)[:, :, None]
+        partial = tl.load(OutPartial + split_offsets[:, None, None] * stride_ops + out_offsets[None, :, :],
+                          mask=(splits < num_splits)[:, None, None] & tile_ok[None, :, :], other=0.0)
+        # an empty split's output may hold anything: weight 0 must not meet a NaN there
+        acc += tl.sum(weight * tl.where(weight > 0.0, partial.to(tl.float32), 0.0), 0)
 
     empty = total == 0.0
     out = divide_rows(acc, tl.where(empty, 1.0, total), ROUND_TO_NEAREST)
@@ -100,7 +114,7 @@ def combine_backward_kernel(
     stride_dops, stride_dopb, stride_dopm, stride_doph,
     stride_dlps, stride_dlpb, stride_dlph, stride_dlpm,
     num_splits, seqlen, nheads,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
 ):
     """d out_partial[s] = w_s dout; d lse_partial[s] = w_s (dout . o_s - dout . out + dlse)."""
     batch = tl.program_id(1)
@@ -118,7 +132,7 @@ def combine_backward_kernel(
     dout = tl.load(DOut + dout_rows[:, None] + offs_d[None, :], mask=tile_ok, other=0.0).to(tl.float32)
     dlse = tl.load(DLse + _row_offsets(offs_r, batch, nheads, stride_dlb, stride_dlm, stride_dlh),
                    mask=row_ok, other=0.0).to(tl.float32)
-    shift, total = _merged_lse(LsePartial, lse_offsets, row_ok, stride_lps, num_splits, BLOCK_M)
+    shift, total = _merged_lse(LsePartial, lse_offsets, row_ok, stride_lps, num_splits, BLOCK_M, SPLIT_BLOCK)
     norm = tl.math.log2(tl.where(total == 0.0, 1.0, total)) / LOG2E + shift  # the merged lse (finite part)
 
     # pass 1: d out_partial, and dout . o_s parked in d lse_partial; their weighted sum is dout . out
