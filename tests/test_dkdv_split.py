@@ -93,14 +93,16 @@ def test_a_split_config_launches_a_dv_pass_then_a_dk_pass():
     assert dk_pass == {"COMPUTE_DV": False, "KEY_ROWS": True}
 
 
-@pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("head_dim", [192, 200, 256])
-def test_the_hopper_table_splits_the_256_bucket_only(head_dim, masked):
+def test_the_hopper_table_splits_the_256_bucket_only(head_dim):
+    """Non-causal only: causal, the one-pass 128 x 64 tile timed 1.3x faster (H200, 4k)."""
     for dtype in DTYPES:
         for attn_mask in (False, True):
-            assert configs.lookup("hopper", "dkdv", head_dim, masked, dtype, attn_mask=attn_mask).split_dkdv
-    assert not configs.lookup("hopper", "dkdv", 128, masked, torch.bfloat16).split_dkdv
-    assert not configs.lookup("hopper", "dq", head_dim, masked, torch.bfloat16).split_dkdv
+            assert configs.lookup("hopper", "dkdv", head_dim, False, dtype, attn_mask=attn_mask).split_dkdv
+            assert not configs.lookup("hopper", "dkdv", head_dim, True, dtype, attn_mask=attn_mask).split_dkdv
+    for masked in (False, True):
+        assert not configs.lookup("hopper", "dkdv", 128, masked, torch.bfloat16).split_dkdv
+        assert not configs.lookup("hopper", "dq", head_dim, masked, torch.bfloat16).split_dkdv
 
 
 # -- the GPU: the table's split tiles forced on every head dim, large shapes --

@@ -49,17 +49,18 @@ LONG_SEQLEN = 8192
 _HOPPER_FORWARD_LONG = {
     (128, True): TileConfig(128, 128, 8, 3, tma=True),
 }
-# hdim 256: dV and dK in two passes with the keys along the rows (split_dkdv), chosen from the SASS
-# (benchmarks/sass_report.py, docs/perf-notes.md version 3), not yet timed: 32 x 128 tiles, 8 warps and 2
-# stages are the largest that keep both passes free of spills in their loops, causal or not, and under
-# the shared memory limit. One pass spilled (64 x 64, 8 warps) or ran on mma.sync (32 x 32, causal).
+# hdim 256, non-causal: dV and dK in two passes with the keys along the rows (split_dkdv), chosen from
+# the SASS (benchmarks/sass_report.py, docs/perf-notes.md version 3): 32 x 128 tiles, 8 warps and 2
+# stages keep both passes free of spills; measured 247-260 TFLOP/s from 2k (1.00-1.02x sdpa_flash).
+# Causal: one pass of 128 x 64, 8 warps, 1 stage, the best of `flashattn blocks --phase backward
+# --head-dim 256 --seqlen 4096 --causal` on an H200 (backward 2.49 ms against the split's 3.27 ms).
 _HOPPER_DKDV = {
     (64, False): TileConfig(64, 64, 4, 2),
     (64, True): TileConfig(64, 64, 4, 2),
     (128, False): TileConfig(64, 64, 4, 2),
     (128, True): TileConfig(64, 64, 4, 2),
     (256, False): TileConfig(32, 128, 8, 2, split_dkdv=True),
-    (256, True): TileConfig(32, 128, 8, 2, split_dkdv=True),
+    (256, True): TileConfig(128, 64, 8, 1),
 }
 _HOPPER_DQ = {
     (64, False): TileConfig(128, 64, 8, 3),
