@@ -1,9 +1,10 @@
 """The dK/dV phase in two passes (``TileConfig.split_dkdv``): a dV pass, then a dK pass, each with one
 accumulator and the keys along its tile's rows (``dkdv_kernel``'s COMPUTE_DK, COMPUTE_DV, KEY_ROWS).
 
-The Hopper table splits only the 256-wide head dims; these tests force the split on every head dim,
-through the same checks as the one-pass kernel: the option grid against the float64 reference,
-varlen batches, SDPA masks with and without block maps, and tiles a mask hides never being loaded.
+No table entry splits any more (the one-pass hdim-256 tile timed faster); these tests force the split
+on every head dim, through the same checks as the one-pass kernel: the option grid against the float64
+reference, varlen batches, SDPA masks with and without block maps, and tiles a mask hides never being
+loaded.
 """
 
 import dataclasses
@@ -23,12 +24,10 @@ SPLIT_INTERPRETER = configs.TileConfig(16, 32, 1, 1, split_dkdv=True)
 
 
 def split_tiles(device: str, dtype: torch.dtype, attn_mask: bool = False) -> configs.TileConfig:
-    """The split tiles to force: the interpreter's, or on a GPU the table's 256-wide dK/dV entry, split."""
+    """The split tiles to force: the interpreter's, or on a GPU the Hopper split tile, fitted like a table entry."""
     if device == "cpu":
         return SPLIT_INTERPRETER
-    family = configs.gpu_family(torch.device(device))
-    table = configs.lookup(family, "dkdv", 256, False, dtype, attn_mask=attn_mask)
-    return dataclasses.replace(table, split_dkdv=True)
+    return configs.fitted(configs.HOPPER_SPLIT_DKDV, dtype, attn_mask)
 
 
 def forced(stack: ExitStack, device: str, dtype: torch.dtype, attn_mask: bool = False) -> None:
@@ -91,18 +90,6 @@ def test_a_split_config_launches_a_dv_pass_then_a_dk_pass():
     dv_pass, dk_pass = ops._dkdv_passes(dataclasses.replace(one_pass, split_dkdv=True))
     assert dv_pass == {"COMPUTE_DK": False, "KEY_ROWS": True}
     assert dk_pass == {"COMPUTE_DV": False, "KEY_ROWS": True}
-
-
-@pytest.mark.parametrize("head_dim", [192, 200, 256])
-def test_the_hopper_table_splits_the_256_bucket_only(head_dim):
-    """Non-causal only: causal, the one-pass 128 x 64 tile timed 1.3x faster (H200, 4k)."""
-    for dtype in DTYPES:
-        for attn_mask in (False, True):
-            assert configs.lookup("hopper", "dkdv", head_dim, False, dtype, attn_mask=attn_mask).split_dkdv
-            assert not configs.lookup("hopper", "dkdv", head_dim, True, dtype, attn_mask=attn_mask).split_dkdv
-    for masked in (False, True):
-        assert not configs.lookup("hopper", "dkdv", 128, masked, torch.bfloat16).split_dkdv
-        assert not configs.lookup("hopper", "dq", head_dim, masked, torch.bfloat16).split_dkdv
 
 
 # -- the GPU: the table's split tiles forced on every head dim, large shapes --

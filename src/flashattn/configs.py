@@ -49,17 +49,19 @@ LONG_SEQLEN = 8192
 _HOPPER_FORWARD_LONG = {
     (128, True): TileConfig(128, 128, 8, 3, tma=True),
 }
-# hdim 256, non-causal: dV and dK in two passes with the keys along the rows (split_dkdv), chosen from
-# the SASS (benchmarks/sass_report.py, docs/perf-notes.md version 3): 32 x 128 tiles, 8 warps and 2
-# stages keep both passes free of spills; measured 247-260 TFLOP/s from 2k (1.00-1.02x sdpa_flash).
-# Causal: one pass of 128 x 64, 8 warps, 1 stage, the best of `flashattn blocks --phase backward
-# --head-dim 256 --seqlen 4096 --causal` on an H200 (backward 2.49 ms against the split's 3.27 ms).
+# hdim 256: one pass of 128 x 64, 8 warps, 1 stage, the best of `flashattn blocks --phase backward
+# --head-dim 256 --seqlen 4096 [--causal]` on an H200 (whole backward 2.49 ms causal, 4.29 ms not,
+# against 3.27 / 5.27 ms for the two-pass split_dkdv tile 32 x 128 x 8 x 2, which the table used
+# before; the split stays a sweep candidate: `--candidates 32x128x8x2+split`).
+# The two-pass hdim-256 tile that the table used in version 3 (docs/perf-notes.md): no spills, but
+# slower than the one-pass tile; tests/test_dkdv_split.py keeps the split path working on the GPU.
+HOPPER_SPLIT_DKDV = TileConfig(32, 128, 8, 2, split_dkdv=True)
 _HOPPER_DKDV = {
     (64, False): TileConfig(64, 64, 4, 2),
     (64, True): TileConfig(64, 64, 4, 2),
     (128, False): TileConfig(64, 64, 4, 2),
     (128, True): TileConfig(64, 64, 4, 2),
-    (256, False): TileConfig(32, 128, 8, 2, split_dkdv=True),
+    (256, False): TileConfig(128, 64, 8, 1),
     (256, True): TileConfig(128, 64, 8, 1),
 }
 _HOPPER_DQ = {
@@ -135,6 +137,11 @@ def lookup(family: str, phase: str, head_dim: int, masked: bool, dtype: torch.dt
     bucket = min(b for b in (64, 128, 256) if b >= width)
     long_table = _LONG_TABLES.get((family, phase), {}) if seqlen >= LONG_SEQLEN else {}
     config = long_table.get((bucket, masked)) or _TABLES[(family, phase)][(bucket, masked)]
+    return fitted(config, dtype, attn_mask)
+
+
+def fitted(config: TileConfig, dtype: torch.dtype, attn_mask: bool = False) -> TileConfig:
+    """``config`` (a table entry, for 16-bit inputs and no SDPA mask) cut to fit ``dtype`` and a mask."""
     if dtype == torch.float32:
         # fp32 tiles take twice the shared memory: halve the key/query tile that streams.
         config = dataclasses.replace(config, block_m=max(16, config.block_m // 2),
