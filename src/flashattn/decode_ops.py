@@ -66,21 +66,19 @@ def processor_count(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
-PROGRAMS_PER_PROCESSOR = 2  # decode programs one SM holds at once: ~96 KB of K/V stages each (hdim 128)
-
-
 def choose_num_splits(programs: int, key_blocks: int, processors: int) -> int:
     """How many chunks to split each program's keys into (flash-decoding).
 
     ``programs`` = batch x kv heads x query tiles; ``key_blocks`` = key blocks of the longest sequence.
-    When the programs fill the GPU, no split. Otherwise as many splits as fit one wave of resident
-    programs (PROGRAMS_PER_PROCESSOR per SM): a count just past it starts a second wave for a few
-    programs, which at batch 4-16 on an H200 made the split step slower than no split at all. Each
-    split keeps at least 4 key blocks, so that its loads are still pipelined and the merge stays cheap.
+    When the programs fill the GPU, no split. Otherwise enough splits for about two programs per
+    processor, each split keeping at least 4 key blocks so that the loads are still pipelined and the
+    merge stays cheap next to the attention. (Fitting the splits to one wave of 2 programs per SM, i.e.
+    rounding down, was measured on an H200 and lost: 8k x batch 4 took 62 us against 56, paged batch 16
+    17-21% longer; BENCHMARKS.md, kernel version 4.)
     """
     if programs >= processors:
         return 1
-    wanted = PROGRAMS_PER_PROCESSOR * processors // programs
+    wanted = _cdiv(2 * processors, programs)
     return max(1, min(wanted, key_blocks // 4, MAX_SPLITS))
 
 
