@@ -24,9 +24,9 @@ from .common import (
     dot,
     dropout_keep,
     dropout_row_base,
-    key_block_bounds,
     mapped_blocks,
     query_block_bounds,
+    query_tile_key_blocks,
     scores_log2,
     sequence_bounds,
     stage_range,
@@ -425,15 +425,9 @@ def dq_kernel(
         mask_base = Mask + batch.to(tl.int64) * stride_mask_b + head.to(tl.int64) * stride_mask_h
     if MASK_GRAD:
         dmask_base = DMask + bh.to(tl.int64) * seqlen_q * seqlen_k
-    lo, full_lo, full_hi, hi = key_block_bounds(start_m, seqlen_q, seqlen_k, window_left, window_right,
-                                                BLOCK_M, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT)
-    block_list = BlockMap
-    if HAS_BLOCK_MAP:
-        # only the key blocks with a score the SDPA mask shows, in one masked stage (positions in a list)
-        block_list, lo, hi = mapped_blocks(BlockMap, stride_map_b, stride_map_h, stride_map_row, batch, head,
-                                           start_m // BLOCK_M, lo, hi, tl.cdiv(seqlen_k, BLOCK_N), BLOCK_N)
-        full_lo = lo
-        full_hi = hi
+    block_list, lo, full_lo, full_hi, hi = query_tile_key_blocks(
+        start_m, seqlen_q, seqlen_k, window_left, window_right, BlockMap, stride_map_b, stride_map_h,
+        stride_map_row, batch, head, BLOCK_M, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT, HAS_BLOCK_MAP)
     for stage in tl.static_range(3):
         start, end = stage_range(stage, lo, full_lo, full_hi, hi)
         dq, dq_comp = _dq_key_range(

@@ -267,6 +267,49 @@ def apply_attn_mask(s, mask_base, stride_mask_m, stride_mask_n, offs_m, offs_n, 
 
 
 @triton.jit
+def query_tile_key_blocks(start_m, seqlen_q, seqlen_k, window_left, window_right,
+                          BlockMap, stride_map_b, stride_map_h, stride_map_row, batch, head,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, HAS_BLOCK_MAP: tl.constexpr):
+    """The key loop of the query tile at start_m (forward and dQ): (block list, lo, full_lo, full_hi, hi).
+
+    Without a block map, :func:`key_block_bounds`' three stages over key positions. With one, only the
+    key blocks with a score the SDPA mask shows, in one masked stage over positions in the list.
+    """
+    lo, full_lo, full_hi, hi = key_block_bounds(start_m, seqlen_q, seqlen_k, window_left, window_right,
+                                                BLOCK_M, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT)
+    block_list = BlockMap
+    if HAS_BLOCK_MAP:
+        block_list, lo, hi = mapped_blocks(BlockMap, stride_map_b, stride_map_h, stride_map_row, batch, head,
+                                           start_m // BLOCK_M, lo, hi, tl.cdiv(seqlen_k, BLOCK_N), BLOCK_N)
+        full_lo = lo
+        full_hi = hi
+    return block_list, lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def load_kt_v(kt_ptrs, v_ptrs, offs_d, key_ok, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+              CHECK_KEYS: tl.constexpr):
+    """K^T (BLOCK_D x keys) and V (keys x BLOCK_D) through per-element pointers; the padding of the head
+    dim loads 0, and with CHECK_KEYS so do the keys where key_ok is false (interior blocks skip it)."""
+    if CHECK_KEYS:
+        if BLOCK_D == HEAD_DIM:
+            kt = tl.load(kt_ptrs, mask=key_ok[None, :], other=0.0)
+            v = tl.load(v_ptrs, mask=key_ok[:, None], other=0.0)
+        else:
+            kt = tl.load(kt_ptrs, mask=key_ok[None, :] & (offs_d[:, None] < HEAD_DIM), other=0.0)
+            v = tl.load(v_ptrs, mask=key_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    else:
+        if BLOCK_D == HEAD_DIM:
+            kt = tl.load(kt_ptrs)
+            v = tl.load(v_ptrs)
+        else:
+            kt = tl.load(kt_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+            v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    return kt, v
+
+
+@triton.jit
 def mapped_blocks(BlockMap, stride_map_b, stride_map_h, stride_map_row, batch, head, row, lo, hi, columns,
                   BLOCK: tl.constexpr):
     """Row ``row`` of a (batch, head)'s block map (``flashattn.mask_blocks``), for a loop over [lo, hi).

@@ -28,6 +28,7 @@ from .common import (
     dot,
     dot_short_chains,
     key_block_bounds,
+    load_kt_v,
     paged_kv_rows,
     scores_log2,
     stage_range,
@@ -164,23 +165,9 @@ def _decode_block_range(
         else:
             k_rows, v_rows, exists = _key_rows(offs_n, leftpad, cache_batch, BlockTable, stride_btb, page_size,
                                                num_blocks, stride_kcb, stride_kcn, stride_vcb, stride_vcn, PAGED)
-        kt_ptrs = k_head + k_rows[None, :] + offs_d[:, None]
-        v_ptrs = v_head + v_rows[:, None] + offs_d[None, :]
         # -- load K^T and V: contiguous interior blocks need no mask on the keys --
-        if MASKED or PAGED:
-            if BLOCK_D == HEAD_DIM:
-                kt = tl.load(kt_ptrs, mask=exists[None, :], other=0.0)
-                v = tl.load(v_ptrs, mask=exists[:, None], other=0.0)
-            else:
-                kt = tl.load(kt_ptrs, mask=exists[None, :] & (offs_d[:, None] < HEAD_DIM), other=0.0)
-                v = tl.load(v_ptrs, mask=exists[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-        else:
-            if BLOCK_D == HEAD_DIM:
-                kt = tl.load(kt_ptrs)
-                v = tl.load(v_ptrs)
-            else:
-                kt = tl.load(kt_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
-                v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+        kt, v = load_kt_v(k_head + k_rows[None, :] + offs_d[:, None], v_head + v_rows[:, None] + offs_d[None, :],
+                          offs_d, exists, HEAD_DIM, BLOCK_D, MASKED or PAGED)
         # -- scores: the rows are (token, head) pairs, masks and ALiBi follow each row's token --
         if COMPENSATED and BLOCK_D > 32:  # float32: short reduction chains, see dot_short_chains
             qk = dot_short_chains(q, kt, 32)

@@ -11,9 +11,9 @@ from .common import (
     dot,
     dropout_keep,
     dropout_row_base,
-    key_block_bounds,
-    mapped_blocks,
+    load_kt_v,
     paged_kv_rows,
+    query_tile_key_blocks,
     scores_log2,
     sequence_bounds,
     stage_range,
@@ -38,24 +38,8 @@ def _load_paged_key_block(k_head, v_head, start_n, offs_n, offs_d, seqlen_k, pag
         positions = tl.minimum(offs_n, seqlen_k - 1)
     k_rows, v_rows, _ = paged_kv_rows(positions, start_n, page_table_row, page_size, num_pages,
                                       stride_kb, stride_kn, stride_vb, stride_vn, ONE_PAGE)
-    kt_ptrs = k_head + k_rows[None, :] + offs_d[:, None]
-    v_ptrs = v_head + v_rows[:, None] + offs_d[None, :]
-    if MASKED:
-        key_ok = offs_n < seqlen_k
-        if BLOCK_D == HEAD_DIM:
-            kt = tl.load(kt_ptrs, mask=key_ok[None, :], other=0.0)
-            v = tl.load(v_ptrs, mask=key_ok[:, None], other=0.0)
-        else:
-            kt = tl.load(kt_ptrs, mask=key_ok[None, :] & (offs_d[:, None] < HEAD_DIM), other=0.0)
-            v = tl.load(v_ptrs, mask=key_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-    else:
-        if BLOCK_D == HEAD_DIM:
-            kt = tl.load(kt_ptrs)
-            v = tl.load(v_ptrs)
-        else:
-            kt = tl.load(kt_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
-            v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
-    return kt, v
+    return load_kt_v(k_head + k_rows[None, :] + offs_d[:, None], v_head + v_rows[:, None] + offs_d[None, :],
+                     offs_d, offs_n < seqlen_k, HEAD_DIM, BLOCK_D, MASKED)
 
 
 @triton.jit
@@ -68,22 +52,9 @@ def _load_key_block(k_source, v_source, start_n, offs_n, offs_d, stride_kn, stri
         kt = k_source.load([start_n, 0]).T
         v = v_source.load([start_n, 0])
     else:
-        kt_ptrs = k_source + offs_n[None, :] * stride_kn + offs_d[:, None]
-        v_ptrs = v_source + offs_n[:, None] * stride_vn + offs_d[None, :]
-        if MASKED:
-            if BLOCK_D == HEAD_DIM:
-                kt = tl.load(kt_ptrs, mask=offs_n[None, :] < seqlen_k, other=0.0)
-                v = tl.load(v_ptrs, mask=offs_n[:, None] < seqlen_k, other=0.0)
-            else:
-                kt = tl.load(kt_ptrs, mask=(offs_n[None, :] < seqlen_k) & (offs_d[:, None] < HEAD_DIM), other=0.0)
-                v = tl.load(v_ptrs, mask=(offs_n[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM), other=0.0)
-        else:
-            if BLOCK_D == HEAD_DIM:
-                kt = tl.load(kt_ptrs)
-                v = tl.load(v_ptrs)
-            else:
-                kt = tl.load(kt_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
-                v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+        kt, v = load_kt_v(k_source + offs_n[None, :] * stride_kn + offs_d[:, None],
+                          v_source + offs_n[:, None] * stride_vn + offs_d[None, :],
+                          offs_d, offs_n < seqlen_k, HEAD_DIM, BLOCK_D, MASKED)
     return kt, v
 
 
@@ -272,15 +243,9 @@ def attention_forward_kernel(
     if HAS_MASK:
         mask_base = Mask + batch.to(tl.int64) * stride_mask_b + head.to(tl.int64) * stride_mask_h
 
-    lo, full_lo, full_hi, hi = key_block_bounds(start_m, seqlen_q, seqlen_k, window_left, window_right,
-                                                BLOCK_M, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT)
-    block_list = BlockMap
-    if HAS_BLOCK_MAP:
-        # only the key blocks with a score the SDPA mask shows, in one masked stage (positions in a list)
-        block_list, lo, hi = mapped_blocks(BlockMap, stride_map_b, stride_map_h, stride_map_row, batch, head,
-                                           start_m // BLOCK_M, lo, hi, tl.cdiv(seqlen_k, BLOCK_N), BLOCK_N)
-        full_lo = lo
-        full_hi = hi
+    block_list, lo, full_lo, full_hi, hi = query_tile_key_blocks(
+        start_m, seqlen_q, seqlen_k, window_left, window_right, BlockMap, stride_map_b, stride_map_h,
+        stride_map_row, batch, head, BLOCK_M, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT, HAS_BLOCK_MAP)
     for stage in tl.static_range(3):
         start, end = stage_range(stage, lo, full_lo, full_hi, hi)
         # an SDPA mask may hide any score: every block takes the masked path then
