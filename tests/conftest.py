@@ -31,6 +31,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_triton)
 
 
+@pytest.fixture(params=["torch", pytest.param("triton", marks=pytest.mark.interpreter)])
+def backend(request, monkeypatch):
+    """Each test twice: on the PyTorch path, and on the Triton kernels (the interpreter without a GPU)."""
+    monkeypatch.setenv("FLASHATTN_BACKEND", request.param)
+    return request.param
+
+
 @pytest.fixture
 def triton_backend(monkeypatch):
     """Route the ops to the Triton kernels: the GPU when there is one, else the interpreter on CPU."""

@@ -13,12 +13,6 @@ from flashattn.testing import Case, check_against_reference
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.fixture(params=["torch", pytest.param("triton", marks=pytest.mark.interpreter)])
-def backend(request, monkeypatch):
-    monkeypatch.setenv("FLASHATTN_BACKEND", request.param)
-    return request.param
-
-
 def test_qkvpacked_matches_unpacked(backend):
     qkv = torch.randn(2, 45, 3, 4, 32, device=DEVICE, requires_grad=True)
     out = flash_attn_qkvpacked_func(qkv, causal=True)

@@ -11,12 +11,6 @@ from flashattn.testing import assert_lse_close, assert_within_rule
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.fixture(params=["torch", pytest.param("triton", marks=pytest.mark.interpreter)])
-def backend(request, monkeypatch):
-    monkeypatch.setenv("FLASHATTN_BACKEND", request.param)
-    return request.param
-
-
 def plain_combine(out_partial: torch.Tensor, lse_partial: torch.Tensor):
     """The merge written the obvious way (no empty splits): softmax of the lse over the splits."""
     weights = torch.softmax(lse_partial, dim=0)  # (S, B, H, Sq)

@@ -15,12 +15,6 @@ from flashattn.testing import assert_lse_close, assert_within_rule, rounding_err
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.fixture(params=["torch", pytest.param("triton", marks=pytest.mark.interpreter)])
-def backend(request, monkeypatch):
-    monkeypatch.setenv("FLASHATTN_BACKEND", request.param)
-    return request.param
-
-
 def run(inputs: dict, **overrides):
     """Call flash_attn_with_kvcache on copies of the caches; returns (out, lse, k_cache, v_cache) after."""
     arguments = dict(inputs, **overrides)

@@ -18,12 +18,6 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
-@pytest.fixture(params=["torch", pytest.param("triton", marks=pytest.mark.interpreter)])
-def backend(request, monkeypatch):
-    monkeypatch.setenv("FLASHATTN_BACKEND", request.param)
-    return request.param
-
-
 def causal_and(attn_mask: torch.Tensor | None, seqlen_q: int, seqlen_k: int, device) -> torch.Tensor:
     """torch's is_causal (top-left) combined with ``attn_mask``, spelled out as one explicit mask."""
     causal = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device).tril()

@@ -39,12 +39,6 @@ GPU_SHAPES = [
 ]
 
 
-@pytest.fixture(params=["torch", pytest.param("triton", marks=pytest.mark.interpreter)])
-def backend(request, monkeypatch):
-    monkeypatch.setenv("FLASHATTN_BACKEND", request.param)
-    return request.param
-
-
 # ---------------------------------------------------------------------------------------------
 # Against the per-sequence reference
 # ---------------------------------------------------------------------------------------------

@@ -41,12 +41,6 @@ GPU_SHAPES = [
 ]
 
 
-@pytest.fixture(params=["torch", pytest.param("triton", marks=pytest.mark.interpreter)])
-def backend(request, monkeypatch):
-    monkeypatch.setenv("FLASHATTN_BACKEND", request.param)
-    return request.param
-
-
 def paged_and_packed(case: VarlenCase, dtype: torch.dtype, page_size: int, device=DEVICE, seed: int = 0):
     """Run ``case`` on paged keys and on the same keys packed: (paged out, paged lse, packed out, packed lse)."""
     torch.manual_seed(seed)
