@@ -1,0 +1,66 @@
+"""Where a decode step's time goes: the GPU time of each kernel of ``flash_attn_with_kvcache`` (GPU).
+
+The bench times whole steps in a CUDA graph; this splits one step (append, attention, merge) by kernel
+with torch.profiler, for the batch-1 cells where flashattn trails cuDNN. Prints a Markdown table.
+
+    PYTHONPATH=src python3 benchmarks/decode_profile.py --batches 1 4 --cache-lens 8192 65536 [--page-size 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from flashattn import flash_attn_with_kvcache
+from flashattn.bench_decode import DecodeCase, make_inputs
+
+STEPS = 20
+
+
+def kernel_times(case: DecodeCase, num_splits: int) -> dict[str, float]:
+    """Mean GPU microseconds per step of each kernel, over STEPS steps after a warm-up."""
+    inputs = make_inputs(case, torch.device("cuda"), copies=1)
+
+    def step():
+        flash_attn_with_kvcache(inputs.q, inputs.k_caches[0], inputs.v_caches[0], inputs.k_new, inputs.v_new,
+                                cache_seqlens=inputs.cache_seqlens, block_table=inputs.block_table,
+                                num_splits=num_splits, check_indices=False)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(STEPS):
+            step()
+        torch.cuda.synchronize()
+    totals: dict[str, float] = defaultdict(float)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.name] += event.device_time / STEPS
+    return dict(totals)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 4])
+    parser.add_argument("--cache-lens", nargs="+", type=int, default=[8192, 65536])
+    parser.add_argument("--page-size", type=int, default=0, help="0: a contiguous cache")
+    parser.add_argument("--num-splits", type=int, default=0, help="0: the automatic choice")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("decode_profile.py needs a CUDA GPU")
+    print("| cache | batch | kernel | us per step |\n|---|---|---|---|")
+    for cache_len in args.cache_lens:
+        for batch in args.batches:
+            case = DecodeCase(batch=batch, cache_len=cache_len, page_size=args.page_size or None)
+            times = kernel_times(case, args.num_splits)
+            for name, micros in sorted(times.items(), key=lambda item: -item[1]):
+                print(f"| {cache_len} | {batch} | {name[:60]} | {micros:.1f} |")
+            print(f"| {cache_len} | {batch} | **sum** | {sum(times.values()):.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
