@@ -100,7 +100,12 @@ def padded_head_dim(head_dim: int) -> int:
     16 is the tensor cores' minimum, but ptxas (CUDA 13.0) crashed compiling the causal dq kernel
     with 16-wide tiles on an H200; the 32-wide tile masks the padding like any other head dim.
     """
-    return max(32, 1 << (head_dim - 1).bit_length())
+    return max(32, next_power_of_2(head_dim))
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1): Triton's tile sizes, without importing triton."""
+    return 1 << max(0, n - 1).bit_length()
 
 
 def gpu_family(device: torch.device) -> str:

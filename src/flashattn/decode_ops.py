@@ -46,7 +46,7 @@ def decode_config(rows: int, head_dim: int, dtype: torch.dtype, interpret: bool)
     if interpret:
         return DecodeConfig(16, 16, 1, 1)
     width = configs.padded_head_dim(head_dim)
-    block_m = min(64 if width <= 128 else 32, max(16, 1 << (rows - 1).bit_length()))
+    block_m = min(64 if width <= 128 else 32, max(16, configs.next_power_of_2(rows)))
     block_n = 64 if width <= 128 else 32
     if dtype == torch.float32:
         block_n = max(16, block_n // 2)
@@ -163,14 +163,10 @@ def combine_tiles(num_splits: int, block_d: int, interpret: bool) -> tuple[int, 
     and the head dim grow, and the many small programs spread over the GPU.
     """
     if interpret:  # small tiles, and more than one step once there are over 4 splits
-        return 16, min(4, _next_power_of_2(num_splits)), 1
-    split_block = min(32, _next_power_of_2(num_splits))
+        return 16, min(4, configs.next_power_of_2(num_splits)), 1
+    split_block = min(32, configs.next_power_of_2(num_splits))
     block_m = max(1, min(16, 16384 // (split_block * block_d)))
     return block_m, split_block, 8 if split_block * block_m * block_d >= 8192 else 4
-
-
-def _next_power_of_2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
 
 
 def _triton_combine_backward(dout, dlse, out_partial, lse_partial):
@@ -188,7 +184,7 @@ def _triton_combine_backward(dout, dlse, out_partial, lse_partial):
         *dout_partial.stride()[:4], *dlse_partial.stride(),
         num_splits, seqlen, nheads,
         HEAD_DIM=head_dim, BLOCK_D=configs.padded_head_dim(head_dim), BLOCK_M=block_m,
-        SPLIT_BLOCK=min(4 if interpreting() else 16, _next_power_of_2(num_splits)),
+        SPLIT_BLOCK=min(4 if interpreting() else 16, configs.next_power_of_2(num_splits)),
     )
     return dout_partial, dlse_partial
 

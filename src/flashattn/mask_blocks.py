@@ -25,6 +25,8 @@ import math
 
 import torch
 
+from . import configs
+
 
 def _collapse_broadcast(mask: torch.Tensor) -> torch.Tensor:
     """The mask with its stride-0 (expanded) dims cut to size 1: they hold one value, summarized once."""
@@ -82,7 +84,7 @@ def block_map(summary: torch.Tensor, rows: int, columns: int, transpose: bool = 
     result = torch.empty(batch, heads, rows, 2 * columns + 1, dtype=torch.int32, device=summary.device)
     block_map_kernel[(batch * heads, rows)](
         tiles.view(torch.uint8) if tiles.dtype == torch.bool else tiles, result, *strides,
-        *result.stride()[:3], heads, columns, BLOCK=max(16, 1 << (columns - 1).bit_length()))
+        *result.stride()[:3], heads, columns, BLOCK=max(16, configs.next_power_of_2(columns)))
     return result
 
 
