@@ -124,18 +124,20 @@ def kvcache_append_kernel(
 
 
 @triton.jit
-def _key_rows(offs_n, leftpad, cache_batch, BlockTable, stride_btb, page_size, num_blocks,
-              stride_kcb, stride_kcn, stride_vcb, stride_vcn, PAGED: tl.constexpr):
+def _key_rows(offs_n, start_n, leftpad, cache_batch, BlockTable, stride_btb, page_size, num_blocks,
+              stride_kcb, stride_kcn, stride_vcb, stride_vcn, PAGED: tl.constexpr, ONE_PAGE: tl.constexpr):
     """Element offsets of the K and V rows of keys ``offs_n`` (effective positions), and which rows exist.
 
     Contiguous caches have every row; in a paged cache a key whose block-table entry is out of range
-    (refused on the host unless the caller turned the check off) is never read.
+    (refused on the host unless the caller turned the check off) is never read. ONE_PAGE (no left pad,
+    and BLOCK_N divides the page size): the block starting at ``start_n`` lies in one page, whose entry
+    is read once for the block, and its rows are consecutive.
     """
     positions = offs_n + leftpad
     if PAGED:
-        # a left pad shifts the positions off the page grid: one table read per row
-        return paged_kv_rows(positions, 0, BlockTable + cache_batch.to(tl.int64) * stride_btb, page_size, num_blocks,
-                             stride_kcb, stride_kcn, stride_vcb, stride_vcn, False)
+        # without ONE_PAGE a left pad shifts the positions off the page grid: one table read per row
+        return paged_kv_rows(positions, start_n, BlockTable + cache_batch.to(tl.int64) * stride_btb, page_size,
+                             num_blocks, stride_kcb, stride_kcn, stride_vcb, stride_vcn, ONE_PAGE)
     rows = positions.to(tl.int64)
     return (cache_batch.to(tl.int64) * stride_kcb + rows * stride_kcn,
             cache_batch.to(tl.int64) * stride_vcb + rows * stride_vcn, offs_n >= 0)
@@ -149,8 +151,8 @@ def _decode_block_range(
     lo, hi, query_idx, leftpad, cache_batch, seqlen_q, seqlen_k,
     qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr, PAGED: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    MASKED: tl.constexpr, PAGED: tl.constexpr, ONE_PAGE: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
 ):
     offs_d = tl.arange(0, BLOCK_D)
@@ -158,16 +160,18 @@ def _decode_block_range(
         offs_n = start_n + tl.arange(0, BLOCK_N)
         if MASKED:
             # the block table is read only for keys that exist: past seqlen_k its row may end
-            k_rows, v_rows, exists = _key_rows(tl.minimum(offs_n, seqlen_k - 1), leftpad, cache_batch,
+            k_rows, v_rows, exists = _key_rows(tl.minimum(offs_n, seqlen_k - 1), start_n, leftpad, cache_batch,
                                                BlockTable, stride_btb, page_size, num_blocks,
-                                               stride_kcb, stride_kcn, stride_vcb, stride_vcn, PAGED)
+                                               stride_kcb, stride_kcn, stride_vcb, stride_vcn, PAGED, ONE_PAGE)
             exists = exists & (offs_n < seqlen_k)
         else:
-            k_rows, v_rows, exists = _key_rows(offs_n, leftpad, cache_batch, BlockTable, stride_btb, page_size,
-                                               num_blocks, stride_kcb, stride_kcn, stride_vcb, stride_vcn, PAGED)
-        # -- load K^T and V: contiguous interior blocks need no mask on the keys --
+            k_rows, v_rows, exists = _key_rows(offs_n, start_n, leftpad, cache_batch, BlockTable, stride_btb,
+                                               page_size, num_blocks, stride_kcb, stride_kcn, stride_vcb, stride_vcn,
+                                               PAGED, ONE_PAGE)
+        # -- load K^T and V: interior blocks of a contiguous cache or of one page need no mask on the keys
+        # (in a page, a bad table entry reads page 0: a wrong answer, never a read outside the cache) --
         kt, v = load_kt_v(k_head + k_rows[None, :] + offs_d[:, None], v_head + v_rows[:, None] + offs_d[None, :],
-                          offs_d, exists, HEAD_DIM, BLOCK_D, MASKED or PAGED)
+                          offs_d, exists, HEAD_DIM, BLOCK_D, MASKED or (PAGED and not ONE_PAGE))
         # -- scores: the rows are (token, head) pairs, masks and ALiBi follow each row's token --
         if COMPENSATED and BLOCK_D > 32:  # float32: short reduction chains, see dot_short_chains
             qk = dot_short_chains(q, kt, 32)
@@ -213,8 +217,11 @@ def kvcache_attention_kernel(
     HAS_ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr, ROTARY_PER_TOKEN: tl.constexpr,
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
+    ONE_PAGE: tl.constexpr = False,
 ):
-    """Grid (row blocks, batch x kv heads, splits). Writes out/lse of split ``program_id(2)``."""
+    """Grid (row blocks, batch x kv heads, splits). Writes out/lse of split ``program_id(2)``.
+
+    ONE_PAGE (paged, no left pad, BLOCK_N divides page_size): each key block lies in one page."""
     start_r = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
     split = tl.program_id(2)
@@ -277,8 +284,8 @@ def kvcache_attention_kernel(
             acc, acc_comp, row_sum, row_max, q, k_head, v_head, BlockTable, stride_btb, page_size, num_blocks,
             stride_kcb, stride_kcn, stride_vcb, stride_vcn, start, end, query_idx, leftpad, cache_batch,
             seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
-            HEAD_DIM, BLOCK_D, BLOCK_N, stage != 1, PAGED, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
-            UPCAST_DOT, DOT_PRECISION, COMPENSATED)
+            HEAD_DIM, BLOCK_D, BLOCK_N, stage != 1, PAGED, ONE_PAGE, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP,
+            HAS_ALIBI, UPCAST_DOT, DOT_PRECISION, COMPENSATED)
 
     # -- epilogue: normalize; a row (or a split) that saw no key gives 0 and lse = +inf --
     empty = row_sum == 0.0
