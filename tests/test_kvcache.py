@@ -63,6 +63,9 @@ PROBLEMS = {
     "split-window": variant(BASE, num_splits=4, seqlen_q=2, options={"window_size": (20, 3)}),
     "empty-cache": variant(BASE, cache_seqlens=(0, 0), seqlen_new=2, seqlen_q=3, options={"causal": True}),
     "paged": PAGED,
+    # pages of 3 key blocks: the page-by-page loop walks several blocks per page, and the 3 splits start
+    # inside pages
+    "paged-large-pages-split": variant(PAGED, capacity=96, page_size=48, cache_seqlens=(70, 90), num_splits=3),
     "paged-all-options": variant(PAGED, batch_cache=3, leftpad=(2, 17), rotary_dim=16, seqlen_new=3, seqlen_q=2,
                                  num_splits=2, options={"causal": True}),
     "head-dim-96": variant(BASE, head_dim=96, nheads=8, nheads_k=2, rotary_dim=32, seqlen_q=2, seqlen_new=2),

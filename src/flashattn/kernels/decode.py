@@ -144,6 +144,42 @@ def _key_rows(offs_n, start_n, leftpad, cache_batch, BlockTable, stride_btb, pag
 
 
 @triton.jit
+def _decode_block(
+    acc, acc_comp, row_sum, row_max, q, kt, v, offs_n, query_idx, seqlen_q, seqlen_k,
+    qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
+    BLOCK_D: tl.constexpr, MASKED: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
+):
+    """One key block (K^T and V loaded) into the running softmax of the tile's rows."""
+    # -- scores: the rows are (token, head) pairs, masks and ALiBi follow each row's token --
+    if COMPENSATED and BLOCK_D > 32:  # float32: short reduction chains, see dot_short_chains
+        qk = dot_short_chains(q, kt, 32)
+    else:
+        qk = dot(q, kt, UPCAST_DOT, DOT_PRECISION)
+    s, _ = scores_log2(qk, query_idx, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
+                       alibi_slope_log2, HAS_SOFTCAP, HAS_ALIBI)
+    if MASKED:
+        seen = visible(query_idx, offs_n, seqlen_q, seqlen_k, window_left, window_right,
+                       WINDOW_LEFT, WINDOW_RIGHT)
+        s = tl.where(seen, s, float("-inf"))
+    # -- online softmax --
+    new_max = tl.maximum(row_max, tl.max(s, 1))
+    if MASKED:
+        shift = tl.where(new_max == float("-inf"), 0.0, new_max)
+    else:
+        shift = new_max
+    p = tl.math.exp2(s - shift[:, None])
+    correction = tl.math.exp2(row_max - shift)
+    row_sum = row_sum * correction + tl.sum(p, 1)
+    acc = acc * correction[:, None]
+    if COMPENSATED:
+        acc_comp = acc_comp * correction[:, None]
+    acc, acc_comp = accumulate(acc, acc_comp, dot(p.to(v.dtype), v, UPCAST_DOT, DOT_PRECISION), COMPENSATED)
+    return acc, acc_comp, row_sum, new_max
+
+
+@triton.jit
 def _decode_block_range(
     acc, acc_comp, row_sum, row_max, q,
     k_head, v_head, BlockTable, stride_btb, page_size, num_blocks,
@@ -156,47 +192,52 @@ def _decode_block_range(
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
 ):
     offs_d = tl.arange(0, BLOCK_D)
-    for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        if MASKED:
-            # the block table is read only for keys that exist: past seqlen_k its row may end
-            k_rows, v_rows, exists = _key_rows(tl.minimum(offs_n, seqlen_k - 1), start_n, leftpad, cache_batch,
-                                               BlockTable, stride_btb, page_size, num_blocks,
-                                               stride_kcb, stride_kcn, stride_vcb, stride_vcn, PAGED, ONE_PAGE)
-            exists = exists & (offs_n < seqlen_k)
-        else:
-            k_rows, v_rows, exists = _key_rows(offs_n, start_n, leftpad, cache_batch, BlockTable, stride_btb,
-                                               page_size, num_blocks, stride_kcb, stride_kcn, stride_vcb, stride_vcn,
-                                               PAGED, ONE_PAGE)
-        # -- load K^T and V: interior blocks of a contiguous cache or of one page need no mask on the keys
-        # (in a page, a bad table entry reads page 0: a wrong answer, never a read outside the cache) --
-        kt, v = load_kt_v(k_head + k_rows[None, :] + offs_d[:, None], v_head + v_rows[:, None] + offs_d[None, :],
-                          offs_d, exists, HEAD_DIM, BLOCK_D, MASKED or (PAGED and not ONE_PAGE))
-        # -- scores: the rows are (token, head) pairs, masks and ALiBi follow each row's token --
-        if COMPENSATED and BLOCK_D > 32:  # float32: short reduction chains, see dot_short_chains
-            qk = dot_short_chains(q, kt, 32)
-        else:
-            qk = dot(q, kt, UPCAST_DOT, DOT_PRECISION)
-        s, _ = scores_log2(qk, query_idx, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
-                           alibi_slope_log2, HAS_SOFTCAP, HAS_ALIBI)
-        if MASKED:
-            seen = visible(query_idx, offs_n, seqlen_q, seqlen_k, window_left, window_right,
-                           WINDOW_LEFT, WINDOW_RIGHT)
-            s = tl.where(seen, s, float("-inf"))
-        # -- online softmax --
-        new_max = tl.maximum(row_max, tl.max(s, 1))
-        if MASKED:
-            shift = tl.where(new_max == float("-inf"), 0.0, new_max)
-        else:
-            shift = new_max
-        p = tl.math.exp2(s - shift[:, None])
-        correction = tl.math.exp2(row_max - shift)
-        row_sum = row_sum * correction + tl.sum(p, 1)
-        acc = acc * correction[:, None]
-        if COMPENSATED:
-            acc_comp = acc_comp * correction[:, None]
-        acc, acc_comp = accumulate(acc, acc_comp, dot(p.to(v.dtype), v, UPCAST_DOT, DOT_PRECISION), COMPENSATED)
-        row_max = new_max
+    if PAGED and ONE_PAGE and not MASKED:
+        # page by page: the table is read in the outer loop, so that the inner loop's K/V addresses are
+        # affine in its index and Triton's pipeliner can keep several blocks in flight (a load whose
+        # address comes from another load of the same loop gets a single stage)
+        table_row = BlockTable + cache_batch.to(tl.int64) * stride_btb
+        page_lo = lo
+        while page_lo < hi:
+            page_index = page_lo // page_size
+            page_hi = tl.minimum((page_index + 1) * page_size, hi)
+            page = tl.load(table_row + page_index)
+            page = tl.where((page >= 0) & (page < num_blocks), page, 0).to(tl.int64)  # a bad entry reads page 0
+            k_page = k_head + page * stride_kcb
+            v_page = v_head + page * stride_vcb
+            first_key = page_index * page_size
+            for start_n in range(page_lo, page_hi, BLOCK_N):
+                offs_n = start_n + tl.arange(0, BLOCK_N)
+                rows = (offs_n - first_key).to(tl.int64)
+                kt, v = load_kt_v(k_page + rows[None, :] * stride_kcn + offs_d[:, None],
+                                  v_page + rows[:, None] * stride_vcn + offs_d[None, :],
+                                  offs_d, offs_n >= 0, HEAD_DIM, BLOCK_D, False)
+                acc, acc_comp, row_sum, row_max = _decode_block(
+                    acc, acc_comp, row_sum, row_max, q, kt, v, offs_n, query_idx, seqlen_q, seqlen_k,
+                    qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right, BLOCK_D, MASKED,
+                    WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, UPCAST_DOT, DOT_PRECISION, COMPENSATED)
+            page_lo = page_hi
+    else:
+        for start_n in range(lo, hi, BLOCK_N):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            if MASKED:
+                # the block table is read only for keys that exist: past seqlen_k its row may end
+                k_rows, v_rows, exists = _key_rows(tl.minimum(offs_n, seqlen_k - 1), start_n, leftpad,
+                                                   cache_batch, BlockTable, stride_btb, page_size, num_blocks,
+                                                   stride_kcb, stride_kcn, stride_vcb, stride_vcn, PAGED, ONE_PAGE)
+                exists = exists & (offs_n < seqlen_k)
+            else:
+                k_rows, v_rows, exists = _key_rows(offs_n, start_n, leftpad, cache_batch, BlockTable, stride_btb,
+                                                   page_size, num_blocks, stride_kcb, stride_kcn, stride_vcb,
+                                                   stride_vcn, PAGED, ONE_PAGE)
+            # -- K^T and V: interior blocks of a contiguous cache need no mask on the keys --
+            kt, v = load_kt_v(k_head + k_rows[None, :] + offs_d[:, None],
+                              v_head + v_rows[:, None] + offs_d[None, :],
+                              offs_d, exists, HEAD_DIM, BLOCK_D, MASKED or PAGED)
+            acc, acc_comp, row_sum, row_max = _decode_block(
+                acc, acc_comp, row_sum, row_max, q, kt, v, offs_n, query_idx, seqlen_q, seqlen_k,
+                qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right, BLOCK_D, MASKED,
+                WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, UPCAST_DOT, DOT_PRECISION, COMPENSATED)
     return acc, acc_comp, row_sum, row_max
 
 
