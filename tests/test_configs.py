@@ -1,9 +1,10 @@
-"""The tile table's lookup: head-dim buckets, the long-sequence entries, float32 and SDPA-mask adjustments."""
+"""The tile table's lookup: head-dim buckets, the long- and short-sequence entries, float32 and SDPA-mask
+adjustments."""
 
 import torch
 
 from flashattn import configs
-from flashattn.configs import LONG_SEQLEN, TileConfig, lookup
+from flashattn.configs import LONG_SEQLEN, SHORT_SEQLEN, TileConfig, lookup
 
 
 def test_causal_hdim128_forward_takes_the_large_tma_tile_only_on_long_sequences():
@@ -13,6 +14,17 @@ def test_causal_hdim128_forward_takes_the_large_tma_tile_only_on_long_sequences(
     assert long == TileConfig(128, 128, 8, 3, tma=True)
     # entries without a long-sequence variant are the same at any length
     assert lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=16384) == configs._HOPPER_FORWARD[(64, True)]
+
+
+def test_short_non_causal_forward_drops_tma_only_when_the_length_is_known_and_short():
+    for head_dim in (128, 256):
+        short = lookup("hopper", "forward", head_dim, False, torch.bfloat16, seqlen=SHORT_SEQLEN)
+        medium = lookup("hopper", "forward", head_dim, False, torch.bfloat16, seqlen=SHORT_SEQLEN + 1)
+        unknown = lookup("hopper", "forward", head_dim, False, torch.bfloat16)
+        assert not short.tma and medium.tma and unknown == medium
+    # causal entries and the other phases keep their one config
+    assert lookup("hopper", "forward", 128, True, torch.bfloat16, seqlen=512) == configs._HOPPER_FORWARD[(128, True)]
+    assert lookup("hopper", "dkdv", 128, False, torch.bfloat16, seqlen=512) == configs._HOPPER_DKDV[(128, False)]
 
 
 def test_head_dims_fall_into_their_padded_bucket():

@@ -83,7 +83,19 @@ _PORTABLE_DQ = {(64, c): TileConfig(64, 32, 4, 1) for c in (False, True)} | {
     (128, c): TileConfig(64, 32, 4, 1) for c in (False, True)} | {
     (256, c): TileConfig(32, 16, 4, 1) for c in (False, True)}
 
+# Short sequences (the shorter length <= SHORT_SEQLEN, known): the non-causal hdim-128/256 forward
+# drops TMA. Each program builds its tensor descriptors in global memory before its loop, and a loop of
+# 4-8 key blocks does not pay that back: kernel version 1's pointer-load tiles (these entries) measured
+# 299 / 393 TFLOP/s at hdim 128 and 512 / 1k tokens against version 3's TMA tiles' 257 / 365, and 330
+# against 260 at hdim 256 and 512 (H200, BENCHMARKS.md). To be confirmed by `flashattn blocks --seqlen
+# 512` and `--seqlen 1024` sweeps of the current kernel.
+SHORT_SEQLEN = 1024
+_HOPPER_FORWARD_SHORT = {
+    (128, False): TileConfig(128, 128, 8, 3),
+    (256, False): TileConfig(128, 64, 8, 2),
+}
 _LONG_TABLES = {("hopper", "forward"): _HOPPER_FORWARD_LONG}
+_SHORT_TABLES = {("hopper", "forward"): _HOPPER_FORWARD_SHORT}
 _TABLES = {
     ("hopper", "forward"): _HOPPER_FORWARD,
     ("hopper", "dkdv"): _HOPPER_DKDV,
@@ -136,12 +148,17 @@ def lookup(family: str, phase: str, head_dim: int, masked: bool, dtype: torch.dt
     """The table's config for ``phase`` on a GPU ``family`` ("hopper" or "portable"), without a device.
 
     ``attn_mask``: an SDPA mask streams beside K and V. ``seqlen``: the shorter of the (longest) query
-    and key lengths, which picks the long-sequence entries.
+    and key lengths, which picks the long- and short-sequence entries (0: unknown, neither).
     """
     width = padded_head_dim(head_dim)
     bucket = min(b for b in (64, 128, 256) if b >= width)
-    long_table = _LONG_TABLES.get((family, phase), {}) if seqlen >= LONG_SEQLEN else {}
-    config = long_table.get((bucket, masked)) or _TABLES[(family, phase)][(bucket, masked)]
+    if seqlen >= LONG_SEQLEN:
+        by_length = _LONG_TABLES.get((family, phase), {})
+    elif 0 < seqlen <= SHORT_SEQLEN:
+        by_length = _SHORT_TABLES.get((family, phase), {})
+    else:
+        by_length = {}
+    config = by_length.get((bucket, masked)) or _TABLES[(family, phase)][(bucket, masked)]
     return fitted(config, dtype, attn_mask)
 
 
