@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from flashattn import flash_attn_combine, flash_attn_func
-from flashattn.decode_ops import attention_combine, attention_combine_backward
+from flashattn.decode_ops import COMBINE_TILE_ELEMENTS, attention_combine, attention_combine_backward, combine_tiles
 from flashattn.reference import attention_ref
 from flashattn.testing import assert_lse_close, assert_within_rule
 
@@ -161,13 +161,31 @@ def test_custom_ops_pass_opcheck(backend):
     torch.library.opcheck(attention_combine_backward, (dout, dlse, out_partial, lse_partial))
 
 
+@pytest.mark.parametrize("num_splits", [2, 9, 33, 128])
+@pytest.mark.parametrize("rows", [1, 32, 512, 4128])
+@pytest.mark.parametrize("block_d", [32, 128, 256])
+def test_combine_tiles_fill_the_gpu_within_the_tile_budget(num_splits, rows, block_d):
+    tiles = combine_tiles(num_splits, rows, block_d, processors=132, interpret=False)
+    assert tiles.split_block >= min(num_splits, 128)
+    assert block_d % tiles.chunk_d == 0
+    assert tiles.split_block * tiles.block_m * tiles.chunk_d <= COMBINE_TILE_ELEMENTS
+    programs = -(-rows // tiles.block_m) * (block_d // tiles.chunk_d)
+    smallest = tiles.block_m == 1 and tiles.chunk_d == 16
+    assert programs >= 2 * 132 or smallest, tiles
+    if tiles.block_m < 16:  # rows shrink only as far as needed
+        assert -(-rows // (2 * tiles.block_m)) * (block_d // tiles.chunk_d) < 2 * 132 or \
+            tiles.split_block * 2 * tiles.block_m * tiles.chunk_d > COMBINE_TILE_ELEMENTS
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("splits", [1, 7, 64])
+@pytest.mark.parametrize("splits", [1, 7, 33, 64])
+@pytest.mark.parametrize("shape", [(8, 129, 32, 128), (1, 1, 32, 128), (2, 1, 12, 40), (1, 3, 8, 256)], ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_large_merge_on_gpu(monkeypatch, splits, dtype):
+def test_large_merge_on_gpu(monkeypatch, splits, shape, dtype):
     monkeypatch.setenv("FLASHATTN_BACKEND", "triton")
-    out_partial, lse_partial = random_partials(splits, batch=8, seqlen=129, nheads=32, head_dim=128, dtype=dtype,
-                                               device="cuda")
+    batch, seqlen, nheads, head_dim = shape
+    out_partial, lse_partial = random_partials(splits, batch=batch, seqlen=seqlen, nheads=nheads, head_dim=head_dim,
+                                               dtype=dtype, device="cuda")
     out, lse = flash_attn_combine(out_partial, lse_partial)
     expected_out, expected_lse = plain_combine(out_partial.double(), lse_partial.double())
     assert_within_rule("out", out, expected_out, plain_combine(out_partial, lse_partial)[0], factor=2)

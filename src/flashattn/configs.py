@@ -85,13 +85,12 @@ _PORTABLE_DQ = {(64, c): TileConfig(64, 32, 4, 1) for c in (False, True)} | {
 
 # Short sequences (the shorter length <= SHORT_SEQLEN, known): the non-causal hdim-128/256 forward
 # drops TMA. Each program builds its tensor descriptors in global memory before its loop, and a loop of
-# 4-8 key blocks does not pay that back: kernel version 1's pointer-load tiles (these entries) measured
-# 299 / 393 TFLOP/s at hdim 128 and 512 / 1k tokens against version 3's TMA tiles' 257 / 365, and 330
-# against 260 at hdim 256 and 512 (H200, BENCHMARKS.md). To be confirmed by `flashattn blocks --seqlen
-# 512` and `--seqlen 1024` sweeps of the current kernel.
+# 4-8 key blocks does not pay that back. Swept on an H200 (run efcc6a4, `flashattn blocks`, TFLOP/s at
+# 512 / 1k tokens): hdim 128, 128x64x8x3 305 / 390 against 128x128x8x3 294 / 380 and the long table's
+# 128x128x8x3+tma 257 / 364; hdim 256, 128x64x8x2 333 / 411 against 238 / 402 with TMA.
 SHORT_SEQLEN = 1024
 _HOPPER_FORWARD_SHORT = {
-    (128, False): TileConfig(128, 128, 8, 3),
+    (128, False): TileConfig(128, 64, 8, 3),
     (256, False): TileConfig(128, 64, 8, 2),
 }
 _LONG_TABLES = {("hopper", "forward"): _HOPPER_FORWARD_LONG}

@@ -142,31 +142,58 @@ def _triton_combine(out_partial, lse_partial, out=None, lse=None):
     if lse is None:
         lse = torch.empty(batch, nheads, seqlen, dtype=lse_partial.dtype, device=lse_partial.device)
     block_d = configs.padded_head_dim(head_dim)
-    block_m, split_block, num_warps = combine_tiles(num_splits, block_d, interpreting())
-    combine_kernel[(_cdiv(seqlen * nheads, block_m), batch)](
+    tiles = combine_tiles(num_splits, batch * seqlen * nheads, block_d, processor_count(out_partial.device),
+                          interpreting())
+    grid = (_cdiv(seqlen * nheads, tiles.block_m), batch, block_d // tiles.chunk_d)
+    combine_kernel[grid](
         out_partial, lse_partial, out, lse,
         *out_partial.stride()[:4], *lse_partial.stride(),
         *out.stride()[:3], *lse.stride(),
         num_splits, seqlen, nheads,
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m, SPLIT_BLOCK=split_block,
-        ROUND_TO_NEAREST=out.dtype == torch.float32, num_warps=num_warps,
+        HEAD_DIM=head_dim, CHUNK_D=tiles.chunk_d, BLOCK_M=tiles.block_m, SPLIT_BLOCK=tiles.split_block,
+        ROUND_TO_NEAREST=out.dtype == torch.float32, num_warps=tiles.num_warps,
     )
     return out, lse
 
 
-def combine_tiles(num_splits: int, block_d: int, interpret: bool) -> tuple[int, int, int]:
-    """(rows, splits, warps) of a combine program, which loads a (splits x rows x block_d) tile per step.
+@dataclass(frozen=True)
+class CombineTiles:
+    block_m: int  # (token, head) rows per program
+    split_block: int  # splits loaded at once
+    chunk_d: int  # head-dim columns per program: the grid's third axis covers the padded head dim
+    num_warps: int
 
-    The splits of a decode step (up to ~40) load together, so the merge waits on memory once instead
-    of once per split (one program per split loop cost ~55 us at 33 splits on an H200, longer than
-    the attention over an 8k cache). The tile stays near 16k float32 values: rows shrink as the splits
-    and the head dim grow, and the many small programs spread over the GPU.
+
+COMBINE_TILE_ELEMENTS = 8192  # float32 partial values a program holds at once
+
+
+def combine_tiles(num_splits: int, rows: int, block_d: int, processors: int, interpret: bool) -> CombineTiles:
+    """The combine's tiles: (split_block x block_m x chunk_d) float32 partials per step.
+
+    Loading the splits of a decode step (up to ~40) together makes the merge wait on memory once
+    instead of once per split (a loop over single splits cost ~55 us at 33 splits on an H200). The
+    merge reads a few MB at most, so what bounds it is latency, not bandwidth: a batch-1 step has only
+    32 rows, and whole-row tiles of 4 rows gave 8 programs that took 8.7-16.8 us (H200, run efcc6a4).
+    So the rows per program, then the head-dim columns, shrink until about two programs per processor
+    run (or the tile is one row by 16 columns), and the tile stays within COMBINE_TILE_ELEMENTS.
     """
-    if interpret:  # small tiles, and more than one step once there are over 4 splits
-        return 16, min(4, configs.next_power_of_2(num_splits)), 1
-    split_block = min(32, configs.next_power_of_2(num_splits))
-    block_m = max(1, min(16, 16384 // (split_block * block_d)))
-    return block_m, split_block, 8 if split_block * block_m * block_d >= 8192 else 4
+    if interpret:  # small tiles: over 4 splits take several steps, and every head dim two column chunks
+        return CombineTiles(16, min(4, configs.next_power_of_2(num_splits)), block_d // 2, 1)
+    split_block = min(configs.next_power_of_2(MAX_SPLITS), configs.next_power_of_2(num_splits))
+    block_m, chunk_d = 16, block_d
+
+    def programs() -> int:
+        return _cdiv(rows, block_m) * (block_d // chunk_d)
+
+    while split_block * block_m * chunk_d > COMBINE_TILE_ELEMENTS or programs() < 2 * processors:
+        if block_m > 1:
+            block_m //= 2
+        elif chunk_d > 16:
+            chunk_d //= 2
+        else:
+            break
+    elements = split_block * block_m * chunk_d
+    return CombineTiles(block_m, split_block, chunk_d, 4 if elements >= 2048 else 2)
 
 
 def _triton_combine_backward(dout, dlse, out_partial, lse_partial):

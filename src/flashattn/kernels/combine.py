@@ -9,8 +9,9 @@ the sum. When every split is empty the row gives out = 0 and L = +inf, as an emp
 Gradient, with g = dL/dout and gL = dLoss/dL:  dLoss/do_s = w_s g and
 dLoss/dl_s = w_s (g . o_s - g . out + gL), where g . out = sum_t w_t (g . o_t).
 
-One program per (block of (token, head) rows, batch element). The forward loads SPLIT_BLOCK splits'
-partial tiles at once; the backward, which writes a gradient per split, steps split by split.
+The forward's programs each take (a block of (token, head) rows, a batch element, a chunk of head-dim
+columns) and load SPLIT_BLOCK splits' partial tiles at once. The backward's take whole rows and, since
+they write a gradient per split, step split by split.
 """
 
 import triton
@@ -70,20 +71,25 @@ def combine_kernel(
     stride_ob, stride_om, stride_oh,
     stride_lb, stride_lh, stride_lm,
     num_splits, seqlen, nheads,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
+    HEAD_DIM: tl.constexpr, CHUNK_D: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
     ROUND_TO_NEAREST: tl.constexpr,
 ):
-    """out[b, m, h] = sum_s w_s out_partial[s, b, m, h]; lse[b, h, m] = log sum_s exp(lse_partial[s, b, h, m])."""
+    """out[b, m, h] = sum_s w_s out_partial[s, b, m, h]; lse[b, h, m] = log sum_s exp(lse_partial[s, b, h, m]).
+
+    Program (i, b, c) merges rows i * BLOCK_M... of batch element b, head-dim columns c * CHUNK_D...;
+    each column chunk recomputes the rows' merged lse (a few loads), and chunk 0 stores it.
+    """
     batch = tl.program_id(1)
+    chunk = tl.program_id(2)
     offs_r = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # row r = token * nheads + head
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_d = chunk * CHUNK_D + tl.arange(0, CHUNK_D)
     row_ok = offs_r < seqlen * nheads
     tile_ok = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
     lse_offsets = _row_offsets(offs_r, batch, nheads, stride_lpb, stride_lpm, stride_lph)
     out_offsets = _row_offsets(offs_r, batch, nheads, stride_opb, stride_opm, stride_oph)[:, None] + offs_d[None, :]
 
     shift, total = _merged_lse(LsePartial, lse_offsets, row_ok, stride_lps, num_splits, BLOCK_M, SPLIT_BLOCK)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, CHUNK_D], dtype=tl.float32)
     offs_s = tl.arange(0, SPLIT_BLOCK)
     for start in range(0, num_splits, SPLIT_BLOCK):  # SPLIT_BLOCK partial tiles in flight per step
         splits = start + offs_s
@@ -99,7 +105,8 @@ def combine_kernel(
     empty = total == 0.0
     out = divide_rows(acc, tl.where(empty, 1.0, total), ROUND_TO_NEAREST)
     lse = tl.where(empty, float("inf"), shift + tl.math.log2(tl.where(empty, 1.0, total)) / LOG2E)
-    tl.store(Lse + _row_offsets(offs_r, batch, nheads, stride_lb, stride_lm, stride_lh), lse, mask=row_ok)
+    tl.store(Lse + _row_offsets(offs_r, batch, nheads, stride_lb, stride_lm, stride_lh), lse,
+             mask=row_ok & (chunk == 0))
     out_ptrs = Out + _row_offsets(offs_r, batch, nheads, stride_ob, stride_om, stride_oh)[:, None] + offs_d[None, :]
     tl.store(out_ptrs, out.to(Out.dtype.element_ty), mask=tile_ok)
 
