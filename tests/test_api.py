@@ -136,6 +136,23 @@ def test_backend_override_must_be_known(monkeypatch):
         flash_attn_func(*(torch.randn(1, 4, 2, 8) for _ in range(3)))
 
 
+def test_triton_backend_on_cpu_tensors_needs_the_interpreter(monkeypatch):
+    """Compiled for a GPU, a kernel would get host pointers: refused with what to change, for every entry."""
+    from flashattn import flash_attn_combine, flash_attn_varlen_func, flash_attn_with_kvcache
+
+    monkeypatch.setenv("FLASHATTN_BACKEND", "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    q, k, v = (torch.randn(1, 4, 2, 8) for _ in range(3))
+    cu_seqlens = torch.tensor([0, 4], dtype=torch.int32)
+    calls = [lambda: flash_attn_func(q, k, v),
+             lambda: flash_attn_varlen_func(q[0], k[0], v[0], cu_seqlens, cu_seqlens, 4, 4),
+             lambda: flash_attn_with_kvcache(q[:, :1], k, v, cache_seqlens=torch.tensor([2], dtype=torch.int32)),
+             lambda: flash_attn_combine(torch.randn(2, 1, 4, 2, 8), torch.randn(2, 1, 2, 4))]
+    for call in calls:
+        with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+            call()
+
+
 @pytest.mark.gpu
 def test_device_mismatch_is_refused():
     q = torch.randn(1, 8, 2, 16, device="cuda")

@@ -20,6 +20,10 @@ from flashattn.reference import attention_ref
 from flashattn.sdpa import attention_bhle
 from flashattn.testing import assert_within_rule, score_grad_floor
 
+# where the block-map kernel runs: the GPU, or the interpreter on CPU
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# every kernel the interpreter's 16 x 16 tile, also on the GPU (where the table's tiles are larger)
+SMALL_TILES = {phase: configs.TileConfig(16, 16, 1, 1) for phase in ("forward", "dkdv", "dq")}
 # each kernel a different tile, as on the GPU: the backward's two maps come from one finer summary
 MIXED_TILES = {"forward": configs.TileConfig(32, 16, 1, 1), "dkdv": configs.TileConfig(16, 32, 1, 1),
                "dq": configs.TileConfig(32, 16, 1, 1)}
@@ -134,7 +138,7 @@ def reference_map_row(visible_row: list[bool]) -> list[int]:
 
 @pytest.mark.parametrize("transpose", [False, True], ids=["rows-are-queries", "rows-are-keys"])
 def test_block_map_lists_the_visible_blocks(transpose):
-    summary = torch.rand(2, 1, 5, 7) > 0.6
+    summary = torch.rand(2, 1, 5, 7, device=DEVICE) > 0.6
     summary[0, 0, 1] = False  # a row with nothing visible
     summary[1, 0, :, 2] = False
     rows, columns = (7, 5) if transpose else (5, 7)
@@ -148,7 +152,7 @@ def test_block_map_lists_the_visible_blocks(transpose):
 
 
 def test_block_map_expands_broadcast_tile_dims():
-    padding = block_summary(structured_mask("left-padding", 2, 1, 45, 70, "cpu"), 16, 16)  # (2, 1, 1, 5)
+    padding = block_summary(structured_mask("left-padding", 2, 1, 45, 70, DEVICE), 16, 16)  # (2, 1, 1, 5)
     forward = block_map(padding, 3, 5)
     assert torch.equal(forward[:, :, 0], forward[:, :, 2])
     dkdv = block_map(padding, 5, 3, transpose=True)
@@ -157,7 +161,7 @@ def test_block_map_expands_broadcast_tile_dims():
 
 
 def test_block_maps_from_one_summary_match_per_kernel_summaries():
-    mask = structured_mask("sliding-bool", 2, 3, 100, 130, "cpu")
+    mask = structured_mask("sliding-bool", 2, 3, 100, 130, DEVICE)
     tiles = [(64, 16, True), (32, 64, False), (16, 16, False)]
     for (block_m, block_n, rows_are_keys), result in zip(tiles, block_maps(mask, 100, 130, *tiles), strict=True):
         query_blocks, key_blocks = -(-100 // block_m), -(-130 // block_n)
@@ -167,8 +171,8 @@ def test_block_maps_from_one_summary_match_per_kernel_summaries():
 
 
 def test_block_map_arguments_without_skipping(monkeypatch):
-    q = torch.randn(2, 45, 2, 16)
-    mask = structured_mask("block-diagonal", 2, 2, 45, 70, "cpu")[None, None]  # as the op gets it: 4 dims
+    q = torch.randn(2, 45, 2, 16, device=DEVICE)
+    mask = structured_mask("block-diagonal", 2, 2, 45, 70, DEVICE)[None, None]  # as the op gets it: 4 dims
     (arguments,) = ops._block_map_arguments(mask, q, 70, (16, 16, False))
     assert arguments["HAS_BLOCK_MAP"] and arguments["BlockMap"].shape == (2, 2, 3, 11)
     assert arguments["stride_map_b"] == 0 and arguments["stride_map_h"] == 0  # a (Lq, Lk) mask broadcasts
@@ -316,7 +320,7 @@ def assert_skipped(batch, nheads, seqlen, head_dim, granularity, dtype, device, 
 
 @pytest.mark.interpreter
 @pytest.mark.filterwarnings("ignore:All-NaN slice")  # the odd blocks' rows, under the interpreter
-@pytest.mark.parametrize("tiles,granularity", [(None, 16), (MIXED_TILES, 32)], ids=["16x16", "mixed"])
+@pytest.mark.parametrize("tiles,granularity", [(SMALL_TILES, 16), (MIXED_TILES, 32)], ids=["16x16", "mixed"])
 def test_hidden_tiles_are_never_loaded(triton_backend, monkeypatch, tiles, granularity):
     with ExitStack() as stack:
         use_tiles(stack, tiles)

@@ -118,8 +118,9 @@ def test_unsupported_dtype_warns_and_runs_torch():
 @pytest.mark.interpreter
 def test_multihead_attention_on_the_kernels(triton_backend):
     reference, ours = torch_and_flash(32, 2, batch_first=True)
-    x = torch.randn(2, 21, 32)
-    padding = torch.zeros(2, 21, dtype=torch.bool)
+    reference, ours = reference.to(triton_backend), ours.to(triton_backend)
+    x = torch.randn(2, 21, 32, device=triton_backend)
+    padding = torch.zeros(2, 21, dtype=torch.bool, device=triton_backend)
     padding[1, 13:] = True
     check_mha(reference, ours, x, x, x, key_padding_mask=padding)
 

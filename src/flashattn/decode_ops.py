@@ -20,6 +20,7 @@ from .ops import (
     _dot_flags,
     _kernel_scalars,
     _last_dim_contiguous,
+    backend_for_cpu_tensors,
     backend_override,
     interpreting,
 )
@@ -295,7 +296,7 @@ def kvcache_append(
     rotary_interleaved: bool,
 ) -> None:
     """Write k (rotated at positions cache_seqlens[b] + t) and v into the caches at those positions."""
-    append = _triton_append if backend_override() == "triton" else cpu_decode.append
+    append = _triton_append if backend_for_cpu_tensors() == "triton" else cpu_decode.append
     append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
            rotary_interleaved)
 
@@ -337,7 +338,7 @@ def kvcache_attention(
     """(out, lse) of q (B, Sq, H, D) over the keys [cache_leftpad, cache_seqlens + seqlen_new) of each
     batch element's cache; lse is float32 (B, H, Sq), natural log, +inf for a row that sees no key."""
     opts = AttentionOptions(softmax_scale, window_left, window_right, softcap)
-    if backend_override() == "triton":
+    if backend_for_cpu_tensors() == "triton":
         return _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                                  rotary_cos, rotary_sin, alibi_slopes, seqlen_new, opts, rotary_interleaved,
                                  num_splits)
@@ -370,7 +371,7 @@ def _kvcache_attention_fake(q, k_cache, v_cache, cache_seqlens, cache_batch_idx,
 @torch.library.custom_op("flashattn::attention_combine", mutates_args=(), device_types="cpu")
 def attention_combine(out_partial: torch.Tensor, lse_partial: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """out_partial (S, B, Sq, H, D), lse_partial (S, B, H, Sq) -> out (B, Sq, H, D), lse (B, H, Sq)."""
-    if backend_override() == "triton":
+    if backend_for_cpu_tensors() == "triton":
         return _triton_combine(out_partial, lse_partial)
     return cpu_decode.combine(out_partial, lse_partial)
 
@@ -393,7 +394,7 @@ def attention_combine_backward(
     dout: torch.Tensor, dlse: torch.Tensor, out_partial: torch.Tensor, lse_partial: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(d out_partial, d lse_partial) of :func:`attention_combine`."""
-    if backend_override() == "triton":
+    if backend_for_cpu_tensors() == "triton":
         return _triton_combine_backward(dout, dlse, out_partial, lse_partial)
     return cpu_decode.combine_backward(dout, dlse, out_partial, lse_partial)
 

@@ -39,6 +39,20 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def backend_for_cpu_tensors() -> str:
+    """'torch', or 'triton' where FLASHATTN_BACKEND=triton asks for the kernels on CPU tensors.
+
+    Only Triton's interpreter runs kernels on CPU tensors; compiled for a GPU, a launch would be
+    handed host pointers, so that case is refused here with what to change.
+    """
+    backend = backend_override() or "torch"
+    if backend == "triton" and not interpreting():
+        raise ValueError("FLASHATTN_BACKEND=triton got CPU tensors: the Triton kernels run on CPU tensors only "
+                         "under Triton's interpreter (TRITON_INTERPRET=1, set before triton is imported). "
+                         "Move the tensors to the GPU, or unset FLASHATTN_BACKEND for the PyTorch path.")
+    return backend
+
+
 def _options(softmax_scale, window_left, window_right, softcap, dropout_p) -> AttentionOptions:
     return AttentionOptions(softmax_scale, window_left, window_right, softcap, dropout_p)
 
@@ -332,7 +346,7 @@ def attention_forward(
     broadcastable to (B, Hq, Sq, Sk).
     """
     opts = _options(softmax_scale, window_left, window_right, softcap, dropout_p)
-    if backend_override() == "triton":
+    if backend_for_cpu_tensors() == "triton":
         return _triton_forward(q, k, v, alibi_slopes, rng_state, opts, attn_mask)
     return cpu.forward(q, k, v, opts, alibi_slopes, rng_state, attn_mask)
 
@@ -378,7 +392,7 @@ def attention_backward(
     else an empty tensor.
     """
     opts = _options(softmax_scale, window_left, window_right, softcap, dropout_p)
-    if backend_override() == "triton":
+    if backend_for_cpu_tensors() == "triton":
         return _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts, attn_mask, mask_needs_grad)
     return cpu.backward(dout, q, k, v, out, lse, opts, alibi_slopes, rng_state, attn_mask, mask_needs_grad)
 
@@ -534,7 +548,7 @@ def varlen_attention_forward(
     """
     opts = _options(softmax_scale, window_left, window_right, softcap, dropout_p)
     return _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
-                           rng_state, opts, backend_override() or "torch", block_table)
+                           rng_state, opts, backend_for_cpu_tensors(), block_table)
 
 
 @varlen_attention_forward.register_kernel("cuda")
@@ -578,7 +592,7 @@ def varlen_attention_backward(
     """(dq, dk, dv) of a packed batch; tokens of sequences that see nothing get 0."""
     opts = _options(softmax_scale, window_left, window_right, softcap, dropout_p)
     return _varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                            alibi_slopes, rng_state, opts, backend_override() or "torch")
+                            alibi_slopes, rng_state, opts, backend_for_cpu_tensors())
 
 
 @varlen_attention_backward.register_kernel("cuda")
