@@ -89,8 +89,8 @@ def test_torch_path_paged_equals_packed_in_every_dtype(torch_backend, dtype):
 @pytest.mark.parametrize("option_name", ["causal", "window", "causal-alibi-softcap", "dropout"])
 def test_kernels_paged_equal_packed(triton_backend, option_name, page_size):
     # the interpreter's 16-wide key blocks divide every page: one table read per block (ONE_PAGE)
-    case = make_varlen_case(INTERPRETER_SHAPES[0], option_name, "cpu")
-    out, lse, expected_out, expected_lse = paged_and_packed(case, torch.float16, page_size, "cpu")
+    case = make_varlen_case(INTERPRETER_SHAPES[0], option_name, triton_backend)
+    out, lse, expected_out, expected_lse = paged_and_packed(case, torch.float16, page_size, triton_backend)
     assert_same((out, lse), (expected_out, expected_lse))
 
 
@@ -99,20 +99,20 @@ def test_kernels_paged_equal_packed(triton_backend, option_name, page_size):
 @pytest.mark.parametrize("option_name", ["plain", "causal", "window-dropout-scale"])
 def test_kernels_blocks_wider_than_a_page(triton_backend, block_n, page_size, option_name):
     # a key block spans several pages: one table read per row, clamped to the sequence's last page
-    case = make_varlen_case(INTERPRETER_SHAPES[0], option_name, "cpu")
+    case = make_varlen_case(INTERPRETER_SHAPES[0], option_name, triton_backend)
     with configs.use_config("forward", configs.TileConfig(16, block_n, 1, 1)):
-        out, lse, expected_out, expected_lse = paged_and_packed(case, torch.float32, page_size, "cpu")
+        out, lse, expected_out, expected_lse = paged_and_packed(case, torch.float32, page_size, triton_backend)
     assert_same((out, lse), (expected_out, expected_lse))
 
 
 @pytest.mark.interpreter
 def test_kernels_never_take_tma_for_pages(triton_backend):
     # a TMA tile in the table (hdim 128 non-causal on Hopper) becomes a pointer-load tile for a paged call
-    case = make_varlen_case(INTERPRETER_SHAPES[1], "plain", "cpu")
+    case = make_varlen_case(INTERPRETER_SHAPES[1], "plain", triton_backend)
     with configs.use_config("forward", configs.TileConfig(16, 128, 1, 1, tma=True)):
-        paged = paged_and_packed(case, torch.float16, 16, "cpu")[:2]
+        paged = paged_and_packed(case, torch.float16, 16, triton_backend)[:2]
     with configs.use_config("forward", configs.TileConfig(16, 64, 1, 1)):
-        packed = paged_and_packed(case, torch.float16, 16, "cpu")[2:]
+        packed = paged_and_packed(case, torch.float16, 16, triton_backend)[2:]
     assert_same(paged, packed)
 
 
@@ -133,15 +133,15 @@ def test_torch_path_matches_reference(torch_backend, option_name, dtype):
 @pytest.mark.parametrize("option_name", PAGED_OPTIONS)
 @pytest.mark.parametrize("shape", INTERPRETER_SHAPES, ids=str)
 def test_kernels_match_reference(triton_backend, shape, option_name, page_size):
-    case = make_varlen_case(shape, option_name, "cpu")
-    check_varlen_against_reference(case, torch.float16, "cpu", backward=False, page_size=page_size)
+    case = make_varlen_case(shape, option_name, triton_backend)
+    check_varlen_against_reference(case, torch.float16, triton_backend, backward=False, page_size=page_size)
 
 
 @pytest.mark.interpreter
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_kernels_match_reference_other_dtypes(triton_backend, dtype):
-    case = make_varlen_case(INTERPRETER_SHAPES[0], "causal-alibi-softcap", "cpu")
-    check_varlen_against_reference(case, dtype, "cpu", backward=False, page_size=32)
+    case = make_varlen_case(INTERPRETER_SHAPES[0], "causal-alibi-softcap", triton_backend)
+    check_varlen_against_reference(case, dtype, triton_backend, backward=False, page_size=32)
 
 
 @pytest.mark.gpu
@@ -233,8 +233,8 @@ def test_unchecked_bad_entries_never_read_outside_the_pools(triton_backend):
     longer than its table row is cut at the row's end, an empty pool has no keys. The launcher is called
     directly, past the checks."""
     case = VarlenCase((6, 9), (40, 37), 2, 1, 16)
-    cu_q, cu_k = case.cu_seqlens("cpu")
-    q, k, v = case.random_inputs(torch.float32, "cpu")
+    cu_q, cu_k = case.cu_seqlens(triton_backend)
+    q, k, v = case.random_inputs(torch.float32, triton_backend)
     k_pages, v_pages, table = page_keys(k, v, cu_k, 16, spare_pages=0)
     pools = [x.nan_to_num(0.0) for x in (k_pages, v_pages)]  # page 0 is read: no NaN there
     opts = AttentionOptions.build(16, None, True, (-1, -1), 0.0, 0.0, False)
@@ -279,6 +279,12 @@ def _paged_arguments(page_size=16, **changes):
     return args
 
 
+def _on_backend_device(args: dict, backend: str) -> dict:
+    """The kernels' tensors on the GPU where there is one (on CPU they need the interpreter)."""
+    device = DEVICE if backend == "triton" else "cpu"
+    return {name: x.to(device) if isinstance(x, torch.Tensor) else x for name, x in args.items()}
+
+
 BAD_INPUTS = [
     ("dtype", dict(block_table=torch.tensor([[2, 0], [3, 1]])), TypeError, "block_table must be int32"),
     ("rank", dict(block_table=_int32([2, 0, 3, 1])), ValueError, r"block_table must have shape \(2, \*\)"),
@@ -305,12 +311,12 @@ BAD_INPUTS = [
 @pytest.mark.parametrize("name,changes,error,message", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
 def test_bad_input_is_refused_with_a_clear_error(backend, name, changes, error, message):
     with pytest.raises(error, match=message):
-        flash_attn_varlen_func(**_paged_arguments(**changes))
+        flash_attn_varlen_func(**_on_backend_device(_paged_arguments(**changes), backend))
 
 
 def test_good_arguments_of_the_bad_input_table_run(backend):
     # the table's base call is valid: its padding entry (99) is never read
-    out = flash_attn_varlen_func(**_paged_arguments())
+    out = flash_attn_varlen_func(**_on_backend_device(_paged_arguments(), backend))
     assert out.shape == (8, 4, 16) and torch.isfinite(out).all()
 
 
