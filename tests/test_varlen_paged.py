@@ -252,7 +252,8 @@ def test_unchecked_bad_entries_never_read_outside_the_pools(triton_backend):
 
     # sequence 1 claims 60 keys but its row holds 3 pages (48 keys): it is cut to 48
     three_pages = table[:, :3].contiguous()
-    too_long, cut = torch.tensor([0, 40, 100], dtype=torch.int32), torch.tensor([0, 40, 88], dtype=torch.int32)
+    too_long, cut = (torch.tensor(ends, dtype=torch.int32, device=triton_backend)
+                     for ends in ([0, 40, 100], [0, 40, 88]))
     for actual, expected in zip(run(*pools, three_pages, too_long), run(*pools, three_pages, cut), strict=True):
         assert torch.equal(actual, expected)
 
@@ -307,9 +308,15 @@ BAD_INPUTS = [
      "cu_seqlens_k must be non-decreasing"),
 ]
 
+# index values checked only where they are on the host anyway (CPU tensors, or the torch path)
+READ_ON_HOST_ONLY = {"negative-page", "page-past-pool", "max-k-small", "cu-seqlens-k-decreasing"}
+
 
 @pytest.mark.parametrize("name,changes,error,message", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
 def test_bad_input_is_refused_with_a_clear_error(backend, name, changes, error, message):
+    if backend == "triton" and DEVICE == "cuda" and name in READ_ON_HOST_ONLY:
+        pytest.skip("the GPU kernels' launcher does not read index values (that would synchronize): "
+                    "test_unchecked_bad_entries_never_read_outside_the_pools covers what they do")
     with pytest.raises(error, match=message):
         flash_attn_varlen_func(**_on_backend_device(_paged_arguments(**changes), backend))
 
