@@ -56,6 +56,9 @@ _HOPPER_FORWARD_LONG = {
 # The two-pass hdim-256 tile that the table used in version 3 (docs/perf-notes.md): no spills, but
 # slower than the one-pass tile; tests/test_dkdv_split.py keeps the split path working on the GPU.
 HOPPER_SPLIT_DKDV = TileConfig(32, 128, 8, 2, split_dkdv=True)
+# hdim 64/128: 64 x 64 on 4 warps, two programs per SM. It spills in its loop at hdim 128, yet beat the
+# spill-free 128x64x8x1 / 8x2 at 4k on an H200 (hdim 128: 392 / 306 against 316-354 / 275-295 TFLOP/s,
+# non-causal / causal; docs/perf-notes.md version 5): an 8-warp program holds the register file alone.
 _HOPPER_DKDV = {
     (64, False): TileConfig(64, 64, 4, 2),
     (64, True): TileConfig(64, 64, 4, 2),
