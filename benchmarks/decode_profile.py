@@ -15,26 +15,32 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from flashattn import flash_attn_with_kvcache
-from flashattn.bench_decode import DecodeCase, make_inputs
+from flashattn.bench_decode import DecodeCase, choose_grid_copies, l2_bytes, make_inputs
 
 STEPS = 20
 
 
 def kernel_times(case: DecodeCase, num_splits: int) -> dict[str, float]:
-    """Mean GPU microseconds per step of each kernel, over STEPS steps after a warm-up."""
-    inputs = make_inputs(case, torch.device("cuda"), copies=1)
+    """Mean GPU microseconds per step of each kernel, over STEPS steps after a warm-up.
 
-    def step():
-        flash_attn_with_kvcache(inputs.q, inputs.k_caches[0], inputs.v_caches[0], inputs.k_new, inputs.v_new,
+    The steps cycle over as many cache copies as the bench's graph does (together at least 4x the L2),
+    so that each step reads its cache from HBM, as in the bench, and not from the L2.
+    """
+    device = torch.device("cuda")
+    copies = choose_grid_copies(case.kv_bytes(), l2_bytes(device))
+    inputs = make_inputs(case, device, copies=copies)
+
+    def step(i: int):
+        flash_attn_with_kvcache(inputs.q, inputs.k_caches[i], inputs.v_caches[i], inputs.k_new, inputs.v_new,
                                 cache_seqlens=inputs.cache_seqlens, block_table=inputs.block_table,
                                 num_splits=num_splits, check_indices=False)
 
-    for _ in range(3):
-        step()
+    for i in range(copies):
+        step(i)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(STEPS):
-            step()
+        for i in range(STEPS):
+            step(i % copies)
         torch.cuda.synchronize()
     totals: dict[str, float] = defaultdict(float)
     for event in prof.events():
