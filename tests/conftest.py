@@ -5,6 +5,7 @@ decorated), so it is set here, at collection time, and only on machines without 
 """
 
 import os
+import zlib
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ except ImportError:
 
 
 def pytest_collection_modifyitems(config, items):
+    _keep_shard(config, items)
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     skip_triton = pytest.mark.skip(reason="needs triton")
     for item in items:
@@ -29,6 +31,29 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
         if "interpreter" in item.keywords and not HAS_TRITON:
             item.add_marker(skip_triton)
+
+
+def _keep_shard(config, items) -> None:
+    """FLASHATTN_TEST_SHARD=i/n keeps the i-th of n parts of the collected tests (1 <= i <= n).
+
+    A test's part comes from a hash of its id, so every pytest-xdist worker computes the same split, and
+    the slow GPU files spread over all parts (benchmarks/gpu_suite.sh runs one part per device call).
+    """
+    shard = os.environ.get("FLASHATTN_TEST_SHARD", "")
+    if not shard:
+        return
+    try:
+        index, count = (int(x) for x in shard.split("/"))
+    except ValueError:
+        index = count = 0
+    if not 1 <= index <= count:
+        raise pytest.UsageError(f"FLASHATTN_TEST_SHARD must be i/n with 1 <= i <= n, got {shard!r}")
+    kept, deselected = [], []
+    for item in items:
+        (kept if zlib.crc32(item.nodeid.encode()) % count == index - 1 else deselected).append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+    items[:] = kept
 
 
 @pytest.fixture(params=["torch", pytest.param("triton", marks=pytest.mark.interpreter)])
