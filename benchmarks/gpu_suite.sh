@@ -22,7 +22,7 @@ if ls .wheels/*.whl > /dev/null 2>&1; then
 fi
 LOG="$OUT/suite-$SHARD.log"
 FLASHATTN_TEST_SHARD="$SHARD/$PARTS" timeout -s INT "${SUITE_TIMEOUT:-530}" \
-  python3 -m pytest tests -n "${WORKERS:-14}" -q -p no:cacheprovider -k "not test_gpu_ncu" > "$LOG" 2>&1
+  python3 -m pytest tests -n "${WORKERS:-14}" -q -p no:cacheprovider -k "not test_gpu_ncu" --durations=15 > "$LOG" 2>&1
 echo "pytest exit $?" >> "$LOG"
 if [ "$SHARD" = "$PARTS" ]; then
   timeout 120 python3 -m pytest tests/test_iomeasure.py -k test_gpu_ncu -q -p no:cacheprovider >> "$LOG" 2>&1
