@@ -4,6 +4,7 @@ The bench times whole steps in a CUDA graph; this splits one step (append, atten
 with torch.profiler, for the batch-1 cells where flashattn trails cuDNN. Prints a Markdown table.
 
     PYTHONPATH=src python3 benchmarks/decode_profile.py --batches 1 4 --cache-lens 8192 65536 [--page-size 256]
+        [--num-splits 0 8 16 32]
 """
 
 from __future__ import annotations
@@ -54,18 +55,21 @@ def main() -> None:
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 4])
     parser.add_argument("--cache-lens", nargs="+", type=int, default=[8192, 65536])
     parser.add_argument("--page-size", type=int, default=0, help="0: a contiguous cache")
-    parser.add_argument("--num-splits", type=int, default=0, help="0: the automatic choice")
+    parser.add_argument("--num-splits", nargs="+", type=int, default=[0],
+                        help="split counts to profile in turn; 0: the automatic choice")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("decode_profile.py needs a CUDA GPU")
-    print("| cache | batch | kernel | us per step |\n|---|---|---|---|")
+    print("| cache | batch | splits | kernel | us per step |\n|---|---|---|---|---|")
     for cache_len in args.cache_lens:
         for batch in args.batches:
             case = DecodeCase(batch=batch, cache_len=cache_len, page_size=args.page_size or None)
-            times = kernel_times(case, args.num_splits)
-            for name, micros in sorted(times.items(), key=lambda item: -item[1]):
-                print(f"| {cache_len} | {batch} | {name[:60]} | {micros:.1f} |")
-            print(f"| {cache_len} | {batch} | **sum** | {sum(times.values()):.1f} |", flush=True)
+            for num_splits in args.num_splits:
+                times = kernel_times(case, num_splits)
+                label = num_splits or "auto"
+                for name, micros in sorted(times.items(), key=lambda item: -item[1]):
+                    print(f"| {cache_len} | {batch} | {label} | {name[:60]} | {micros:.1f} |")
+                print(f"| {cache_len} | {batch} | {label} | **sum** | {sum(times.values()):.1f} |", flush=True)
 
 
 if __name__ == "__main__":
