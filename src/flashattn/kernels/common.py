@@ -322,3 +322,60 @@ def mapped_blocks(BlockMap, stride_map_b, stride_map_h, stride_map_row, batch, h
     first = tl.load(map_row + lo // BLOCK)  # visible blocks before block lo // BLOCK
     last = tl.load(map_row + tl.cdiv(hi, BLOCK))
     return map_row + columns + 1, first, last
+
+
+@triton.jit
+def online_softmax_step(
+    acc, acc_comp, row_sum, row_max, qk, v, offs_m, offs_n, seqlen_q, seqlen_k,
+    qk_scale, softcap_log2, alibi_slope_log2,
+    window_left, window_right, dropout_p, rng_seed, rng_row_base, rng_row_stride,
+    MASKED: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr, DEFER_SCALE: tl.constexpr,
+    mask_base, stride_mask_m, stride_mask_n, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
+):
+    """Fold one key block into the running (acc, row_sum, row_max), given its raw scores qk = q k^T.
+
+    The forward's and the decode kernel's step (the decode kernel's rows are (token, head) pairs:
+    ``offs_m`` are then the rows' query tokens). Masks, ALiBi and dropout follow offs_m and offs_n.
+    """
+    if DEFER_SCALE:
+        # plain scores with a positive scale: max(qk * scale) = max(qk) * scale, so the scale can
+        # wait for exp2's argument, where scale * qk - max is one FFMA per score (not FMUL + FADD)
+        s = qk
+    else:
+        s, _ = scores_log2(qk, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
+                           alibi_slope_log2, HAS_SOFTCAP, HAS_ALIBI)
+    if MASKED:
+        seen = visible(offs_m, offs_n, seqlen_q, seqlen_k, window_left, window_right,
+                       WINDOW_LEFT, WINDOW_RIGHT)
+        s = tl.where(seen, s, float("-inf"))
+    if HAS_MASK:
+        s = apply_attn_mask(s, mask_base, stride_mask_m, stride_mask_n, offs_m, offs_n, seqlen_q, seqlen_k,
+                            MASK_IS_BOOL)
+    # -- online softmax: rescale what was accumulated when the running max grows --
+    if DEFER_SCALE:
+        new_max = tl.maximum(row_max, tl.max(s, 1) * qk_scale)
+    else:
+        new_max = tl.maximum(row_max, tl.max(s, 1))
+    if MASKED:
+        # a row that has seen no key yet keeps max = -inf; shift it by 0 to avoid inf - inf
+        shift = tl.where(new_max == float("-inf"), 0.0, new_max)
+    else:
+        shift = new_max
+    if DEFER_SCALE:
+        p = tl.math.exp2(s * qk_scale - shift[:, None])
+    else:
+        p = tl.math.exp2(s - shift[:, None])
+    correction = tl.math.exp2(row_max - shift)
+    row_sum = row_sum * correction + tl.sum(p, 1)
+    if HAS_DROPOUT:
+        keep = dropout_keep(rng_seed, rng_row_base, offs_m, offs_n, rng_row_stride, dropout_p)
+        p = tl.where(keep, p, 0.0)
+    acc = acc * correction[:, None]
+    if COMPENSATED:
+        acc_comp = acc_comp * correction[:, None]
+        acc, acc_comp = accumulate(acc, acc_comp, dot(p.to(v.dtype), v, UPCAST_DOT, DOT_PRECISION), COMPENSATED)
+    else:
+        acc = acc + dot(p.to(v.dtype), v, UPCAST_DOT, DOT_PRECISION)
+    return acc, acc_comp, row_sum, new_max

@@ -23,16 +23,14 @@ import triton.language as tl
 
 from .common import (
     LOG2E,
-    accumulate,
     divide_rows,
     dot,
     dot_short_chains,
     key_block_bounds,
     load_kt_v,
+    online_softmax_step,
     paged_kv_rows,
-    scores_log2,
     stage_range,
-    visible,
 )
 
 
@@ -157,26 +155,11 @@ def _decode_block(
         qk = dot_short_chains(q, kt, 32)
     else:
         qk = dot(q, kt, UPCAST_DOT, DOT_PRECISION)
-    s, _ = scores_log2(qk, query_idx, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
-                       alibi_slope_log2, HAS_SOFTCAP, HAS_ALIBI)
-    if MASKED:
-        seen = visible(query_idx, offs_n, seqlen_q, seqlen_k, window_left, window_right,
-                       WINDOW_LEFT, WINDOW_RIGHT)
-        s = tl.where(seen, s, float("-inf"))
-    # -- online softmax --
-    new_max = tl.maximum(row_max, tl.max(s, 1))
-    if MASKED:
-        shift = tl.where(new_max == float("-inf"), 0.0, new_max)
-    else:
-        shift = new_max
-    p = tl.math.exp2(s - shift[:, None])
-    correction = tl.math.exp2(row_max - shift)
-    row_sum = row_sum * correction + tl.sum(p, 1)
-    acc = acc * correction[:, None]
-    if COMPENSATED:
-        acc_comp = acc_comp * correction[:, None]
-    acc, acc_comp = accumulate(acc, acc_comp, dot(p.to(v.dtype), v, UPCAST_DOT, DOT_PRECISION), COMPENSATED)
-    return acc, acc_comp, row_sum, new_max
+    return online_softmax_step(
+        acc, acc_comp, row_sum, row_max, qk, v, query_idx, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
+        alibi_slope_log2, window_left, window_right, 0.0, 0, 0, 0,
+        MASKED, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, False, UPCAST_DOT, DOT_PRECISION, COMPENSATED,
+        False, None, 0, 0, False, False)
 
 
 @triton.jit

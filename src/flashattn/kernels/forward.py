@@ -5,19 +5,15 @@ import triton.language as tl
 
 from .common import (
     LOG2E,
-    accumulate,
-    apply_attn_mask,
     divide_rows,
     dot,
-    dropout_keep,
     dropout_row_base,
     load_kt_v,
+    online_softmax_step,
     paged_kv_rows,
     query_tile_key_blocks,
-    scores_log2,
     sequence_bounds,
     stage_range,
-    visible,
 )
 
 
@@ -89,48 +85,12 @@ def _forward_block_range(
         else:
             kt, v = _load_key_block(k_source, v_source, start_n, offs_n, offs_d, stride_kn, stride_vn, seqlen_k,
                                     HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
-        # -- scores --
         qk = dot(q, kt, UPCAST_DOT, DOT_PRECISION)
-        if DEFER_SCALE:
-            # plain scores with a positive scale: max(qk * scale) = max(qk) * scale, so the scale can
-            # wait for exp2's argument, where scale * qk - max is one FFMA per score (not FMUL + FADD)
-            s = qk
-        else:
-            s, _ = scores_log2(qk, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
-                               alibi_slope_log2, HAS_SOFTCAP, HAS_ALIBI)
-        if MASKED:
-            seen = visible(offs_m, offs_n, seqlen_q, seqlen_k, window_left, window_right,
-                           WINDOW_LEFT, WINDOW_RIGHT)
-            s = tl.where(seen, s, float("-inf"))
-        if HAS_MASK:
-            s = apply_attn_mask(s, mask_base, stride_mask_m, stride_mask_n, offs_m, offs_n, seqlen_q, seqlen_k,
-                                MASK_IS_BOOL)
-        # -- online softmax: rescale what was accumulated when the running max grows --
-        if DEFER_SCALE:
-            new_max = tl.maximum(row_max, tl.max(s, 1) * qk_scale)
-        else:
-            new_max = tl.maximum(row_max, tl.max(s, 1))
-        if MASKED:
-            # a row that has seen no key yet keeps max = -inf; shift it by 0 to avoid inf - inf
-            shift = tl.where(new_max == float("-inf"), 0.0, new_max)
-        else:
-            shift = new_max
-        if DEFER_SCALE:
-            p = tl.math.exp2(s * qk_scale - shift[:, None])
-        else:
-            p = tl.math.exp2(s - shift[:, None])
-        correction = tl.math.exp2(row_max - shift)
-        row_sum = row_sum * correction + tl.sum(p, 1)
-        if HAS_DROPOUT:
-            keep = dropout_keep(rng_seed, rng_row_base, offs_m, offs_n, rng_row_stride, dropout_p)
-            p = tl.where(keep, p, 0.0)
-        acc = acc * correction[:, None]
-        if COMPENSATED:
-            acc_comp = acc_comp * correction[:, None]
-            acc, acc_comp = accumulate(acc, acc_comp, dot(p.to(v.dtype), v, UPCAST_DOT, DOT_PRECISION), COMPENSATED)
-        else:
-            acc = acc + dot(p.to(v.dtype), v, UPCAST_DOT, DOT_PRECISION)
-        row_max = new_max
+        acc, acc_comp, row_sum, row_max = online_softmax_step(
+            acc, acc_comp, row_sum, row_max, qk, v, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
+            alibi_slope_log2, window_left, window_right, dropout_p, rng_seed, rng_row_base, rng_row_stride,
+            MASKED, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION,
+            COMPENSATED, DEFER_SCALE, mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL)
     return acc, acc_comp, row_sum, row_max
 
 
