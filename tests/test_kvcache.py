@@ -8,7 +8,7 @@ import pytest
 import torch
 from kvcache_cases import KVProblem, build, expected, gather_paged, rotary_ref, to_paged, variant
 
-from flashattn import flash_attn_with_kvcache
+from flashattn import decode_ops, flash_attn_with_kvcache
 from flashattn.cpu_decode import rotate
 from flashattn.testing import assert_lse_close, assert_within_rule, rounding_error
 
@@ -352,3 +352,43 @@ def test_decode_step_compiles_fullgraph(torch_backend):
     expected_out = step(*eager_arguments)
     torch.testing.assert_close(out, expected_out, rtol=1e-6, atol=1e-6)
     assert torch.equal(arguments[1], eager_arguments[1]), "the compiled step must append into the cache in place"
+
+
+def test_chained_launch_only_on_hopper_gpus():
+    assert not decode_ops.chained_launch(torch.device("cpu"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_chained_launch_changes_nothing_on_gpu(monkeypatch, paged):
+    """Append, split attention and merge chained by programmatic dependent launch (sm90+) against the
+    same kernels launched one after another: bit for bit, eagerly and replayed from a CUDA graph, where
+    a kernel that read before its predecessor's writes landed would differ."""
+    monkeypatch.setenv("FLASHATTN_BACKEND", "triton")
+    problem = KVProblem(batch=2, nheads=32, nheads_k=8, head_dim=128, capacity=8192, cache_seqlens=(8000, 3000),
+                        seqlen_new=1, rotary_dim=64)
+    inputs = build(problem, torch.bfloat16, "cuda")
+    call_inputs = to_paged(inputs, 256) if paged else inputs
+
+    def graph_step():
+        arguments = dict(call_inputs)
+        arguments["k_cache"], arguments["v_cache"] = arguments["k_cache"].clone(), arguments["v_cache"].clone()
+        flash_attn_with_kvcache(**arguments, return_softmax_lse=True)  # compile outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out, lse = flash_attn_with_kvcache(**arguments, return_softmax_lse=True)
+        arguments["k_cache"].copy_(call_inputs["k_cache"])
+        arguments["v_cache"].copy_(call_inputs["v_cache"])
+        graph.replay()
+        torch.cuda.synchronize()
+        return out, lse, arguments["k_cache"], arguments["v_cache"]
+
+    results = {}
+    for chained in (False, True):
+        monkeypatch.setattr(decode_ops, "PROGRAMMATIC_LAUNCH", chained)
+        results[chained] = [run(call_inputs), graph_step()]
+    for eager_or_graph in range(2):
+        for name, a, b in zip(("out", "lse", "k_cache", "v_cache"), results[False][eager_or_graph],
+                              results[True][eager_or_graph], strict=True):
+            assert torch.equal(a, b), name

@@ -59,6 +59,24 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+PROGRAMMATIC_LAUNCH = True
+"""Chain a decode step's kernels (append, attention, merge) with programmatic dependent launch where the
+GPU has it (sm90+): each starts while its predecessor drains, instead of after the launch gap. False
+launches them one after the other, for measuring what the chaining saves."""
+
+
+@functools.cache
+def _compute_capability(device_index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device_index)
+
+
+def chained_launch(device: torch.device) -> bool:
+    """Whether the decode kernels on ``device`` launch chained (``kernels/common.chain_launch``)."""
+    if not PROGRAMMATIC_LAUNCH or device.type != "cuda" or interpreting():
+        return False
+    return _compute_capability(device.index if device.index is not None else torch.cuda.current_device())[0] >= 9
+
+
 def processor_count(device: torch.device) -> int:
     """Streaming multiprocessors of the GPU; under the interpreter a small stand-in, so that the
     default heuristic splits there too and the tests exercise it."""
@@ -130,7 +148,13 @@ def _triton_append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block
         HEAD_DIM=head_dim, BLOCK_D=configs.padded_head_dim(head_dim), BLOCK_N=block_n,
         PAGED=block_table is not None, HAS_BATCH_IDX=cache_batch_idx is not None,
         HAS_ROTARY=rotary_cos is not None, INTERLEAVED=rotary_interleaved,
+        **_chain_arguments(k.device),
     )
+
+
+def _chain_arguments(device: torch.device) -> dict:
+    chained = chained_launch(device)
+    return dict(CHAINED=chained, launch_pdl=chained)
 
 
 def _triton_combine(out_partial, lse_partial, out=None, lse=None):
@@ -152,7 +176,7 @@ def _triton_combine(out_partial, lse_partial, out=None, lse=None):
         *out.stride()[:3], *lse.stride(),
         num_splits, seqlen, nheads,
         HEAD_DIM=head_dim, CHUNK_D=tiles.chunk_d, BLOCK_M=tiles.block_m, SPLIT_BLOCK=tiles.split_block,
-        ROUND_TO_NEAREST=out.dtype == torch.float32, num_warps=tiles.num_warps,
+        ROUND_TO_NEAREST=out.dtype == torch.float32, num_warps=tiles.num_warps, **_chain_arguments(out.device),
     )
     return out, lse
 
@@ -271,6 +295,7 @@ def _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache
         HAS_LEFTPAD=cache_leftpad is not None, HAS_ROTARY=rotary_cos is not None,
         INTERLEAVED=rotary_interleaved, ROTARY_PER_TOKEN=opts.masked, HAS_ALIBI=has_alibi,
         num_warps=config.num_warps, num_stages=config.num_stages, **scalars, **_dot_flags(q.dtype),
+        **_chain_arguments(q.device),
     )
     if num_splits > 1:
         _triton_combine(out_target, lse_target, out, lse)

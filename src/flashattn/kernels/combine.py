@@ -17,7 +17,7 @@ they write a gradient per split, step split by split.
 import triton
 import triton.language as tl
 
-from .common import LOG2E, divide_rows
+from .common import LOG2E, chain_launch, divide_rows
 
 
 @triton.jit
@@ -72,13 +72,15 @@ def combine_kernel(
     stride_lb, stride_lh, stride_lm,
     num_splits, seqlen, nheads,
     HEAD_DIM: tl.constexpr, CHUNK_D: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
-    ROUND_TO_NEAREST: tl.constexpr,
+    ROUND_TO_NEAREST: tl.constexpr, CHAINED: tl.constexpr = False,
 ):
     """out[b, m, h] = sum_s w_s out_partial[s, b, m, h]; lse[b, h, m] = log sum_s exp(lse_partial[s, b, h, m]).
 
     Program (i, b, c) merges rows i * BLOCK_M... of batch element b, head-dim columns c * CHUNK_D...;
-    each column chunk recomputes the rows' merged lse (a few loads), and chunk 0 stores it.
+    each column chunk recomputes the rows' merged lse (a few loads), and chunk 0 stores it. CHAINED:
+    launched with programmatic dependent launch (see ``common.chain_launch``).
     """
+    chain_launch(CHAINED)
     batch = tl.program_id(1)
     chunk = tl.program_id(2)
     offs_r = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # row r = token * nheads + head

@@ -7,8 +7,24 @@ at all), so the masking work is confined to the few tiles that cross a mask edge
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def chain_launch(ENABLED: tl.constexpr):
+    """Programmatic dependent launch (sm90+): call first thing in a kernel launched with ``launch_pdl``.
+
+    Such a kernel may start while the previous kernel on the stream is still running, so it first waits
+    until that kernel has finished and its writes are visible (griddepcontrol.wait); nothing is read or
+    written before. Then it lets the next kernel launch early in turn: that kernel's programs take SMs as
+    this one's retire instead of after the launch gap. A no-op when not ENABLED (the interpreter, older
+    GPUs), where the inline PTX does not exist.
+    """
+    if ENABLED:
+        gdc_wait()
+        gdc_launch_dependents()
 
 
 @triton.jit

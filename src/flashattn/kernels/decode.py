@@ -23,6 +23,7 @@ import triton.language as tl
 
 from .common import (
     LOG2E,
+    chain_launch,
     divide_rows,
     dot,
     dot_short_chains,
@@ -81,8 +82,12 @@ def kvcache_append_kernel(
     seqlen_new, nheads_k, capacity, batch_cache, num_blocks, page_size, rotary_dim, seqlen_ro,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr,
+    CHAINED: tl.constexpr = False,
 ):
-    """One program per (block of new tokens, batch x kv head): cache[pos] = rotary(k), v at pos."""
+    """One program per (block of new tokens, batch x kv head): cache[pos] = rotary(k), v at pos.
+
+    CHAINED: launched with programmatic dependent launch (see ``common.chain_launch``)."""
+    chain_launch(CHAINED)
     bh = tl.program_id(1)
     batch = bh // nheads_k
     head_k = bh % nheads_k
@@ -241,11 +246,13 @@ def kvcache_attention_kernel(
     HAS_ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr, ROTARY_PER_TOKEN: tl.constexpr,
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
-    ONE_PAGE: tl.constexpr = False,
+    ONE_PAGE: tl.constexpr = False, CHAINED: tl.constexpr = False,
 ):
     """Grid (row blocks, batch x kv heads, splits). Writes out/lse of split ``program_id(2)``.
 
-    ONE_PAGE (paged, no left pad, BLOCK_N divides page_size): each key block lies in one page."""
+    ONE_PAGE (paged, no left pad, BLOCK_N divides page_size): each key block lies in one page.
+    CHAINED: launched with programmatic dependent launch (see ``common.chain_launch``)."""
+    chain_launch(CHAINED)
     start_r = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
     split = tl.program_id(2)
