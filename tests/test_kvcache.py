@@ -311,16 +311,17 @@ def test_paged_matches_contiguous_on_gpu(monkeypatch, page_size):
 
 
 def test_custom_ops_pass_opcheck(backend):
-    """Schema, fake (torch.compile), mutation and dispatch checks of the append and attention ops."""
-    from flashattn.decode_ops import kvcache_append, kvcache_attention
+    """Schema, fake (torch.compile), mutation and dispatch checks of the append-and-attend and attention ops."""
+    from flashattn.decode_ops import kvcache_append_attention, kvcache_attention
 
     inputs = build(variant(PAGED, rotary_dim=16, batch_cache=3, leftpad=(1, 2)), torch.float16, DEVICE)
     paged = to_paged(inputs, 16)
     for cache in (inputs, paged):
         table = cache.get("block_table")
-        torch.library.opcheck(kvcache_append, (
-            cache["k_cache"], cache["v_cache"], cache["k"], cache["v"], cache["cache_seqlens"],
-            cache["cache_batch_idx"], table, cache["rotary_cos"], cache["rotary_sin"], True))
+        torch.library.opcheck(kvcache_append_attention, (
+            cache["q"], cache["k_cache"], cache["v_cache"], cache["k"], cache["v"], cache["cache_seqlens"],
+            cache["cache_batch_idx"], cache["cache_leftpad"], table, cache["rotary_cos"], cache["rotary_sin"], None,
+            0.2, -1, 0, 0.0, True, 2))
         torch.library.opcheck(kvcache_attention, (
             cache["q"], cache["k_cache"], cache["v_cache"], cache["cache_seqlens"], cache["cache_batch_idx"],
             cache["cache_leftpad"], table, cache["rotary_cos"], cache["rotary_sin"], None, 1, 0.2, -1, 0, 0.0,
@@ -393,3 +394,45 @@ def test_chained_launch_changes_nothing_on_gpu(monkeypatch, paged):
         for name, a, b in zip(("out", "lse", "k_cache", "v_cache"), results[False][eager_or_graph],
                               results[True][eager_or_graph], strict=True):
             assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("name", ["decode", "chunk-causal-gqa", "window-alibi-softcap", "batch-idx", "split",
+                                  "split-window", "paged", "paged-large-pages-split", "empty-cache",
+                                  "decode-causal-mqa", "more-queries-than-new"])
+def test_fused_append_equals_append_then_attend(triton_backend, monkeypatch, name):
+    """The attention launch that also appends (up to FUSED_APPEND_MAX_TOKENS new tokens) against an append
+    launch followed by the attention: the same caches bit for bit, and both outputs within the rule (the
+    fused launch folds the new keys in as a step of their own, so the roundings differ)."""
+    assert_fused_matches_separate(PROBLEMS[name], torch.float16, triton_backend, monkeypatch)
+
+
+def assert_fused_matches_separate(problem: KVProblem, dtype: torch.dtype, device, monkeypatch) -> None:
+    inputs = build(problem, dtype, device)
+    call_inputs = to_paged(inputs, problem.page_size) if problem.page_size else inputs
+    fused = run(call_inputs)
+    monkeypatch.setattr(decode_ops, "FUSED_APPEND_MAX_TOKENS", 0)
+    separate = run(call_inputs)
+    assert torch.equal(fused[2], separate[2]) and torch.equal(fused[3], separate[3]), "the appended caches differ"
+    oracle, baseline = expected(inputs, upcast=True), expected(inputs, upcast=False)
+    for out, lse in (fused[:2], separate[:2]):
+        assert_within_rule("out", out, oracle["out"], baseline["out"], factor=2)
+        assert_lse_close(lse, oracle["lse"], dtype)
+
+
+# New keys that end exactly on a key block (64 on the GPU): without the masked path forced onto their
+# block, an interior load would read the cache rows the same launch is writing (a race, which the
+# interpreter's one-program-at-a-time order would hide)
+FUSED_GPU_PROBLEMS = [
+    KVProblem(batch=3, nheads=32, nheads_k=8, head_dim=128, capacity=4096, cache_seqlens=(4031, 127, 2047),
+              options={"causal": True}),
+    KVProblem(batch=2, seqlen_q=4, seqlen_new=4, nheads=16, nheads_k=4, head_dim=128, capacity=8192,
+              cache_seqlens=(8188, 60), page_size=256, num_splits=5),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("problem", FUSED_GPU_PROBLEMS, ids=str)
+def test_fused_append_on_block_boundaries_on_gpu(monkeypatch, problem):
+    monkeypatch.setenv("FLASHATTN_BACKEND", "triton")
+    assert_fused_matches_separate(problem, torch.bfloat16, "cuda", monkeypatch)
+    torch.cuda.synchronize()

@@ -243,7 +243,9 @@ def _triton_combine_backward(dout, dlse, out_partial, lse_partial):
 
 def _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_cos,
                       rotary_sin, alibi_slopes, seqlen_new: int, opts: AttentionOptions, rotary_interleaved: bool,
-                      num_splits: int):
+                      num_splits: int, k_new=None, v_new=None):
+    """The attention over the caches, after appending ``k_new``/``v_new`` when given: in the same launch
+    (FUSE_APPEND) up to FUSED_APPEND_MAX_TOKENS new tokens per sequence, else in a launch before it."""
     from .kernels.decode import kvcache_attention_kernel
 
     q = _last_dim_contiguous(q)
@@ -252,6 +254,14 @@ def _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache
     group_size = nheads // nheads_k
     interpret = interpreting()
     config = decode_config(group_size * seqlen_q, head_dim, q.dtype, interpret)
+    # with rotary the new keys' rotation in the attention launch pushed it to 255 registers and spills
+    # (sm90 SASS, hdim 128): those steps keep the append's own launch
+    fused = k_new is not None and seqlen_new <= FUSED_APPEND_MAX_TOKENS and rotary_cos is None
+    if fused:
+        k_new, v_new = _last_dim_contiguous(k_new), _last_dim_contiguous(v_new)
+    elif k_new is not None:  # a long chunk: appended by a launch of its own first
+        _triton_append(k_cache, v_cache, k_new, v_new, cache_seqlens, cache_batch_idx, block_table, rotary_cos,
+                       rotary_sin, rotary_interleaved)
     geometry = _paged_geometry(k_cache, block_table)
     row_blocks = _cdiv(group_size * seqlen_q, config.block_m)
     if num_splits <= 0:
@@ -281,7 +291,9 @@ def _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache
         cache_batch_idx if cache_batch_idx is not None else placeholder,
         cache_leftpad if cache_leftpad is not None else placeholder,
         block_table if block_table is not None else placeholder, cos, sin, slopes,
+        k_new if fused else q, v_new if fused else q,
         q.stride(0), q.stride(1), q.stride(2),
+        *(k_new.stride()[:3] if fused else (0, 0, 0)), *(v_new.stride()[:3] if fused else (0, 0, 0)),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         *out_target.stride()[:4], *lse_target.stride(),
@@ -295,7 +307,7 @@ def _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache
         HAS_LEFTPAD=cache_leftpad is not None, HAS_ROTARY=rotary_cos is not None,
         INTERLEAVED=rotary_interleaved, ROTARY_PER_TOKEN=opts.masked, HAS_ALIBI=has_alibi,
         num_warps=config.num_warps, num_stages=config.num_stages, **scalars, **_dot_flags(q.dtype),
-        **_chain_arguments(q.device),
+        FUSE_APPEND=fused, NEW_KEYS=FUSED_APPEND_MAX_TOKENS, **_chain_arguments(q.device),
     )
     if num_splits > 1:
         _triton_combine(out_target, lse_target, out, lse)
@@ -307,37 +319,82 @@ def _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache
 # ---------------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("flashattn::kvcache_append", mutates_args=("k_cache", "v_cache"), device_types="cpu")
-def kvcache_append(
+FUSED_APPEND_MAX_TOKENS = 16
+"""Up to this many new tokens per sequence, and without rotary, the attention launch also appends them
+(FUSE_APPEND): one launch less per decode step. It is also the kernel's tile of new keys (a power of
+two, at least 16). The new keys are folded in as a step of their own and their block of the cache
+takes the masked path, so a longer chunk is appended by a launch of its own instead."""
+
+
+def _triton_append_attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                             rotary_cos, rotary_sin, alibi_slopes, opts: AttentionOptions, rotary_interleaved: bool,
+                             num_splits: int):
+    return _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                             rotary_cos, rotary_sin, alibi_slopes, k.shape[1], opts, rotary_interleaved, num_splits,
+                             k_new=k, v_new=v)
+
+
+def _cpu_append_attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                          rotary_cos, rotary_sin, alibi_slopes, opts: AttentionOptions, rotary_interleaved: bool):
+    cpu_decode.append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
+                      rotary_interleaved)
+    return cpu_decode.attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                                rotary_cos, rotary_sin, alibi_slopes, k.shape[1], opts, rotary_interleaved)
+
+
+@torch.library.custom_op("flashattn::kvcache_append_attention", mutates_args=("k_cache", "v_cache"),
+                         device_types="cpu")
+def kvcache_append_attention(
+    q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     cache_seqlens: torch.Tensor,
     cache_batch_idx: torch.Tensor | None,
+    cache_leftpad: torch.Tensor | None,
     block_table: torch.Tensor | None,
     rotary_cos: torch.Tensor | None,
     rotary_sin: torch.Tensor | None,
+    alibi_slopes: torch.Tensor | None,
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    softcap: float,
     rotary_interleaved: bool,
-) -> None:
-    """Write k (rotated at positions cache_seqlens[b] + t) and v into the caches at those positions."""
-    append = _triton_append if backend_for_cpu_tensors() == "triton" else cpu_decode.append
-    append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
-           rotary_interleaved)
+    num_splits: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decode step: write k (rotated at positions cache_seqlens[b] + t) and v into the caches, then
+    (out, lse) of q over the keys [cache_leftpad, cache_seqlens + k.shape[1]), as :func:`kvcache_attention`."""
+    opts = AttentionOptions(softmax_scale, window_left, window_right, softcap)
+    if backend_for_cpu_tensors() == "triton":
+        return _triton_append_attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad,
+                                        block_table, rotary_cos, rotary_sin, alibi_slopes, opts, rotary_interleaved,
+                                        num_splits)
+    return _cpu_append_attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad,
+                                 block_table, rotary_cos, rotary_sin, alibi_slopes, opts, rotary_interleaved)
 
 
-@kvcache_append.register_kernel("cuda")
-def _kvcache_append_cuda(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos,
-                         rotary_sin, rotary_interleaved):
-    append = cpu_decode.append if backend_override() == "torch" else _triton_append
-    append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
-           rotary_interleaved)
+@kvcache_append_attention.register_kernel("cuda")
+def _kvcache_append_attention_cuda(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad,
+                                   block_table, rotary_cos, rotary_sin, alibi_slopes, softmax_scale, window_left,
+                                   window_right, softcap, rotary_interleaved, num_splits):
+    opts = AttentionOptions(softmax_scale, window_left, window_right, softcap)
+    if backend_override() == "torch":
+        return _cpu_append_attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad,
+                                     block_table, rotary_cos, rotary_sin, alibi_slopes, opts, rotary_interleaved)
+    return _triton_append_attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad,
+                                    block_table, rotary_cos, rotary_sin, alibi_slopes, opts, rotary_interleaved,
+                                    num_splits)
 
 
-@kvcache_append.register_fake
-def _kvcache_append_fake(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos,
-                         rotary_sin, rotary_interleaved):
-    return None
+@kvcache_append_attention.register_fake
+def _kvcache_append_attention_fake(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad,
+                                   block_table, rotary_cos, rotary_sin, alibi_slopes, softmax_scale, window_left,
+                                   window_right, softcap, rotary_interleaved, num_splits):
+    batch, seqlen_q, nheads, _ = q.shape
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    return out, q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
 
 
 @torch.library.custom_op("flashattn::kvcache_attention", mutates_args=(), device_types="cpu")

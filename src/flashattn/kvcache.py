@@ -275,14 +275,18 @@ def flash_attn_with_kvcache(
         _check_indices(seqlens, cache_batch_idx, cache_leftpad, block_table, k_cache, capacity, seqlen_new)
 
     opts = AttentionOptions.build(q.shape[-1], softmax_scale, causal, window_size, softcap, 0.0, False)
-    if k is not None:
-        decode_ops.kvcache_append(k_cache, v_cache, k, v, seqlens, cache_batch_idx, block_table, rotary_cos,
-                                  rotary_sin, bool(rotary_interleaved))
-    out, lse = decode_ops.kvcache_attention(
-        q, k_cache, v_cache, seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_cos, rotary_sin,
-        alibi_slopes, seqlen_new, opts.softmax_scale, opts.window_left, opts.window_right, opts.softcap,
-        bool(rotary_interleaved), num_splits,
-    )
+    if k is not None:  # one op: on the GPU a short append shares the attention's launch
+        out, lse = decode_ops.kvcache_append_attention(
+            q, k_cache, v_cache, k, v, seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_cos,
+            rotary_sin, alibi_slopes, opts.softmax_scale, opts.window_left, opts.window_right, opts.softcap,
+            bool(rotary_interleaved), num_splits,
+        )
+    else:
+        out, lse = decode_ops.kvcache_attention(
+            q, k_cache, v_cache, seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_cos, rotary_sin,
+            alibi_slopes, 0, opts.softmax_scale, opts.window_left, opts.window_right, opts.softcap,
+            bool(rotary_interleaved), num_splits,
+        )
     return (out, lse) if return_softmax_lse else out
 
 

@@ -72,30 +72,16 @@ def load_rotated(row_ptrs, row_mask, positions, Cos, Sin, stride_cos, stride_sin
 
 
 @triton.jit
-def kvcache_append_kernel(
-    K, V, KCache, VCache, CacheSeqlens, CacheBatchIdx, BlockTable, Cos, Sin,
-    stride_kb, stride_kn, stride_kh,
-    stride_vb, stride_vn, stride_vh,
-    stride_kcb, stride_kcn, stride_kch,
-    stride_vcb, stride_vcn, stride_vch,
+def _append_tokens(
+    K, V, KCache, VCache, BlockTable, Cos, Sin, batch, head_k, cache_len, cache_batch, offs_t,
+    stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
+    stride_kcb, stride_kcn, stride_kch, stride_vcb, stride_vcn, stride_vch,
     stride_btb, stride_cos, stride_sin,
-    seqlen_new, nheads_k, capacity, batch_cache, num_blocks, page_size, rotary_dim, seqlen_ro,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr,
-    CHAINED: tl.constexpr = False,
+    seqlen_new, capacity, batch_cache, num_blocks, page_size, rotary_dim, seqlen_ro,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    PAGED: tl.constexpr, HAS_ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr,
 ):
-    """One program per (block of new tokens, batch x kv head): cache[pos] = rotary(k), v at pos.
-
-    CHAINED: launched with programmatic dependent launch (see ``common.chain_launch``)."""
-    chain_launch(CHAINED)
-    bh = tl.program_id(1)
-    batch = bh // nheads_k
-    head_k = bh % nheads_k
-    cache_len = tl.load(CacheSeqlens + batch)
-    cache_batch = batch
-    if HAS_BATCH_IDX:
-        cache_batch = tl.load(CacheBatchIdx + batch)
-    offs_t = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    """Write new tokens ``offs_t`` of (batch, kv head) into the caches: rotary(k) and v at cache_len + t."""
     positions = cache_len + offs_t
     # the host refuses appends past the cache; the mask keeps a bad index from ever writing out of bounds
     ok = (offs_t < seqlen_new) & (positions >= 0) & (positions < capacity)
@@ -124,6 +110,39 @@ def kvcache_append_kernel(
     v_new = tl.load(v_src + offs_d, mask=store_mask, other=0.0)
     v_dst = VCache + head_k.to(tl.int64) * stride_vch + v_rows[:, None] + offs_d
     tl.store(v_dst, v_new.to(VCache.dtype.element_ty), mask=store_mask)
+
+
+@triton.jit
+def kvcache_append_kernel(
+    K, V, KCache, VCache, CacheSeqlens, CacheBatchIdx, BlockTable, Cos, Sin,
+    stride_kb, stride_kn, stride_kh,
+    stride_vb, stride_vn, stride_vh,
+    stride_kcb, stride_kcn, stride_kch,
+    stride_vcb, stride_vcn, stride_vch,
+    stride_btb, stride_cos, stride_sin,
+    seqlen_new, nheads_k, capacity, batch_cache, num_blocks, page_size, rotary_dim, seqlen_ro,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr,
+    CHAINED: tl.constexpr = False,
+):
+    """One program per (block of new tokens, batch x kv head): cache[pos] = rotary(k), v at pos.
+
+    CHAINED: launched with programmatic dependent launch (see ``common.chain_launch``)."""
+    chain_launch(CHAINED)
+    bh = tl.program_id(1)
+    batch = bh // nheads_k
+    head_k = bh % nheads_k
+    cache_len = tl.load(CacheSeqlens + batch)
+    cache_batch = batch
+    if HAS_BATCH_IDX:
+        cache_batch = tl.load(CacheBatchIdx + batch)
+    offs_t = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    _append_tokens(K, V, KCache, VCache, BlockTable, Cos, Sin, batch, head_k, cache_len, cache_batch, offs_t,
+                   stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
+                   stride_kcb, stride_kcn, stride_kch, stride_vcb, stride_vcn, stride_vch,
+                   stride_btb, stride_cos, stride_sin,
+                   seqlen_new, capacity, batch_cache, num_blocks, page_size, rotary_dim, seqlen_ro,
+                   HEAD_DIM, BLOCK_D, PAGED, HAS_ROTARY, INTERLEAVED)
 
 
 @triton.jit
@@ -174,11 +193,15 @@ def _decode_block_range(
     stride_kcb, stride_kcn, stride_vcb, stride_vcn,
     lo, hi, query_idx, leftpad, cache_batch, seqlen_q, seqlen_k,
     qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
+    new_lo,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, PAGED: tl.constexpr, ONE_PAGE: tl.constexpr,
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr, FUSE_APPEND: tl.constexpr,
 ):
+    """Key blocks lo, lo + BLOCK_N, ... < hi of the cache. FUSE_APPEND: keys from new_lo on are this
+    step's new tokens, which the same launch is writing into the cache: they are left out here (hidden,
+    never loaded) and taken from the new k/v by the caller. Only masked blocks may hold them."""
     offs_d = tl.arange(0, BLOCK_D)
     if PAGED and ONE_PAGE and not MASKED:
         # page by page: the table is read in the outer loop, so that the inner loop's K/V addresses are
@@ -218,12 +241,16 @@ def _decode_block_range(
                 k_rows, v_rows, exists = _key_rows(offs_n, start_n, leftpad, cache_batch, BlockTable, stride_btb,
                                                    page_size, num_blocks, stride_kcb, stride_kcn, stride_vcb,
                                                    stride_vcn, PAGED, ONE_PAGE)
+            key_index = offs_n
+            if FUSE_APPEND and MASKED:  # the new keys: not loaded, and hidden (past seqlen_k) in this block
+                exists = exists & (offs_n < new_lo)
+                key_index = tl.where(offs_n < new_lo, offs_n, seqlen_k)
             # -- K^T and V: interior blocks of a contiguous cache need no mask on the keys --
             kt, v = load_kt_v(k_head + k_rows[None, :] + offs_d[:, None],
                               v_head + v_rows[:, None] + offs_d[None, :],
                               offs_d, exists, HEAD_DIM, BLOCK_D, MASKED or PAGED)
             acc, acc_comp, row_sum, row_max = _decode_block(
-                acc, acc_comp, row_sum, row_max, q, kt, v, offs_n, query_idx, seqlen_q, seqlen_k,
+                acc, acc_comp, row_sum, row_max, q, kt, v, key_index, query_idx, seqlen_q, seqlen_k,
                 qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right, BLOCK_D, MASKED,
                 WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, UPCAST_DOT, DOT_PRECISION, COMPENSATED)
     return acc, acc_comp, row_sum, row_max
@@ -232,7 +259,9 @@ def _decode_block_range(
 @triton.jit
 def kvcache_attention_kernel(
     Q, KCache, VCache, Out, Lse, CacheSeqlens, CacheBatchIdx, CacheLeftpad, BlockTable, Cos, Sin, AlibiSlopes,
+    KNew, VNew,
     stride_qb, stride_qm, stride_qh,
+    stride_knb, stride_knn, stride_knh, stride_vnb, stride_vnn, stride_vnh,
     stride_kcb, stride_kcn, stride_kch,
     stride_vcb, stride_vcn, stride_vch,
     stride_os, stride_ob, stride_om, stride_oh,
@@ -246,11 +275,16 @@ def kvcache_attention_kernel(
     HAS_ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr, ROTARY_PER_TOKEN: tl.constexpr,
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
-    ONE_PAGE: tl.constexpr = False, CHAINED: tl.constexpr = False,
+    ONE_PAGE: tl.constexpr = False, CHAINED: tl.constexpr = False, FUSE_APPEND: tl.constexpr = False,
+    NEW_KEYS: tl.constexpr = 16,
 ):
     """Grid (row blocks, batch x kv heads, splits). Writes out/lse of split ``program_id(2)``.
 
     ONE_PAGE (paged, no left pad, BLOCK_N divides page_size): each key block lies in one page.
+    FUSE_APPEND: the step's seqlen_new (<= NEW_KEYS) new keys/values (KNew, VNew) are appended by this
+    launch: program (0, b x h, 0) writes them into the cache (as ``kvcache_append_kernel`` does), and
+    every program takes them from KNew/VNew in a step of its own after the cache's blocks, never from
+    the cache rows being written.
     CHAINED: launched with programmatic dependent launch (see ``common.chain_launch``)."""
     chain_launch(CHAINED)
     start_r = tl.program_id(0) * BLOCK_M
@@ -271,6 +305,21 @@ def kvcache_attention_kernel(
     if HAS_LEFTPAD:
         leftpad = tl.minimum(tl.maximum(tl.load(CacheLeftpad + batch), 0), total)
     seqlen_k = total - leftpad
+    new_lo = cache_len - leftpad  # the first new key, as the attention counts keys
+    k_new_head = KNew + batch.to(tl.int64) * stride_knb + head_k.to(tl.int64) * stride_knh
+    v_new_head = VNew + batch.to(tl.int64) * stride_vnb + head_k.to(tl.int64) * stride_vnh
+    if FUSE_APPEND:  # noqa: SIM102 (a compile-time flag around a runtime test: Triton cannot `and` them)
+        if (tl.program_id(0) == 0) & (split == 0):
+            append_batch = batch
+            if HAS_BATCH_IDX:
+                append_batch = tl.load(CacheBatchIdx + batch)
+            _append_tokens(KNew, VNew, KCache, VCache, BlockTable, Cos, Sin, batch, head_k, cache_len,
+                           append_batch, tl.arange(0, NEW_KEYS),
+                           stride_knb, stride_knn, stride_knh, stride_vnb, stride_vnn, stride_vnh,
+                           stride_kcb, stride_kcn, stride_kch, stride_vcb, stride_vcn, stride_vch,
+                           stride_btb, stride_cos, stride_sin,
+                           seqlen_new, capacity, batch_cache, num_blocks, page_size, rotary_dim, seqlen_ro,
+                           HEAD_DIM, BLOCK_D, PAGED, HAS_ROTARY, INTERLEAVED)
 
     # -- the tile's rows: (query token, query head of this kv head's group) --
     offs_r = start_r + tl.arange(0, BLOCK_M)
@@ -301,6 +350,8 @@ def kvcache_attention_kernel(
     first_query = start_r // group_size
     lo, full_lo, full_hi, hi = key_block_bounds(first_query, seqlen_q, seqlen_k, window_left, window_right,
                                                 BLOCK_M, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT)
+    if FUSE_APPEND:  # the blocks that hold new keys take the masked path, which leaves them out
+        full_hi = tl.maximum(full_lo, tl.minimum(full_hi, tl.maximum(new_lo, 0) // BLOCK_N * BLOCK_N))
     blocks_per_split = tl.cdiv(tl.cdiv(hi - lo, BLOCK_N), num_splits)
     split_lo = tl.minimum(lo + split * blocks_per_split * BLOCK_N, hi)
     split_hi = tl.minimum(split_lo + blocks_per_split * BLOCK_N, hi)
@@ -315,8 +366,25 @@ def kvcache_attention_kernel(
             acc, acc_comp, row_sum, row_max, q, k_head, v_head, BlockTable, stride_btb, page_size, num_blocks,
             stride_kcb, stride_kcn, stride_vcb, stride_vcn, start, end, query_idx, leftpad, cache_batch,
             seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
-            HEAD_DIM, BLOCK_D, BLOCK_N, stage != 1, PAGED, ONE_PAGE, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP,
-            HAS_ALIBI, UPCAST_DOT, DOT_PRECISION, COMPENSATED)
+            new_lo, HEAD_DIM, BLOCK_D, BLOCK_N, stage != 1, PAGED, ONE_PAGE, WINDOW_LEFT, WINDOW_RIGHT,
+            HAS_SOFTCAP, HAS_ALIBI, UPCAST_DOT, DOT_PRECISION, COMPENSATED, FUSE_APPEND)
+    if FUSE_APPEND:
+        # the new keys (at most NEW_KEYS, the host sees to it) in one more step, this split's share of them:
+        # rotated and rounded to the cache's dtype as the append stores them. A tile of NEW_KEYS rows, not
+        # BLOCK_N: the rotation holds four float32 tiles of its size (row, partner, cos, sin)
+        offs_n = new_lo + tl.arange(0, NEW_KEYS)
+        mine = (offs_n >= split_lo) & (offs_n < split_hi) & (offs_n < seqlen_k)
+        tokens = tl.arange(0, NEW_KEYS).to(tl.int64)
+        offs_d = tl.arange(0, BLOCK_D)
+        k_new = load_rotated(k_new_head + tokens[:, None] * stride_knn, mine[:, None], offs_n + leftpad, Cos, Sin,
+                             stride_cos, stride_sin, rotary_dim, seqlen_ro, HEAD_DIM, BLOCK_D, HAS_ROTARY, INTERLEAVED)
+        v_new = tl.load(v_new_head + tokens[:, None] * stride_vnn + offs_d[None, :],
+                        mask=mine[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        acc, acc_comp, row_sum, row_max = _decode_block(
+            acc, acc_comp, row_sum, row_max, q, tl.trans(k_new.to(KCache.dtype.element_ty)),
+            v_new.to(VCache.dtype.element_ty), tl.where(mine, offs_n, seqlen_k), query_idx, seqlen_q, seqlen_k,
+            qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right, BLOCK_D, True,
+            WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, UPCAST_DOT, DOT_PRECISION, COMPENSATED)
 
     # -- epilogue: normalize; a row (or a split) that saw no key gives 0 and lse = +inf --
     empty = row_sum == 0.0
