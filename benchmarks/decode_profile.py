@@ -15,8 +15,7 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from flashattn import flash_attn_with_kvcache
-from flashattn.bench_decode import DecodeCase, choose_grid_copies, l2_bytes, make_inputs
+from flashattn.bench_decode import DecodeCase, choose_grid_copies, flashattn_step, l2_bytes, make_inputs
 
 STEPS = 20
 
@@ -29,12 +28,7 @@ def kernel_times(case: DecodeCase, num_splits: int) -> dict[str, float]:
     """
     device = torch.device("cuda")
     copies = choose_grid_copies(case.kv_bytes(), l2_bytes(device))
-    inputs = make_inputs(case, device, copies=copies)
-
-    def step(i: int):
-        flash_attn_with_kvcache(inputs.q, inputs.k_caches[i], inputs.v_caches[i], inputs.k_new, inputs.v_new,
-                                cache_seqlens=inputs.cache_seqlens, block_table=inputs.block_table,
-                                num_splits=num_splits, check_indices=False)
+    step = flashattn_step(num_splits)(make_inputs(case, device, copies=copies))
 
     for i in range(copies):
         step(i)

@@ -103,7 +103,9 @@ def make_inputs(case: DecodeCase, device: torch.device, copies: int) -> DecodeIn
     return DecodeInputs(q, k_new, v_new, k_caches, v_caches, cache_seqlens, block_table)
 
 
-def _flashattn(num_splits: int):
+def flashattn_step(num_splits: int) -> Callable[[DecodeInputs], Runner]:
+    """The decode step of flash_attn_with_kvcache on cache copy i, with this split count (0: automatic)."""
+
     def build(inputs: DecodeInputs) -> Runner:
         def step(i: int):
             return flash_attn_with_kvcache(inputs.q, inputs.k_caches[i], inputs.v_caches[i], inputs.k_new,
@@ -140,8 +142,8 @@ def _sdpa(backend_name: str):
 
 
 DECODE_PROVIDERS: dict[str, Callable[[DecodeInputs], Runner]] = {
-    "flashattn": _flashattn(0),
-    "flashattn_nosplit": _flashattn(1),
+    "flashattn": flashattn_step(0),
+    "flashattn_nosplit": flashattn_step(1),
     **{f"sdpa_{name.split('_')[0].lower()}": _sdpa(name) for name in SDPA_BACKENDS},
 }
 
