@@ -3,7 +3,8 @@
 Triton runs its whole MLIR pipeline and ptxas (both ship in the triton wheel) for a ``GPUTarget``, so
 registers, stack (spills), shared memory, warps and the instruction mix (HGMMA vs HMMA, FP ops) can be
 read on the CPU machine before any device time is spent. Unspecified constexprs default to False,
-pointers to *bf16 (Lse/Delta/AlibiSlopes *fp32, CuSeqlens*/BlockMap/BlockTable *i32), other arguments to i32.
+pointers to *bf16 (Lse/Delta/AlibiSlopes *fp32; CuSeqlens*, BlockMap, BlockTable and the kvcache's
+CacheSeqlens/CacheBatchIdx/CacheLeftpad *i32), other arguments to i32.
 
 Pointers and ``stride_*`` arguments are compiled as multiples of 16, as Triton's launcher specializes
 them for 16-byte aligned tensors whose strides are multiples of 16 elements (every benchmark shape):
@@ -34,7 +35,7 @@ from triton.compiler import ASTSource
 BIN = triton.__path__[0] + "/backends/nvidia/bin/"
 FLOAT_ARGS = {"softmax_scale", "qk_scale", "softcap_log2", "dropout_p"}
 FP32_POINTERS = {"Lse", "Delta", "AlibiSlopes", "DMask"}
-INT32_POINTERS = {"BlockMap", "BlockTable"}
+INT32_POINTERS = {"BlockMap", "BlockTable", "CacheSeqlens", "CacheBatchIdx", "CacheLeftpad"}
 COUNTED_OPS = ("HGMMA", "HMMA", "FFMA", "FMUL", "FADD", "MUFU.EX2", "STL", "LDL")
 
 

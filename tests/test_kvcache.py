@@ -402,7 +402,7 @@ def test_chained_launch_changes_nothing_on_gpu(monkeypatch, paged):
 def test_fused_append_equals_append_then_attend(triton_backend, monkeypatch, name):
     """The attention launch that also appends (up to FUSED_APPEND_MAX_TOKENS new tokens) against an append
     launch followed by the attention: the same caches bit for bit, and both outputs within the rule (the
-    fused launch folds the new keys in as a step of their own, so the roundings differ)."""
+    fused launch puts the new keys' block on the masked path, so the two may round differently)."""
     assert_fused_matches_separate(PROBLEMS[name], torch.float16, triton_backend, monkeypatch)
 
 

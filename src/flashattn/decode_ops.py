@@ -254,8 +254,9 @@ def _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache
     group_size = nheads // nheads_k
     interpret = interpreting()
     config = decode_config(group_size * seqlen_q, head_dim, q.dtype, interpret)
-    # with rotary the new keys' rotation in the attention launch pushed it to 255 registers and spills
-    # (sm90 SASS, hdim 128): those steps keep the append's own launch
+    # with rotary the new keys would be rotated inside the attention's key loop (a first design that
+    # rotated them in the attention launch reached 255 registers and spilled): those steps keep the
+    # append's own launch
     fused = k_new is not None and seqlen_new <= FUSED_APPEND_MAX_TOKENS and rotary_cos is None
     if fused:
         k_new, v_new = _last_dim_contiguous(k_new), _last_dim_contiguous(v_new)
@@ -322,8 +323,8 @@ def _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache
 FUSED_APPEND_MAX_TOKENS = 16
 """Up to this many new tokens per sequence, and without rotary, the attention launch also appends them
 (FUSE_APPEND): one launch less per decode step. It is also the kernel's tile of new keys (a power of
-two, at least 16). The new keys are folded in as a step of their own and their block of the cache
-takes the masked path, so a longer chunk is appended by a launch of its own instead."""
+two, at least 16). The blocks that hold the new keys take the masked path, which reads their rows from
+k/v: a longer chunk would put more blocks on that slower path, so it is appended by a launch of its own."""
 
 
 def _triton_append_attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,

@@ -193,15 +193,15 @@ def _decode_block_range(
     stride_kcb, stride_kcn, stride_vcb, stride_vcn,
     lo, hi, query_idx, leftpad, cache_batch, seqlen_q, seqlen_k,
     qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
-    new_lo,
+    new_lo, k_new_head, v_new_head, stride_knn, stride_vnn,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, PAGED: tl.constexpr, ONE_PAGE: tl.constexpr,
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr, FUSE_APPEND: tl.constexpr,
 ):
     """Key blocks lo, lo + BLOCK_N, ... < hi of the cache. FUSE_APPEND: keys from new_lo on are this
-    step's new tokens, which the same launch is writing into the cache: they are left out here (hidden,
-    never loaded) and taken from the new k/v by the caller. Only masked blocks may hold them."""
+    step's new tokens, which the same launch is writing into the cache: their rows are read from the new
+    k/v (k_new_head, v_new_head), never from the cache rows being written. Only masked blocks hold them."""
     offs_d = tl.arange(0, BLOCK_D)
     if PAGED and ONE_PAGE and not MASKED:
         # page by page: the table is read in the outer loop, so that the inner loop's K/V addresses are
@@ -241,16 +241,19 @@ def _decode_block_range(
                 k_rows, v_rows, exists = _key_rows(offs_n, start_n, leftpad, cache_batch, BlockTable, stride_btb,
                                                    page_size, num_blocks, stride_kcb, stride_kcn, stride_vcb,
                                                    stride_vcn, PAGED, ONE_PAGE)
-            key_index = offs_n
-            if FUSE_APPEND and MASKED:  # the new keys: not loaded, and hidden (past seqlen_k) in this block
-                exists = exists & (offs_n < new_lo)
-                key_index = tl.where(offs_n < new_lo, offs_n, seqlen_k)
+            kt_ptrs = k_head + k_rows[None, :] + offs_d[:, None]
+            v_ptrs = v_head + v_rows[:, None] + offs_d[None, :]
+            if FUSE_APPEND and MASKED:  # the new keys' rows come from the new k/v, not from the cache
+                is_new = offs_n >= new_lo
+                new_rows = tl.maximum(offs_n - new_lo, 0).to(tl.int64)
+                kt_ptrs = tl.where(is_new[None, :], k_new_head + new_rows[None, :] * stride_knn + offs_d[:, None],
+                                   kt_ptrs)
+                v_ptrs = tl.where(is_new[:, None], v_new_head + new_rows[:, None] * stride_vnn + offs_d[None, :],
+                                  v_ptrs)
             # -- K^T and V: interior blocks of a contiguous cache need no mask on the keys --
-            kt, v = load_kt_v(k_head + k_rows[None, :] + offs_d[:, None],
-                              v_head + v_rows[:, None] + offs_d[None, :],
-                              offs_d, exists, HEAD_DIM, BLOCK_D, MASKED or PAGED)
+            kt, v = load_kt_v(kt_ptrs, v_ptrs, offs_d, exists, HEAD_DIM, BLOCK_D, MASKED or PAGED)
             acc, acc_comp, row_sum, row_max = _decode_block(
-                acc, acc_comp, row_sum, row_max, q, kt, v, key_index, query_idx, seqlen_q, seqlen_k,
+                acc, acc_comp, row_sum, row_max, q, kt, v, offs_n, query_idx, seqlen_q, seqlen_k,
                 qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right, BLOCK_D, MASKED,
                 WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, UPCAST_DOT, DOT_PRECISION, COMPENSATED)
     return acc, acc_comp, row_sum, row_max
@@ -281,10 +284,10 @@ def kvcache_attention_kernel(
     """Grid (row blocks, batch x kv heads, splits). Writes out/lse of split ``program_id(2)``.
 
     ONE_PAGE (paged, no left pad, BLOCK_N divides page_size): each key block lies in one page.
-    FUSE_APPEND: the step's seqlen_new (<= NEW_KEYS) new keys/values (KNew, VNew) are appended by this
-    launch: program (0, b x h, 0) writes them into the cache (as ``kvcache_append_kernel`` does), and
-    every program takes them from KNew/VNew in a step of its own after the cache's blocks, never from
-    the cache rows being written.
+    FUSE_APPEND: the step's seqlen_new (<= NEW_KEYS) new keys/values (KNew, VNew, without rotary) are
+    appended by this launch: program (0, b x h, 0) writes them into the cache (as
+    ``kvcache_append_kernel`` does), and every program reads their rows from KNew/VNew, never from the
+    cache rows being written.
     CHAINED: launched with programmatic dependent launch (see ``common.chain_launch``)."""
     chain_launch(CHAINED)
     start_r = tl.program_id(0) * BLOCK_M
@@ -350,7 +353,7 @@ def kvcache_attention_kernel(
     first_query = start_r // group_size
     lo, full_lo, full_hi, hi = key_block_bounds(first_query, seqlen_q, seqlen_k, window_left, window_right,
                                                 BLOCK_M, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT)
-    if FUSE_APPEND:  # the blocks that hold new keys take the masked path, which leaves them out
+    if FUSE_APPEND:  # the blocks that hold new keys take the masked path, which reads them from KNew/VNew
         full_hi = tl.maximum(full_lo, tl.minimum(full_hi, tl.maximum(new_lo, 0) // BLOCK_N * BLOCK_N))
     blocks_per_split = tl.cdiv(tl.cdiv(hi - lo, BLOCK_N), num_splits)
     split_lo = tl.minimum(lo + split * blocks_per_split * BLOCK_N, hi)
@@ -366,25 +369,9 @@ def kvcache_attention_kernel(
             acc, acc_comp, row_sum, row_max, q, k_head, v_head, BlockTable, stride_btb, page_size, num_blocks,
             stride_kcb, stride_kcn, stride_vcb, stride_vcn, start, end, query_idx, leftpad, cache_batch,
             seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
-            new_lo, HEAD_DIM, BLOCK_D, BLOCK_N, stage != 1, PAGED, ONE_PAGE, WINDOW_LEFT, WINDOW_RIGHT,
-            HAS_SOFTCAP, HAS_ALIBI, UPCAST_DOT, DOT_PRECISION, COMPENSATED, FUSE_APPEND)
-    if FUSE_APPEND:
-        # the new keys (at most NEW_KEYS, the host sees to it) in one more step, this split's share of them:
-        # rotated and rounded to the cache's dtype as the append stores them. A tile of NEW_KEYS rows, not
-        # BLOCK_N: the rotation holds four float32 tiles of its size (row, partner, cos, sin)
-        offs_n = new_lo + tl.arange(0, NEW_KEYS)
-        mine = (offs_n >= split_lo) & (offs_n < split_hi) & (offs_n < seqlen_k)
-        tokens = tl.arange(0, NEW_KEYS).to(tl.int64)
-        offs_d = tl.arange(0, BLOCK_D)
-        k_new = load_rotated(k_new_head + tokens[:, None] * stride_knn, mine[:, None], offs_n + leftpad, Cos, Sin,
-                             stride_cos, stride_sin, rotary_dim, seqlen_ro, HEAD_DIM, BLOCK_D, HAS_ROTARY, INTERLEAVED)
-        v_new = tl.load(v_new_head + tokens[:, None] * stride_vnn + offs_d[None, :],
-                        mask=mine[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-        acc, acc_comp, row_sum, row_max = _decode_block(
-            acc, acc_comp, row_sum, row_max, q, tl.trans(k_new.to(KCache.dtype.element_ty)),
-            v_new.to(VCache.dtype.element_ty), tl.where(mine, offs_n, seqlen_k), query_idx, seqlen_q, seqlen_k,
-            qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right, BLOCK_D, True,
-            WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, UPCAST_DOT, DOT_PRECISION, COMPENSATED)
+            new_lo, k_new_head, v_new_head, stride_knn, stride_vnn, HEAD_DIM, BLOCK_D, BLOCK_N, stage != 1,
+            PAGED, ONE_PAGE, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, UPCAST_DOT, DOT_PRECISION, COMPENSATED,
+            FUSE_APPEND)
 
     # -- epilogue: normalize; a row (or a split) that saw no key gives 0 and lse = +inf --
     empty = row_sum == 0.0
