@@ -5,7 +5,8 @@
 #     FLASHATTN_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/gpu_kernel_round.sh
 # Settings (environment): TESTS (pytest -k expression over tests/test_kernels.py test_kvcache.py
 # test_combine.py; empty skips the tests), FORWARD_CANDIDATES and FORWARD_SHAPES ("hdim:seqlen[:causal]"
-# words), DECODE_LENS, DECODE_PROFILE (0 skips the per-kernel decode profile). Logs under $OUT/round; a short table is printed last and results.tgz holds them.
+# words), DECODE_LENS, DECODE_PROFILE (0 skips the per-kernel decode profile). Logs under $OUT/round; a
+# short table is printed last and results.tgz holds them.
 set -u -o pipefail
 OUT=${OUT:-gpu-out}
 LOGS="$OUT/round"
@@ -28,19 +29,22 @@ for shape in $FORWARD_SHAPES; do
   step "forward-d$hdim-s$seqlen${causal:+-causal}" 120 python3 -m flashattn blocks --head-dim "$hdim" \
     --seqlen "$seqlen" ${causal:+--causal} --candidates "$FORWARD_CANDIDATES"
 done
-for chained in 1 0; do  # decode_ops.PROGRAMMATIC_LAUNCH on (where the GPU has it), then off
-  step "decode-chained$chained" 120 python3 -c "import sys; import flashattn.decode_ops as d
-d.PROGRAMMATIC_LAUNCH = getattr(d, 'PROGRAMMATIC_LAUNCH', None) is not None and bool($chained)
+# decode steps: as shipped; without programmatic dependent launch (decode_ops.PROGRAMMATIC_LAUNCH); without
+# the append fused into the attention launch (decode_ops.FUSED_APPEND_MAX_TOKENS = 0)
+for variant in shipped unchained unfused; do
+  step "decode-$variant" 120 python3 -c "import sys; import flashattn.decode_ops as d
+if '$variant' == 'unchained': d.PROGRAMMATIC_LAUNCH = False
+if '$variant' == 'unfused': d.FUSED_APPEND_MAX_TOKENS = 0
 from flashattn.bench import main
 sys.exit(main(['--mode', 'decode', '--cache-lens', *'$DECODE_LENS'.split(), '--batches', '1', '4', '16',
-               '--out', '$LOGS', '--markdown', '$LOGS/decode-chained$chained.md']))"
+               '--out', '$LOGS', '--markdown', '$LOGS/decode-$variant.md']))"
 done
-[ "${DECODE_PROFILE:-1}" = 1 ] && step decode-profile 90 python3 benchmarks/decode_profile.py --batches 1 4 --cache-lens $DECODE_LENS \
-  --num-splits 0 8 16
+[ "${DECODE_PROFILE:-1}" = 1 ] && step decode-profile 90 python3 benchmarks/decode_profile.py --batches 1 4 \
+  --cache-lens $DECODE_LENS --num-splits 0 8 16
 
 echo "=== summary"
 [ -f "$LOGS/tests.log" ] && grep -E "^(FAILED|ERROR)|passed|failed" "$LOGS/tests.log" | tail -8
 for f in "$LOGS"/forward-*.log; do echo "-- $(basename "$f" .log)"; grep -E "^\*? +forward " "$f"; done
-for f in "$LOGS"/decode-chained*.md; do echo "-- $(basename "$f" .md)"; grep -E "^\| [0-9]" "$f"; done
+for f in "$LOGS"/decode-*.md; do echo "-- $(basename "$f" .md)"; grep -E "^\| [0-9]" "$f"; done
 [ -f "$LOGS/decode-profile.log" ] && grep -E "\*\*sum\*\*" "$LOGS/decode-profile.log"
 tar czf "$OUT/results.tgz" -C "$OUT" round && rm -rf "$LOGS"
