@@ -362,9 +362,10 @@ def test_chained_launch_only_on_hopper_gpus():
 @pytest.mark.gpu
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
 def test_chained_launch_changes_nothing_on_gpu(monkeypatch, paged):
-    """Append, split attention and merge chained by programmatic dependent launch (sm90+) against the
-    same kernels launched one after another: bit for bit, eagerly and replayed from a CUDA graph, where
-    a kernel that read before its predecessor's writes landed would differ."""
+    """Split attention and merge chained by programmatic dependent launch (sm90+), after the rotary
+    step's own append, against the same kernels launched one after another: bit for bit, eagerly and
+    replayed from a CUDA graph, where a kernel that read before its predecessor's writes landed would
+    differ."""
     monkeypatch.setenv("FLASHATTN_BACKEND", "triton")
     problem = KVProblem(batch=2, nheads=32, nheads_k=8, head_dim=128, capacity=8192, cache_seqlens=(8000, 3000),
                         seqlen_new=1, rotary_dim=64)

@@ -142,7 +142,10 @@ def combine_backward_kernel(
     dlse = tl.load(DLse + _row_offsets(offs_r, batch, nheads, stride_dlb, stride_dlm, stride_dlh),
                    mask=row_ok, other=0.0).to(tl.float32)
     shift, total = _merged_lse(LsePartial, lse_offsets, row_ok, stride_lps, num_splits, BLOCK_M, SPLIT_BLOCK)
-    norm = tl.math.log2(tl.where(total == 0.0, 1.0, total)) / LOG2E + shift  # the merged lse (finite part)
+    # w_s = exp(l_s - L) as 2^((l_s - shift) log2 e - log2 total): the exponent is built from small terms.
+    # Forming L first (shift + log total, up to ~|l_s|) and then l_s - L rounded at L's magnitude, and
+    # the float32 gradients came out 4x PyTorch's error on the GPU
+    log2_total = tl.math.log2(tl.where(total == 0.0, 1.0, total))
 
     # pass 1: d out_partial, and dout . o_s parked in d lse_partial; their weighted sum is dout . out
     dout_dot_out = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -152,7 +155,7 @@ def combine_backward_kernel(
     dlse_partial_ptrs = DLsePartial + dlse_offsets
     for _ in range(num_splits):
         lse = tl.load(lse_ptrs, mask=row_ok, other=float("-inf"))
-        weight = tl.math.exp2((_finite_lse(lse.to(tl.float32)) - norm) * LOG2E)
+        weight = tl.math.exp2((_finite_lse(lse.to(tl.float32)) - shift) * LOG2E - log2_total)
         partial = tl.load(out_ptrs, mask=tile_ok, other=0.0).to(tl.float32)
         dot_s = tl.sum(dout * tl.where(weight[:, None] > 0.0, partial, 0.0), 1)
         dout_dot_out += weight * dot_s
@@ -167,7 +170,7 @@ def combine_backward_kernel(
     dlse_partial_ptrs = DLsePartial + dlse_offsets
     for _ in range(num_splits):
         lse = tl.load(lse_ptrs, mask=row_ok, other=float("-inf"))
-        weight = tl.math.exp2((_finite_lse(lse.to(tl.float32)) - norm) * LOG2E)
+        weight = tl.math.exp2((_finite_lse(lse.to(tl.float32)) - shift) * LOG2E - log2_total)
         dot_s = tl.load(dlse_partial_ptrs, mask=row_ok, other=0.0).to(tl.float32)
         grad = tl.where(weight > 0.0, weight * (dot_s - dout_dot_out + dlse), 0.0)
         tl.store(dlse_partial_ptrs, grad.to(DLsePartial.dtype.element_ty), mask=row_ok)

@@ -123,12 +123,8 @@ def kvcache_append_kernel(
     seqlen_new, nheads_k, capacity, batch_cache, num_blocks, page_size, rotary_dim, seqlen_ro,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr,
-    CHAINED: tl.constexpr = False,
 ):
-    """One program per (block of new tokens, batch x kv head): cache[pos] = rotary(k), v at pos.
-
-    CHAINED: launched with programmatic dependent launch (see ``common.chain_launch``)."""
-    chain_launch(CHAINED)
+    """One program per (block of new tokens, batch x kv head): cache[pos] = rotary(k), v at pos."""
     bh = tl.program_id(1)
     batch = bh // nheads_k
     head_k = bh % nheads_k
