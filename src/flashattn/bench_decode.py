@@ -148,7 +148,7 @@ DECODE_PROVIDERS: dict[str, Callable[[DecodeInputs], Runner]] = {
 }
 
 
-def _graph_seconds(step: Runner, copies: int, device: torch.device) -> float:
+def graph_seconds(step: Runner, copies: int, device: torch.device) -> float:
     """Seconds per step, from a CUDA graph that runs the step over each cache copy in turn."""
     calls = max(copies, 8)
     stream = torch.cuda.Stream(device)
@@ -196,7 +196,7 @@ def measure_decode(provider: str, case: DecodeCase, device: torch.device, copy_b
         out = step(0)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-            seconds = _graph_seconds(step, copies, device)
+            seconds = graph_seconds(step, copies, device)
         else:
             seconds = median_seconds(lambda: step(0), device)
         out = out.reshape(case.batch, case.nheads, case.head_dim) if out.dim() == 4 else out
