@@ -23,11 +23,13 @@ SPLIT_CANDIDATES = (1, 2, 3, 4, 5, 6, 8, 9, 11, 12, 16, 17, 22, 24, 32, 33, 48, 
 
 def candidate_splits(case: DecodeCase, processors: int, key_block: int = 64) -> list[int]:
     """Split counts worth timing: every split keeps at least 2 key blocks, and the launch has from half
-    a program to 4 programs per processor."""
+    a program to 4 programs per processor, or up to 4 splits where the batch alone fills the GPU (the
+    waves of a large batch)."""
     programs = case.batch * case.nheads_k
     key_blocks = -(-case.cache_len // key_block)
     return [s for s in SPLIT_CANDIDATES
-            if s <= max(1, key_blocks // 2) and processors // 2 <= programs * s <= 4 * processors]
+            if s <= max(1, key_blocks // 2) and processors // 2 <= programs * s
+            and (programs * s <= 4 * processors or s <= 4)]
 
 
 def sweep(case: DecodeCase, device: torch.device) -> dict:
