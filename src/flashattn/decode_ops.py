@@ -93,18 +93,24 @@ def choose_num_splits(programs: int, key_blocks: int, processors: int) -> int:
     """How many chunks to split each program's keys into (flash-decoding).
 
     ``programs`` = batch x kv heads x query tiles; ``key_blocks`` = key blocks of the longest sequence.
-    When the programs fill the GPU, no split. Otherwise as many splits as fit one wave of two programs
-    per processor (rounded down), each split keeping at least 4 key blocks so that the loads are still
-    pipelined and the merge stays cheap next to the attention.
+    Below one program per processor: as many splits as fit one wave of two programs per processor
+    (rounded down). From one to four programs per processor: 3 splits. Beyond: no split. Each split
+    keeps at least 4 key blocks, so that the loads are still pipelined and the merge stays cheap next
+    to the attention.
 
     Measured on an H200 (132 SMs; ``benchmarks/decode_splits.py``, GQA 32/8, hdim 128, 8k-64k, batch
     1-16, contiguous and paged, kernel version 6): the best split count put 256-264 programs in the
     launch in 23 of 25 cases, and the other two were within 1.3% of that choice. Rounding up (a third
     program on some SMs, which then finish last) cost up to 11% (64k batch 2: 147 against 131 us).
-    Version 4's kernel, with a two-stage paged loop, had measured the opposite.
+    Version 4's kernel, with a two-stage paged loop, had measured the opposite. Batches that fill the
+    GPU alone (batch 32 and 64 there, 4k-128k keys): unsplit steps ran at 81-91% of the copy bandwidth
+    and 3 splits came within 3.3% of the best of 1-4 splits in all 10 cases (128k batch 64: 8843 us
+    unsplit, 7592 with 3 splits, 7351 with 4; cuDNN 7466). Not measured beyond 4 programs per SM.
     """
-    if programs >= processors:
+    if programs > 4 * processors:
         return 1
+    if programs >= processors:
+        return max(1, min(3, key_blocks // 4))
     wanted = max(1, 2 * processors // programs)
     return max(1, min(wanted, key_blocks // 4, MAX_SPLITS))
 
