@@ -2,7 +2,8 @@
 
 For each case (cache length, batch, contiguous or paged) the whole step of ``flash_attn_with_kvcache``
 is timed as the bench times it (a CUDA graph over enough cache copies to miss the L2), once per split
-count, and the automatic choice is marked. Prints a Markdown table per case and writes JSON to --out.
+count, and the automatic choice is marked; with --configs, also for other key tiles, warps and stages,
+each output checked against the table's. Prints a Markdown row per case and config, JSON to --out.
 
     PYTHONPATH=src python3 benchmarks/decode_splits.py --cache-lens 8192 65536 --batches 1 4 16 \\
         [--page-size 256] --out splits.json
@@ -11,6 +12,8 @@ count, and the automatic choice is marked. Prints a Markdown table per case and 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 
 import torch
@@ -18,6 +21,7 @@ import torch
 from flashattn import decode_ops
 from flashattn.bench_decode import DecodeCase, choose_grid_copies, flashattn_step, graph_seconds, l2_bytes, make_inputs
 
+WRONG_DIFF = 2e-2  # bf16 outputs of the same attention differ by rounding only (~1e-3)
 SPLIT_CANDIDATES = (1, 2, 3, 4, 5, 6, 8, 9, 11, 12, 16, 17, 22, 24, 32, 33, 48, 64)
 
 
@@ -32,21 +36,49 @@ def candidate_splits(case: DecodeCase, processors: int, key_block: int = 64) -> 
             and (programs * s <= 4 * processors or s <= 4)]
 
 
-def sweep(case: DecodeCase, device: torch.device) -> dict:
+def parse_config(text: str) -> tuple[int, int, int]:
+    """"64x4x3" -> (block_n, num_warps, num_stages); the query tile stays the table's."""
+    block_n, warps, stages = (int(part) for part in text.split("x"))
+    return block_n, warps, stages
+
+
+@contextlib.contextmanager
+def decode_tiles(config: tuple[int, int, int] | None):
+    """decode_ops.decode_config with (block_n, num_warps, num_stages) replaced; None: the table's."""
+    table = decode_ops.decode_config
+    if config is not None:
+        block_n, warps, stages = config
+        decode_ops.decode_config = lambda *args: dataclasses.replace(
+            table(*args), block_n=block_n, num_warps=warps, num_stages=stages)
+    try:
+        yield
+    finally:
+        decode_ops.decode_config = table
+
+
+def sweep(case: DecodeCase, device: torch.device, configs: list[str | None]) -> dict:
+    """Step times over split counts for each tile config, and each output's largest difference from
+    the table config's output with the automatic split count (a wrong config shows there)."""
     processors = torch.cuda.get_device_properties(device).multi_processor_count
     copies = choose_grid_copies(case.kv_bytes(), l2_bytes(device))
     inputs = make_inputs(case, device, copies)
-    key_blocks = -(-case.cache_len // 64)
-    auto = decode_ops.choose_num_splits(case.batch * case.nheads_k, key_blocks, processors)
-    times = {}
-    for splits in sorted(set(candidate_splits(case, processors)) | {auto}):
-        step = flashattn_step(splits)(inputs)
-        step(0)
-        torch.cuda.synchronize(device)
-        times[splits] = graph_seconds(step, copies, device) * 1e6
+    auto = decode_ops.choose_num_splits(case.batch * case.nheads_k, -(-case.cache_len // 64), processors)
+    reference = flashattn_step(auto)(inputs)(0).float()
+    results = {}
+    for name in configs:
+        config = parse_config(name) if name else None
+        times, diffs = {}, {}
+        with decode_tiles(config):
+            splits_to_try = set(candidate_splits(case, processors, config[0] if config else 64)) | {auto}
+            for splits in sorted(splits_to_try):
+                step = flashattn_step(splits)(inputs)
+                diffs[splits] = (step(0).float() - reference).abs().max().item()
+                torch.cuda.synchronize(device)
+                times[splits] = graph_seconds(step, copies, device) * 1e6
+        results[name or "table"] = {"us": times, "max_diff": diffs}
     del inputs
     torch.cuda.empty_cache()
-    return {"case": vars(case), "auto": auto, "us": times}
+    return {"case": vars(case), "auto": auto, "configs": results}
 
 
 def main() -> None:
@@ -54,6 +86,8 @@ def main() -> None:
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 2, 4, 8, 16])
     parser.add_argument("--cache-lens", nargs="+", type=int, default=[8192, 65536])
     parser.add_argument("--page-size", type=int, default=0, help="0: a contiguous cache")
+    parser.add_argument("--configs", nargs="+", default=[],
+                        help="tile configs BLOCK_NxWARPSxSTAGES to sweep besides the table's, e.g. 128x4x2")
     parser.add_argument("--out", default=None, help="JSON file for the results")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -62,14 +96,18 @@ def main() -> None:
     results = []
     for cache_len in args.cache_lens:
         for batch in args.batches:
-            result = sweep(DecodeCase(batch=batch, cache_len=cache_len, page_size=args.page_size or None), device)
+            case = DecodeCase(batch=batch, cache_len=cache_len, page_size=args.page_size or None)
+            result = sweep(case, device, [None, *args.configs])
             results.append(result)
-            best = min(result["us"], key=result["us"].get)
-            cells = " ".join(f"{s}{'*' if s == result['auto'] else ''}{'!' if s == best else ''}:{us:.1f}"
-                             for s, us in result["us"].items())
-            print(f"| {cache_len} | {batch} | {args.page_size or 'contiguous'} | auto {result['auto']} "
-                  f"{result['us'][result['auto']]:.1f} us | best {best} {result['us'][best]:.1f} us | {cells} |",
-                  flush=True)
+            for name, runs in result["configs"].items():
+                times = runs["us"]
+                best = min(times, key=times.get)
+                wrong = [s for s, diff in runs["max_diff"].items() if diff > WRONG_DIFF]
+                cells = " ".join(f"{s}{'*' if s == result['auto'] else ''}{'!' if s == best else ''}:{us:.1f}"
+                                 for s, us in times.items())
+                print(f"| {cache_len} | {batch} | {args.page_size or 'contiguous'} | {name} | auto {result['auto']} "
+                      f"{times[result['auto']]:.1f} us | best {best} {times[best]:.1f} us | {cells} |"
+                      f"{' WRONG at splits ' + str(wrong) if wrong else ''}", flush=True)
     if args.out:
         with open(args.out, "w") as file:
             json.dump({"device": torch.cuda.get_device_name(device), "results": results}, file, indent=1)
