@@ -22,8 +22,13 @@ def test_short_non_causal_forward_drops_tma_only_when_the_length_is_known_and_sh
         medium = lookup("hopper", "forward", head_dim, False, torch.bfloat16, seqlen=SHORT_SEQLEN + 1)
         unknown = lookup("hopper", "forward", head_dim, False, torch.bfloat16)
         assert not short.tma and medium.tma and unknown == medium
-    # causal entries and the other phases keep their one config
-    assert lookup("hopper", "forward", 128, True, torch.bfloat16, seqlen=512) == configs._HOPPER_FORWARD[(128, True)]
+    # the causal hdim-64/128 forward takes 64 x 64 tiles when short; hdim 256 causal and the backward
+    # phases keep their one config
+    for head_dim in (64, 128):
+        short = lookup("hopper", "forward", head_dim, True, torch.bfloat16, seqlen=SHORT_SEQLEN)
+        medium = lookup("hopper", "forward", head_dim, True, torch.bfloat16, seqlen=SHORT_SEQLEN + 1)
+        assert short == TileConfig(64, 64, 4, 3) and medium == configs._HOPPER_FORWARD[(head_dim, True)]
+    assert lookup("hopper", "forward", 256, True, torch.bfloat16, seqlen=512) == configs._HOPPER_FORWARD[(256, True)]
     assert lookup("hopper", "dkdv", 128, False, torch.bfloat16, seqlen=512) == configs._HOPPER_DKDV[(128, False)]
 
 

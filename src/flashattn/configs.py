@@ -91,9 +91,15 @@ _PORTABLE_DQ = {(64, c): TileConfig(64, 32, 4, 1) for c in (False, True)} | {
 # 4-8 key blocks does not pay that back. Swept on an H200 (run efcc6a4, `flashattn blocks`, TFLOP/s at
 # 512 / 1k tokens): hdim 128, 128x64x8x3 305 / 390 against 128x128x8x3 294 / 380 and the long table's
 # 128x128x8x3+tma 257 / 364; hdim 256, 128x64x8x2 333 / 411 against 238 / 402 with TMA.
+# Causal hdim 64/128: 64 x 64 query/key tiles on 4 warps. At 512-1k tokens most query blocks hold a
+# diagonal, and a 128-row block wastes half its diagonal tile (swept twice in one run on an H200,
+# 2026-11-22, TFLOP/s at 512 / 1k: hdim 64, 214-216 / 282-288 against 195-196 / 274 for 128x64x8x3;
+# hdim 128, 217-219 / 305-308 against 155-190 / 277-279; 4 stages lost, 2 stages tied at 512 only).
 SHORT_SEQLEN = 1024
 _HOPPER_FORWARD_SHORT = {
+    (64, True): TileConfig(64, 64, 4, 3),
     (128, False): TileConfig(128, 64, 8, 3),
+    (128, True): TileConfig(64, 64, 4, 3),
     (256, False): TileConfig(128, 64, 8, 2),
 }
 _LONG_TABLES = {("hopper", "forward"): _HOPPER_FORWARD_LONG}
