@@ -301,7 +301,7 @@ def _relative_error(actual, expected) -> float:
 def _time_ms(fn: Callable[[], object]) -> float:
     import triton.testing
 
-    return triton.testing.do_bench(fn, return_mode="median")
+    return triton.testing.do_bench(fn, warmup=250, return_mode="median")  # see demo.median_seconds
 
 
 def run_candidate(phase: str, candidate: Candidate, case: _Case, timed: bool) -> tuple[str, float | None, float | None]:
