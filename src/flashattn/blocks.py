@@ -299,9 +299,12 @@ def _relative_error(actual, expected) -> float:
 
 
 def _time_ms(fn: Callable[[], object]) -> float:
-    import triton.testing
+    """Median GPU milliseconds of ``fn``, timed as the bench times (warm-up included)."""
+    import torch
 
-    return triton.testing.do_bench(fn, warmup=250, return_mode="median")  # see demo.median_seconds
+    from .demo import median_seconds
+
+    return median_seconds(fn, torch.device("cuda")) * 1e3
 
 
 def run_candidate(phase: str, candidate: Candidate, case: _Case, timed: bool) -> tuple[str, float | None, float | None]:

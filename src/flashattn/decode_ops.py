@@ -42,7 +42,10 @@ def decode_config(rows: int, head_dim: int, dtype: torch.dtype, interpret: bool)
 
     Decoding streams K/V once and does little arithmetic per byte: a query tile just large enough for
     the packed rows (16, the tensor cores' minimum, for a GQA group of up to 16 heads at one token),
-    and key blocks that keep a few loads in flight. Not yet swept on the GPU: a starting point.
+    and key blocks that keep a few loads in flight. Swept at hdim 128 bf16 on an H200 (64 keys x 4 warps
+    x 3 stages against 7 other key-tile / warp / stage choices, each with its best split count;
+    ``benchmarks/decode_splits.py --configs``, docs/perf-notes.md version 6): no other choice came out
+    more than 4% ahead on any case, nor ahead across cases. hdim 64 and 256 are not swept.
     """
     if interpret:
         return DecodeConfig(16, 16, 1, 1)
@@ -333,19 +336,18 @@ def _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache
 # ---------------------------------------------------------------------------------------------
 
 
+def _decode_outputs_like(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty (out, lse) of a decode step's shapes: out like q (B, Sq, H, D), lse float32 (B, H, Sq)."""
+    batch, seqlen_q, nheads, _ = q.shape
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    return out, q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
+
+
 FUSED_APPEND_MAX_TOKENS = 16
 """Up to this many new tokens per sequence, and without rotary, the attention launch also appends them
 (FUSE_APPEND): one launch less per decode step. It is also the kernel's tile of new keys (a power of
 two, at least 16). The blocks that hold the new keys take the masked path, which reads their rows from
 k/v: a longer chunk would put more blocks on that slower path, so it is appended by a launch of its own."""
-
-
-def _triton_append_attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
-                             rotary_cos, rotary_sin, alibi_slopes, opts: AttentionOptions, rotary_interleaved: bool,
-                             num_splits: int):
-    return _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
-                             rotary_cos, rotary_sin, alibi_slopes, k.shape[1], opts, rotary_interleaved, num_splits,
-                             k_new=k, v_new=v)
 
 
 def _cpu_append_attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
@@ -382,9 +384,9 @@ def kvcache_append_attention(
     (out, lse) of q over the keys [cache_leftpad, cache_seqlens + k.shape[1]), as :func:`kvcache_attention`."""
     opts = AttentionOptions(softmax_scale, window_left, window_right, softcap)
     if backend_for_cpu_tensors() == "triton":
-        return _triton_append_attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad,
-                                        block_table, rotary_cos, rotary_sin, alibi_slopes, opts, rotary_interleaved,
-                                        num_splits)
+        return _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                                 rotary_cos, rotary_sin, alibi_slopes, k.shape[1], opts, rotary_interleaved,
+                                 num_splits, k_new=k, v_new=v)
     return _cpu_append_attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad,
                                  block_table, rotary_cos, rotary_sin, alibi_slopes, opts, rotary_interleaved)
 
@@ -397,18 +399,16 @@ def _kvcache_append_attention_cuda(q, k_cache, v_cache, k, v, cache_seqlens, cac
     if backend_override() == "torch":
         return _cpu_append_attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad,
                                      block_table, rotary_cos, rotary_sin, alibi_slopes, opts, rotary_interleaved)
-    return _triton_append_attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad,
-                                    block_table, rotary_cos, rotary_sin, alibi_slopes, opts, rotary_interleaved,
-                                    num_splits)
+    return _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                             rotary_cos, rotary_sin, alibi_slopes, k.shape[1], opts, rotary_interleaved, num_splits,
+                             k_new=k, v_new=v)
 
 
 @kvcache_append_attention.register_fake
 def _kvcache_append_attention_fake(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad,
                                    block_table, rotary_cos, rotary_sin, alibi_slopes, softmax_scale, window_left,
                                    window_right, softcap, rotary_interleaved, num_splits):
-    batch, seqlen_q, nheads, _ = q.shape
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    return out, q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
+    return _decode_outputs_like(q)
 
 
 @torch.library.custom_op("flashattn::kvcache_attention", mutates_args=(), device_types="cpu")
@@ -459,9 +459,7 @@ def _kvcache_attention_cuda(q, k_cache, v_cache, cache_seqlens, cache_batch_idx,
 def _kvcache_attention_fake(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                             rotary_cos, rotary_sin, alibi_slopes, seqlen_new, softmax_scale, window_left,
                             window_right, softcap, rotary_interleaved, num_splits):
-    batch, seqlen_q, nheads, _ = q.shape
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    return out, q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
+    return _decode_outputs_like(q)
 
 
 @torch.library.custom_op("flashattn::attention_combine", mutates_args=(), device_types="cpu")

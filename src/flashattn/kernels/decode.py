@@ -309,6 +309,8 @@ def kvcache_attention_kernel(
     v_new_head = VNew + batch.to(tl.int64) * stride_vnb + head_k.to(tl.int64) * stride_vnh
     if FUSE_APPEND:  # noqa: SIM102 (a compile-time flag around a runtime test: Triton cannot `and` them)
         if (tl.program_id(0) == 0) & (split == 0):
+            # the unclamped index, as the append kernel takes it: cache_batch above is redirected to row 0
+            # when out of range (to read safely), where the append must write nothing
             append_batch = batch
             if HAS_BATCH_IDX:
                 append_batch = tl.load(CacheBatchIdx + batch)
