@@ -15,6 +15,8 @@ around the loops.
 
     PYTHONPATH=src python benchmarks/sass_report.py flashattn.kernels.forward:attention_forward_kernel 8 3 \\
         HEAD_DIM=128 BLOCK_D=128 BLOCK_M=128 BLOCK_N=128 DOT_PRECISION='"tf32"' USE_TMA=True
+
+``dtype=``, ``aligned=False`` and ``maxnreg=N`` (ptxas's register cap) are options, not constexprs.
 """
 
 from __future__ import annotations
@@ -118,19 +120,26 @@ def main(argv: list[str]) -> None:
     constexprs = {key: ast.literal_eval(value) for key, value in (arg.split("=", 1) for arg in argv[3:])}
     dtype = constexprs.pop("dtype", "bf16")
     aligned = constexprs.pop("aligned", True)
+    maxnreg = constexprs.pop("maxnreg", None)
     start = time.time()
-    print(f"{' '.join(argv[1:])}: {compile_report(kernel, num_warps, num_stages, constexprs, dtype, aligned)} "
+    print(f"{' '.join(argv[1:])}: "
+          f"{compile_report(kernel, num_warps, num_stages, constexprs, dtype, aligned, maxnreg)} "
           f"({time.time() - start:.1f} s)")
 
 
 def compile_report(kernel, num_warps: int, num_stages: int, constexprs: dict, dtype: str = "bf16",
-                   aligned: bool = True) -> dict:
-    """Compile ``kernel`` for sm90 with these constexprs and launch options; :func:`report` of the result."""
+                   aligned: bool = True, maxnreg: int | None = None) -> dict:
+    """Compile ``kernel`` for sm90 with these constexprs and launch options; :func:`report` of the result.
+
+    ``maxnreg``: ptxas's register cap per thread, as ``TileConfig.max_registers`` passes it at launch.
+    """
     types = signature(kernel, constexprs, dtype)
     source = ASTSource(fn=kernel, signature=types, constexprs=constexprs,
                        attrs=alignment_hints(types) if aligned else None)
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": num_warps, "num_stages": num_stages})
+    options = {"num_warps": num_warps, "num_stages": num_stages}
+    if maxnreg is not None:
+        options["maxnreg"] = maxnreg
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
     return report(compiled)
 
 

@@ -165,6 +165,15 @@ def test_a_split_dkdv_candidate_holds_one_accumulator_and_streams_twice():
     assert two.reread_bytes > 2 * one.reread_bytes  # q, dO, lse twice, and K's second read
 
 
+def test_a_candidate_takes_a_register_cap():
+    parsed = blocks.parse_candidates("128x64x8x3+r128, 128x64x8x3+tma+r96")
+    assert parsed == [(128, 64, 8, 3, False, False, 128), (128, 64, 8, 3, True, False, 96)]
+    assert [blocks.candidate_label(c) for c in parsed] == ["128x64x8x3+r128", "128x64x8x3+tma+r96"]
+    assert TileConfig(*parsed[0]) == TileConfig(128, 64, 8, 3, max_registers=128)
+    with pytest.raises(Exception, match=r"register cap"):
+        blocks.parse_candidates("128x64x8x3+r512")
+
+
 def test_an_unknown_candidate_flag_is_refused_by_name():
     with pytest.raises(Exception, match=r"unknown flag\(s\) \['fast'\]"):
         blocks.parse_candidates("128x64x4x3+fast")

@@ -56,3 +56,13 @@ def test_use_config_overrides_and_restores():
         assert configs.tile_config("dq", 64, False, torch.float16, torch.device("cpu"), interpret=False) == forced
     interpreted = configs.tile_config("dq", 64, False, torch.float16, torch.device("cpu"), interpret=True)
     assert interpreted == configs.INTERPRETER
+
+
+def test_register_caps_reach_the_launch_and_are_dropped_where_the_tiles_change():
+    capped = lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=4096)
+    assert capped.max_registers == 128
+    assert configs.launch_options(capped) == dict(num_warps=8, num_stages=3, maxnreg=128)
+    assert "maxnreg" not in configs.launch_options(TileConfig(64, 64, 4, 2))
+    # float32 and an SDPA mask change what a thread holds: the cap measured for bf16 tiles does not apply
+    assert lookup("hopper", "forward", 64, True, torch.float32).max_registers is None
+    assert lookup("hopper", "dq", 64, False, torch.bfloat16, attn_mask=True).max_registers is None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -68,7 +69,8 @@ CANDIDATES_256: dict[str, list[Candidate]] = {
 }
 KERNEL_PHASES = ("forward", "dkdv", "dq")
 # --phase -> the kernels whose config is swept; a backward candidate is timed as the whole backward
-PHASES = {"forward": ("forward",), "backward": ("dkdv", "dq"), "both": KERNEL_PHASES}
+PHASES = {"forward": ("forward",), "backward": ("dkdv", "dq"), "dkdv": ("dkdv",), "dq": ("dq",),
+          "both": KERNEL_PHASES}
 # Relative error (max |x - ref| / max |ref|) above which a candidate is WRONG. A miscompiled kernel is
 # off by O(1) or not finite; these leave a wide margin over each dtype's honest rounding error.
 TOLERANCE = {2: 0.05, 4: 1e-3}  # by dtype bytes; fp16 is held to bf16's bound, which is loose for it
@@ -86,19 +88,27 @@ FLAG_NAMES = ("tma", "split")  # label suffixes of TileConfig's flags, in its fi
 
 
 def candidate_label(candidate: Candidate) -> str:
-    flags = [name for name, on in zip(FLAG_NAMES, candidate[4:], strict=False) if on]
+    flags = [name for name, on in zip(FLAG_NAMES, candidate[4:6], strict=False) if on]
+    if len(candidate) > 6 and candidate[6]:
+        flags.append(f"r{candidate[6]}")
     return "x".join(str(x) for x in candidate[:4]) + "".join(f"+{name}" for name in flags)
 
 
 def parse_candidates(text: str) -> list[Candidate]:
     """An argparse type: ``BMxBNxWARPSxSTAGES`` configs, comma separated (``16x16x1x1,32x16x1x1``);
     a forward config may end in ``+tma`` (TMA tensor descriptors; sm90), a dK/dV config in ``+split`` (a dV
-    pass and a dK pass, ``TileConfig.split_dkdv``)."""
+    pass and a dK pass, ``TileConfig.split_dkdv``), any config in ``+rN`` (at most N registers a thread,
+    ``TileConfig.max_registers``)."""
     found: list[Candidate] = []
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
         numbers, *flags = part.lower().split("+")
+        caps = [int(flag[1:]) for flag in flags if re.fullmatch(r"r\d+", flag)]
+        flags = [flag for flag in flags if not re.fullmatch(r"r\d+", flag)]
+        if any(not 24 <= cap <= MAX_REGISTERS_PER_THREAD for cap in caps):
+            raise argparse.ArgumentTypeError(f"{part}: a register cap +rN needs 24 <= N <= "
+                                             f"{MAX_REGISTERS_PER_THREAD}")
         unknown = set(flags) - set(FLAG_NAMES)
         if unknown:
             raise argparse.ArgumentTypeError(f"{part}: unknown flag(s) {sorted(unknown)}; expected "
@@ -117,7 +127,8 @@ def parse_candidates(text: str) -> list[Candidate]:
             raise argparse.ArgumentTypeError(f"{part}: num_warps must be a power of two up to 32, got {num_warps}")
         if num_stages < 1:
             raise argparse.ArgumentTypeError(f"{part}: num_stages must be >= 1, got {num_stages}")
-        found.append((block_m, block_n, num_warps, num_stages, *(name in flags for name in FLAG_NAMES)))
+        found.append((block_m, block_n, num_warps, num_stages, *(name in flags for name in FLAG_NAMES),
+                      *caps[-1:]))
     if not found:
         raise argparse.ArgumentTypeError(f"no config in {text!r}")
     return found
@@ -447,10 +458,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--causal", action="store_true", help="causal mask")
     parser.add_argument("--phase", choices=tuple(PHASES), default="forward",
                         help="forward sweeps the forward kernel; backward the dK/dV and dQ kernels, each timed "
-                             "as the whole backward; both all three (default forward)")
+                             "as the whole backward (dkdv or dq: one of them); both all three (default forward)")
     parser.add_argument("--candidates", type=parse_candidates, default=None, metavar="BMxBNxWxS[,...]",
                         help="sweep these configs for every swept kernel instead of the built-in lists; "
-                             "+tma (forward) and +split (dK/dV in two passes) set TileConfig's flags")
+                             "+tma (forward) and +split (dK/dV in two passes) set TileConfig's flags, +rN a "
+                             "register cap")
     parser.add_argument("--interpret-check", action="store_true",
                         help="no timings: run each candidate once on a tiny shape to validate it (automatic "
                              "without a GPU when TRITON_INTERPRET=1 and FLASHATTN_BACKEND=triton)")

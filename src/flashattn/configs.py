@@ -25,6 +25,10 @@ class TileConfig:
     # computing its tile with the keys along the rows (dkdv_kernel's COMPUTE_DK/COMPUTE_DV, KEY_ROWS):
     # 8 tile products per backward instead of 7, for large head dims whose two accumulators spill
     split_dkdv: bool = False
+    # ptxas's register cap per thread (Triton's maxnreg), or None for its own choice. An 8-warp program
+    # at <= 128 registers leaves room for a second one on the SM (65,536 registers), where ptxas would
+    # sometimes take a few more and halve the occupancy (docs/perf-notes.md, version 7)
+    max_registers: int | None = None
 
 
 # Under TRITON_INTERPRET=1 every program runs in numpy: small tiles keep the tests fast there.
@@ -35,9 +39,11 @@ INTERPRETER = TileConfig(16, 16, 1, 1)
 # 16384, 16k tokens, heads * headdim = 2048). TMA descriptors win where the tiles are large (hdim 128:
 # 535-541 against 500-519 TFLOP/s at 16k; hdim 256 non-causal: 505 against 485) and lose at hdim 64
 # (408 against 440), where the kernel is bound by the exponentials rather than by feeding the MMAs.
+# hdim 64: capped at 128 registers, so that two programs share an SM. The dense kernel fits without
+# the cap (125 registers), the varlen one took 130 and ran one program per SM (Nsight Compute, 4k causal).
 _HOPPER_FORWARD = {
-    (64, False): TileConfig(128, 64, 8, 3),
-    (64, True): TileConfig(128, 64, 8, 3),
+    (64, False): TileConfig(128, 64, 8, 3, max_registers=128),
+    (64, True): TileConfig(128, 64, 8, 3, max_registers=128),
     (128, False): TileConfig(128, 128, 8, 3, tma=True),
     (128, True): TileConfig(128, 64, 8, 3),
     (256, False): TileConfig(128, 64, 8, 2, tma=True),
@@ -67,9 +73,11 @@ _HOPPER_DKDV = {
     (256, False): TileConfig(128, 64, 8, 1),
     (256, True): TileConfig(128, 64, 8, 1),
 }
+# hdim 64: capped at 128 registers (131 uncapped, no spills capped, 80 KB of shared memory): two
+# programs per SM instead of one
 _HOPPER_DQ = {
-    (64, False): TileConfig(128, 64, 8, 3),
-    (64, True): TileConfig(128, 64, 8, 3),
+    (64, False): TileConfig(128, 64, 8, 3, max_registers=128),
+    (64, True): TileConfig(128, 64, 8, 3, max_registers=128),
     (128, False): TileConfig(128, 64, 8, 3),
     (128, True): TileConfig(128, 64, 8, 3),
     (256, False): TileConfig(128, 64, 8, 1),
@@ -176,12 +184,21 @@ def fitted(config: TileConfig, dtype: torch.dtype, attn_mask: bool = False) -> T
         # fp32 tiles take twice the shared memory: halve the key/query tile that streams.
         config = dataclasses.replace(config, block_m=max(16, config.block_m // 2),
                                      block_n=max(16, config.block_n // 2),
-                                     num_stages=max(1, config.num_stages - 1))
+                                     num_stages=max(1, config.num_stages - 1), max_registers=None)
     if attn_mask:
         # the mask's (BLOCK_M, BLOCK_N) tile is pipelined beside K and V, 4 bytes a score for a float
         # mask: the hdim-128 forward's 128x128x3 tiles asked for 361 KB of shared memory on an H200
-        config = dataclasses.replace(config, block_n=min(config.block_n, 64), num_stages=min(config.num_stages, 2))
+        config = dataclasses.replace(config, block_n=min(config.block_n, 64), num_stages=min(config.num_stages, 2),
+                                     max_registers=None)
     return config
+
+
+def launch_options(config: TileConfig) -> dict:
+    """The Triton launch options of ``config``: warps, stages and, where set, the register cap."""
+    options = dict(num_warps=config.num_warps, num_stages=config.num_stages)
+    if config.max_registers is not None:
+        options["maxnreg"] = config.max_registers
+    return options
 
 
 def tile_config(phase: str, head_dim: int, masked: bool, dtype: torch.dtype, device: torch.device,

@@ -241,7 +241,7 @@ def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, at
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, HAS_ALIBI=has_alibi, IS_VARLEN=layout.is_varlen,
         USE_TMA=use_tma,
         DEFER_SCALE=opts.softcap == 0 and alibi_slopes is None and attn_mask is None and opts.softmax_scale > 0,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        **configs.launch_options(config),
         **_kernel_scalars(opts, rng_state), **_dot_flags(q.dtype), **_mask_arguments(attn_mask, q, layout.lengths[1]),
         **_block_map_arguments(attn_mask, q, layout.lengths[1], (config.block_m, config.block_n, False))[0],
         **_paging_arguments(block_table, k, config.block_n),
@@ -307,13 +307,13 @@ def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Att
             *inputs, dk, dv, slopes, *layout.cu_seqlens, *input_strides, *_strides(dk), *_strides(dv),
             stride_alibi_b, *layout.lengths, nheads, nheads_k, nheads // nheads_k,
             BLOCK_M=dkdv_config.block_m, BLOCK_N=dkdv_config.block_n,
-            num_warps=dkdv_config.num_warps, num_stages=dkdv_config.num_stages, **shared, **dkdv_map, **gradients,
+            **configs.launch_options(dkdv_config), **shared, **dkdv_map, **gradients,
         )
     dq_kernel[(_cdiv(layout.grid_q, dq_config.block_m), batch * nheads)](
         *inputs, dq, slopes, *layout.cu_seqlens, *input_strides, *_strides(dq),
         stride_alibi_b, *layout.lengths, nheads, nheads // nheads_k,
         BLOCK_M=dq_config.block_m, BLOCK_N=dq_config.block_n,
-        num_warps=dq_config.num_warps, num_stages=dq_config.num_stages,
+        **configs.launch_options(dq_config),
         DMask=dmask if mask_needs_grad else q, MASK_GRAD=mask_needs_grad, **shared, **dq_map,
     )
     if dmask is None:
