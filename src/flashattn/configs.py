@@ -65,19 +65,19 @@ HOPPER_SPLIT_DKDV = TileConfig(32, 128, 8, 2, split_dkdv=True)
 # hdim 64/128: 64 x 64 on 4 warps, two programs per SM. It spills in its loop at hdim 128, yet beat the
 # spill-free 128x64x8x1 / 8x2 at 4k on an H200 (hdim 128: 392 / 306 against 316-354 / 275-295 TFLOP/s,
 # non-causal / causal; docs/perf-notes.md version 5): an 8-warp program holds the register file alone.
+# hdim 64 takes a third stage: 353-360 against 337-344 TFLOP/s non-causal at 4k, and +3-4.5% causal at
+# 2k-16k (H200, `flashattn blocks --phase dkdv`, each candidate twice, 2026-11-22).
 _HOPPER_DKDV = {
-    (64, False): TileConfig(64, 64, 4, 2),
-    (64, True): TileConfig(64, 64, 4, 2),
+    (64, False): TileConfig(64, 64, 4, 3),
+    (64, True): TileConfig(64, 64, 4, 3),
     (128, False): TileConfig(64, 64, 4, 2),
     (128, True): TileConfig(64, 64, 4, 2),
     (256, False): TileConfig(128, 64, 8, 1),
     (256, True): TileConfig(128, 64, 8, 1),
 }
-# hdim 64: capped at 128 registers (131 uncapped, no spills capped, 80 KB of shared memory): two
-# programs per SM instead of one
 _HOPPER_DQ = {
-    (64, False): TileConfig(128, 64, 8, 3, max_registers=128),
-    (64, True): TileConfig(128, 64, 8, 3, max_registers=128),
+    (64, False): TileConfig(128, 64, 8, 3),
+    (64, True): TileConfig(128, 64, 8, 3),
     (128, False): TileConfig(128, 64, 8, 3),
     (128, True): TileConfig(128, 64, 8, 3),
     (256, False): TileConfig(128, 64, 8, 1),
