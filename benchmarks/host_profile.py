@@ -1,6 +1,7 @@
 """Where the host's time goes in one flashattn call (GPU): cProfile over back-to-back forward and
 backward calls of a small problem, whose GPU time is shorter than the host's, so the host decides the
-step time. Prints the functions with the most own time and the most cumulative time.
+step time. Prints, with and without ``ops.DIRECT_EAGER_CALLS``, the host microseconds per call and the
+bench's timing of the call, then the functions with the most own and cumulative time.
 
     PYTHONPATH=src python3 benchmarks/host_profile.py [--seqlen 512] [--head-dim 128] [--calls 200]
 """
@@ -10,10 +11,12 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
+import time
 
 import torch
 
-from flashattn import flash_attn_func
+from flashattn import flash_attn_func, ops
+from flashattn.demo import median_seconds
 
 
 def main() -> None:
@@ -37,8 +40,19 @@ def main() -> None:
         torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
 
     for name, fn in (("forward", forward), ("backward", backward)):
-        for _ in range(10):
-            fn()
+        for direct in (True, False):
+            ops.DIRECT_EAGER_CALLS = direct
+            for _ in range(10):
+                fn()
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(args.calls):
+                fn()
+            host_us = (time.perf_counter() - start) / args.calls * 1e6
+            bench_ms = median_seconds(fn, torch.device("cuda")) * 1e3
+            print(f"{name}, direct eager calls {direct}: {host_us:.0f} us of host time per call, "
+                  f"bench timing {bench_ms:.3f} ms", flush=True)
+        ops.DIRECT_EAGER_CALLS = True
         torch.cuda.synchronize()
         profiler = cProfile.Profile()
         profiler.enable()

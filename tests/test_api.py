@@ -158,3 +158,38 @@ def test_device_mismatch_is_refused():
     q = torch.randn(1, 8, 2, 16, device="cuda")
     with pytest.raises(ValueError, match="k must be on q's device"):
         flash_attn_func(q, q.cpu(), q.cpu())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+def test_direct_eager_calls_match_the_registered_ops_bitwise(monkeypatch, varlen):
+    # eager CUDA calls skip the custom-op layer (ops.eager_call); through it they must give the same bits
+    from flashattn import flash_attn_varlen_func, ops
+
+    q, k, v = (torch.randn(2, 77, 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    cu = torch.tensor([0, 77, 154], device="cuda", dtype=torch.int32)
+
+    def grads():
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        if varlen:
+            out = flash_attn_varlen_func(*(x.flatten(0, 1) for x in leaves), cu, cu, 77, 77, causal=True,
+                                         deterministic=True)
+        else:
+            out = flash_attn_func(*leaves, causal=True, deterministic=True)
+        out.float().square().sum().backward()
+        return [out, *(x.grad for x in leaves)]
+
+    direct = grads()
+    monkeypatch.setattr(ops, "DIRECT_EAGER_CALLS", False)
+    registered = grads()
+    for a, b in zip(direct, registered, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_eager_call_keeps_the_registered_op_off_the_gpu():
+    from flashattn import ops
+
+    calls = []
+    op, cuda_impl = (lambda *args: calls.append("op")), (lambda *args: calls.append("cuda"))
+    ops.eager_call(op, cuda_impl, torch.zeros(1))
+    assert calls == ["op"]

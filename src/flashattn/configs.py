@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -137,9 +138,18 @@ def next_power_of_2(n: int) -> int:
 
 
 def gpu_family(device: torch.device) -> str:
-    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9:
+    if device.type != "cuda":
+        return "portable"
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if _compute_capability_major(index) == 9:
         return "hopper"
     return "portable"
+
+
+@functools.cache
+def _compute_capability_major(index: int) -> int:
+    """Cached: every launch looks its tiles up, and the driver query costs host time on each call."""
+    return torch.cuda.get_device_capability(index)[0]
 
 
 _OVERRIDES: dict[str, TileConfig] = {}

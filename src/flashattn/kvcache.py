@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from . import decode_ops
+from . import decode_ops, ops
 from .interface import MAX_HEAD_DIM, SUPPORTED_DTYPES, _check_alibi, _check_options, _check_tensor
 from .options import AttentionOptions
 
@@ -276,16 +276,17 @@ def flash_attn_with_kvcache(
 
     opts = AttentionOptions.build(q.shape[-1], softmax_scale, causal, window_size, softcap, 0.0, False)
     if k is not None:  # one op: on the GPU a short append shares the attention's launch
-        out, lse = decode_ops.kvcache_append_attention(
-            q, k_cache, v_cache, k, v, seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_cos,
-            rotary_sin, alibi_slopes, opts.softmax_scale, opts.window_left, opts.window_right, opts.softcap,
-            bool(rotary_interleaved), num_splits,
+        out, lse = ops.eager_call(
+            decode_ops.kvcache_append_attention, decode_ops.kvcache_append_attention_cuda, q, k_cache, v_cache, k,
+            v, seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_cos, rotary_sin, alibi_slopes,
+            opts.softmax_scale, opts.window_left, opts.window_right, opts.softcap, bool(rotary_interleaved),
+            num_splits,
         )
     else:
-        out, lse = decode_ops.kvcache_attention(
-            q, k_cache, v_cache, seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_cos, rotary_sin,
-            alibi_slopes, 0, opts.softmax_scale, opts.window_left, opts.window_right, opts.softcap,
-            bool(rotary_interleaved), num_splits,
+        out, lse = ops.eager_call(
+            decode_ops.kvcache_attention, decode_ops.kvcache_attention_cuda, q, k_cache, v_cache, seqlens,
+            cache_batch_idx, cache_leftpad, block_table, rotary_cos, rotary_sin, alibi_slopes, 0, opts.softmax_scale,
+            opts.window_left, opts.window_right, opts.softcap, bool(rotary_interleaved), num_splits,
         )
     return (out, lse) if return_softmax_lse else out
 

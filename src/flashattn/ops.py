@@ -325,6 +325,21 @@ def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Att
 # The custom ops. Options arrive unpacked (custom ops take only tensors and scalars).
 # ---------------------------------------------------------------------------------------------
 
+# Eager calls on plain CUDA tensors go straight to the op's CUDA implementation: the dispatcher's
+# custom-op layer (its autograd wrapper, alias checks and dynamo guard) adds host time to every call,
+# and at short sequences the GPU waits on the host (docs/perf-notes.md, version 7). Under torch.compile
+# or export, and for tensor subclasses (fake, functional, DTensor), the op is called as registered.
+DIRECT_EAGER_CALLS = True
+
+
+def eager_call(op, cuda_impl, *args):
+    """``op(*args)``, through ``cuda_impl`` directly when that is the implementation it would reach."""
+    first = args[0]
+    if DIRECT_EAGER_CALLS and type(first) is torch.Tensor and first.is_cuda and not torch.compiler.is_compiling():
+        return cuda_impl(*args)
+    return op(*args)
+
+
 
 @torch.library.custom_op("flashattn::attention_forward", mutates_args=(), device_types="cpu")
 def attention_forward(
@@ -352,7 +367,7 @@ def attention_forward(
 
 
 @attention_forward.register_kernel("cuda")
-def _attention_forward_cuda(q, k, v, alibi_slopes, rng_state, softmax_scale, window_left, window_right,
+def attention_forward_cuda(q, k, v, alibi_slopes, rng_state, softmax_scale, window_left, window_right,
                             softcap, dropout_p, attn_mask=None):
     opts = _options(softmax_scale, window_left, window_right, softcap, dropout_p)
     if backend_override() == "torch":
@@ -398,7 +413,7 @@ def attention_backward(
 
 
 @attention_backward.register_kernel("cuda")
-def _attention_backward_cuda(dout, q, k, v, out, lse, alibi_slopes, rng_state, softmax_scale, window_left,
+def attention_backward_cuda(dout, q, k, v, out, lse, alibi_slopes, rng_state, softmax_scale, window_left,
                              window_right, softcap, dropout_p, attn_mask=None, mask_needs_grad=False):
     opts = _options(softmax_scale, window_left, window_right, softcap, dropout_p)
     if backend_override() == "torch":
@@ -552,7 +567,7 @@ def varlen_attention_forward(
 
 
 @varlen_attention_forward.register_kernel("cuda")
-def _varlen_attention_forward_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
+def varlen_attention_forward_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
                                    rng_state, softmax_scale, window_left, window_right, softcap, dropout_p,
                                    block_table=None):
     opts = _options(softmax_scale, window_left, window_right, softcap, dropout_p)
@@ -596,7 +611,7 @@ def varlen_attention_backward(
 
 
 @varlen_attention_backward.register_kernel("cuda")
-def _varlen_attention_backward_cuda(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+def varlen_attention_backward_cuda(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                     alibi_slopes, rng_state, softmax_scale, window_left, window_right, softcap,
                                     dropout_p):
     opts = _options(softmax_scale, window_left, window_right, softcap, dropout_p)
