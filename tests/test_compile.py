@@ -4,6 +4,7 @@ The custom ops carry fake implementations, so a compiled graph sees through them
 gives eager's results, and dynamic shapes do not recompile for each sequence length.
 """
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -50,7 +51,7 @@ def test_import_and_cpu_path_work_without_triton():
         print("ok", q.grad.shape)
     """)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                            env={"PATH": "", "FLASHATTN_BACKEND": ""})
+                            env={"PATH": "", "FLASHATTN_BACKEND": "", "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("ok")
 

@@ -328,14 +328,17 @@ def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Att
 # Eager calls on plain CUDA tensors go straight to the op's CUDA implementation: the dispatcher's
 # custom-op layer (its autograd wrapper, alias checks and dynamo guard) adds host time to every call,
 # and at short sequences the GPU waits on the host (docs/perf-notes.md, version 7). Under torch.compile
-# or export, and for tensor subclasses (fake, functional, DTensor), the op is called as registered.
+# or export, for tensor subclasses (fake, functional, DTensor), and with grad mode on (outside an
+# autograd.Function's forward and backward: the forward-only kvcache op must still refuse a backward),
+# the op is called as registered.
 DIRECT_EAGER_CALLS = True
 
 
 def eager_call(op, cuda_impl, *args):
     """``op(*args)``, through ``cuda_impl`` directly when that is the implementation it would reach."""
     first = args[0]
-    if DIRECT_EAGER_CALLS and type(first) is torch.Tensor and first.is_cuda and not torch.compiler.is_compiling():
+    if (DIRECT_EAGER_CALLS and type(first) is torch.Tensor and first.is_cuda and not torch.is_grad_enabled()
+            and not torch.compiler.is_compiling()):
         return cuda_impl(*args)
     return op(*args)
 
