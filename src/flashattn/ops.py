@@ -331,7 +331,7 @@ def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Att
 # or export, for tensor subclasses (fake, functional, DTensor), and with grad mode on (outside an
 # autograd.Function's forward and backward: the forward-only kvcache op must still refuse a backward),
 # the op is called as registered.
-DIRECT_EAGER_CALLS = True
+DIRECT_EAGER_CALLS = os.environ.get("FLASHATTN_DIRECT_EAGER_CALLS", "1") != "0"
 
 
 def eager_call(op, cuda_impl, *args):
