@@ -11,10 +11,9 @@ folded into the dK/dV pass, say) has to be weighed against. Prints a Markdown ta
 from __future__ import annotations
 
 import argparse
-from collections import defaultdict
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from decode_profile import gpu_time_by_kernel  # benchmarks/ is on sys.path when run as a script
 
 from flashattn import flash_attn_func
 
@@ -35,16 +34,7 @@ def kernel_times(head_dim: int, seqlen: int, causal: bool) -> dict[str, float]:
 
     for _ in range(5):
         backward()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(STEPS):
-            backward()
-        torch.cuda.synchronize()
-    totals: dict[str, float] = defaultdict(float)
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            totals[event.name] += event.device_time / STEPS / 1e3
-    return dict(totals)
+    return {name: us / 1e3 for name, us in gpu_time_by_kernel(lambda _: backward(), STEPS).items()}
 
 
 def main() -> None:

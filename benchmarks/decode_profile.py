@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 from collections import defaultdict
+from collections.abc import Callable
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -32,15 +33,21 @@ def kernel_times(case: DecodeCase, num_splits: int) -> dict[str, float]:
 
     for i in range(copies):
         step(i)
+    return gpu_time_by_kernel(lambda i: step(i % copies), STEPS)
+
+
+def gpu_time_by_kernel(run: Callable[[int], object], calls: int) -> dict[str, float]:
+    """Mean GPU microseconds per call of each CUDA kernel over run(0), ..., run(calls - 1), from
+    torch.profiler; the caller warms up first. backward_profile.py uses it too."""
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for i in range(STEPS):
-            step(i % copies)
+        for i in range(calls):
+            run(i)
         torch.cuda.synchronize()
     totals: dict[str, float] = defaultdict(float)
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
-            totals[event.name] += event.device_time / STEPS
+            totals[event.name] += event.device_time / calls
     return dict(totals)
 
 
