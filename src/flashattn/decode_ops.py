@@ -393,8 +393,8 @@ def kvcache_append_attention(
 
 @kvcache_append_attention.register_kernel("cuda")
 def kvcache_append_attention_cuda(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad,
-                                   block_table, rotary_cos, rotary_sin, alibi_slopes, softmax_scale, window_left,
-                                   window_right, softcap, rotary_interleaved, num_splits):
+                                  block_table, rotary_cos, rotary_sin, alibi_slopes, softmax_scale, window_left,
+                                  window_right, softcap, rotary_interleaved, num_splits):
     opts = AttentionOptions(softmax_scale, window_left, window_right, softcap)
     if backend_override() == "torch":
         return _cpu_append_attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad,
@@ -444,8 +444,8 @@ def kvcache_attention(
 
 @kvcache_attention.register_kernel("cuda")
 def kvcache_attention_cuda(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
-                            rotary_cos, rotary_sin, alibi_slopes, seqlen_new, softmax_scale, window_left,
-                            window_right, softcap, rotary_interleaved, num_splits):
+                           rotary_cos, rotary_sin, alibi_slopes, seqlen_new, softmax_scale, window_left,
+                           window_right, softcap, rotary_interleaved, num_splits):
     opts = AttentionOptions(softmax_scale, window_left, window_right, softcap)
     if backend_override() == "torch":
         return cpu_decode.attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad,

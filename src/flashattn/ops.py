@@ -343,7 +343,6 @@ def eager_call(op, cuda_impl, *args):
     return op(*args)
 
 
-
 @torch.library.custom_op("flashattn::attention_forward", mutates_args=(), device_types="cpu")
 def attention_forward(
     q: torch.Tensor,
@@ -371,7 +370,7 @@ def attention_forward(
 
 @attention_forward.register_kernel("cuda")
 def attention_forward_cuda(q, k, v, alibi_slopes, rng_state, softmax_scale, window_left, window_right,
-                            softcap, dropout_p, attn_mask=None):
+                           softcap, dropout_p, attn_mask=None):
     opts = _options(softmax_scale, window_left, window_right, softcap, dropout_p)
     if backend_override() == "torch":
         return cpu.forward(q, k, v, opts, alibi_slopes, rng_state, attn_mask)
@@ -417,7 +416,7 @@ def attention_backward(
 
 @attention_backward.register_kernel("cuda")
 def attention_backward_cuda(dout, q, k, v, out, lse, alibi_slopes, rng_state, softmax_scale, window_left,
-                             window_right, softcap, dropout_p, attn_mask=None, mask_needs_grad=False):
+                            window_right, softcap, dropout_p, attn_mask=None, mask_needs_grad=False):
     opts = _options(softmax_scale, window_left, window_right, softcap, dropout_p)
     if backend_override() == "torch":
         return cpu.backward(dout, q, k, v, out, lse, opts, alibi_slopes, rng_state, attn_mask, mask_needs_grad)
@@ -571,8 +570,8 @@ def varlen_attention_forward(
 
 @varlen_attention_forward.register_kernel("cuda")
 def varlen_attention_forward_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
-                                   rng_state, softmax_scale, window_left, window_right, softcap, dropout_p,
-                                   block_table=None):
+                                  rng_state, softmax_scale, window_left, window_right, softcap, dropout_p,
+                                  block_table=None):
     opts = _options(softmax_scale, window_left, window_right, softcap, dropout_p)
     return _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
                            rng_state, opts, backend_override() or "triton", block_table)
@@ -615,8 +614,8 @@ def varlen_attention_backward(
 
 @varlen_attention_backward.register_kernel("cuda")
 def varlen_attention_backward_cuda(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                    alibi_slopes, rng_state, softmax_scale, window_left, window_right, softcap,
-                                    dropout_p):
+                                   alibi_slopes, rng_state, softmax_scale, window_left, window_right, softcap,
+                                   dropout_p):
     opts = _options(softmax_scale, window_left, window_right, softcap, dropout_p)
     return _varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                             alibi_slopes, rng_state, opts, backend_override() or "triton")
