@@ -17,6 +17,9 @@ class FlashAttnFunction(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, rng_state, attn_mask)
         ctx.opts = opts
         ctx.mark_non_differentiable(lse)
+        # lse never has a gradient (so dout always has one): without this the engine would allocate and
+        # zero a gradient for lse on every backward
+        ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
@@ -48,6 +51,7 @@ class FlashAttnVarlenFunction(torch.autograd.Function):
         ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
         ctx.opts = opts
         ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # as in FlashAttnFunction
         return out, lse
 
     @staticmethod
