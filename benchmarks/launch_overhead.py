@@ -11,9 +11,9 @@ Where the first exceeds the second, the bench's figure includes launch overhead.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
+from host_profile import host_us  # benchmarks/ is on sys.path when run as a script
 from triton.testing import do_bench
 
 from flashattn.bench import PROVIDERS
@@ -35,17 +35,6 @@ def graphed(fn):
     with torch.cuda.graph(graph):
         fn()
     return graph.replay
-
-
-def host_us(fn) -> float:
-    """Host microseconds per call, calls issued back to back (the GPU runs behind)."""
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(HOST_CALLS):
-        fn()
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return elapsed / HOST_CALLS * 1e6
 
 
 def calls(provider: str, head_dim: int, seqlen: int, causal: bool):
@@ -80,7 +69,7 @@ def main() -> None:
                         try:
                             bench_ms = median_seconds(fn, torch.device("cuda")) * 1e3
                             graph_ms = do_bench(graphed(fn), warmup=250, rep=100, return_mode="median")
-                            host = host_us(fn)
+                            host = host_us(fn, HOST_CALLS)
                         except Exception as exc:  # a provider that cannot be captured: say so, go on
                             print(f"| {head_dim} | {seqlen} | {causal} | {provider} | {mode} | "
                                   f"{type(exc).__name__}: {str(exc)[:80]} | | | |", flush=True)
