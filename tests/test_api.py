@@ -186,10 +186,12 @@ def test_direct_eager_calls_match_the_registered_ops_bitwise(monkeypatch, varlen
         assert torch.equal(a, b)
 
 
-def test_eager_call_keeps_the_registered_op_off_the_gpu():
+def test_eager_call_takes_the_registered_op_for_cpu_tensors():
     from flashattn import ops
 
     calls = []
     op, cuda_impl = (lambda *args: calls.append("op")), (lambda *args: calls.append("cuda"))
     ops.eager_call(op, cuda_impl, torch.zeros(1))
-    assert calls == ["op"]
+    with torch.no_grad():
+        ops.eager_call(op, cuda_impl, torch.zeros(1))
+    assert calls == ["op", "op"]

@@ -172,6 +172,8 @@ def test_a_candidate_takes_a_register_cap():
     assert TileConfig(*parsed[0]) == TileConfig(128, 64, 8, 3, max_registers=128)
     with pytest.raises(Exception, match=r"register cap"):
         blocks.parse_candidates("128x64x8x3+r512")
+    with pytest.raises(Exception, match=r"at most one register cap"):
+        blocks.parse_candidates("128x64x8x3+r96+r128")
 
 
 def test_an_unknown_candidate_flag_is_refused_by_name():

@@ -106,6 +106,8 @@ def parse_candidates(text: str) -> list[Candidate]:
         numbers, *flags = part.lower().split("+")
         caps = [int(flag[1:]) for flag in flags if re.fullmatch(r"r\d+", flag)]
         flags = [flag for flag in flags if not re.fullmatch(r"r\d+", flag)]
+        if len(caps) > 1:
+            raise argparse.ArgumentTypeError(f"{part}: at most one register cap +rN")
         if any(not 24 <= cap <= MAX_REGISTERS_PER_THREAD for cap in caps):
             raise argparse.ArgumentTypeError(f"{part}: a register cap +rN needs 24 <= N <= "
                                              f"{MAX_REGISTERS_PER_THREAD}")
@@ -127,8 +129,7 @@ def parse_candidates(text: str) -> list[Candidate]:
             raise argparse.ArgumentTypeError(f"{part}: num_warps must be a power of two up to 32, got {num_warps}")
         if num_stages < 1:
             raise argparse.ArgumentTypeError(f"{part}: num_stages must be >= 1, got {num_stages}")
-        found.append((block_m, block_n, num_warps, num_stages, *(name in flags for name in FLAG_NAMES),
-                      *caps[-1:]))
+        found.append((block_m, block_n, num_warps, num_stages, *(name in flags for name in FLAG_NAMES), *caps))
     if not found:
         raise argparse.ArgumentTypeError(f"no config in {text!r}")
     return found
