@@ -1,0 +1,126 @@
+"""Nsight Compute on one flashattn kernel in two or more cases, side by side (GPU machine).
+
+Each case is a flash_attn_func (or, with ``varlen=1``, flash_attn_varlen_func over the same tokens packed)
+call on the ANCHORS grid's shapes (16k tokens, heads * headdim = 2048, bf16); the kernel named by
+``--kernel`` is profiled once per case, after two warm-up calls, with the same sections. Printed: the
+metrics that say why a kernel is slow (duration, registers, occupancy, stalls, per-SM balance), then the
+rows that differ most between the first two cases. Full CSVs under $OUT/ncu-compare.
+
+    PYTHONPATH=src python3 benchmarks/ncu_compare.py --kernel dkdv_kernel \\
+        --case dense:hdim=128,seqlen=4096,causal=0,mode=bwd --case causal:hdim=128,seqlen=4096,causal=1,mode=bwd
+
+How the varlen hdim-64 forward's missing register was found (docs/perf-notes.md, version 7):
+    --kernel attention_forward_kernel --case dense:hdim=64,seqlen=4096,causal=1 \\
+        --case varlen:hdim=64,seqlen=4096,causal=1,varlen=1
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats", "SchedulerStats",
+            "MemoryWorkloadAnalysis", "ComputeWorkloadAnalysis")
+# per-SM busy cycles: max against average says how unevenly the grid's work landed on the SMs
+BALANCE_METRICS = ("sm__cycles_active.max", "sm__cycles_active.avg", "sm__cycles_active.min")
+KEY_ROWS = ("Duration", "Registers Per Thread", "Dynamic Shared Memory Per Block", "Block Limit Registers",
+            "Block Limit Shared Mem", "Theoretical Occupancy", "Achieved Occupancy", "Compute (SM) Throughput",
+            "Issue Slots Busy", "Eligible Warps Per Scheduler", "Warp Cycles Per Issued Instruction",
+            "Executed Instructions", "L2 Hit Rate", "DRAM Throughput", *BALANCE_METRICS)
+
+
+def parse_case(text: str) -> tuple[str, dict]:
+    name, _, spec = text.partition(":")
+    fields = dict(item.split("=", 1) for item in spec.split(",") if item)
+    unknown = set(fields) - {"hdim", "seqlen", "causal", "mode", "varlen"}
+    if unknown:
+        raise SystemExit(f"--case {text!r}: unknown fields {sorted(unknown)}; expected hdim, seqlen, causal, "
+                         "mode (fwd or bwd), varlen")
+    return name, fields
+
+
+def run_case(fields: dict) -> None:
+    """The profiled process: two warm-up calls and one more, all of the case's kernels launched."""
+    import torch
+
+    from flashattn import flash_attn_func, flash_attn_varlen_func
+
+    head_dim, seqlen = int(fields.get("hdim", 128)), int(fields.get("seqlen", 4096))
+    causal, varlen = fields.get("causal", "0") == "1", fields.get("varlen", "0") == "1"
+    backward = fields.get("mode", "fwd") == "bwd"
+    batch, heads = 16384 // seqlen, 2048 // head_dim
+    q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16,
+                           requires_grad=backward) for _ in range(3))
+    cu = torch.arange(0, batch + 1, device="cuda", dtype=torch.int32) * seqlen
+    for _ in range(3):
+        if varlen:
+            out = flash_attn_varlen_func(*(x.flatten(0, 1) for x in (q, k, v)), cu, cu, seqlen, seqlen, causal=causal)
+        else:
+            out = flash_attn_func(q, k, v, causal=causal)
+        if backward:
+            torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    torch.cuda.synchronize()
+
+
+def profile(name: str, case: str, kernel: str, logs: Path) -> dict:
+    ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
+    command = [ncu, "--kernel-name", kernel, "--launch-skip", "2", "--launch-count", "1", "--csv",
+               "--page", "details", "--metrics", ",".join(BALANCE_METRICS)]
+    for section in SECTIONS:
+        command += ["--section", section]
+    command += [sys.executable, __file__, "--run", case]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    (logs / f"{name}.csv").write_text(result.stdout)
+    (logs / f"{name}.err").write_text(result.stderr)
+    rows = [r for r in csv.reader(result.stdout.splitlines()) if len(r) > 4]
+    if not rows:
+        raise SystemExit(f"{name}: no ncu metrics (see {logs / (name + '.err')})")
+    header, body = rows[0], rows[1:]
+    metric, unit, value = header.index("Metric Name"), header.index("Metric Unit"), header.index("Metric Value")
+    return {r[metric]: (r[value], r[unit]) for r in body}
+
+
+def number(text: str) -> float | None:
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kernel", help="the Triton kernel's name (ncu --kernel-name)")
+    parser.add_argument("--case", action="append", default=[], help="name:hdim=..,seqlen=..,causal=..,mode=..")
+    parser.add_argument("--run", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.run is not None:
+        run_case(parse_case(args.run)[1])
+        return
+    if not args.kernel or len(args.case) < 2:
+        parser.error("give --kernel and at least two --case")
+    logs = Path(os.environ.get("OUT", "gpu-out")) / "ncu-compare"
+    logs.mkdir(parents=True, exist_ok=True)
+    names = [parse_case(case)[0] for case in args.case]
+    results = [profile(name, case, args.kernel, logs) for name, case in zip(names, args.case, strict=True)]
+    print(f"| metric | unit | {' | '.join(names)} |\n|---|---|{'---|' * len(names)}")
+    for row in KEY_ROWS:
+        if row in results[0]:
+            print(f"| {row} | {results[0][row][1]} | {' | '.join(r.get(row, ('-', ''))[0] for r in results)} |")
+    first, second = results[0], results[1]
+    differing = []
+    for row in first.keys() & second.keys():
+        a, b = number(first[row][0]), number(second[row][0])
+        if row not in KEY_ROWS and a is not None and b is not None and max(abs(a), abs(b)) > 0:
+            differing.append((abs(a - b) / max(abs(a), abs(b)), row))
+    print(f"\nMost different between {names[0]} and {names[1]}:")
+    for _, row in sorted(differing, reverse=True)[:20]:
+        print(f"| {row} | {first[row][1]} | {' | '.join(r.get(row, ('-', ''))[0] for r in results)} |")
+
+
+if __name__ == "__main__":
+    main()
