@@ -28,10 +28,17 @@ SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats", "Sched
             "MemoryWorkloadAnalysis", "ComputeWorkloadAnalysis")
 # per-SM busy cycles: max against average says how unevenly the grid's work landed on the SMs
 BALANCE_METRICS = ("sm__cycles_active.max", "sm__cycles_active.avg", "sm__cycles_active.min")
+# cycles per issued instruction that a warp spends stalled, by reason (they add up to "Warp Cycles Per
+# Issued Instruction"): barrier = waiting for the CTA's other warps, long_scoreboard = global/local memory,
+# wait = fixed-latency dependencies, math_pipe_throttle = the pipe (tensor cores, MUFU) is busy
+STALL_METRICS = tuple(f"smsp__average_warps_issue_stalled_{reason}_per_issue_active.ratio" for reason in (
+    "barrier", "long_scoreboard", "short_scoreboard", "wait", "math_pipe_throttle", "mio_throttle",
+    "lg_throttle", "dispatch_stall", "no_instruction", "not_selected", "selected", "membar", "branch_resolving",
+    "misc", "sleeping", "drain", "imc_miss", "tex_throttle"))
 KEY_ROWS = ("Duration", "Registers Per Thread", "Dynamic Shared Memory Per Block", "Block Limit Registers",
             "Block Limit Shared Mem", "Theoretical Occupancy", "Achieved Occupancy", "Compute (SM) Throughput",
             "Issue Slots Busy", "Eligible Warps Per Scheduler", "Warp Cycles Per Issued Instruction",
-            "Executed Instructions", "L2 Hit Rate", "DRAM Throughput", *BALANCE_METRICS)
+            "Executed Instructions", "L2 Hit Rate", "DRAM Throughput", *BALANCE_METRICS, *STALL_METRICS)
 
 
 def parse_case(text: str) -> tuple[str, dict]:
@@ -70,7 +77,7 @@ def run_case(fields: dict) -> None:
 def profile(name: str, case: str, kernel: str, logs: Path) -> dict:
     ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
     command = [ncu, "--kernel-name", kernel, "--launch-skip", "2", "--launch-count", "1", "--csv",
-               "--page", "details", "--metrics", ",".join(BALANCE_METRICS)]
+               "--page", "details", "--metrics", ",".join(BALANCE_METRICS + STALL_METRICS)]
     for section in SECTIONS:
         command += ["--section", section]
     command += [sys.executable, __file__, "--run", case]

@@ -17,6 +17,7 @@ around the loops.
         HEAD_DIM=128 BLOCK_D=128 BLOCK_M=128 BLOCK_N=128 DOT_PRECISION='"tf32"' USE_TMA=True
 
 ``dtype=``, ``aligned=False`` and ``maxnreg=N`` (ptxas's register cap) are options, not constexprs.
+On the GPU machine, ``--cache DIR KERNEL`` reports the kernels the launcher compiled into a Triton cache.
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import json
 import re
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -39,6 +42,7 @@ FLOAT_ARGS = {"softmax_scale", "qk_scale", "softcap_log2", "dropout_p"}
 FP32_POINTERS = {"Lse", "Delta", "AlibiSlopes", "DMask"}
 INT32_POINTERS = {"BlockMap", "BlockTable", "CacheSeqlens", "CacheBatchIdx", "CacheLeftpad"}
 COUNTED_OPS = ("HGMMA", "HMMA", "FFMA", "FMUL", "FADD", "MUFU.EX2", "STL", "LDL")
+LOOP_OPS = ("HGMMA", "HMMA", "MUFU.EX2", "STL", "LDL", "BAR", "LDGSTS", "LDG", "ISETP", "FSEL")
 
 
 def signature(kernel, constexprs: dict, dtype: str) -> dict:
@@ -75,6 +79,14 @@ def _instructions(sass: str) -> list[tuple[int, str]]:
 
 def hot_loop_spills(sass: str) -> dict:
     """STL/LDL inside the innermost loops (a backward branch's range) that hold HGMMA or HMMA."""
+    loops = hot_loops(sass)
+    return {"hot_loops": len(loops), "loop_STL": sum(loop["STL"] for loop in loops),
+            "loop_LDL": sum(loop["LDL"] for loop in loops)}
+
+
+def hot_loops(sass: str) -> list[dict]:
+    """Per innermost tensor-core loop: its instruction count and the instructions that cost a tile's time
+    (matrix, exponentials, spills, barriers, async copies, compares and selects of masks)."""
     instructions = _instructions(sass)
     loops = []
     for address, text in instructions:
@@ -83,19 +95,23 @@ def hot_loop_spills(sass: str) -> dict:
             loops.append((int(branch.group(1), 16), address))
     innermost = [loop for loop in loops
                  if not any(other != loop and loop[0] <= other[0] and other[1] <= loop[1] for other in loops)]
-    hot = [(lo, hi) for lo, hi in innermost
-           if any(lo <= address <= hi and re.search(r"\bH(G)?MMA\b", text) for address, text in instructions)]
-
-    def count(op: str) -> int:
-        return sum(1 for address, text in instructions
-                   if re.search(r"\b" + op + r"\b", text) and any(lo <= address <= hi for lo, hi in hot))
-
-    return {"hot_loops": len(hot), "loop_STL": count("STL"), "loop_LDL": count("LDL")}
+    found = []
+    for lo, hi in innermost:
+        body = [text for address, text in instructions if lo <= address <= hi]
+        counts = {op: sum(1 for text in body if re.search(r"\b" + re.escape(op) + r"\b", text))
+                  for op in LOOP_OPS}
+        if counts["HGMMA"] + counts["HMMA"]:
+            found.append({"range": f"{lo:#x}-{hi:#x}", "instructions": len(body), **counts})
+    return found
 
 
 def report(compiled) -> dict:
+    return report_cubin(compiled.asm["cubin"], compiled.metadata.shared, compiled.metadata.num_warps)
+
+
+def report_cubin(cubin_bytes: bytes, shared_bytes: int | None = None, warps: int | None = None) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
-        cubin.write(compiled.asm["cubin"])
+        cubin.write(cubin_bytes)
         cubin.flush()
         sass = subprocess.run([BIN + "cuobjdump", "-sass", cubin.name], capture_output=True, text=True).stdout
         usage = subprocess.run([BIN + "cuobjdump", "-res-usage", cubin.name], capture_output=True, text=True).stdout
@@ -104,16 +120,20 @@ def report(compiled) -> dict:
     return {
         "registers": int(registers.group(1)) if registers else None,
         "stack_bytes": int(stack.group(1)) if stack else None,
-        "shared_bytes": compiled.metadata.shared,
-        "warps": compiled.metadata.num_warps,
+        "shared_bytes": shared_bytes,
+        "warps": warps,
         **{op: len(re.findall(r"\b" + re.escape(op) + r"\b", sass)) for op in COUNTED_OPS},
         **hot_loop_spills(sass),
+        "loops": hot_loops(sass),
     }
 
 
 def main(argv: list[str]) -> None:
     if len(argv) < 3:
         raise SystemExit(__doc__)
+    if argv[0] == "--cache":
+        report_cache(Path(argv[1]), argv[2])
+        return
     module, name = argv[0].split(":")
     kernel = getattr(importlib.import_module(module), name)
     num_warps, num_stages = int(argv[1]), int(argv[2])
@@ -125,6 +145,17 @@ def main(argv: list[str]) -> None:
     print(f"{' '.join(argv[1:])}: "
           f"{compile_report(kernel, num_warps, num_stages, constexprs, dtype, aligned, maxnreg)} "
           f"({time.time() - start:.1f} s)")
+
+
+def report_cache(cache_dir: Path, kernel_name: str) -> None:
+    """Report every ``kernel_name`` in a Triton cache directory: what the launcher compiled on the GPU
+    machine, with its own specialization (run each case with its own TRITON_CACHE_DIR to tell them apart)."""
+    cubins = sorted(cache_dir.rglob(f"{kernel_name}.cubin"))
+    if not cubins:
+        raise SystemExit(f"no {kernel_name}.cubin under {cache_dir}")
+    for path in cubins:
+        metadata = json.loads(path.with_suffix(".json").read_text())
+        print(f"{path}: {report_cubin(path.read_bytes(), metadata.get('shared'), metadata.get('num_warps'))}")
 
 
 def compile_report(kernel, num_warps: int, num_stages: int, constexprs: dict, dtype: str = "bf16",
