@@ -22,7 +22,10 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+
+import sass_report
 
 SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats", "SchedulerStats",
             "MemoryWorkloadAnalysis", "ComputeWorkloadAnalysis")
@@ -44,10 +47,10 @@ KEY_ROWS = ("Duration", "Registers Per Thread", "Dynamic Shared Memory Per Block
 def parse_case(text: str) -> tuple[str, dict]:
     name, _, spec = text.partition(":")
     fields = dict(item.split("=", 1) for item in spec.split(",") if item)
-    unknown = set(fields) - {"hdim", "seqlen", "causal", "mode", "varlen"}
+    unknown = set(fields) - {"hdim", "seqlen", "causal", "window", "mode", "varlen"}
     if unknown:
         raise SystemExit(f"--case {text!r}: unknown fields {sorted(unknown)}; expected hdim, seqlen, causal, "
-                         "mode (fwd or bwd), varlen")
+                         "window (the right window size, non-causal), mode (fwd or bwd), varlen")
     return name, fields
 
 
@@ -60,28 +63,32 @@ def run_case(fields: dict) -> None:
     head_dim, seqlen = int(fields.get("hdim", 128)), int(fields.get("seqlen", 4096))
     causal, varlen = fields.get("causal", "0") == "1", fields.get("varlen", "0") == "1"
     backward = fields.get("mode", "fwd") == "bwd"
+    window = (-1, int(fields.get("window", -1)))
     batch, heads = 16384 // seqlen, 2048 // head_dim
     q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16,
                            requires_grad=backward) for _ in range(3))
     cu = torch.arange(0, batch + 1, device="cuda", dtype=torch.int32) * seqlen
     for _ in range(3):
         if varlen:
-            out = flash_attn_varlen_func(*(x.flatten(0, 1) for x in (q, k, v)), cu, cu, seqlen, seqlen, causal=causal)
+            out = flash_attn_varlen_func(*(x.flatten(0, 1) for x in (q, k, v)), cu, cu, seqlen, seqlen, causal=causal,
+                                         window_size=window)
         else:
-            out = flash_attn_func(q, k, v, causal=causal)
+            out = flash_attn_func(q, k, v, causal=causal, window_size=window)
         if backward:
             torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
     torch.cuda.synchronize()
 
 
-def profile(name: str, case: str, kernel: str, logs: Path) -> dict:
+def profile(name: str, case: str, kernel: str, logs: Path, cache: Path) -> dict:
+    """ncu's metrics of ``kernel`` in one case; the case compiles into its own Triton cache ``cache``."""
     ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
     command = [ncu, "--kernel-name", kernel, "--launch-skip", "2", "--launch-count", "1", "--csv",
                "--page", "details", "--metrics", ",".join(BALANCE_METRICS + STALL_METRICS)]
     for section in SECTIONS:
         command += ["--section", section]
     command += [sys.executable, __file__, "--run", case]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "TRITON_CACHE_DIR": str(cache)})
     (logs / f"{name}.csv").write_text(result.stdout)
     (logs / f"{name}.err").write_text(result.stderr)
     rows = [r for r in csv.reader(result.stdout.splitlines()) if len(r) > 4]
@@ -113,7 +120,9 @@ def main() -> None:
     logs = Path(os.environ.get("OUT", "gpu-out")) / "ncu-compare"
     logs.mkdir(parents=True, exist_ok=True)
     names = [parse_case(case)[0] for case in args.case]
-    results = [profile(name, case, args.kernel, logs) for name, case in zip(names, args.case, strict=True)]
+    caches = [Path(tempfile.mkdtemp(prefix=f"ncu-compare-{name}-")) for name in names]
+    results = [profile(name, case, args.kernel, logs, cache)
+               for name, case, cache in zip(names, args.case, caches, strict=True)]
     print(f"| metric | unit | {' | '.join(names)} |\n|---|---|{'---|' * len(names)}")
     for row in KEY_ROWS:
         if row in results[0]:
@@ -127,6 +136,10 @@ def main() -> None:
     print(f"\nMost different between {names[0]} and {names[1]}:")
     for _, row in sorted(differing, reverse=True)[:20]:
         print(f"| {row} | {first[row][1]} | {' | '.join(r.get(row, ('-', ''))[0] for r in results)} |")
+    print(f"\n{args.kernel} as the launcher compiled it (sass_report.py):")
+    for name, cache in zip(names, caches, strict=True):
+        print(f"{name}:", flush=True)
+        sass_report.report_cache(cache, args.kernel)
 
 
 if __name__ == "__main__":

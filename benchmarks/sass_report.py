@@ -16,7 +16,9 @@ around the loops.
     PYTHONPATH=src python benchmarks/sass_report.py flashattn.kernels.forward:attention_forward_kernel 8 3 \\
         HEAD_DIM=128 BLOCK_D=128 BLOCK_M=128 BLOCK_N=128 DOT_PRECISION='"tf32"' USE_TMA=True
 
-``dtype=``, ``aligned=False`` and ``maxnreg=N`` (ptxas's register cap) are options, not constexprs.
+``dtype=``, ``aligned=False``, ``maxnreg=N`` (ptxas's register cap) and ``divisible='"a,b"'`` (int arguments
+the launcher would see as multiples of 16) are options, not constexprs; a run-time argument given a value
+(``group_size=1``) is compiled as the launcher specializes a 1.
 On the GPU machine, ``--cache DIR KERNEL`` reports the kernels the launcher compiled into a Triton cache.
 """
 
@@ -42,13 +44,15 @@ FLOAT_ARGS = {"softmax_scale", "qk_scale", "softcap_log2", "dropout_p"}
 FP32_POINTERS = {"Lse", "Delta", "AlibiSlopes", "DMask"}
 INT32_POINTERS = {"BlockMap", "BlockTable", "CacheSeqlens", "CacheBatchIdx", "CacheLeftpad"}
 COUNTED_OPS = ("HGMMA", "HMMA", "FFMA", "FMUL", "FADD", "MUFU.EX2", "STL", "LDL")
-LOOP_OPS = ("HGMMA", "HMMA", "MUFU.EX2", "STL", "LDL", "BAR", "LDGSTS", "LDG", "ISETP", "FSEL")
+LOOP_OPS = ("HGMMA", "HMMA", "WARPGROUP.DEPBAR", "MUFU.EX2", "STL", "LDL", "BAR", "LDGSTS", "LDG", "ISETP", "FSEL")
 
 
 def signature(kernel, constexprs: dict, dtype: str) -> dict:
     types = {}
     for name, param in inspect.signature(kernel.fn).parameters.items():
-        if "constexpr" in str(param.annotation):
+        if name in constexprs:
+            types[name] = "constexpr"  # a run-time argument given a value: the launcher's "== 1" specialization
+        elif "constexpr" in str(param.annotation):
             constexprs.setdefault(name, param.default if param.default is not inspect.Parameter.empty else False)
             types[name] = "constexpr"
         elif name in FLOAT_ARGS:
@@ -62,10 +66,11 @@ def signature(kernel, constexprs: dict, dtype: str) -> dict:
     return types
 
 
-def alignment_hints(types: dict) -> dict:
-    """``tt.divisibility`` 16 on every pointer and stride, as the launcher gives aligned tensors."""
+def alignment_hints(types: dict, divisible: tuple[str, ...] = ()) -> dict:
+    """``tt.divisibility`` 16 on every pointer and stride, as the launcher gives aligned tensors, and on the
+    integer arguments named in ``divisible`` (the launcher marks any int that is a multiple of 16)."""
     return {(i,): [["tt.divisibility", 16]] for i, (name, kind) in enumerate(types.items())
-            if kind.startswith("*") or name.startswith("stride_")}
+            if kind.startswith("*") or name.startswith("stride_") or name in divisible}
 
 
 def _instructions(sass: str) -> list[tuple[int, str]]:
@@ -106,7 +111,25 @@ def hot_loops(sass: str) -> list[dict]:
 
 
 def report(compiled) -> dict:
-    return report_cubin(compiled.asm["cubin"], compiled.metadata.shared, compiled.metadata.num_warps)
+    return {**report_cubin(compiled.asm["cubin"], compiled.metadata.shared, compiled.metadata.num_warps),
+            "wgmma_serialized": wgmma_serialization(compiled.asm["ptx"])}
+
+
+def wgmma_serialization(ptx: str) -> str | None:
+    """ptxas's reason for serializing the kernel's wgmma instructions (info C7515), or None.
+
+    When ptxas cannot keep the asynchronous wgmma pipeline, it waits for each wgmma to finish before the
+    next one issues, in the whole function: the hdim-128 causal dK/dV kernel ran 45% slower per tile for
+    it (docs/perf-notes.md, version 8). Triton does not show ptxas's log, so the PTX is assembled again.
+    """
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as source, tempfile.NamedTemporaryFile(suffix=".cubin") as out:
+        source.write(ptx)
+        source.flush()
+        log = subprocess.run([BIN + "ptxas", "-v", "--gpu-name=sm_90a", source.name, "-o", out.name],
+                             capture_output=True, text=True)
+    found = re.search(r"wgmma.mma_async instructions are serialized due to (.*?) in the function",
+                      log.stderr + log.stdout)
+    return found.group(1) if found else None
 
 
 def report_cubin(cubin_bytes: bytes, shared_bytes: int | None = None, warps: int | None = None) -> dict:
@@ -141,9 +164,10 @@ def main(argv: list[str]) -> None:
     dtype = constexprs.pop("dtype", "bf16")
     aligned = constexprs.pop("aligned", True)
     maxnreg = constexprs.pop("maxnreg", None)
+    divisible = tuple(constexprs.pop("divisible", "").split(","))
     start = time.time()
     print(f"{' '.join(argv[1:])}: "
-          f"{compile_report(kernel, num_warps, num_stages, constexprs, dtype, aligned, maxnreg)} "
+          f"{compile_report(kernel, num_warps, num_stages, constexprs, dtype, aligned, maxnreg, divisible)} "
           f"({time.time() - start:.1f} s)")
 
 
@@ -159,14 +183,14 @@ def report_cache(cache_dir: Path, kernel_name: str) -> None:
 
 
 def compile_report(kernel, num_warps: int, num_stages: int, constexprs: dict, dtype: str = "bf16",
-                   aligned: bool = True, maxnreg: int | None = None) -> dict:
+                   aligned: bool = True, maxnreg: int | None = None, divisible: tuple[str, ...] = ()) -> dict:
     """Compile ``kernel`` for sm90 with these constexprs and launch options; :func:`report` of the result.
 
     ``maxnreg``: ptxas's register cap per thread, as ``TileConfig.max_registers`` passes it at launch.
     """
     types = signature(kernel, constexprs, dtype)
     source = ASTSource(fn=kernel, signature=types, constexprs=constexprs,
-                       attrs=alignment_hints(types) if aligned else None)
+                       attrs=alignment_hints(types, divisible) if aligned else None)
     options = {"num_warps": num_warps, "num_stages": num_stages}
     if maxnreg is not None:
         options["maxnreg"] = maxnreg

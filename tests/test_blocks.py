@@ -147,11 +147,22 @@ def test_plot_draws_a_png(tmp_path):
 
 def test_candidates_take_the_tma_and_split_flags():
     parsed = blocks.parse_candidates("128x64x4x3+tma, 64x64x4x2, 32x128x8x2+split")
-    assert parsed == [(128, 64, 4, 3, True, False), (64, 64, 4, 2, False, False), (32, 128, 8, 2, False, True)]
+    assert [c[:6] for c in parsed] == [(128, 64, 4, 3, True, False), (64, 64, 4, 2, False, False),
+                                       (32, 128, 8, 2, False, True)]
     assert [blocks.candidate_label(c) for c in parsed] == ["128x64x4x3+tma", "64x64x4x2", "32x128x8x2+split"]
     assert TileConfig(*parsed[2]) == TileConfig(32, 128, 8, 2, split_dkdv=True)
-    assert all(blocks.parse_candidates(blocks.candidate_label(c)) == [(*c[:4], *c[4:], *(False,) * (6 - len(c)))]
+    assert all(TileConfig(*blocks.parse_candidates(blocks.candidate_label(c))[0]) == TileConfig(*c)
                for c in blocks.CANDIDATES_256["dkdv"])
+
+
+def test_dkdv_candidates_take_the_loop_flags():
+    parsed = blocks.parse_candidates("64x64x4x2+every, 64x64x4x3+keyrows+every, 64x64x4x2+r200+keyrows")
+    assert [TileConfig(*c) for c in parsed] == [
+        TileConfig(64, 64, 4, 2, mask_every_block=True),
+        TileConfig(64, 64, 4, 3, mask_every_block=True, key_rows=True),
+        TileConfig(64, 64, 4, 2, max_registers=200, key_rows=True)]
+    assert [blocks.candidate_label(c) for c in parsed] == [
+        "64x64x4x2+every", "64x64x4x3+every+keyrows", "64x64x4x2+r200+keyrows"]
 
 
 def test_a_split_dkdv_candidate_holds_one_accumulator_and_streams_twice():
@@ -167,7 +178,7 @@ def test_a_split_dkdv_candidate_holds_one_accumulator_and_streams_twice():
 
 def test_a_candidate_takes_a_register_cap():
     parsed = blocks.parse_candidates("128x64x8x3+r128, 128x64x8x3+tma+r96")
-    assert parsed == [(128, 64, 8, 3, False, False, 128), (128, 64, 8, 3, True, False, 96)]
+    assert [c[:7] for c in parsed] == [(128, 64, 8, 3, False, False, 128), (128, 64, 8, 3, True, False, 96)]
     assert [blocks.candidate_label(c) for c in parsed] == ["128x64x8x3+r128", "128x64x8x3+tma+r96"]
     assert TileConfig(*parsed[0]) == TileConfig(128, 64, 8, 3, max_registers=128)
     with pytest.raises(Exception, match=r"register cap"):

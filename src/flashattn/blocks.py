@@ -84,20 +84,27 @@ def candidates_for(phase: str, head_dim: int) -> list[Candidate]:
     return list((CANDIDATES_256 if padded_head_dim(head_dim) > 128 else CANDIDATES)[phase])
 
 
-FLAG_NAMES = ("tma", "split")  # label suffixes of TileConfig's flags, in its field order
+# label suffix -> the position of TileConfig's flag in a candidate (TileConfig(*candidate)); the register
+# cap (+rN) sits at REGISTER_CAP, between the flags, in TileConfig's field order
+FLAG_POSITIONS = {"tma": 4, "split": 5, "every": 7, "keyrows": 8}
+FLAG_NAMES = tuple(FLAG_POSITIONS)
+REGISTER_CAP = 6
 
 
 def candidate_label(candidate: Candidate) -> str:
-    flags = [name for name, on in zip(FLAG_NAMES, candidate[4:6], strict=False) if on]
-    if len(candidate) > 6 and candidate[6]:
-        flags.append(f"r{candidate[6]}")
+    suffixes = {position: name for name, position in FLAG_POSITIONS.items()}
+    flags = []
+    for position in range(4, len(candidate)):
+        if candidate[position]:
+            flags.append(f"r{candidate[position]}" if position == REGISTER_CAP else suffixes[position])
     return "x".join(str(x) for x in candidate[:4]) + "".join(f"+{name}" for name in flags)
 
 
 def parse_candidates(text: str) -> list[Candidate]:
     """An argparse type: ``BMxBNxWARPSxSTAGES`` configs, comma separated (``16x16x1x1,32x16x1x1``);
     a forward config may end in ``+tma`` (TMA tensor descriptors; sm90), a dK/dV config in ``+split`` (a dV
-    pass and a dK pass, ``TileConfig.split_dkdv``), any config in ``+rN`` (at most N registers a thread,
+    pass and a dK pass, ``TileConfig.split_dkdv``), ``+every`` (one masked loop,
+    ``TileConfig.mask_every_block``) or ``+keyrows`` (``TileConfig.key_rows``), any config in ``+rN`` (at most N registers a thread,
     ``TileConfig.max_registers``)."""
     found: list[Candidate] = []
     for part in (p.strip() for p in text.split(",")):
@@ -129,7 +136,8 @@ def parse_candidates(text: str) -> list[Candidate]:
             raise argparse.ArgumentTypeError(f"{part}: num_warps must be a power of two up to 32, got {num_warps}")
         if num_stages < 1:
             raise argparse.ArgumentTypeError(f"{part}: num_stages must be >= 1, got {num_stages}")
-        found.append((block_m, block_n, num_warps, num_stages, *(name in flags for name in FLAG_NAMES), *caps))
+        found.append((block_m, block_n, num_warps, num_stages, "tma" in flags, "split" in flags,
+                      caps[0] if caps else None, "every" in flags, "keyrows" in flags))
     if not found:
         raise argparse.ArgumentTypeError(f"no config in {text!r}")
     return found

@@ -30,6 +30,13 @@ class TileConfig:
     # at <= 128 registers leaves room for a second one on the SM (65,536 registers), where ptxas would
     # sometimes take a few more and halve the occupancy (docs/perf-notes.md, version 7)
     max_registers: int | None = None
+    # dK/dV only: one masked loop over each key block's queries instead of masked boundary loops around an
+    # unmasked interior (dkdv_kernel's MASK_EVERY_BLOCK). With a causal mask the three-loop kernel made
+    # ptxas serialize its wgmma instructions at hdim 128 (docs/perf-notes.md, version 8)
+    mask_every_block: bool = False
+    # dK/dV only: S and dP computed as K Q^T and V dO^T (dkdv_kernel's KEY_ROWS), so that each warpgroup holds
+    # whole key rows and P^T, dS^T feed dV and dK from its registers. The split passes always take it
+    key_rows: bool = False
 
 
 # Under TRITON_INTERPRET=1 every program runs in numpy: small tiles keep the tests fast there.

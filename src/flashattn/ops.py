@@ -253,8 +253,9 @@ def _dkdv_passes(config: configs.TileConfig) -> tuple[dict, ...]:
     """The dK/dV kernel's launches: one for both gradients, or (``split_dkdv``) a dV pass, then a dK pass,
     each with one accumulator and the keys along its tile's rows."""
     if not config.split_dkdv:
-        return (dict(),)
-    return (dict(COMPUTE_DK=False, KEY_ROWS=True), dict(COMPUTE_DV=False, KEY_ROWS=True))
+        return (dict(MASK_EVERY_BLOCK=config.mask_every_block, KEY_ROWS=config.key_rows),)
+    loop = dict(MASK_EVERY_BLOCK=config.mask_every_block, KEY_ROWS=True)
+    return (dict(COMPUTE_DK=False, **loop), dict(COMPUTE_DV=False, **loop))
 
 
 def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: AttentionOptions, attn_mask=None,

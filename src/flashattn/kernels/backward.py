@@ -207,6 +207,7 @@ def dkdv_kernel(
     HAS_MASK: tl.constexpr = False, MASK_IS_BOOL: tl.constexpr = False,
     BlockMap=None, stride_map_b=0, stride_map_h=0, stride_map_row=0, HAS_BLOCK_MAP: tl.constexpr = False,
     COMPUTE_DK: tl.constexpr = True, COMPUTE_DV: tl.constexpr = True, KEY_ROWS: tl.constexpr = False,
+    MASK_EVERY_BLOCK: tl.constexpr = False,
 ):
     """Varlen: seqlen_q/seqlen_k arrive as the packed totals, Lse/Delta are (nheads, total_q).
 
@@ -221,6 +222,11 @@ def dkdv_kernel(
     64 rows) the (queries x keys) tile needs BLOCK_M >= 128 or each warpgroup computes all of S and dP;
     with keys along the rows, BLOCK_N = 128 splits them between the warpgroups and BLOCK_M stays small
     enough for double-buffered Q and dO tiles (docs/perf-notes.md, version 3).
+
+    MASK_EVERY_BLOCK: one masked loop over the query blocks instead of masked boundary loops around an
+    unmasked interior one. The mask costs a few compares and selects per tile, but with a causal mask the
+    three-loop form made ptxas serialize every wgmma of the kernel (info C7515), which cost the hdim-128
+    tile 45% of its speed (docs/perf-notes.md, version 8).
     """
     start_n = tl.program_id(0) * BLOCK_N
     bhk = tl.program_id(1)
@@ -290,15 +296,21 @@ def dkdv_kernel(
                                                          BLOCK_M)
             head_full_lo = head_lo
             head_full_hi = head_hi
+        if MASK_EVERY_BLOCK:
+            # one loop over all of the head's query blocks, every tile masked
+            head_full_lo = head_lo
+            head_full_hi = head_hi
         for stage in tl.static_range(3):
-            start, end = stage_range(stage, head_lo, head_full_lo, head_full_hi, head_hi)
-            dk, dv, dk_comp, dv_comp = _dkdv_query_range(
-                dk, dv, dk_comp, dv_comp, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                start, end, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2,
-                window_left, window_right, dropout_p, rng_seed, rng_row_base, rng_row_stride, HEAD_DIM, BLOCK_D,
-                BLOCK_M, stage != 1 or HAS_MASK, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
-                UPCAST_DOT, DOT_PRECISION, COMPENSATED, mask_base, stride_mask_m, stride_mask_n, HAS_MASK,
-                MASK_IS_BOOL, block_list, HAS_BLOCK_MAP, COMPUTE_DK, COMPUTE_DV, KEY_ROWS)
+            if stage == 1 or not MASK_EVERY_BLOCK:
+                start, end = stage_range(stage, head_lo, head_full_lo, head_full_hi, head_hi)
+                dk, dv, dk_comp, dv_comp = _dkdv_query_range(
+                    dk, dv, dk_comp, dv_comp, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+                    start, end, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2,
+                    window_left, window_right, dropout_p, rng_seed, rng_row_base, rng_row_stride, HEAD_DIM, BLOCK_D,
+                    BLOCK_M, stage != 1 or HAS_MASK or MASK_EVERY_BLOCK, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP,
+                    HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED, mask_base, stride_mask_m,
+                    stride_mask_n, HAS_MASK, MASK_IS_BOOL, block_list, HAS_BLOCK_MAP, COMPUTE_DK, COMPUTE_DV,
+                    KEY_ROWS)
     store_mask = offs_n[:, None] < seqlen_k
     if BLOCK_D != HEAD_DIM:
         store_mask = store_mask & (offs_d[None, :] < HEAD_DIM)
