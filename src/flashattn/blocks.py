@@ -104,8 +104,8 @@ def parse_candidates(text: str) -> list[Candidate]:
     """An argparse type: ``BMxBNxWARPSxSTAGES`` configs, comma separated (``16x16x1x1,32x16x1x1``);
     a forward config may end in ``+tma`` (TMA tensor descriptors; sm90), a dK/dV config in ``+split`` (a dV
     pass and a dK pass, ``TileConfig.split_dkdv``), ``+every`` (one masked loop,
-    ``TileConfig.mask_every_block``) or ``+keyrows`` (``TileConfig.key_rows``), any config in ``+rN`` (at most N registers a thread,
-    ``TileConfig.max_registers``)."""
+    ``TileConfig.mask_every_block``) or ``+keyrows`` (``TileConfig.key_rows``), any config in ``+rN`` (at
+    most N registers a thread, ``TileConfig.max_registers``)."""
     found: list[Candidate] = []
     for part in (p.strip() for p in text.split(",")):
         if not part:
