@@ -470,8 +470,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "as the whole backward (dkdv or dq: one of them); both all three (default forward)")
     parser.add_argument("--candidates", type=parse_candidates, default=None, metavar="BMxBNxWxS[,...]",
                         help="sweep these configs for every swept kernel instead of the built-in lists; "
-                             "+tma (forward) and +split (dK/dV in two passes) set TileConfig's flags, +rN a "
-                             "register cap")
+                             "+tma (forward), +split (dK/dV in two passes), +every (dK/dV in one masked loop) "
+                             "and +keyrows (dK/dV products with the keys along the rows) set TileConfig's flags, "
+                             "+rN a register cap")
     parser.add_argument("--interpret-check", action="store_true",
                         help="no timings: run each candidate once on a tiny shape to validate it (automatic "
                              "without a GPU when TRITON_INTERPRET=1 and FLASHATTN_BACKEND=triton)")
