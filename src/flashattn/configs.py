@@ -75,11 +75,14 @@ HOPPER_SPLIT_DKDV = TileConfig(32, 128, 8, 2, split_dkdv=True)
 # non-causal / causal; docs/perf-notes.md version 5): an 8-warp program holds the register file alone.
 # hdim 64 takes a third stage: 353-360 against 337-344 TFLOP/s non-causal at 4k, and +3-4.5% causal at
 # 2k-16k (H200, `flashattn blocks --phase dkdv`, each candidate twice, 2026-11-22).
+# hdim 128 causal: one masked loop. In the three-loop form ptxas serialized every wgmma of the kernel (info
+# C7515; 45% more time per tile in Nsight Compute); the masks on every tile cost less: whole backward 350.7
+# against 307.5 TFLOP/s at 4k (H200, `flashattn blocks --phase dkdv --causal`, docs/perf-notes.md version 8).
 _HOPPER_DKDV = {
     (64, False): TileConfig(64, 64, 4, 3),
     (64, True): TileConfig(64, 64, 4, 3),
     (128, False): TileConfig(64, 64, 4, 2),
-    (128, True): TileConfig(64, 64, 4, 2),
+    (128, True): TileConfig(64, 64, 4, 2, mask_every_block=True),
     (256, False): TileConfig(128, 64, 8, 1),
     (256, True): TileConfig(128, 64, 8, 1),
 }
