@@ -141,9 +141,13 @@ def _dkdv_query_range(
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
     mask_base, stride_mask_m, stride_mask_n, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
     block_list, HAS_BLOCK_MAP: tl.constexpr, COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr,
-    KEY_ROWS: tl.constexpr,
+    KEY_ROWS: tl.constexpr, interior_lo=0, interior_hi=0, MASK_AT_RUN_TIME: tl.constexpr = False,
 ):
-    """Query blocks lo, lo + BLOCK_M, ... < hi; with HAS_BLOCK_MAP, the blocks block_list[lo:hi]."""
+    """Query blocks lo, lo + BLOCK_M, ... < hi; with HAS_BLOCK_MAP, the blocks block_list[lo:hi].
+
+    MASK_AT_RUN_TIME (with MASKED): the causal/window mask is computed only for the blocks outside
+    [interior_lo, interior_hi), behind a branch that is uniform across the program.
+    """
     offs_d = tl.arange(0, BLOCK_D)
     for step in range(lo, hi, 1 if HAS_BLOCK_MAP else BLOCK_M):
         if HAS_BLOCK_MAP:
@@ -166,8 +170,14 @@ def _dkdv_query_range(
                 delta = tl.load(delta_base + offs_m)
         p, capped = _probs(
             q, k, lse * LOG2E, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2,
-            window_left, window_right, MASKED, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, UPCAST_DOT,
-            DOT_PRECISION, mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL, KEY_ROWS)
+            window_left, window_right, MASKED and not MASK_AT_RUN_TIME, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP,
+            HAS_ALIBI, UPCAST_DOT, DOT_PRECISION, mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL,
+            KEY_ROWS)
+        if MASK_AT_RUN_TIME:
+            if (start_m < interior_lo) | (start_m >= interior_hi):
+                seen = visible(offs_m, offs_n, seqlen_q, seqlen_k, window_left, window_right, WINDOW_LEFT,
+                               WINDOW_RIGHT)
+                p = tl.where(seen, p, 0.0)
         keep = p  # read only with dropout
         if HAS_DROPOUT:
             keep = dropout_keep(rng_seed, rng_row_base, offs_m, offs_n, rng_row_stride, dropout_p)
@@ -296,8 +306,14 @@ def dkdv_kernel(
                                                          BLOCK_M)
             head_full_lo = head_lo
             head_full_hi = head_hi
+        # MASK_EVERY_BLOCK: one loop over all of the head's query blocks, the mask computed for the tiles
+        # outside the interior (by query position; a block map's stages count list entries: mask them all)
+        interior_lo = head_full_lo
+        interior_hi = head_full_hi
+        if HAS_BLOCK_MAP:
+            interior_lo = 0
+            interior_hi = 0
         if MASK_EVERY_BLOCK:
-            # one loop over all of the head's query blocks, every tile masked
             head_full_lo = head_lo
             head_full_hi = head_hi
         for stage in tl.static_range(3):
@@ -310,7 +326,7 @@ def dkdv_kernel(
                     BLOCK_M, stage != 1 or HAS_MASK or MASK_EVERY_BLOCK, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP,
                     HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED, mask_base, stride_mask_m,
                     stride_mask_n, HAS_MASK, MASK_IS_BOOL, block_list, HAS_BLOCK_MAP, COMPUTE_DK, COMPUTE_DV,
-                    KEY_ROWS)
+                    KEY_ROWS, interior_lo, interior_hi, MASK_EVERY_BLOCK)
     store_mask = offs_n[:, None] < seqlen_k
     if BLOCK_D != HEAD_DIM:
         store_mask = store_mask & (offs_d[None, :] < HEAD_DIM)
