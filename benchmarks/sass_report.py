@@ -19,7 +19,8 @@ around the loops.
 ``dtype=``, ``aligned=False``, ``maxnreg=N`` (ptxas's register cap) and ``divisible='"a,b"'`` (int arguments
 the launcher would see as multiples of 16) are options, not constexprs; a run-time argument given a value
 (``group_size=1``) is compiled as the launcher specializes a 1.
-On the GPU machine, ``--cache DIR KERNEL`` reports the kernels the launcher compiled into a Triton cache.
+On the GPU machine, ``--cache DIR KERNEL`` reports the kernels the launcher compiled into a Triton cache;
+``--table forward,dkdv,dq SEQLEN`` reports the tile table's kernels for a benchmark-grid shape.
 """
 
 from __future__ import annotations
@@ -157,6 +158,13 @@ def main(argv: list[str]) -> None:
     if argv[0] == "--cache":
         report_cache(Path(argv[1]), argv[2])
         return
+    if argv[0] == "--table":
+        for phase in argv[1].split(","):
+            for head_dim in (64, 128, 256):
+                for causal in (False, True):
+                    result = table_report(phase, head_dim, causal, int(argv[2]))
+                    print(f"{phase} hdim {head_dim} {'causal' if causal else 'full'}: {result}", flush=True)
+        return
     module, name = argv[0].split(":")
     kernel = getattr(importlib.import_module(module), name)
     num_warps, num_stages = int(argv[1]), int(argv[2])
@@ -180,6 +188,33 @@ def report_cache(cache_dir: Path, kernel_name: str) -> None:
     for path in cubins:
         metadata = json.loads(path.with_suffix(".json").read_text())
         print(f"{path}: {report_cubin(path.read_bytes(), metadata.get('shared'), metadata.get('num_warps'))}")
+
+
+# The launcher's specialization on the benchmark grid's shapes (dense, no GQA, lengths and heads multiples of 16,
+# causal as window_right = 0): the integer arguments it sees as multiples of 16, and group_size == 1.
+GRID_DIVISIBLE = ("seqlen_q", "seqlen_k", "nheads", "nheads_k", "rng_seed", "rng_offset")
+
+
+def table_report(phase: str, head_dim: int, causal: bool, seqlen: int) -> dict:
+    """:func:`compile_report` of the Hopper tile table's ``phase`` kernel ("forward", "dkdv" or "dq") as
+    the launcher compiles it for a bf16 benchmark-grid shape."""
+    import torch
+
+    from flashattn import configs
+    from flashattn.kernels import backward, forward
+
+    config = configs.lookup("hopper", phase, head_dim, causal, torch.bfloat16, seqlen=seqlen)
+    kernel = {"forward": forward.attention_forward_kernel, "dkdv": backward.dkdv_kernel,
+              "dq": backward.dq_kernel}[phase]
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+                      DOT_PRECISION="tf32", WINDOW_RIGHT=causal, group_size=1)
+    if phase == "forward":
+        constexprs.update(DEFER_SCALE=True, USE_TMA=config.tma)
+    if phase == "dkdv":
+        constexprs.update(MASK_EVERY_BLOCK=config.mask_every_block, KEY_ROWS=config.key_rows)
+    divisible = GRID_DIVISIBLE + (("window_right",) if causal else ())
+    return compile_report(kernel, config.num_warps, config.num_stages, constexprs, maxnreg=config.max_registers,
+                          divisible=divisible)
 
 
 def compile_report(kernel, num_warps: int, num_stages: int, constexprs: dict, dtype: str = "bf16",

@@ -1,0 +1,49 @@
+"""The tile table's kernels compiled for sm90 on the CPU (Triton's MLIR pipeline and the ptxas it ships),
+as the launcher specializes them for the benchmark grid's shapes: ptxas must keep every kernel's wgmma
+instructions asynchronous. When it serializes them (its info C7515) a kernel loses up to half its speed with
+no other sign: the causal hdim-128 dK/dV kernel did (docs/perf-notes.md, version 8).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PHASES = ("forward", "dkdv", "dq")
+HEAD_DIMS = (64, 128, 256)
+# the compiles run in a child process: under TRITON_INTERPRET=1 the kernels are interpreter functions
+COMPILE_ALL = f"""
+import json, sys
+sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
+import sass_report
+for phase in {PHASES!r}:
+    for head_dim in {HEAD_DIMS!r}:
+        for causal in (False, True):
+            result = sass_report.table_report(phase, head_dim, causal, seqlen=4096)
+            print(json.dumps([phase, head_dim, causal, result]), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def reports() -> dict:
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", COMPILE_ALL], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("[")]
+    return {(phase, head_dim, causal): result for phase, head_dim, causal, result in rows}
+
+
+@pytest.mark.parametrize("phase", PHASES)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_table_kernels_keep_wgmma_asynchronous(reports, phase, head_dim, causal):
+    result = reports[(phase, head_dim, causal)]
+    assert result["HGMMA"] > 0, f"{phase} hdim {head_dim}: no wgmma at all (HMMA {result['HMMA']})"
+    assert result["wgmma_serialized"] is None, f"ptxas serialized the wgmma: {result['wgmma_serialized']}"
