@@ -75,9 +75,10 @@ HOPPER_SPLIT_DKDV = TileConfig(32, 128, 8, 2, split_dkdv=True)
 # non-causal / causal; docs/perf-notes.md version 5): an 8-warp program holds the register file alone.
 # hdim 64 takes a third stage: 353-360 against 337-344 TFLOP/s non-causal at 4k, and +3-4.5% causal at
 # 2k-16k (H200, `flashattn blocks --phase dkdv`, each candidate twice, 2026-11-22).
-# hdim 128 causal: one masked loop. In the three-loop form ptxas serialized every wgmma of the kernel (info
-# C7515; 45% more time per tile in Nsight Compute); the masks on every tile cost less: whole backward 350.7
-# against 307.5 TFLOP/s at 4k (H200, `flashattn blocks --phase dkdv --causal`, docs/perf-notes.md version 8).
+# Causal hdim 64/128: one loop (mask_every_block). In the three-loop form ptxas serialized every wgmma of the
+# kernel (info C7515; 45% more time per tile at hdim 128 in Nsight Compute). hdim 128, whole backward: 352.6
+# against 307.3 TFLOP/s at 4k, 388.9 against 342.2 at 16k, 253.4 against 223.4 at 1k (H200, `flashattn blocks
+# --phase dkdv --causal`, docs/perf-notes.md version 8).
 # hdim 64: S and dP with the keys along the rows, and causal in one loop: 376.7 / 374.5 against 360.9 / 361.8
 # TFLOP/s non-causal (twice), 298.8 against 282.5 causal at 4k, 330.0 against 318.4 at 16k (same sweeps).
 _HOPPER_DKDV = {
