@@ -140,24 +140,25 @@ def _dkdv_tile(
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
     mask_base, stride_mask_m, stride_mask_n, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
     COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr, KEY_ROWS: tl.constexpr,
-    interior_lo, interior_hi, MASK_AT_RUN_TIME: tl.constexpr,
+    interior_lo, interior_hi, MASK_AT_RUN_TIME: tl.constexpr, row_limit,
 ):
     """dK and dV of one (BLOCK_M queries from start_m) x (key block) tile, added to the accumulators.
 
     MASK_AT_RUN_TIME (with MASKED): the causal/window mask is computed only when the block lies outside
-    [interior_lo, interior_hi), behind a branch that is uniform across the program.
+    [interior_lo, interior_hi), behind a branch that is uniform across the program. With MASKED, the rows
+    from ``row_limit`` on (seqlen_q, or less) take no part.
     """
     offs_d = tl.arange(0, BLOCK_D)
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    q = _load_rows(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, seqlen_q, offs_d,
+    q = _load_rows(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, row_limit, offs_d,
                    HEAD_DIM, BLOCK_D, MASKED)
-    do = _load_rows(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], offs_m, seqlen_q, offs_d,
+    do = _load_rows(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], offs_m, row_limit, offs_d,
                     HEAD_DIM, BLOCK_D, MASKED)
     if MASKED:
-        # rows past seqlen_q get lse = +inf, hence P = 0 and no contribution
-        lse = tl.load(lse_base + offs_m, mask=offs_m < seqlen_q, other=float("inf"))
+        # rows past the limit get lse = +inf, hence P = 0 and no contribution
+        lse = tl.load(lse_base + offs_m, mask=offs_m < row_limit, other=float("inf"))
         if COMPUTE_DK:
-            delta = tl.load(delta_base + offs_m, mask=offs_m < seqlen_q, other=0.0)
+            delta = tl.load(delta_base + offs_m, mask=offs_m < row_limit, other=0.0)
     else:
         lse = tl.load(lse_base + offs_m)
         if COMPUTE_DK:
@@ -216,7 +217,7 @@ def _dkdv_query_range(
             dropout_p, rng_seed, rng_row_base, rng_row_stride, HEAD_DIM, BLOCK_D, BLOCK_M, MASKED, WINDOW_LEFT,
             WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED, mask_base,
             stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL, COMPUTE_DK, COMPUTE_DV, KEY_ROWS, interior_lo,
-            interior_hi, MASK_AT_RUN_TIME)
+            interior_hi, MASK_AT_RUN_TIME, seqlen_q)
     return dk, dv, dk_comp, dv_comp
 
 
@@ -345,14 +346,15 @@ def dkdv_kernel(
             # the masked blocks of a causal band are the few on the diagonal (at most DIAGONAL_BLOCKS) and
             # the partial last one: straight-line code around the one unmasked loop
             for i in tl.static_range((BLOCK_N - 1) // BLOCK_M + 2):
-                if head_lo + i * BLOCK_M < head_full_lo:
-                    dk, dv, dk_comp, dv_comp = _dkdv_tile(
-                        dk, dv, dk_comp, dv_comp, k, v, head_lo + i * BLOCK_M, q_base, do_base, lse_base,
-                        delta_base, stride_qm, stride_dom, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
-                        alibi_slope_log2, window_left, window_right, dropout_p, rng_seed, rng_row_base,
-                        rng_row_stride, HEAD_DIM, BLOCK_D, BLOCK_M, True, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP,
-                        HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED, mask_base, stride_mask_m,
-                        stride_mask_n, HAS_MASK, MASK_IS_BOOL, COMPUTE_DK, COMPUTE_DV, KEY_ROWS, 0, 0, False)
+                # branch-free: a block at or past head_full_lo has all its rows past the limit
+                dk, dv, dk_comp, dv_comp = _dkdv_tile(
+                    dk, dv, dk_comp, dv_comp, k, v, head_lo + i * BLOCK_M, q_base, do_base, lse_base,
+                    delta_base, stride_qm, stride_dom, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
+                    alibi_slope_log2, window_left, window_right, dropout_p, rng_seed, rng_row_base,
+                    rng_row_stride, HEAD_DIM, BLOCK_D, BLOCK_M, True, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP,
+                    HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED, mask_base, stride_mask_m,
+                    stride_mask_n, HAS_MASK, MASK_IS_BOOL, COMPUTE_DK, COMPUTE_DV, KEY_ROWS, 0, 0, False,
+                    head_full_lo)
             dk, dv, dk_comp, dv_comp = _dkdv_query_range(
                 dk, dv, dk_comp, dv_comp, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
                 head_full_lo, head_full_hi, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2,
@@ -360,14 +362,14 @@ def dkdv_kernel(
                 BLOCK_M, HAS_MASK, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT,
                 DOT_PRECISION, COMPENSATED, mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL,
                 block_list, HAS_BLOCK_MAP, COMPUTE_DK, COMPUTE_DV, KEY_ROWS)
-            if head_full_hi < head_hi:
-                dk, dv, dk_comp, dv_comp = _dkdv_tile(
-                    dk, dv, dk_comp, dv_comp, k, v, head_full_hi, q_base, do_base, lse_base, delta_base, stride_qm,
-                    stride_dom, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left,
-                    window_right, dropout_p, rng_seed, rng_row_base, rng_row_stride, HEAD_DIM, BLOCK_D, BLOCK_M,
-                    True, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT,
-                    DOT_PRECISION, COMPENSATED, mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL,
-                    COMPUTE_DK, COMPUTE_DV, KEY_ROWS, 0, 0, False)
+            # the partial last block (rows past head_hi = seqlen_q take no part: none when it divides)
+            dk, dv, dk_comp, dv_comp = _dkdv_tile(
+                dk, dv, dk_comp, dv_comp, k, v, head_full_hi, q_base, do_base, lse_base, delta_base, stride_qm,
+                stride_dom, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left,
+                window_right, dropout_p, rng_seed, rng_row_base, rng_row_stride, HEAD_DIM, BLOCK_D, BLOCK_M,
+                True, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT,
+                DOT_PRECISION, COMPENSATED, mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL,
+                COMPUTE_DK, COMPUTE_DV, KEY_ROWS, 0, 0, False, head_hi)
         for stage in tl.static_range(3):
             if (stage == 1 or not MASK_EVERY_BLOCK) and not (PEEL_DIAGONAL and not WINDOW_LEFT
                                                               and not HAS_BLOCK_MAP):
