@@ -37,10 +37,6 @@ class TileConfig:
     # dK/dV only: S and dP computed as K Q^T and V dO^T (dkdv_kernel's KEY_ROWS), so that each warpgroup holds
     # whole key rows and P^T, dS^T feed dV and dK from its registers. The split passes always take it
     key_rows: bool = False
-    # dK/dV only: with a causal mask (no left window), the diagonal's masked blocks and the partial last one
-    # as straight-line code around one unmasked loop (dkdv_kernel's PEEL_DIAGONAL), the other form that
-    # ptxas keeps asynchronous (docs/perf-notes.md, version 8); other masks take the three-loop form
-    peel_diagonal: bool = False
 
 
 # Under TRITON_INTERPRET=1 every program runs in numpy: small tiles keep the tests fast there.

@@ -130,67 +130,6 @@ def _dscores(p, capped, v, do, delta, keep, dropout_p, HAS_SOFTCAP: tl.constexpr
 
 
 @triton.jit
-def _dkdv_tile(
-    dk, dv, dk_comp, dv_comp, k, v, start_m, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-    offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
-    dropout_p, rng_seed, rng_row_base, rng_row_stride,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    MASKED: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
-    mask_base, stride_mask_m, stride_mask_n, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
-    COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr, KEY_ROWS: tl.constexpr,
-    interior_lo, interior_hi, MASK_AT_RUN_TIME: tl.constexpr, row_limit,
-):
-    """dK and dV of one (BLOCK_M queries from start_m) x (key block) tile, added to the accumulators.
-
-    MASK_AT_RUN_TIME (with MASKED): the causal/window mask is computed only when the block lies outside
-    [interior_lo, interior_hi), behind a branch that is uniform across the program. With MASKED, the rows
-    from ``row_limit`` on (seqlen_q, or less) take no part.
-    """
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    q = _load_rows(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, row_limit, offs_d,
-                   HEAD_DIM, BLOCK_D, MASKED)
-    do = _load_rows(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], offs_m, row_limit, offs_d,
-                    HEAD_DIM, BLOCK_D, MASKED)
-    if MASKED:
-        # rows past the limit get lse = +inf, hence P = 0 and no contribution
-        lse = tl.load(lse_base + offs_m, mask=offs_m < row_limit, other=float("inf"))
-        if COMPUTE_DK:
-            delta = tl.load(delta_base + offs_m, mask=offs_m < row_limit, other=0.0)
-    else:
-        lse = tl.load(lse_base + offs_m)
-        if COMPUTE_DK:
-            delta = tl.load(delta_base + offs_m)
-    p, capped = _probs(
-        q, k, lse * LOG2E, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2,
-        window_left, window_right, MASKED and not MASK_AT_RUN_TIME, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP,
-        HAS_ALIBI, UPCAST_DOT, DOT_PRECISION, mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL,
-        KEY_ROWS)
-    if MASK_AT_RUN_TIME:  # noqa: SIM102 - compiled out when false; the inner test runs on the GPU
-        if (start_m < interior_lo) | (start_m >= interior_hi):
-            seen = visible(offs_m, offs_n, seqlen_q, seqlen_k, window_left, window_right, WINDOW_LEFT,
-                           WINDOW_RIGHT)
-            p = tl.where(seen, p, 0.0)
-    keep = p  # read only with dropout
-    if HAS_DROPOUT:
-        keep = dropout_keep(rng_seed, rng_row_base, offs_m, offs_n, rng_row_stride, dropout_p)
-    # the products in the order the one-pass kernel was tuned with: S, dP, dV, dK
-    if COMPUTE_DK:
-        ds, _ = _dscores(p, capped, v, do, delta, keep, dropout_p, HAS_SOFTCAP, HAS_DROPOUT, UPCAST_DOT,
-                         DOT_PRECISION, KEY_ROWS)
-    if COMPUTE_DV:
-        p_kept = _dropped(p, keep, dropout_p, HAS_DROPOUT)
-        dv, dv_comp = accumulate(dv, dv_comp, dot(tl.trans(p_kept.to(do.dtype)), do, UPCAST_DOT, DOT_PRECISION),
-                                 COMPENSATED)
-    if COMPUTE_DK:
-        dk, dk_comp = accumulate(dk, dk_comp, dot(tl.trans(ds.to(q.dtype)), q, UPCAST_DOT, DOT_PRECISION),
-                                 COMPENSATED)
-    return dk, dv, dk_comp, dv_comp
-
-
-@triton.jit
 def _dkdv_query_range(
     dk, dv, dk_comp, dv_comp, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
     lo, hi, offs_n, seqlen_q, seqlen_k,
@@ -204,20 +143,55 @@ def _dkdv_query_range(
     block_list, HAS_BLOCK_MAP: tl.constexpr, COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr,
     KEY_ROWS: tl.constexpr, interior_lo=0, interior_hi=0, MASK_AT_RUN_TIME: tl.constexpr = False,
 ):
-    """Query blocks lo, lo + BLOCK_M, ... < hi (with HAS_BLOCK_MAP, the blocks block_list[lo:hi]), each
-    through :func:`_dkdv_tile`."""
+    """Query blocks lo, lo + BLOCK_M, ... < hi; with HAS_BLOCK_MAP, the blocks block_list[lo:hi].
+
+    MASK_AT_RUN_TIME (with MASKED): the causal/window mask is computed only for the blocks outside
+    [interior_lo, interior_hi), behind a branch that is uniform across the program.
+    """
+    offs_d = tl.arange(0, BLOCK_D)
     for step in range(lo, hi, 1 if HAS_BLOCK_MAP else BLOCK_M):
         if HAS_BLOCK_MAP:
             start_m = tl.load(block_list + step) * BLOCK_M
         else:
             start_m = step
-        dk, dv, dk_comp, dv_comp = _dkdv_tile(
-            dk, dv, dk_comp, dv_comp, k, v, start_m, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-            offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
-            dropout_p, rng_seed, rng_row_base, rng_row_stride, HEAD_DIM, BLOCK_D, BLOCK_M, MASKED, WINDOW_LEFT,
-            WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED, mask_base,
-            stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL, COMPUTE_DK, COMPUTE_DV, KEY_ROWS, interior_lo,
-            interior_hi, MASK_AT_RUN_TIME, seqlen_q)
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q = _load_rows(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, seqlen_q, offs_d,
+                       HEAD_DIM, BLOCK_D, MASKED)
+        do = _load_rows(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], offs_m, seqlen_q, offs_d,
+                        HEAD_DIM, BLOCK_D, MASKED)
+        if MASKED:
+            # rows past seqlen_q get lse = +inf, hence P = 0 and no contribution
+            lse = tl.load(lse_base + offs_m, mask=offs_m < seqlen_q, other=float("inf"))
+            if COMPUTE_DK:
+                delta = tl.load(delta_base + offs_m, mask=offs_m < seqlen_q, other=0.0)
+        else:
+            lse = tl.load(lse_base + offs_m)
+            if COMPUTE_DK:
+                delta = tl.load(delta_base + offs_m)
+        p, capped = _probs(
+            q, k, lse * LOG2E, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2,
+            window_left, window_right, MASKED and not MASK_AT_RUN_TIME, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP,
+            HAS_ALIBI, UPCAST_DOT, DOT_PRECISION, mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL,
+            KEY_ROWS)
+        if MASK_AT_RUN_TIME:  # noqa: SIM102 - compiled out when false; the inner test runs on the GPU
+            if (start_m < interior_lo) | (start_m >= interior_hi):
+                seen = visible(offs_m, offs_n, seqlen_q, seqlen_k, window_left, window_right, WINDOW_LEFT,
+                               WINDOW_RIGHT)
+                p = tl.where(seen, p, 0.0)
+        keep = p  # read only with dropout
+        if HAS_DROPOUT:
+            keep = dropout_keep(rng_seed, rng_row_base, offs_m, offs_n, rng_row_stride, dropout_p)
+        # the products in the order the one-pass kernel was tuned with: S, dP, dV, dK
+        if COMPUTE_DK:
+            ds, _ = _dscores(p, capped, v, do, delta, keep, dropout_p, HAS_SOFTCAP, HAS_DROPOUT, UPCAST_DOT,
+                             DOT_PRECISION, KEY_ROWS)
+        if COMPUTE_DV:
+            p_kept = _dropped(p, keep, dropout_p, HAS_DROPOUT)
+            dv, dv_comp = accumulate(dv, dv_comp, dot(tl.trans(p_kept.to(do.dtype)), do, UPCAST_DOT, DOT_PRECISION),
+                                     COMPENSATED)
+        if COMPUTE_DK:
+            dk, dk_comp = accumulate(dk, dk_comp, dot(tl.trans(ds.to(q.dtype)), q, UPCAST_DOT, DOT_PRECISION),
+                                     COMPENSATED)
     return dk, dv, dk_comp, dv_comp
 
 
@@ -243,7 +217,7 @@ def dkdv_kernel(
     HAS_MASK: tl.constexpr = False, MASK_IS_BOOL: tl.constexpr = False,
     BlockMap=None, stride_map_b=0, stride_map_h=0, stride_map_row=0, HAS_BLOCK_MAP: tl.constexpr = False,
     COMPUTE_DK: tl.constexpr = True, COMPUTE_DV: tl.constexpr = True, KEY_ROWS: tl.constexpr = False,
-    MASK_EVERY_BLOCK: tl.constexpr = False, PEEL_DIAGONAL: tl.constexpr = False,
+    MASK_EVERY_BLOCK: tl.constexpr = False,
 ):
     """Varlen: seqlen_q/seqlen_k arrive as the packed totals, Lse/Delta are (nheads, total_q).
 
@@ -342,37 +316,8 @@ def dkdv_kernel(
         if MASK_EVERY_BLOCK:
             head_full_lo = head_lo
             head_full_hi = head_hi
-        if PEEL_DIAGONAL and not WINDOW_LEFT and not HAS_BLOCK_MAP:
-            # the masked blocks of a causal band are the few on the diagonal (at most DIAGONAL_BLOCKS) and
-            # the partial last one: straight-line code around the one unmasked loop
-            for i in tl.static_range((BLOCK_N - 1) // BLOCK_M + 2):
-                # branch-free: a block at or past head_full_lo has all its rows past the limit
-                dk, dv, dk_comp, dv_comp = _dkdv_tile(
-                    dk, dv, dk_comp, dv_comp, k, v, head_lo + i * BLOCK_M, q_base, do_base, lse_base,
-                    delta_base, stride_qm, stride_dom, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
-                    alibi_slope_log2, window_left, window_right, dropout_p, rng_seed, rng_row_base,
-                    rng_row_stride, HEAD_DIM, BLOCK_D, BLOCK_M, True, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP,
-                    HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED, mask_base, stride_mask_m,
-                    stride_mask_n, HAS_MASK, MASK_IS_BOOL, COMPUTE_DK, COMPUTE_DV, KEY_ROWS, 0, 0, False,
-                    head_full_lo)
-            dk, dv, dk_comp, dv_comp = _dkdv_query_range(
-                dk, dv, dk_comp, dv_comp, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                head_full_lo, head_full_hi, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2,
-                window_left, window_right, dropout_p, rng_seed, rng_row_base, rng_row_stride, HEAD_DIM, BLOCK_D,
-                BLOCK_M, HAS_MASK, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT,
-                DOT_PRECISION, COMPENSATED, mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL,
-                block_list, HAS_BLOCK_MAP, COMPUTE_DK, COMPUTE_DV, KEY_ROWS)
-            # the partial last block (rows past head_hi = seqlen_q take no part: none when it divides)
-            dk, dv, dk_comp, dv_comp = _dkdv_tile(
-                dk, dv, dk_comp, dv_comp, k, v, head_full_hi, q_base, do_base, lse_base, delta_base, stride_qm,
-                stride_dom, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left,
-                window_right, dropout_p, rng_seed, rng_row_base, rng_row_stride, HEAD_DIM, BLOCK_D, BLOCK_M,
-                True, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT,
-                DOT_PRECISION, COMPENSATED, mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL,
-                COMPUTE_DK, COMPUTE_DV, KEY_ROWS, 0, 0, False, head_hi)
         for stage in tl.static_range(3):
-            if (stage == 1 or not MASK_EVERY_BLOCK) and not (PEEL_DIAGONAL and not WINDOW_LEFT
-                                                              and not HAS_BLOCK_MAP):
+            if stage == 1 or not MASK_EVERY_BLOCK:
                 start, end = stage_range(stage, head_lo, head_full_lo, head_full_hi, head_hi)
                 dk, dv, dk_comp, dv_comp = _dkdv_query_range(
                     dk, dv, dk_comp, dv_comp, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
