@@ -30,9 +30,9 @@ class TileConfig:
     # at <= 128 registers leaves room for a second one on the SM (65,536 registers), where ptxas would
     # sometimes take a few more and halve the occupancy (docs/perf-notes.md, version 7)
     max_registers: int | None = None
-    # dK/dV only: one masked loop over each key block's queries instead of masked boundary loops around an
-    # unmasked interior (dkdv_kernel's MASK_EVERY_BLOCK). With a causal mask the three-loop kernel made
-    # ptxas serialize its wgmma instructions at hdim 128 (docs/perf-notes.md, version 8)
+    # dK/dV only: one loop over each key block's queries instead of masked boundary loops around an unmasked
+    # interior (dkdv_kernel's MASK_EVERY_BLOCK). With a causal mask the three-loop kernel made ptxas
+    # serialize its wgmma instructions at hdim 64 and 128 (docs/perf-notes.md, version 8)
     mask_every_block: bool = False
     # dK/dV only: S and dP computed as K Q^T and V dO^T (dkdv_kernel's KEY_ROWS), so that each warpgroup holds
     # whole key rows and P^T, dS^T feed dV and dK from its registers. The split passes always take it
@@ -76,7 +76,7 @@ HOPPER_SPLIT_DKDV = TileConfig(32, 128, 8, 2, split_dkdv=True)
 # hdim 64 takes a third stage: 353-360 against 337-344 TFLOP/s non-causal at 4k, and +3-4.5% causal at
 # 2k-16k (H200, `flashattn blocks --phase dkdv`, each candidate twice, 2026-11-22).
 # Causal hdim 64/128: one loop (mask_every_block). In the three-loop form ptxas serialized every wgmma of the
-# kernel (info C7515; 45% more time per tile at hdim 128 in Nsight Compute). hdim 128, whole backward: 352.6
+# kernel (info C7515; 46% more time per tile at hdim 128 in Nsight Compute). hdim 128, whole backward: 352.6
 # against 307.3 TFLOP/s at 4k, 388.9 against 342.2 at 16k, 253.4 against 223.4 at 1k (H200, `flashattn blocks
 # --phase dkdv --causal`, docs/perf-notes.md version 8).
 # hdim 64: S and dP with the keys along the rows, and causal in one loop: 376.7 / 374.5 against 360.9 / 361.8

@@ -233,10 +233,11 @@ def dkdv_kernel(
     with keys along the rows, BLOCK_N = 128 splits them between the warpgroups and BLOCK_M stays small
     enough for double-buffered Q and dO tiles (docs/perf-notes.md, version 3).
 
-    MASK_EVERY_BLOCK: one masked loop over the query blocks instead of masked boundary loops around an
-    unmasked interior one. The mask costs a few compares and selects per tile, but with a causal mask the
-    three-loop form made ptxas serialize every wgmma of the kernel (info C7515), which cost the hdim-128
-    tile 45% of its speed (docs/perf-notes.md, version 8).
+    MASK_EVERY_BLOCK: one loop over the query blocks instead of masked boundary loops around an unmasked
+    interior one; every tile's loads are bounds-checked, and the mask is computed for the boundary tiles
+    only, behind a branch uniform across the program. With a causal mask the three-loop form made ptxas
+    serialize every wgmma of the kernel (info C7515): 46% more time per tile at hdim 128
+    (docs/perf-notes.md, version 8).
     """
     start_n = tl.program_id(0) * BLOCK_N
     bhk = tl.program_id(1)
