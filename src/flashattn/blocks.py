@@ -136,8 +136,11 @@ def parse_candidates(text: str) -> list[Candidate]:
             raise argparse.ArgumentTypeError(f"{part}: num_warps must be a power of two up to 32, got {num_warps}")
         if num_stages < 1:
             raise argparse.ArgumentTypeError(f"{part}: num_stages must be >= 1, got {num_stages}")
-        found.append((block_m, block_n, num_warps, num_stages, "tma" in flags, "split" in flags,
-                      caps[0] if caps else None, "every" in flags, "keyrows" in flags))
+        candidate: list = [block_m, block_n, num_warps, num_stages] + [False] * (max(FLAG_POSITIONS.values()) - 3)
+        for name, position in FLAG_POSITIONS.items():
+            candidate[position] = name in flags
+        candidate[REGISTER_CAP] = caps[0] if caps else None
+        found.append(tuple(candidate))
     if not found:
         raise argparse.ArgumentTypeError(f"no config in {text!r}")
     return found
