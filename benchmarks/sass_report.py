@@ -200,7 +200,7 @@ def table_report(phase: str, head_dim: int, causal: bool, seqlen: int) -> dict:
     the launcher compiles it for a bf16 benchmark-grid shape."""
     import torch
 
-    from flashattn import configs
+    from flashattn import configs, ops
     from flashattn.kernels import backward, forward
 
     config = configs.lookup("hopper", phase, head_dim, causal, torch.bfloat16, seqlen=seqlen)
@@ -211,7 +211,7 @@ def table_report(phase: str, head_dim: int, causal: bool, seqlen: int) -> dict:
     if phase == "forward":
         constexprs.update(DEFER_SCALE=True, USE_TMA=config.tma)
     if phase == "dkdv":
-        constexprs.update(MASK_EVERY_BLOCK=config.mask_every_block, KEY_ROWS=config.key_rows)
+        constexprs.update(ops._dkdv_passes(config)[0])  # the first launch, where the table splits the pass
     divisible = GRID_DIVISIBLE + (("window_right",) if causal else ())
     return compile_report(kernel, config.num_warps, config.num_stages, constexprs, maxnreg=config.max_registers,
                           divisible=divisible)

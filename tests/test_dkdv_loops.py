@@ -1,5 +1,6 @@
 """The one-pass dK/dV kernel's other forms: one masked loop over each key block's queries
-(``TileConfig.mask_every_block``), and S and dP computed with the keys along the rows (``TileConfig.key_rows``).
+(``TileConfig.mask_every_block``), the causal diagonal peeled out of the loop (``TileConfig.peel_diagonal``),
+and S and dP computed with the keys along the rows (``TileConfig.key_rows``).
 
 The table takes them where ptxas serialized the wgmma instructions of the plain form (causal hdim 64 and 128,
 docs/perf-notes.md, version 8); these tests force each form on every head dim, against the float64 reference.
@@ -20,6 +21,9 @@ FORMS = {
     "every": dict(mask_every_block=True),
     "keyrows": dict(key_rows=True),
     "every-keyrows": dict(mask_every_block=True, key_rows=True),
+    "peel": dict(peel_diagonal=True, mask_every_block=False),
+    # the causal band peeled, a left window or an SDPA mask's block map in one loop
+    "peel-every-keyrows": dict(peel_diagonal=True, mask_every_block=True, key_rows=True),
 }
 # BLOCK_N != BLOCK_M, so that a tile built the wrong way round fails to compile or to match
 INTERPRETER_TILE = configs.TileConfig(16, 32, 1, 1)
@@ -77,9 +81,11 @@ def test_forms_with_an_sdpa_mask(triton_backend, monkeypatch, form):
 
 def test_the_forms_reach_the_kernel():
     every = configs.TileConfig(64, 64, 4, 2, mask_every_block=True, key_rows=True)
-    assert ops._dkdv_passes(every) == ({"MASK_EVERY_BLOCK": True, "KEY_ROWS": True},)
+    assert ops._dkdv_passes(every) == ({"MASK_EVERY_BLOCK": True, "PEEL_DIAGONAL": False, "KEY_ROWS": True},)
     dv_pass, dk_pass = ops._dkdv_passes(dataclasses.replace(every, split_dkdv=True))
-    assert dv_pass["MASK_EVERY_BLOCK"] and dk_pass["MASK_EVERY_BLOCK"]
+    assert dv_pass["MASK_EVERY_BLOCK"] and dk_pass["MASK_EVERY_BLOCK"] and dk_pass["KEY_ROWS"]
+    peeled = dataclasses.replace(every, split_dkdv=True, peel_diagonal=True)
+    assert all(gradients["PEEL_DIAGONAL"] and gradients["MASK_EVERY_BLOCK"] for gradients in ops._dkdv_passes(peeled))
 
 
 # -- the GPU: each form on large shapes --

@@ -86,10 +86,11 @@ def test_split_passes_never_load_hidden_tiles(triton_backend, monkeypatch):
 
 def test_a_split_config_launches_a_dv_pass_then_a_dk_pass():
     one_pass = configs.TileConfig(64, 64, 4, 2)
-    assert ops._dkdv_passes(one_pass) == ({"MASK_EVERY_BLOCK": False, "KEY_ROWS": False},)
+    loops = {"MASK_EVERY_BLOCK": False, "PEEL_DIAGONAL": False}
+    assert ops._dkdv_passes(one_pass) == ({**loops, "KEY_ROWS": False},)
     dv_pass, dk_pass = ops._dkdv_passes(dataclasses.replace(one_pass, split_dkdv=True))
-    assert dv_pass == {"COMPUTE_DK": False, "KEY_ROWS": True, "MASK_EVERY_BLOCK": False}
-    assert dk_pass == {"COMPUTE_DV": False, "KEY_ROWS": True, "MASK_EVERY_BLOCK": False}
+    assert dv_pass == {"COMPUTE_DK": False, "KEY_ROWS": True, **loops}
+    assert dk_pass == {"COMPUTE_DV": False, "KEY_ROWS": True, **loops}
 
 
 # -- the GPU: the table's split tiles forced on every head dim, large shapes --

@@ -86,7 +86,7 @@ def candidates_for(phase: str, head_dim: int) -> list[Candidate]:
 
 # label suffix -> the position of TileConfig's flag in a candidate (TileConfig(*candidate)); the register
 # cap (+rN) sits at REGISTER_CAP, between the flags, in TileConfig's field order
-FLAG_POSITIONS = {"tma": 4, "split": 5, "every": 7, "keyrows": 8}
+FLAG_POSITIONS = {"tma": 4, "split": 5, "every": 7, "keyrows": 8, "peel": 9}
 FLAG_NAMES = tuple(FLAG_POSITIONS)
 REGISTER_CAP = 6
 
@@ -104,8 +104,9 @@ def parse_candidates(text: str) -> list[Candidate]:
     """An argparse type: ``BMxBNxWARPSxSTAGES`` configs, comma separated (``16x16x1x1,32x16x1x1``);
     a forward config may end in ``+tma`` (TMA tensor descriptors; sm90), a dK/dV config in ``+split`` (a dV
     pass and a dK pass, ``TileConfig.split_dkdv``), ``+every`` (one masked loop,
-    ``TileConfig.mask_every_block``) or ``+keyrows`` (``TileConfig.key_rows``), any config in ``+rN`` (at
-    most N registers a thread, ``TileConfig.max_registers``)."""
+    ``TileConfig.mask_every_block``), ``+keyrows`` (``TileConfig.key_rows``) or ``+peel``
+    (``TileConfig.peel_diagonal``), any config in ``+rN`` (at most N registers a thread,
+    ``TileConfig.max_registers``)."""
     found: list[Candidate] = []
     for part in (p.strip() for p in text.split(",")):
         if not part:
@@ -473,9 +474,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "as the whole backward (dkdv or dq: one of them); both all three (default forward)")
     parser.add_argument("--candidates", type=parse_candidates, default=None, metavar="BMxBNxWxS[,...]",
                         help="sweep these configs for every swept kernel instead of the built-in lists; "
-                             "+tma (forward), +split (dK/dV in two passes), +every (dK/dV in one masked loop) "
-                             "and +keyrows (dK/dV products with the keys along the rows) set TileConfig's flags, "
-                             "+rN a register cap")
+                             "+tma (forward), +split (dK/dV in two passes), +every (dK/dV in one masked loop), "
+                             "+keyrows (dK/dV products with the keys along the rows) and +peel (the causal "
+                             "diagonal out of the dK/dV loop) set TileConfig's flags, +rN a register cap")
     parser.add_argument("--interpret-check", action="store_true",
                         help="no timings: run each candidate once on a tiny shape to validate it (automatic "
                              "without a GPU when TRITON_INTERPRET=1 and FLASHATTN_BACKEND=triton)")

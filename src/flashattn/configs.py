@@ -37,6 +37,11 @@ class TileConfig:
     # dK/dV only: S and dP computed as K Q^T and V dO^T (dkdv_kernel's KEY_ROWS), so that each warpgroup holds
     # whole key rows and P^T, dS^T feed dV and dK from its registers. The split passes always take it
     key_rows: bool = False
+    # dK/dV only: with a causal mask (no left window), the diagonal's masked blocks and the partial last one
+    # as straight-line code around one unmasked loop (dkdv_kernel's PEEL_DIAGONAL), the other form that
+    # ptxas keeps asynchronous (docs/perf-notes.md, version 8); other masks take the one-loop form with
+    # mask_every_block, the three-loop form without
+    peel_diagonal: bool = False
 
 
 # Under TRITON_INTERPRET=1 every program runs in numpy: small tiles keep the tests fast there.
@@ -81,9 +86,12 @@ HOPPER_SPLIT_DKDV = TileConfig(32, 128, 8, 2, split_dkdv=True)
 # --phase dkdv --causal`, docs/perf-notes.md version 8).
 # hdim 64: S and dP with the keys along the rows, and causal in one loop: 376.7 / 374.5 against 360.9 / 361.8
 # TFLOP/s non-causal (twice), 298.8 against 282.5 causal at 4k, 330.0 against 318.4 at 16k (same sweeps).
+# hdim 64 causal: the diagonal peeled out of the one loop (a left window keeps the one loop): 316.3 / 321.0
+# against 297.3 / 296.3 TFLOP/s at 4k, 362.4 / 362.5 against 326.1 / 328.1 at 16k (H200, twice each,
+# docs/perf-notes.md version 9). At hdim 128 the peeled build needs more shared memory and lost, 287 against 353.
 _HOPPER_DKDV = {
     (64, False): TileConfig(64, 64, 4, 3, key_rows=True),
-    (64, True): TileConfig(64, 64, 4, 3, mask_every_block=True, key_rows=True),
+    (64, True): TileConfig(64, 64, 4, 3, mask_every_block=True, key_rows=True, peel_diagonal=True),
     (128, False): TileConfig(64, 64, 4, 2),
     (128, True): TileConfig(64, 64, 4, 2, mask_every_block=True),
     (256, False): TileConfig(128, 64, 8, 1),

@@ -252,9 +252,10 @@ def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, at
 def _dkdv_passes(config: configs.TileConfig) -> tuple[dict, ...]:
     """The dK/dV kernel's launches: one for both gradients, or (``split_dkdv``) a dV pass, then a dK pass,
     each with one accumulator and the keys along its tile's rows."""
+    loop = dict(MASK_EVERY_BLOCK=config.mask_every_block, PEEL_DIAGONAL=config.peel_diagonal)
     if not config.split_dkdv:
-        return (dict(MASK_EVERY_BLOCK=config.mask_every_block, KEY_ROWS=config.key_rows),)
-    loop = dict(MASK_EVERY_BLOCK=config.mask_every_block, KEY_ROWS=True)
+        return (dict(**loop, KEY_ROWS=config.key_rows),)
+    loop["KEY_ROWS"] = True
     return (dict(COMPUTE_DK=False, **loop), dict(COMPUTE_DV=False, **loop))
 
 

@@ -130,6 +130,67 @@ def _dscores(p, capped, v, do, delta, keep, dropout_p, HAS_SOFTCAP: tl.constexpr
 
 
 @triton.jit
+def _dkdv_tile(
+    dk, dv, dk_comp, dv_comp, k, v, start_m, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+    offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
+    dropout_p, rng_seed, rng_row_base, rng_row_stride,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    MASKED: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
+    mask_base, stride_mask_m, stride_mask_n, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
+    COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr, KEY_ROWS: tl.constexpr,
+    interior_lo, interior_hi, MASK_AT_RUN_TIME: tl.constexpr, row_limit,
+):
+    """dK and dV of one (BLOCK_M queries from start_m) x (key block) tile, added to the accumulators.
+
+    MASK_AT_RUN_TIME (with MASKED): the causal/window mask is computed only when the block lies outside
+    [interior_lo, interior_hi), behind a branch that is uniform across the program. With MASKED, the rows
+    from ``row_limit`` on (seqlen_q, or less) take no part.
+    """
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    q = _load_rows(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, row_limit, offs_d,
+                   HEAD_DIM, BLOCK_D, MASKED)
+    do = _load_rows(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], offs_m, row_limit, offs_d,
+                    HEAD_DIM, BLOCK_D, MASKED)
+    if MASKED:
+        # rows past the limit get lse = +inf, hence P = 0 and no contribution
+        lse = tl.load(lse_base + offs_m, mask=offs_m < row_limit, other=float("inf"))
+        if COMPUTE_DK:
+            delta = tl.load(delta_base + offs_m, mask=offs_m < row_limit, other=0.0)
+    else:
+        lse = tl.load(lse_base + offs_m)
+        if COMPUTE_DK:
+            delta = tl.load(delta_base + offs_m)
+    p, capped = _probs(
+        q, k, lse * LOG2E, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2,
+        window_left, window_right, MASKED and not MASK_AT_RUN_TIME, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP,
+        HAS_ALIBI, UPCAST_DOT, DOT_PRECISION, mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL,
+        KEY_ROWS)
+    if MASK_AT_RUN_TIME:  # noqa: SIM102 - compiled out when false; the inner test runs on the GPU
+        if (start_m < interior_lo) | (start_m >= interior_hi):
+            seen = visible(offs_m, offs_n, seqlen_q, seqlen_k, window_left, window_right, WINDOW_LEFT,
+                           WINDOW_RIGHT)
+            p = tl.where(seen, p, 0.0)
+    keep = p  # read only with dropout
+    if HAS_DROPOUT:
+        keep = dropout_keep(rng_seed, rng_row_base, offs_m, offs_n, rng_row_stride, dropout_p)
+    # the products in the order the one-pass kernel was tuned with: S, dP, dV, dK
+    if COMPUTE_DK:
+        ds, _ = _dscores(p, capped, v, do, delta, keep, dropout_p, HAS_SOFTCAP, HAS_DROPOUT, UPCAST_DOT,
+                         DOT_PRECISION, KEY_ROWS)
+    if COMPUTE_DV:
+        p_kept = _dropped(p, keep, dropout_p, HAS_DROPOUT)
+        dv, dv_comp = accumulate(dv, dv_comp, dot(tl.trans(p_kept.to(do.dtype)), do, UPCAST_DOT, DOT_PRECISION),
+                                 COMPENSATED)
+    if COMPUTE_DK:
+        dk, dk_comp = accumulate(dk, dk_comp, dot(tl.trans(ds.to(q.dtype)), q, UPCAST_DOT, DOT_PRECISION),
+                                 COMPENSATED)
+    return dk, dv, dk_comp, dv_comp
+
+
+@triton.jit
 def _dkdv_query_range(
     dk, dv, dk_comp, dv_comp, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
     lo, hi, offs_n, seqlen_q, seqlen_k,
@@ -143,55 +204,20 @@ def _dkdv_query_range(
     block_list, HAS_BLOCK_MAP: tl.constexpr, COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr,
     KEY_ROWS: tl.constexpr, interior_lo, interior_hi, MASK_AT_RUN_TIME: tl.constexpr,
 ):
-    """Query blocks lo, lo + BLOCK_M, ... < hi; with HAS_BLOCK_MAP, the blocks block_list[lo:hi].
-
-    MASK_AT_RUN_TIME (with MASKED): the causal/window mask is computed only for the blocks outside
-    [interior_lo, interior_hi), behind a branch that is uniform across the program.
-    """
-    offs_d = tl.arange(0, BLOCK_D)
+    """Query blocks lo, lo + BLOCK_M, ... < hi (with HAS_BLOCK_MAP, the blocks block_list[lo:hi]), each
+    through :func:`_dkdv_tile`."""
     for step in range(lo, hi, 1 if HAS_BLOCK_MAP else BLOCK_M):
         if HAS_BLOCK_MAP:
             start_m = tl.load(block_list + step) * BLOCK_M
         else:
             start_m = step
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        q = _load_rows(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, seqlen_q, offs_d,
-                       HEAD_DIM, BLOCK_D, MASKED)
-        do = _load_rows(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], offs_m, seqlen_q, offs_d,
-                        HEAD_DIM, BLOCK_D, MASKED)
-        if MASKED:
-            # rows past seqlen_q get lse = +inf, hence P = 0 and no contribution
-            lse = tl.load(lse_base + offs_m, mask=offs_m < seqlen_q, other=float("inf"))
-            if COMPUTE_DK:
-                delta = tl.load(delta_base + offs_m, mask=offs_m < seqlen_q, other=0.0)
-        else:
-            lse = tl.load(lse_base + offs_m)
-            if COMPUTE_DK:
-                delta = tl.load(delta_base + offs_m)
-        p, capped = _probs(
-            q, k, lse * LOG2E, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2,
-            window_left, window_right, MASKED and not MASK_AT_RUN_TIME, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP,
-            HAS_ALIBI, UPCAST_DOT, DOT_PRECISION, mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL,
-            KEY_ROWS)
-        if MASK_AT_RUN_TIME:  # noqa: SIM102 - compiled out when false; the inner test runs on the GPU
-            if (start_m < interior_lo) | (start_m >= interior_hi):
-                seen = visible(offs_m, offs_n, seqlen_q, seqlen_k, window_left, window_right, WINDOW_LEFT,
-                               WINDOW_RIGHT)
-                p = tl.where(seen, p, 0.0)
-        keep = p  # read only with dropout
-        if HAS_DROPOUT:
-            keep = dropout_keep(rng_seed, rng_row_base, offs_m, offs_n, rng_row_stride, dropout_p)
-        # the products in the order the one-pass kernel was tuned with: S, dP, dV, dK
-        if COMPUTE_DK:
-            ds, _ = _dscores(p, capped, v, do, delta, keep, dropout_p, HAS_SOFTCAP, HAS_DROPOUT, UPCAST_DOT,
-                             DOT_PRECISION, KEY_ROWS)
-        if COMPUTE_DV:
-            p_kept = _dropped(p, keep, dropout_p, HAS_DROPOUT)
-            dv, dv_comp = accumulate(dv, dv_comp, dot(tl.trans(p_kept.to(do.dtype)), do, UPCAST_DOT, DOT_PRECISION),
-                                     COMPENSATED)
-        if COMPUTE_DK:
-            dk, dk_comp = accumulate(dk, dk_comp, dot(tl.trans(ds.to(q.dtype)), q, UPCAST_DOT, DOT_PRECISION),
-                                     COMPENSATED)
+        dk, dv, dk_comp, dv_comp = _dkdv_tile(
+            dk, dv, dk_comp, dv_comp, k, v, start_m, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+            offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
+            dropout_p, rng_seed, rng_row_base, rng_row_stride, HEAD_DIM, BLOCK_D, BLOCK_M, MASKED, WINDOW_LEFT,
+            WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED, mask_base,
+            stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL, COMPUTE_DK, COMPUTE_DV, KEY_ROWS, interior_lo,
+            interior_hi, MASK_AT_RUN_TIME, seqlen_q)
     return dk, dv, dk_comp, dv_comp
 
 
@@ -217,7 +243,7 @@ def dkdv_kernel(
     HAS_MASK: tl.constexpr = False, MASK_IS_BOOL: tl.constexpr = False,
     BlockMap=None, stride_map_b=0, stride_map_h=0, stride_map_row=0, HAS_BLOCK_MAP: tl.constexpr = False,
     COMPUTE_DK: tl.constexpr = True, COMPUTE_DV: tl.constexpr = True, KEY_ROWS: tl.constexpr = False,
-    MASK_EVERY_BLOCK: tl.constexpr = False,
+    MASK_EVERY_BLOCK: tl.constexpr = False, PEEL_DIAGONAL: tl.constexpr = False,
 ):
     """Varlen: seqlen_q/seqlen_k arrive as the packed totals, Lse/Delta are (nheads, total_q).
 
@@ -238,6 +264,11 @@ def dkdv_kernel(
     only, behind a branch uniform across the program. With a causal mask the three-loop form made ptxas
     serialize every wgmma of the kernel (info C7515): 46% more time per tile at hdim 128
     (docs/perf-notes.md, version 8).
+
+    PEEL_DIAGONAL: with a causal band (no left window, no block map), its few masked blocks on the
+    diagonal and the partial last block run as straight-line code around one unmasked loop, the other
+    form that ptxas keeps asynchronous and the faster one at hdim 64. With MASK_EVERY_BLOCK as well, the
+    masks it does not cover take the one-loop form.
     """
     start_n = tl.program_id(0) * BLOCK_N
     bhk = tl.program_id(1)
@@ -270,6 +301,10 @@ def dkdv_kernel(
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dk_comp = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv_comp = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    # the peeled form covers causal bands; a left window or a block map takes the one-loop form if asked
+    # for too (the three-loop form otherwise)
+    peeled: tl.constexpr = PEEL_DIAGONAL and not WINDOW_LEFT and not HAS_BLOCK_MAP
+    one_loop: tl.constexpr = MASK_EVERY_BLOCK and not peeled
     lo, full_lo, full_hi, hi = query_block_bounds(start_n, seqlen_q, seqlen_k, window_left, window_right,
                                                   BLOCK_M, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT)
     for g in range(0, group_size):
@@ -314,20 +349,48 @@ def dkdv_kernel(
         if HAS_BLOCK_MAP:
             interior_lo = 0
             interior_hi = 0
-        if MASK_EVERY_BLOCK:
+        if one_loop:
             head_full_lo = head_lo
             head_full_hi = head_hi
+        if peeled:
+            # the masked blocks of a causal band are the few on the diagonal (at most DIAGONAL_BLOCKS) and
+            # the partial last one: straight-line code around the one unmasked loop
+            for i in tl.static_range((BLOCK_N - 1) // BLOCK_M + 2):
+                # branch-free: a block at or past head_full_lo has all its rows past the limit
+                dk, dv, dk_comp, dv_comp = _dkdv_tile(
+                    dk, dv, dk_comp, dv_comp, k, v, head_lo + i * BLOCK_M, q_base, do_base, lse_base,
+                    delta_base, stride_qm, stride_dom, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
+                    alibi_slope_log2, window_left, window_right, dropout_p, rng_seed, rng_row_base,
+                    rng_row_stride, HEAD_DIM, BLOCK_D, BLOCK_M, True, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP,
+                    HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED, mask_base, stride_mask_m,
+                    stride_mask_n, HAS_MASK, MASK_IS_BOOL, COMPUTE_DK, COMPUTE_DV, KEY_ROWS, 0, 0, False,
+                    head_full_lo)
+            dk, dv, dk_comp, dv_comp = _dkdv_query_range(
+                dk, dv, dk_comp, dv_comp, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+                head_full_lo, head_full_hi, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2,
+                window_left, window_right, dropout_p, rng_seed, rng_row_base, rng_row_stride, HEAD_DIM, BLOCK_D,
+                BLOCK_M, HAS_MASK, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT,
+                DOT_PRECISION, COMPENSATED, mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL,
+                block_list, HAS_BLOCK_MAP, COMPUTE_DK, COMPUTE_DV, KEY_ROWS, 0, 0, False)
+            # the partial last block (rows past head_hi = seqlen_q take no part: none when it divides)
+            dk, dv, dk_comp, dv_comp = _dkdv_tile(
+                dk, dv, dk_comp, dv_comp, k, v, head_full_hi, q_base, do_base, lse_base, delta_base, stride_qm,
+                stride_dom, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left,
+                window_right, dropout_p, rng_seed, rng_row_base, rng_row_stride, HEAD_DIM, BLOCK_D, BLOCK_M,
+                True, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT,
+                DOT_PRECISION, COMPENSATED, mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL,
+                COMPUTE_DK, COMPUTE_DV, KEY_ROWS, 0, 0, False, head_hi)
         for stage in tl.static_range(3):
-            if stage == 1 or not MASK_EVERY_BLOCK:
+            if (stage == 1 or not one_loop) and not peeled:
                 start, end = stage_range(stage, head_lo, head_full_lo, head_full_hi, head_hi)
                 dk, dv, dk_comp, dv_comp = _dkdv_query_range(
                     dk, dv, dk_comp, dv_comp, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
                     start, end, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2,
                     window_left, window_right, dropout_p, rng_seed, rng_row_base, rng_row_stride, HEAD_DIM, BLOCK_D,
-                    BLOCK_M, stage != 1 or HAS_MASK or MASK_EVERY_BLOCK, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP,
+                    BLOCK_M, stage != 1 or HAS_MASK or one_loop, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP,
                     HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED, mask_base, stride_mask_m,
                     stride_mask_n, HAS_MASK, MASK_IS_BOOL, block_list, HAS_BLOCK_MAP, COMPUTE_DK, COMPUTE_DV,
-                    KEY_ROWS, interior_lo, interior_hi, MASK_EVERY_BLOCK)
+                    KEY_ROWS, interior_lo, interior_hi, one_loop)
     store_mask = offs_n[:, None] < seqlen_k
     if BLOCK_D != HEAD_DIM:
         store_mask = store_mask & (offs_d[None, :] < HEAD_DIM)
