@@ -86,9 +86,9 @@ HOPPER_SPLIT_DKDV = TileConfig(32, 128, 8, 2, split_dkdv=True)
 # --phase dkdv --causal`, docs/perf-notes.md version 8).
 # hdim 64: S and dP with the keys along the rows, and causal in one loop: 376.7 / 374.5 against 360.9 / 361.8
 # TFLOP/s non-causal (twice), 298.8 against 282.5 causal at 4k, 330.0 against 318.4 at 16k (same sweeps).
-# hdim 64 causal: the diagonal peeled out of the one loop (a left window keeps the one loop): 316.3 / 321.0
-# against 297.3 / 296.3 TFLOP/s at 4k, 362.4 / 362.5 against 326.1 / 328.1 at 16k (H200, twice each,
-# docs/perf-notes.md version 9). At hdim 128 the peeled build needs more shared memory and lost, 287 against 353.
+# hdim 64 causal: the diagonal peeled out of the one loop (a left window keeps the one loop): 175.9 / 241.7 /
+# 326.2 / 367.2 against 172.3 / 225.7 / 296.1 / 327.7 TFLOP/s at 512 / 1k / 4k / 16k (H200, docs/perf-notes.md
+# version 9). At hdim 128 every peeled candidate lost: 287-307 against 351 at 4k.
 _HOPPER_DKDV = {
     (64, False): TileConfig(64, 64, 4, 3, key_rows=True),
     (64, True): TileConfig(64, 64, 4, 3, mask_every_block=True, key_rows=True, peel_diagonal=True),
