@@ -39,7 +39,7 @@ class TileConfig:
     key_rows: bool = False
     # dK/dV only: with a causal mask (no left window), the diagonal's masked blocks and the partial last one
     # as straight-line code around one unmasked loop (dkdv_kernel's PEEL_DIAGONAL), the other form that
-    # ptxas keeps asynchronous (docs/perf-notes.md, version 8); other masks take the one-loop form with
+    # ptxas keeps asynchronous (docs/perf-notes.md, versions 8 and 9); other masks take the one-loop form with
     # mask_every_block, the three-loop form without
     peel_diagonal: bool = False
 
