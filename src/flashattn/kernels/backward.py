@@ -352,37 +352,32 @@ def dkdv_kernel(
         if one_loop:
             head_full_lo = head_lo
             head_full_hi = head_hi
-        if peeled:
-            # a causal band's masked blocks are the few on the diagonal ((BLOCK_N - 1) // BLOCK_M + 2 at most)
-            # and the partial last one: straight-line code around the one unmasked loop, each block behind a
-            # branch uniform across the program (a block that is not there would cost a whole tile)
-            for i in tl.static_range((BLOCK_N - 1) // BLOCK_M + 2):
-                if head_lo + i * BLOCK_M < head_full_lo:
-                    dk, dv, dk_comp, dv_comp = _dkdv_tile(
-                        dk, dv, dk_comp, dv_comp, k, v, head_lo + i * BLOCK_M, q_base, do_base, lse_base,
-                        delta_base, stride_qm, stride_dom, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
-                        alibi_slope_log2, window_left, window_right, dropout_p, rng_seed, rng_row_base,
-                        rng_row_stride, HEAD_DIM, BLOCK_D, BLOCK_M, True, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP,
-                        HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED, mask_base, stride_mask_m,
-                        stride_mask_n, HAS_MASK, MASK_IS_BOOL, COMPUTE_DK, COMPUTE_DV, KEY_ROWS, 0, 0, False,
-                        head_full_lo)
-            dk, dv, dk_comp, dv_comp = _dkdv_query_range(
-                dk, dv, dk_comp, dv_comp, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                head_full_lo, head_full_hi, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2,
-                window_left, window_right, dropout_p, rng_seed, rng_row_base, rng_row_stride, HEAD_DIM, BLOCK_D,
-                BLOCK_M, HAS_MASK, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT,
-                DOT_PRECISION, COMPENSATED, mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL,
-                block_list, HAS_BLOCK_MAP, COMPUTE_DK, COMPUTE_DV, KEY_ROWS, 0, 0, False)
-            if head_full_hi < head_hi:  # the partial last block (its rows from head_hi = seqlen_q on take no part)
-                dk, dv, dk_comp, dv_comp = _dkdv_tile(
-                    dk, dv, dk_comp, dv_comp, k, v, head_full_hi, q_base, do_base, lse_base, delta_base,
-                    stride_qm, stride_dom, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2,
-                    window_left, window_right, dropout_p, rng_seed, rng_row_base, rng_row_stride, HEAD_DIM,
-                    BLOCK_D, BLOCK_M, True, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
-                    UPCAST_DOT, DOT_PRECISION, COMPENSATED, mask_base, stride_mask_m, stride_mask_n, HAS_MASK,
-                    MASK_IS_BOOL, COMPUTE_DK, COMPUTE_DV, KEY_ROWS, 0, 0, False, head_hi)
         for stage in tl.static_range(3):
-            if (stage == 1 or not one_loop) and not peeled:
+            if peeled and stage == 0:
+                # a causal band's masked blocks before the interior are the few on the diagonal
+                # ((BLOCK_N - 1) // BLOCK_M + 2 at most): straight-line code, each block behind a branch
+                # uniform across the program (a block that is not there would cost a whole tile)
+                for i in tl.static_range((BLOCK_N - 1) // BLOCK_M + 2):
+                    if head_lo + i * BLOCK_M < head_full_lo:
+                        dk, dv, dk_comp, dv_comp = _dkdv_tile(
+                            dk, dv, dk_comp, dv_comp, k, v, head_lo + i * BLOCK_M, q_base, do_base, lse_base,
+                            delta_base, stride_qm, stride_dom, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
+                            alibi_slope_log2, window_left, window_right, dropout_p, rng_seed, rng_row_base,
+                            rng_row_stride, HEAD_DIM, BLOCK_D, BLOCK_M, True, WINDOW_LEFT, WINDOW_RIGHT,
+                            HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED, mask_base,
+                            stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL, COMPUTE_DK, COMPUTE_DV, KEY_ROWS,
+                            0, 0, False, head_full_lo)
+            elif peeled and stage == 2:
+                if head_full_hi < head_hi:  # the partial last block (its rows from head_hi = seqlen_q on take no part)
+                    dk, dv, dk_comp, dv_comp = _dkdv_tile(
+                        dk, dv, dk_comp, dv_comp, k, v, head_full_hi, q_base, do_base, lse_base, delta_base,
+                        stride_qm, stride_dom, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2,
+                        window_left, window_right, dropout_p, rng_seed, rng_row_base, rng_row_stride, HEAD_DIM,
+                        BLOCK_D, BLOCK_M, True, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
+                        UPCAST_DOT, DOT_PRECISION, COMPENSATED, mask_base, stride_mask_m, stride_mask_n, HAS_MASK,
+                        MASK_IS_BOOL, COMPUTE_DK, COMPUTE_DV, KEY_ROWS, 0, 0, False, head_hi)
+            elif stage == 1 or not one_loop:
+                # the three-loop form's stages; the one-loop form's single stage; the peeled form's interior
                 start, end = stage_range(stage, head_lo, head_full_lo, head_full_hi, head_hi)
                 dk, dv, dk_comp, dv_comp = _dkdv_query_range(
                     dk, dv, dk_comp, dv_comp, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
