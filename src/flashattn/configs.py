@@ -88,14 +88,18 @@ HOPPER_SPLIT_DKDV = TileConfig(32, 128, 8, 2, split_dkdv=True)
 # TFLOP/s non-causal (twice), 298.8 against 282.5 causal at 4k, 330.0 against 318.4 at 16k (same sweeps).
 # hdim 64 causal: the diagonal peeled out of the one loop (a left window keeps the one loop): 175.9 / 241.7 /
 # 326.2 / 367.2 against 172.3 / 225.7 / 296.1 / 327.7 TFLOP/s at 512 / 1k / 4k / 16k (H200, docs/perf-notes.md
-# version 9). At hdim 128 every peeled candidate lost: 287-307 against 351 at 4k.
+# version 9). At hdim 128 every peeled candidate lost: 287-307 against 351 at 4k; again in version 10
+# (64x128x8x2+every+keyrows+peel 346.6 / 398.2 against 351.7 / 396.4 at 4k / 16k).
+# hdim 256 causal: one loop too. The three-loop build spills in its interior loop (11 STL / 38 LDL, 892
+# instructions; one loop: 0 / 3, 808; sm90 compile). 202.6 / 288.3 / 313.6 against 194.0 / 277.6 / 297.0
+# TFLOP/s at 1k / 4k / 16k (H200, docs/perf-notes.md version 10).
 _HOPPER_DKDV = {
     (64, False): TileConfig(64, 64, 4, 3, key_rows=True),
     (64, True): TileConfig(64, 64, 4, 3, mask_every_block=True, key_rows=True, peel_diagonal=True),
     (128, False): TileConfig(64, 64, 4, 2),
     (128, True): TileConfig(64, 64, 4, 2, mask_every_block=True),
     (256, False): TileConfig(128, 64, 8, 1),
-    (256, True): TileConfig(128, 64, 8, 1),
+    (256, True): TileConfig(128, 64, 8, 1, mask_every_block=True),
 }
 _HOPPER_DQ = {
     (64, False): TileConfig(128, 64, 8, 3),
