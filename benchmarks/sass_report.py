@@ -211,7 +211,7 @@ def table_report(phase: str, head_dim: int, causal: bool, seqlen: int) -> dict:
     if phase == "forward":
         constexprs.update(DEFER_SCALE=True, USE_TMA=config.tma)
     if phase == "dkdv":
-        constexprs.update(ops._dkdv_passes(config)[0])  # the first launch, where the table splits the pass
+        constexprs.update(ops._dkdv_passes(config)[0], USE_TMA=config.tma)  # the first launch of a split pass
     divisible = GRID_DIVISIBLE + (("window_right",) if causal else ())
     return compile_report(kernel, config.num_warps, config.num_stages, constexprs, maxnreg=config.max_registers,
                           divisible=divisible)

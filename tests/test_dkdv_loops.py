@@ -24,6 +24,9 @@ FORMS = {
     "peel": dict(peel_diagonal=True, mask_every_block=False),
     # the causal band peeled, a left window or an SDPA mask's block map in one loop
     "peel-every-keyrows": dict(peel_diagonal=True, mask_every_block=True, key_rows=True),
+    # Q and dO through TMA descriptors (zero fill past seqlen_q): the three-loop form and the one loop
+    "tma": dict(tma=True, mask_every_block=False, peel_diagonal=False),
+    "every-tma": dict(tma=True, mask_every_block=True, peel_diagonal=False),
 }
 # BLOCK_N != BLOCK_M, so that a tile built the wrong way round fails to compile or to match
 INTERPRETER_TILE = configs.TileConfig(16, 32, 1, 1)
@@ -33,6 +36,8 @@ OPTION_NAMES = ["plain", "causal", "window", "dropout", "causal-alibi-softcap", 
 def force(stack: ExitStack, form: str, device: str, dtype: torch.dtype, head_dim: int, attn_mask: bool = False):
     """``form`` on the interpreter's tile, or on a GPU on the Hopper table's causal tile for ``head_dim``."""
     tile = INTERPRETER_TILE
+    if FORMS[form].get("tma") and device != "cpu" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs sm90 or newer")
     if device != "cpu":
         tile = configs.lookup("hopper", "dkdv", head_dim, True, dtype, attn_mask)
     stack.enter_context(configs.use_config("dkdv", dataclasses.replace(tile, **FORMS[form])))

@@ -304,11 +304,16 @@ def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Att
     dkdv_map, dq_map = _block_map_arguments(attn_mask, q, layout.lengths[1],
                                             (dkdv_config.block_m, dkdv_config.block_n, True),
                                             (dq_config.block_m, dq_config.block_n, False))
+    dkdv_tma = dkdv_config.tma and _tma_compatible(q, dout)
+    if dkdv_tma and q.is_cuda:
+        import triton
+
+        triton.set_allocator(_tma_workspace)
     for gradients in _dkdv_passes(dkdv_config):
         dkdv_kernel[(_cdiv(layout.grid_k, dkdv_config.block_n), batch * nheads_k)](
             *inputs, dk, dv, slopes, *layout.cu_seqlens, *input_strides, *_strides(dk), *_strides(dv),
             stride_alibi_b, *layout.lengths, nheads, nheads_k, nheads // nheads_k,
-            BLOCK_M=dkdv_config.block_m, BLOCK_N=dkdv_config.block_n,
+            BLOCK_M=dkdv_config.block_m, BLOCK_N=dkdv_config.block_n, USE_TMA=dkdv_tma,
             **configs.launch_options(dkdv_config), **shared, **dkdv_map, **gradients,
         )
     dq_kernel[(_cdiv(layout.grid_q, dq_config.block_m), batch * nheads)](

@@ -131,7 +131,7 @@ def _dscores(p, capped, v, do, delta, keep, dropout_p, HAS_SOFTCAP: tl.constexpr
 
 @triton.jit
 def _dkdv_tile(
-    dk, dv, dk_comp, dv_comp, k, v, start_m, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+    dk, dv, dk_comp, dv_comp, k, v, start_m, q_source, do_source, lse_base, delta_base, stride_qm, stride_dom,
     offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
     dropout_p, rng_seed, rng_row_base, rng_row_stride,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -140,20 +140,28 @@ def _dkdv_tile(
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
     mask_base, stride_mask_m, stride_mask_n, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
     COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr, KEY_ROWS: tl.constexpr,
-    interior_lo, interior_hi, MASK_AT_RUN_TIME: tl.constexpr, row_limit,
+    interior_lo, interior_hi, MASK_AT_RUN_TIME: tl.constexpr, row_limit, USE_TMA: tl.constexpr,
 ):
     """dK and dV of one (BLOCK_M queries from start_m) x (key block) tile, added to the accumulators.
 
     MASK_AT_RUN_TIME (with MASKED): the causal/window mask is computed only when the block lies outside
     [interior_lo, interior_hi), behind a branch that is uniform across the program. With MASKED, the rows
     from ``row_limit`` on (seqlen_q, or less) take no part.
+
+    q_source / do_source: base pointers, or (USE_TMA) tensor descriptors over the head's seqlen_q rows. A
+    descriptor zero-fills the rows past seqlen_q; rows from row_limit to seqlen_q are read, and their
+    lse = +inf (P = 0) keeps them out of both gradients.
     """
     offs_d = tl.arange(0, BLOCK_D)
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    q = _load_rows(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, row_limit, offs_d,
-                   HEAD_DIM, BLOCK_D, MASKED)
-    do = _load_rows(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], offs_m, row_limit, offs_d,
-                    HEAD_DIM, BLOCK_D, MASKED)
+    if USE_TMA:
+        q = q_source.load([start_m, 0])
+        do = do_source.load([start_m, 0])
+    else:
+        q = _load_rows(q_source + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, row_limit, offs_d,
+                       HEAD_DIM, BLOCK_D, MASKED)
+        do = _load_rows(do_source + offs_m[:, None] * stride_dom + offs_d[None, :], offs_m, row_limit, offs_d,
+                        HEAD_DIM, BLOCK_D, MASKED)
     if MASKED:
         # rows past the limit get lse = +inf, hence P = 0 and no contribution
         lse = tl.load(lse_base + offs_m, mask=offs_m < row_limit, other=float("inf"))
@@ -192,7 +200,7 @@ def _dkdv_tile(
 
 @triton.jit
 def _dkdv_query_range(
-    dk, dv, dk_comp, dv_comp, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+    dk, dv, dk_comp, dv_comp, k, v, q_source, do_source, lse_base, delta_base, stride_qm, stride_dom,
     lo, hi, offs_n, seqlen_q, seqlen_k,
     qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
     dropout_p, rng_seed, rng_row_base, rng_row_stride,
@@ -202,7 +210,7 @@ def _dkdv_query_range(
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
     mask_base, stride_mask_m, stride_mask_n, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
     block_list, HAS_BLOCK_MAP: tl.constexpr, COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr,
-    KEY_ROWS: tl.constexpr, interior_lo, interior_hi, MASK_AT_RUN_TIME: tl.constexpr,
+    KEY_ROWS: tl.constexpr, interior_lo, interior_hi, MASK_AT_RUN_TIME: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     """Query blocks lo, lo + BLOCK_M, ... < hi (with HAS_BLOCK_MAP, the blocks block_list[lo:hi]), each
     through :func:`_dkdv_tile`."""
@@ -212,12 +220,12 @@ def _dkdv_query_range(
         else:
             start_m = step
         dk, dv, dk_comp, dv_comp = _dkdv_tile(
-            dk, dv, dk_comp, dv_comp, k, v, start_m, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-            offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
-            dropout_p, rng_seed, rng_row_base, rng_row_stride, HEAD_DIM, BLOCK_D, BLOCK_M, MASKED, WINDOW_LEFT,
-            WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED, mask_base,
-            stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL, COMPUTE_DK, COMPUTE_DV, KEY_ROWS, interior_lo,
-            interior_hi, MASK_AT_RUN_TIME, seqlen_q)
+            dk, dv, dk_comp, dv_comp, k, v, start_m, q_source, do_source, lse_base, delta_base, stride_qm,
+            stride_dom, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left,
+            window_right, dropout_p, rng_seed, rng_row_base, rng_row_stride, HEAD_DIM, BLOCK_D, BLOCK_M, MASKED,
+            WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED,
+            mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL, COMPUTE_DK, COMPUTE_DV, KEY_ROWS,
+            interior_lo, interior_hi, MASK_AT_RUN_TIME, seqlen_q, USE_TMA)
     return dk, dv, dk_comp, dv_comp
 
 
@@ -243,7 +251,7 @@ def dkdv_kernel(
     HAS_MASK: tl.constexpr = False, MASK_IS_BOOL: tl.constexpr = False,
     BlockMap=None, stride_map_b=0, stride_map_h=0, stride_map_row=0, HAS_BLOCK_MAP: tl.constexpr = False,
     COMPUTE_DK: tl.constexpr = True, COMPUTE_DV: tl.constexpr = True, KEY_ROWS: tl.constexpr = False,
-    MASK_EVERY_BLOCK: tl.constexpr = False, PEEL_DIAGONAL: tl.constexpr = False,
+    MASK_EVERY_BLOCK: tl.constexpr = False, PEEL_DIAGONAL: tl.constexpr = False, USE_TMA: tl.constexpr = False,
 ):
     """Varlen: seqlen_q/seqlen_k arrive as the packed totals, Lse/Delta are (nheads, total_q).
 
@@ -269,6 +277,9 @@ def dkdv_kernel(
     diagonal and the partial last block run as straight-line code around one unmasked loop, the other
     form that ptxas keeps asynchronous and the faster one at hdim 64. With MASK_EVERY_BLOCK as well, the
     masks it does not cover take the one-loop form.
+
+    USE_TMA: the streamed Q and dO tiles come through tensor descriptors (one pair per query head), so that
+    their loads need no registers or address arithmetic in the loop.
     """
     start_n = tl.program_id(0) * BLOCK_N
     bhk = tl.program_id(1)
@@ -324,6 +335,14 @@ def dkdv_kernel(
             delta_base = Delta + bh.to(tl.int64) * seqlen_q
             rng_row_base = dropout_row_base(rng_offset, bh.to(tl.int64) * seqlen_q, seqlen_k, 0)
             rng_row_stride = seqlen_k
+        if USE_TMA:
+            q_source = tl.make_tensor_descriptor(q_base, shape=[seqlen_q, HEAD_DIM], strides=[stride_qm, 1],
+                                                 block_shape=[BLOCK_M, BLOCK_D])
+            do_source = tl.make_tensor_descriptor(do_base, shape=[seqlen_q, HEAD_DIM], strides=[stride_dom, 1],
+                                                  block_shape=[BLOCK_M, BLOCK_D])
+        else:
+            q_source = q_base
+            do_source = do_base
         alibi_slope_log2 = 0.0
         if HAS_ALIBI:
             alibi_slope_log2 = tl.load(AlibiSlopes + batch * stride_alibi_b + head).to(tl.float32) * LOG2E
@@ -360,33 +379,33 @@ def dkdv_kernel(
                 for i in tl.static_range((BLOCK_N - 1) // BLOCK_M + 2):
                     if head_lo + i * BLOCK_M < head_full_lo:
                         dk, dv, dk_comp, dv_comp = _dkdv_tile(
-                            dk, dv, dk_comp, dv_comp, k, v, head_lo + i * BLOCK_M, q_base, do_base, lse_base,
+                            dk, dv, dk_comp, dv_comp, k, v, head_lo + i * BLOCK_M, q_source, do_source, lse_base,
                             delta_base, stride_qm, stride_dom, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
                             alibi_slope_log2, window_left, window_right, dropout_p, rng_seed, rng_row_base,
                             rng_row_stride, HEAD_DIM, BLOCK_D, BLOCK_M, True, WINDOW_LEFT, WINDOW_RIGHT,
                             HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED, mask_base,
                             stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL, COMPUTE_DK, COMPUTE_DV, KEY_ROWS,
-                            0, 0, False, head_full_lo)
+                            0, 0, False, head_full_lo, USE_TMA)
             elif peeled and stage == 2:
                 if head_full_hi < head_hi:  # the partial last block (its rows from head_hi = seqlen_q on take no part)
                     dk, dv, dk_comp, dv_comp = _dkdv_tile(
-                        dk, dv, dk_comp, dv_comp, k, v, head_full_hi, q_base, do_base, lse_base, delta_base,
+                        dk, dv, dk_comp, dv_comp, k, v, head_full_hi, q_source, do_source, lse_base, delta_base,
                         stride_qm, stride_dom, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2,
                         window_left, window_right, dropout_p, rng_seed, rng_row_base, rng_row_stride, HEAD_DIM,
                         BLOCK_D, BLOCK_M, True, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
                         UPCAST_DOT, DOT_PRECISION, COMPENSATED, mask_base, stride_mask_m, stride_mask_n, HAS_MASK,
-                        MASK_IS_BOOL, COMPUTE_DK, COMPUTE_DV, KEY_ROWS, 0, 0, False, head_hi)
+                        MASK_IS_BOOL, COMPUTE_DK, COMPUTE_DV, KEY_ROWS, 0, 0, False, head_hi, USE_TMA)
             elif stage == 1 or not one_loop:
                 # the three-loop form's stages; the one-loop form's single stage; the peeled form's interior
                 start, end = stage_range(stage, head_lo, head_full_lo, head_full_hi, head_hi)
                 dk, dv, dk_comp, dv_comp = _dkdv_query_range(
-                    dk, dv, dk_comp, dv_comp, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+                    dk, dv, dk_comp, dv_comp, k, v, q_source, do_source, lse_base, delta_base, stride_qm, stride_dom,
                     start, end, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2,
                     window_left, window_right, dropout_p, rng_seed, rng_row_base, rng_row_stride, HEAD_DIM, BLOCK_D,
                     BLOCK_M, stage != 1 or HAS_MASK or one_loop, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP,
                     HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED, mask_base, stride_mask_m,
                     stride_mask_n, HAS_MASK, MASK_IS_BOOL, block_list, HAS_BLOCK_MAP, COMPUTE_DK, COMPUTE_DV,
-                    KEY_ROWS, interior_lo, interior_hi, one_loop)
+                    KEY_ROWS, interior_lo, interior_hi, one_loop, USE_TMA)
     store_mask = offs_n[:, None] < seqlen_k
     if BLOCK_D != HEAD_DIM:
         store_mask = store_mask & (offs_d[None, :] < HEAD_DIM)
