@@ -93,13 +93,22 @@ HOPPER_SPLIT_DKDV = TileConfig(32, 128, 8, 2, split_dkdv=True)
 # hdim 256 causal: one loop too. The three-loop build spills in its interior loop (11 STL / 38 LDL, 892
 # instructions; one loop: 0 / 3, 808; sm90 compile). 202.6 / 288.3 / 313.6 against 194.0 / 277.6 / 297.0
 # TFLOP/s at 1k / 4k / 16k (H200, docs/perf-notes.md version 10).
+# TMA for the streamed Q and dO (version 10; each pair twice on one lease, whole backward, TFLOP/s):
+# - hdim 128 causal: 357.3 / 357.9 against 345.9 / 343.3 at 4k, 406.9 against 388.3 at 16k; -1% at 1k
+#   (252.1 against 254.4-254.9);
+# - hdim 128, in one loop: 369.3 / 369.0 against 363.8 / 364.0 at 2k, 397.0 against 388.7 at 4k, 413.6 /
+#   404.0 against 408.0 / 405.9 at 16k; TMA in the two-loop form lost (380.6);
+# - hdim 256 causal: 204.5 / 203.8 against 202.1 / 201.8 at 1k, 298.6 against 288.3 at 4k, 331.6 / 331.2
+#   against 312.2 / 311.8 at 16k;
+# - hdim 256 non-causal: 315.7 against 321.3 at 4k, 320.4 against 316.0 at 8k, 318.2 against 308.5 at
+#   16k; not taken. hdim 64: lost (373.2 against 376.7; causal 321.2 against 330.1).
 _HOPPER_DKDV = {
     (64, False): TileConfig(64, 64, 4, 3, key_rows=True),
     (64, True): TileConfig(64, 64, 4, 3, mask_every_block=True, key_rows=True, peel_diagonal=True),
-    (128, False): TileConfig(64, 64, 4, 2),
-    (128, True): TileConfig(64, 64, 4, 2, mask_every_block=True),
+    (128, False): TileConfig(64, 64, 4, 2, tma=True, mask_every_block=True),
+    (128, True): TileConfig(64, 64, 4, 2, tma=True, mask_every_block=True),
     (256, False): TileConfig(128, 64, 8, 1),
-    (256, True): TileConfig(128, 64, 8, 1, mask_every_block=True),
+    (256, True): TileConfig(128, 64, 8, 1, tma=True, mask_every_block=True),
 }
 _HOPPER_DQ = {
     (64, False): TileConfig(128, 64, 8, 3),
