@@ -304,7 +304,8 @@ def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Att
     dkdv_map, dq_map = _block_map_arguments(attn_mask, q, layout.lengths[1],
                                             (dkdv_config.block_m, dkdv_config.block_n, True),
                                             (dq_config.block_m, dq_config.block_n, False))
-    dkdv_tma = dkdv_config.tma and _tma_compatible(q, dout)
+    # fp32 keeps pointer loads: with TMA the hdim-256 key-row tile asked for 256 KB of shared memory (H200)
+    dkdv_tma = dkdv_config.tma and q.dtype != torch.float32 and _tma_compatible(q, dout)
     if dkdv_tma and q.is_cuda:
         import triton
 
