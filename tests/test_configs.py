@@ -32,6 +32,13 @@ def test_short_non_causal_forward_drops_tma_only_when_the_length_is_known_and_sh
     assert lookup("hopper", "dkdv", 128, False, torch.bfloat16, seqlen=512) == configs._HOPPER_DKDV[(128, False)]
 
 
+def test_short_causal_hdim128_dkdv_drops_tma():
+    short = lookup("hopper", "dkdv", 128, True, torch.bfloat16, seqlen=SHORT_SEQLEN)
+    medium = lookup("hopper", "dkdv", 128, True, torch.bfloat16, seqlen=SHORT_SEQLEN + 1)
+    unknown = lookup("hopper", "dkdv", 128, True, torch.bfloat16)
+    assert not short.tma and short.mask_every_block and medium.tma and unknown == medium
+
+
 def test_head_dims_fall_into_their_padded_bucket():
     assert lookup("hopper", "dq", 96, False, torch.float16) == configs._HOPPER_DQ[(128, False)]
     assert lookup("hopper", "dkdv", 200, True, torch.float16) == configs._HOPPER_DKDV[(256, True)]
