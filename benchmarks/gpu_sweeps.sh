@@ -2,8 +2,9 @@
 # Tile sweeps in one device call: every line of a sweep file is the argument list of one `flashattn blocks`
 # run (each candidate is checked against SDPA before it is timed). Run from the repo root on the GPU machine:
 #     SWEEPS=benchmarks/sweeps/backward-causal.txt REPEAT=2 bash benchmarks/gpu_sweeps.sh
-# REPEAT runs the whole file that many times (run-to-run spread on one lease). Logs go to $OUT/sweeps
-# (one per line and pass); the timed rows are printed last.
+# REPEAT runs the whole file that many times (run-to-run spread on one lease). Logs (one per line and
+# pass) go to $OUT/sweeps.tgz, one file, as the device tool brings back only a few files per call; the
+# timed rows are printed last.
 set -u -o pipefail
 OUT=${OUT:-gpu-out}
 LOGS="$OUT/sweeps"
@@ -28,3 +29,4 @@ for log in "$LOGS"/*.log; do
   grep -E "^\*? +(forward|dkdv|dq) " "$log" | awk '{print "   ", $0}'
   grep -E "^exit [^0]" "$log"
 done
+tar czf "$OUT/sweeps.tgz" -C "$OUT" sweeps && rm -rf "$LOGS"
