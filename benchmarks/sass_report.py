@@ -207,11 +207,11 @@ def table_report(phase: str, head_dim: int, causal: bool, seqlen: int) -> dict:
     kernel = {"forward": forward.attention_forward_kernel, "dkdv": backward.dkdv_kernel,
               "dq": backward.dq_kernel}[phase]
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-                      DOT_PRECISION="tf32", WINDOW_RIGHT=causal, group_size=1)
+                      DOT_PRECISION="tf32", WINDOW_RIGHT=causal, group_size=1, USE_TMA=config.tma)
     if phase == "forward":
-        constexprs.update(DEFER_SCALE=True, USE_TMA=config.tma)
+        constexprs.update(DEFER_SCALE=True)
     if phase == "dkdv":
-        constexprs.update(ops._dkdv_passes(config)[0], USE_TMA=config.tma)  # the first launch of a split pass
+        constexprs.update(ops._dkdv_passes(config)[0])  # the first launch, where the table splits the pass
     divisible = GRID_DIVISIBLE + (("window_right",) if causal else ())
     return compile_report(kernel, config.num_warps, config.num_stages, constexprs, maxnreg=config.max_registers,
                           divisible=divisible)

@@ -46,3 +46,17 @@ def test_tma_forward_matches_reference(triton_backend, shape, option_name, dtype
     case = make_case(shape, option_name, triton_backend)
     with use_config("forward", TileConfig(*tiles, tma=True)):
         check_against_reference(case, dtype, triton_backend, flash_attn_func)
+
+
+# The dQ kernel's K and V through TMA descriptors (a sweep candidate, `+tma`). 16-bit only: fp32 keeps
+# pointer loads in the backward (ops._triton_backward). The dK/dV kernel's TMA forms are in test_dkdv_loops.
+@pytest.mark.interpreter
+@pytest.mark.parametrize("option_name", ["plain", "causal", "window", "dropout", "causal-alibi-softcap"])
+@pytest.mark.parametrize("shape", INTERPRETER_SHAPES[1:3], ids=str)
+def test_tma_dq_matches_reference(triton_backend, shape, option_name):
+    if triton_backend == "cuda" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs sm90 or newer")
+    tiles = (16, 16, 1, 1) if triton_backend == "cpu" else (128, 64, 8, 3)
+    case = make_case(shape, option_name, triton_backend)
+    with use_config("dq", TileConfig(*tiles, tma=True)):
+        check_against_reference(case, torch.float16, triton_backend, flash_attn_func)

@@ -102,7 +102,7 @@ def candidate_label(candidate: Candidate) -> str:
 
 def parse_candidates(text: str) -> list[Candidate]:
     """An argparse type: ``BMxBNxWARPSxSTAGES`` configs, comma separated (``16x16x1x1,32x16x1x1``);
-    a forward or dK/dV config may end in ``+tma`` (TMA tensor descriptors; sm90), a dK/dV config in ``+split`` (a dV
+    any config may end in ``+tma`` (TMA tensor descriptors; sm90), a dK/dV config in ``+split`` (a dV
     pass and a dK pass, ``TileConfig.split_dkdv``), ``+every`` (one masked loop,
     ``TileConfig.mask_every_block``), ``+keyrows`` (``TileConfig.key_rows``) or ``+peel``
     (``TileConfig.peel_diagonal``), any config in ``+rN`` (at most N registers a thread,

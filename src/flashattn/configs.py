@@ -20,7 +20,8 @@ class TileConfig:
     block_n: int
     num_warps: int
     num_stages: int
-    # sm90: tiles through TMA tensor descriptors; the forward's Q/K/V/O, the dK/dV kernel's streamed Q and dO
+    # sm90: tiles through TMA tensor descriptors; the forward's Q/K/V/O, the dK/dV kernel's streamed Q and dO,
+    # the dQ kernel's streamed K and V
     tma: bool = False
     # dK/dV only: a dV pass, then a dK pass over the queries, each holding one fp32 accumulator and
     # computing its tile with the keys along the rows (dkdv_kernel's COMPUTE_DK/COMPUTE_DV, KEY_ROWS):

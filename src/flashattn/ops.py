@@ -307,7 +307,8 @@ def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Att
                                             (dq_config.block_m, dq_config.block_n, False))
     # fp32 keeps pointer loads: with TMA the hdim-256 key-row tile asked for 256 KB of shared memory (H200)
     dkdv_tma = dkdv_config.tma and q.dtype != torch.float32 and _tma_compatible(q, dout)
-    if dkdv_tma and q.is_cuda:
+    dq_tma = dq_config.tma and q.dtype != torch.float32 and _tma_compatible(k, v)
+    if (dkdv_tma or dq_tma) and q.is_cuda:
         import triton
 
         triton.set_allocator(_tma_workspace)
@@ -323,7 +324,7 @@ def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Att
         stride_alibi_b, *layout.lengths, nheads, nheads // nheads_k,
         BLOCK_M=dq_config.block_m, BLOCK_N=dq_config.block_n,
         **configs.launch_options(dq_config),
-        DMask=dmask if mask_needs_grad else q, MASK_GRAD=mask_needs_grad, **shared, **dq_map,
+        DMask=dmask if mask_needs_grad else q, MASK_GRAD=mask_needs_grad, USE_TMA=dq_tma, **shared, **dq_map,
     )
     if dmask is None:
         return dq, dk, dv, q.new_empty(0)

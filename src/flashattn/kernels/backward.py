@@ -420,7 +420,7 @@ def dkdv_kernel(
 
 @triton.jit
 def _dq_key_range(
-    dq, dq_comp, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn,
+    dq, dq_comp, q, do, lse_log2, delta, k_source, v_source, stride_kn, stride_vn,
     lo, hi, offs_m, seqlen_q, seqlen_k,
     qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
     dropout_p, rng_seed, rng_row_base, rng_row_stride,
@@ -429,9 +429,13 @@ def _dq_key_range(
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
     mask_base, stride_mask_m, stride_mask_n, dmask_base, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
-    MASK_GRAD: tl.constexpr, block_list, HAS_BLOCK_MAP: tl.constexpr,
+    MASK_GRAD: tl.constexpr, block_list, HAS_BLOCK_MAP: tl.constexpr, USE_TMA: tl.constexpr,
 ):
-    """Key blocks lo, lo + BLOCK_N, ... < hi; with HAS_BLOCK_MAP, the blocks block_list[lo:hi]."""
+    """Key blocks lo, lo + BLOCK_N, ... < hi; with HAS_BLOCK_MAP, the blocks block_list[lo:hi].
+
+    k_source / v_source: base pointers, or (USE_TMA) tensor descriptors over the kv head's seqlen_k rows,
+    whose loads zero-fill the rows past seqlen_k as the masked pointer loads do.
+    """
     offs_d = tl.arange(0, BLOCK_D)
     for step in range(lo, hi, 1 if HAS_BLOCK_MAP else BLOCK_N):
         if HAS_BLOCK_MAP:
@@ -439,10 +443,14 @@ def _dq_key_range(
         else:
             start_n = step
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = _load_rows(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], offs_n, seqlen_k, offs_d,
-                       HEAD_DIM, BLOCK_D, MASKED)
-        v = _load_rows(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, seqlen_k, offs_d,
-                       HEAD_DIM, BLOCK_D, MASKED)
+        if USE_TMA:
+            k = k_source.load([start_n, 0])
+            v = v_source.load([start_n, 0])
+        else:
+            k = _load_rows(k_source + offs_n[:, None] * stride_kn + offs_d[None, :], offs_n, seqlen_k, offs_d,
+                           HEAD_DIM, BLOCK_D, MASKED)
+            v = _load_rows(v_source + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, seqlen_k, offs_d,
+                           HEAD_DIM, BLOCK_D, MASKED)
         p, capped = _probs(
             q, k, lse_log2, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2,
             window_left, window_right, MASKED, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, UPCAST_DOT,
@@ -480,8 +488,12 @@ def dq_kernel(
     Mask=None, stride_mask_b=0, stride_mask_h=0, stride_mask_m=0, stride_mask_n=0, DMask=None,
     HAS_MASK: tl.constexpr = False, MASK_IS_BOOL: tl.constexpr = False, MASK_GRAD: tl.constexpr = False,
     BlockMap=None, stride_map_b=0, stride_map_h=0, stride_map_row=0, HAS_BLOCK_MAP: tl.constexpr = False,
+    USE_TMA: tl.constexpr = False,
 ):
-    """Varlen: seqlen_q/seqlen_k arrive as the packed totals, Lse/Delta are (nheads, total_q)."""
+    """Varlen: seqlen_q/seqlen_k arrive as the packed totals, Lse/Delta are (nheads, total_q).
+
+    USE_TMA: the streamed K and V tiles come through tensor descriptors, as in the forward.
+    """
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
     batch = bh // nheads
@@ -532,18 +544,25 @@ def dq_kernel(
         mask_base = Mask + batch.to(tl.int64) * stride_mask_b + head.to(tl.int64) * stride_mask_h
     if MASK_GRAD:
         dmask_base = DMask + bh.to(tl.int64) * seqlen_q * seqlen_k
+    k_source = k_base
+    v_source = v_base
+    if USE_TMA:
+        k_source = tl.make_tensor_descriptor(k_base, shape=[seqlen_k, HEAD_DIM], strides=[stride_kn, 1],
+                                             block_shape=[BLOCK_N, BLOCK_D])
+        v_source = tl.make_tensor_descriptor(v_base, shape=[seqlen_k, HEAD_DIM], strides=[stride_vn, 1],
+                                             block_shape=[BLOCK_N, BLOCK_D])
     block_list, lo, full_lo, full_hi, hi = query_tile_key_blocks(
         start_m, seqlen_q, seqlen_k, window_left, window_right, BlockMap, stride_map_b, stride_map_h,
         stride_map_row, batch, head, BLOCK_M, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT, HAS_BLOCK_MAP)
     for stage in tl.static_range(3):
         start, end = stage_range(stage, lo, full_lo, full_hi, hi)
         dq, dq_comp = _dq_key_range(
-            dq, dq_comp, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, start, end, offs_m,
+            dq, dq_comp, q, do, lse_log2, delta, k_source, v_source, stride_kn, stride_vn, start, end, offs_m,
             seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
             dropout_p, rng_seed, rng_row_base, rng_row_stride, HEAD_DIM, BLOCK_D, BLOCK_N, stage != 1 or HAS_MASK,
             WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED,
             mask_base, stride_mask_m, stride_mask_n, dmask_base, HAS_MASK, MASK_IS_BOOL, MASK_GRAD,
-            block_list, HAS_BLOCK_MAP)
+            block_list, HAS_BLOCK_MAP, USE_TMA)
     dq = dq * softmax_scale
     store_mask = row_ok[:, None]
     if BLOCK_D != HEAD_DIM:
