@@ -69,6 +69,19 @@ def _load_rows(ptrs, offs_rows, limit, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: 
 
 
 @triton.jit
+def _load_tile(source, start, offs_rows, limit, stride, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+               CHECK_ROWS: tl.constexpr, USE_TMA: tl.constexpr):
+    """The rows offs_rows = start + arange of a (rows x HEAD_DIM) tensor: from a TMA descriptor (USE_TMA;
+    rows past its shape read as zeros), or by pointer from base ``source`` (:func:`_load_rows`)."""
+    if USE_TMA:  # if / else, not an early return: Triton would compile the pointer code for a descriptor
+        tile = source.load([start, 0])
+    else:
+        tile = _load_rows(source + offs_rows[:, None] * stride + offs_d[None, :], offs_rows, limit, offs_d,
+                          HEAD_DIM, BLOCK_D, CHECK_ROWS)
+    return tile
+
+
+@triton.jit
 def _probs(
     q, k, lse_log2, offs_m, offs_n, seqlen_q, seqlen_k,
     qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
@@ -154,14 +167,8 @@ def _dkdv_tile(
     """
     offs_d = tl.arange(0, BLOCK_D)
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    if USE_TMA:
-        q = q_source.load([start_m, 0])
-        do = do_source.load([start_m, 0])
-    else:
-        q = _load_rows(q_source + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, row_limit, offs_d,
-                       HEAD_DIM, BLOCK_D, MASKED)
-        do = _load_rows(do_source + offs_m[:, None] * stride_dom + offs_d[None, :], offs_m, row_limit, offs_d,
-                        HEAD_DIM, BLOCK_D, MASKED)
+    q = _load_tile(q_source, start_m, offs_m, row_limit, stride_qm, offs_d, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
+    do = _load_tile(do_source, start_m, offs_m, row_limit, stride_dom, offs_d, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
     if MASKED:
         # rows past the limit get lse = +inf, hence P = 0 and no contribution
         lse = tl.load(lse_base + offs_m, mask=offs_m < row_limit, other=float("inf"))
@@ -335,14 +342,13 @@ def dkdv_kernel(
             delta_base = Delta + bh.to(tl.int64) * seqlen_q
             rng_row_base = dropout_row_base(rng_offset, bh.to(tl.int64) * seqlen_q, seqlen_k, 0)
             rng_row_stride = seqlen_k
-        if USE_TMA:
+        q_source = q_base
+        do_source = do_base
+        if USE_TMA:  # descriptors are made here: Triton 3.6 does not return one from a helper
             q_source = tl.make_tensor_descriptor(q_base, shape=[seqlen_q, HEAD_DIM], strides=[stride_qm, 1],
                                                  block_shape=[BLOCK_M, BLOCK_D])
             do_source = tl.make_tensor_descriptor(do_base, shape=[seqlen_q, HEAD_DIM], strides=[stride_dom, 1],
                                                   block_shape=[BLOCK_M, BLOCK_D])
-        else:
-            q_source = q_base
-            do_source = do_base
         alibi_slope_log2 = 0.0
         if HAS_ALIBI:
             alibi_slope_log2 = tl.load(AlibiSlopes + batch * stride_alibi_b + head).to(tl.float32) * LOG2E
@@ -443,14 +449,8 @@ def _dq_key_range(
         else:
             start_n = step
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        if USE_TMA:
-            k = k_source.load([start_n, 0])
-            v = v_source.load([start_n, 0])
-        else:
-            k = _load_rows(k_source + offs_n[:, None] * stride_kn + offs_d[None, :], offs_n, seqlen_k, offs_d,
-                           HEAD_DIM, BLOCK_D, MASKED)
-            v = _load_rows(v_source + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, seqlen_k, offs_d,
-                           HEAD_DIM, BLOCK_D, MASKED)
+        k = _load_tile(k_source, start_n, offs_n, seqlen_k, stride_kn, offs_d, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
+        v = _load_tile(v_source, start_n, offs_n, seqlen_k, stride_vn, offs_d, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
         p, capped = _probs(
             q, k, lse_log2, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2,
             window_left, window_right, MASKED, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, UPCAST_DOT,
