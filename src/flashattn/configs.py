@@ -94,7 +94,7 @@ HOPPER_SPLIT_DKDV = TileConfig(32, 128, 8, 2, split_dkdv=True)
 # hdim 256 causal: one loop too. The three-loop build spills in its interior loop (11 STL / 38 LDL, 892
 # instructions; one loop: 0 / 3, 808; sm90 compile). 202.6 / 288.3 / 313.6 against 194.0 / 277.6 / 297.0
 # TFLOP/s at 1k / 4k / 16k (H200, docs/perf-notes.md version 10).
-# TMA for the streamed Q and dO (version 10; each pair twice on one lease, whole backward, TFLOP/s):
+# TMA for the streamed Q and dO (version 10; one lease, two numbers where a pair ran twice; whole backward, TFLOP/s):
 # - hdim 128 causal: 357.3 / 357.9 against 345.9 / 343.3 at 4k, 406.9 against 388.3 at 16k; -1% at 1k
 #   (252.1 against 254.4-254.9);
 # - hdim 128, in one loop: 369.3 / 369.0 against 363.8 / 364.0 at 2k, 397.0 against 388.7 at 4k, 413.6 /
