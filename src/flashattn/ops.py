@@ -192,6 +192,17 @@ def _tma_workspace(size: int, alignment: int, stream) -> torch.Tensor:
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
+def _tma_loads(wanted: bool, *tensors: torch.Tensor) -> bool:
+    """Whether a kernel that asks for TMA loads (``wanted``) of ``tensors`` gets them: the tensors must suit
+    descriptors. On a GPU this installs the descriptors' workspace allocator."""
+    use = wanted and _tma_compatible(*tensors)
+    if use and tensors[0].is_cuda:
+        import triton
+
+        triton.set_allocator(_tma_workspace)
+    return use
+
+
 def _paging_arguments(block_table: torch.Tensor | None, k: torch.Tensor, block_n: int) -> dict:
     """The paged-KV arguments of the forward kernel: none without a block table (the kernel's defaults)."""
     if block_table is None:
@@ -223,11 +234,7 @@ def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, at
         # loads, where a tile sized for TMA spills (hdim 128: 128 x 128 needs about 650 bytes of stack per
         # thread, ptxas for sm90; 128 x 64, the causal entry, 24)
         config = dataclasses.replace(config, block_n=min(config.block_n, 64), tma=False)
-    use_tma = config.tma and _tma_compatible(q, k, v, out)
-    if use_tma and q.is_cuda:
-        import triton
-
-        triton.set_allocator(_tma_workspace)
+    use_tma = _tma_loads(config.tma, q, k, v, out)
     slopes, stride_alibi_b, has_alibi = _alibi_args(alibi_slopes, q)
     grid = (_cdiv(layout.grid_q, config.block_m), layout.batch * nheads)
     if grid[0] == 0:
@@ -305,13 +312,11 @@ def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Att
     dkdv_map, dq_map = _block_map_arguments(attn_mask, q, layout.lengths[1],
                                             (dkdv_config.block_m, dkdv_config.block_n, True),
                                             (dq_config.block_m, dq_config.block_n, False))
-    # fp32 keeps pointer loads: with TMA the hdim-256 key-row tile asked for 256 KB of shared memory (H200)
-    dkdv_tma = dkdv_config.tma and q.dtype != torch.float32 and _tma_compatible(q, dout)
-    dq_tma = dq_config.tma and q.dtype != torch.float32 and _tma_compatible(k, v)
-    if (dkdv_tma or dq_tma) and q.is_cuda:
-        import triton
-
-        triton.set_allocator(_tma_workspace)
+    # the backward's fp32 keeps pointer loads: with TMA the hdim-256 key-row tile asked for 256 KB of shared
+    # memory (H200)
+    half = q.dtype != torch.float32
+    dkdv_tma = _tma_loads(dkdv_config.tma and half, q, dout)
+    dq_tma = _tma_loads(dq_config.tma and half, k, v)
     for gradients in _dkdv_passes(dkdv_config):
         dkdv_kernel[(_cdiv(layout.grid_k, dkdv_config.block_n), batch * nheads_k)](
             *inputs, dk, dv, slopes, *layout.cu_seqlens, *input_strides, *_strides(dk), *_strides(dv),
