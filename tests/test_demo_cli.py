@@ -14,7 +14,7 @@ import pytest
 
 import flashattn
 from flashattn import cli
-from flashattn.demo import run_demo
+from flashattn.demo import run_demo, settled_median
 
 
 def run_module(*args: str) -> subprocess.CompletedProcess[str]:
@@ -103,3 +103,26 @@ def test_bench_is_registered_when_its_module_has_the_hooks(monkeypatch):
 def test_bench_is_skipped_when_its_module_lacks_the_hooks(monkeypatch):
     monkeypatch.setitem(sys.modules, "flashattn.bench", types.ModuleType("flashattn.bench"))
     assert "bench" not in cli.all_subcommands()
+
+
+def _rounds(medians):
+    """A measure_round that returns the given medians in turn and records which rounds were asked for."""
+    asked = []
+
+    def measure_round(round_index):
+        asked.append(round_index)
+        return medians[round_index]
+
+    return measure_round, asked
+
+
+def test_settled_median_stops_at_the_first_agreeing_pair_and_takes_its_faster_round():
+    measure_round, asked = _rounds([1.40, 1.00, 1.01, 0.50])
+    assert settled_median(measure_round, tolerance=0.02) == 1.00
+    assert asked == [0, 1, 2]
+
+
+def test_settled_median_without_agreement_takes_the_median_of_the_rounds():
+    measure_round, asked = _rounds([1.0, 1.5, 1.2, 2.0, 0.9])
+    assert settled_median(measure_round, max_rounds=5, tolerance=0.02) == 1.2
+    assert asked == [0, 1, 2, 3, 4]
