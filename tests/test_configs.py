@@ -73,3 +73,13 @@ def test_register_caps_reach_the_launch_and_are_dropped_where_the_tiles_change()
     # float32 and an SDPA mask change what a thread holds: the cap measured for bf16 tiles does not apply
     assert lookup("hopper", "forward", 64, True, torch.float32).max_registers is None
     assert lookup("hopper", "forward", 64, False, torch.bfloat16, attn_mask=True).max_registers is None
+
+
+def test_short_non_causal_hdim256_dq_keeps_the_one_stage_tile_without_tma():
+    short = lookup("hopper", "dq", 256, False, torch.bfloat16, seqlen=SHORT_SEQLEN)
+    medium = lookup("hopper", "dq", 256, False, torch.bfloat16, seqlen=SHORT_SEQLEN + 1)
+    unknown = lookup("hopper", "dq", 256, False, torch.bfloat16)
+    assert short == TileConfig(128, 64, 8, 1)
+    assert medium == TileConfig(64, 64, 4, 2, tma=True) and unknown == medium
+    # the causal entry takes TMA at every length
+    assert lookup("hopper", "dq", 256, True, torch.bfloat16, seqlen=512).tma

@@ -114,13 +114,16 @@ _HOPPER_DKDV = {
 # dQ: K and V through TMA only at hdim 256 causal: 206.1 / 205.9 against 201.8 / 202.5 TFLOP/s at 1k, 307.3 /
 # 305.4 against 297.6 / 295.1 at 4k, 338.9 / 341.7 against 330.3 / 331.2 at 16k (whole backward, two passes
 # on one H200 lease, docs/perf-notes.md version 11). hdim 256 non-causal lost (304.4 against 320.0 at 4k,
-# 293.5 against 306.2 at 16k); hdim 128 moved by under 1%, either way.
+# 293.5 against 306.2 at 16k) on its 1-stage tile, but won on the causal entry's 2-stage tile, from 2k:
+# 331.7 / 330.4 against 320.3 / 321.9 at 4k, 320.8 against 316.6 at 8k, 310.2 / 310.3 against 308.9 / 308.5
+# at 16k; at 1k it lost (266.7 against 270.8), so short sequences keep the 1-stage tile. hdim 128 moved by
+# under 1%, either way.
 _HOPPER_DQ = {
     (64, False): TileConfig(128, 64, 8, 3),
     (64, True): TileConfig(128, 64, 8, 3),
     (128, False): TileConfig(128, 64, 8, 3),
     (128, True): TileConfig(128, 64, 8, 3),
-    (256, False): TileConfig(128, 64, 8, 1),
+    (256, False): TileConfig(64, 64, 4, 2, tma=True),
     (256, True): TileConfig(64, 64, 4, 2, tma=True),
 }
 # Other GPUs (Ampere and older, or anything unknown): smaller tiles that fit 100 KB of shared memory.
@@ -157,7 +160,11 @@ _HOPPER_DKDV_SHORT = {
     (128, True): TileConfig(64, 64, 4, 2, mask_every_block=True),
 }
 _LONG_TABLES = {("hopper", "forward"): _HOPPER_FORWARD_LONG}
-_SHORT_TABLES = {("hopper", "forward"): _HOPPER_FORWARD_SHORT, ("hopper", "dkdv"): _HOPPER_DKDV_SHORT}
+_HOPPER_DQ_SHORT = {
+    (256, False): TileConfig(128, 64, 8, 1),
+}
+_SHORT_TABLES = {("hopper", "forward"): _HOPPER_FORWARD_SHORT, ("hopper", "dkdv"): _HOPPER_DKDV_SHORT,
+                 ("hopper", "dq"): _HOPPER_DQ_SHORT}
 _TABLES = {
     ("hopper", "forward"): _HOPPER_FORWARD,
     ("hopper", "dkdv"): _HOPPER_DKDV,

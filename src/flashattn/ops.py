@@ -306,9 +306,11 @@ def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Att
              if mask_needs_grad else None)
     inputs = (q, k, v, dout, lse, delta)
     input_strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(dout))
+    shorter = min(layout.grid_q, layout.grid_k)
     dkdv_config = configs.tile_config("dkdv", head_dim, masked, q.dtype, q.device, interpret, attn_mask=has_mask,
-                                      seqlen=min(layout.grid_q, layout.grid_k))
-    dq_config = configs.tile_config("dq", head_dim, masked, q.dtype, q.device, interpret, attn_mask=has_mask)
+                                      seqlen=shorter)
+    dq_config = configs.tile_config("dq", head_dim, masked, q.dtype, q.device, interpret, attn_mask=has_mask,
+                                    seqlen=shorter)
     dkdv_map, dq_map = _block_map_arguments(attn_mask, q, layout.lengths[1],
                                             (dkdv_config.block_m, dkdv_config.block_n, True),
                                             (dq_config.block_m, dq_config.block_n, False))
