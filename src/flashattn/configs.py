@@ -111,7 +111,7 @@ _HOPPER_DKDV = {
     (256, False): TileConfig(128, 64, 8, 1),
     (256, True): TileConfig(128, 64, 8, 1, tma=True, mask_every_block=True),
 }
-# dQ: K and V through TMA only at hdim 256 causal: 206.1 / 205.9 against 201.8 / 202.5 TFLOP/s at 1k, 307.3 /
+# dQ: K and V through TMA at hdim 256. Causal: 206.1 / 205.9 against 201.8 / 202.5 TFLOP/s at 1k, 307.3 /
 # 305.4 against 297.6 / 295.1 at 4k, 338.9 / 341.7 against 330.3 / 331.2 at 16k (whole backward, two passes
 # on one H200 lease, docs/perf-notes.md version 11). hdim 256 non-causal lost (304.4 against 320.0 at 4k,
 # 293.5 against 306.2 at 16k) on its 1-stage tile, but won on the causal entry's 2-stage tile, from 2k:

@@ -191,8 +191,9 @@ def median_seconds(fn: Callable[[], object], device: torch.device, min_repeats: 
                    max_repeats: int = 10, budget_seconds: float = 0.5) -> float:
     """Median wall time of fn after a warmup call; the median so that one slow outlier does not count.
 
-    On CUDA, triton's do_bench (CUDA events, cache flushed between calls) when triton is there, else
-    CUDA events; on the CPU, perf_counter, repeating until the time budget or max_repeats is used.
+    On CUDA, triton's do_bench (CUDA events, cache flushed between calls) in rounds until two agree
+    (:func:`settled_median`) when triton is there, else CUDA events; on the CPU, perf_counter, repeating
+    until the time budget or max_repeats is used.
     """
     if device.type == "cuda":
         try:
