@@ -33,6 +33,30 @@ def test_visible_key_range_covers_every_visible_key(seqlen_q, seqlen_k, left, ri
         assert lo == keys.min().item() and hi == keys.max().item() + 1
 
 
+WINDOWS = [(-1, -1), (-1, 0), (2, 0), (3, 2), (0, 5), (-1, 3), (4, -1)]
+
+
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(1, 1), (5, 9), (9, 5), (13, 13), (1, 17), (17, 1)])
+@pytest.mark.parametrize("left,right", WINDOWS)
+def test_query_range_and_full_blocks_agree_with_the_mask(seqlen_q, seqlen_k, left, right):
+    """Every key block [start, end) of widths 1-4: visible_query_range is exactly the queries that see one of
+    its keys, and block_fully_visible says whether all of those see all of them."""
+    seen = masks.visible(torch.arange(seqlen_q).view(-1, 1), torch.arange(seqlen_k).view(1, -1),
+                         seqlen_q, seqlen_k, left, right).expand(seqlen_q, seqlen_k)
+    for width in range(1, 5):
+        for start in range(0, seqlen_k, width):
+            end = min(start + width, seqlen_k)
+            block = seen[:, start:end]
+            lo, hi = masks.visible_query_range(start, end, seqlen_q, seqlen_k, left, right)
+            queries = block.any(dim=1).nonzero().view(-1)
+            if len(queries):
+                assert (lo, hi) == (queries.min().item(), queries.max().item() + 1)
+                assert masks.block_fully_visible(lo, hi, start, end, seqlen_q, seqlen_k, left, right) == \
+                    bool(block[lo:hi].all())
+            else:
+                assert lo == hi
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("seqlen,block_size", [(1, 64), (113, 32), (256, 64)])
 def test_seed_block_algorithm_matches_materialized_attention(seqlen, block_size, causal):

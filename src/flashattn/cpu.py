@@ -56,26 +56,33 @@ def _block_scores(
     seqlen_q: int,
     seqlen_k: int,
     mask_block: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """Scores of all queries against one key block: (scores, tanh of the softcap or None, visible).
+    query_start: int = 0,
+    fully_visible: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Scores of the queries ``query_start, ...`` (q's rows, already multiplied by the softmax scale) against
+    one key block: (scores, tanh of the softcap or None). ``fully_visible``: every one of these queries sees
+    every key of the block.
 
-    ``mask_block``: the SDPA mask's columns for this block, (B, Hk, G, Sq, n) broadcast; a bool
-    mask hides the scores where it is False, a float mask is added after the softcap.
+    ``mask_block``: the SDPA mask for these rows and keys, (B, Hk, G, rows, n) broadcast; a bool mask hides
+    the scores where it is False, a float mask is added after the softcap.
     """
-    raw = (q @ k_block.unsqueeze(2).transpose(-1, -2)) * opts.softmax_scale
+    raw = q @ k_block.unsqueeze(2).transpose(-1, -2)
     capped = None
     if opts.softcap > 0:
         capped = torch.tanh(raw / opts.softcap)
         raw = opts.softcap * capped
-    query_idx = torch.arange(seqlen_q, device=q.device).view(-1, 1)
+    query_end = query_start + q.shape[-2]
+    query_idx = torch.arange(query_start, query_end, device=q.device).view(-1, 1)
     if alibi_slopes is not None:
         batch, nheads_k, group = q.shape[:3]
         slopes = alibi_slopes.view(batch, nheads_k, group, 1, 1)
         raw = raw - slopes * masks.alibi_distance(query_idx, key_idx, seqlen_q, seqlen_k)
     if mask_block is not None:
         raw = raw.masked_fill(~mask_block, float("-inf")) if mask_block.dtype == torch.bool else raw + mask_block
+    if fully_visible:
+        return raw, capped
     seen = masks.visible(query_idx, key_idx, seqlen_q, seqlen_k, opts.window_left, opts.window_right)
-    return raw.masked_fill(~seen, float("-inf")), capped, seen
+    return raw.masked_fill(~seen, float("-inf")), capped
 
 
 def _to_input_layout(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -83,12 +90,12 @@ def _to_input_layout(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(like, memory_format=torch.contiguous_format).copy_(x.transpose(1, 2))
 
 
-def _block_keep(rng_state, opts, q_shape, key_idx, seqlen_q, seqlen_k, frame) -> torch.Tensor:
+def _block_keep(rng_state, opts, q_shape, rows: slice, key_idx, seqlen_q, seqlen_k, frame) -> torch.Tensor:
     batch, nheads_k, group = q_shape[:3]
-    query_idx = torch.arange(seqlen_q, device=key_idx.device)
+    query_idx = torch.arange(rows.start, rows.stop, device=key_idx.device)
     keep = keep_mask(rng_state, opts.dropout_p, batch, nheads_k * group, query_idx, key_idx.view(-1),
                      seqlen_q, seqlen_k, frame=frame)
-    return keep.view(batch, nheads_k, group, seqlen_q, -1)
+    return keep.view(batch, nheads_k, group, len(query_idx), -1)
 
 
 def _expand_slopes(alibi_slopes: torch.Tensor | None, batch: int, nheads: int) -> torch.Tensor | None:
@@ -97,11 +104,11 @@ def _expand_slopes(alibi_slopes: torch.Tensor | None, batch: int, nheads: int) -
     return alibi_slopes.float().expand(batch, nheads)
 
 
-def _mask_columns(mask: torch.Tensor | None, start: int, end: int) -> torch.Tensor | None:
-    """One key block of the grouped mask, float masks in float32."""
+def _mask_block(mask: torch.Tensor | None, rows: slice, start: int, end: int) -> torch.Tensor | None:
+    """The grouped mask's rows and key block, float masks in float32."""
     if mask is None:
         return None
-    block = mask[..., start:end]
+    block = mask[..., rows, start:end]
     return block if block.dtype == torch.bool else block.float()
 
 
@@ -123,30 +130,30 @@ def forward(
     _settle_exp_kernel()
     batch, seqlen_q, nheads, head_dim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
-    qf = _heads_first(q, nheads_k)
+    # scaled once here rather than in every score block (qf may be a view of q: not in place)
+    qf = _heads_first(q, nheads_k) * opts.softmax_scale
     slopes = _expand_slopes(alibi_slopes, batch, nheads)
     mask = _grouped_mask(attn_mask, qf.shape, seqlen_k)
     row_max = torch.full(qf.shape[:-1], float("-inf"), device=q.device)
     row_sum = torch.zeros_like(row_max)
     acc = torch.zeros_like(qf)
-    key_lo, key_hi = masks.visible_key_range(seqlen_q, seqlen_k, opts.window_left, opts.window_right)
-    for start in range(key_lo, key_hi, BLOCK_N):
-        end = min(start + BLOCK_N, key_hi)
+    for start, end, rows, fully_visible in _key_blocks(seqlen_q, seqlen_k, opts):
         key_idx = torch.arange(start, end, device=q.device).view(1, -1)
         k_block = k[:, start:end].transpose(1, 2).float()  # (B, Hk, n, D)
         v_block = v[:, start:end].transpose(1, 2).float()
-        mask_block = _mask_columns(mask, start, end)
-        scores, _, _ = _block_scores(qf, k_block, key_idx, opts, slopes, seqlen_q, seqlen_k, mask_block)
-        new_max = torch.maximum(row_max, scores.amax(dim=-1))
+        scores, _ = _block_scores(qf[..., rows, :], k_block, key_idx, opts, slopes, seqlen_q, seqlen_k,
+                                  _mask_block(mask, rows, start, end), rows.start, fully_visible)
+        seen_max = row_max[..., rows]
+        new_max = torch.maximum(seen_max, scores.amax(dim=-1))
         shift = new_max.masked_fill(new_max == float("-inf"), 0.0)  # rows with nothing seen yet
-        probs = torch.exp(scores - shift.unsqueeze(-1))
-        correction = torch.exp(row_max - shift)
-        row_sum = row_sum * correction + probs.sum(dim=-1)
+        probs = scores.sub_(shift.unsqueeze(-1)).exp_()  # scores is this block's own tensor
+        correction = torch.exp(seen_max - shift)
+        row_sum[..., rows] = row_sum[..., rows] * correction + probs.sum(dim=-1)
         if opts.dropout_p > 0:
-            keep = _block_keep(rng_state, opts, qf.shape, key_idx, seqlen_q, seqlen_k, dropout_frame)
+            keep = _block_keep(rng_state, opts, qf.shape, rows, key_idx, seqlen_q, seqlen_k, dropout_frame)
             probs = probs.masked_fill(~keep, 0.0)
-        acc = acc * correction.unsqueeze(-1) + probs @ v_block.unsqueeze(2)
-        row_max = new_max
+        acc[..., rows, :] = acc[..., rows, :] * correction.unsqueeze(-1) + probs @ v_block.unsqueeze(2)
+        row_max[..., rows] = new_max
     empty = row_sum == 0
     out = acc / row_sum.masked_fill(empty, 1.0).unsqueeze(-1)
     if opts.dropout_p > 0:
@@ -178,7 +185,7 @@ def backward(
     _settle_exp_kernel()
     batch, seqlen_q, nheads, head_dim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
-    qf = _heads_first(q, nheads_k)
+    qf = _heads_first(q, nheads_k) * opts.softmax_scale  # as in forward; dq takes the scale at the end
     dof = _heads_first(dout, nheads_k)
     lse_f = lse.view(qf.shape[:-1])
     delta = (dof * _heads_first(out, nheads_k)).sum(dim=-1)  # rowsum(dO * O)
@@ -189,44 +196,59 @@ def backward(
     dk = torch.zeros(batch, seqlen_k, nheads_k, head_dim, dtype=torch.float32, device=q.device)
     dv = torch.zeros_like(dk)
     keep_scale = 1.0 / (1.0 - opts.dropout_p)
-    key_lo, key_hi = masks.visible_key_range(seqlen_q, seqlen_k, opts.window_left, opts.window_right)
-    for start in range(key_lo, key_hi, BLOCK_N):
-        end = min(start + BLOCK_N, key_hi)
+    for start, end, rows, fully_visible in _key_blocks(seqlen_q, seqlen_k, opts):
         key_idx = torch.arange(start, end, device=q.device).view(1, -1)
         k_block = k[:, start:end].transpose(1, 2).float()
         v_block = v[:, start:end].transpose(1, 2).float()
-        mask_block = _mask_columns(mask, start, end)
-        scores, capped, _ = _block_scores(qf, k_block, key_idx, opts, slopes, seqlen_q, seqlen_k, mask_block)
-        probs = torch.exp(scores - lse_f.unsqueeze(-1))  # masked scores and empty rows give 0
-        dprobs = dof @ v_block.unsqueeze(2).transpose(-1, -2)
+        q_rows, do_rows = qf[..., rows, :], dof[..., rows, :]
+        scores, capped = _block_scores(q_rows, k_block, key_idx, opts, slopes, seqlen_q, seqlen_k,
+                                       _mask_block(mask, rows, start, end), rows.start, fully_visible)
+        probs = scores.sub_(lse_f[..., rows].unsqueeze(-1)).exp_()  # masked scores and empty rows give 0
+        dprobs = do_rows @ v_block.unsqueeze(2).transpose(-1, -2)
         if opts.dropout_p > 0:
-            keep = _block_keep(rng_state, opts, qf.shape, key_idx, seqlen_q, seqlen_k, dropout_frame)
+            keep = _block_keep(rng_state, opts, qf.shape, rows, key_idx, seqlen_q, seqlen_k, dropout_frame)
             kept_probs = probs.masked_fill(~keep, 0.0) * keep_scale
             dprobs = dprobs.masked_fill(~keep, 0.0) * keep_scale
         else:
             kept_probs = probs
-        dscores = probs * (dprobs - delta.unsqueeze(-1))
+        dscores = dprobs.sub_(delta[..., rows].unsqueeze(-1)).mul_(probs)
         if dmask is not None:
             # the mask is added after the softcap: its gradient is dS before the softcap's derivative
-            _accumulate_mask_grad(dmask, dscores.flatten(1, 2), start, end)
+            _accumulate_mask_grad(dmask, dscores.flatten(1, 2), rows, start, end)
         if capped is not None:
-            dscores = dscores * (1.0 - capped * capped)
-        dscores = dscores * opts.softmax_scale
-        dq += dscores @ k_block.unsqueeze(2)
+            dscores.mul_(1.0 - capped * capped)
+        dq[..., rows, :] += dscores @ k_block.unsqueeze(2)
         # sum over the query heads that share each kv head
-        dk[:, start:end] = (dscores.transpose(-1, -2) @ qf).sum(dim=2).transpose(1, 2)
-        dv[:, start:end] = (kept_probs.transpose(-1, -2) @ dof).sum(dim=2).transpose(1, 2)
-    dq = _to_input_layout(dq.reshape(batch, nheads, seqlen_q, head_dim), q)
+        dk[:, start:end] = (dscores.transpose(-1, -2) @ q_rows).sum(dim=2).transpose(1, 2)
+        dv[:, start:end] = (kept_probs.transpose(-1, -2) @ do_rows).sum(dim=2).transpose(1, 2)
+    dq = _to_input_layout(dq.mul_(opts.softmax_scale).reshape(batch, nheads, seqlen_q, head_dim), q)
     dmask = dmask.to(attn_mask.dtype) if dmask is not None else q.new_empty(0)
     return dq, dk.to(k.dtype), dv.to(v.dtype), dmask
 
 
-def _accumulate_mask_grad(dmask: torch.Tensor, dscores: torch.Tensor, start: int, end: int) -> None:
-    """Add one key block's dS (B, Hq, Sq, n) into ``dmask``, summed over the dims the mask broadcasts."""
+def _accumulate_mask_grad(dmask: torch.Tensor, dscores: torch.Tensor, rows: slice, start: int, end: int) -> None:
+    """Add one block's dS (B, Hq, rows, n) into ``dmask``, summed over the dims the mask broadcasts."""
+    target = dmask if dmask.shape[2] == 1 else dmask[:, :, rows]  # a view: += writes into dmask
     if dmask.shape[3] == 1:
-        dmask += masks.sum_to_shape(dscores, dmask.shape)
+        target += masks.sum_to_shape(dscores, target.shape)
     else:
-        dmask[..., start:end] += masks.sum_to_shape(dscores, (*dmask.shape[:3], end - start))
+        target[..., start:end] += masks.sum_to_shape(dscores, (*target.shape[:3], end - start))
+
+
+def _key_blocks(seqlen_q: int, seqlen_k: int, opts: AttentionOptions):
+    """(start, end, rows, fully_visible) for each key block that some query sees: ``rows``, the slice of
+    queries that see at least one of its keys, and whether they all see all of them (no mask to apply).
+    The other queries' scores there are all hidden, so they are not computed (about half the work under a
+    causal mask)."""
+    key_lo, key_hi = masks.visible_key_range(seqlen_q, seqlen_k, opts.window_left, opts.window_right)
+    for start in range(key_lo, key_hi, BLOCK_N):
+        end = min(start + BLOCK_N, key_hi)
+        query_lo, query_hi = masks.visible_query_range(start, end, seqlen_q, seqlen_k, opts.window_left,
+                                                       opts.window_right)
+        if query_lo < query_hi:
+            fully_visible = masks.block_fully_visible(query_lo, query_hi, start, end, seqlen_q, seqlen_k,
+                                                      opts.window_left, opts.window_right)
+            yield start, end, slice(query_lo, query_hi), fully_visible
 
 
 # ---------------------------------------------------------------------------------------------

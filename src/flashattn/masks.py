@@ -46,6 +46,26 @@ def visible_key_range(seqlen_q: int, seqlen_k: int, window_left: int, window_rig
     return lo, max(lo, hi)
 
 
+def visible_query_range(key_start: int, key_end: int, seqlen_q: int, seqlen_k: int, window_left: int,
+                        window_right: int) -> tuple[int, int]:
+    """The queries [lo, hi) that see at least one key of [key_start, key_end); the others see none of them."""
+    offset = seqlen_k - seqlen_q
+    lo = max(0, key_start - offset - window_right) if window_right >= 0 else 0
+    hi = min(seqlen_q, key_end - offset + window_left) if window_left >= 0 else seqlen_q
+    return lo, max(lo, hi)
+
+
+def block_fully_visible(query_start: int, query_end: int, key_start: int, key_end: int, seqlen_q: int,
+                        seqlen_k: int, window_left: int, window_right: int) -> bool:
+    """Whether every query of [query_start, query_end) sees every key of [key_start, key_end)."""
+    offset = seqlen_k - seqlen_q
+    if key_end > seqlen_k:
+        return False
+    if window_left >= 0 and key_start < query_end - 1 + offset - window_left:
+        return False
+    return not (window_right >= 0 and key_end - 1 > query_start + offset + window_right)
+
+
 def sum_to_shape(grad: torch.Tensor, shape) -> torch.Tensor:
     """Sum ``grad`` over the dims where ``shape`` has size 1 (a broadcast mask's gradient), keeping the rank."""
     dims = [d for d, (size, full) in enumerate(zip(shape, grad.shape, strict=True)) if size == 1 and full != 1]
