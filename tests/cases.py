@@ -19,6 +19,12 @@ OPTIONS = {
 }
 
 
+def has_tma(device) -> bool:
+    """Whether TMA tensor descriptors run on ``device``: the interpreter's ("cpu") emulates them, a GPU needs
+    sm90 or newer."""
+    return str(device) == "cpu" or torch.cuda.get_device_capability()[0] >= 9
+
+
 def make_case(shape, option_name: str, device) -> Case:
     batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim = shape
     options = dict(OPTIONS[option_name])

@@ -11,7 +11,7 @@ from contextlib import ExitStack
 
 import pytest
 import torch
-from cases import DTYPES, GPU_SHAPES, INTERPRETER_SHAPES, make_case, make_varlen_case
+from cases import DTYPES, GPU_SHAPES, INTERPRETER_SHAPES, has_tma, make_case, make_varlen_case
 from test_sdpa import check_sdpa, sdpa_inputs
 
 from flashattn import configs, flash_attn_func, ops
@@ -38,7 +38,7 @@ def force(stack: ExitStack, form: str, device: str, dtype: torch.dtype, head_dim
     tile = INTERPRETER_TILE
     if device != "cpu":
         tile = configs.lookup("hopper", "dkdv", head_dim, True, dtype, attn_mask)
-        if torch.cuda.get_device_capability()[0] < 9:  # the Hopper tiles' TMA needs sm90
+        if not has_tma(device):  # the Hopper tiles' TMA
             if FORMS[form].get("tma"):
                 pytest.skip("TMA needs sm90 or newer")
             tile = dataclasses.replace(tile, tma=False)

@@ -6,7 +6,7 @@ the same tests run on CUDA, and the ``gpu``-marked ones add the large shapes.
 
 import pytest
 import torch
-from cases import DTYPES, GPU_SHAPES, INTERPRETER_SHAPES, OPTIONS, make_case
+from cases import DTYPES, GPU_SHAPES, INTERPRETER_SHAPES, OPTIONS, has_tma, make_case
 
 from flashattn import flash_attn_func
 from flashattn.configs import TileConfig, use_config
@@ -40,7 +40,7 @@ def test_kernels_match_reference_large(triton_backend, shape, option_name, dtype
 @pytest.mark.parametrize("option_name", ["plain", "causal", "window", "dropout", "causal-alibi-softcap"])
 @pytest.mark.parametrize("shape", INTERPRETER_SHAPES[1:3], ids=str)
 def test_tma_forward_matches_reference(triton_backend, shape, option_name, dtype):
-    if triton_backend == "cuda" and torch.cuda.get_device_capability()[0] < 9:
+    if not has_tma(triton_backend):
         pytest.skip("TMA needs sm90 or newer")
     tiles = (16, 16, 1, 1) if triton_backend == "cpu" else (64, 64, 4, 2)
     case = make_case(shape, option_name, triton_backend)
@@ -48,13 +48,14 @@ def test_tma_forward_matches_reference(triton_backend, shape, option_name, dtype
         check_against_reference(case, dtype, triton_backend, flash_attn_func)
 
 
-# The dQ kernel's K and V through TMA descriptors (a sweep candidate, `+tma`). 16-bit only: fp32 keeps
-# pointer loads in the backward (ops._triton_backward). The dK/dV kernel's TMA forms are in test_dkdv_loops.
+# The dQ kernel's K and V through TMA descriptors (the table's hdim-256 entries; `+tma` in sweeps). 16-bit
+# only: fp32 keeps pointer loads in the backward (ops._triton_backward). The dK/dV kernel's TMA forms are in
+# test_dkdv_loops.
 @pytest.mark.interpreter
 @pytest.mark.parametrize("option_name", ["plain", "causal", "window", "dropout", "causal-alibi-softcap"])
 @pytest.mark.parametrize("shape", INTERPRETER_SHAPES[1:3], ids=str)
 def test_tma_dq_matches_reference(triton_backend, shape, option_name):
-    if triton_backend == "cuda" and torch.cuda.get_device_capability()[0] < 9:
+    if not has_tma(triton_backend):
         pytest.skip("TMA needs sm90 or newer")
     tiles = (16, 16, 1, 1) if triton_backend == "cpu" else (128, 64, 8, 3)
     case = make_case(shape, option_name, triton_backend)
