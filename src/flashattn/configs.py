@@ -43,6 +43,14 @@ class TileConfig:
     # ptxas keeps asynchronous (docs/perf-notes.md, versions 8 and 9); other masks take the one-loop form with
     # mask_every_block, the three-loop form without
     peel_diagonal: bool = False
+    # forward only, sm90: the warp-specialized Gluon kernel (kernels/forward_hopper.py): 128 query rows a
+    # program in two consumer warpgroups and a TMA loader warp, K/V in a ring of num_stages buffers. block_m
+    # and num_warps are fixed by its structure (128, 8 consumer warps); calls it does not cover (dropout,
+    # ALiBi, softcap, windows, SDPA masks, paged K/V, fp32, padded head dims) take the Triton kernel with
+    # this tile
+    warp_specialized: bool = False
+    # with warp_specialized: the two consumer warpgroups take turns issuing their products (FA3's ping-pong)
+    pingpong: bool = False
 
 
 # Under TRITON_INTERPRET=1 every program runs in numpy: small tiles keep the tests fast there.

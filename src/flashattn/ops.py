@@ -234,11 +234,15 @@ def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, at
         # loads, where a tile sized for TMA spills (hdim 128: 128 x 128 needs about 650 bytes of stack per
         # thread, ptxas for sm90; 128 x 64, the causal entry, 24)
         config = dataclasses.replace(config, block_n=min(config.block_n, 64), tma=False)
+    if layout.grid_q == 0:
+        return out, lse  # only empty sequences: nothing to compute, nothing to store
+    if config.warp_specialized and _warp_specialized_fits(q, k, v, opts, alibi_slopes, attn_mask, block_table):
+        _warp_specialized_forward(q, k, v, out, lse, layout, config, opts)
+        return out, lse
+    config = dataclasses.replace(config, warp_specialized=False, pingpong=False)
     use_tma = _tma_loads(config.tma, q, k, v, out)
     slopes, stride_alibi_b, has_alibi = _alibi_args(alibi_slopes, q)
     grid = (_cdiv(layout.grid_q, config.block_m), layout.batch * nheads)
-    if grid[0] == 0:
-        return out, lse  # only empty sequences: nothing to compute, nothing to store
     attention_forward_kernel[grid](
         q, k, v, out, lse, slopes, *layout.cu_seqlens,
         *_strides(q), *_strides(k), *_strides(v), *_strides(out),
@@ -254,6 +258,70 @@ def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, at
         **_paging_arguments(block_table, k, config.block_n),
     )
     return out, lse
+
+
+# the Gluon kernel's consumer warpgroups and loader warp: registers per thread (setmaxnreg), as FA3 splits them
+WS_CONSUMER_REGISTERS = 240
+WS_LOADER_REGISTERS = 24
+
+
+def _warp_specialized_fits(q, k, v, opts: AttentionOptions, alibi_slopes, attn_mask, block_table) -> bool:
+    """Whether the warp-specialized Gluon forward (``kernels/forward_hopper.py``) computes this call: a causal
+    or unmasked softmax of 16-bit inputs at head dim 64, 128 or 256 on a GPU, with each tensor readable as
+    (tokens, heads * head_dim) rows by TMA. Everything else takes the Triton kernel."""
+    head_dim = q.shape[-1]
+    return (q.is_cuda and not interpreting() and q.dtype in (torch.bfloat16, torch.float16)
+            and head_dim in (64, 128, 256) and opts.dropout_p == 0 and opts.softcap == 0
+            and opts.softmax_scale > 0  # the running max is taken over unscaled scores
+            and opts.window_left < 0 and opts.window_right in (-1, 0)
+            and alibi_slopes is None and attn_mask is None and block_table is None
+            and k.numel() > 0  # a descriptor needs at least one row
+            and all(_token_rows(x) is not None for x in (q, k, v)) and _tma_compatible(q, k, v))
+
+
+def _token_rows(x: torch.Tensor) -> int | None:
+    """The stride between consecutive tokens when ``x`` (dense (B, S, H, D) or packed (total, H, D)) reads as
+    one (tokens, H * D) matrix, heads side by side in each row; None when it does not."""
+    head_dim = x.shape[-1]
+    token_stride = x.stride(-3)
+    if x.stride(-2) != head_dim and x.shape[-2] > 1:
+        return None
+    if x.dim() == 4 and x.stride(0) != x.shape[1] * token_stride and x.shape[0] > 1:
+        return None
+    return token_stride
+
+
+def _token_descriptor(x: torch.Tensor, block_rows: int):
+    """A host-side TMA descriptor of ``x`` as (tokens, heads * head_dim), one head's columns per block."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    head_dim = x.shape[-1]
+    tokens = x.shape[0] * x.shape[1] if x.dim() == 4 else x.shape[0]
+    element = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
+    layout = gl.NVMMASharedLayout.get_default_for([block_rows, head_dim], element)
+    return TensorDescriptor(x, [tokens, x.shape[-2] * head_dim], [_token_rows(x), 1], [block_rows, head_dim],
+                            layout)
+
+
+def _warp_specialized_forward(q, k, v, out, lse, layout: _Layout, config: configs.TileConfig,
+                              opts: AttentionOptions) -> None:
+    from .kernels.forward_hopper import attention_forward_hopper_kernel
+
+    nheads, head_dim = q.shape[-2:]
+    rows_per_program = 128  # two consumer warpgroups of 64 rows
+    grid = (_cdiv(layout.grid_q, rows_per_program), layout.batch * nheads)
+    stride_lb, stride_lh = (lse.stride(0), lse.stride(1)) if lse.dim() == 3 else (0, lse.stride(0))
+    _, stride_om, stride_oh = _strides(out)
+    attention_forward_hopper_kernel[grid](
+        _token_descriptor(q, rows_per_program // 2), _token_descriptor(k, config.block_n),
+        _token_descriptor(v, config.block_n), out, lse, *layout.cu_seqlens,
+        stride_om, stride_oh, stride_lb, stride_lh,
+        *layout.lengths, nheads, nheads // k.shape[-2], opts.softmax_scale * LOG2E,
+        HEAD_DIM=head_dim, BLOCK_N=config.block_n, NUM_STAGES=config.num_stages, CAUSAL=opts.window_right == 0,
+        IS_VARLEN=layout.is_varlen, OVERLAP=True, PINGPONG=config.pingpong,
+        CONSUMER_REGISTERS=WS_CONSUMER_REGISTERS, LOADER_REGISTERS=WS_LOADER_REGISTERS, num_warps=4,
+    )
 
 
 def _dkdv_passes(config: configs.TileConfig) -> tuple[dict, ...]:

@@ -1,0 +1,280 @@
+"""Hopper forward in Gluon: warp-specialized, FlashAttention-3's structure.
+
+One program computes 128 query rows of one (sequence, head), in three partitions:
+
+- two consumer warpgroups, 64 rows each. A warpgroup's wgmma keeps its accumulator in that warpgroup's
+  registers, so each consumer issues its own products: S = Q K^T from shared memory, O += P V with P from
+  registers. With ``OVERLAP``, block j's Q K^T runs while block j-1's P V is in flight, and block j's
+  softmax runs while that P V finishes (FA3's intra-warpgroup overlap). With ``PINGPONG`` the two
+  warpgroups take turns issuing their products, so that one's GEMMs run while the other computes its
+  exponentials (FA3's inter-warpgroup schedule);
+- a loader warp: Q once, then K and V through TMA into a ring of ``NUM_STAGES`` shared-memory stages,
+  each released when both consumers have read it.
+
+Triton's own warp specialization (``tl.range(..., warp_specialize=True)``) did not split our loop this
+way (docs/perf-notes.md, version 2); Gluon states the partitions, barriers and waits explicitly.
+
+Q, K and V are read through 2-D descriptors over (tokens, heads * head_dim), so a tile may run into the
+next sequence's rows: scores of keys past the sequence are masked, query rows past it are never stored.
+Limits, checked by the launcher: head dims 64, 128 and 256 with no padding; causal or no mask; no dropout,
+softcap, ALiBi or SDPA mask; 16-bit inputs.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+LOG2E = gl.constexpr(1.4426950408889634)
+ROWS_PER_WARPGROUP = gl.constexpr(64)  # wgmma's M per warpgroup
+
+
+@gluon.jit
+def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_free,
+                    q_row, k_row, q_col, k_col, n_blocks,
+                    BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
+    mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [q_row, q_col], q_ready, q_smem.index(0))
+    tma.async_copy_global_to_shared(q_desc, [q_row + ROWS_PER_WARPGROUP, q_col], q_ready, q_smem.index(1))
+    for j in range(n_blocks):
+        stage = j % NUM_STAGES
+        phase = (j // NUM_STAGES) & 1
+        # a fresh barrier passes a wait on the phase before its first: the first round does not wait
+        mbarrier.wait(kv_free.index(stage), phase ^ 1)
+        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [k_row + j * BLOCK_N, k_col], k_ready.index(stage),
+                                        k_bufs.index(stage))
+        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [k_row + j * BLOCK_N, k_col], v_ready.index(stage),
+                                        v_bufs.index(stage))
+
+
+@gluon.jit
+def _softmax_step(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N: gl.constexpr,
+                  CAUSAL: gl.constexpr, MASKED: gl.constexpr, s_layout: gl.constexpr):
+    """Online softmax of one score block in base 2: (new max, new sum, P, the old accumulator's factor)."""
+    if MASKED:
+        cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        visible = cols[None, :] < seqlen_k
+        if CAUSAL:
+            # bottom-right aligned: query i sees keys up to i + seqlen_k - seqlen_q
+            visible = visible & (cols[None, :] <= rows[:, None] + (seqlen_k - seqlen_q))
+        s = gl.where(visible, s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale_log2)
+        # a row that has seen no key keeps max -inf: subtract 0 instead, so that exp2 gives 0, not NaN
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale_log2)
+        m_use = m_new
+    p = gl.exp2(s * qk_scale_log2 - m_use[:, None])
+    alpha = gl.exp2(m_i - m_use)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return m_new, l_i, p, alpha
+
+
+@gluon.jit
+def _take_turn(turn, t, WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong: warpgroup 0 issues its t-th products after warpgroup 1 issued its (t-1)-th, warpgroup 1
+    after warpgroup 0 issued its t-th. Both consumers issue the same number of times (same key blocks)."""
+    if PINGPONG:
+        if WARP_GROUP == 0:
+            mbarrier.wait(turn.index(0), (t & 1) ^ 1)
+        else:
+            mbarrier.wait(turn.index(1), t & 1)
+
+
+@gluon.jit
+def _pass_turn(turn, WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr):
+    if PINGPONG:
+        mbarrier.arrive(turn.index(1 - WARP_GROUP), count=1)
+
+
+@gluon.jit
+def _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, kv_free, turn, t, m_i, l_i, acc, rows, lo, hi,
+                seqlen_q, seqlen_k, qk_scale_log2,
+                BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                MASKED: gl.constexpr, WARP_GROUP: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr):
+    """Key blocks [lo, hi) of one consumer's 64 rows; ``t`` counts its product issues (ping-pong turns)."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_zero = gl.zeros([ROWS_PER_WARPGROUP, BLOCK_N], gl.float32, s_layout)
+    if OVERLAP:
+        if hi > lo:
+            # -- prologue: block lo's scores and softmax --
+            stage = lo % NUM_STAGES
+            phase = (lo // NUM_STAGES) & 1
+            mbarrier.wait(k_ready.index(stage), phase)
+            _take_turn(turn, t, WARP_GROUP, PINGPONG)
+            s = warpgroup_mma(q, k_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            _pass_turn(turn, WARP_GROUP, PINGPONG)
+            t += 1
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+            m_i, l_i, p, alpha = _softmax_step(s, m_i, l_i, lo, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N,
+                                               CAUSAL, MASKED, s_layout)
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            p_op = gl.convert_layout(p.to(q.dtype), p_layout)
+            for j in range(lo + 1, hi):
+                prev_stage = stage
+                prev_phase = phase
+                stage = j % NUM_STAGES
+                phase = (j // NUM_STAGES) & 1
+                mbarrier.wait(k_ready.index(stage), phase)
+                mbarrier.wait(v_ready.index(prev_stage), prev_phase)
+                # -- block j's Q K^T and block j-1's P V in flight together --
+                _take_turn(turn, t, WARP_GROUP, PINGPONG)
+                s = warpgroup_mma(q, k_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                acc = warpgroup_mma(p_op, v_bufs.index(prev_stage), acc, is_async=True)
+                _pass_turn(turn, WARP_GROUP, PINGPONG)
+                t += 1
+                s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
+                m_i, l_i, p, alpha = _softmax_step(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2,
+                                                   BLOCK_N, CAUSAL, MASKED, s_layout)
+                # P V reads p_op from registers until it completes: keep it alive to here
+                acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
+                mbarrier.arrive(kv_free.index(prev_stage), count=1)
+                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+                p_op = gl.convert_layout(p.to(q.dtype), p_layout)
+            # -- epilogue: the last block's P V --
+            mbarrier.wait(v_ready.index(stage), phase)
+            _take_turn(turn, t, WARP_GROUP, PINGPONG)
+            acc = warpgroup_mma(p_op, v_bufs.index(stage), acc, is_async=True)
+            _pass_turn(turn, WARP_GROUP, PINGPONG)
+            t += 1
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            mbarrier.arrive(kv_free.index(stage), count=1)
+    else:
+        for j in range(lo, hi):
+            stage = j % NUM_STAGES
+            phase = (j // NUM_STAGES) & 1
+            mbarrier.wait(k_ready.index(stage), phase)
+            _take_turn(turn, t, WARP_GROUP, PINGPONG)
+            s = warpgroup_mma(q, k_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            _pass_turn(turn, WARP_GROUP, PINGPONG)
+            t += 1
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+            m_i, l_i, p, alpha = _softmax_step(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N,
+                                               CAUSAL, MASKED, s_layout)
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            p_op = gl.convert_layout(p.to(q.dtype), p_layout)
+            mbarrier.wait(v_ready.index(stage), phase)
+            _take_turn(turn, t, WARP_GROUP, PINGPONG)
+            acc = warpgroup_mma(p_op, v_bufs.index(stage), acc, is_async=True)
+            _pass_turn(turn, WARP_GROUP, PINGPONG)
+            t += 1
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            mbarrier.arrive(kv_free.index(stage), count=1)
+    return m_i, l_i, acc, t
+
+
+@gluon.jit
+def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_free, turn, Out, Lse,
+                        out_row, lse_row, out_col, seqlen_q, seqlen_k, tile_row, n_full, n_blocks, stride_om,
+                        qk_scale_log2,
+                        WARP_GROUP: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                        NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+                        PINGPONG: gl.constexpr):
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    first_row = tile_row + WARP_GROUP * ROWS_PER_WARPGROUP  # within the sequence
+    rows = first_row + gl.arange(0, ROWS_PER_WARPGROUP, layout=gl.SliceLayout(1, s_layout))
+    m_i = gl.full([ROWS_PER_WARPGROUP], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([ROWS_PER_WARPGROUP], gl.float32, gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([ROWS_PER_WARPGROUP, HEAD_DIM], gl.float32, o_layout)
+    mbarrier.wait(q_ready, 0)
+    q = q_smem.index(WARP_GROUP)
+    t = 0
+    # -- blocks every row of the tile sees whole, then the masked ones (diagonal, sequence end) --
+    m_i, l_i, acc, t = _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, kv_free, turn, t, m_i, l_i, acc, rows, 0,
+                                   n_full, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES,
+                                   CAUSAL, False, WARP_GROUP, OVERLAP, PINGPONG)
+    m_i, l_i, acc, t = _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, kv_free, turn, t, m_i, l_i, acc, rows,
+                                   n_full, n_blocks, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM,
+                                   NUM_STAGES, CAUSAL, True, WARP_GROUP, OVERLAP, PINGPONG)
+
+    # -- epilogue: normalize; a row that saw no key gives 0 and lse = +inf, as the Triton kernel --
+    empty = l_i == 0.0
+    l_safe = gl.where(empty, 1.0, l_i)
+    acc = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout))[:, None]
+    lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) / LOG2E)
+    gl.store(Lse + lse_row + rows, lse, mask=rows < seqlen_q)
+    o_rows = first_row + gl.arange(0, ROWS_PER_WARPGROUP, layout=gl.SliceLayout(1, o_layout))
+    o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+    o_offsets = (out_row + o_rows).to(gl.int64)[:, None] * stride_om + out_col + o_cols[None, :]
+    gl.store(Out + o_offsets, acc.to(Out.dtype.element_ty), mask=(o_rows < seqlen_q)[:, None])
+
+
+@gluon.jit
+def attention_forward_hopper_kernel(
+    q_desc, k_desc, v_desc, Out, Lse, CuSeqlensQ, CuSeqlensK,
+    stride_om, stride_oh, stride_lb, stride_lh,
+    seqlen_q, seqlen_k, nheads, group_size, qk_scale_log2,
+    HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+    IS_VARLEN: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
+    CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
+):
+    """grid = (cdiv(longest query sequence, 128), batch * nheads). Dense: q_desc spans (batch * seqlen_q,
+    nheads * HEAD_DIM), k/v_desc (batch * seqlen_k, nheads_k * HEAD_DIM); varlen: the packed tokens,
+    sequence b's rows from CuSeqlens[b]. Lse: (batch, nheads, seqlen_q) dense, (nheads, total_q) varlen."""
+    tile = gl.program_id(0)
+    if CAUSAL:
+        tile = gl.num_programs(0) - 1 - tile  # the longest rows first: no tail wave of full-length tiles
+    batch_head = gl.program_id(1)
+    batch = batch_head // nheads
+    head = batch_head % nheads
+    head_k = head // group_size
+    if IS_VARLEN:
+        q_start = gl.load(CuSeqlensQ + batch)
+        k_start = gl.load(CuSeqlensK + batch)
+        seqlen_q = gl.load(CuSeqlensQ + batch + 1) - q_start
+        seqlen_k = gl.load(CuSeqlensK + batch + 1) - k_start
+        out_row = q_start
+        lse_row = head.to(gl.int64) * stride_lh + q_start
+    else:
+        q_start = batch * seqlen_q
+        k_start = batch * seqlen_k
+        out_row = q_start
+        lse_row = batch.to(gl.int64) * stride_lb + head.to(gl.int64) * stride_lh
+    tile_row = tile * (2 * ROWS_PER_WARPGROUP)
+    key_end = seqlen_k
+    full_end = seqlen_k
+    if CAUSAL:
+        key_end = gl.minimum(seqlen_k, tile_row + 2 * ROWS_PER_WARPGROUP + seqlen_k - seqlen_q)
+        full_end = gl.minimum(seqlen_k, tile_row + 1 + seqlen_k - seqlen_q)
+    # a tile past its sequence's end (varlen: shorter sequences) loads Q and computes nothing
+    n_blocks = gl.where(tile_row < seqlen_q, gl.cdiv(gl.maximum(key_end, 0), BLOCK_N), 0)
+    n_full = gl.minimum(gl.maximum(full_end, 0) // BLOCK_N, n_blocks)
+
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, ROWS_PER_WARPGROUP, HEAD_DIM], q_desc.layout)
+    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    kv_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=1)
+    mbarrier.init(turn.index(0), count=1)
+    mbarrier.init(turn.index(1), count=1)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(kv_free.index(i), count=2)  # both consumers release a stage
+
+    out_col = head * stride_oh
+    gl.warp_specialize([
+        (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_free, turn, Out, Lse,
+                               out_row, lse_row, out_col, seqlen_q, seqlen_k, tile_row, n_full, n_blocks,
+                               stride_om, qk_scale_log2, 0, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, OVERLAP,
+                               PINGPONG)),
+        (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_free, turn, Out, Lse,
+                               out_row, lse_row, out_col, seqlen_q, seqlen_k, tile_row, n_full, n_blocks,
+                               stride_om, qk_scale_log2, 1, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, OVERLAP,
+                               PINGPONG)),
+        (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_free,
+                           q_start + tile_row, k_start, head * HEAD_DIM, head_k * HEAD_DIM, n_blocks, BLOCK_N,
+                           NUM_STAGES)),
+    ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])

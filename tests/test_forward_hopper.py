@@ -1,0 +1,132 @@
+"""The warp-specialized Gluon forward (kernels/forward_hopper.py): which calls take it, and its results
+against the float64 reference under the flash-attn rule, with gradients through its saved LSE.
+
+The GPU tests force its config with ``configs.use_config`` and count the launches, so they test it even
+where the table picks the Triton kernel. The kernel has no interpreter form (Gluon does not run under
+TRITON_INTERPRET); tests/test_sm90_compile.py compiles it for sm90 on the CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from cases import make_case, make_varlen_case
+
+from flashattn import configs, flash_attn_func, flash_attn_qkvpacked_func, ops
+from flashattn.options import AttentionOptions
+from flashattn.testing import check_against_reference, check_varlen_against_reference
+
+WS_TILES = {
+    "n128-s2": configs.TileConfig(128, 128, 8, 2, warp_specialized=True),
+    "n128-s2-pingpong": configs.TileConfig(128, 128, 8, 2, warp_specialized=True, pingpong=True),
+    "n64-s2": configs.TileConfig(128, 64, 8, 2, warp_specialized=True),
+}
+
+
+def _on_hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+hopper = pytest.mark.skipif(not _on_hopper(), reason="the Gluon kernel is built for sm90")
+
+
+@contextlib.contextmanager
+def forced_ws(tile: configs.TileConfig, monkeypatch, expect_launch: bool = True):
+    """Run under ``tile`` and check that the Gluon kernel ran (or, ``expect_launch`` false, did not)."""
+    launches = []
+    launch = ops._warp_specialized_forward
+
+    def counting(*args, **kwargs):
+        launches.append(1)
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(ops, "_warp_specialized_forward", counting)
+    with configs.use_config("forward", tile):
+        yield
+    assert bool(launches) == expect_launch, f"Gluon forward launches: {len(launches)}"
+
+
+def test_token_rows_reads_heads_side_by_side():
+    x = torch.randn(2, 5, 3, 8)
+    assert ops._token_rows(x) == 24
+    packed = torch.randn(2, 5, 3, 3, 8)[:, :, 1]  # q of a qkv-packed tensor
+    assert ops._token_rows(packed) == 72
+    assert ops._token_rows(x.transpose(1, 2)) is None  # (B, H, S, D) viewed as (B, S, H, D)
+    assert ops._token_rows(torch.randn(7, 3, 8)) == 24
+    assert ops._token_rows(torch.randn(3, 5, 3, 8)[::2]) is None  # a batch stride that skips rows
+
+
+def test_warp_specialized_fits_only_gpu_plain_softmax():
+    q = torch.randn(1, 4, 2, 64, dtype=torch.bfloat16)
+    opts = AttentionOptions(0.125)
+    assert not ops._warp_specialized_fits(q, q, q, opts, None, None, None)  # a CPU tensor
+
+
+GPU_SHAPES = [
+    # (batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim)
+    (2, 1024, 1024, 4, 4, 128),
+    (1, 113, 203, 4, 2, 128),
+    (2, 1023, 1023, 4, 1, 64),
+    (1, 1, 700, 4, 4, 256),
+    (1, 700, 300, 2, 2, 128),
+    (3, 257, 257, 2, 2, 256),
+    (1, 4096, 4096, 2, 2, 64),
+]
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("tile", list(WS_TILES), ids=list(WS_TILES))
+@pytest.mark.parametrize("option", ["plain", "causal"])
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_ws_forward_matches_reference(shape, option, tile, monkeypatch):
+    if WS_TILES[tile].block_n == 128 and shape[-1] == 256:
+        pytest.skip("hdim 256 with 128-key blocks does not fit in registers")
+    with forced_ws(WS_TILES[tile], monkeypatch):
+        check_against_reference(make_case(shape, option, "cuda"), torch.bfloat16, "cuda", flash_attn_func,
+                                backward=shape[1] <= 1024)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("option", ["plain", "causal"])
+def test_ws_forward_fp16_and_scale(option, monkeypatch):
+    case = make_case((2, 333, 517, 4, 2, 128), option, "cuda")
+    case.options["softmax_scale"] = 0.05
+    with forced_ws(WS_TILES["n128-s2"], monkeypatch):
+        check_against_reference(case, torch.float16, "cuda", flash_attn_func)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("causal", [False, True])
+def test_ws_forward_qkvpacked_view(causal, monkeypatch):
+    qkv = torch.randn(2, 600, 3, 4, 128, device="cuda", dtype=torch.bfloat16)
+    with forced_ws(WS_TILES["n128-s2"], monkeypatch):
+        out = flash_attn_qkvpacked_func(qkv, causal=causal)
+    with configs.use_config("forward", configs.TileConfig(128, 64, 8, 3)):
+        expected = flash_attn_qkvpacked_func(qkv, causal=causal)
+    # the same softmax in another order of sums: equal to bf16 rounding
+    torch.testing.assert_close(out, expected, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("option", ["plain", "causal"])
+@pytest.mark.parametrize("seqlens", [([1, 300, 129, 0, 64], [5, 300, 700, 3, 64]), ([1000, 17], [1000, 17])],
+                         ids=["mixed", "equal"])
+def test_ws_varlen_matches_reference(seqlens, option, monkeypatch):
+    case = make_varlen_case((*seqlens, 4, 2, 128), option, "cuda")
+    with forced_ws(WS_TILES["n128-s2"], monkeypatch):
+        check_varlen_against_reference(case, torch.bfloat16, "cuda")
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("option", ["window", "softcap", "alibi", "dropout"])
+def test_other_options_take_the_triton_kernel(option, monkeypatch):
+    with forced_ws(WS_TILES["n128-s2"], monkeypatch, expect_launch=False):
+        check_against_reference(make_case((1, 300, 300, 2, 2, 128), option, "cuda"), torch.bfloat16, "cuda",
+                                flash_attn_func, backward=False)
