@@ -22,6 +22,7 @@ WS_TILES = {
     "n128-s2": configs.TileConfig(128, 128, 8, 2, warp_specialized=True),
     "n128-s2-pingpong": configs.TileConfig(128, 128, 8, 2, warp_specialized=True, pingpong=True),
     "n64-s2": configs.TileConfig(128, 64, 8, 2, warp_specialized=True),
+    "n128-s2-persistent": configs.TileConfig(128, 128, 8, 2, warp_specialized=True, persistent=True),
 }
 
 
@@ -73,6 +74,7 @@ GPU_SHAPES = [
     (1, 700, 300, 2, 2, 128),
     (3, 257, 257, 2, 2, 256),
     (1, 4096, 4096, 2, 2, 64),
+    (4, 2048, 2048, 8, 2, 128),  # 512 tiles: several a program on a persistent grid
 ]
 
 

@@ -51,6 +51,9 @@ class TileConfig:
     warp_specialized: bool = False
     # with warp_specialized: the two consumer warpgroups take turns issuing their products (FA3's ping-pong)
     pingpong: bool = False
+    # with warp_specialized: one program per SM walks the query tiles, its loader fetching the next tile
+    # while the consumers finish the last; otherwise one program per tile
+    persistent: bool = False
 
 
 # Under TRITON_INTERPRET=1 every program runs in numpy: small tiles keep the tests fast there.

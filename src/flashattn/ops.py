@@ -9,6 +9,7 @@ torch path runs on any device, and the Triton kernels run on CPU tensors under `
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -239,7 +240,7 @@ def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, at
     if config.warp_specialized and _warp_specialized_fits(q, k, v, opts, alibi_slopes, attn_mask, block_table):
         _warp_specialized_forward(q, k, v, out, lse, layout, config, opts)
         return out, lse
-    config = dataclasses.replace(config, warp_specialized=False, pingpong=False)
+    config = dataclasses.replace(config, warp_specialized=False, pingpong=False, persistent=False)
     use_tma = _tma_loads(config.tma, q, k, v, out)
     slopes, stride_alibi_b, has_alibi = _alibi_args(alibi_slopes, q)
     grid = (_cdiv(layout.grid_q, config.block_m), layout.batch * nheads)
@@ -304,20 +305,30 @@ def _token_descriptor(x: torch.Tensor, block_rows: int):
                             layout)
 
 
+@functools.cache
+def _multiprocessor_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _warp_specialized_forward(q, k, v, out, lse, layout: _Layout, config: configs.TileConfig,
                               opts: AttentionOptions) -> None:
     from .kernels.forward_hopper import attention_forward_hopper_kernel
 
     nheads, head_dim = q.shape[-2:]
-    rows_per_program = 128  # two consumer warpgroups of 64 rows
-    grid = (_cdiv(layout.grid_q, rows_per_program), layout.batch * nheads)
+    rows_per_tile = 128  # two consumer warpgroups of 64 rows
+    row_tiles = _cdiv(layout.grid_q, rows_per_tile)
+    batch_heads = layout.batch * nheads
+    tiles = row_tiles * batch_heads
+    # persistent: one program per SM walks the tiles, its loader fetching the next tile's Q, K and V while the
+    # consumers finish the last one
+    programs = min(tiles, _multiprocessor_count(q.device)) if config.persistent else tiles
     stride_lb, stride_lh = (lse.stride(0), lse.stride(1)) if lse.dim() == 3 else (0, lse.stride(0))
     _, stride_om, stride_oh = _strides(out)
-    attention_forward_hopper_kernel[grid](
-        _token_descriptor(q, rows_per_program // 2), _token_descriptor(k, config.block_n),
+    attention_forward_hopper_kernel[(programs,)](
+        _token_descriptor(q, rows_per_tile // 2), _token_descriptor(k, config.block_n),
         _token_descriptor(v, config.block_n), out, lse, *layout.cu_seqlens,
         stride_om, stride_oh, stride_lb, stride_lh,
-        *layout.lengths, nheads, nheads // k.shape[-2], opts.softmax_scale * LOG2E,
+        *layout.lengths, nheads, nheads // k.shape[-2], row_tiles, batch_heads, opts.softmax_scale * LOG2E,
         HEAD_DIM=head_dim, BLOCK_N=config.block_n, NUM_STAGES=config.num_stages, CAUSAL=opts.window_right == 0,
         IS_VARLEN=layout.is_varlen, OVERLAP=True, PINGPONG=config.pingpong,
         CONSUMER_REGISTERS=WS_CONSUMER_REGISTERS, LOADER_REGISTERS=WS_LOADER_REGISTERS, num_warps=4,

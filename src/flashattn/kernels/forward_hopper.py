@@ -8,8 +8,12 @@ One program computes 128 query rows of one (sequence, head), in three partitions
   softmax runs while that P V finishes (FA3's intra-warpgroup overlap). With ``PINGPONG`` the two
   warpgroups take turns issuing their products, so that one's GEMMs run while the other computes its
   exponentials (FA3's inter-warpgroup schedule);
-- a loader warp: Q once, then K and V through TMA into a ring of ``NUM_STAGES`` shared-memory stages,
-  each released when both consumers have read it.
+- a loader warp: the tile's Q, then K and V through TMA into a ring of ``NUM_STAGES`` shared-memory
+  stages, each released when both consumers have read it.
+
+A program computes one tile, or (persistent grid) tiles p, p + grid, ...: the loader then fetches the next
+tile's Q as soon as both consumers have released the last one's, and its K and V as stages free up, while the
+consumers still normalize and store.
 
 Triton's own warp specialization (``tl.range(..., warp_specialize=True)``) did not split our loop this
 way (docs/perf-notes.md, version 2); Gluon states the partitions, barriers and waits explicitly.
@@ -29,23 +33,69 @@ ROWS_PER_WARPGROUP = gl.constexpr(64)  # wgmma's M per warpgroup
 
 
 @gluon.jit
-def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_free,
-                    q_row, k_row, q_col, k_col, n_blocks,
-                    BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
-    mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [q_row, q_col], q_ready, q_smem.index(0))
-    tma.async_copy_global_to_shared(q_desc, [q_row + ROWS_PER_WARPGROUP, q_col], q_ready, q_smem.index(1))
-    for j in range(n_blocks):
-        stage = j % NUM_STAGES
-        phase = (j // NUM_STAGES) & 1
-        # a fresh barrier passes a wait on the phase before its first: the first round does not wait
-        mbarrier.wait(kv_free.index(stage), phase ^ 1)
-        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [k_row + j * BLOCK_N, k_col], k_ready.index(stage),
-                                        k_bufs.index(stage))
-        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [k_row + j * BLOCK_N, k_col], v_ready.index(stage),
-                                        v_bufs.index(stage))
+def _tile_plan(tile_id, row_tiles, batch_heads, nheads, group_size, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k,
+               stride_lb, stride_lh, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr):
+    """Where tile ``tile_id`` reads and writes, and its key blocks: every partition derives the same plan.
+
+    Tiles are numbered row tile major, so that causal calls run their longest rows first (no tail wave of
+    full-length tiles), across the whole launch when programs are persistent."""
+    row_tile = tile_id // batch_heads
+    if CAUSAL:
+        row_tile = row_tiles - 1 - row_tile
+    batch_head = tile_id % batch_heads
+    batch = batch_head // nheads
+    head = batch_head % nheads
+    if IS_VARLEN:
+        q_start = gl.load(CuSeqlensQ + batch)
+        k_start = gl.load(CuSeqlensK + batch)
+        seqlen_q = gl.load(CuSeqlensQ + batch + 1) - q_start
+        seqlen_k = gl.load(CuSeqlensK + batch + 1) - k_start
+        lse_row = head.to(gl.int64) * stride_lh + q_start
+    else:
+        q_start = batch * seqlen_q
+        k_start = batch * seqlen_k
+        lse_row = batch.to(gl.int64) * stride_lb + head.to(gl.int64) * stride_lh
+    tile_row = row_tile * (2 * ROWS_PER_WARPGROUP)
+    key_end = seqlen_k
+    full_end = seqlen_k
+    if CAUSAL:
+        # bottom-right aligned: query i sees keys up to i + seqlen_k - seqlen_q
+        key_end = gl.minimum(seqlen_k, tile_row + 2 * ROWS_PER_WARPGROUP + seqlen_k - seqlen_q)
+        full_end = gl.minimum(seqlen_k, tile_row + 1 + seqlen_k - seqlen_q)
+    # a tile past its sequence's end (varlen: a shorter sequence) loads Q and computes nothing
+    n_blocks = gl.where(tile_row < seqlen_q, gl.cdiv(gl.maximum(key_end, 0), BLOCK_N), 0)
+    n_full = gl.minimum(gl.maximum(full_end, 0) // BLOCK_N, n_blocks)
+    return head, head // group_size, q_start, k_start, seqlen_q, seqlen_k, lse_row, tile_row, n_full, n_blocks
+
+
+@gluon.jit
+def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, kv_free,
+                    CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
+                    total_tiles, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                    CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr):
+    ring = 0  # key blocks loaded so far: the ring's position
+    for tile_id in range(gl.program_id(0), total_tiles, gl.num_programs(0)):
+        rounds = tile_id // gl.num_programs(0)  # this program's tiles so far
+        head, head_k, q_start, k_start, _, _, _, tile_row, _, n_blocks = _tile_plan(
+            tile_id, row_tiles, batch_heads, nheads, group_size, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, 0, 0,
+            BLOCK_N, CAUSAL, IS_VARLEN)
+        # a fresh barrier passes a wait on the phase before its first: the first tile does not wait
+        mbarrier.wait(q_free, (rounds & 1) ^ 1)
+        mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [q_start + tile_row, head * HEAD_DIM], q_ready, q_smem.index(0))
+        tma.async_copy_global_to_shared(q_desc, [q_start + tile_row + ROWS_PER_WARPGROUP, head * HEAD_DIM], q_ready,
+                                        q_smem.index(1))
+        for j in range(n_blocks):
+            stage = (ring + j) % NUM_STAGES
+            phase = ((ring + j) // NUM_STAGES) & 1
+            mbarrier.wait(kv_free.index(stage), phase ^ 1)
+            mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [k_start + j * BLOCK_N, head_k * HEAD_DIM], k_ready.index(stage),
+                                            k_bufs.index(stage))
+            mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, [k_start + j * BLOCK_N, head_k * HEAD_DIM], v_ready.index(stage),
+                                            v_bufs.index(stage))
+        ring += n_blocks
 
 
 @gluon.jit
@@ -89,11 +139,12 @@ def _pass_turn(turn, WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, kv_free, turn, t, m_i, l_i, acc, rows, lo, hi,
+def _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, kv_free, turn, t, ring, m_i, l_i, acc, rows, lo, hi,
                 seqlen_q, seqlen_k, qk_scale_log2,
                 BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                 MASKED: gl.constexpr, WARP_GROUP: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr):
-    """Key blocks [lo, hi) of one consumer's 64 rows; ``t`` counts its product issues (ping-pong turns)."""
+    """Key blocks [lo, hi) of one consumer's 64 rows. ``ring``: the blocks of earlier tiles (the ring's
+    position), ``t``: the consumer's product issues so far (ping-pong turns)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -103,8 +154,8 @@ def _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, kv_free, turn, t, m_i, l_i,
     if OVERLAP:
         if hi > lo:
             # -- prologue: block lo's scores and softmax --
-            stage = lo % NUM_STAGES
-            phase = (lo // NUM_STAGES) & 1
+            stage = (ring + lo) % NUM_STAGES
+            phase = ((ring + lo) // NUM_STAGES) & 1
             mbarrier.wait(k_ready.index(stage), phase)
             _take_turn(turn, t, WARP_GROUP, PINGPONG)
             s = warpgroup_mma(q, k_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
@@ -118,8 +169,8 @@ def _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, kv_free, turn, t, m_i, l_i,
             for j in range(lo + 1, hi):
                 prev_stage = stage
                 prev_phase = phase
-                stage = j % NUM_STAGES
-                phase = (j // NUM_STAGES) & 1
+                stage = (ring + j) % NUM_STAGES
+                phase = ((ring + j) // NUM_STAGES) & 1
                 mbarrier.wait(k_ready.index(stage), phase)
                 mbarrier.wait(v_ready.index(prev_stage), prev_phase)
                 # -- block j's Q K^T and block j-1's P V in flight together --
@@ -146,8 +197,8 @@ def _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, kv_free, turn, t, m_i, l_i,
             mbarrier.arrive(kv_free.index(stage), count=1)
     else:
         for j in range(lo, hi):
-            stage = j % NUM_STAGES
-            phase = (j // NUM_STAGES) & 1
+            stage = (ring + j) % NUM_STAGES
+            phase = ((ring + j) // NUM_STAGES) & 1
             mbarrier.wait(k_ready.index(stage), phase)
             _take_turn(turn, t, WARP_GROUP, PINGPONG)
             s = warpgroup_mma(q, k_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
@@ -169,94 +220,78 @@ def _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, kv_free, turn, t, m_i, l_i,
 
 
 @gluon.jit
-def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_free, turn, Out, Lse,
-                        out_row, lse_row, out_col, seqlen_q, seqlen_k, tile_row, n_full, n_blocks, stride_om,
-                        qk_scale_log2,
-                        WARP_GROUP: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                        NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
-                        PINGPONG: gl.constexpr):
+def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, kv_free, turn, Out, Lse,
+                        CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k,
+                        nheads, group_size, row_tiles, batch_heads, total_tiles, qk_scale_log2,
+                        WARP_GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                        NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr,
+                        OVERLAP: gl.constexpr, PINGPONG: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HEAD_DIM, 16])
-    first_row = tile_row + WARP_GROUP * ROWS_PER_WARPGROUP  # within the sequence
-    rows = first_row + gl.arange(0, ROWS_PER_WARPGROUP, layout=gl.SliceLayout(1, s_layout))
-    m_i = gl.full([ROWS_PER_WARPGROUP], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([ROWS_PER_WARPGROUP], gl.float32, gl.SliceLayout(1, s_layout))
-    acc = gl.zeros([ROWS_PER_WARPGROUP, HEAD_DIM], gl.float32, o_layout)
-    mbarrier.wait(q_ready, 0)
     q = q_smem.index(WARP_GROUP)
     t = 0
-    # -- blocks every row of the tile sees whole, then the masked ones (diagonal, sequence end) --
-    m_i, l_i, acc, t = _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, kv_free, turn, t, m_i, l_i, acc, rows, 0,
-                                   n_full, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES,
-                                   CAUSAL, False, WARP_GROUP, OVERLAP, PINGPONG)
-    m_i, l_i, acc, t = _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, kv_free, turn, t, m_i, l_i, acc, rows,
-                                   n_full, n_blocks, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM,
-                                   NUM_STAGES, CAUSAL, True, WARP_GROUP, OVERLAP, PINGPONG)
+    ring = 0
+    for tile_id in range(gl.program_id(0), total_tiles, gl.num_programs(0)):
+        rounds = tile_id // gl.num_programs(0)  # this program's tiles so far
+        head, _, q_start, _, tile_seqlen_q, tile_seqlen_k, lse_row, tile_row, n_full, n_blocks = _tile_plan(
+            tile_id, row_tiles, batch_heads, nheads, group_size, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k,
+            stride_lb, stride_lh, BLOCK_N, CAUSAL, IS_VARLEN)
+        first_row = tile_row + WARP_GROUP * ROWS_PER_WARPGROUP  # within the sequence
+        rows = first_row + gl.arange(0, ROWS_PER_WARPGROUP, layout=gl.SliceLayout(1, s_layout))
+        m_i = gl.full([ROWS_PER_WARPGROUP], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+        l_i = gl.zeros([ROWS_PER_WARPGROUP], gl.float32, gl.SliceLayout(1, s_layout))
+        acc = gl.zeros([ROWS_PER_WARPGROUP, HEAD_DIM], gl.float32, o_layout)
+        mbarrier.wait(q_ready, rounds & 1)
+        # -- blocks every row of the tile sees whole, then the masked ones (diagonal, sequence end) --
+        m_i, l_i, acc, t = _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, kv_free, turn, t, ring, m_i, l_i, acc,
+                                       rows, 0, n_full, tile_seqlen_q, tile_seqlen_k, qk_scale_log2, BLOCK_N,
+                                       HEAD_DIM, NUM_STAGES, CAUSAL, False, WARP_GROUP, OVERLAP, PINGPONG)
+        m_i, l_i, acc, t = _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, kv_free, turn, t, ring, m_i, l_i, acc,
+                                       rows, n_full, n_blocks, tile_seqlen_q, tile_seqlen_k, qk_scale_log2, BLOCK_N,
+                                       HEAD_DIM, NUM_STAGES, CAUSAL, True, WARP_GROUP, OVERLAP, PINGPONG)
+        mbarrier.arrive(q_free, count=1)  # every product that reads Q has completed: the loader may refill it
+        ring += n_blocks
 
-    # -- epilogue: normalize; a row that saw no key gives 0 and lse = +inf, as the Triton kernel --
-    empty = l_i == 0.0
-    l_safe = gl.where(empty, 1.0, l_i)
-    acc = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout))[:, None]
-    lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) / LOG2E)
-    gl.store(Lse + lse_row + rows, lse, mask=rows < seqlen_q)
-    o_rows = first_row + gl.arange(0, ROWS_PER_WARPGROUP, layout=gl.SliceLayout(1, o_layout))
-    o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-    o_offsets = (out_row + o_rows).to(gl.int64)[:, None] * stride_om + out_col + o_cols[None, :]
-    gl.store(Out + o_offsets, acc.to(Out.dtype.element_ty), mask=(o_rows < seqlen_q)[:, None])
+        # -- epilogue: normalize; a row that saw no key gives 0 and lse = +inf, as the Triton kernel --
+        empty = l_i == 0.0
+        l_safe = gl.where(empty, 1.0, l_i)
+        acc = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout))[:, None]
+        lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) / LOG2E)
+        gl.store(Lse + lse_row + rows, lse, mask=rows < tile_seqlen_q)
+        o_rows = first_row + gl.arange(0, ROWS_PER_WARPGROUP, layout=gl.SliceLayout(1, o_layout))
+        o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        o_offsets = (q_start + o_rows).to(gl.int64)[:, None] * stride_om + head * stride_oh + o_cols[None, :]
+        gl.store(Out + o_offsets, acc.to(Out.dtype.element_ty), mask=(o_rows < tile_seqlen_q)[:, None])
 
 
 @gluon.jit
 def attention_forward_hopper_kernel(
     q_desc, k_desc, v_desc, Out, Lse, CuSeqlensQ, CuSeqlensK,
     stride_om, stride_oh, stride_lb, stride_lh,
-    seqlen_q, seqlen_k, nheads, group_size, qk_scale_log2,
+    seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, qk_scale_log2,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
     IS_VARLEN: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
     CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
 ):
-    """grid = (cdiv(longest query sequence, 128), batch * nheads). Dense: q_desc spans (batch * seqlen_q,
-    nheads * HEAD_DIM), k/v_desc (batch * seqlen_k, nheads_k * HEAD_DIM); varlen: the packed tokens,
-    sequence b's rows from CuSeqlens[b]. Lse: (batch, nheads, seqlen_q) dense, (nheads, total_q) varlen."""
-    tile = gl.program_id(0)
-    if CAUSAL:
-        tile = gl.num_programs(0) - 1 - tile  # the longest rows first: no tail wave of full-length tiles
-    batch_head = gl.program_id(1)
-    batch = batch_head // nheads
-    head = batch_head % nheads
-    head_k = head // group_size
-    if IS_VARLEN:
-        q_start = gl.load(CuSeqlensQ + batch)
-        k_start = gl.load(CuSeqlensK + batch)
-        seqlen_q = gl.load(CuSeqlensQ + batch + 1) - q_start
-        seqlen_k = gl.load(CuSeqlensK + batch + 1) - k_start
-        out_row = q_start
-        lse_row = head.to(gl.int64) * stride_lh + q_start
-    else:
-        q_start = batch * seqlen_q
-        k_start = batch * seqlen_k
-        out_row = q_start
-        lse_row = batch.to(gl.int64) * stride_lb + head.to(gl.int64) * stride_lh
-    tile_row = tile * (2 * ROWS_PER_WARPGROUP)
-    key_end = seqlen_k
-    full_end = seqlen_k
-    if CAUSAL:
-        key_end = gl.minimum(seqlen_k, tile_row + 2 * ROWS_PER_WARPGROUP + seqlen_k - seqlen_q)
-        full_end = gl.minimum(seqlen_k, tile_row + 1 + seqlen_k - seqlen_q)
-    # a tile past its sequence's end (varlen: shorter sequences) loads Q and computes nothing
-    n_blocks = gl.where(tile_row < seqlen_q, gl.cdiv(gl.maximum(key_end, 0), BLOCK_N), 0)
-    n_full = gl.minimum(gl.maximum(full_end, 0) // BLOCK_N, n_blocks)
-
+    """Tiles of 128 query rows, ``row_tiles`` per (sequence, head) and ``batch_heads`` of those; program p
+    computes tiles p, p + grid, ... (one each when the grid covers them all; persistent when it is smaller).
+    Dense: q_desc spans (batch * seqlen_q, nheads * HEAD_DIM), k/v_desc (batch * seqlen_k, nheads_k *
+    HEAD_DIM); varlen: the packed tokens, sequence b's rows from CuSeqlens[b]. Lse: (batch, nheads, seqlen_q)
+    dense, (nheads, total_q) varlen."""
+    total_tiles = row_tiles * batch_heads
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, ROWS_PER_WARPGROUP, HEAD_DIM], q_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     kv_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=1)
+    mbarrier.init(q_free, count=2)  # both consumers release Q
     mbarrier.init(turn.index(0), count=1)
     mbarrier.init(turn.index(1), count=1)
     for i in gl.static_range(NUM_STAGES):
@@ -264,17 +299,16 @@ def attention_forward_hopper_kernel(
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(kv_free.index(i), count=2)  # both consumers release a stage
 
-    out_col = head * stride_oh
     gl.warp_specialize([
-        (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_free, turn, Out, Lse,
-                               out_row, lse_row, out_col, seqlen_q, seqlen_k, tile_row, n_full, n_blocks,
-                               stride_om, qk_scale_log2, 0, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, OVERLAP,
-                               PINGPONG)),
-        (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_free, turn, Out, Lse,
-                               out_row, lse_row, out_col, seqlen_q, seqlen_k, tile_row, n_full, n_blocks,
-                               stride_om, qk_scale_log2, 1, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, OVERLAP,
-                               PINGPONG)),
-        (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_free,
-                           q_start + tile_row, k_start, head * HEAD_DIM, head_k * HEAD_DIM, n_blocks, BLOCK_N,
-                           NUM_STAGES)),
+        (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, kv_free, turn, Out, Lse,
+                               CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh, seqlen_q,
+                               seqlen_k, nheads, group_size, row_tiles, batch_heads, total_tiles, qk_scale_log2,
+                               0, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN, OVERLAP, PINGPONG)),
+        (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, kv_free, turn, Out, Lse,
+                               CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh, seqlen_q,
+                               seqlen_k, nheads, group_size, row_tiles, batch_heads, total_tiles, qk_scale_log2,
+                               1, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN, OVERLAP, PINGPONG)),
+        (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, kv_free,
+                           CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
+                           total_tiles, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN)),
     ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
