@@ -20,6 +20,8 @@ from flashattn.testing import check_against_reference, check_varlen_against_refe
 
 WS_TILES = {
     "n128-s2": configs.TileConfig(128, 128, 8, 2, warp_specialized=True),
+    "n128-s3": configs.TileConfig(128, 128, 8, 3, warp_specialized=True),
+    "n32-s4": configs.TileConfig(128, 32, 8, 4, warp_specialized=True),
     "n128-s2-pingpong": configs.TileConfig(128, 128, 8, 2, warp_specialized=True, pingpong=True),
     "n64-s2": configs.TileConfig(128, 64, 8, 2, warp_specialized=True),
     "n128-s2-persistent": configs.TileConfig(128, 128, 8, 2, warp_specialized=True, persistent=True),

@@ -330,7 +330,7 @@ def _warp_specialized_forward(q, k, v, out, lse, layout: _Layout, config: config
         stride_om, stride_oh, stride_lb, stride_lh,
         *layout.lengths, nheads, nheads // k.shape[-2], row_tiles, batch_heads, opts.softmax_scale * LOG2E,
         HEAD_DIM=head_dim, BLOCK_N=config.block_n, NUM_STAGES=config.num_stages, CAUSAL=opts.window_right == 0,
-        IS_VARLEN=layout.is_varlen, OVERLAP=True, PINGPONG=config.pingpong,
+        IS_VARLEN=layout.is_varlen, PINGPONG=config.pingpong,
         CONSUMER_REGISTERS=WS_CONSUMER_REGISTERS, LOADER_REGISTERS=WS_LOADER_REGISTERS, num_warps=4,
     )
 

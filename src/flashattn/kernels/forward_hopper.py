@@ -4,12 +4,14 @@ One program computes 128 query rows of one (sequence, head), in three partitions
 
 - two consumer warpgroups, 64 rows each. A warpgroup's wgmma keeps its accumulator in that warpgroup's
   registers, so each consumer issues its own products: S = Q K^T from shared memory, O += P V with P from
-  registers. With ``OVERLAP``, block j's Q K^T runs while block j-1's P V is in flight, and block j's
-  softmax runs while that P V finishes (FA3's intra-warpgroup overlap). With ``PINGPONG`` the two
-  warpgroups take turns issuing their products, so that one's GEMMs run while the other computes its
-  exponentials (FA3's inter-warpgroup schedule);
+  registers. Block j's Q K^T runs while block j-1's P V is in flight, and block j's softmax runs while
+  that P V finishes (FA3's intra-warpgroup overlap). With ``PINGPONG`` the two warpgroups take turns
+  issuing their products, so that one's GEMMs run while the other computes its exponentials (FA3's
+  inter-warpgroup schedule);
 - a loader warp: the tile's Q, then K and V through TMA into a ring of ``NUM_STAGES`` shared-memory
-  stages, each released when both consumers have read it.
+  stages. A stage's K is released as soon as both consumers' Q K^T have read it, its V once their P V
+  have: the overlapped loop holds block j's K and block j-1's V at once, so a ring that freed K and V
+  together would hold two stages and leave a 2-stage ring nothing to prefetch into.
 
 A program computes one tile, or (persistent grid) tiles p, p + grid, ...: the loader then fetches the next
 tile's Q as soon as both consumers have released the last one's, and its K and V as stages free up, while the
@@ -69,8 +71,8 @@ def _tile_plan(tile_id, row_tiles, batch_heads, nheads, group_size, CuSeqlensQ, 
 
 
 @gluon.jit
-def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, kv_free,
-                    CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
+def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free,
+                    v_free, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
                     total_tiles, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                     CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr):
     ring = 0  # key blocks loaded so far: the ring's position
@@ -88,10 +90,11 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_f
         for j in range(n_blocks):
             stage = (ring + j) % NUM_STAGES
             phase = ((ring + j) // NUM_STAGES) & 1
-            mbarrier.wait(kv_free.index(stage), phase ^ 1)
+            mbarrier.wait(k_free.index(stage), phase ^ 1)
             mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(k_desc, [k_start + j * BLOCK_N, head_k * HEAD_DIM], k_ready.index(stage),
                                             k_bufs.index(stage))
+            mbarrier.wait(v_free.index(stage), phase ^ 1)
             mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(v_desc, [k_start + j * BLOCK_N, head_k * HEAD_DIM], v_ready.index(stage),
                                             v_bufs.index(stage))
@@ -139,10 +142,10 @@ def _pass_turn(turn, WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, kv_free, turn, t, ring, m_i, l_i, acc, rows, lo, hi,
+def _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ring, m_i, l_i, acc, rows, lo, hi,
                 seqlen_q, seqlen_k, qk_scale_log2,
                 BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                MASKED: gl.constexpr, WARP_GROUP: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr):
+                MASKED: gl.constexpr, WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr):
     """Key blocks [lo, hi) of one consumer's 64 rows. ``ring``: the blocks of earlier tiles (the ring's
     position), ``t``: the consumer's product issues so far (ping-pong turns)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -151,81 +154,61 @@ def _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, kv_free, turn, t, ring, m_i
                                                        instr_shape=[16, HEAD_DIM, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     s_zero = gl.zeros([ROWS_PER_WARPGROUP, BLOCK_N], gl.float32, s_layout)
-    if OVERLAP:
-        if hi > lo:
-            # -- prologue: block lo's scores and softmax --
-            stage = (ring + lo) % NUM_STAGES
-            phase = ((ring + lo) // NUM_STAGES) & 1
-            mbarrier.wait(k_ready.index(stage), phase)
-            _take_turn(turn, t, WARP_GROUP, PINGPONG)
-            s = warpgroup_mma(q, k_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            _pass_turn(turn, WARP_GROUP, PINGPONG)
-            t += 1
-            s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-            m_i, l_i, p, alpha = _softmax_step(s, m_i, l_i, lo, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N,
-                                               CAUSAL, MASKED, s_layout)
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-            p_op = gl.convert_layout(p.to(q.dtype), p_layout)
-            for j in range(lo + 1, hi):
-                prev_stage = stage
-                prev_phase = phase
-                stage = (ring + j) % NUM_STAGES
-                phase = ((ring + j) // NUM_STAGES) & 1
-                mbarrier.wait(k_ready.index(stage), phase)
-                mbarrier.wait(v_ready.index(prev_stage), prev_phase)
-                # -- block j's Q K^T and block j-1's P V in flight together --
-                _take_turn(turn, t, WARP_GROUP, PINGPONG)
-                s = warpgroup_mma(q, k_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                acc = warpgroup_mma(p_op, v_bufs.index(prev_stage), acc, is_async=True)
-                _pass_turn(turn, WARP_GROUP, PINGPONG)
-                t += 1
-                s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
-                m_i, l_i, p, alpha = _softmax_step(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2,
-                                                   BLOCK_N, CAUSAL, MASKED, s_layout)
-                # P V reads p_op from registers until it completes: keep it alive to here
-                acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
-                mbarrier.arrive(kv_free.index(prev_stage), count=1)
-                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-                p_op = gl.convert_layout(p.to(q.dtype), p_layout)
-            # -- epilogue: the last block's P V --
-            mbarrier.wait(v_ready.index(stage), phase)
-            _take_turn(turn, t, WARP_GROUP, PINGPONG)
-            acc = warpgroup_mma(p_op, v_bufs.index(stage), acc, is_async=True)
-            _pass_turn(turn, WARP_GROUP, PINGPONG)
-            t += 1
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            mbarrier.arrive(kv_free.index(stage), count=1)
-    else:
-        for j in range(lo, hi):
+    if hi > lo:
+        # -- prologue: block lo's scores and softmax --
+        stage = (ring + lo) % NUM_STAGES
+        phase = ((ring + lo) // NUM_STAGES) & 1
+        mbarrier.wait(k_ready.index(stage), phase)
+        _take_turn(turn, t, WARP_GROUP, PINGPONG)
+        s = warpgroup_mma(q, k_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        _pass_turn(turn, WARP_GROUP, PINGPONG)
+        t += 1
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+        mbarrier.arrive(k_free.index(stage), count=1)
+        m_i, l_i, p, alpha = _softmax_step(s, m_i, l_i, lo, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N,
+                                           CAUSAL, MASKED, s_layout)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        p_op = gl.convert_layout(p.to(q.dtype), p_layout)
+        for j in range(lo + 1, hi):
+            prev_stage = stage
+            prev_phase = phase
             stage = (ring + j) % NUM_STAGES
             phase = ((ring + j) // NUM_STAGES) & 1
             mbarrier.wait(k_ready.index(stage), phase)
+            mbarrier.wait(v_ready.index(prev_stage), prev_phase)
+            # -- block j's Q K^T and block j-1's P V in flight together --
             _take_turn(turn, t, WARP_GROUP, PINGPONG)
             s = warpgroup_mma(q, k_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            acc = warpgroup_mma(p_op, v_bufs.index(prev_stage), acc, is_async=True)
             _pass_turn(turn, WARP_GROUP, PINGPONG)
             t += 1
-            s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-            m_i, l_i, p, alpha = _softmax_step(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N,
-                                               CAUSAL, MASKED, s_layout)
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
+            mbarrier.arrive(k_free.index(stage), count=1)  # K is read by Q K^T alone: the loader may refill it
+            m_i, l_i, p, alpha = _softmax_step(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2,
+                                               BLOCK_N, CAUSAL, MASKED, s_layout)
+            # P V reads p_op from registers until it completes: keep it alive to here
+            acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
+            mbarrier.arrive(v_free.index(prev_stage), count=1)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             p_op = gl.convert_layout(p.to(q.dtype), p_layout)
-            mbarrier.wait(v_ready.index(stage), phase)
-            _take_turn(turn, t, WARP_GROUP, PINGPONG)
-            acc = warpgroup_mma(p_op, v_bufs.index(stage), acc, is_async=True)
-            _pass_turn(turn, WARP_GROUP, PINGPONG)
-            t += 1
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            mbarrier.arrive(kv_free.index(stage), count=1)
+        # -- epilogue: the last block's P V --
+        mbarrier.wait(v_ready.index(stage), phase)
+        _take_turn(turn, t, WARP_GROUP, PINGPONG)
+        acc = warpgroup_mma(p_op, v_bufs.index(stage), acc, is_async=True)
+        _pass_turn(turn, WARP_GROUP, PINGPONG)
+        t += 1
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(v_free.index(stage), count=1)
     return m_i, l_i, acc, t
 
 
 @gluon.jit
-def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, kv_free, turn, Out, Lse,
+def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, Out, Lse,
                         CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k,
                         nheads, group_size, row_tiles, batch_heads, total_tiles, qk_scale_log2,
                         WARP_GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                         NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr,
-                        OVERLAP: gl.constexpr, PINGPONG: gl.constexpr):
+                        PINGPONG: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -245,12 +228,12 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
         acc = gl.zeros([ROWS_PER_WARPGROUP, HEAD_DIM], gl.float32, o_layout)
         mbarrier.wait(q_ready, rounds & 1)
         # -- blocks every row of the tile sees whole, then the masked ones (diagonal, sequence end) --
-        m_i, l_i, acc, t = _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, kv_free, turn, t, ring, m_i, l_i, acc,
-                                       rows, 0, n_full, tile_seqlen_q, tile_seqlen_k, qk_scale_log2, BLOCK_N,
-                                       HEAD_DIM, NUM_STAGES, CAUSAL, False, WARP_GROUP, OVERLAP, PINGPONG)
-        m_i, l_i, acc, t = _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, kv_free, turn, t, ring, m_i, l_i, acc,
-                                       rows, n_full, n_blocks, tile_seqlen_q, tile_seqlen_k, qk_scale_log2, BLOCK_N,
-                                       HEAD_DIM, NUM_STAGES, CAUSAL, True, WARP_GROUP, OVERLAP, PINGPONG)
+        m_i, l_i, acc, t = _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ring, m_i, l_i,
+                                       acc, rows, 0, n_full, tile_seqlen_q, tile_seqlen_k, qk_scale_log2, BLOCK_N,
+                                       HEAD_DIM, NUM_STAGES, CAUSAL, False, WARP_GROUP, PINGPONG)
+        m_i, l_i, acc, t = _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ring, m_i, l_i,
+                                       acc, rows, n_full, n_blocks, tile_seqlen_q, tile_seqlen_k, qk_scale_log2,
+                                       BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, True, WARP_GROUP, PINGPONG)
         mbarrier.arrive(q_free, count=1)  # every product that reads Q has completed: the loader may refill it
         ring += n_blocks
 
@@ -272,7 +255,7 @@ def attention_forward_hopper_kernel(
     stride_om, stride_oh, stride_lb, stride_lh,
     seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, qk_scale_log2,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-    IS_VARLEN: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
+    IS_VARLEN: gl.constexpr, PINGPONG: gl.constexpr,
     CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
 ):
     """Tiles of 128 query rows, ``row_tiles`` per (sequence, head) and ``batch_heads`` of those; program p
@@ -289,7 +272,8 @@ def attention_forward_hopper_kernel(
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    kv_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    k_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=1)
     mbarrier.init(q_free, count=2)  # both consumers release Q
     mbarrier.init(turn.index(0), count=1)
@@ -297,18 +281,19 @@ def attention_forward_hopper_kernel(
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(kv_free.index(i), count=2)  # both consumers release a stage
+        mbarrier.init(k_free.index(i), count=2)  # both consumers release a stage's K, then its V
+        mbarrier.init(v_free.index(i), count=2)
 
     gl.warp_specialize([
-        (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, kv_free, turn, Out, Lse,
-                               CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh, seqlen_q,
+        (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, Out,
+                               Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh, seqlen_q,
                                seqlen_k, nheads, group_size, row_tiles, batch_heads, total_tiles, qk_scale_log2,
-                               0, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN, OVERLAP, PINGPONG)),
-        (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, kv_free, turn, Out, Lse,
-                               CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh, seqlen_q,
+                               0, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG)),
+        (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, Out,
+                               Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh, seqlen_q,
                                seqlen_k, nheads, group_size, row_tiles, batch_heads, total_tiles, qk_scale_log2,
-                               1, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN, OVERLAP, PINGPONG)),
-        (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, kv_free,
-                           CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
-                           total_tiles, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN)),
+                               1, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG)),
+        (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free,
+                           v_free, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, nheads, group_size, row_tiles,
+                           batch_heads, total_tiles, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN)),
     ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
