@@ -195,17 +195,20 @@ def report_cache(cache_dir: Path, kernel_name: str) -> None:
 GRID_DIVISIBLE = ("seqlen_q", "seqlen_k", "nheads", "nheads_k", "rng_seed", "rng_offset")
 
 
-def table_report(phase: str, head_dim: int, causal: bool, seqlen: int) -> dict:
+def table_report(phase: str, head_dim: int, causal: bool, seqlen: int) -> dict | None:
     """:func:`compile_report` of the Hopper tile table's ``phase`` kernel ("forward", "dkdv" or "dq") as
-    the launcher compiles it for a bf16 benchmark-grid shape."""
+    the launcher compiles it for a bf16 benchmark-grid shape; "forward_ws": the Gluon forward's entry (None
+    where the table has none)."""
     import torch
 
     from flashattn import configs, ops
     from flashattn.kernels import backward, forward
 
+    if phase == "forward_ws":
+        config = configs.lookup("hopper", "forward", head_dim, causal, torch.bfloat16, seqlen=seqlen,
+                                warp_specialized=True)
+        return ws_forward_report(head_dim, causal, config) if config.warp_specialized else None
     config = configs.lookup("hopper", phase, head_dim, causal, torch.bfloat16, seqlen=seqlen)
-    if phase == "forward" and config.warp_specialized:
-        return ws_forward_report(head_dim, causal, config)
     kernel = {"forward": forward.attention_forward_kernel, "dkdv": backward.dkdv_kernel,
               "dq": backward.dq_kernel}[phase]
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,

@@ -83,3 +83,18 @@ def test_short_non_causal_hdim256_dq_keeps_the_one_stage_tile_without_tma():
     assert medium == TileConfig(64, 64, 4, 2, tma=True) and unknown == medium
     # the causal entry takes TMA at every length
     assert lookup("hopper", "dq", 256, True, torch.bfloat16, seqlen=512).tma
+
+
+def test_gluon_forward_entries_only_where_the_call_fits():
+    ws = lookup("hopper", "forward", 128, False, torch.bfloat16, seqlen=4096, warp_specialized=True)
+    assert ws.warp_specialized and ws == configs._HOPPER_FORWARD_WS[(128, False)]
+    # a call the Gluon kernel does not cover keeps the Triton table
+    assert lookup("hopper", "forward", 128, False, torch.bfloat16, seqlen=4096) == configs._HOPPER_FORWARD[(128, False)]
+    # no Gluon entry at hdim 64, nor for short causal hdim 128: the Triton entries
+    assert lookup("hopper", "forward", 64, False, torch.bfloat16, seqlen=4096, warp_specialized=True) == \
+        configs._HOPPER_FORWARD[(64, False)]
+    assert lookup("hopper", "forward", 128, True, torch.bfloat16, seqlen=SHORT_SEQLEN, warp_specialized=True) == \
+        configs._HOPPER_FORWARD_SHORT[(128, True)]
+    short = lookup("hopper", "forward", 128, False, torch.bfloat16, seqlen=SHORT_SEQLEN, warp_specialized=True)
+    assert short.warp_specialized and short.persistent
+    assert not lookup("portable", "forward", 128, False, torch.bfloat16, warp_specialized=True).warp_specialized

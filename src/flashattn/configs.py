@@ -171,6 +171,31 @@ _HOPPER_DKDV_SHORT = {
     (128, True): TileConfig(64, 64, 4, 2, mask_every_block=True),
 }
 _LONG_TABLES = {("hopper", "forward"): _HOPPER_FORWARD_LONG}
+
+# The warp-specialized Gluon forward (kernels/forward_hopper.py), for the calls it covers
+# (ops._warp_specialized_fits: head dim exactly 64, 128 or 256, 16-bit, causal or no mask, no dropout, softcap,
+# ALiBi or SDPA mask); the Triton tables above serve every other call. Swept on an H200 (2026-11-22,
+# `flashattn blocks`, benchmarks/sweeps/forward-ws.txt; TFLOP/s against the Triton entry):
+# - hdim 128 non-causal: 128x128x8x2+ws 514 at 4k (494.5), 596 at 16k (534.7); 3 stages 503 / 599.5;
+# - hdim 128 causal: 3 stages 461.7 at 4k (409.4), 585 at 16k (530); 2 stages 450 / 592;
+# - hdim 256, 128x64x8x2+ws: 591.8 / 534.0 at 4k non-causal / causal (507.7 / 425.8), 663.1 at 16k (535.2);
+#   32-key blocks on 4 stages lost (452.6);
+# - hdim 64: lost (347.6 against 425.0 at 4k, 330 against 382 causal). There the exponentials bound the loop,
+#   and the Triton tile runs two 8-warp programs per SM where this kernel's 240-register consumers allow one;
+# - ping-pong turns between the consumers: no gain (590.4 against 599.5 at hdim 128 16k).
+_HOPPER_FORWARD_WS = {
+    (128, False): TileConfig(128, 128, 8, 2, warp_specialized=True),
+    (128, True): TileConfig(128, 128, 8, 3, warp_specialized=True),
+    (256, False): TileConfig(128, 64, 8, 2, warp_specialized=True),
+    (256, True): TileConfig(128, 64, 8, 2, warp_specialized=True),
+}
+# Short sequences: hdim 128 non-causal on a persistent grid, 404.9 / 326.7 at 1k / 512 against the Triton
+# entry's 391.2 / 306.7 (one program a tile: 389.4 / 318.9). Causal hdim 128 keeps the Triton 64x64 tile (308.2
+# against 298.5 at 1k).
+_HOPPER_FORWARD_WS_SHORT = {
+    (128, False): TileConfig(128, 128, 8, 3, warp_specialized=True, persistent=True),
+    (128, True): None,
+}
 _HOPPER_DQ_SHORT = {
     (256, False): TileConfig(128, 64, 8, 1),
 }
@@ -233,14 +258,24 @@ def use_config(phase: str, config: TileConfig):
 
 
 def lookup(family: str, phase: str, head_dim: int, masked: bool, dtype: torch.dtype, attn_mask: bool = False,
-           seqlen: int = 0) -> TileConfig:
+           seqlen: int = 0, warp_specialized: bool = False) -> TileConfig:
     """The table's config for ``phase`` on a GPU ``family`` ("hopper" or "portable"), without a device.
 
     ``attn_mask``: an SDPA mask streams beside K and V. ``seqlen``: the shorter of the (longest) query
     and key lengths, which picks the long- and short-sequence entries (0: unknown, neither).
+    ``warp_specialized``: the call fits the Gluon forward (``ops._warp_specialized_fits``), whose own table
+    then comes first.
     """
     width = padded_head_dim(head_dim)
     bucket = min(b for b in (64, 128, 256) if b >= width)
+    if warp_specialized and family == "hopper" and phase == "forward":
+        key = (bucket, masked)
+        if 0 < seqlen <= SHORT_SEQLEN and key in _HOPPER_FORWARD_WS_SHORT:
+            config = _HOPPER_FORWARD_WS_SHORT[key]  # None: the Triton table's short entry
+        else:
+            config = _HOPPER_FORWARD_WS.get(key)
+        if config is not None:
+            return config
     if seqlen >= LONG_SEQLEN:
         by_length = _LONG_TABLES.get((family, phase), {})
     elif 0 < seqlen <= SHORT_SEQLEN:
@@ -275,11 +310,12 @@ def launch_options(config: TileConfig) -> dict:
 
 
 def tile_config(phase: str, head_dim: int, masked: bool, dtype: torch.dtype, device: torch.device,
-                interpret: bool, attn_mask: bool = False, seqlen: int = 0) -> TileConfig:
+                interpret: bool, attn_mask: bool = False, seqlen: int = 0,
+                warp_specialized: bool = False) -> TileConfig:
     """The config for ``phase`` in {"forward", "dkdv", "dq"} on ``device``: a forced one (``use_config``),
     the interpreter's, or the table's (:func:`lookup`)."""
     if phase in _OVERRIDES:
         return _OVERRIDES[phase]
     if interpret:
         return INTERPRETER
-    return lookup(gpu_family(device), phase, head_dim, masked, dtype, attn_mask, seqlen)
+    return lookup(gpu_family(device), phase, head_dim, masked, dtype, attn_mask, seqlen, warp_specialized)

@@ -228,8 +228,10 @@ def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, at
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(layout.lse_shape, dtype=torch.float32, device=q.device)
     masked = opts.masked or attn_mask is not None
+    fits_gluon = _warp_specialized_fits(q, k, v, opts, alibi_slopes, attn_mask, block_table)
     config = configs.tile_config("forward", head_dim, masked, q.dtype, q.device, interpreting(),
-                                 attn_mask=attn_mask is not None, seqlen=min(layout.grid_q, layout.grid_k))
+                                 attn_mask=attn_mask is not None, seqlen=min(layout.grid_q, layout.grid_k),
+                                 warp_specialized=fits_gluon)
     if block_table is not None and config.tma:
         # a TMA descriptor spans one strided block of rows and cannot follow pages: paged K/V take pointer
         # loads, where a tile sized for TMA spills (hdim 128: 128 x 128 needs about 650 bytes of stack per
@@ -237,9 +239,10 @@ def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, at
         config = dataclasses.replace(config, block_n=min(config.block_n, 64), tma=False)
     if layout.grid_q == 0:
         return out, lse  # only empty sequences: nothing to compute, nothing to store
-    if config.warp_specialized and _warp_specialized_fits(q, k, v, opts, alibi_slopes, attn_mask, block_table):
+    if config.warp_specialized and fits_gluon:
         _warp_specialized_forward(q, k, v, out, lse, layout, config, opts)
         return out, lse
+    # a forced Gluon tile (configs.use_config) on a call that kernel does not cover: the Triton kernel, same tile
     config = dataclasses.replace(config, warp_specialized=False, pingpong=False, persistent=False)
     use_tma = _tma_loads(config.tma, q, k, v, out)
     slopes, stride_alibi_b, has_alibi = _alibi_args(alibi_slopes, q)
