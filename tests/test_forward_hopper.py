@@ -59,6 +59,7 @@ def test_token_rows_reads_heads_side_by_side():
     assert ops._token_rows(x.transpose(1, 2)) is None  # (B, H, S, D) viewed as (B, S, H, D)
     assert ops._token_rows(torch.randn(7, 3, 8)) == 24
     assert ops._token_rows(torch.randn(3, 5, 3, 8)[::2]) is None  # a batch stride that skips rows
+    assert ops._token_rows(torch.randn(2, 1, 3, 8).expand(2, 5, 3, 8)) is None  # every token the same row
 
 
 def test_warp_specialized_fits_only_gpu_plain_softmax():

@@ -290,6 +290,8 @@ def _token_rows(x: torch.Tensor) -> int | None:
     token_stride = x.stride(-3)
     if x.stride(-2) != head_dim and x.shape[-2] > 1:
         return None
+    if token_stride < x.shape[-2] * head_dim and x.shape[-3] > 1:
+        return None  # tokens overlap (a broadcast view): not rows of one matrix
     if x.dim() == 4 and x.stride(0) != x.shape[1] * token_stride and x.shape[0] > 1:
         return None
     return token_stride
