@@ -36,8 +36,9 @@ hopper = pytest.mark.skipif(not _on_hopper(), reason="the Gluon kernel is built 
 
 
 @contextlib.contextmanager
-def forced_ws(tile: configs.TileConfig, monkeypatch, expect_launch: bool = True):
-    """Run under ``tile`` and check that the Gluon kernel ran (or, ``expect_launch`` false, did not)."""
+def forced_ws(tile: configs.TileConfig | None, monkeypatch, expect_launch: bool = True):
+    """Run under ``tile`` (None: the table's choice) and check that the Gluon kernel ran (or, ``expect_launch``
+    false, did not)."""
     launches = []
     launch = ops._warp_specialized_forward
 
@@ -46,7 +47,7 @@ def forced_ws(tile: configs.TileConfig, monkeypatch, expect_launch: bool = True)
         return launch(*args, **kwargs)
 
     monkeypatch.setattr(ops, "_warp_specialized_forward", counting)
-    with configs.use_config("forward", tile):
+    with configs.use_config("forward", tile) if tile is not None else contextlib.nullcontext():
         yield
     assert bool(launches) == expect_launch, f"Gluon forward launches: {len(launches)}"
 
@@ -135,3 +136,14 @@ def test_other_options_take_the_triton_kernel(option, monkeypatch):
     with forced_ws(WS_TILES["n128-s2"], monkeypatch, expect_launch=False):
         check_against_reference(make_case((1, 300, 300, 2, 2, 128), option, "cuda"), torch.bfloat16, "cuda",
                                 flash_attn_func, backward=False)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize(("head_dim", "dtype", "expect_launch"), [
+    (128, torch.bfloat16, True), (256, torch.float16, True), (64, torch.bfloat16, False),
+    (96, torch.bfloat16, False), (128, torch.float32, False)])
+def test_table_takes_the_gluon_kernel_where_it_fits(head_dim, dtype, expect_launch, monkeypatch):
+    case = make_case((1, 2048, 2048, 2, 2, head_dim), "causal", "cuda")
+    with forced_ws(None, monkeypatch, expect_launch=expect_launch):
+        check_against_reference(case, dtype, "cuda", flash_attn_func, backward=False)

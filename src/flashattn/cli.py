@@ -119,6 +119,11 @@ def backend_description(device_type: str) -> str:
             return "triton, forced by FLASHATTN_BACKEND=triton (CPU tensors also need TRITON_INTERPRET=1)"
         return "triton, forced by FLASHATTN_BACKEND=triton"
     if device_type == "cuda":
+        import torch
+
+        if torch.cuda.get_device_capability() == (9, 0):
+            return ("triton (default on CUDA); on this sm90 GPU the forward at head dim 128 / 256 (16-bit, causal or "
+                    "no mask) runs the warp-specialized Gluon kernel")
         return "triton (default on CUDA)"
     return "torch (blocked PyTorch, default on CPU)"
 
