@@ -240,9 +240,11 @@ def ws_forward_report(head_dim: int, causal: bool, config, varlen: bool = False)
                      Out="*bf16", Lse="*fp32", CuSeqlensQ=seqlens, CuSeqlensK=seqlens, stride_om="i32",
                      stride_oh="i32", stride_lb="i32", stride_lh="i32", seqlen_q="i32", seqlen_k="i32",
                      nheads="i32", group_size="i32", row_tiles="i32", batch_heads="i32", qk_scale_log2="fp32")
+    consumers = 3 if config.three_consumers else 2
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, NUM_STAGES=config.num_stages, CAUSAL=causal,
-                      IS_VARLEN=varlen, PINGPONG=config.pingpong,
-                      CONSUMER_REGISTERS=ops.WS_CONSUMER_REGISTERS, LOADER_REGISTERS=ops.WS_LOADER_REGISTERS)
+                      IS_VARLEN=varlen, PINGPONG=config.pingpong, NUM_CONSUMERS=consumers,
+                      CONSUMER_REGISTERS=ops.WS_CONSUMER_REGISTERS[consumers],
+                      LOADER_REGISTERS=ops.WS_LOADER_REGISTERS)
     signature.update({name: "constexpr" for name in constexprs})
     source = GluonASTSource(attention_forward_hopper_kernel, signature, constexprs)
     return report(triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}))

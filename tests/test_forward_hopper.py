@@ -25,6 +25,7 @@ WS_TILES = {
     "n128-s2-pingpong": configs.TileConfig(128, 128, 8, 2, warp_specialized=True, pingpong=True),
     "n64-s2": configs.TileConfig(128, 64, 8, 2, warp_specialized=True),
     "n128-s2-persistent": configs.TileConfig(128, 128, 8, 2, warp_specialized=True, persistent=True),
+    "n128-s3-consumers3": configs.TileConfig(128, 128, 8, 3, warp_specialized=True, three_consumers=True),
 }
 
 
@@ -90,6 +91,8 @@ GPU_SHAPES = [
 def test_ws_forward_matches_reference(shape, option, tile, monkeypatch):
     if WS_TILES[tile].block_n == 128 and shape[-1] == 256:
         pytest.skip("hdim 256 with 128-key blocks does not fit in registers")
+    if WS_TILES[tile].three_consumers and shape[-1] != 64:
+        pytest.skip("three consumers are for hdim 64 (160 registers a thread)")
     with forced_ws(WS_TILES[tile], monkeypatch):
         check_against_reference(make_case(shape, option, "cuda"), torch.bfloat16, "cuda", flash_attn_func,
                                 backward=shape[1] <= 1024)

@@ -86,7 +86,8 @@ def candidates_for(phase: str, head_dim: int) -> list[Candidate]:
 
 # label suffix -> the position of TileConfig's flag in a candidate (TileConfig(*candidate)); the register
 # cap (+rN) sits at REGISTER_CAP, between the flags, in TileConfig's field order
-FLAG_POSITIONS = {"tma": 4, "split": 5, "every": 7, "keyrows": 8, "peel": 9, "ws": 10, "pingpong": 11, "persistent": 12}
+FLAG_POSITIONS = {"tma": 4, "split": 5, "every": 7, "keyrows": 8, "peel": 9, "ws": 10, "pingpong": 11, "persistent": 12,
+                  "consumers3": 13}
 FLAG_NAMES = tuple(FLAG_POSITIONS)
 REGISTER_CAP = 6
 
@@ -106,8 +107,8 @@ def parse_candidates(text: str) -> list[Candidate]:
     pass and a dK pass, ``TileConfig.split_dkdv``), ``+every`` (one masked loop,
     ``TileConfig.mask_every_block``), ``+keyrows`` (``TileConfig.key_rows``) or ``+peel``
     (``TileConfig.peel_diagonal``), a forward config in ``+ws`` (the warp-specialized Gluon kernel,
-    ``TileConfig.warp_specialized``; 128 x BLOCK_N x 8 x STAGES) with ``+pingpong`` and ``+persistent``
-    (``TileConfig.pingpong``, ``TileConfig.persistent``),
+    ``TileConfig.warp_specialized``; 128 x BLOCK_N x 8 x STAGES) with ``+pingpong``, ``+persistent`` and
+    ``+consumers3`` (``TileConfig.pingpong``, ``TileConfig.persistent``, ``TileConfig.three_consumers``),
     any config in ``+rN`` (at most N registers a thread, ``TileConfig.max_registers``)."""
     found: list[Candidate] = []
     for part in (p.strip() for p in text.split(",")):

@@ -54,6 +54,9 @@ class TileConfig:
     # with warp_specialized: one program per SM walks the query tiles, its loader fetching the next tile
     # while the consumers finish the last; otherwise one program per tile
     persistent: bool = False
+    # with warp_specialized: three consumer warpgroups (192 query rows a program, 160 registers a thread) instead
+    # of two (128 rows, 240 registers), FA3's choice at head dim 64
+    three_consumers: bool = False
 
 
 # Under TRITON_INTERPRET=1 every program runs in numpy: small tiles keep the tests fast there.

@@ -264,8 +264,9 @@ def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, at
     return out, lse
 
 
-# the Gluon kernel's consumer warpgroups and loader warp: registers per thread (setmaxnreg), as FA3 splits them
-WS_CONSUMER_REGISTERS = 240
+# the Gluon kernel's consumer warpgroups and loader warp: registers per thread (setmaxnreg), as FA3 splits them;
+# by the number of consumers (the SM's 65,536 registers over 3 or 4 warpgroups)
+WS_CONSUMER_REGISTERS = {2: 240, 3: 160}
 WS_LOADER_REGISTERS = 24
 
 
@@ -320,7 +321,8 @@ def _warp_specialized_forward(q, k, v, out, lse, layout: _Layout, config: config
     from .kernels.forward_hopper import attention_forward_hopper_kernel
 
     nheads, head_dim = q.shape[-2:]
-    rows_per_tile = 128  # two consumer warpgroups of 64 rows
+    consumers = 3 if config.three_consumers else 2
+    rows_per_tile = 64 * consumers  # a consumer warpgroup's 64 rows each
     row_tiles = _cdiv(layout.grid_q, rows_per_tile)
     batch_heads = layout.batch * nheads
     tiles = row_tiles * batch_heads
@@ -330,13 +332,13 @@ def _warp_specialized_forward(q, k, v, out, lse, layout: _Layout, config: config
     stride_lb, stride_lh = (lse.stride(0), lse.stride(1)) if lse.dim() == 3 else (0, lse.stride(0))
     _, stride_om, stride_oh = _strides(out)
     attention_forward_hopper_kernel[(programs,)](
-        _token_descriptor(q, rows_per_tile // 2), _token_descriptor(k, config.block_n),
+        _token_descriptor(q, 64), _token_descriptor(k, config.block_n),
         _token_descriptor(v, config.block_n), out, lse, *layout.cu_seqlens,
         stride_om, stride_oh, stride_lb, stride_lh,
         *layout.lengths, nheads, nheads // k.shape[-2], row_tiles, batch_heads, opts.softmax_scale * LOG2E,
         HEAD_DIM=head_dim, BLOCK_N=config.block_n, NUM_STAGES=config.num_stages, CAUSAL=opts.window_right == 0,
-        IS_VARLEN=layout.is_varlen, PINGPONG=config.pingpong,
-        CONSUMER_REGISTERS=WS_CONSUMER_REGISTERS, LOADER_REGISTERS=WS_LOADER_REGISTERS, num_warps=4,
+        IS_VARLEN=layout.is_varlen, PINGPONG=config.pingpong, NUM_CONSUMERS=consumers,
+        CONSUMER_REGISTERS=WS_CONSUMER_REGISTERS[consumers], LOADER_REGISTERS=WS_LOADER_REGISTERS, num_warps=4,
     )
 
 

@@ -1,8 +1,8 @@
 """Hopper forward in Gluon: warp-specialized, FlashAttention-3's structure.
 
-One program computes 128 query rows of one (sequence, head), in three partitions:
+One program computes 128 query rows of one (sequence, head) (192 with ``NUM_CONSUMERS`` = 3), in partitions:
 
-- two consumer warpgroups, 64 rows each. A warpgroup's wgmma keeps its accumulator in that warpgroup's
+- two (or three) consumer warpgroups, 64 rows each. A warpgroup's wgmma keeps its accumulator in that warpgroup's
   registers, so each consumer issues its own products: S = Q K^T from shared memory, O += P V with P from
   registers. Block j's Q K^T runs while block j-1's P V is in flight, and block j's softmax runs while
   that P V finishes (FA3's intra-warpgroup overlap). With ``PINGPONG`` the two warpgroups take turns
@@ -36,7 +36,8 @@ ROWS_PER_WARPGROUP = gl.constexpr(64)  # wgmma's M per warpgroup
 
 @gluon.jit
 def _tile_plan(tile_id, row_tiles, batch_heads, nheads, group_size, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k,
-               stride_lb, stride_lh, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr):
+               stride_lb, stride_lh, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr,
+               NUM_CONSUMERS: gl.constexpr):
     """Where tile ``tile_id`` reads and writes, and its key blocks: every partition derives the same plan.
 
     Tiles are numbered row tile major, so that causal calls run their longest rows first (no tail wave of
@@ -57,12 +58,12 @@ def _tile_plan(tile_id, row_tiles, batch_heads, nheads, group_size, CuSeqlensQ, 
         q_start = batch * seqlen_q
         k_start = batch * seqlen_k
         lse_row = batch.to(gl.int64) * stride_lb + head.to(gl.int64) * stride_lh
-    tile_row = row_tile * (2 * ROWS_PER_WARPGROUP)
+    tile_row = row_tile * (NUM_CONSUMERS * ROWS_PER_WARPGROUP)
     key_end = seqlen_k
     full_end = seqlen_k
     if CAUSAL:
         # bottom-right aligned: query i sees keys up to i + seqlen_k - seqlen_q
-        key_end = gl.minimum(seqlen_k, tile_row + 2 * ROWS_PER_WARPGROUP + seqlen_k - seqlen_q)
+        key_end = gl.minimum(seqlen_k, tile_row + NUM_CONSUMERS * ROWS_PER_WARPGROUP + seqlen_k - seqlen_q)
         full_end = gl.minimum(seqlen_k, tile_row + 1 + seqlen_k - seqlen_q)
     # a tile past its sequence's end (varlen: a shorter sequence) loads Q and computes nothing
     n_blocks = gl.where(tile_row < seqlen_q, gl.cdiv(gl.maximum(key_end, 0), BLOCK_N), 0)
@@ -74,19 +75,19 @@ def _tile_plan(tile_id, row_tiles, batch_heads, nheads, group_size, CuSeqlensQ, 
 def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free,
                     v_free, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
                     total_tiles, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-                    CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr):
+                    CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr, NUM_CONSUMERS: gl.constexpr):
     ring = 0  # key blocks loaded so far: the ring's position
     for tile_id in range(gl.program_id(0), total_tiles, gl.num_programs(0)):
         rounds = tile_id // gl.num_programs(0)  # this program's tiles so far
         head, head_k, q_start, k_start, _, _, _, tile_row, _, n_blocks = _tile_plan(
             tile_id, row_tiles, batch_heads, nheads, group_size, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, 0, 0,
-            BLOCK_N, CAUSAL, IS_VARLEN)
+            BLOCK_N, CAUSAL, IS_VARLEN, NUM_CONSUMERS)
         # a fresh barrier passes a wait on the phase before its first: the first tile does not wait
         mbarrier.wait(q_free, (rounds & 1) ^ 1)
-        mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [q_start + tile_row, head * HEAD_DIM], q_ready, q_smem.index(0))
-        tma.async_copy_global_to_shared(q_desc, [q_start + tile_row + ROWS_PER_WARPGROUP, head * HEAD_DIM], q_ready,
-                                        q_smem.index(1))
+        mbarrier.expect(q_ready, NUM_CONSUMERS * q_desc.block_type.nbytes)
+        for c in gl.static_range(NUM_CONSUMERS):
+            tma.async_copy_global_to_shared(q_desc, [q_start + tile_row + c * ROWS_PER_WARPGROUP, head * HEAD_DIM],
+                                            q_ready, q_smem.index(c))
         for j in range(n_blocks):
             stage = (ring + j) % NUM_STAGES
             phase = ((ring + j) // NUM_STAGES) & 1
@@ -208,7 +209,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
                         nheads, group_size, row_tiles, batch_heads, total_tiles, qk_scale_log2,
                         WARP_GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                         NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr,
-                        PINGPONG: gl.constexpr):
+                        PINGPONG: gl.constexpr, NUM_CONSUMERS: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -220,7 +221,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
         rounds = tile_id // gl.num_programs(0)  # this program's tiles so far
         head, _, q_start, _, tile_seqlen_q, tile_seqlen_k, lse_row, tile_row, n_full, n_blocks = _tile_plan(
             tile_id, row_tiles, batch_heads, nheads, group_size, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k,
-            stride_lb, stride_lh, BLOCK_N, CAUSAL, IS_VARLEN)
+            stride_lb, stride_lh, BLOCK_N, CAUSAL, IS_VARLEN, NUM_CONSUMERS)
         first_row = tile_row + WARP_GROUP * ROWS_PER_WARPGROUP  # within the sequence
         rows = first_row + gl.arange(0, ROWS_PER_WARPGROUP, layout=gl.SliceLayout(1, s_layout))
         m_i = gl.full([ROWS_PER_WARPGROUP], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
@@ -255,16 +256,18 @@ def attention_forward_hopper_kernel(
     stride_om, stride_oh, stride_lb, stride_lh,
     seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, qk_scale_log2,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-    IS_VARLEN: gl.constexpr, PINGPONG: gl.constexpr,
+    IS_VARLEN: gl.constexpr, PINGPONG: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
     CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
 ):
-    """Tiles of 128 query rows, ``row_tiles`` per (sequence, head) and ``batch_heads`` of those; program p
-    computes tiles p, p + grid, ... (one each when the grid covers them all; persistent when it is smaller).
-    Dense: q_desc spans (batch * seqlen_q, nheads * HEAD_DIM), k/v_desc (batch * seqlen_k, nheads_k *
-    HEAD_DIM); varlen: the packed tokens, sequence b's rows from CuSeqlens[b]. Lse: (batch, nheads, seqlen_q)
-    dense, (nheads, total_q) varlen."""
+    """Tiles of NUM_CONSUMERS x 64 query rows (2 or 3 consumer warpgroups), ``row_tiles`` per (sequence, head)
+    and ``batch_heads`` of those; program p computes tiles p, p + grid, ... (one each when the grid covers them
+    all; persistent when it is smaller). Dense: q_desc spans (batch * seqlen_q, nheads * HEAD_DIM), k/v_desc
+    (batch * seqlen_k, nheads_k * HEAD_DIM); varlen: the packed tokens, sequence b's rows from CuSeqlens[b].
+    Lse: (batch, nheads, seqlen_q) dense, (nheads, total_q) varlen."""
+    gl.static_assert(NUM_CONSUMERS == 2 or NUM_CONSUMERS == 3, "two or three consumer warpgroups")
+    gl.static_assert(NUM_CONSUMERS == 2 or not PINGPONG, "ping-pong turns are between two consumers")
     total_tiles = row_tiles * batch_heads
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, ROWS_PER_WARPGROUP, HEAD_DIM], q_desc.layout)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONSUMERS, ROWS_PER_WARPGROUP, HEAD_DIM], q_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -275,25 +278,52 @@ def attention_forward_hopper_kernel(
     k_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=1)
-    mbarrier.init(q_free, count=2)  # both consumers release Q
+    mbarrier.init(q_free, count=NUM_CONSUMERS)  # every consumer releases Q
     mbarrier.init(turn.index(0), count=1)
     mbarrier.init(turn.index(1), count=1)
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_free.index(i), count=2)  # both consumers release a stage's K, then its V
-        mbarrier.init(v_free.index(i), count=2)
+        mbarrier.init(k_free.index(i), count=NUM_CONSUMERS)  # every consumer releases a stage's K, then its V
+        mbarrier.init(v_free.index(i), count=NUM_CONSUMERS)
 
-    gl.warp_specialize([
-        (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, Out,
-                               Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh, seqlen_q,
-                               seqlen_k, nheads, group_size, row_tiles, batch_heads, total_tiles, qk_scale_log2,
-                               0, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG)),
-        (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, Out,
-                               Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh, seqlen_q,
-                               seqlen_k, nheads, group_size, row_tiles, batch_heads, total_tiles, qk_scale_log2,
-                               1, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG)),
-        (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free,
-                           v_free, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, nheads, group_size, row_tiles,
-                           batch_heads, total_tiles, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN)),
-    ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
+    # each consumer's partition spelled out: warp_specialize takes a literal list, one entry per partition
+    if NUM_CONSUMERS == 2:
+        gl.warp_specialize([
+            (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn,
+                                   Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh,
+                                   seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, total_tiles,
+                                   qk_scale_log2, 0, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG,
+                                   NUM_CONSUMERS)),
+            (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn,
+                                   Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh,
+                                   seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, total_tiles,
+                                   qk_scale_log2, 1, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG,
+                                   NUM_CONSUMERS)),
+            (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready,
+                               k_free, v_free, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, nheads, group_size,
+                               row_tiles, batch_heads, total_tiles, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN,
+                               NUM_CONSUMERS)),
+        ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
+    else:
+        gl.warp_specialize([
+            (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn,
+                                   Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh,
+                                   seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, total_tiles,
+                                   qk_scale_log2, 0, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG,
+                                   NUM_CONSUMERS)),
+            (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn,
+                                   Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh,
+                                   seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, total_tiles,
+                                   qk_scale_log2, 1, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG,
+                                   NUM_CONSUMERS)),
+            (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn,
+                                   Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh,
+                                   seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, total_tiles,
+                                   qk_scale_log2, 2, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG,
+                                   NUM_CONSUMERS)),
+            (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready,
+                               k_free, v_free, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, nheads, group_size,
+                               row_tiles, batch_heads, total_tiles, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN,
+                               NUM_CONSUMERS)),
+        ], [4, 4, 1], [CONSUMER_REGISTERS, CONSUMER_REGISTERS, LOADER_REGISTERS])
