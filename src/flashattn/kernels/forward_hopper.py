@@ -9,7 +9,7 @@ One program computes 128 query rows of one (sequence, head) (192 with ``NUM_CONS
   issuing their products, so that one's GEMMs run while the other computes its exponentials (FA3's
   inter-warpgroup schedule);
 - a loader warp: the tile's Q, then K and V through TMA into a ring of ``NUM_STAGES`` shared-memory
-  stages. A stage's K is released as soon as both consumers' Q K^T have read it, its V once their P V
+  stages. A stage's K is released as soon as every consumer's Q K^T has read it, its V once their P V
   have: the overlapped loop holds block j's K and block j-1's V at once, so a ring that freed K and V
   together would hold two stages and leave a 2-stage ring nothing to prefetch into.
 
