@@ -64,6 +64,17 @@ def test_token_rows_reads_heads_side_by_side():
     assert ops._token_rows(torch.randn(2, 1, 3, 8).expand(2, 5, 3, 8)) is None  # every token the same row
 
 
+def test_token_descriptor_spans_every_token_and_one_head_per_block():
+    packed = torch.randn(2, 300, 3, 4, 64, dtype=torch.float16)[:, :, 2]  # v of a qkv-packed tensor
+    descriptor = ops._token_descriptor(packed, 128)
+    assert descriptor.base.data_ptr() == packed.data_ptr()
+    assert list(descriptor.shape) == [600, 256] and list(descriptor.strides) == [768, 1]
+    assert list(descriptor.block_shape) == [128, 64]
+    assert descriptor.layout.element_bitwidth == 16 and descriptor.layout.swizzle_byte_width == 128
+    # the layout is built once per tile shape and dtype
+    assert ops._token_descriptor(packed, 128).layout is descriptor.layout
+
+
 def test_warp_specialized_fits_only_gpu_plain_softmax():
     q = torch.randn(1, 4, 2, 64, dtype=torch.bfloat16)
     opts = AttentionOptions(0.125)
