@@ -225,26 +225,21 @@ def table_report(phase: str, head_dim: int, causal: bool, seqlen: int) -> dict |
 def ws_forward_report(head_dim: int, causal: bool, config, varlen: bool = False) -> dict:
     """:func:`report` of the warp-specialized Gluon forward (``kernels/forward_hopper.py``) with ``config``'s
     tile, as ``ops._warp_specialized_forward`` launches it for bf16 inputs."""
-    from triton.experimental.gluon import language as gl
+    import torch
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from flashattn import ops
     from flashattn.kernels.forward_hopper import attention_forward_hopper_kernel
 
     def descriptor(rows: int) -> str:
-        layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], gl.bfloat16)
-        return f"tensordesc<bf16[{rows}, {head_dim}],{layout!r}>"
+        return f"tensordesc<bf16[{rows}, {head_dim}],{ops._tile_layout(rows, head_dim, torch.bfloat16)!r}>"
 
     seqlens = "*i32" if varlen else "*bf16"  # dense calls pass q there, never read
     signature = dict(q_desc=descriptor(64), k_desc=descriptor(config.block_n), v_desc=descriptor(config.block_n),
                      Out="*bf16", Lse="*fp32", CuSeqlensQ=seqlens, CuSeqlensK=seqlens, stride_om="i32",
                      stride_oh="i32", stride_lb="i32", stride_lh="i32", seqlen_q="i32", seqlen_k="i32",
                      nheads="i32", group_size="i32", row_tiles="i32", batch_heads="i32", qk_scale_log2="fp32")
-    consumers = 3 if config.three_consumers else 2
-    constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, NUM_STAGES=config.num_stages, CAUSAL=causal,
-                      IS_VARLEN=varlen, PINGPONG=config.pingpong, NUM_CONSUMERS=consumers,
-                      CONSUMER_REGISTERS=ops.WS_CONSUMER_REGISTERS[consumers],
-                      LOADER_REGISTERS=ops.WS_LOADER_REGISTERS)
+    constexprs = ops.warp_specialized_constexprs(config, head_dim, causal, varlen)
     signature.update({name: "constexpr" for name in constexprs})
     source = GluonASTSource(attention_forward_hopper_kernel, signature, constexprs)
     return report(triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}))

@@ -30,7 +30,7 @@ WS_TILES = {
 
 
 def _on_hopper() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+    return torch.cuda.is_available() and configs.gpu_family(torch.device("cuda")) == "hopper"
 
 
 hopper = pytest.mark.skipif(not _on_hopper(), reason="the Gluon kernel is built for sm90")

@@ -121,7 +121,9 @@ def backend_description(device_type: str) -> str:
     if device_type == "cuda":
         import torch
 
-        if torch.cuda.get_device_capability() == (9, 0):
+        from .configs import gpu_family
+
+        if gpu_family(torch.device("cuda")) == "hopper":
             return ("triton (default on CUDA); on this sm90 GPU the forward at head dim 128 / 256 (16-bit, causal or "
                     "no mask) runs the warp-specialized Gluon kernel")
         return "triton (default on CUDA)"

@@ -20,6 +20,7 @@ from .ops import (
     _dot_flags,
     _kernel_scalars,
     _last_dim_contiguous,
+    _sm_count,
     backend_for_cpu_tensors,
     backend_override,
     interpreting,
@@ -55,11 +56,6 @@ def decode_config(rows: int, head_dim: int, dtype: torch.dtype, interpret: bool)
     if dtype == torch.float32:
         block_n = max(16, block_n // 2)
     return DecodeConfig(block_m, block_n, 4, 3 if width <= 128 else 2)
-
-
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 PROGRAMMATIC_LAUNCH = True

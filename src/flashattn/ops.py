@@ -242,8 +242,6 @@ def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, at
     if config.warp_specialized and fits_gluon:
         _warp_specialized_forward(q, k, v, out, lse, layout, config, opts)
         return out, lse
-    # a forced Gluon tile (configs.use_config) on a call that kernel does not cover: the Triton kernel, same tile
-    config = dataclasses.replace(config, warp_specialized=False, pingpong=False, persistent=False)
     use_tma = _tma_loads(config.tma, q, k, v, out)
     slopes, stride_alibi_b, has_alibi = _alibi_args(alibi_slopes, q)
     grid = (_cdiv(layout.grid_q, config.block_m), layout.batch * nheads)
@@ -272,10 +270,11 @@ WS_LOADER_REGISTERS = 24
 
 def _warp_specialized_fits(q, k, v, opts: AttentionOptions, alibi_slopes, attn_mask, block_table) -> bool:
     """Whether the warp-specialized Gluon forward (``kernels/forward_hopper.py``) computes this call: a causal
-    or unmasked softmax of 16-bit inputs at head dim 64, 128 or 256 on a GPU, with each tensor readable as
+    or unmasked softmax of 16-bit inputs at head dim 64, 128 or 256 on an sm90 GPU, with each tensor readable as
     (tokens, heads * head_dim) rows by TMA. Everything else takes the Triton kernel."""
     head_dim = q.shape[-1]
-    return (q.is_cuda and not interpreting() and q.dtype in (torch.bfloat16, torch.float16)
+    return (configs.gpu_family(q.device) == "hopper" and not interpreting()
+            and q.dtype in (torch.bfloat16, torch.float16)
             and head_dim in (64, 128, 256) and opts.dropout_p == 0 and opts.softcap == 0
             and opts.softmax_scale > 0  # the running max is taken over unscaled scores
             and opts.window_left < 0 and opts.window_right in (-1, 0)
@@ -319,8 +318,8 @@ def _token_descriptor(x: torch.Tensor, block_rows: int):
 
 
 @functools.cache
-def _multiprocessor_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def _warp_specialized_forward(q, k, v, out, lse, layout: _Layout, config: configs.TileConfig,
@@ -328,14 +327,13 @@ def _warp_specialized_forward(q, k, v, out, lse, layout: _Layout, config: config
     from .kernels.forward_hopper import attention_forward_hopper_kernel
 
     nheads, head_dim = q.shape[-2:]
-    consumers = 3 if config.three_consumers else 2
-    rows_per_tile = 64 * consumers  # a consumer warpgroup's 64 rows each
+    rows_per_tile = 64 * _consumer_warpgroups(config)  # a consumer warpgroup's 64 rows each
     row_tiles = _cdiv(layout.grid_q, rows_per_tile)
     batch_heads = layout.batch * nheads
     tiles = row_tiles * batch_heads
     # persistent: one program per SM walks the tiles, its loader fetching the next tile's Q, K and V while the
     # consumers finish the last one
-    programs = min(tiles, _multiprocessor_count(q.device)) if config.persistent else tiles
+    programs = min(tiles, _sm_count(q.device.index)) if config.persistent else tiles
     stride_lb, stride_lh = (lse.stride(0), lse.stride(1)) if lse.dim() == 3 else (0, lse.stride(0))
     _, stride_om, stride_oh = _strides(out)
     attention_forward_hopper_kernel[(programs,)](
@@ -343,10 +341,20 @@ def _warp_specialized_forward(q, k, v, out, lse, layout: _Layout, config: config
         _token_descriptor(v, config.block_n), out, lse, *layout.cu_seqlens,
         stride_om, stride_oh, stride_lb, stride_lh,
         *layout.lengths, nheads, nheads // k.shape[-2], row_tiles, batch_heads, opts.softmax_scale * LOG2E,
-        HEAD_DIM=head_dim, BLOCK_N=config.block_n, NUM_STAGES=config.num_stages, CAUSAL=opts.window_right == 0,
-        IS_VARLEN=layout.is_varlen, PINGPONG=config.pingpong, NUM_CONSUMERS=consumers,
-        CONSUMER_REGISTERS=WS_CONSUMER_REGISTERS[consumers], LOADER_REGISTERS=WS_LOADER_REGISTERS, num_warps=4,
+        **warp_specialized_constexprs(config, head_dim, opts.window_right == 0, layout.is_varlen), num_warps=4,
     )
+
+
+def warp_specialized_constexprs(config: configs.TileConfig, head_dim: int, causal: bool, is_varlen: bool) -> dict:
+    """The Gluon forward's compile-time arguments for ``config`` (also what benchmarks/sass_report.py compiles)."""
+    consumers = _consumer_warpgroups(config)
+    return dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, NUM_STAGES=config.num_stages, CAUSAL=causal,
+                IS_VARLEN=is_varlen, PINGPONG=config.pingpong, NUM_CONSUMERS=consumers,
+                CONSUMER_REGISTERS=WS_CONSUMER_REGISTERS[consumers], LOADER_REGISTERS=WS_LOADER_REGISTERS)
+
+
+def _consumer_warpgroups(config: configs.TileConfig) -> int:
+    return 3 if config.three_consumers else 2
 
 
 def _dkdv_passes(config: configs.TileConfig) -> tuple[dict, ...]:
