@@ -238,7 +238,8 @@ def ws_forward_report(head_dim: int, causal: bool, config, varlen: bool = False)
     signature = dict(q_desc=descriptor(64), k_desc=descriptor(config.block_n), v_desc=descriptor(config.block_n),
                      Out="*bf16", Lse="*fp32", CuSeqlensQ=seqlens, CuSeqlensK=seqlens, stride_om="i32",
                      stride_oh="i32", stride_lb="i32", stride_lh="i32", seqlen_q="i32", seqlen_k="i32",
-                     nheads="i32", group_size="i32", row_tiles="i32", batch_heads="i32", qk_scale_log2="fp32")
+                     nheads="i32", group_size="i32", row_tiles="i32", batch_heads="i32", heads_per_section="i32",
+                     qk_scale_log2="fp32")
     constexprs = ops.warp_specialized_constexprs(config, head_dim, causal, varlen)
     signature.update({name: "constexpr" for name in constexprs})
     source = GluonASTSource(attention_forward_hopper_kernel, signature, constexprs)

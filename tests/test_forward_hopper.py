@@ -81,6 +81,15 @@ def test_warp_specialized_fits_only_gpu_plain_softmax():
     assert not ops._warp_specialized_fits(q, q, q, opts, None, None, None)  # a CPU tensor
 
 
+def test_heads_per_section_fits_the_l2_budget(monkeypatch):
+    monkeypatch.setattr(ops, "WS_L2_SECTION_BYTES", 8 << 20)
+    # 4k keys at hdim 128 in bf16: K and V of one head take 2 MiB, so 4 heads a section
+    assert ops._heads_per_section(64, 1, 4096 * 128 * 2) == 4
+    assert ops._heads_per_section(64, 4, 4096 * 128 * 2) == 16  # four query heads share one K/V head
+    assert ops._heads_per_section(3, 1, 512 * 128 * 2) == 3  # never more than the launch has
+    assert ops._heads_per_section(64, 1, 1 << 30) == 1  # one head past the budget still runs
+
+
 GPU_SHAPES = [
     # (batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim)
     (2, 1024, 1024, 4, 4, 128),
@@ -107,6 +116,19 @@ def test_ws_forward_matches_reference(shape, option, tile, monkeypatch):
     with forced_ws(WS_TILES[tile], monkeypatch):
         check_against_reference(make_case(shape, option, "cuda"), torch.bfloat16, "cuda", flash_attn_func,
                                 backward=shape[1] <= 1024)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("tile", ["n128-s2", "n128-s2-persistent"])
+@pytest.mark.parametrize("option", ["plain", "causal"])
+def test_ws_forward_walks_heads_in_sections(option, tile, monkeypatch):
+    # 8 (sequence, head) pairs in sections of 3, 3 and 2: every tile computed once, the short last section too
+    shape = (2, 1023, 1023, 4, 2, 128)
+    monkeypatch.setattr(ops, "WS_L2_SECTION_BYTES", 3 * 1023 * 128 * 2)
+    assert ops._heads_per_section(8, 2, 1023 * 128 * 2) == 3
+    with forced_ws(WS_TILES[tile], monkeypatch):
+        check_against_reference(make_case(shape, option, "cuda"), torch.bfloat16, "cuda", flash_attn_func)
 
 
 @pytest.mark.gpu

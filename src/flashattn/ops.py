@@ -266,6 +266,10 @@ def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, at
 # by the number of consumers (the SM's 65,536 registers over 3 or 4 warpgroups)
 WS_CONSUMER_REGISTERS = {2: 240, 3: 160}
 WS_LOADER_REGISTERS = 24
+# the K and V bytes that the Gluon forward's programs in flight read together: a section of heads that fits
+# well within L2 (50 MB on H100, 60 on H200), which is shared with Q, O and other traffic (FA3 sizes its
+# L2 swizzle on 32 MB too)
+WS_L2_SECTION_BYTES = 32 << 20
 
 
 def _warp_specialized_fits(q, k, v, opts: AttentionOptions, alibi_slopes, attn_mask, block_table) -> bool:
@@ -334,15 +338,26 @@ def _warp_specialized_forward(q, k, v, out, lse, layout: _Layout, config: config
     # persistent: one program per SM walks the tiles, its loader fetching the next tile's Q, K and V while the
     # consumers finish the last one
     programs = min(tiles, _sm_count(q.device.index)) if config.persistent else tiles
+    group_size = nheads // k.shape[-2]
     stride_lb, stride_lh = (lse.stride(0), lse.stride(1)) if lse.dim() == 3 else (0, lse.stride(0))
     _, stride_om, stride_oh = _strides(out)
     attention_forward_hopper_kernel[(programs,)](
         _token_descriptor(q, 64), _token_descriptor(k, config.block_n),
         _token_descriptor(v, config.block_n), out, lse, *layout.cu_seqlens,
         stride_om, stride_oh, stride_lb, stride_lh,
-        *layout.lengths, nheads, nheads // k.shape[-2], row_tiles, batch_heads, opts.softmax_scale * LOG2E,
+        *layout.lengths, nheads, group_size, row_tiles, batch_heads,
+        _heads_per_section(batch_heads, group_size, layout.grid_k * head_dim * k.element_size()),
+        opts.softmax_scale * LOG2E,
         **warp_specialized_constexprs(config, head_dim, opts.window_right == 0, layout.is_varlen), num_warps=4,
     )
+
+
+def _heads_per_section(batch_heads: int, group_size: int, kv_head_bytes: int) -> int:
+    """How many (sequence, head) pairs the Gluon forward walks together (``_tile_plan``): as many as have K and V
+    within ``WS_L2_SECTION_BYTES``, where ``kv_head_bytes`` is one K (or V) head of the longest sequence. The
+    query heads of a GQA group are consecutive and share one K/V head."""
+    kv_bytes_per_query_head = 2 * kv_head_bytes / group_size
+    return max(1, min(batch_heads, int(WS_L2_SECTION_BYTES // max(kv_bytes_per_query_head, 1))))
 
 
 def warp_specialized_constexprs(config: configs.TileConfig, head_dim: int, causal: bool, is_varlen: bool) -> dict:

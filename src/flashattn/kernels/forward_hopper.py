@@ -35,17 +35,26 @@ ROWS_PER_WARPGROUP = gl.constexpr(64)  # wgmma's M per warpgroup
 
 
 @gluon.jit
-def _tile_plan(tile_id, row_tiles, batch_heads, nheads, group_size, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k,
-               stride_lb, stride_lh, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr,
-               NUM_CONSUMERS: gl.constexpr):
+def _tile_plan(tile_id, row_tiles, batch_heads, heads_per_section, nheads, group_size, CuSeqlensQ, CuSeqlensK,
+               seqlen_q, seqlen_k, stride_lb, stride_lh, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+               IS_VARLEN: gl.constexpr, NUM_CONSUMERS: gl.constexpr):
     """Where tile ``tile_id`` reads and writes, and its key blocks: every partition derives the same plan.
 
-    Tiles are numbered row tile major, so that causal calls run their longest rows first (no tail wave of
-    full-length tiles), across the whole launch when programs are persistent."""
-    row_tile = tile_id // batch_heads
+    The (sequence, head) pairs are cut into sections of ``heads_per_section``, whose K and V fit in L2
+    together (the launcher sizes them). Tiles run section by section, so the programs in flight read the K and
+    V of a few heads, each from HBM about once; with the heads as the fastest index over the whole launch, the
+    programs in flight would stream every head's K and V at once, more than L2 holds. Inside a section, tiles
+    are numbered row tile major, so that causal calls run their longest rows first (no tail wave of
+    full-length tiles)."""
+    section_tiles = heads_per_section * row_tiles
+    section = tile_id // section_tiles
+    first_head = section * heads_per_section
+    section_heads = gl.minimum(heads_per_section, batch_heads - first_head)  # the last section may be short
+    in_section = tile_id - section * section_tiles
+    row_tile = in_section // section_heads
     if CAUSAL:
         row_tile = row_tiles - 1 - row_tile
-    batch_head = tile_id % batch_heads
+    batch_head = first_head + in_section % section_heads
     batch = batch_head // nheads
     head = batch_head % nheads
     if IS_VARLEN:
@@ -74,14 +83,15 @@ def _tile_plan(tile_id, row_tiles, batch_heads, nheads, group_size, CuSeqlensQ, 
 @gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free,
                     v_free, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
-                    total_tiles, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-                    CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr, NUM_CONSUMERS: gl.constexpr):
+                    heads_per_section, total_tiles, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                    NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr,
+                    NUM_CONSUMERS: gl.constexpr):
     ring = 0  # key blocks loaded so far: the ring's position
     for tile_id in range(gl.program_id(0), total_tiles, gl.num_programs(0)):
         rounds = tile_id // gl.num_programs(0)  # this program's tiles so far
         head, head_k, q_start, k_start, _, _, _, tile_row, _, n_blocks = _tile_plan(
-            tile_id, row_tiles, batch_heads, nheads, group_size, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, 0, 0,
-            BLOCK_N, CAUSAL, IS_VARLEN, NUM_CONSUMERS)
+            tile_id, row_tiles, batch_heads, heads_per_section, nheads, group_size, CuSeqlensQ, CuSeqlensK, seqlen_q,
+            seqlen_k, 0, 0, BLOCK_N, CAUSAL, IS_VARLEN, NUM_CONSUMERS)
         # a fresh barrier passes a wait on the phase before its first: the first tile does not wait
         mbarrier.wait(q_free, (rounds & 1) ^ 1)
         mbarrier.expect(q_ready, NUM_CONSUMERS * q_desc.block_type.nbytes)
@@ -206,7 +216,7 @@ def _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ri
 @gluon.jit
 def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, Out, Lse,
                         CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k,
-                        nheads, group_size, row_tiles, batch_heads, total_tiles, qk_scale_log2,
+                        nheads, group_size, row_tiles, batch_heads, heads_per_section, total_tiles, qk_scale_log2,
                         WARP_GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                         NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr,
                         PINGPONG: gl.constexpr, NUM_CONSUMERS: gl.constexpr):
@@ -220,8 +230,8 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
     for tile_id in range(gl.program_id(0), total_tiles, gl.num_programs(0)):
         rounds = tile_id // gl.num_programs(0)  # this program's tiles so far
         head, _, q_start, _, tile_seqlen_q, tile_seqlen_k, lse_row, tile_row, n_full, n_blocks = _tile_plan(
-            tile_id, row_tiles, batch_heads, nheads, group_size, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k,
-            stride_lb, stride_lh, BLOCK_N, CAUSAL, IS_VARLEN, NUM_CONSUMERS)
+            tile_id, row_tiles, batch_heads, heads_per_section, nheads, group_size, CuSeqlensQ, CuSeqlensK, seqlen_q,
+            seqlen_k, stride_lb, stride_lh, BLOCK_N, CAUSAL, IS_VARLEN, NUM_CONSUMERS)
         first_row = tile_row + WARP_GROUP * ROWS_PER_WARPGROUP  # within the sequence
         rows = first_row + gl.arange(0, ROWS_PER_WARPGROUP, layout=gl.SliceLayout(1, s_layout))
         m_i = gl.full([ROWS_PER_WARPGROUP], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
@@ -254,7 +264,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
 def attention_forward_hopper_kernel(
     q_desc, k_desc, v_desc, Out, Lse, CuSeqlensQ, CuSeqlensK,
     stride_om, stride_oh, stride_lb, stride_lh,
-    seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, qk_scale_log2,
+    seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section, qk_scale_log2,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
     IS_VARLEN: gl.constexpr, PINGPONG: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
     CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
@@ -292,38 +302,38 @@ def attention_forward_hopper_kernel(
         gl.warp_specialize([
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn,
                                    Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh,
-                                   seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, total_tiles,
-                                   qk_scale_log2, 0, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG,
-                                   NUM_CONSUMERS)),
+                                   seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
+                                   heads_per_section, total_tiles, qk_scale_log2, 0, HEAD_DIM, BLOCK_N,
+                                   NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS)),
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn,
                                    Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh,
-                                   seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, total_tiles,
-                                   qk_scale_log2, 1, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG,
-                                   NUM_CONSUMERS)),
+                                   seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
+                                   heads_per_section, total_tiles, qk_scale_log2, 1, HEAD_DIM, BLOCK_N,
+                                   NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready,
                                k_free, v_free, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, nheads, group_size,
-                               row_tiles, batch_heads, total_tiles, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN,
-                               NUM_CONSUMERS)),
+                               row_tiles, batch_heads, heads_per_section, total_tiles, HEAD_DIM, BLOCK_N,
+                               NUM_STAGES, CAUSAL, IS_VARLEN, NUM_CONSUMERS)),
         ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
     else:
         gl.warp_specialize([
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn,
                                    Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh,
-                                   seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, total_tiles,
-                                   qk_scale_log2, 0, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG,
-                                   NUM_CONSUMERS)),
+                                   seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
+                                   heads_per_section, total_tiles, qk_scale_log2, 0, HEAD_DIM, BLOCK_N,
+                                   NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS)),
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn,
                                    Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh,
-                                   seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, total_tiles,
-                                   qk_scale_log2, 1, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG,
-                                   NUM_CONSUMERS)),
+                                   seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
+                                   heads_per_section, total_tiles, qk_scale_log2, 1, HEAD_DIM, BLOCK_N,
+                                   NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS)),
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn,
                                    Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh,
-                                   seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, total_tiles,
-                                   qk_scale_log2, 2, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG,
-                                   NUM_CONSUMERS)),
+                                   seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
+                                   heads_per_section, total_tiles, qk_scale_log2, 2, HEAD_DIM, BLOCK_N,
+                                   NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready,
                                k_free, v_free, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, nheads, group_size,
-                               row_tiles, batch_heads, total_tiles, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN,
-                               NUM_CONSUMERS)),
+                               row_tiles, batch_heads, heads_per_section, total_tiles, HEAD_DIM, BLOCK_N,
+                               NUM_STAGES, CAUSAL, IS_VARLEN, NUM_CONSUMERS)),
         ], [4, 4, 1], [CONSUMER_REGISTERS, CONSUMER_REGISTERS, LOADER_REGISTERS])
