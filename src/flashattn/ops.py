@@ -269,7 +269,7 @@ WS_LOADER_REGISTERS = 24
 # the K and V bytes that the Gluon forward's programs in flight read together: a section of heads that fits
 # well within L2 (50 MB on H100, 60 on H200), which is shared with Q, O and other traffic (FA3 sizes its
 # L2 swizzle on 32 MB too)
-WS_L2_SECTION_BYTES = 32 << 20
+WS_L2_SECTION_BYTES = 8 << 20
 
 
 def _warp_specialized_fits(q, k, v, opts: AttentionOptions, alibi_slopes, attn_mask, block_table) -> bool:
