@@ -90,8 +90,12 @@ def test_gluon_forward_entries_only_where_the_call_fits():
     assert ws.warp_specialized and ws == configs._HOPPER_FORWARD_WS[(128, False)]
     # a call the Gluon kernel does not cover keeps the Triton table
     assert lookup("hopper", "forward", 128, False, torch.bfloat16, seqlen=4096) == configs._HOPPER_FORWARD[(128, False)]
-    # no Gluon entry at hdim 64, nor for short causal hdim 128: the Triton entries
-    assert lookup("hopper", "forward", 64, False, torch.bfloat16, seqlen=4096, warp_specialized=True) == \
+    # hdim 64: three consumers from 2k non-causal; the Triton entries for causal calls and short ones, as for
+    # short causal hdim 128
+    assert lookup("hopper", "forward", 64, False, torch.bfloat16, seqlen=4096, warp_specialized=True).three_consumers
+    assert lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=4096, warp_specialized=True) == \
+        configs._HOPPER_FORWARD[(64, True)]
+    assert lookup("hopper", "forward", 64, False, torch.bfloat16, seqlen=SHORT_SEQLEN, warp_specialized=True) == \
         configs._HOPPER_FORWARD[(64, False)]
     assert lookup("hopper", "forward", 128, True, torch.bfloat16, seqlen=SHORT_SEQLEN, warp_specialized=True) == \
         configs._HOPPER_FORWARD_SHORT[(128, True)]

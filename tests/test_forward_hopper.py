@@ -176,10 +176,11 @@ def test_other_options_take_the_triton_kernel(option, monkeypatch):
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize(("head_dim", "dtype", "expect_launch"), [
-    (128, torch.bfloat16, True), (256, torch.float16, True), (64, torch.bfloat16, False),
-    (96, torch.bfloat16, False), (128, torch.float32, False)])
-def test_table_takes_the_gluon_kernel_where_it_fits(head_dim, dtype, expect_launch, monkeypatch):
-    case = make_case((1, 2048, 2048, 2, 2, head_dim), "causal", "cuda")
+@pytest.mark.parametrize(("head_dim", "option", "dtype", "expect_launch"), [
+    (128, "causal", torch.bfloat16, True), (256, "causal", torch.float16, True),
+    (64, "plain", torch.bfloat16, True), (64, "causal", torch.bfloat16, False),
+    (96, "causal", torch.bfloat16, False), (128, "causal", torch.float32, False)])
+def test_table_takes_the_gluon_kernel_where_it_fits(head_dim, option, dtype, expect_launch, monkeypatch):
+    case = make_case((1, 2048, 2048, 2, 2, head_dim), option, "cuda")
     with forced_ws(None, monkeypatch, expect_launch=expect_launch):
         check_against_reference(case, dtype, "cuda", flash_attn_func, backward=False)

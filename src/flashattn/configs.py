@@ -183,10 +183,15 @@ _LONG_TABLES = {("hopper", "forward"): _HOPPER_FORWARD_LONG}
 # - hdim 128 causal: 3 stages 461.7 at 4k (409.4), 585 at 16k (530); 2 stages 450 / 592;
 # - hdim 256, 128x64x8x2+ws: 591.8 / 534.0 at 4k non-causal / causal (507.7 / 425.8), 663.1 at 16k (535.2);
 #   32-key blocks on 4 stages lost (452.6);
-# - hdim 64: lost (347.6 against 425.0 at 4k, 330 against 382 causal). There the exponentials bound the loop,
-#   and the Triton tile runs two 8-warp programs per SM where this kernel's 240-register consumers allow one;
+# - hdim 64 with two consumers: lost (347.6 against 425.0 at 4k, 330 against 382 causal). There the exponentials
+#   bound the loop, and the Triton tile runs two 8-warp programs per SM where this kernel's 240-register
+#   consumers allow one. Three consumers (192 rows a program, FA3's hdim-64 choice), swept after the L2 sections
+#   (session 11): non-causal 457.3 / 499.0 at 4k / 16k against 428.1 / 438.3 (4 stages 452.3 / 499.0), but 334.7
+#   (358.8 persistent) against 381.8 at 1k; causal 365.6 against 384.6 at 4k, 466.8 against 427.4 at 16k
+#   (128x64 blocks: 354.6 / 429.9). Causal hdim 64 keeps the Triton tile;
 # - ping-pong turns between the consumers: no gain (590.4 against 599.5 at hdim 128 16k).
 _HOPPER_FORWARD_WS = {
+    (64, False): TileConfig(128, 128, 8, 3, warp_specialized=True, three_consumers=True),
     (128, False): TileConfig(128, 128, 8, 2, warp_specialized=True),
     (128, True): TileConfig(128, 128, 8, 3, warp_specialized=True),
     (256, False): TileConfig(128, 64, 8, 2, warp_specialized=True),
@@ -196,6 +201,7 @@ _HOPPER_FORWARD_WS = {
 # entry's 391.2 / 306.7 (one program a tile: 389.4 / 318.9). Causal hdim 128 keeps the Triton 64x64 tile (308.2
 # against 298.5 at 1k).
 _HOPPER_FORWARD_WS_SHORT = {
+    (64, False): None,
     (128, False): TileConfig(128, 128, 8, 3, warp_specialized=True, persistent=True),
     (128, True): None,
 }
