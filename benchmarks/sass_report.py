@@ -197,17 +197,20 @@ GRID_DIVISIBLE = ("seqlen_q", "seqlen_k", "nheads", "nheads_k", "rng_seed", "rng
 
 def table_report(phase: str, head_dim: int, causal: bool, seqlen: int) -> dict | None:
     """:func:`compile_report` of the Hopper tile table's ``phase`` kernel ("forward", "dkdv" or "dq") as
-    the launcher compiles it for a bf16 benchmark-grid shape; "forward_ws": the Gluon forward's entry (None
-    where the table has none)."""
+    the launcher compiles it for a bf16 benchmark-grid shape; "forward_ws" and "dkdv_ws": the Gluon kernels'
+    entries (None where the table has none)."""
     import torch
 
     from flashattn import configs, ops
     from flashattn.kernels import backward, forward
 
-    if phase == "forward_ws":
-        config = configs.lookup("hopper", "forward", head_dim, causal, torch.bfloat16, seqlen=seqlen,
+    if phase in ("forward_ws", "dkdv_ws"):
+        config = configs.lookup("hopper", phase[:-3], head_dim, causal, torch.bfloat16, seqlen=seqlen,
                                 warp_specialized=True)
-        return ws_forward_report(head_dim, causal, config) if config.warp_specialized else None
+        if not config.warp_specialized:
+            return None
+        report_of = ws_forward_report if phase == "forward_ws" else ws_dkdv_report
+        return report_of(head_dim, causal, config)
     config = configs.lookup("hopper", phase, head_dim, causal, torch.bfloat16, seqlen=seqlen)
     kernel = {"forward": forward.attention_forward_kernel, "dkdv": backward.dkdv_kernel,
               "dq": backward.dq_kernel}[phase]
@@ -243,6 +246,29 @@ def ws_forward_report(head_dim: int, causal: bool, config, varlen: bool = False)
     constexprs = ops.warp_specialized_constexprs(config, head_dim, causal, varlen)
     signature.update({name: "constexpr" for name in constexprs})
     source = GluonASTSource(attention_forward_hopper_kernel, signature, constexprs)
+    return report(triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}))
+
+
+def ws_dkdv_report(head_dim: int, causal: bool, config) -> dict:
+    """:func:`report` of the warp-specialized Gluon dK/dV kernel (``kernels/backward_hopper.py``) with ``config``'s
+    query tile, as ``ops._warp_specialized_dkdv`` launches it for bf16 inputs."""
+    import torch
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from flashattn import ops
+    from flashattn.kernels.backward_hopper import dkdv_hopper_kernel
+
+    def descriptor(rows: int) -> str:
+        return f"tensordesc<bf16[{rows}, {head_dim}],{ops._tile_layout(rows, head_dim, torch.bfloat16)!r}>"
+
+    signature = dict(q_desc=descriptor(config.block_m), k_desc=descriptor(ops.WS_DKDV_KEYS),
+                     v_desc=descriptor(ops.WS_DKDV_KEYS), do_desc=descriptor(config.block_m), Lse="*fp32",
+                     Delta="*fp32", DK="*bf16", DV="*bf16", stride_gb="i32", stride_gm="i32", stride_gh="i32",
+                     seqlen_q="i32", seqlen_k="i32", nheads="i32", nheads_k="i32", key_blocks="i32",
+                     softmax_scale="fp32", qk_scale_log2="fp32")
+    constexprs = ops.warp_specialized_dkdv_constexprs(config, head_dim, causal)
+    signature.update({name: "constexpr" for name in constexprs})
+    source = GluonASTSource(dkdv_hopper_kernel, signature, constexprs)
     return report(triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}))
 
 

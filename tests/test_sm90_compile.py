@@ -4,7 +4,7 @@ instructions asynchronous. When it serializes them (its info C7515) a kernel los
 no other sign: the causal hdim-128 dK/dV kernel did (docs/perf-notes.md, version 8).
 
 The compiles also check the table's TMA builds (forward; dK/dV at hdim 128 and 256 causal; dQ at hdim 256)
-and the Gluon forward's entries ("forward_ws"), which the interpreter cannot run: a descriptor path that
+and the Gluon kernels' entries ("forward_ws", "dkdv_ws"), which the interpreter cannot run: a descriptor path that
 Triton fails to compile runs fine there, and Gluon has no interpreter.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PHASES = ("forward", "forward_ws", "dkdv", "dq")
+PHASES = ("forward", "forward_ws", "dkdv", "dkdv_ws", "dq")
 HEAD_DIMS = (64, 128, 256)
 # the compiles run in a child process: under TRITON_INTERPRET=1 the kernels are interpreter functions
 COMPILE_ALL = f"""
@@ -50,6 +50,6 @@ def reports() -> dict:
 def test_table_kernels_keep_wgmma_asynchronous(reports, phase, head_dim, causal):
     result = reports[(phase, head_dim, causal)]
     if result is None:
-        pytest.skip(f"no Gluon forward entry at hdim {head_dim}")
+        pytest.skip(f"no Gluon {phase[:-3]} entry at hdim {head_dim}")
     assert result["HGMMA"] > 0, f"{phase} hdim {head_dim}: no wgmma at all (HMMA {result['HMMA']})"
     assert result["wgmma_serialized"] is None, f"ptxas serialized the wgmma: {result['wgmma_serialized']}"

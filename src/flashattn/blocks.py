@@ -106,8 +106,9 @@ def parse_candidates(text: str) -> list[Candidate]:
     any config may end in ``+tma`` (TMA tensor descriptors; sm90), a dK/dV config in ``+split`` (a dV
     pass and a dK pass, ``TileConfig.split_dkdv``), ``+every`` (one masked loop,
     ``TileConfig.mask_every_block``), ``+keyrows`` (``TileConfig.key_rows``) or ``+peel``
-    (``TileConfig.peel_diagonal``), a forward config in ``+ws`` (the warp-specialized Gluon kernel,
-    ``TileConfig.warp_specialized``; 128 x BLOCK_N x 8 x STAGES) with ``+pingpong``, ``+persistent`` and
+    (``TileConfig.peel_diagonal``), a forward or dK/dV config in ``+ws`` (the warp-specialized Gluon kernels,
+    ``TileConfig.warp_specialized``; forward 128 x BLOCK_N x 8 x STAGES, dK/dV 64 query rows x 64 keys x 8 x
+    STAGES), a forward one with ``+pingpong``, ``+persistent`` and
     ``+consumers3`` (``TileConfig.pingpong``, ``TileConfig.persistent``, ``TileConfig.three_consumers``),
     any config in ``+rN`` (at most N registers a thread, ``TileConfig.max_registers``)."""
     found: list[Candidate] = []

@@ -205,6 +205,18 @@ _HOPPER_FORWARD_WS_SHORT = {
     (128, False): TileConfig(128, 128, 8, 3, warp_specialized=True, persistent=True),
     (128, True): None,
 }
+# The warp-specialized Gluon dK/dV kernel (kernels/backward_hopper.py; ops._warp_specialized_backward_fits: the
+# forward's conditions, dense batches): 64 keys a program, 64-row query blocks on 2 stages (the only tile: Q and dO
+# stages of 128 rows at hdim 256 would take 256 KB). Measured on an H200 (session 11, GPU time of the dK/dV
+# kernel, ms, against the Triton entry; bench of the two kernels with the same dQ kernel):
+# - hdim 256 non-causal: 1.156 / 2.169 / 9.924 at 2k / 4k / 16k against 1.349 / 2.571 / 10.873;
+# - hdim 256 causal: 0.650 / 1.176 / 4.443 against 0.741 / 1.341 / 4.866;
+# - hdim 128: lost (1.685 / 3.016 / 11.455 against 0.990 / 1.854 / 7.416 non-causal). Its Triton tile takes 128
+#   keys a program, and the 64-key program reads Q and dO twice as often with products half as wide.
+_HOPPER_DKDV_WS = {
+    (256, False): TileConfig(64, 64, 8, 2, warp_specialized=True),
+    (256, True): TileConfig(64, 64, 8, 2, warp_specialized=True),
+}
 _HOPPER_DQ_SHORT = {
     (256, False): TileConfig(128, 64, 8, 1),
 }
@@ -285,6 +297,8 @@ def lookup(family: str, phase: str, head_dim: int, masked: bool, dtype: torch.dt
             config = _HOPPER_FORWARD_WS.get(key)
         if config is not None:
             return config
+    if warp_specialized and family == "hopper" and phase == "dkdv" and (bucket, masked) in _HOPPER_DKDV_WS:
+        return _HOPPER_DKDV_WS[(bucket, masked)]
     if seqlen >= LONG_SEQLEN:
         by_length = _LONG_TABLES.get((family, phase), {})
     elif 0 < seqlen <= SHORT_SEQLEN:

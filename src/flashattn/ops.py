@@ -270,6 +270,8 @@ WS_LOADER_REGISTERS = 24
 # well within L2 (50 MB on H100, 60 on H200), which is shared with Q, O and other traffic (FA3 sizes its
 # L2 swizzle on 32 MB too)
 WS_L2_SECTION_BYTES = 8 << 20
+# the Gluon dK/dV kernel's keys a program: one wgmma row block (64) on each of its two warpgroups
+WS_DKDV_KEYS = 64
 
 
 def _warp_specialized_fits(q, k, v, opts: AttentionOptions, alibi_slopes, attn_mask, block_table) -> bool:
@@ -372,6 +374,40 @@ def _consumer_warpgroups(config: configs.TileConfig) -> int:
     return 3 if config.three_consumers else 2
 
 
+def _warp_specialized_backward_fits(q, k, v, dout, lse, opts: AttentionOptions, alibi_slopes, attn_mask,
+                                    packing) -> bool:
+    """Whether the warp-specialized Gluon dK/dV kernel (``kernels/backward_hopper.py``) computes this backward's
+    dK and dV: the forward's conditions (``_warp_specialized_fits``, with dO in the same (tokens, heads * head_dim)
+    rows), dense batches (not varlen) and a contiguous LSE."""
+    return (packing is None and q.numel() > 0 and lse.is_contiguous()
+            and _warp_specialized_fits(q, k, v, opts, alibi_slopes, attn_mask, None)
+            and _token_rows(dout) is not None and _tma_compatible(dout))
+
+
+def _warp_specialized_dkdv(q, k, v, dout, lse, delta, dk, dv, opts: AttentionOptions,
+                           config: configs.TileConfig) -> None:
+    """dK and dV (contiguous, k's shape) by the Gluon kernel; ``delta`` = rowsum(dO * O), lse's layout."""
+    from .kernels.backward_hopper import dkdv_hopper_kernel
+
+    batch, seqlen_q, nheads, head_dim = q.shape
+    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    key_blocks = _cdiv(seqlen_k, WS_DKDV_KEYS)
+    dkdv_hopper_kernel[(key_blocks * batch * nheads_k,)](
+        _token_descriptor(q, config.block_m), _token_descriptor(k, WS_DKDV_KEYS),
+        _token_descriptor(v, WS_DKDV_KEYS), _token_descriptor(dout, config.block_m),
+        lse, delta, dk, dv, dk.stride(0), dk.stride(1), dk.stride(2),
+        seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, opts.softmax_scale, opts.softmax_scale * LOG2E,
+        **warp_specialized_dkdv_constexprs(config, head_dim, opts.window_right == 0), num_warps=4,
+    )
+
+
+def warp_specialized_dkdv_constexprs(config: configs.TileConfig, head_dim: int, causal: bool) -> dict:
+    """The Gluon dK/dV kernel's compile-time arguments for ``config`` (also what benchmarks/sass_report.py
+    compiles): its two warpgroups take the forward consumers' registers."""
+    return dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, NUM_STAGES=config.num_stages, CAUSAL=causal,
+                DK_REGISTERS=WS_CONSUMER_REGISTERS[2], LOADER_REGISTERS=WS_LOADER_REGISTERS)
+
+
 def _dkdv_passes(config: configs.TileConfig) -> tuple[dict, ...]:
     """The dK/dV kernel's launches: one for both gradients, or (``split_dkdv``) a dV pass, then a dK pass,
     each with one accumulator and the keys along its tile's rows."""
@@ -423,8 +459,9 @@ def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Att
     inputs = (q, k, v, dout, lse, delta)
     input_strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(dout))
     shorter = min(layout.grid_q, layout.grid_k)
+    fits_gluon = _warp_specialized_backward_fits(q, k, v, dout, lse, opts, alibi_slopes, attn_mask, packing)
     dkdv_config = configs.tile_config("dkdv", head_dim, masked, q.dtype, q.device, interpret, attn_mask=has_mask,
-                                      seqlen=shorter)
+                                      seqlen=shorter, warp_specialized=fits_gluon)
     dq_config = configs.tile_config("dq", head_dim, masked, q.dtype, q.device, interpret, attn_mask=has_mask,
                                     seqlen=shorter)
     dkdv_map, dq_map = _block_map_arguments(attn_mask, q, layout.lengths[1],
@@ -435,13 +472,16 @@ def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Att
     half = q.dtype != torch.float32
     dkdv_tma = _tma_loads(dkdv_config.tma and half, q, dout)
     dq_tma = _tma_loads(dq_config.tma and half, k, v)
-    for gradients in _dkdv_passes(dkdv_config):
-        dkdv_kernel[(_cdiv(layout.grid_k, dkdv_config.block_n), batch * nheads_k)](
-            *inputs, dk, dv, slopes, *layout.cu_seqlens, *input_strides, *_strides(dk), *_strides(dv),
-            stride_alibi_b, *layout.lengths, nheads, nheads_k, nheads // nheads_k,
-            BLOCK_M=dkdv_config.block_m, BLOCK_N=dkdv_config.block_n, USE_TMA=dkdv_tma,
-            **configs.launch_options(dkdv_config), **shared, **dkdv_map, **gradients,
-        )
+    if dkdv_config.warp_specialized and fits_gluon:
+        _warp_specialized_dkdv(q, k, v, dout, lse, delta, dk, dv, opts, dkdv_config)
+    else:
+        for gradients in _dkdv_passes(dkdv_config):
+            dkdv_kernel[(_cdiv(layout.grid_k, dkdv_config.block_n), batch * nheads_k)](
+                *inputs, dk, dv, slopes, *layout.cu_seqlens, *input_strides, *_strides(dk), *_strides(dv),
+                stride_alibi_b, *layout.lengths, nheads, nheads_k, nheads // nheads_k,
+                BLOCK_M=dkdv_config.block_m, BLOCK_N=dkdv_config.block_n, USE_TMA=dkdv_tma,
+                **configs.launch_options(dkdv_config), **shared, **dkdv_map, **gradients,
+            )
     dq_kernel[(_cdiv(layout.grid_q, dq_config.block_m), batch * nheads)](
         *inputs, dq, slopes, *layout.cu_seqlens, *input_strides, *_strides(dq),
         stride_alibi_b, *layout.lengths, nheads, nheads // nheads_k,

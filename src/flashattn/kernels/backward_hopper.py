@@ -1,0 +1,298 @@
+"""Hopper dK/dV in Gluon: warp-specialized, the two gradients on two warpgroups.
+
+One program owns 64 keys of one (batch, kv head) and walks the query blocks of every query head of its GQA group.
+Per query block i, with S^T = K Q_i^T and P^T = exp(S^T * scale - lse_i) (keys along the rows):
+
+- the dV warpgroup computes S^T and P^T, hands P^T to the dK warpgroup through shared memory, and accumulates
+  dV += P^T dO_i;
+- the dK warpgroup computes dP^T = V dO_i^T, takes P^T, forms dS^T = P^T (dP^T - delta_i) and accumulates
+  dK += dS^T Q_i;
+- a loader warp fetches K and V once, then Q_i and dO_i through TMA into a ring of ``NUM_STAGES`` stages.
+
+So each warpgroup issues two of the four products and holds one 64 x HEAD_DIM fp32 accumulator: at hdim 256 a
+warpgroup cannot hold both (256 registers a thread), which is what FA3's split of one key block between two
+warpgroups would need. Each warpgroup overlaps its next block's first product with its last block's second
+(the forward's intra-warpgroup overlap): the exponentials (dV side) and dS (dK side) run while a product is in
+flight. dQ is left to the Triton dQ kernel (``kernels/backward.py``).
+
+A stage's Q is released once S^T (dV side) and dS^T Q (dK side) have read it, its dO once dP^T and P^T dO have.
+Query rows past the sequence read lse = +inf, so their P (and dS) is 0 whatever Q and dO hold there (a TMA
+tile may run into the next sequence's rows). Keys past the sequence compute rows that are never stored.
+Limits, checked by the launcher (``ops._warp_specialized_backward_fits``): dense (not varlen) 16-bit inputs,
+head dims 64, 128 or 256, causal or no mask, no dropout, softcap, ALiBi or SDPA mask.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+LOG2E = gl.constexpr(1.4426950408889634)
+KEYS_PER_PROGRAM = gl.constexpr(64)  # wgmma's M per warpgroup: each warpgroup holds all 64 keys' rows
+
+
+@gluon.jit
+def _key_tile(seqlen_q, seqlen_k, key_blocks, group_size, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
+    """This program's (batch, kv head), first key, and its query blocks: every partition derives the same plan.
+    Key blocks of one head are consecutive programs, so the programs in flight share that head's Q and dO in L2."""
+    tile_id = gl.program_id(0)
+    batch_head_k = tile_id // key_blocks
+    key_start = (tile_id % key_blocks) * KEYS_PER_PROGRAM
+    first_q_block = 0
+    if CAUSAL:
+        # bottom-right aligned: query i sees keys up to i + seqlen_k - seqlen_q; rows before key_start - (seqlen_k
+        # - seqlen_q) see none of this block's keys
+        first_q_block = gl.maximum(key_start - (seqlen_k - seqlen_q), 0) // BLOCK_M
+    per_head = gl.maximum(gl.cdiv(seqlen_q, BLOCK_M) - first_q_block, 0)
+    return batch_head_k, key_start, first_q_block, per_head, per_head * group_size
+
+
+@gluon.jit
+def _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready,
+                    q_free, do_free, seqlen_q, seqlen_k, nheads_k, key_blocks, group_size,
+                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    batch_head_k, key_start, first_q_block, per_head, iterations = _key_tile(seqlen_q, seqlen_k, key_blocks,
+                                                                           group_size, BLOCK_M, CAUSAL)
+    batch = batch_head_k // nheads_k
+    head_k = batch_head_k % nheads_k
+    mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [batch * seqlen_k + key_start, head_k * HEAD_DIM], kv_ready, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [batch * seqlen_k + key_start, head_k * HEAD_DIM], kv_ready, v_smem)
+    for it in range(iterations):
+        head = head_k * group_size + it // per_head
+        q_row = batch * seqlen_q + (first_q_block + it % per_head) * BLOCK_M
+        stage = it % NUM_STAGES
+        phase = (it // NUM_STAGES) & 1
+        # a fresh barrier passes a wait on the phase before its first: the first round does not wait
+        mbarrier.wait(q_free.index(stage), phase ^ 1)
+        mbarrier.expect(q_ready.index(stage), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [q_row, head * HEAD_DIM], q_ready.index(stage), q_bufs.index(stage))
+        mbarrier.wait(do_free.index(stage), phase ^ 1)
+        mbarrier.expect(do_ready.index(stage), do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(do_desc, [q_row, head * HEAD_DIM], do_ready.index(stage),
+                                        do_bufs.index(stage))
+
+
+@gluon.jit
+def _query_columns(it, per_head, first_q_block, batch, head_k, nheads, group_size, seqlen_q,
+                   BLOCK_M: gl.constexpr, s_layout: gl.constexpr):
+    """Query rows of iteration ``it`` within the sequence (the columns of S^T), and where their lse / delta sit."""
+    head = head_k * group_size + it // per_head
+    rows = (first_q_block + it % per_head) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+    return rows, (batch * nheads + head).to(gl.int64) * seqlen_q + rows
+
+
+@gluon.jit
+def _probabilities(s, it, per_head, first_q_block, batch, head_k, nheads, group_size, seqlen_q, seqlen_k, key_start,
+                   Lse, qk_scale_log2, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr):
+    """P^T of one (64 keys, BLOCK_M queries) score tile from the forward's log-sum-exp."""
+    rows, offsets = _query_columns(it, per_head, first_q_block, batch, head_k, nheads, group_size, seqlen_q,
+                                   BLOCK_M, s_layout)
+    # rows past the sequence: lse = +inf gives P = 0 (the tile may hold the next sequence's rows)
+    lse = gl.load(Lse + offsets, mask=rows < seqlen_q, other=float("inf")) * LOG2E
+    p = gl.exp2(s * qk_scale_log2 - lse[None, :])
+    if CAUSAL:
+        keys = key_start + gl.arange(0, KEYS_PER_PROGRAM, layout=gl.SliceLayout(1, s_layout))
+        p = gl.where(keys[:, None] <= rows[None, :] + (seqlen_k - seqlen_q), p, 0.0)
+    return p
+
+
+@gluon.jit
+def _store_rows(acc, Grad, batch, head_k, key_start, seqlen_k, stride_gb, stride_gm, stride_gh,
+                HEAD_DIM: gl.constexpr, acc_layout: gl.constexpr):
+    keys = key_start + gl.arange(0, KEYS_PER_PROGRAM, layout=gl.SliceLayout(1, acc_layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+    offsets = (batch.to(gl.int64) * stride_gb + head_k * stride_gh + keys.to(gl.int64)[:, None] * stride_gm
+               + cols[None, :])
+    gl.store(Grad + offsets, acc.to(Grad.dtype.element_ty), mask=(keys < seqlen_k)[:, None])
+
+
+@gluon.jit
+def _hand_over(p, buffer, ready):
+    """P^T to the dK warpgroup: every warp's stores land before one thread signals (an mbarrier arrive is issued by
+    the partition's first thread)."""
+    buffer.store(p)
+    fence_async_shared()
+    gl.thread_barrier()
+    mbarrier.arrive(ready, count=1)
+
+
+@gluon.jit
+def _dv_partition(k_smem, q_bufs, do_bufs, p_bufs, kv_ready, q_ready, do_ready, q_free, do_free, p_ready, p_free,
+                  Lse, DV, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k, nheads, nheads_k, key_blocks,
+                  group_size, qk_scale_log2,
+                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, HEAD_DIM, 16])
+    p_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    batch_head_k, key_start, first_q_block, per_head, iterations = _key_tile(seqlen_q, seqlen_k, key_blocks,
+                                                                           group_size, BLOCK_M, CAUSAL)
+    batch = batch_head_k // nheads_k
+    head_k = batch_head_k % nheads_k
+    s_zero = gl.zeros([KEYS_PER_PROGRAM, BLOCK_M], gl.float32, s_layout)
+    dv = gl.zeros([KEYS_PER_PROGRAM, HEAD_DIM], gl.float32, acc_layout)
+    mbarrier.wait(kv_ready, 0)
+    if iterations > 0:
+        # -- prologue: block 0's scores and probabilities --
+        mbarrier.wait(q_ready.index(0), 0)
+        s = warpgroup_mma(k_smem, q_bufs.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+        mbarrier.arrive(q_free.index(0), count=1)
+        p = _probabilities(s, 0, per_head, first_q_block, batch, head_k, nheads, group_size, seqlen_q, seqlen_k,
+                           key_start, Lse, qk_scale_log2, BLOCK_M, CAUSAL, s_layout).to(k_smem.dtype)
+        mbarrier.wait(p_free.index(0), 1)
+        _hand_over(p, p_bufs.index(0), p_ready.index(0))
+        p_op = gl.convert_layout(p, p_operand)
+        stage = 0
+        phase = 0
+        for it in range(1, iterations):
+            prev_stage = stage
+            prev_phase = phase
+            stage = it % NUM_STAGES
+            phase = (it // NUM_STAGES) & 1
+            mbarrier.wait(q_ready.index(stage), phase)
+            mbarrier.wait(do_ready.index(prev_stage), prev_phase)
+            # -- block it's S^T and block it-1's P^T dO in flight together --
+            s = warpgroup_mma(k_smem, q_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            dv = warpgroup_mma(p_op, do_bufs.index(prev_stage), dv, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
+            mbarrier.arrive(q_free.index(stage), count=1)
+            p = _probabilities(s, it, per_head, first_q_block, batch, head_k, nheads, group_size, seqlen_q,
+                               seqlen_k, key_start, Lse, qk_scale_log2, BLOCK_M, CAUSAL, s_layout).to(k_smem.dtype)
+            # the dK side reads P^T from a 2-buffer ring
+            mbarrier.wait(p_free.index(it % 2), ((it // 2) & 1) ^ 1)
+            _hand_over(p, p_bufs.index(it % 2), p_ready.index(it % 2))
+            # P^T dO reads p_op from registers until it completes: keep it alive to here
+            dv, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, p_op))
+            mbarrier.arrive(do_free.index(prev_stage), count=1)
+            p_op = gl.convert_layout(p, p_operand)
+        # -- epilogue: the last block's P^T dO --
+        mbarrier.wait(do_ready.index(stage), phase)
+        dv = warpgroup_mma(p_op, do_bufs.index(stage), dv, is_async=True)
+        dv = warpgroup_mma_wait(num_outstanding=0, deps=(dv, ))
+        mbarrier.arrive(do_free.index(stage), count=1)
+    _store_rows(dv, DV, batch, head_k, key_start, seqlen_k, stride_gb, stride_gm, stride_gh, HEAD_DIM, acc_layout)
+
+
+@gluon.jit
+def _ds(dp, p_bufs, p_ready, p_free, it, per_head, first_q_block, batch, head_k, nheads, group_size, seqlen_q,
+        Delta, BLOCK_M: gl.constexpr, s_layout: gl.constexpr):
+    """dS^T = P^T (dP^T - delta) of one tile, P^T taken from the dV side."""
+    rows, offsets = _query_columns(it, per_head, first_q_block, batch, head_k, nheads, group_size, seqlen_q,
+                                   BLOCK_M, s_layout)
+    delta = gl.load(Delta + offsets, mask=rows < seqlen_q, other=0.0)
+    mbarrier.wait(p_ready.index(it % 2), (it // 2) & 1)
+    p = p_bufs.index(it % 2).load(s_layout).to(gl.float32)
+    gl.thread_barrier()  # every warp has read the buffer before one thread releases it
+    mbarrier.arrive(p_free.index(it % 2), count=1)
+    return p * (dp - delta[None, :])
+
+
+@gluon.jit
+def _dk_partition(v_smem, q_bufs, do_bufs, p_bufs, kv_ready, q_ready, do_ready, q_free, do_free, p_ready, p_free,
+                  Delta, DK, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k, nheads, nheads_k, key_blocks,
+                  group_size, softmax_scale,
+                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, HEAD_DIM, 16])
+    ds_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    batch_head_k, key_start, first_q_block, per_head, iterations = _key_tile(seqlen_q, seqlen_k, key_blocks,
+                                                                           group_size, BLOCK_M, CAUSAL)
+    batch = batch_head_k // nheads_k
+    head_k = batch_head_k % nheads_k
+    dp_zero = gl.zeros([KEYS_PER_PROGRAM, BLOCK_M], gl.float32, s_layout)
+    dk = gl.zeros([KEYS_PER_PROGRAM, HEAD_DIM], gl.float32, acc_layout)
+    mbarrier.wait(kv_ready, 0)
+    if iterations > 0:
+        # -- prologue: block 0's dP^T and dS^T --
+        mbarrier.wait(do_ready.index(0), 0)
+        dp = warpgroup_mma(v_smem, do_bufs.index(0).permute((1, 0)), dp_zero, use_acc=False, is_async=True)
+        dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
+        mbarrier.arrive(do_free.index(0), count=1)
+        ds = _ds(dp, p_bufs, p_ready, p_free, 0, per_head, first_q_block, batch, head_k, nheads, group_size,
+                 seqlen_q, Delta, BLOCK_M, s_layout)
+        ds_op = gl.convert_layout(ds.to(v_smem.dtype), ds_operand)
+        stage = 0
+        phase = 0
+        for it in range(1, iterations):
+            prev_stage = stage
+            prev_phase = phase
+            stage = it % NUM_STAGES
+            phase = (it // NUM_STAGES) & 1
+            mbarrier.wait(do_ready.index(stage), phase)
+            mbarrier.wait(q_ready.index(prev_stage), prev_phase)
+            # -- block it's dP^T and block it-1's dS^T Q in flight together --
+            dp = warpgroup_mma(v_smem, do_bufs.index(stage).permute((1, 0)), dp_zero, use_acc=False, is_async=True)
+            dk = warpgroup_mma(ds_op, q_bufs.index(prev_stage), dk, is_async=True)
+            dp = warpgroup_mma_wait(num_outstanding=1, deps=(dp, ))
+            mbarrier.arrive(do_free.index(stage), count=1)
+            ds = _ds(dp, p_bufs, p_ready, p_free, it, per_head, first_q_block, batch, head_k, nheads, group_size,
+                     seqlen_q, Delta, BLOCK_M, s_layout)
+            dk, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ds_op))
+            mbarrier.arrive(q_free.index(prev_stage), count=1)
+            ds_op = gl.convert_layout(ds.to(v_smem.dtype), ds_operand)
+        # -- epilogue: the last block's dS^T Q --
+        mbarrier.wait(q_ready.index(stage), phase)
+        dk = warpgroup_mma(ds_op, q_bufs.index(stage), dk, is_async=True)
+        dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ))
+        mbarrier.arrive(q_free.index(stage), count=1)
+    _store_rows(dk * softmax_scale, DK, batch, head_k, key_start, seqlen_k, stride_gb, stride_gm, stride_gh,
+                HEAD_DIM, acc_layout)
+
+
+@gluon.jit
+def dkdv_hopper_kernel(
+    q_desc, k_desc, v_desc, do_desc, Lse, Delta, DK, DV,
+    stride_gb, stride_gm, stride_gh,
+    seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, softmax_scale, qk_scale_log2,
+    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+    DK_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
+):
+    """dK and dV of 64 keys a program: ``key_blocks`` per (batch, kv head), one program each. q_desc / do_desc
+    span (batch * seqlen_q, nheads * HEAD_DIM) in (BLOCK_M, HEAD_DIM) blocks, k_desc / v_desc (batch * seqlen_k,
+    nheads_k * HEAD_DIM) in (64, HEAD_DIM) blocks. Lse and Delta: (batch, nheads, seqlen_q), contiguous. DK and
+    DV: (batch, seqlen_k, nheads_k, HEAD_DIM) with strides (stride_gb, stride_gm, stride_gh, 1)."""
+    group_size = nheads // nheads_k
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [KEYS_PER_PROGRAM, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [KEYS_PER_PROGRAM, HEAD_DIM], v_desc.layout)
+    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
+    do_bufs = gl.allocate_shared_memory(do_desc.dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+    p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS_PER_PROGRAM, BLOCK_M], q_desc.dtype)
+    p_bufs = gl.allocate_shared_memory(q_desc.dtype, [2, KEYS_PER_PROGRAM, BLOCK_M], p_layout)
+    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    do_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    q_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    do_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    p_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_ready, count=1)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(do_ready.index(i), count=1)
+        mbarrier.init(q_free.index(i), count=2)  # read by S^T (dV side) and dS^T Q (dK side)
+        mbarrier.init(do_free.index(i), count=2)  # read by dP^T (dK side) and P^T dO (dV side)
+    for i in gl.static_range(2):
+        mbarrier.init(p_ready.index(i), count=1)
+        mbarrier.init(p_free.index(i), count=1)
+
+    gl.warp_specialize([
+        (_dv_partition, (k_smem, q_bufs, do_bufs, p_bufs, kv_ready, q_ready, do_ready, q_free, do_free, p_ready,
+                         p_free, Lse, DV, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k, nheads, nheads_k,
+                         key_blocks, group_size, qk_scale_log2, HEAD_DIM, BLOCK_M, NUM_STAGES, CAUSAL)),
+        (_dk_partition, (v_smem, q_bufs, do_bufs, p_bufs, kv_ready, q_ready, do_ready, q_free, do_free, p_ready,
+                         p_free, Delta, DK, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k, nheads, nheads_k,
+                         key_blocks, group_size, softmax_scale, HEAD_DIM, BLOCK_M, NUM_STAGES, CAUSAL)),
+        (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready,
+                           do_ready, q_free, do_free, seqlen_q, seqlen_k, nheads_k, key_blocks, group_size,
+                           HEAD_DIM, BLOCK_M, NUM_STAGES, CAUSAL)),
+    ], [4, 1], [DK_REGISTERS, LOADER_REGISTERS])

@@ -1,0 +1,110 @@
+"""The warp-specialized Gluon dK/dV kernel (kernels/backward_hopper.py): which backward calls take it, and their
+gradients against the float64 reference under the flash-attn rule (3x PyTorch's error in the same precision).
+
+The GPU tests force its config with ``configs.use_config`` and count the launches, so they test it at every head
+dim it covers, not only where the table picks it. Gluon has no interpreter; tests/test_sm90_compile.py compiles
+the table's entries for sm90 on the CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from cases import make_case
+
+from flashattn import configs, flash_attn_func, ops
+from flashattn.options import AttentionOptions
+from flashattn.testing import check_against_reference
+
+WS_DKDV = configs.TileConfig(64, 64, 8, 2, warp_specialized=True)
+
+
+def _on_hopper() -> bool:
+    return torch.cuda.is_available() and configs.gpu_family(torch.device("cuda")) == "hopper"
+
+
+hopper = pytest.mark.skipif(not _on_hopper(), reason="the Gluon kernel is built for sm90")
+
+
+@contextlib.contextmanager
+def forced_ws_dkdv(tile: configs.TileConfig | None, monkeypatch, expect_launch: bool = True):
+    """Run under ``tile`` (None: the table's choice) and check that the Gluon dK/dV kernel ran (or did not)."""
+    launches = []
+    launch = ops._warp_specialized_dkdv
+
+    def counting(*args, **kwargs):
+        launches.append(1)
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(ops, "_warp_specialized_dkdv", counting)
+    with configs.use_config("dkdv", tile) if tile is not None else contextlib.nullcontext():
+        yield
+    assert bool(launches) == expect_launch, f"Gluon dK/dV launches: {len(launches)}"
+
+
+def test_backward_fits_only_on_the_gpu():
+    q = torch.randn(1, 4, 2, 256, dtype=torch.bfloat16)
+    lse = torch.randn(1, 2, 4)
+    assert not ops._warp_specialized_backward_fits(q, q, q, q, lse, AttentionOptions(0.0625), None, None, None)
+
+
+def test_table_has_gluon_dkdv_at_hdim_256_only():
+    for causal in (False, True):
+        entry = configs.lookup("hopper", "dkdv", 256, causal, torch.bfloat16, seqlen=4096, warp_specialized=True)
+        assert entry.warp_specialized and entry.block_m == 64
+        assert not configs.lookup("hopper", "dkdv", 128, causal, torch.bfloat16, seqlen=4096,
+                                  warp_specialized=True).warp_specialized
+        assert not configs.lookup("hopper", "dkdv", 256, causal, torch.bfloat16, seqlen=4096).warp_specialized
+
+
+GPU_SHAPES = [
+    # (batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim)
+    (2, 1024, 1024, 4, 4, 256),
+    (1, 113, 203, 4, 2, 256),
+    (1, 1, 700, 4, 4, 256),
+    (1, 700, 300, 2, 2, 256),
+    (2, 1023, 1023, 4, 1, 128),
+    (3, 257, 257, 2, 2, 64),
+    (1, 2048, 2048, 8, 2, 128),
+]
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("option", ["plain", "causal"])
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_ws_dkdv_matches_reference(shape, option, monkeypatch):
+    with forced_ws_dkdv(WS_DKDV, monkeypatch):
+        check_against_reference(make_case(shape, option, "cuda"), torch.bfloat16, "cuda", flash_attn_func)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("option", ["plain", "causal"])
+@pytest.mark.parametrize(("head_dim", "stages"), [(256, 2), (128, 3)])  # 3 stages do not fit at hdim 256
+def test_ws_dkdv_fp16_scale_and_stages(head_dim, stages, option, monkeypatch):
+    case = make_case((2, 333, 517, 4, 2, head_dim), option, "cuda")
+    case.options["softmax_scale"] = 0.05
+    with forced_ws_dkdv(configs.TileConfig(64, 64, 8, stages, warp_specialized=True), monkeypatch):
+        check_against_reference(case, torch.float16, "cuda", flash_attn_func)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("option", ["window", "softcap", "alibi", "dropout"])
+def test_other_options_take_the_triton_dkdv(option, monkeypatch):
+    with forced_ws_dkdv(WS_DKDV, monkeypatch, expect_launch=False):
+        check_against_reference(make_case((1, 300, 300, 2, 2, 256), option, "cuda"), torch.bfloat16, "cuda",
+                                flash_attn_func)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize(("head_dim", "dtype", "expect_launch"), [
+    (256, torch.bfloat16, True), (128, torch.bfloat16, False), (256, torch.float32, False)])
+def test_table_takes_the_gluon_dkdv_where_it_fits(head_dim, dtype, expect_launch, monkeypatch):
+    case = make_case((1, 2048, 2048, 2, 2, head_dim), "causal", "cuda")
+    with forced_ws_dkdv(None, monkeypatch, expect_launch=expect_launch):
+        check_against_reference(case, dtype, "cuda", flash_attn_func)
