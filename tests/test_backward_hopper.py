@@ -8,11 +8,10 @@ the table's entries for sm90 on the CPU.
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 from cases import make_case
+from hopper_kernels import forced_launch, hopper
 
 from flashattn import configs, flash_attn_func, ops
 from flashattn.options import AttentionOptions
@@ -21,27 +20,8 @@ from flashattn.testing import check_against_reference
 WS_DKDV = configs.TileConfig(64, 64, 8, 2, warp_specialized=True)
 
 
-def _on_hopper() -> bool:
-    return torch.cuda.is_available() and configs.gpu_family(torch.device("cuda")) == "hopper"
-
-
-hopper = pytest.mark.skipif(not _on_hopper(), reason="the Gluon kernel is built for sm90")
-
-
-@contextlib.contextmanager
 def forced_ws_dkdv(tile: configs.TileConfig | None, monkeypatch, expect_launch: bool = True):
-    """Run under ``tile`` (None: the table's choice) and check that the Gluon dK/dV kernel ran (or did not)."""
-    launches = []
-    launch = ops._warp_specialized_dkdv
-
-    def counting(*args, **kwargs):
-        launches.append(1)
-        return launch(*args, **kwargs)
-
-    monkeypatch.setattr(ops, "_warp_specialized_dkdv", counting)
-    with configs.use_config("dkdv", tile) if tile is not None else contextlib.nullcontext():
-        yield
-    assert bool(launches) == expect_launch, f"Gluon dK/dV launches: {len(launches)}"
+    return forced_launch(monkeypatch, "dkdv", "_warp_specialized_dkdv", tile, expect_launch)
 
 
 def test_backward_fits_only_on_the_gpu():

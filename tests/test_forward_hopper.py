@@ -8,11 +8,10 @@ TRITON_INTERPRET); tests/test_sm90_compile.py compiles it for sm90 on the CPU.
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 from cases import make_case, make_varlen_case
+from hopper_kernels import forced_launch, hopper
 
 from flashattn import configs, flash_attn_func, flash_attn_qkvpacked_func, ops
 from flashattn.options import AttentionOptions
@@ -29,28 +28,8 @@ WS_TILES = {
 }
 
 
-def _on_hopper() -> bool:
-    return torch.cuda.is_available() and configs.gpu_family(torch.device("cuda")) == "hopper"
-
-
-hopper = pytest.mark.skipif(not _on_hopper(), reason="the Gluon kernel is built for sm90")
-
-
-@contextlib.contextmanager
 def forced_ws(tile: configs.TileConfig | None, monkeypatch, expect_launch: bool = True):
-    """Run under ``tile`` (None: the table's choice) and check that the Gluon kernel ran (or, ``expect_launch``
-    false, did not)."""
-    launches = []
-    launch = ops._warp_specialized_forward
-
-    def counting(*args, **kwargs):
-        launches.append(1)
-        return launch(*args, **kwargs)
-
-    monkeypatch.setattr(ops, "_warp_specialized_forward", counting)
-    with configs.use_config("forward", tile) if tile is not None else contextlib.nullcontext():
-        yield
-    assert bool(launches) == expect_launch, f"Gluon forward launches: {len(launches)}"
+    return forced_launch(monkeypatch, "forward", "_warp_specialized_forward", tile, expect_launch)
 
 
 def test_token_rows_reads_heads_side_by_side():
