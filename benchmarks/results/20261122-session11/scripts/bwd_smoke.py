@@ -51,9 +51,10 @@ if MODE in ("all", "check"):
             torch.cuda.synchronize()
             _, dk_t, dv_t, _ = ops._triton_backward(do, q, k, v, out, lse, None, None, opts)
             dk_r, dv_r = reference(q, k, v, do, causal, opts.softmax_scale)
-            errs = [(x.double() - r).abs().max().item() for x, r in ((dk_g, dk_r), (dk_t, dk_r), (dv_g, dv_r), (dv_t, dv_r))]
+            pairs = ((dk_g, dk_r), (dk_t, dk_r), (dv_g, dv_r), (dv_t, dv_r))
+            errs = [(x.double() - r).abs().max().item() for x, r in pairs]
             ok = errs[0] <= 3 * errs[1] + 1e-4 and errs[2] <= 3 * errs[3] + 1e-4
-            print(shape, "causal" if causal else "full", "dk g/t %.2e %.2e dv g/t %.2e %.2e" % tuple(errs),
+            print(shape, "causal" if causal else "full", "dk g/t {:.2e} {:.2e} dv g/t {:.2e} {:.2e}".format(*errs),
                   f"{time.time() - start:.1f}s", "OK" if ok else "BAD", flush=True)
 
 if MODE in ("all", "time"):
@@ -78,8 +79,8 @@ if MODE in ("all", "time"):
                 delta = (do.float() * out.float()).sum(-1).transpose(1, 2).contiguous()
                 dk, dv = torch.empty_like(k), torch.empty_like(v)
                 tile = configs.TileConfig(64, 64, 8, 2)
-                g = do_bench(lambda: ops._warp_specialized_dkdv(q, k, v, do, lse, delta, dk, dv, opts, tile),
-                             warmup=100, rep=200)
+                args = (q, k, v, do, lse, delta, dk, dv, opts, tile)
+                g = do_bench(lambda args=args: ops._warp_specialized_dkdv(*args), warmup=100, rep=200)
                 flops = 4 * b * h * n * n * d * (0.5 if causal else 1.0)
                 total = sum(times.values())
                 print(f"d{d} {'causal' if causal else 'full'} {n} {times.get('dkdv', 0):.3f} {g:.3f} "
