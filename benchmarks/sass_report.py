@@ -228,47 +228,50 @@ def table_report(phase: str, head_dim: int, causal: bool, seqlen: int) -> dict |
 def ws_forward_report(head_dim: int, causal: bool, config, varlen: bool = False) -> dict:
     """:func:`report` of the warp-specialized Gluon forward (``kernels/forward_hopper.py``) with ``config``'s
     tile, as ``ops._warp_specialized_forward`` launches it for bf16 inputs."""
-    import torch
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     from flashattn import ops
     from flashattn.kernels.forward_hopper import attention_forward_hopper_kernel
 
-    def descriptor(rows: int) -> str:
-        return f"tensordesc<bf16[{rows}, {head_dim}],{ops._tile_layout(rows, head_dim, torch.bfloat16)!r}>"
-
     seqlens = "*i32" if varlen else "*bf16"  # dense calls pass q there, never read
-    signature = dict(q_desc=descriptor(64), k_desc=descriptor(config.block_n), v_desc=descriptor(config.block_n),
-                     Out="*bf16", Lse="*fp32", CuSeqlensQ=seqlens, CuSeqlensK=seqlens, stride_om="i32",
-                     stride_oh="i32", stride_lb="i32", stride_lh="i32", seqlen_q="i32", seqlen_k="i32",
-                     nheads="i32", group_size="i32", row_tiles="i32", batch_heads="i32", heads_per_section="i32",
-                     qk_scale_log2="fp32")
-    constexprs = ops.warp_specialized_constexprs(config, head_dim, causal, varlen)
-    signature.update({name: "constexpr" for name in constexprs})
-    source = GluonASTSource(attention_forward_hopper_kernel, signature, constexprs)
-    return report(triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}))
+    signature = dict(q_desc=_bf16_descriptor(64, head_dim), k_desc=_bf16_descriptor(config.block_n, head_dim),
+                     v_desc=_bf16_descriptor(config.block_n, head_dim), Out="*bf16", Lse="*fp32",
+                     CuSeqlensQ=seqlens, CuSeqlensK=seqlens, stride_om="i32", stride_oh="i32", stride_lb="i32",
+                     stride_lh="i32", seqlen_q="i32", seqlen_k="i32", nheads="i32", group_size="i32",
+                     row_tiles="i32", batch_heads="i32", heads_per_section="i32", qk_scale_log2="fp32")
+    return _gluon_report(attention_forward_hopper_kernel, signature,
+                         ops.warp_specialized_constexprs(config, head_dim, causal, varlen))
 
 
 def ws_dkdv_report(head_dim: int, causal: bool, config) -> dict:
     """:func:`report` of the warp-specialized Gluon dK/dV kernel (``kernels/backward_hopper.py``) with ``config``'s
     query tile, as ``ops._warp_specialized_dkdv`` launches it for bf16 inputs."""
-    import torch
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     from flashattn import ops
     from flashattn.kernels.backward_hopper import dkdv_hopper_kernel
 
-    def descriptor(rows: int) -> str:
-        return f"tensordesc<bf16[{rows}, {head_dim}],{ops._tile_layout(rows, head_dim, torch.bfloat16)!r}>"
+    signature = dict(q_desc=_bf16_descriptor(config.block_m, head_dim),
+                     k_desc=_bf16_descriptor(ops.WS_DKDV_KEYS, head_dim),
+                     v_desc=_bf16_descriptor(ops.WS_DKDV_KEYS, head_dim),
+                     do_desc=_bf16_descriptor(config.block_m, head_dim), Lse="*fp32", Delta="*fp32", DK="*bf16",
+                     DV="*bf16", stride_gb="i32", stride_gm="i32", stride_gh="i32", seqlen_q="i32", seqlen_k="i32",
+                     nheads="i32", nheads_k="i32", key_blocks="i32", softmax_scale="fp32", qk_scale_log2="fp32")
+    return _gluon_report(dkdv_hopper_kernel, signature, ops.warp_specialized_dkdv_constexprs(config, head_dim, causal))
 
-    signature = dict(q_desc=descriptor(config.block_m), k_desc=descriptor(ops.WS_DKDV_KEYS),
-                     v_desc=descriptor(ops.WS_DKDV_KEYS), do_desc=descriptor(config.block_m), Lse="*fp32",
-                     Delta="*fp32", DK="*bf16", DV="*bf16", stride_gb="i32", stride_gm="i32", stride_gh="i32",
-                     seqlen_q="i32", seqlen_k="i32", nheads="i32", nheads_k="i32", key_blocks="i32",
-                     softmax_scale="fp32", qk_scale_log2="fp32")
-    constexprs = ops.warp_specialized_dkdv_constexprs(config, head_dim, causal)
-    signature.update({name: "constexpr" for name in constexprs})
-    source = GluonASTSource(dkdv_hopper_kernel, signature, constexprs)
+
+def _bf16_descriptor(rows: int, head_dim: int) -> str:
+    """The signature type of a host-side TMA descriptor of (rows, head_dim) bf16 tiles, as ``ops._token_descriptor``
+    builds it."""
+    import torch
+
+    from flashattn import ops
+
+    return f"tensordesc<bf16[{rows}, {head_dim}],{ops._tile_layout(rows, head_dim, torch.bfloat16)!r}>"
+
+
+def _gluon_report(kernel, signature: dict, constexprs: dict) -> dict:
+    """:func:`report` of a Gluon kernel compiled for sm90 with 4 warps in its default partition."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    signature = {**signature, **{name: "constexpr" for name in constexprs}}
+    source = GluonASTSource(kernel, signature, constexprs)
     return report(triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}))
 
 

@@ -217,6 +217,9 @@ _HOPPER_DKDV_WS = {
     (256, False): TileConfig(64, 64, 8, 2, warp_specialized=True),
     (256, True): TileConfig(64, 64, 8, 2, warp_specialized=True),
 }
+# (family, phase) -> the Gluon kernel's table and its short-sequence entries (a None entry: the Triton table's)
+_WS_TABLES = {("hopper", "forward"): (_HOPPER_FORWARD_WS, _HOPPER_FORWARD_WS_SHORT),
+              ("hopper", "dkdv"): (_HOPPER_DKDV_WS, {})}
 _HOPPER_DQ_SHORT = {
     (256, False): TileConfig(128, 64, 8, 1),
 }
@@ -289,16 +292,15 @@ def lookup(family: str, phase: str, head_dim: int, masked: bool, dtype: torch.dt
     """
     width = padded_head_dim(head_dim)
     bucket = min(b for b in (64, 128, 256) if b >= width)
-    if warp_specialized and family == "hopper" and phase == "forward":
+    if warp_specialized and (family, phase) in _WS_TABLES:
         key = (bucket, masked)
-        if 0 < seqlen <= SHORT_SEQLEN and key in _HOPPER_FORWARD_WS_SHORT:
-            config = _HOPPER_FORWARD_WS_SHORT[key]  # None: the Triton table's short entry
+        table, short = _WS_TABLES[(family, phase)]
+        if 0 < seqlen <= SHORT_SEQLEN and key in short:
+            config = short[key]  # None: the Triton table's short entry
         else:
-            config = _HOPPER_FORWARD_WS.get(key)
+            config = table.get(key)
         if config is not None:
             return config
-    if warp_specialized and family == "hopper" and phase == "dkdv" and (bucket, masked) in _HOPPER_DKDV_WS:
-        return _HOPPER_DKDV_WS[(bucket, masked)]
     if seqlen >= LONG_SEQLEN:
         by_length = _LONG_TABLES.get((family, phase), {})
     elif 0 < seqlen <= SHORT_SEQLEN:

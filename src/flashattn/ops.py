@@ -470,11 +470,11 @@ def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Att
     # the backward's fp32 keeps pointer loads: with TMA the hdim-256 key-row tile asked for 256 KB of shared
     # memory (H200)
     half = q.dtype != torch.float32
-    dkdv_tma = _tma_loads(dkdv_config.tma and half, q, dout)
     dq_tma = _tma_loads(dq_config.tma and half, k, v)
     if dkdv_config.warp_specialized and fits_gluon:
         _warp_specialized_dkdv(q, k, v, dout, lse, delta, dk, dv, opts, dkdv_config)
     else:
+        dkdv_tma = _tma_loads(dkdv_config.tma and half, q, dout)
         for gradients in _dkdv_passes(dkdv_config):
             dkdv_kernel[(_cdiv(layout.grid_k, dkdv_config.block_n), batch * nheads_k)](
                 *inputs, dk, dv, slopes, *layout.cu_seqlens, *input_strides, *_strides(dk), *_strides(dv),

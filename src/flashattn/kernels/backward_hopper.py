@@ -37,9 +37,10 @@ KEYS_PER_PROGRAM = gl.constexpr(64)  # wgmma's M per warpgroup: each warpgroup h
 
 
 @gluon.jit
-def _key_tile(seqlen_q, seqlen_k, key_blocks, group_size, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
-    """This program's (batch, kv head), first key, and its query blocks: every partition derives the same plan.
-    Key blocks of one head are consecutive programs, so the programs in flight share that head's Q and dO in L2."""
+def _key_tile(seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
+    """This program's batch and kv head, first key, and its query blocks (the first, how many per query head, and
+    over the whole group): every partition derives the same plan. Key blocks of one head are consecutive programs,
+    so the programs in flight share that head's Q and dO in L2."""
     tile_id = gl.program_id(0)
     batch_head_k = tile_id // key_blocks
     key_start = (tile_id % key_blocks) * KEYS_PER_PROGRAM
@@ -49,17 +50,16 @@ def _key_tile(seqlen_q, seqlen_k, key_blocks, group_size, BLOCK_M: gl.constexpr,
         # - seqlen_q) see none of this block's keys
         first_q_block = gl.maximum(key_start - (seqlen_k - seqlen_q), 0) // BLOCK_M
     per_head = gl.maximum(gl.cdiv(seqlen_q, BLOCK_M) - first_q_block, 0)
-    return batch_head_k, key_start, first_q_block, per_head, per_head * group_size
+    return (batch_head_k // nheads_k, batch_head_k % nheads_k, key_start, first_q_block, per_head,
+            per_head * group_size)
 
 
 @gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready,
                     q_free, do_free, seqlen_q, seqlen_k, nheads_k, key_blocks, group_size,
                     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr):
-    batch_head_k, key_start, first_q_block, per_head, iterations = _key_tile(seqlen_q, seqlen_k, key_blocks,
-                                                                           group_size, BLOCK_M, CAUSAL)
-    batch = batch_head_k // nheads_k
-    head_k = batch_head_k % nheads_k
+    batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(seqlen_q, seqlen_k, nheads_k,
+                                                                            key_blocks, group_size, BLOCK_M, CAUSAL)
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [batch * seqlen_k + key_start, head_k * HEAD_DIM], kv_ready, k_smem)
     tma.async_copy_global_to_shared(v_desc, [batch * seqlen_k + key_start, head_k * HEAD_DIM], kv_ready, v_smem)
@@ -132,10 +132,8 @@ def _dv_partition(k_smem, q_bufs, do_bufs, p_bufs, kv_ready, q_ready, do_ready, 
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, HEAD_DIM, 16])
     p_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    batch_head_k, key_start, first_q_block, per_head, iterations = _key_tile(seqlen_q, seqlen_k, key_blocks,
-                                                                           group_size, BLOCK_M, CAUSAL)
-    batch = batch_head_k // nheads_k
-    head_k = batch_head_k % nheads_k
+    batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(seqlen_q, seqlen_k, nheads_k,
+                                                                            key_blocks, group_size, BLOCK_M, CAUSAL)
     s_zero = gl.zeros([KEYS_PER_PROGRAM, BLOCK_M], gl.float32, s_layout)
     dv = gl.zeros([KEYS_PER_PROGRAM, HEAD_DIM], gl.float32, acc_layout)
     mbarrier.wait(kv_ready, 0)
@@ -205,10 +203,8 @@ def _dk_partition(v_smem, q_bufs, do_bufs, p_bufs, kv_ready, q_ready, do_ready, 
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, HEAD_DIM, 16])
     ds_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    batch_head_k, key_start, first_q_block, per_head, iterations = _key_tile(seqlen_q, seqlen_k, key_blocks,
-                                                                           group_size, BLOCK_M, CAUSAL)
-    batch = batch_head_k // nheads_k
-    head_k = batch_head_k % nheads_k
+    batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(seqlen_q, seqlen_k, nheads_k,
+                                                                            key_blocks, group_size, BLOCK_M, CAUSAL)
     dp_zero = gl.zeros([KEYS_PER_PROGRAM, BLOCK_M], gl.float32, s_layout)
     dk = gl.zeros([KEYS_PER_PROGRAM, HEAD_DIM], gl.float32, acc_layout)
     mbarrier.wait(kv_ready, 0)
