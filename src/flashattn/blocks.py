@@ -107,8 +107,8 @@ def parse_candidates(text: str) -> list[Candidate]:
     pass and a dK pass, ``TileConfig.split_dkdv``), ``+every`` (one masked loop,
     ``TileConfig.mask_every_block``), ``+keyrows`` (``TileConfig.key_rows``) or ``+peel``
     (``TileConfig.peel_diagonal``), a forward or dK/dV config in ``+ws`` (the warp-specialized Gluon kernels,
-    ``TileConfig.warp_specialized``; forward 128 x BLOCK_N x 8 x STAGES, dK/dV 64 query rows x 64 keys x 8 x
-    STAGES), a forward one with ``+pingpong``, ``+persistent`` and
+    ``TileConfig.warp_specialized``; forward 128 x BLOCK_N x 8 x STAGES, dK/dV BLOCK_M query rows x BLOCK_N
+    (64 or 128) keys x 8 x STAGES), a forward one with ``+pingpong``, ``+persistent`` and
     ``+consumers3`` (``TileConfig.pingpong``, ``TileConfig.persistent``, ``TileConfig.three_consumers``),
     any config in ``+rN`` (at most N registers a thread, ``TileConfig.max_registers``)."""
     found: list[Candidate] = []

@@ -270,8 +270,6 @@ WS_LOADER_REGISTERS = 24
 # well within L2 (50 MB on H100, 60 on H200), which is shared with Q, O and other traffic (FA3 sizes its
 # L2 swizzle on 32 MB too)
 WS_L2_SECTION_BYTES = 8 << 20
-# the Gluon dK/dV kernel's keys a program: one wgmma row block (64) on each of its two warpgroups
-WS_DKDV_KEYS = 64
 
 
 def _warp_specialized_fits(q, k, v, opts: AttentionOptions, alibi_slopes, attn_mask, block_table) -> bool:
@@ -391,10 +389,10 @@ def _warp_specialized_dkdv(q, k, v, dout, lse, delta, dk, dv, opts: AttentionOpt
 
     batch, seqlen_q, nheads, head_dim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
-    key_blocks = _cdiv(seqlen_k, WS_DKDV_KEYS)
+    key_blocks = _cdiv(seqlen_k, config.block_n)
     dkdv_hopper_kernel[(key_blocks * batch * nheads_k,)](
-        _token_descriptor(q, config.block_m), _token_descriptor(k, WS_DKDV_KEYS),
-        _token_descriptor(v, WS_DKDV_KEYS), _token_descriptor(dout, config.block_m),
+        _token_descriptor(q, config.block_m), _token_descriptor(k, config.block_n),
+        _token_descriptor(v, config.block_n), _token_descriptor(dout, config.block_m),
         lse, delta, dk, dv, dk.stride(0), dk.stride(1), dk.stride(2),
         seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, opts.softmax_scale, opts.softmax_scale * LOG2E,
         **warp_specialized_dkdv_constexprs(config, head_dim, opts.window_right == 0), num_warps=4,
@@ -404,8 +402,8 @@ def _warp_specialized_dkdv(q, k, v, dout, lse, delta, dk, dv, opts: AttentionOpt
 def warp_specialized_dkdv_constexprs(config: configs.TileConfig, head_dim: int, causal: bool) -> dict:
     """The Gluon dK/dV kernel's compile-time arguments for ``config`` (also what benchmarks/sass_report.py
     compiles): its two warpgroups take the forward consumers' registers."""
-    return dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, NUM_STAGES=config.num_stages, CAUSAL=causal,
-                DK_REGISTERS=WS_CONSUMER_REGISTERS[2], LOADER_REGISTERS=WS_LOADER_REGISTERS)
+    return dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n, NUM_STAGES=config.num_stages,
+                CAUSAL=causal, DK_REGISTERS=WS_CONSUMER_REGISTERS[2], LOADER_REGISTERS=WS_LOADER_REGISTERS)
 
 
 def _dkdv_passes(config: configs.TileConfig) -> tuple[dict, ...]:

@@ -1,6 +1,7 @@
 """Hopper dK/dV in Gluon: warp-specialized, the two gradients on two warpgroups.
 
-One program owns 64 keys of one (batch, kv head) and walks the query blocks of every query head of its GQA group.
+One program owns BLOCK_N keys (64 or 128) of one (batch, kv head) and walks the query blocks of every query head of
+its GQA group.
 Per query block i, with S^T = K Q_i^T and P^T = exp(S^T * scale - lse_i) (keys along the rows):
 
 - the dV warpgroup computes S^T and P^T, hands P^T to the dK warpgroup through shared memory, and accumulates
@@ -9,11 +10,12 @@ Per query block i, with S^T = K Q_i^T and P^T = exp(S^T * scale - lse_i) (keys a
   dK += dS^T Q_i;
 - a loader warp fetches K and V once, then Q_i and dO_i through TMA into a ring of ``NUM_STAGES`` stages.
 
-So each warpgroup issues two of the four products and holds one 64 x HEAD_DIM fp32 accumulator: at hdim 256 a
-warpgroup cannot hold both (256 registers a thread), which is what FA3's split of one key block between two
-warpgroups would need. Each warpgroup overlaps its next block's first product with its last block's second
-(the forward's intra-warpgroup overlap): the exponentials (dV side) and dS (dK side) run while a product is in
-flight. dQ is left to the Triton dQ kernel (``kernels/backward.py``).
+So each warpgroup issues two of the four products and holds one BLOCK_N x HEAD_DIM fp32 accumulator: at hdim 256 a
+warpgroup cannot hold both (256 registers a thread at 64 keys), which is what FA3's split of one key block between
+two warpgroups would need. 128 keys (two wgmma row blocks per warpgroup) halve how often Q and dO are read, for
+head dims up to 128, where the accumulator takes 128 registers a thread. Each warpgroup overlaps its next block's
+first product with its last block's second (the forward's intra-warpgroup overlap): the exponentials (dV side) and
+dS (dK side) run while a product is in flight. dQ is left to the Triton dQ kernel (``kernels/backward.py``).
 
 A stage's Q is released once S^T (dV side) and dS^T Q (dK side) have read it, its dO once dP^T and P^T dO have.
 Query rows past the sequence read lse = +inf, so their P (and dS) is 0 whatever Q and dO hold there (a TMA
@@ -33,17 +35,17 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 LOG2E = gl.constexpr(1.4426950408889634)
-KEYS_PER_PROGRAM = gl.constexpr(64)  # wgmma's M per warpgroup: each warpgroup holds all 64 keys' rows
 
 
 @gluon.jit
-def _key_tile(seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
+def _key_tile(seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              CAUSAL: gl.constexpr):
     """This program's batch and kv head, first key, and its query blocks (the first, how many per query head, and
     over the whole group): every partition derives the same plan. Key blocks of one head are consecutive programs,
     so the programs in flight share that head's Q and dO in L2."""
     tile_id = gl.program_id(0)
     batch_head_k = tile_id // key_blocks
-    key_start = (tile_id % key_blocks) * KEYS_PER_PROGRAM
+    key_start = (tile_id % key_blocks) * BLOCK_N
     first_q_block = 0
     if CAUSAL:
         # bottom-right aligned: query i sees keys up to i + seqlen_k - seqlen_q; rows before key_start - (seqlen_k
@@ -57,9 +59,10 @@ def _key_tile(seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M: gl.
 @gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready,
                     q_free, do_free, seqlen_q, seqlen_k, nheads_k, key_blocks, group_size,
-                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr):
-    batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(seqlen_q, seqlen_k, nheads_k,
-                                                                            key_blocks, group_size, BLOCK_M, CAUSAL)
+                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                  CAUSAL: gl.constexpr):
+    batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(
+        seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, BLOCK_N, CAUSAL)
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [batch * seqlen_k + key_start, head_k * HEAD_DIM], kv_ready, k_smem)
     tma.async_copy_global_to_shared(v_desc, [batch * seqlen_k + key_start, head_k * HEAD_DIM], kv_ready, v_smem)
@@ -89,23 +92,24 @@ def _query_columns(it, per_head, first_q_block, batch, head_k, nheads, group_siz
 
 @gluon.jit
 def _probabilities(s, it, per_head, first_q_block, batch, head_k, nheads, group_size, seqlen_q, seqlen_k, key_start,
-                   Lse, qk_scale_log2, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr):
-    """P^T of one (64 keys, BLOCK_M queries) score tile from the forward's log-sum-exp."""
+                   Lse, qk_scale_log2, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+                   s_layout: gl.constexpr):
+    """P^T of one (BLOCK_N keys, BLOCK_M queries) score tile from the forward's log-sum-exp."""
     rows, offsets = _query_columns(it, per_head, first_q_block, batch, head_k, nheads, group_size, seqlen_q,
                                    BLOCK_M, s_layout)
     # rows past the sequence: lse = +inf gives P = 0 (the tile may hold the next sequence's rows)
     lse = gl.load(Lse + offsets, mask=rows < seqlen_q, other=float("inf")) * LOG2E
     p = gl.exp2(s * qk_scale_log2 - lse[None, :])
     if CAUSAL:
-        keys = key_start + gl.arange(0, KEYS_PER_PROGRAM, layout=gl.SliceLayout(1, s_layout))
+        keys = key_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
         p = gl.where(keys[:, None] <= rows[None, :] + (seqlen_k - seqlen_q), p, 0.0)
     return p
 
 
 @gluon.jit
 def _store_rows(acc, Grad, batch, head_k, key_start, seqlen_k, stride_gb, stride_gm, stride_gh,
-                HEAD_DIM: gl.constexpr, acc_layout: gl.constexpr):
-    keys = key_start + gl.arange(0, KEYS_PER_PROGRAM, layout=gl.SliceLayout(1, acc_layout))
+                HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, acc_layout: gl.constexpr):
+    keys = key_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
     offsets = (batch.to(gl.int64) * stride_gb + head_k * stride_gh + keys.to(gl.int64)[:, None] * stride_gm
                + cols[None, :])
@@ -126,16 +130,17 @@ def _hand_over(p, buffer, ready):
 def _dv_partition(k_smem, q_bufs, do_bufs, p_bufs, kv_ready, q_ready, do_ready, q_free, do_free, p_ready, p_free,
                   Lse, DV, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k, nheads, nheads_k, key_blocks,
                   group_size, qk_scale_log2,
-                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                  CAUSAL: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, HEAD_DIM, 16])
     p_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(seqlen_q, seqlen_k, nheads_k,
-                                                                            key_blocks, group_size, BLOCK_M, CAUSAL)
-    s_zero = gl.zeros([KEYS_PER_PROGRAM, BLOCK_M], gl.float32, s_layout)
-    dv = gl.zeros([KEYS_PER_PROGRAM, HEAD_DIM], gl.float32, acc_layout)
+    batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(
+        seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, BLOCK_N, CAUSAL)
+    s_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
     mbarrier.wait(kv_ready, 0)
     if iterations > 0:
         # -- prologue: block 0's scores and probabilities --
@@ -144,7 +149,7 @@ def _dv_partition(k_smem, q_bufs, do_bufs, p_bufs, kv_ready, q_ready, do_ready, 
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
         mbarrier.arrive(q_free.index(0), count=1)
         p = _probabilities(s, 0, per_head, first_q_block, batch, head_k, nheads, group_size, seqlen_q, seqlen_k,
-                           key_start, Lse, qk_scale_log2, BLOCK_M, CAUSAL, s_layout).to(k_smem.dtype)
+                           key_start, Lse, qk_scale_log2, BLOCK_M, BLOCK_N, CAUSAL, s_layout).to(k_smem.dtype)
         mbarrier.wait(p_free.index(0), 1)
         _hand_over(p, p_bufs.index(0), p_ready.index(0))
         p_op = gl.convert_layout(p, p_operand)
@@ -163,7 +168,8 @@ def _dv_partition(k_smem, q_bufs, do_bufs, p_bufs, kv_ready, q_ready, do_ready, 
             s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
             mbarrier.arrive(q_free.index(stage), count=1)
             p = _probabilities(s, it, per_head, first_q_block, batch, head_k, nheads, group_size, seqlen_q,
-                               seqlen_k, key_start, Lse, qk_scale_log2, BLOCK_M, CAUSAL, s_layout).to(k_smem.dtype)
+                               seqlen_k, key_start, Lse, qk_scale_log2, BLOCK_M, BLOCK_N, CAUSAL,
+                               s_layout).to(k_smem.dtype)
             # the dK side reads P^T from a 2-buffer ring
             mbarrier.wait(p_free.index(it % 2), ((it // 2) & 1) ^ 1)
             _hand_over(p, p_bufs.index(it % 2), p_ready.index(it % 2))
@@ -176,7 +182,8 @@ def _dv_partition(k_smem, q_bufs, do_bufs, p_bufs, kv_ready, q_ready, do_ready, 
         dv = warpgroup_mma(p_op, do_bufs.index(stage), dv, is_async=True)
         dv = warpgroup_mma_wait(num_outstanding=0, deps=(dv, ))
         mbarrier.arrive(do_free.index(stage), count=1)
-    _store_rows(dv, DV, batch, head_k, key_start, seqlen_k, stride_gb, stride_gm, stride_gh, HEAD_DIM, acc_layout)
+    _store_rows(dv, DV, batch, head_k, key_start, seqlen_k, stride_gb, stride_gm, stride_gh, HEAD_DIM, BLOCK_N,
+               acc_layout)
 
 
 @gluon.jit
@@ -197,16 +204,17 @@ def _ds(dp, p_bufs, p_ready, p_free, it, per_head, first_q_block, batch, head_k,
 def _dk_partition(v_smem, q_bufs, do_bufs, p_bufs, kv_ready, q_ready, do_ready, q_free, do_free, p_ready, p_free,
                   Delta, DK, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k, nheads, nheads_k, key_blocks,
                   group_size, softmax_scale,
-                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                  CAUSAL: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, HEAD_DIM, 16])
     ds_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(seqlen_q, seqlen_k, nheads_k,
-                                                                            key_blocks, group_size, BLOCK_M, CAUSAL)
-    dp_zero = gl.zeros([KEYS_PER_PROGRAM, BLOCK_M], gl.float32, s_layout)
-    dk = gl.zeros([KEYS_PER_PROGRAM, HEAD_DIM], gl.float32, acc_layout)
+    batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(
+        seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, BLOCK_N, CAUSAL)
+    dp_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
     mbarrier.wait(kv_ready, 0)
     if iterations > 0:
         # -- prologue: block 0's dP^T and dS^T --
@@ -242,7 +250,7 @@ def _dk_partition(v_smem, q_bufs, do_bufs, p_bufs, kv_ready, q_ready, do_ready, 
         dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ))
         mbarrier.arrive(q_free.index(stage), count=1)
     _store_rows(dk * softmax_scale, DK, batch, head_k, key_start, seqlen_k, stride_gb, stride_gm, stride_gh,
-                HEAD_DIM, acc_layout)
+                HEAD_DIM, BLOCK_N, acc_layout)
 
 
 @gluon.jit
@@ -250,20 +258,20 @@ def dkdv_hopper_kernel(
     q_desc, k_desc, v_desc, do_desc, Lse, Delta, DK, DV,
     stride_gb, stride_gm, stride_gh,
     seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, softmax_scale, qk_scale_log2,
-    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-    DK_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
+    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+    CAUSAL: gl.constexpr, DK_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
 ):
-    """dK and dV of 64 keys a program: ``key_blocks`` per (batch, kv head), one program each. q_desc / do_desc
+    """dK and dV of BLOCK_N keys a program: ``key_blocks`` per (batch, kv head), one program each. q_desc / do_desc
     span (batch * seqlen_q, nheads * HEAD_DIM) in (BLOCK_M, HEAD_DIM) blocks, k_desc / v_desc (batch * seqlen_k,
-    nheads_k * HEAD_DIM) in (64, HEAD_DIM) blocks. Lse and Delta: (batch, nheads, seqlen_q), contiguous. DK and
+    nheads_k * HEAD_DIM) in (BLOCK_N, HEAD_DIM) blocks. Lse and Delta: (batch, nheads, seqlen_q), contiguous. DK and
     DV: (batch, seqlen_k, nheads_k, HEAD_DIM) with strides (stride_gb, stride_gm, stride_gh, 1)."""
     group_size = nheads // nheads_k
-    k_smem = gl.allocate_shared_memory(k_desc.dtype, [KEYS_PER_PROGRAM, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(v_desc.dtype, [KEYS_PER_PROGRAM, HEAD_DIM], v_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [BLOCK_N, HEAD_DIM], v_desc.layout)
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
     do_bufs = gl.allocate_shared_memory(do_desc.dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
-    p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS_PER_PROGRAM, BLOCK_M], q_desc.dtype)
-    p_bufs = gl.allocate_shared_memory(q_desc.dtype, [2, KEYS_PER_PROGRAM, BLOCK_M], p_layout)
+    p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], q_desc.dtype)
+    p_bufs = gl.allocate_shared_memory(q_desc.dtype, [2, BLOCK_N, BLOCK_M], p_layout)
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     do_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -284,11 +292,11 @@ def dkdv_hopper_kernel(
     gl.warp_specialize([
         (_dv_partition, (k_smem, q_bufs, do_bufs, p_bufs, kv_ready, q_ready, do_ready, q_free, do_free, p_ready,
                          p_free, Lse, DV, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k, nheads, nheads_k,
-                         key_blocks, group_size, qk_scale_log2, HEAD_DIM, BLOCK_M, NUM_STAGES, CAUSAL)),
+                         key_blocks, group_size, qk_scale_log2, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL)),
         (_dk_partition, (v_smem, q_bufs, do_bufs, p_bufs, kv_ready, q_ready, do_ready, q_free, do_free, p_ready,
                          p_free, Delta, DK, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k, nheads, nheads_k,
-                         key_blocks, group_size, softmax_scale, HEAD_DIM, BLOCK_M, NUM_STAGES, CAUSAL)),
+                         key_blocks, group_size, softmax_scale, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL)),
         (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready,
                            do_ready, q_free, do_free, seqlen_q, seqlen_k, nheads_k, key_blocks, group_size,
-                           HEAD_DIM, BLOCK_M, NUM_STAGES, CAUSAL)),
+                           HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL)),
     ], [4, 1], [DK_REGISTERS, LOADER_REGISTERS])
