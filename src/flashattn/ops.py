@@ -277,13 +277,13 @@ def _warp_specialized_fits(q, k, v, opts: AttentionOptions, alibi_slopes, attn_m
     or unmasked softmax of 16-bit inputs at head dim 64, 128 or 256 on an sm90 GPU, with each tensor readable as
     (tokens, heads * head_dim) rows by TMA. Everything else takes the Triton kernel."""
     head_dim = q.shape[-1]
-    return (configs.gpu_family(q.device) == "hopper" and not interpreting()
-            and q.dtype in (torch.bfloat16, torch.float16)
+    return (q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
             and head_dim in (64, 128, 256) and opts.dropout_p == 0 and opts.softcap == 0
             and opts.softmax_scale > 0  # the running max is taken over unscaled scores
             and opts.window_left < 0 and opts.window_right in (-1, 0)
             and alibi_slopes is None and attn_mask is None and block_table is None
             and k.numel() > 0  # a descriptor needs at least one row
+            and configs.gpu_family(q.device) == "hopper" and not interpreting()
             and all(_token_rows(x) is not None for x in (q, k, v)) and _tma_compatible(q, k, v))
 
 
@@ -312,12 +312,13 @@ def _tile_layout(block_rows: int, head_dim: int, dtype: torch.dtype):
 
 
 def _token_descriptor(x: torch.Tensor, block_rows: int):
-    """A host-side TMA descriptor of ``x`` as (tokens, heads * head_dim), one head's columns per block."""
+    """A host-side TMA descriptor of ``x`` as (tokens, heads * head_dim), one head's columns per block. The token
+    stride is ``_token_rows(x)``, which ``_warp_specialized_fits`` checked before the call took the Gluon kernel."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     head_dim = x.shape[-1]
     tokens = x.shape[0] * x.shape[1] if x.dim() == 4 else x.shape[0]
-    return TensorDescriptor(x, [tokens, x.shape[-2] * head_dim], [_token_rows(x), 1], [block_rows, head_dim],
+    return TensorDescriptor(x, [tokens, x.shape[-2] * head_dim], [x.stride(-3), 1], [block_rows, head_dim],
                             _tile_layout(block_rows, head_dim, x.dtype))
 
 
