@@ -245,15 +245,15 @@ def ws_dkdv_report(head_dim: int, causal: bool, config) -> dict:
     """:func:`report` of the warp-specialized Gluon dK/dV kernel (``kernels/backward_hopper.py``) with ``config``'s
     tile, as ``ops._warp_specialized_dkdv`` launches it for bf16 inputs."""
     from flashattn import ops
-    from flashattn.kernels.backward_hopper import dkdv_hopper_kernel
 
+    kernel, keys = ops.warp_specialized_dkdv_kernel(config)
     signature = dict(q_desc=_bf16_descriptor(config.block_m, head_dim),
-                     k_desc=_bf16_descriptor(config.block_n, head_dim),
-                     v_desc=_bf16_descriptor(config.block_n, head_dim),
+                     k_desc=_bf16_descriptor(keys, head_dim),
+                     v_desc=_bf16_descriptor(keys, head_dim),
                      do_desc=_bf16_descriptor(config.block_m, head_dim), Lse="*fp32", Delta="*fp32", DK="*bf16",
                      DV="*bf16", stride_gb="i32", stride_gm="i32", stride_gh="i32", seqlen_q="i32", seqlen_k="i32",
                      nheads="i32", nheads_k="i32", key_blocks="i32", softmax_scale="fp32", qk_scale_log2="fp32")
-    return _gluon_report(dkdv_hopper_kernel, signature, ops.warp_specialized_dkdv_constexprs(config, head_dim, causal))
+    return _gluon_report(kernel, signature, ops.warp_specialized_dkdv_constexprs(config, head_dim, causal))
 
 
 def _bf16_descriptor(rows: int, head_dim: int) -> str:

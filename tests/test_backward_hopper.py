@@ -60,9 +60,12 @@ def test_ws_dkdv_matches_reference(shape, option, monkeypatch):
         check_against_reference(make_case(shape, option, "cuda"), torch.bfloat16, "cuda", flash_attn_func)
 
 
-# 128 keys a program (two wgmma row blocks per warpgroup), the tiles swept at hdim 64 and 128
+# 128 keys a program, the tiles swept at hdim 64 and 128: two wgmma row blocks per warpgroup (one gradient each),
+# or 64 keys per warpgroup with both gradients (key_slices)
 WIDE_KEY_TILES = [configs.TileConfig(32, 128, 8, 3, warp_specialized=True),
-                  configs.TileConfig(64, 128, 8, 2, warp_specialized=True)]
+                  configs.TileConfig(64, 128, 8, 2, warp_specialized=True),
+                  configs.TileConfig(32, 128, 8, 3, warp_specialized=True, key_slices=True),
+                  configs.TileConfig(64, 128, 8, 2, warp_specialized=True, key_slices=True)]
 WIDE_KEY_SHAPES = [(2, 1023, 1023, 4, 1, 128), (1, 113, 203, 4, 2, 128), (1, 1, 300, 2, 2, 64),
                    (1, 700, 300, 2, 2, 64), (2, 257, 1000, 2, 2, 128)]
 
@@ -71,7 +74,8 @@ WIDE_KEY_SHAPES = [(2, 1023, 1023, 4, 1, 128), (1, 113, 203, 4, 2, 128), (1, 1, 
 @hopper
 @pytest.mark.parametrize("option", ["plain", "causal"])
 @pytest.mark.parametrize("shape", WIDE_KEY_SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("tile", WIDE_KEY_TILES, ids=lambda t: f"{t.block_m}x{t.block_n}x{t.num_stages}")
+@pytest.mark.parametrize("tile", WIDE_KEY_TILES,
+                         ids=lambda t: f"{t.block_m}x{t.block_n}x{t.num_stages}{'-slices' if t.key_slices else ''}")
 def test_ws_dkdv_128_keys_matches_reference(tile, shape, option, monkeypatch):
     with forced_ws_dkdv(tile, monkeypatch):
         check_against_reference(make_case(shape, option, "cuda"), torch.bfloat16, "cuda", flash_attn_func)

@@ -57,6 +57,10 @@ class TileConfig:
     # with warp_specialized: three consumer warpgroups (192 query rows a program, 160 registers a thread) instead
     # of two (128 rows, 240 registers), FA3's choice at head dim 64
     three_consumers: bool = False
+    # dK/dV with warp_specialized: each consumer warpgroup owns 64 of the program's 128 keys and both of their
+    # gradients (FA3's layout, kernels/backward_hopper.py's dkdv_key_slices_kernel) instead of one gradient of all
+    # the program's keys; for head dims up to 128, where a warpgroup holds both accumulators. block_n is 128
+    key_slices: bool = False
 
 
 # Under TRITON_INTERPRET=1 every program runs in numpy: small tiles keep the tests fast there.

@@ -385,26 +385,39 @@ def _warp_specialized_backward_fits(q, k, v, dout, lse, opts: AttentionOptions, 
 
 def _warp_specialized_dkdv(q, k, v, dout, lse, delta, dk, dv, opts: AttentionOptions,
                            config: configs.TileConfig) -> None:
-    """dK and dV (contiguous, k's shape) by the Gluon kernel; ``delta`` = rowsum(dO * O), lse's layout."""
-    from .kernels.backward_hopper import dkdv_hopper_kernel
-
+    """dK and dV (contiguous, k's shape) by a Gluon kernel (``config.key_slices``: the key-slice one); ``delta`` =
+    rowsum(dO * O), lse's layout."""
+    kernel, keys = warp_specialized_dkdv_kernel(config)
     batch, seqlen_q, nheads, head_dim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
-    key_blocks = _cdiv(seqlen_k, config.block_n)
-    dkdv_hopper_kernel[(key_blocks * batch * nheads_k,)](
-        _token_descriptor(q, config.block_m), _token_descriptor(k, config.block_n),
-        _token_descriptor(v, config.block_n), _token_descriptor(dout, config.block_m),
+    key_blocks = _cdiv(seqlen_k, keys)
+    kernel[(key_blocks * batch * nheads_k,)](
+        _token_descriptor(q, config.block_m), _token_descriptor(k, keys), _token_descriptor(v, keys),
+        _token_descriptor(dout, config.block_m),
         lse, delta, dk, dv, dk.stride(0), dk.stride(1), dk.stride(2),
         seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, opts.softmax_scale, opts.softmax_scale * LOG2E,
         **warp_specialized_dkdv_constexprs(config, head_dim, opts.window_right == 0), num_warps=4,
     )
 
 
+def warp_specialized_dkdv_kernel(config: configs.TileConfig):
+    """The Gluon dK/dV kernel of ``config`` and its keys a program: the key-slice kernel (128 keys, 64 on each
+    warpgroup) or the gradient-split one (``config.block_n``)."""
+    from .kernels.backward_hopper import dkdv_hopper_kernel, dkdv_key_slices_kernel
+
+    if config.key_slices:
+        return dkdv_key_slices_kernel, 128
+    return dkdv_hopper_kernel, config.block_n
+
+
 def warp_specialized_dkdv_constexprs(config: configs.TileConfig, head_dim: int, causal: bool) -> dict:
     """The Gluon dK/dV kernel's compile-time arguments for ``config`` (also what benchmarks/sass_report.py
-    compiles): its two warpgroups take the forward consumers' registers."""
-    return dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n, NUM_STAGES=config.num_stages,
-                CAUSAL=causal, DK_REGISTERS=WS_CONSUMER_REGISTERS[2], LOADER_REGISTERS=WS_LOADER_REGISTERS)
+    compiles): its two consumer warpgroups take the forward consumers' registers."""
+    shared = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, NUM_STAGES=config.num_stages, CAUSAL=causal,
+                  LOADER_REGISTERS=WS_LOADER_REGISTERS)
+    if config.key_slices:
+        return dict(**shared, CONSUMER_REGISTERS=WS_CONSUMER_REGISTERS[2])
+    return dict(**shared, BLOCK_N=config.block_n, DK_REGISTERS=WS_CONSUMER_REGISTERS[2])
 
 
 def _dkdv_passes(config: configs.TileConfig) -> tuple[dict, ...]:

@@ -300,3 +300,103 @@ def dkdv_hopper_kernel(
                            do_ready, q_free, do_free, seqlen_q, seqlen_k, nheads_k, key_blocks, group_size,
                            HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL)),
     ], [4, 1], [DK_REGISTERS, LOADER_REGISTERS])
+
+
+# -- the other split: each consumer warpgroup owns a slice of the keys and both of its gradients (FA3's layout) --
+
+SLICE_KEYS = gl.constexpr(64)  # one wgmma row block: a consumer warpgroup's keys
+
+
+@gluon.jit
+def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_free, do_free, Lse, Delta,
+                         DK, DV, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k, nheads, nheads_k, key_blocks,
+                         group_size, softmax_scale, qk_scale_log2,
+                         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                         NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, SLICE: gl.constexpr):
+    """dK and dV of keys [SLICE * 64, SLICE * 64 + 64) of the program's block: all four products of those keys, with no
+    hand-over between warpgroups. The two slices share the stages of Q and dO, each releasing a stage once its two
+    products that read it have completed."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, HEAD_DIM, 16])
+    operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(
+        seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, BLOCK_N, CAUSAL)
+    slice_start = key_start + SLICE * SLICE_KEYS
+    k_slice = k_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS)
+    v_slice = v_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS)
+    zero = gl.zeros([SLICE_KEYS, BLOCK_M], gl.float32, s_layout)
+    dk = gl.zeros([SLICE_KEYS, HEAD_DIM], gl.float32, acc_layout)
+    dv = gl.zeros([SLICE_KEYS, HEAD_DIM], gl.float32, acc_layout)
+    mbarrier.wait(kv_ready, 0)
+    for it in range(iterations):
+        stage = it % NUM_STAGES
+        phase = (it // NUM_STAGES) & 1
+        rows, offsets = _query_columns(it, per_head, first_q_block, batch, head_k, nheads, group_size, seqlen_q,
+                                       BLOCK_M, s_layout)
+        delta = gl.load(Delta + offsets, mask=rows < seqlen_q, other=0.0)
+        mbarrier.wait(q_ready.index(stage), phase)
+        s = warpgroup_mma(k_slice, q_bufs.index(stage).permute((1, 0)), zero, use_acc=False, is_async=True)
+        mbarrier.wait(do_ready.index(stage), phase)
+        dp = warpgroup_mma(v_slice, do_bufs.index(stage).permute((1, 0)), zero, use_acc=False, is_async=True)
+        # the exponentials while dP^T is in flight
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
+        p = _probabilities(s, it, per_head, first_q_block, batch, head_k, nheads, group_size, seqlen_q, seqlen_k,
+                           slice_start, Lse, qk_scale_log2, BLOCK_M, SLICE_KEYS, CAUSAL, s_layout)
+        p_op = gl.convert_layout(p.to(k_smem.dtype), operand)
+        dv = warpgroup_mma(p_op, do_bufs.index(stage), dv, is_async=True)
+        dp = warpgroup_mma_wait(num_outstanding=1, deps=(dp, ))
+        ds_op = gl.convert_layout((p * (dp - delta[None, :])).to(k_smem.dtype), operand)
+        dk = warpgroup_mma(ds_op, q_bufs.index(stage), dk, is_async=True)
+        dv, dk, p_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, p_op, ds_op))
+        mbarrier.arrive(q_free.index(stage), count=1)
+        mbarrier.arrive(do_free.index(stage), count=1)
+    _store_rows(dv, DV, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh, HEAD_DIM, SLICE_KEYS,
+                acc_layout)
+    _store_rows(dk * softmax_scale, DK, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh,
+                HEAD_DIM, SLICE_KEYS, acc_layout)
+
+
+@gluon.jit
+def dkdv_key_slices_kernel(
+    q_desc, k_desc, v_desc, do_desc, Lse, Delta, DK, DV,
+    stride_gb, stride_gm, stride_gh,
+    seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, softmax_scale, qk_scale_log2,
+    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+    CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
+):
+    """dK and dV of 128 keys a program, 64 on each consumer warpgroup with both of their gradients: for head dims up
+    to 128, where a warpgroup holds both 64 x HEAD_DIM fp32 accumulators (128 registers a thread at hdim 128).
+    The arguments are ``dkdv_hopper_kernel``'s, with k_desc / v_desc in (128, HEAD_DIM) blocks."""
+    BLOCK_N: gl.constexpr = 2 * SLICE_KEYS
+    group_size = nheads // nheads_k
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
+    do_bufs = gl.allocate_shared_memory(do_desc.dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    do_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    q_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    do_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_ready, count=1)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(do_ready.index(i), count=1)
+        mbarrier.init(q_free.index(i), count=2)  # one arrive from each slice
+        mbarrier.init(do_free.index(i), count=2)
+
+    gl.warp_specialize([
+        (_key_slice_partition, (k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_free, do_free, Lse,
+                                Delta, DK, DV, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k, nheads, nheads_k,
+                                key_blocks, group_size, softmax_scale, qk_scale_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
+                                NUM_STAGES, CAUSAL, 0)),
+        (_key_slice_partition, (k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_free, do_free, Lse,
+                                Delta, DK, DV, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k, nheads, nheads_k,
+                                key_blocks, group_size, softmax_scale, qk_scale_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
+                                NUM_STAGES, CAUSAL, 1)),
+        (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready,
+                           do_ready, q_free, do_free, seqlen_q, seqlen_k, nheads_k, key_blocks, group_size,
+                           HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL)),
+    ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
