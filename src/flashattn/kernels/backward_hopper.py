@@ -97,9 +97,20 @@ def _probabilities(s, it, per_head, first_q_block, batch, head_k, nheads, group_
     """P^T of one (BLOCK_N keys, BLOCK_M queries) score tile from the forward's log-sum-exp."""
     rows, offsets = _query_columns(it, per_head, first_q_block, batch, head_k, nheads, group_size, seqlen_q,
                                    BLOCK_M, s_layout)
+    lse_log2 = _lse_log2(Lse, offsets, rows, seqlen_q)
+    return _probabilities_of(s, lse_log2, rows, seqlen_q, seqlen_k, key_start, qk_scale_log2, BLOCK_N, CAUSAL, s_layout)
+
+
+@gluon.jit
+def _lse_log2(Lse, offsets, rows, seqlen_q):
     # rows past the sequence: lse = +inf gives P = 0 (the tile may hold the next sequence's rows)
-    lse = gl.load(Lse + offsets, mask=rows < seqlen_q, other=float("inf")) * LOG2E
-    p = gl.exp2(s * qk_scale_log2 - lse[None, :])
+    return gl.load(Lse + offsets, mask=rows < seqlen_q, other=float("inf")) * LOG2E
+
+
+@gluon.jit
+def _probabilities_of(s, lse_log2, rows, seqlen_q, seqlen_k, key_start, qk_scale_log2, BLOCK_N: gl.constexpr,
+                      CAUSAL: gl.constexpr, s_layout: gl.constexpr):
+    p = gl.exp2(s * qk_scale_log2 - lse_log2[None, :])
     if CAUSAL:
         keys = key_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
         p = gl.where(keys[:, None] <= rows[None, :] + (seqlen_k - seqlen_q), p, 0.0)
@@ -326,28 +337,34 @@ def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_
     slice_start = key_start + SLICE * SLICE_KEYS
     k_slice = k_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS)
     v_slice = v_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS)
-    zero = gl.zeros([SLICE_KEYS, BLOCK_M], gl.float32, s_layout)
+    # S^T and dP^T overwrite the last block's tiles (use_acc=False): a zero tile held through the loop would cost
+    # the registers of a third score tile
+    s = gl.zeros([SLICE_KEYS, BLOCK_M], gl.float32, s_layout)
+    dp = gl.zeros([SLICE_KEYS, BLOCK_M], gl.float32, s_layout)
     dk = gl.zeros([SLICE_KEYS, HEAD_DIM], gl.float32, acc_layout)
     dv = gl.zeros([SLICE_KEYS, HEAD_DIM], gl.float32, acc_layout)
     mbarrier.wait(kv_ready, 0)
     for it in range(iterations):
         stage = it % NUM_STAGES
         phase = (it // NUM_STAGES) & 1
+        # the row statistics load while the stage's tiles arrive
         rows, offsets = _query_columns(it, per_head, first_q_block, batch, head_k, nheads, group_size, seqlen_q,
                                        BLOCK_M, s_layout)
+        lse_log2 = _lse_log2(Lse, offsets, rows, seqlen_q)
         delta = gl.load(Delta + offsets, mask=rows < seqlen_q, other=0.0)
         mbarrier.wait(q_ready.index(stage), phase)
-        s = warpgroup_mma(k_slice, q_bufs.index(stage).permute((1, 0)), zero, use_acc=False, is_async=True)
+        s = warpgroup_mma(k_slice, q_bufs.index(stage).permute((1, 0)), s, use_acc=False, is_async=True)
         mbarrier.wait(do_ready.index(stage), phase)
-        dp = warpgroup_mma(v_slice, do_bufs.index(stage).permute((1, 0)), zero, use_acc=False, is_async=True)
-        # the exponentials while dP^T is in flight
+        dp = warpgroup_mma(v_slice, do_bufs.index(stage).permute((1, 0)), dp, use_acc=False, is_async=True)
+        # the exponentials while dP^T is in flight; P kept in 16 bits only (as the gradient-split kernel hands it
+        # over), so that its fp32 tile is not live beside dP^T and both accumulators
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
-        p = _probabilities(s, it, per_head, first_q_block, batch, head_k, nheads, group_size, seqlen_q, seqlen_k,
-                           slice_start, Lse, qk_scale_log2, BLOCK_M, SLICE_KEYS, CAUSAL, s_layout)
-        p_op = gl.convert_layout(p.to(k_smem.dtype), operand)
+        p = _probabilities_of(s, lse_log2, rows, seqlen_q, seqlen_k, slice_start, qk_scale_log2, SLICE_KEYS, CAUSAL,
+                              s_layout).to(k_smem.dtype)
+        p_op = gl.convert_layout(p, operand)
         dv = warpgroup_mma(p_op, do_bufs.index(stage), dv, is_async=True)
         dp = warpgroup_mma_wait(num_outstanding=1, deps=(dp, ))
-        ds_op = gl.convert_layout((p * (dp - delta[None, :])).to(k_smem.dtype), operand)
+        ds_op = gl.convert_layout((p.to(gl.float32) * (dp - delta[None, :])).to(k_smem.dtype), operand)
         dk = warpgroup_mma(ds_op, q_bufs.index(stage), dk, is_async=True)
         dv, dk, p_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, p_op, ds_op))
         mbarrier.arrive(q_free.index(stage), count=1)
