@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from . import configs, cpu_decode
+from .launcher import launch
 from .ops import (
     _alibi_args,
     _cdiv,
@@ -146,7 +147,8 @@ def _triton_append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block
     cos = rotary_cos if rotary_cos is not None else k
     sin = rotary_sin if rotary_sin is not None else k
     grid = (_cdiv(seqlen_new, block_n), batch * nheads_k)
-    kvcache_append_kernel[grid](
+    launch(
+        kvcache_append_kernel, grid,
         k, v, k_cache, v_cache, cache_seqlens,
         cache_batch_idx if cache_batch_idx is not None else placeholder,
         block_table if block_table is not None else placeholder, cos, sin,
@@ -182,7 +184,8 @@ def _triton_combine(out_partial, lse_partial, out=None, lse=None):
     tiles = combine_tiles(num_splits, batch * seqlen * nheads, block_d, processor_count(out_partial.device),
                           interpreting())
     grid = (_cdiv(seqlen * nheads, tiles.block_m), batch, block_d // tiles.chunk_d)
-    combine_kernel[grid](
+    launch(
+        combine_kernel, grid,
         out_partial, lse_partial, out, lse,
         *out_partial.stride()[:4], *lse_partial.stride(),
         *out.stride()[:3], *lse.stride(),
@@ -241,7 +244,8 @@ def _triton_combine_backward(dout, dlse, out_partial, lse_partial):
     dout_partial = torch.empty_like(out_partial, memory_format=torch.contiguous_format)
     dlse_partial = torch.empty_like(lse_partial, memory_format=torch.contiguous_format)
     block_m = 16 if interpreting() else 32
-    combine_backward_kernel[(_cdiv(seqlen * nheads, block_m), batch)](
+    launch(
+        combine_backward_kernel, (_cdiv(seqlen * nheads, block_m), batch),
         dout, dlse, out_partial, lse_partial, dout_partial, dlse_partial,
         *dout.stride()[:3], *dlse.stride(),
         *out_partial.stride()[:4], *lse_partial.stride(),
@@ -299,7 +303,8 @@ def _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache
     for unused in ("dropout_p", "rng_seed", "rng_offset", "HAS_DROPOUT"):
         scalars.pop(unused)
     grid = (row_blocks, batch * nheads_k, num_splits)
-    kvcache_attention_kernel[grid](
+    launch(
+        kvcache_attention_kernel, grid,
         q, k_cache, v_cache, out_target, lse_target, cache_seqlens,
         cache_batch_idx if cache_batch_idx is not None else placeholder,
         cache_leftpad if cache_leftpad is not None else placeholder,

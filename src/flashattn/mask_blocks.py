@@ -26,6 +26,7 @@ import math
 import torch
 
 from . import configs
+from .launcher import launch
 
 
 def _collapse_broadcast(mask: torch.Tensor) -> torch.Tensor:
@@ -82,7 +83,8 @@ def block_map(summary: torch.Tensor, rows: int, columns: int, transpose: bool = 
     strides = [0 if size == 1 else stride for size, stride in zip(tiles.shape, tiles.stride(), strict=True)]
     batch, heads = tiles.shape[:2]
     result = torch.empty(batch, heads, rows, 2 * columns + 1, dtype=torch.int32, device=summary.device)
-    block_map_kernel[(batch * heads, rows)](
+    launch(
+        block_map_kernel, (batch * heads, rows),
         tiles.view(torch.uint8) if tiles.dtype == torch.bool else tiles, result, *strides,
         *result.stride()[:3], heads, columns, BLOCK=max(16, configs.next_power_of_2(columns)))
     return result

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from . import configs, cpu, mask_blocks, masks
+from .launcher import launch
 from .options import AttentionOptions
 
 LOG2E = math.log2(math.e)
@@ -245,7 +246,8 @@ def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, at
     use_tma = _tma_loads(config.tma, q, k, v, out)
     slopes, stride_alibi_b, has_alibi = _alibi_args(alibi_slopes, q)
     grid = (_cdiv(layout.grid_q, config.block_m), layout.batch * nheads)
-    attention_forward_kernel[grid](
+    launch(
+        attention_forward_kernel, grid,
         q, k, v, out, lse, slopes, *layout.cu_seqlens,
         *_strides(q), *_strides(k), *_strides(v), *_strides(out),
         stride_alibi_b,
@@ -342,7 +344,8 @@ def _warp_specialized_forward(q, k, v, out, lse, layout: _Layout, config: config
     group_size = nheads // k.shape[-2]
     stride_lb, stride_lh = (lse.stride(0), lse.stride(1)) if lse.dim() == 3 else (0, lse.stride(0))
     _, stride_om, stride_oh = _strides(out)
-    attention_forward_hopper_kernel[(programs,)](
+    launch(
+        attention_forward_hopper_kernel, (programs,),
         _token_descriptor(q, 64), _token_descriptor(k, config.block_n),
         _token_descriptor(v, config.block_n), out, lse, *layout.cu_seqlens,
         stride_om, stride_oh, stride_lb, stride_lh,
@@ -391,7 +394,8 @@ def _warp_specialized_dkdv(q, k, v, dout, lse, delta, dk, dv, opts: AttentionOpt
     batch, seqlen_q, nheads, head_dim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     key_blocks = _cdiv(seqlen_k, keys)
-    kernel[(key_blocks * batch * nheads_k,)](
+    launch(
+        kernel, (key_blocks * batch * nheads_k,),
         _token_descriptor(q, config.block_m), _token_descriptor(k, keys), _token_descriptor(v, keys),
         _token_descriptor(dout, config.block_m),
         lse, delta, dk, dv, dk.stride(0), dk.stride(1), dk.stride(2),
@@ -452,7 +456,8 @@ def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Att
     delta = torch.empty_like(lse)
     delta_block = 16 if interpret else 64
     delta_rows, delta_batch = (layout.lengths[0], 1) if packing is not None else (layout.grid_q, batch)
-    delta_kernel[(_cdiv(delta_rows, delta_block), delta_batch * nheads)](
+    launch(
+        delta_kernel, (_cdiv(delta_rows, delta_block), delta_batch * nheads),
         out, dout, delta, *_strides(out), *_strides(dout),
         delta_rows, nheads, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=delta_block,
     )
@@ -488,13 +493,15 @@ def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Att
     else:
         dkdv_tma = _tma_loads(dkdv_config.tma and half, q, dout)
         for gradients in _dkdv_passes(dkdv_config):
-            dkdv_kernel[(_cdiv(layout.grid_k, dkdv_config.block_n), batch * nheads_k)](
+            launch(
+                dkdv_kernel, (_cdiv(layout.grid_k, dkdv_config.block_n), batch * nheads_k),
                 *inputs, dk, dv, slopes, *layout.cu_seqlens, *input_strides, *_strides(dk), *_strides(dv),
                 stride_alibi_b, *layout.lengths, nheads, nheads_k, nheads // nheads_k,
                 BLOCK_M=dkdv_config.block_m, BLOCK_N=dkdv_config.block_n, USE_TMA=dkdv_tma,
                 **configs.launch_options(dkdv_config), **shared, **dkdv_map, **gradients,
             )
-    dq_kernel[(_cdiv(layout.grid_q, dq_config.block_m), batch * nheads)](
+    launch(
+        dq_kernel, (_cdiv(layout.grid_q, dq_config.block_m), batch * nheads),
         *inputs, dq, slopes, *layout.cu_seqlens, *input_strides, *_strides(dq),
         stride_alibi_b, *layout.lengths, nheads, nheads // nheads_k,
         BLOCK_M=dq_config.block_m, BLOCK_N=dq_config.block_n,
