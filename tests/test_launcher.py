@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from flashattn import launcher
 from flashattn.launcher import launch
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -19,6 +20,20 @@ def _scaled_copy(source, target, n, stride, scale, BLOCK: tl.constexpr):
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     keep = offsets < n
     tl.store(target + offsets, tl.load(source + offsets * stride, mask=keep) * scale, mask=keep)
+
+
+@pytest.fixture
+def counted_runs(monkeypatch):
+    """How many launches went through JITFunction.run, the path ``launch`` takes only for a key it has not seen."""
+    runs = []
+    original = type(_scaled_copy).run
+
+    def run(self, *args, **kwargs):
+        runs.append(kwargs.get("grid"))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(_scaled_copy), "run", run)
+    return runs
 
 
 def _copy(source: torch.Tensor, n: int, stride: int, scale: float) -> torch.Tensor:
@@ -37,7 +52,8 @@ def test_falls_back_to_the_kernel_call_off_the_gpu():
 
 @pytest.mark.gpu
 @gpu
-def test_each_specialization_gets_its_own_compiled_kernel():
+def test_each_specialization_gets_its_own_compiled_kernel(counted_runs):
+    launcher._COMPILED.clear()
     base = torch.randn(4096, device="cuda")
     # n and stride take the values Triton specializes on (1, multiples of 16, neither), a source off the 16-byte
     # alignment, in an order where a reused kernel of the wrong specialization would read the wrong elements
@@ -47,6 +63,9 @@ def test_each_specialization_gets_its_own_compiled_kernel():
         for _ in range(2):  # the first launch of a key compiles, the second takes the direct path
             expected = source[: n * stride : stride] * 0.5
             torch.testing.assert_close(_copy(source, n, stride, 0.5), expected, rtol=0, atol=0)
+    # one JITFunction.run per specialization: (n, stride, alignment) = (1000, 2, 16), (1, 1, 16), (1000, 1, 16),
+    # (1024, 4, 16), (1024, 1, 4), (7, 3, 4), (1000, 1, 4); the repeats took the direct path
+    assert len(counted_runs) == 7
 
 
 @pytest.mark.gpu

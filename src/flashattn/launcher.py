@@ -29,7 +29,7 @@ def launch(kernel, grid: tuple[int, ...], *args, **kwargs):
     from triton.runtime.jit import JITFunction
 
     if (not isinstance(kernel, JITFunction) or kernel.pre_run_hooks
-            or knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None):
+            or _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook)):
         return kernel[grid](*args, **kwargs)  # the interpreter, or someone watching each launch
     device = torch.cuda.current_device()
     binder = kernel.device_caches[device][4]
@@ -45,3 +45,8 @@ def launch(kernel, grid: tuple[int, ...], *args, **kwargs):
     compiled.run(grid_x, grid_y, grid_z, torch.cuda.current_stream(device).cuda_stream, compiled.function,
                  compiled.packed_metadata, None, None, None, *bound.values())
     return compiled
+
+
+def _hooked(hook) -> bool:
+    """Whether a launch hook is set: Triton 3.6 keeps each as a chain of calls (empty: none), older ones as None."""
+    return hook is not None and bool(getattr(hook, "calls", True))
