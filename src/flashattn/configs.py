@@ -217,6 +217,11 @@ _HOPPER_FORWARD_WS_SHORT = {
 # - hdim 256 causal: 0.650 / 1.176 / 4.443 against 0.741 / 1.341 / 4.866;
 # - hdim 128: lost (1.685 / 3.016 / 11.455 against 0.990 / 1.854 / 7.416 non-causal). Its Triton tile takes 128
 #   keys a program, and the 64-key program reads Q and dO twice as often with products half as wide.
+# Timed as the whole backward (session 12, TFLOP/s): hdim 256 366.3 against 331.6 at 4k, 330.1 against 311.2 at
+# 16k, 234.8 against 221.9 at 512, causal 512 162.8 against 149.7. At hdim 64 and 128 neither 128-key form won:
+# one gradient per warpgroup 8-20% behind the Triton tiles, key slices (both gradients of 64 keys per warpgroup,
+# +slices) level non-causal at hdim 128 (400.2 / 419.5 against 402.5 / 421.3 at 4k / 16k) and 5-14% behind
+# elsewhere (docs/perf-notes.md, version 13.1).
 _HOPPER_DKDV_WS = {
     (256, False): TileConfig(64, 64, 8, 2, warp_specialized=True),
     (256, True): TileConfig(64, 64, 8, 2, warp_specialized=True),
