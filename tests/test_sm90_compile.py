@@ -34,14 +34,37 @@ for phase in {PHASES!r}:
 """
 
 
-@pytest.fixture(scope="module")
-def reports() -> dict:
+# Gluon dK/dV tiles outside the table that the sweeps and the GPU tests use: 128 keys a program in both of the
+# kernel's forms (docs/perf-notes.md, version 13.1), so that a change that breaks their compile shows in CI
+_TILE_128_KEYS = dict(block_n=128, num_warps=8, warp_specialized=True)
+SWEPT_DKDV_TILES = {  # name -> (head dim, causal, TileConfig fields)
+    "gradient-split 32x128x8x3, hdim 128": (128, False, dict(_TILE_128_KEYS, block_m=32, num_stages=3)),
+    "key slices 64x128x8x2, hdim 64 causal": (64, True,
+                                              dict(_TILE_128_KEYS, block_m=64, num_stages=2, key_slices=True)),
+    "key slices 32x128x8x3, hdim 128": (128, False, dict(_TILE_128_KEYS, block_m=32, num_stages=3, key_slices=True)),
+}
+COMPILE_SWEPT = f"""
+import json, sys
+sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
+import sass_report
+from flashattn.configs import TileConfig
+for name, (head_dim, causal, fields) in {SWEPT_DKDV_TILES!r}.items():
+    print(json.dumps([name, sass_report.ws_dkdv_report(head_dim, causal, TileConfig(**fields))]), flush=True)
+"""
+
+
+def _compiled(script: str) -> list:
+    """The JSON lines ``script`` prints, run in a child process without the interpreter."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, "-c", COMPILE_ALL], capture_output=True, text=True, env=env, timeout=600)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("[")]
-    return {(phase, head_dim, causal): result for phase, head_dim, causal, result in rows}
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("[")]
+
+
+@pytest.fixture(scope="module")
+def reports() -> dict:
+    return {(phase, head_dim, causal): result for phase, head_dim, causal, result in _compiled(COMPILE_ALL)}
 
 
 @pytest.mark.parametrize("phase", PHASES)
@@ -53,3 +76,11 @@ def test_table_kernels_keep_wgmma_asynchronous(reports, phase, head_dim, causal)
         pytest.skip(f"no Gluon {phase[:-3]} entry at hdim {head_dim}")
     assert result["HGMMA"] > 0, f"{phase} hdim {head_dim}: no wgmma at all (HMMA {result['HMMA']})"
     assert result["wgmma_serialized"] is None, f"ptxas serialized the wgmma: {result['wgmma_serialized']}"
+
+
+def test_swept_gluon_dkdv_tiles_keep_wgmma_asynchronous():
+    results = dict(_compiled(COMPILE_SWEPT))
+    assert set(results) == set(SWEPT_DKDV_TILES)
+    for name, result in results.items():
+        assert result["HGMMA"] > 0, f"{name}: no wgmma at all"
+        assert result["wgmma_serialized"] is None, f"{name}: ptxas serialized the wgmma: {result['wgmma_serialized']}"
