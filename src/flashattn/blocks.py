@@ -480,8 +480,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--candidates", type=parse_candidates, default=None, metavar="BMxBNxWxS[,...]",
                         help="sweep these configs for every swept kernel instead of the built-in lists; "
                              "+tma (forward), +split (dK/dV in two passes), +every (dK/dV in one masked loop), "
-                             "+keyrows (dK/dV products with the keys along the rows) and +peel (the causal "
-                             "diagonal out of the dK/dV loop) set TileConfig's flags, +rN a register cap")
+                             "+keyrows (dK/dV products with the keys along the rows), +peel (the causal "
+                             "diagonal out of the dK/dV loop), +ws (the Gluon kernels; forward +pingpong, "
+                             "+persistent, +consumers3; dK/dV +slices) set TileConfig's flags, +rN a register cap")
     parser.add_argument("--interpret-check", action="store_true",
                         help="no timings: run each candidate once on a tiny shape to validate it (automatic "
                              "without a GPU when TRITON_INTERPRET=1 and FLASHATTN_BACKEND=triton)")
