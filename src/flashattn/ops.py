@@ -407,21 +407,21 @@ def _warp_specialized_dkdv(q, k, v, dout, lse, delta, dk, dv, opts: AttentionOpt
 def warp_specialized_dkdv_kernel(config: configs.TileConfig):
     """The Gluon dK/dV kernel of ``config`` and its keys a program: the key-slice kernel (128 keys, 64 on each
     warpgroup) or the gradient-split one (``config.block_n``)."""
-    from .kernels.backward_hopper import dkdv_hopper_kernel, dkdv_key_slices_kernel
+    from .kernels.backward_hopper import KEY_SLICE_PROGRAM_KEYS, dkdv_hopper_kernel, dkdv_key_slices_kernel
 
     if config.key_slices:
-        return dkdv_key_slices_kernel, 128
+        return dkdv_key_slices_kernel, KEY_SLICE_PROGRAM_KEYS.value
     return dkdv_hopper_kernel, config.block_n
 
 
 def warp_specialized_dkdv_constexprs(config: configs.TileConfig, head_dim: int, causal: bool) -> dict:
     """The Gluon dK/dV kernel's compile-time arguments for ``config`` (also what benchmarks/sass_report.py
     compiles): its two consumer warpgroups take the forward consumers' registers."""
-    shared = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, NUM_STAGES=config.num_stages, CAUSAL=causal,
-                  LOADER_REGISTERS=WS_LOADER_REGISTERS)
-    if config.key_slices:
-        return dict(**shared, CONSUMER_REGISTERS=WS_CONSUMER_REGISTERS[2])
-    return dict(**shared, BLOCK_N=config.block_n, DK_REGISTERS=WS_CONSUMER_REGISTERS[2])
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, NUM_STAGES=config.num_stages, CAUSAL=causal,
+                      CONSUMER_REGISTERS=WS_CONSUMER_REGISTERS[2], LOADER_REGISTERS=WS_LOADER_REGISTERS)
+    if not config.key_slices:  # the key-slice kernel's keys a program are fixed
+        constexprs["BLOCK_N"] = config.block_n
+    return constexprs
 
 
 def _dkdv_passes(config: configs.TileConfig) -> tuple[dict, ...]:

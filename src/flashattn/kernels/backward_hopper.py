@@ -37,6 +37,25 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 LOG2E = gl.constexpr(1.4426950408889634)
 
 
+@gluon.constexpr_function
+def _score_layout(block_m):
+    """A consumer warpgroup's score tiles (S^T, dP^T: its keys along the rows, ``block_m`` queries along the
+    columns), as wgmma leaves them."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, block_m, 16])
+
+
+@gluon.constexpr_function
+def _accumulator_layout(head_dim):
+    """A consumer warpgroup's dK / dV accumulator (its keys x ``head_dim``)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, head_dim, 16])
+
+
+@gluon.constexpr_function
+def _operand_layout(head_dim):
+    """P^T or dS^T as the register operand of a product into the accumulator."""
+    return gl.DotOperandLayout(operand_index=0, parent=_accumulator_layout(head_dim), k_width=2)
+
+
 @gluon.jit
 def _key_tile(seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               CAUSAL: gl.constexpr):
@@ -143,11 +162,9 @@ def _dv_partition(k_smem, q_bufs, do_bufs, p_bufs, kv_ready, q_ready, do_ready, 
                   group_size, qk_scale_log2,
                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                   CAUSAL: gl.constexpr):
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_M, 16])
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, HEAD_DIM, 16])
-    p_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    s_layout: gl.constexpr = _score_layout(BLOCK_M)
+    acc_layout: gl.constexpr = _accumulator_layout(HEAD_DIM)
+    p_operand: gl.constexpr = _operand_layout(HEAD_DIM)
     batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(
         seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, BLOCK_N, CAUSAL)
     s_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
@@ -217,11 +234,9 @@ def _dk_partition(v_smem, q_bufs, do_bufs, p_bufs, kv_ready, q_ready, do_ready, 
                   group_size, softmax_scale,
                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                   CAUSAL: gl.constexpr):
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_M, 16])
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, HEAD_DIM, 16])
-    ds_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    s_layout: gl.constexpr = _score_layout(BLOCK_M)
+    acc_layout: gl.constexpr = _accumulator_layout(HEAD_DIM)
+    ds_operand: gl.constexpr = _operand_layout(HEAD_DIM)
     batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(
         seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, BLOCK_N, CAUSAL)
     dp_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
@@ -293,7 +308,7 @@ def dkdv_hopper_kernel(
     stride_gb, stride_gm, stride_gh,
     seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, softmax_scale, qk_scale_log2,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, DK_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
+    CAUSAL: gl.constexpr, CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
 ):
     """dK and dV of BLOCK_N keys a program: ``key_blocks`` per (batch, kv head), one program each. q_desc / do_desc
     span (batch * seqlen_q, nheads * HEAD_DIM) in (BLOCK_M, HEAD_DIM) blocks, k_desc / v_desc (batch * seqlen_k,
@@ -321,12 +336,13 @@ def dkdv_hopper_kernel(
         (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready,
                            do_ready, q_free, do_free, seqlen_q, seqlen_k, nheads_k, key_blocks, group_size,
                            HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL)),
-    ], [4, 1], [DK_REGISTERS, LOADER_REGISTERS])
+    ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
 
 
 # -- the other split: each consumer warpgroup owns a slice of the keys and both of its gradients (FA3's layout) --
 
 SLICE_KEYS = gl.constexpr(64)  # one wgmma row block: a consumer warpgroup's keys
+KEY_SLICE_PROGRAM_KEYS = gl.constexpr(2 * SLICE_KEYS.value)  # the key-slice kernel's keys a program
 
 
 @gluon.jit
@@ -338,11 +354,9 @@ def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_
     """dK and dV of keys [SLICE * 64, SLICE * 64 + 64) of the program's block: all four products of those keys, with no
     hand-over between warpgroups. The two slices share the stages of Q and dO, each releasing a stage once its two
     products that read it have completed."""
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_M, 16])
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, HEAD_DIM, 16])
-    operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    s_layout: gl.constexpr = _score_layout(BLOCK_M)
+    acc_layout: gl.constexpr = _accumulator_layout(HEAD_DIM)
+    operand: gl.constexpr = _operand_layout(HEAD_DIM)
     batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(
         seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, BLOCK_N, CAUSAL)
     slice_start = key_start + SLICE * SLICE_KEYS
@@ -397,7 +411,7 @@ def dkdv_key_slices_kernel(
     """dK and dV of 128 keys a program, 64 on each consumer warpgroup with both of their gradients: for head dims up
     to 128, where a warpgroup holds both 64 x HEAD_DIM fp32 accumulators (128 registers a thread at hdim 128).
     The arguments are ``dkdv_hopper_kernel``'s, with k_desc / v_desc in (128, HEAD_DIM) blocks."""
-    BLOCK_N: gl.constexpr = 2 * SLICE_KEYS
+    BLOCK_N: gl.constexpr = KEY_SLICE_PROGRAM_KEYS
     group_size = nheads // nheads_k
     # each slice reads every stage of Q and dO
     k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_free, do_free = _streamed_buffers(
