@@ -256,6 +256,23 @@ def ws_dkdv_report(head_dim: int, causal: bool, config) -> dict:
     return _gluon_report(kernel, signature, ops.warp_specialized_dkdv_constexprs(config, head_dim, causal))
 
 
+def ws_dq_report(head_dim: int, causal: bool, config, varlen: bool = False) -> dict:
+    """:func:`report` of the warp-specialized Gluon dQ kernel (``kernels/dq_hopper.py``) with ``config``'s tile, as
+    ``ops._warp_specialized_dq`` launches it for bf16 inputs."""
+    from flashattn import ops
+    from flashattn.kernels.dq_hopper import dq_hopper_kernel
+
+    seqlens = "*i32" if varlen else "*bf16"  # dense calls pass q there, never read
+    signature = dict(q_desc=_bf16_descriptor(64, head_dim), k_desc=_bf16_descriptor(config.block_n, head_dim),
+                     v_desc=_bf16_descriptor(config.block_n, head_dim), do_desc=_bf16_descriptor(64, head_dim),
+                     DQ="*bf16", Lse="*fp32", Delta="*fp32", CuSeqlensQ=seqlens, CuSeqlensK=seqlens,
+                     stride_dqm="i32", stride_dqh="i32", stride_lb="i32", stride_lh="i32", seqlen_q="i32",
+                     seqlen_k="i32", nheads="i32", group_size="i32", row_tiles="i32", batch_heads="i32",
+                     heads_per_section="i32", softmax_scale="fp32", qk_scale_log2="fp32")
+    return _gluon_report(dq_hopper_kernel, signature,
+                         ops.warp_specialized_dq_constexprs(config, head_dim, causal, varlen))
+
+
 def _bf16_descriptor(rows: int, head_dim: int) -> str:
     """The signature type of a host-side TMA descriptor of (rows, head_dim) bf16 tiles, as ``ops._token_descriptor``
     builds it."""

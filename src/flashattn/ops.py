@@ -404,6 +404,45 @@ def _warp_specialized_dkdv(q, k, v, dout, lse, delta, dk, dv, opts: AttentionOpt
     )
 
 
+def _warp_specialized_dq_fits(q, k, v, dout, lse, opts: AttentionOptions, alibi_slopes, attn_mask) -> bool:
+    """Whether the warp-specialized Gluon dQ kernel (``kernels/dq_hopper.py``) computes this backward's dQ: the
+    forward's conditions (``_warp_specialized_fits``, dense or varlen), with dO in the same (tokens, heads *
+    head_dim) rows and a contiguous LSE (delta takes its layout)."""
+    return (q.numel() > 0 and lse.is_contiguous()
+            and _warp_specialized_fits(q, k, v, opts, alibi_slopes, attn_mask, None)
+            and _token_rows(dout) is not None and _tma_compatible(dout))
+
+
+def _warp_specialized_dq(q, k, v, dout, lse, delta, dq, layout: _Layout, config: configs.TileConfig,
+                         opts: AttentionOptions) -> None:
+    """dQ (contiguous, q's shape) by the Gluon kernel: the forward's tiles (128 query rows, two consumer warpgroups)
+    and its L2 sections; ``delta`` = rowsum(dO * O), lse's layout."""
+    from .kernels.dq_hopper import dq_hopper_kernel
+
+    nheads, head_dim = q.shape[-2:]
+    row_tiles = _cdiv(layout.grid_q, 128)
+    batch_heads = layout.batch * nheads
+    group_size = nheads // k.shape[-2]
+    stride_lb, stride_lh = (lse.stride(0), lse.stride(1)) if lse.dim() == 3 else (0, lse.stride(0))
+    _, stride_dqm, stride_dqh = _strides(dq)
+    launch(
+        dq_hopper_kernel, (row_tiles * batch_heads,),
+        _token_descriptor(q, 64), _token_descriptor(k, config.block_n), _token_descriptor(v, config.block_n),
+        _token_descriptor(dout, 64), dq, lse, delta, *layout.cu_seqlens,
+        stride_dqm, stride_dqh, stride_lb, stride_lh, *layout.lengths, nheads, group_size, row_tiles, batch_heads,
+        _heads_per_section(batch_heads, group_size, layout.grid_k * head_dim * k.element_size()),
+        opts.softmax_scale, opts.softmax_scale * LOG2E,
+        **warp_specialized_dq_constexprs(config, head_dim, opts.window_right == 0, layout.is_varlen), num_warps=4,
+    )
+
+
+def warp_specialized_dq_constexprs(config: configs.TileConfig, head_dim: int, causal: bool, is_varlen: bool) -> dict:
+    """The Gluon dQ kernel's compile-time arguments for ``config`` (also what benchmarks/sass_report.py compiles)."""
+    return dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, NUM_STAGES=config.num_stages, CAUSAL=causal,
+                IS_VARLEN=is_varlen, CONSUMER_REGISTERS=WS_CONSUMER_REGISTERS[2],
+                LOADER_REGISTERS=WS_LOADER_REGISTERS)
+
+
 def warp_specialized_dkdv_kernel(config: configs.TileConfig):
     """The Gluon dK/dV kernel of ``config`` and its keys a program: the key-slice kernel (128 keys, 64 on each
     warpgroup) or the gradient-split one (``config.block_n``)."""
@@ -479,8 +518,9 @@ def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Att
     fits_gluon = _warp_specialized_backward_fits(q, k, v, dout, lse, opts, alibi_slopes, attn_mask, packing)
     dkdv_config = configs.tile_config("dkdv", head_dim, masked, q.dtype, q.device, interpret, attn_mask=has_mask,
                                       seqlen=shorter, warp_specialized=fits_gluon)
+    fits_gluon_dq = _warp_specialized_dq_fits(q, k, v, dout, lse, opts, alibi_slopes, attn_mask)
     dq_config = configs.tile_config("dq", head_dim, masked, q.dtype, q.device, interpret, attn_mask=has_mask,
-                                    seqlen=shorter)
+                                    seqlen=shorter, warp_specialized=fits_gluon_dq)
     dkdv_map, dq_map = _block_map_arguments(attn_mask, q, layout.lengths[1],
                                             (dkdv_config.block_m, dkdv_config.block_n, True),
                                             (dq_config.block_m, dq_config.block_n, False))
@@ -500,6 +540,9 @@ def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Att
                 BLOCK_M=dkdv_config.block_m, BLOCK_N=dkdv_config.block_n, USE_TMA=dkdv_tma,
                 **configs.launch_options(dkdv_config), **shared, **dkdv_map, **gradients,
             )
+    if dq_config.warp_specialized and fits_gluon_dq:
+        _warp_specialized_dq(q, k, v, dout, lse, delta, dq, layout, dq_config, opts)
+        return dq, dk, dv, q.new_empty(0)  # an SDPA mask, whose gradient the Triton kernel writes, never fits
     launch(
         dq_kernel, (_cdiv(layout.grid_q, dq_config.block_m), batch * nheads),
         *inputs, dq, slopes, *layout.cu_seqlens, *input_strides, *_strides(dq),

@@ -1,0 +1,204 @@
+"""Hopper dQ in Gluon: warp-specialized, the forward's structure (``forward_hopper.py``) with three products.
+
+One program computes dQ for 128 query rows of one (sequence, head), in partitions:
+
+- two consumer warpgroups, 64 rows each. Per key block j a consumer computes S = Q K_j^T and dP = dO V_j^T
+  (wgmma, both operands in shared memory), P = exp(S * scale - lse) from the forward's log-sum-exp,
+  dS = P (dP - delta), and accumulates dQ += dS K_j with dS from registers. Block j's S and dP are issued
+  before block j-1's dS K, so the exponentials and dS of block j run while that product is in flight;
+- a loader warp: the tile's Q and dO, then K and V through TMA into a ring of ``NUM_STAGES`` stages. A stage's
+  V is released once both consumers' dP has read it, its K once their dS K has: K stays a block longer than V,
+  so the ring needs two stages, and three to fetch a K block one block ahead.
+
+The Triton dQ kernel (``backward.py``) software-pipelines the same three products inside one warpgroup's
+instruction stream; here the loads wait on no consumer and the two warpgroups' products interleave on the
+tensor cores.
+
+The tiles and their order are the forward's (``forward_hopper._tile_plan``): L2 sections of heads, row tiles
+fastest inside a section, the longest causal rows first. Query rows past the sequence read lse = +inf, so their
+P (and dS) is 0 whatever the tile holds there; keys past the sequence are masked in the last block. Limits,
+checked by the launcher (``ops._warp_specialized_dq_fits``): the forward's, with dO read like Q and a contiguous
+lse.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+from .forward_hopper import ROWS_PER_WARPGROUP, _tile_plan
+
+LOG2E = gl.constexpr(1.4426950408889634)
+CONSUMERS = gl.constexpr(2)
+
+
+@gluon.jit
+def _load_partition(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, rows_ready, k_ready, v_ready,
+                    k_free, v_free, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, nheads, group_size, row_tiles,
+                    batch_heads, heads_per_section, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                    NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr):
+    head, head_k, q_start, k_start, _, _, _, tile_row, _, n_blocks = _tile_plan(
+        gl.program_id(0), row_tiles, batch_heads, heads_per_section, nheads, group_size, CuSeqlensQ, CuSeqlensK,
+        seqlen_q, seqlen_k, 0, 0, BLOCK_N, CAUSAL, IS_VARLEN, CONSUMERS)
+    mbarrier.expect(rows_ready, CONSUMERS * (q_desc.block_type.nbytes + do_desc.block_type.nbytes))
+    for c in gl.static_range(CONSUMERS):
+        row = q_start + tile_row + c * ROWS_PER_WARPGROUP
+        tma.async_copy_global_to_shared(q_desc, [row, head * HEAD_DIM], rows_ready, q_smem.index(c))
+        tma.async_copy_global_to_shared(do_desc, [row, head * HEAD_DIM], rows_ready, do_smem.index(c))
+    for j in range(n_blocks):
+        stage = j % NUM_STAGES
+        phase = (j // NUM_STAGES) & 1
+        # a fresh barrier passes a wait on the phase before its first: the first round does not wait
+        mbarrier.wait(k_free.index(stage), phase ^ 1)
+        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [k_start + j * BLOCK_N, head_k * HEAD_DIM], k_ready.index(stage),
+                                        k_bufs.index(stage))
+        mbarrier.wait(v_free.index(stage), phase ^ 1)
+        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [k_start + j * BLOCK_N, head_k * HEAD_DIM], v_ready.index(stage),
+                                        v_bufs.index(stage))
+
+
+@gluon.jit
+def _score_gradient(s, dp, lse_log2, delta, rows, j, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N: gl.constexpr,
+                    CAUSAL: gl.constexpr, MASKED: gl.constexpr, s_layout: gl.constexpr):
+    """dS = P (dP - delta) of key block j, P recomputed from the log-sum-exp (unscaled: dQ takes the scale once)."""
+    p = gl.exp2(s * qk_scale_log2 - lse_log2[:, None])
+    if MASKED:
+        cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        visible = cols[None, :] < seqlen_k
+        if CAUSAL:
+            # bottom-right aligned: query i sees keys up to i + seqlen_k - seqlen_q
+            visible = visible & (cols[None, :] <= rows[:, None] + (seqlen_k - seqlen_q))
+        p = gl.where(visible, p, 0.0)
+    return p * (dp - delta[:, None])
+
+
+@gluon.jit
+def _key_blocks(q, do, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, dq, rows, lse_log2, delta, lo, hi,
+                seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr):
+    """Key blocks [lo, hi) into one consumer's dQ accumulator (its 64 rows)."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, HEAD_DIM, 16])
+    ds_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    s_zero = gl.zeros([ROWS_PER_WARPGROUP, BLOCK_N], gl.float32, s_layout)
+    if hi > lo:
+        # -- prologue: block lo's S, dP and dS --
+        stage = lo % NUM_STAGES
+        phase = (lo // NUM_STAGES) & 1
+        mbarrier.wait(k_ready.index(stage), phase)
+        s = warpgroup_mma(q, k_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        mbarrier.wait(v_ready.index(stage), phase)
+        dp = warpgroup_mma(do, v_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s, dp))
+        mbarrier.arrive(v_free.index(stage), count=1)
+        ds = _score_gradient(s, dp, lse_log2, delta, rows, lo, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, CAUSAL,
+                             MASKED, s_layout)
+        ds_op = gl.convert_layout(ds.to(q.dtype), ds_operand)
+        for j in range(lo + 1, hi):
+            prev_stage = stage
+            stage = j % NUM_STAGES
+            phase = (j // NUM_STAGES) & 1
+            # -- block j's S and dP, then block j-1's dS K, in flight together --
+            mbarrier.wait(k_ready.index(stage), phase)
+            s = warpgroup_mma(q, k_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            mbarrier.wait(v_ready.index(stage), phase)
+            dp = warpgroup_mma(do, v_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            dq = warpgroup_mma(ds_op, k_bufs.index(prev_stage), dq, is_async=True)
+            s, dp = warpgroup_mma_wait(num_outstanding=1, deps=(s, dp))
+            mbarrier.arrive(v_free.index(stage), count=1)  # V is read by dP alone: the loader may refill it
+            ds = _score_gradient(s, dp, lse_log2, delta, rows, j, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N,
+                                 CAUSAL, MASKED, s_layout)
+            # dS K reads ds_op from registers until it completes: keep it alive to here
+            dq, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds_op))
+            mbarrier.arrive(k_free.index(prev_stage), count=1)
+            ds_op = gl.convert_layout(ds.to(q.dtype), ds_operand)
+        # -- epilogue: the last block's dS K --
+        dq = warpgroup_mma(ds_op, k_bufs.index(stage), dq, is_async=True)
+        dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
+        mbarrier.arrive(k_free.index(stage), count=1)
+    return dq
+
+
+@gluon.jit
+def _consumer_partition(q_smem, do_smem, k_bufs, v_bufs, rows_ready, k_ready, v_ready, k_free, v_free, DQ, Lse,
+                        Delta, CuSeqlensQ, CuSeqlensK, stride_dqm, stride_dqh, stride_lb, stride_lh, seqlen_q,
+                        seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section, softmax_scale,
+                        qk_scale_log2, WARP_GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                        NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr):
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, HEAD_DIM, 16])
+    head, _, q_start, _, tile_seqlen_q, tile_seqlen_k, lse_row, tile_row, n_full, n_blocks = _tile_plan(
+        gl.program_id(0), row_tiles, batch_heads, heads_per_section, nheads, group_size, CuSeqlensQ, CuSeqlensK,
+        seqlen_q, seqlen_k, stride_lb, stride_lh, BLOCK_N, CAUSAL, IS_VARLEN, CONSUMERS)
+    first_row = tile_row + WARP_GROUP * ROWS_PER_WARPGROUP  # within the sequence
+    rows = first_row + gl.arange(0, ROWS_PER_WARPGROUP, layout=gl.SliceLayout(1, s_layout))
+    in_sequence = rows < tile_seqlen_q
+    # rows past the sequence: lse = +inf gives P = 0 (the tile may hold the next sequence's rows); delta has lse's
+    # layout
+    lse_log2 = gl.load(Lse + lse_row + rows, mask=in_sequence, other=float("inf")) * LOG2E
+    delta = gl.load(Delta + lse_row + rows, mask=in_sequence, other=0.0)
+    dq = gl.zeros([ROWS_PER_WARPGROUP, HEAD_DIM], gl.float32, acc_layout)
+    q = q_smem.index(WARP_GROUP)
+    do = do_smem.index(WARP_GROUP)
+    mbarrier.wait(rows_ready, 0)
+    # -- blocks every row of the tile sees whole, then the masked ones (diagonal, sequence end) --
+    dq = _key_blocks(q, do, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, dq, rows, lse_log2, delta, 0, n_full,
+                     tile_seqlen_q, tile_seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, False)
+    dq = _key_blocks(q, do, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, dq, rows, lse_log2, delta, n_full,
+                     n_blocks, tile_seqlen_q, tile_seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL,
+                     True)
+    dq_rows = first_row + gl.arange(0, ROWS_PER_WARPGROUP, layout=gl.SliceLayout(1, acc_layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+    offsets = (q_start + dq_rows).to(gl.int64)[:, None] * stride_dqm + head * stride_dqh + cols[None, :]
+    gl.store(DQ + offsets, (dq * softmax_scale).to(DQ.dtype.element_ty), mask=(dq_rows < tile_seqlen_q)[:, None])
+
+
+@gluon.jit
+def dq_hopper_kernel(
+    q_desc, k_desc, v_desc, do_desc, DQ, Lse, Delta, CuSeqlensQ, CuSeqlensK,
+    stride_dqm, stride_dqh, stride_lb, stride_lh,
+    seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section, softmax_scale, qk_scale_log2,
+    HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+    IS_VARLEN: gl.constexpr, CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
+):
+    """dQ of 128 query rows a program: ``row_tiles`` per (sequence, head), ``batch_heads`` of those, one program
+    each. The descriptors are the forward's: q_desc / do_desc over (tokens, nheads * HEAD_DIM) in (64, HEAD_DIM)
+    blocks, k_desc / v_desc over (tokens, nheads_k * HEAD_DIM) in (BLOCK_N, HEAD_DIM) blocks. Lse and Delta:
+    (batch, nheads, seqlen_q) dense, (nheads, total_q) varlen, last stride 1. DQ: token stride stride_dqm, head
+    stride stride_dqh."""
+    gl.static_assert(NUM_STAGES >= 2, "K is held until the next block's products are issued: two stages at least")
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, ROWS_PER_WARPGROUP, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(do_desc.dtype, [CONSUMERS, ROWS_PER_WARPGROUP, HEAD_DIM], do_desc.layout)
+    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    rows_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    k_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(rows_ready, count=1)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_free.index(i), count=CONSUMERS)  # every consumer releases a stage's V, then its K
+        mbarrier.init(v_free.index(i), count=CONSUMERS)
+
+    gl.warp_specialize([
+        (_consumer_partition, (q_smem, do_smem, k_bufs, v_bufs, rows_ready, k_ready, v_ready, k_free, v_free, DQ, Lse,
+                               Delta, CuSeqlensQ, CuSeqlensK, stride_dqm, stride_dqh, stride_lb, stride_lh, seqlen_q,
+                               seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section,
+                               softmax_scale, qk_scale_log2, 0, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN)),
+        (_consumer_partition, (q_smem, do_smem, k_bufs, v_bufs, rows_ready, k_ready, v_ready, k_free, v_free, DQ, Lse,
+                               Delta, CuSeqlensQ, CuSeqlensK, stride_dqm, stride_dqh, stride_lb, stride_lh, seqlen_q,
+                               seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section,
+                               softmax_scale, qk_scale_log2, 1, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN)),
+        (_load_partition, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, rows_ready, k_ready,
+                           v_ready, k_free, v_free, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, nheads, group_size,
+                           row_tiles, batch_heads, heads_per_section, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL,
+                           IS_VARLEN)),
+    ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])

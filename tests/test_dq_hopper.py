@@ -1,0 +1,94 @@
+"""The warp-specialized Gluon dQ kernel (kernels/dq_hopper.py): which backward calls take it, and their gradients
+against the float64 reference under the flash-attn rule (3x PyTorch's error in the same precision).
+
+The GPU tests force its config with ``configs.use_config`` and count the launches, so they test every head dim and
+tile it covers, not only the table's. Gluon has no interpreter; tests/test_sm90_compile.py compiles the tiles for
+sm90 on the CPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from cases import make_case, make_varlen_case
+from hopper_kernels import forced_launch, hopper
+
+from flashattn import configs, flash_attn_func, ops
+from flashattn.options import AttentionOptions
+from flashattn.testing import check_against_reference, check_varlen_against_reference
+
+# (keys a block, stages): 3 stages fetch K a block ahead; hdim 256 fits 3 stages of 32 keys (224 KB)
+WS_DQ_TILES = {"n64-s3": configs.TileConfig(128, 64, 8, 3, warp_specialized=True),
+               "n64-s2": configs.TileConfig(128, 64, 8, 2, warp_specialized=True),
+               "n32-s3": configs.TileConfig(128, 32, 8, 3, warp_specialized=True)}
+
+
+def forced_ws_dq(tile: configs.TileConfig | None, monkeypatch, expect_launch: bool = True):
+    return forced_launch(monkeypatch, "dq", "_warp_specialized_dq", tile, expect_launch)
+
+
+def test_dq_fits_only_on_the_gpu():
+    q = torch.randn(1, 4, 2, 128, dtype=torch.bfloat16)
+    lse = torch.randn(1, 2, 4)
+    assert not ops._warp_specialized_dq_fits(q, q, q, q, lse, AttentionOptions(0.0625), None, None)
+
+
+GPU_SHAPES = [
+    # (batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim)
+    (2, 1024, 1024, 4, 4, 128),
+    (1, 113, 203, 4, 2, 128),
+    (1, 1, 700, 4, 4, 64),
+    (1, 700, 300, 2, 2, 64),
+    (2, 1023, 1023, 4, 1, 128),
+    (3, 257, 257, 2, 2, 64),
+]
+SHAPES_256 = [(2, 1023, 1023, 4, 2, 256), (1, 113, 203, 4, 4, 256), (1, 700, 300, 2, 2, 256)]
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("option", ["plain", "causal"])
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("tile", ["n64-s3", "n64-s2", "n32-s3"])
+def test_ws_dq_matches_reference(tile, shape, option, monkeypatch):
+    with forced_ws_dq(WS_DQ_TILES[tile], monkeypatch):
+        check_against_reference(make_case(shape, option, "cuda"), torch.bfloat16, "cuda", flash_attn_func)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("option", ["plain", "causal"])
+@pytest.mark.parametrize("shape", SHAPES_256, ids=lambda s: "x".join(map(str, s)))
+def test_ws_dq_256_matches_reference(shape, option, monkeypatch):
+    with forced_ws_dq(WS_DQ_TILES["n32-s3"], monkeypatch):
+        check_against_reference(make_case(shape, option, "cuda"), torch.bfloat16, "cuda", flash_attn_func)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("option", ["plain", "causal"])
+def test_ws_dq_fp16_scale(option, monkeypatch):
+    case = make_case((2, 333, 517, 4, 2, 128), option, "cuda")
+    case.options["softmax_scale"] = 0.05
+    with forced_ws_dq(WS_DQ_TILES["n64-s3"], monkeypatch):
+        check_against_reference(case, torch.float16, "cuda", flash_attn_func)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("option", ["plain", "causal"])
+@pytest.mark.parametrize("seqlens", [([1, 300, 129, 0, 64], [5, 300, 700, 3, 64]), ([1000, 17], [1000, 17])],
+                         ids=["mixed", "equal"])
+def test_ws_dq_varlen_matches_reference(seqlens, option, monkeypatch):
+    case = make_varlen_case((*seqlens, 4, 2, 128), option, "cuda")
+    with forced_ws_dq(WS_DQ_TILES["n64-s3"], monkeypatch):
+        check_varlen_against_reference(case, torch.bfloat16, "cuda")
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("option", ["window", "softcap", "alibi", "dropout"])
+def test_other_options_take_the_triton_dq(option, monkeypatch):
+    with forced_ws_dq(WS_DQ_TILES["n64-s3"], monkeypatch, expect_launch=False):
+        check_against_reference(make_case((1, 300, 300, 2, 2, 128), option, "cuda"), torch.bfloat16, "cuda",
+                                flash_attn_func)
