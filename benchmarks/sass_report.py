@@ -195,21 +195,22 @@ def report_cache(cache_dir: Path, kernel_name: str) -> None:
 GRID_DIVISIBLE = ("seqlen_q", "seqlen_k", "nheads", "nheads_k", "rng_seed", "rng_offset")
 
 
-def table_report(phase: str, head_dim: int, causal: bool, seqlen: int) -> dict | None:
+def table_report(phase: str, head_dim: int, causal: bool, seqlen: int, seqlen_q: int = 0) -> dict | None:
     """:func:`compile_report` of the Hopper tile table's ``phase`` kernel ("forward", "dkdv" or "dq") as
-    the launcher compiles it for a bf16 benchmark-grid shape; "forward_ws" and "dkdv_ws": the Gluon kernels'
-    entries (None where the table has none)."""
+    the launcher compiles it for a bf16 benchmark-grid shape; "forward_ws", "dkdv_ws" and "dq_ws": the Gluon
+    kernels' entries (None where the table has none). ``seqlen_q`` = 1: the Triton kernel as the launcher
+    specializes it for one query (an integer argument equal to 1 becomes a constant)."""
     import torch
 
     from flashattn import configs, ops
     from flashattn.kernels import backward, forward
 
-    if phase in ("forward_ws", "dkdv_ws"):
+    if phase in ("forward_ws", "dkdv_ws", "dq_ws"):
         config = configs.lookup("hopper", phase[:-3], head_dim, causal, torch.bfloat16, seqlen=seqlen,
                                 warp_specialized=True)
         if not config.warp_specialized:
             return None
-        report_of = ws_forward_report if phase == "forward_ws" else ws_dkdv_report
+        report_of = {"forward_ws": ws_forward_report, "dkdv_ws": ws_dkdv_report, "dq_ws": ws_dq_report}[phase]
         return report_of(head_dim, causal, config)
     config = configs.lookup("hopper", phase, head_dim, causal, torch.bfloat16, seqlen=seqlen)
     kernel = {"forward": forward.attention_forward_kernel, "dkdv": backward.dkdv_kernel,
@@ -219,7 +220,10 @@ def table_report(phase: str, head_dim: int, causal: bool, seqlen: int) -> dict |
     if phase == "forward":
         constexprs.update(DEFER_SCALE=True)
     if phase == "dkdv":
+        config = ops.dkdv_compilable(config, seqlen_q)
         constexprs.update(ops._dkdv_passes(config)[0])  # the first launch, where the table splits the pass
+    if seqlen_q == 1:
+        constexprs["seqlen_q"] = 1
     divisible = GRID_DIVISIBLE + (("window_right",) if causal else ())
     return compile_report(kernel, config.num_warps, config.num_stages, constexprs, maxnreg=config.max_registers,
                           divisible=divisible)

@@ -92,3 +92,26 @@ def test_other_options_take_the_triton_dq(option, monkeypatch):
     with forced_ws_dq(WS_DQ_TILES["n64-s3"], monkeypatch, expect_launch=False):
         check_against_reference(make_case((1, 300, 300, 2, 2, 128), option, "cuda"), torch.bfloat16, "cuda",
                                 flash_attn_func)
+
+
+def test_table_has_gluon_dq_at_hdim_128_and_256():
+    for causal in (False, True):
+        for head_dim, keys in ((128, 64), (256, 32)):
+            entry = configs.lookup("hopper", "dq", head_dim, causal, torch.bfloat16, seqlen=4096,
+                                   warp_specialized=True)
+            assert entry.warp_specialized and entry.block_n == keys and entry.num_stages == 3
+            assert not configs.lookup("hopper", "dq", head_dim, causal, torch.bfloat16, seqlen=4096).warp_specialized
+        assert not configs.lookup("hopper", "dq", 64, causal, torch.bfloat16, seqlen=4096,
+                                  warp_specialized=True).warp_specialized
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize(("head_dim", "dtype", "expect_launch"), [
+    (256, torch.bfloat16, True), (128, torch.float16, True), (64, torch.bfloat16, False),
+    (128, torch.float32, False)])
+def test_table_takes_the_gluon_dq_where_it_fits(head_dim, dtype, expect_launch, monkeypatch):
+    case = make_case((1, 2048, 2048, 2, 2, head_dim), "causal", "cuda")
+    with forced_ws_dq(None, monkeypatch, expect_launch=expect_launch):
+        check_against_reference(case, dtype, "cuda", flash_attn_func)
+

@@ -61,3 +61,12 @@ def test_tma_dq_matches_reference(triton_backend, shape, option_name):
     case = make_case(shape, option_name, triton_backend)
     with use_config("dq", TileConfig(*tiles, tma=True)):
         check_against_reference(case, torch.float16, triton_backend, flash_attn_func)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_one_query_causal_backward_at_hdim_64():
+    """One query row, causal: Triton makes seqlen_q a constant, on which ptxas died compiling the peeled hdim-64
+    dK/dV kernel (ops.dkdv_compilable)."""
+    check_against_reference(make_case((1, 1, 700, 4, 4, 64), "causal", "cuda"), torch.bfloat16, "cuda",
+                            flash_attn_func)

@@ -4,8 +4,8 @@ instructions asynchronous. When it serializes them (its info C7515) a kernel los
 no other sign: the causal hdim-128 dK/dV kernel did (docs/perf-notes.md, version 8).
 
 The compiles also check the table's TMA builds (forward; dK/dV at hdim 128 and 256 causal; dQ at hdim 256)
-and the Gluon kernels' entries ("forward_ws", "dkdv_ws"), which the interpreter cannot run: a descriptor path that
-Triton fails to compile runs fine there, and Gluon has no interpreter.
+and the Gluon kernels' entries ("forward_ws", "dkdv_ws", "dq_ws"), which the interpreter cannot run: a descriptor
+path that Triton fails to compile runs fine there, and Gluon has no interpreter.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PHASES = ("forward", "forward_ws", "dkdv", "dkdv_ws", "dq")
+PHASES = ("forward", "forward_ws", "dkdv", "dkdv_ws", "dq", "dq_ws")
 HEAD_DIMS = (64, 128, 256)
 # the compiles run in a child process: under TRITON_INTERPRET=1 the kernels are interpreter functions
 COMPILE_ALL = f"""
@@ -76,6 +76,26 @@ def test_table_kernels_keep_wgmma_asynchronous(reports, phase, head_dim, causal)
         pytest.skip(f"no Gluon {phase[:-3]} entry at hdim {head_dim}")
     assert result["HGMMA"] > 0, f"{phase} hdim {head_dim}: no wgmma at all (HMMA {result['HMMA']})"
     assert result["wgmma_serialized"] is None, f"ptxas serialized the wgmma: {result['wgmma_serialized']}"
+
+
+# One query: Triton makes seqlen_q = 1 a constant, and ptxas died (SIGSEGV) on the peeled causal hdim-64 dK/dV kernel
+# built that way, so the launcher takes its one-loop form there (ops.dkdv_compilable)
+COMPILE_ONE_QUERY = f"""
+import json, sys
+sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
+import sass_report
+for phase in ("dkdv", "dq"):
+    for head_dim in {HEAD_DIMS!r}:
+        result = sass_report.table_report(phase, head_dim, True, seqlen=1024, seqlen_q=1)
+        print(json.dumps([f"{{phase}} hdim {{head_dim}}", result]), flush=True)
+"""
+
+
+def test_table_backward_kernels_compile_for_one_query():
+    results = dict(_compiled(COMPILE_ONE_QUERY))
+    assert len(results) == 2 * len(HEAD_DIMS)
+    for name, result in results.items():
+        assert result["HGMMA"] + result["HMMA"] > 0, f"{name}: no matrix instruction"
 
 
 def test_swept_gluon_dkdv_tiles_keep_wgmma_asynchronous():

@@ -106,8 +106,8 @@ def parse_candidates(text: str) -> list[Candidate]:
     any config may end in ``+tma`` (TMA tensor descriptors; sm90), a dK/dV config in ``+split`` (a dV
     pass and a dK pass, ``TileConfig.split_dkdv``), ``+every`` (one masked loop,
     ``TileConfig.mask_every_block``), ``+keyrows`` (``TileConfig.key_rows``) or ``+peel``
-    (``TileConfig.peel_diagonal``), a forward or dK/dV config in ``+ws`` (the warp-specialized Gluon kernels,
-    ``TileConfig.warp_specialized``; forward 128 x BLOCK_N x 8 x STAGES, dK/dV BLOCK_M query rows x BLOCK_N
+    (``TileConfig.peel_diagonal``), any config in ``+ws`` (the warp-specialized Gluon kernels,
+    ``TileConfig.warp_specialized``; forward and dQ 128 x BLOCK_N x 8 x STAGES, dK/dV BLOCK_M query rows x BLOCK_N
     (64 or 128) keys x 8 x STAGES), a forward one with ``+pingpong``, ``+persistent`` and
     ``+consumers3`` (``TileConfig.pingpong``, ``TileConfig.persistent``, ``TileConfig.three_consumers``), a dK/dV
     one with ``+slices`` (``TileConfig.key_slices``: 128 keys, 64 a warpgroup with both gradients),

@@ -43,9 +43,10 @@ class TileConfig:
     # ptxas keeps asynchronous (docs/perf-notes.md, versions 8 and 9); other masks take the one-loop form with
     # mask_every_block, the three-loop form without
     peel_diagonal: bool = False
-    # forward only, sm90: the warp-specialized Gluon kernel (kernels/forward_hopper.py): 128 query rows a
-    # program in two consumer warpgroups and a TMA loader warp, K/V in a ring of num_stages buffers. block_m
-    # and num_warps are fixed by its structure (128, 8 consumer warps); calls it does not cover (dropout,
+    # sm90: the warp-specialized Gluon kernels. Forward (kernels/forward_hopper.py) and dQ (kernels/dq_hopper.py):
+    # 128 query rows a program in two consumer warpgroups and a TMA loader warp, K/V in a ring of num_stages
+    # buffers; block_m and num_warps are fixed by that structure (128, 8 consumer warps). dK/dV
+    # (kernels/backward_hopper.py): block_n keys a program, Q/dO in the ring. Calls they do not cover (dropout,
     # ALiBi, softcap, windows, SDPA masks, paged K/V, fp32, padded head dims) take the Triton kernel with
     # this tile
     warp_specialized: bool = False
@@ -226,9 +227,26 @@ _HOPPER_DKDV_WS = {
     (256, False): TileConfig(64, 64, 8, 2, warp_specialized=True),
     (256, True): TileConfig(64, 64, 8, 2, warp_specialized=True),
 }
+# The warp-specialized Gluon dQ kernel (kernels/dq_hopper.py; ops._warp_specialized_dq_fits: the forward's
+# conditions, dense or varlen): 128 query rows a program, K and V blocks on 3 stages (K is held a block longer than
+# V), 32-key blocks at hdim 256, where 128 rows of Q and dO leave 96 KB for them. Measured on an H100 (session 13,
+# whole backward, TFLOP/s, against the Triton entry; docs/perf-notes.md, version 14):
+# - hdim 128: 428.3 against 409.5 at 4k, 462.6 against 428.8 at 16k, 341.5 against 325.8 at 1k; causal 391.0
+#   against 355.9 at 4k. Two stages lost (384.4, causal 344.1), and so did 32-key blocks (398.6);
+# - hdim 256: 374.2 against 361.1 at 4k, 370.8 against 336.1 at 16k; causal 341.8 against 325.1 at 4k. Two stages
+#   lost (329.7);
+# - hdim 64: lost (326.1 against 350.3 at 2k, causal 312.0 against 331.6 at 4k): at 64 wide the exponentials and dS
+#   weigh more against the products, and the Triton tile overlaps them better.
+_HOPPER_DQ_WS = {
+    (128, False): TileConfig(128, 64, 8, 3, warp_specialized=True),
+    (128, True): TileConfig(128, 64, 8, 3, warp_specialized=True),
+    (256, False): TileConfig(128, 32, 8, 3, warp_specialized=True),
+    (256, True): TileConfig(128, 32, 8, 3, warp_specialized=True),
+}
 # (family, phase) -> the Gluon kernel's table and its short-sequence entries (a None entry: the Triton table's)
 _WS_TABLES = {("hopper", "forward"): (_HOPPER_FORWARD_WS, _HOPPER_FORWARD_WS_SHORT),
-              ("hopper", "dkdv"): (_HOPPER_DKDV_WS, {})}
+              ("hopper", "dkdv"): (_HOPPER_DKDV_WS, {}),
+              ("hopper", "dq"): (_HOPPER_DQ_WS, {})}
 _HOPPER_DQ_SHORT = {
     (256, False): TileConfig(128, 64, 8, 1),
 }

@@ -463,6 +463,15 @@ def warp_specialized_dkdv_constexprs(config: configs.TileConfig, head_dim: int, 
     return constexprs
 
 
+def dkdv_compilable(config: configs.TileConfig, seqlen_q: int) -> configs.TileConfig:
+    """``config``, or its one-loop form where ptxas cannot compile the peeled one. Triton specializes an integer
+    argument equal to 1 as a constant, and ptxas (CUDA 12.8, Triton 3.6's) dies with SIGSEGV on the peeled
+    causal dK/dV kernel with seqlen_q = 1 (the hdim-64 table entry; tests/test_sm90_compile.py checks it)."""
+    if config.peel_diagonal and seqlen_q == 1:
+        return dataclasses.replace(config, peel_diagonal=False)
+    return config
+
+
 def _dkdv_passes(config: configs.TileConfig) -> tuple[dict, ...]:
     """The dK/dV kernel's launches: one for both gradients, or (``split_dkdv``) a dV pass, then a dK pass,
     each with one accumulator and the keys along its tile's rows."""
@@ -516,8 +525,9 @@ def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Att
     input_strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(dout))
     shorter = min(layout.grid_q, layout.grid_k)
     fits_gluon = _warp_specialized_backward_fits(q, k, v, dout, lse, opts, alibi_slopes, attn_mask, packing)
-    dkdv_config = configs.tile_config("dkdv", head_dim, masked, q.dtype, q.device, interpret, attn_mask=has_mask,
-                                      seqlen=shorter, warp_specialized=fits_gluon)
+    dkdv_config = dkdv_compilable(
+        configs.tile_config("dkdv", head_dim, masked, q.dtype, q.device, interpret, attn_mask=has_mask,
+                            seqlen=shorter, warp_specialized=fits_gluon), layout.lengths[0])
     fits_gluon_dq = _warp_specialized_dq_fits(q, k, v, dout, lse, opts, alibi_slopes, attn_mask)
     dq_config = configs.tile_config("dq", head_dim, masked, q.dtype, q.device, interpret, attn_mask=has_mask,
                                     seqlen=shorter, warp_specialized=fits_gluon_dq)
