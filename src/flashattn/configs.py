@@ -243,10 +243,19 @@ _HOPPER_DQ_WS = {
     (256, False): TileConfig(128, 32, 8, 3, warp_specialized=True),
     (256, True): TileConfig(128, 32, 8, 3, warp_specialized=True),
 }
+# Short sequences (whole backward, H100, TFLOP/s): the Triton entries where they won, hdim 128 at 512 (254.2 against
+# 185.1; causal level at 129.2) and causal 1k (254.6 against 232.3), hdim 256 causal 1k (220.8 against 194.2). hdim
+# 128 at 1k lost 341.5 to 325.8 that way; hdim 256 non-causal keeps the Gluon dQ (240.1 against 225.9 at 512, 308.3
+# against 286.8 at 1k).
+_HOPPER_DQ_WS_SHORT = {
+    (128, False): None,
+    (128, True): None,
+    (256, True): None,
+}
 # (family, phase) -> the Gluon kernel's table and its short-sequence entries (a None entry: the Triton table's)
 _WS_TABLES = {("hopper", "forward"): (_HOPPER_FORWARD_WS, _HOPPER_FORWARD_WS_SHORT),
               ("hopper", "dkdv"): (_HOPPER_DKDV_WS, {}),
-              ("hopper", "dq"): (_HOPPER_DQ_WS, {})}
+              ("hopper", "dq"): (_HOPPER_DQ_WS, _HOPPER_DQ_WS_SHORT)}
 _HOPPER_DQ_SHORT = {
     (256, False): TileConfig(128, 64, 8, 1),
 }
