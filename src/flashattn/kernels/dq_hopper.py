@@ -25,7 +25,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .forward_hopper import ROWS_PER_WARPGROUP, _tile_plan
+from .forward_hopper import ROWS_PER_WARPGROUP, _tile_plan, load_key_block
 
 LOG2E = gl.constexpr(1.4426950408889634)
 CONSUMERS = gl.constexpr(2)
@@ -45,17 +45,8 @@ def _load_partition(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_
         tma.async_copy_global_to_shared(q_desc, [row, head * HEAD_DIM], rows_ready, q_smem.index(c))
         tma.async_copy_global_to_shared(do_desc, [row, head * HEAD_DIM], rows_ready, do_smem.index(c))
     for j in range(n_blocks):
-        stage = j % NUM_STAGES
-        phase = (j // NUM_STAGES) & 1
-        # a fresh barrier passes a wait on the phase before its first: the first round does not wait
-        mbarrier.wait(k_free.index(stage), phase ^ 1)
-        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [k_start + j * BLOCK_N, head_k * HEAD_DIM], k_ready.index(stage),
-                                        k_bufs.index(stage))
-        mbarrier.wait(v_free.index(stage), phase ^ 1)
-        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [k_start + j * BLOCK_N, head_k * HEAD_DIM], v_ready.index(stage),
-                                        v_bufs.index(stage))
+        load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, j, k_start + j * BLOCK_N,
+                       head_k * HEAD_DIM, NUM_STAGES)
 
 
 @gluon.jit
@@ -74,6 +65,18 @@ def _score_gradient(s, dp, lse_log2, delta, rows, j, seqlen_q, seqlen_k, qk_scal
 
 
 @gluon.jit
+def _issue_scores(q, do, k_bufs, v_bufs, k_ready, v_ready, j, s_zero, NUM_STAGES: gl.constexpr):
+    """Issue key block j's S = Q K^T and dP = dO V^T, each once its tile has landed."""
+    stage = j % NUM_STAGES
+    phase = (j // NUM_STAGES) & 1
+    mbarrier.wait(k_ready.index(stage), phase)
+    s = warpgroup_mma(q, k_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    mbarrier.wait(v_ready.index(stage), phase)
+    dp = warpgroup_mma(do, v_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    return s, dp
+
+
+@gluon.jit
 def _key_blocks(q, do, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, dq, rows, lse_log2, delta, lo, hi,
                 seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                 NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr):
@@ -87,11 +90,7 @@ def _key_blocks(q, do, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, dq, row
     if hi > lo:
         # -- prologue: block lo's S, dP and dS --
         stage = lo % NUM_STAGES
-        phase = (lo // NUM_STAGES) & 1
-        mbarrier.wait(k_ready.index(stage), phase)
-        s = warpgroup_mma(q, k_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        mbarrier.wait(v_ready.index(stage), phase)
-        dp = warpgroup_mma(do, v_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s, dp = _issue_scores(q, do, k_bufs, v_bufs, k_ready, v_ready, lo, s_zero, NUM_STAGES)
         s, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s, dp))
         mbarrier.arrive(v_free.index(stage), count=1)
         ds = _score_gradient(s, dp, lse_log2, delta, rows, lo, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, CAUSAL,
@@ -100,12 +99,8 @@ def _key_blocks(q, do, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, dq, row
         for j in range(lo + 1, hi):
             prev_stage = stage
             stage = j % NUM_STAGES
-            phase = (j // NUM_STAGES) & 1
             # -- block j's S and dP, then block j-1's dS K, in flight together --
-            mbarrier.wait(k_ready.index(stage), phase)
-            s = warpgroup_mma(q, k_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            mbarrier.wait(v_ready.index(stage), phase)
-            dp = warpgroup_mma(do, v_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s, dp = _issue_scores(q, do, k_bufs, v_bufs, k_ready, v_ready, j, s_zero, NUM_STAGES)
             dq = warpgroup_mma(ds_op, k_bufs.index(prev_stage), dq, is_async=True)
             s, dp = warpgroup_mma_wait(num_outstanding=1, deps=(s, dp))
             mbarrier.arrive(v_free.index(stage), count=1)  # V is read by dP alone: the loader may refill it

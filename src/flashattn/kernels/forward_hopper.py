@@ -99,17 +99,26 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_f
             tma.async_copy_global_to_shared(q_desc, [q_start + tile_row + c * ROWS_PER_WARPGROUP, head * HEAD_DIM],
                                             q_ready, q_smem.index(c))
         for j in range(n_blocks):
-            stage = (ring + j) % NUM_STAGES
-            phase = ((ring + j) // NUM_STAGES) & 1
-            mbarrier.wait(k_free.index(stage), phase ^ 1)
-            mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_desc, [k_start + j * BLOCK_N, head_k * HEAD_DIM], k_ready.index(stage),
-                                            k_bufs.index(stage))
-            mbarrier.wait(v_free.index(stage), phase ^ 1)
-            mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(v_desc, [k_start + j * BLOCK_N, head_k * HEAD_DIM], v_ready.index(stage),
-                                            v_bufs.index(stage))
+            load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, ring + j,
+                           k_start + j * BLOCK_N, head_k * HEAD_DIM, NUM_STAGES)
         ring += n_blocks
+
+
+@gluon.jit
+def load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, position, row, column,
+                   NUM_STAGES: gl.constexpr):
+    """K and V rows [row, row + block) at ``column`` into the ring's stage of key block ``position`` (the blocks
+    loaded so far), each once the consumers have released that stage's last K or V. The forward's and the dQ
+    kernel's loaders."""
+    stage = position % NUM_STAGES
+    phase = (position // NUM_STAGES) & 1
+    # a fresh barrier passes a wait on the phase before its first: the first round does not wait
+    mbarrier.wait(k_free.index(stage), phase ^ 1)
+    mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [row, column], k_ready.index(stage), k_bufs.index(stage))
+    mbarrier.wait(v_free.index(stage), phase ^ 1)
+    mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(v_desc, [row, column], v_ready.index(stage), v_bufs.index(stage))
 
 
 @gluon.jit
