@@ -27,7 +27,7 @@ def forced_ws_dkdv(tile: configs.TileConfig | None, monkeypatch, expect_launch: 
 def test_backward_fits_only_on_the_gpu():
     q = torch.randn(1, 4, 2, 256, dtype=torch.bfloat16)
     lse = torch.randn(1, 2, 4)
-    assert not ops._warp_specialized_backward_fits(q, q, q, q, lse, AttentionOptions(0.0625), None, None, None)
+    assert not ops._warp_specialized_dq_fits(q, q, q, q, lse, AttentionOptions(0.0625), None, None)
 
 
 def test_table_has_gluon_dkdv_at_hdim_256_only():

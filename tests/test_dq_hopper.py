@@ -14,7 +14,6 @@ from cases import make_case, make_varlen_case
 from hopper_kernels import forced_launch, hopper
 
 from flashattn import configs, flash_attn_func, ops
-from flashattn.options import AttentionOptions
 from flashattn.testing import check_against_reference, check_varlen_against_reference
 
 # (keys a block, stages): 3 stages fetch K a block ahead; hdim 256 fits 3 stages of 32 keys (224 KB)
@@ -27,10 +26,9 @@ def forced_ws_dq(tile: configs.TileConfig | None, monkeypatch, expect_launch: bo
     return forced_launch(monkeypatch, "dq", "_warp_specialized_dq", tile, expect_launch)
 
 
-def test_dq_fits_only_on_the_gpu():
-    q = torch.randn(1, 4, 2, 128, dtype=torch.bfloat16)
-    lse = torch.randn(1, 2, 4)
-    assert not ops._warp_specialized_dq_fits(q, q, q, q, lse, AttentionOptions(0.0625), None, None)
+def test_lse_strides_dense_and_varlen():
+    assert ops._lse_strides(torch.empty(2, 3, 5)) == (15, 5)
+    assert ops._lse_strides(torch.empty(3, 7)) == (0, 7)  # (nheads, total_q): no batch stride
 
 
 GPU_SHAPES = [

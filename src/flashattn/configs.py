@@ -210,8 +210,8 @@ _HOPPER_FORWARD_WS_SHORT = {
     (128, False): TileConfig(128, 128, 8, 3, warp_specialized=True, persistent=True),
     (128, True): None,
 }
-# The warp-specialized Gluon dK/dV kernel (kernels/backward_hopper.py; ops._warp_specialized_backward_fits: the
-# forward's conditions, dense batches): 64 keys a program, 64-row query blocks on 2 stages (the only tile: Q and dO
+# The warp-specialized Gluon dK/dV kernel (kernels/backward_hopper.py; ops._warp_specialized_dq_fits, dense batches:
+# the forward's conditions): 64 keys a program, 64-row query blocks on 2 stages (the only tile: Q and dO
 # stages of 128 rows at hdim 256 would take 256 KB). Measured on an H200 (session 11, GPU time of the dK/dV
 # kernel, ms, against the Triton entry; bench of the two kernels with the same dQ kernel):
 # - hdim 256 non-causal: 1.156 / 2.169 / 9.924 at 2k / 4k / 16k against 1.349 / 2.571 / 10.873;

@@ -342,7 +342,7 @@ def _warp_specialized_forward(q, k, v, out, lse, layout: _Layout, config: config
     # consumers finish the last one
     programs = min(tiles, _sm_count(q.device.index)) if config.persistent else tiles
     group_size = nheads // k.shape[-2]
-    stride_lb, stride_lh = (lse.stride(0), lse.stride(1)) if lse.dim() == 3 else (0, lse.stride(0))
+    stride_lb, stride_lh = _lse_strides(lse)
     _, stride_om, stride_oh = _strides(out)
     launch(
         attention_forward_hopper_kernel, (programs,),
@@ -354,6 +354,12 @@ def _warp_specialized_forward(q, k, v, out, lse, layout: _Layout, config: config
         opts.softmax_scale * LOG2E,
         **warp_specialized_constexprs(config, head_dim, opts.window_right == 0, layout.is_varlen), num_warps=4,
     )
+
+
+def _lse_strides(lse: torch.Tensor) -> tuple[int, int]:
+    """The (batch, head) strides of the log-sum-exp: (batch, nheads, seqlen_q) dense, (nheads, total_q) varlen,
+    which has no batch stride (0)."""
+    return (lse.stride(0), lse.stride(1)) if lse.dim() == 3 else (0, lse.stride(0))
 
 
 def _heads_per_section(batch_heads: int, group_size: int, kv_head_bytes: int) -> int:
@@ -374,16 +380,6 @@ def warp_specialized_constexprs(config: configs.TileConfig, head_dim: int, causa
 
 def _consumer_warpgroups(config: configs.TileConfig) -> int:
     return 3 if config.three_consumers else 2
-
-
-def _warp_specialized_backward_fits(q, k, v, dout, lse, opts: AttentionOptions, alibi_slopes, attn_mask,
-                                    packing) -> bool:
-    """Whether the warp-specialized Gluon dK/dV kernel (``kernels/backward_hopper.py``) computes this backward's
-    dK and dV: the forward's conditions (``_warp_specialized_fits``, with dO in the same (tokens, heads * head_dim)
-    rows), dense batches (not varlen) and a contiguous LSE."""
-    return (packing is None and q.numel() > 0 and lse.is_contiguous()
-            and _warp_specialized_fits(q, k, v, opts, alibi_slopes, attn_mask, None)
-            and _token_rows(dout) is not None and _tma_compatible(dout))
 
 
 def _warp_specialized_dkdv(q, k, v, dout, lse, delta, dk, dv, opts: AttentionOptions,
@@ -407,7 +403,8 @@ def _warp_specialized_dkdv(q, k, v, dout, lse, delta, dk, dv, opts: AttentionOpt
 def _warp_specialized_dq_fits(q, k, v, dout, lse, opts: AttentionOptions, alibi_slopes, attn_mask) -> bool:
     """Whether the warp-specialized Gluon dQ kernel (``kernels/dq_hopper.py``) computes this backward's dQ: the
     forward's conditions (``_warp_specialized_fits``, dense or varlen), with dO in the same (tokens, heads *
-    head_dim) rows and a contiguous LSE (delta takes its layout)."""
+    head_dim) rows and a contiguous LSE (delta takes its layout). The Gluon dK/dV kernel takes the same calls when
+    they are dense batches."""
     return (q.numel() > 0 and lse.is_contiguous()
             and _warp_specialized_fits(q, k, v, opts, alibi_slopes, attn_mask, None)
             and _token_rows(dout) is not None and _tma_compatible(dout))
@@ -423,7 +420,7 @@ def _warp_specialized_dq(q, k, v, dout, lse, delta, dq, layout: _Layout, config:
     row_tiles = _cdiv(layout.grid_q, 128)
     batch_heads = layout.batch * nheads
     group_size = nheads // k.shape[-2]
-    stride_lb, stride_lh = (lse.stride(0), lse.stride(1)) if lse.dim() == 3 else (0, lse.stride(0))
+    stride_lb, stride_lh = _lse_strides(lse)
     _, stride_dqm, stride_dqh = _strides(dq)
     launch(
         dq_hopper_kernel, (row_tiles * batch_heads,),
@@ -524,11 +521,11 @@ def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Att
     inputs = (q, k, v, dout, lse, delta)
     input_strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(dout))
     shorter = min(layout.grid_q, layout.grid_k)
-    fits_gluon = _warp_specialized_backward_fits(q, k, v, dout, lse, opts, alibi_slopes, attn_mask, packing)
+    fits_gluon_dq = _warp_specialized_dq_fits(q, k, v, dout, lse, opts, alibi_slopes, attn_mask)
+    fits_gluon = packing is None and fits_gluon_dq  # the Gluon dK/dV takes dense batches only
     dkdv_config = dkdv_compilable(
         configs.tile_config("dkdv", head_dim, masked, q.dtype, q.device, interpret, attn_mask=has_mask,
                             seqlen=shorter, warp_specialized=fits_gluon), layout.lengths[0])
-    fits_gluon_dq = _warp_specialized_dq_fits(q, k, v, dout, lse, opts, alibi_slopes, attn_mask)
     dq_config = configs.tile_config("dq", head_dim, masked, q.dtype, q.device, interpret, attn_mask=has_mask,
                                     seqlen=shorter, warp_specialized=fits_gluon_dq)
     dkdv_map, dq_map = _block_map_arguments(attn_mask, q, layout.lengths[1],
@@ -552,7 +549,8 @@ def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Att
             )
     if dq_config.warp_specialized and fits_gluon_dq:
         _warp_specialized_dq(q, k, v, dout, lse, delta, dq, layout, dq_config, opts)
-        return dq, dk, dv, q.new_empty(0)  # an SDPA mask, whose gradient the Triton kernel writes, never fits
+        # no SDPA mask here (the Gluon kernels take none), so no mask gradient, which only the Triton dQ writes
+        return dq, dk, dv, q.new_empty(0)
     launch(
         dq_kernel, (_cdiv(layout.grid_q, dq_config.block_m), batch * nheads),
         *inputs, dq, slopes, *layout.cu_seqlens, *input_strides, *_strides(dq),

@@ -20,8 +20,8 @@ dS (dK side) run while a product is in flight. dQ is left to the Triton dQ kerne
 A stage's Q is released once S^T (dV side) and dS^T Q (dK side) have read it, its dO once dP^T and P^T dO have.
 Query rows past the sequence read lse = +inf, so their P (and dS) is 0 whatever Q and dO hold there (a TMA
 tile may run into the next sequence's rows). Keys past the sequence compute rows that are never stored.
-Limits, checked by the launcher (``ops._warp_specialized_backward_fits``): dense (not varlen) 16-bit inputs,
-head dims 64, 128 or 256, causal or no mask, no dropout, softcap, ALiBi or SDPA mask.
+Limits, checked by the launcher (``ops._warp_specialized_dq_fits`` and a dense batch): dense (not varlen) 16-bit
+inputs, head dims 64, 128 or 256, causal or no mask, no dropout, softcap, ALiBi or SDPA mask.
 """
 
 from triton.experimental import gluon
