@@ -26,9 +26,16 @@ def forced_ws_dq(tile: configs.TileConfig | None, monkeypatch, expect_launch: bo
     return forced_launch(monkeypatch, "dq", "_warp_specialized_dq", tile, expect_launch)
 
 
-def test_lse_strides_dense_and_varlen():
-    assert ops._lse_strides(torch.empty(2, 3, 5)) == (15, 5)
-    assert ops._lse_strides(torch.empty(3, 7)) == (0, 7)  # (nheads, total_q): no batch stride
+def test_tile_plan_arguments_dense_and_varlen():
+    q, k = torch.empty(2, 300, 8, 128), torch.empty(2, 300, 2, 128)
+    dense = ops._Layout.of(q, k, None)
+    tiles, plan = ops._tile_plan_arguments(q, k, torch.empty(2, 8, 300), dense, 128)
+    # lse strides, lengths, nheads, group size, row tiles, (sequence, head) pairs, pairs per L2 section (all fit)
+    assert (tiles, plan) == (3 * 16, (2400, 300, 300, 300, 8, 4, 3, 16, 16))
+    packing = ops.Packing(torch.tensor([0, 100, 300]), torch.tensor([0, 50, 300]), 200, 250)
+    packed = ops._Layout.of(q[0], k[0], packing)
+    tiles, plan = ops._tile_plan_arguments(q[0], k[0], torch.empty(8, 300), packed, 128)
+    assert (tiles, plan[:4]) == (2 * 16, (0, 300, 300, 300))  # (nheads, total_q): no batch stride
 
 
 GPU_SHAPES = [

@@ -333,33 +333,35 @@ def _warp_specialized_forward(q, k, v, out, lse, layout: _Layout, config: config
                               opts: AttentionOptions) -> None:
     from .kernels.forward_hopper import attention_forward_hopper_kernel
 
-    nheads, head_dim = q.shape[-2:]
-    rows_per_tile = 64 * _consumer_warpgroups(config)  # a consumer warpgroup's 64 rows each
-    row_tiles = _cdiv(layout.grid_q, rows_per_tile)
-    batch_heads = layout.batch * nheads
-    tiles = row_tiles * batch_heads
+    head_dim = q.shape[-1]
+    # a consumer warpgroup's 64 rows each
+    tiles, plan = _tile_plan_arguments(q, k, lse, layout, 64 * _consumer_warpgroups(config))
     # persistent: one program per SM walks the tiles, its loader fetching the next tile's Q, K and V while the
     # consumers finish the last one
     programs = min(tiles, _sm_count(q.device.index)) if config.persistent else tiles
-    group_size = nheads // k.shape[-2]
-    stride_lb, stride_lh = _lse_strides(lse)
     _, stride_om, stride_oh = _strides(out)
     launch(
         attention_forward_hopper_kernel, (programs,),
         _token_descriptor(q, 64), _token_descriptor(k, config.block_n),
         _token_descriptor(v, config.block_n), out, lse, *layout.cu_seqlens,
-        stride_om, stride_oh, stride_lb, stride_lh,
-        *layout.lengths, nheads, group_size, row_tiles, batch_heads,
-        _heads_per_section(batch_heads, group_size, layout.grid_k * head_dim * k.element_size()),
-        opts.softmax_scale * LOG2E,
+        stride_om, stride_oh, *plan, opts.softmax_scale * LOG2E,
         **warp_specialized_constexprs(config, head_dim, opts.window_right == 0, layout.is_varlen), num_warps=4,
     )
 
 
-def _lse_strides(lse: torch.Tensor) -> tuple[int, int]:
-    """The (batch, head) strides of the log-sum-exp: (batch, nheads, seqlen_q) dense, (nheads, total_q) varlen,
-    which has no batch stride (0)."""
-    return (lse.stride(0), lse.stride(1)) if lse.dim() == 3 else (0, lse.stride(0))
+def _tile_plan_arguments(q, k, lse, layout: _Layout, rows_per_tile: int) -> tuple[int, tuple]:
+    """The tiles of the Gluon forward or dQ (``rows_per_tile`` query rows each) and the arguments from which both
+    kernels' ``forward_hopper._tile_plan`` derives each tile: the LSE's (batch, head) strides ((batch, nheads,
+    seqlen_q) dense, (nheads, total_q) varlen with no batch stride), the lengths, nheads, the GQA group size, the
+    row tiles per (sequence, head), the (sequence, head) pairs and the pairs per L2 section."""
+    nheads, head_dim = q.shape[-2:]
+    row_tiles = _cdiv(layout.grid_q, rows_per_tile)
+    batch_heads = layout.batch * nheads
+    group_size = nheads // k.shape[-2]
+    lse_strides = (lse.stride(0), lse.stride(1)) if lse.dim() == 3 else (0, lse.stride(0))
+    sections = _heads_per_section(batch_heads, group_size, layout.grid_k * head_dim * k.element_size())
+    return row_tiles * batch_heads, (*lse_strides, *layout.lengths, nheads, group_size, row_tiles, batch_heads,
+                                     sections)
 
 
 def _heads_per_section(batch_heads: int, group_size: int, kv_head_bytes: int) -> int:
@@ -416,19 +418,14 @@ def _warp_specialized_dq(q, k, v, dout, lse, delta, dq, layout: _Layout, config:
     and its L2 sections; ``delta`` = rowsum(dO * O), lse's layout."""
     from .kernels.dq_hopper import dq_hopper_kernel
 
-    nheads, head_dim = q.shape[-2:]
-    row_tiles = _cdiv(layout.grid_q, 128)
-    batch_heads = layout.batch * nheads
-    group_size = nheads // k.shape[-2]
-    stride_lb, stride_lh = _lse_strides(lse)
+    head_dim = q.shape[-1]
+    tiles, plan = _tile_plan_arguments(q, k, lse, layout, 128)
     _, stride_dqm, stride_dqh = _strides(dq)
     launch(
-        dq_hopper_kernel, (row_tiles * batch_heads,),
+        dq_hopper_kernel, (tiles,),
         _token_descriptor(q, 64), _token_descriptor(k, config.block_n), _token_descriptor(v, config.block_n),
         _token_descriptor(dout, 64), dq, lse, delta, *layout.cu_seqlens,
-        stride_dqm, stride_dqh, stride_lb, stride_lh, *layout.lengths, nheads, group_size, row_tiles, batch_heads,
-        _heads_per_section(batch_heads, group_size, layout.grid_k * head_dim * k.element_size()),
-        opts.softmax_scale, opts.softmax_scale * LOG2E,
+        stride_dqm, stride_dqh, *plan, opts.softmax_scale, opts.softmax_scale * LOG2E,
         **warp_specialized_dq_constexprs(config, head_dim, opts.window_right == 0, layout.is_varlen), num_warps=4,
     )
 

@@ -25,7 +25,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .forward_hopper import ROWS_PER_WARPGROUP, _tile_plan, load_key_block
+from .forward_hopper import ROWS_PER_WARPGROUP, _tile_plan, key_ring, load_key_block
 
 LOG2E = gl.constexpr(1.4426950408889634)
 CONSUMERS = gl.constexpr(2)
@@ -169,19 +169,11 @@ def dq_hopper_kernel(
     gl.static_assert(NUM_STAGES >= 2, "K is held until the next block's products are issued: two stages at least")
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, ROWS_PER_WARPGROUP, HEAD_DIM], q_desc.layout)
     do_smem = gl.allocate_shared_memory(do_desc.dtype, [CONSUMERS, ROWS_PER_WARPGROUP, HEAD_DIM], do_desc.layout)
-    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    # every consumer releases a stage's V after its dP, then its K after its dS K
+    k_bufs, v_bufs, k_ready, v_ready, k_free, v_free = key_ring(k_desc, v_desc, HEAD_DIM, BLOCK_N, NUM_STAGES,
+                                                                CONSUMERS)
     rows_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    k_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    v_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(rows_ready, count=1)
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_free.index(i), count=CONSUMERS)  # every consumer releases a stage's V, then its K
-        mbarrier.init(v_free.index(i), count=CONSUMERS)
 
     gl.warp_specialize([
         (_consumer_partition, (q_smem, do_smem, k_bufs, v_bufs, rows_ready, k_ready, v_ready, k_free, v_free, DQ, Lse,

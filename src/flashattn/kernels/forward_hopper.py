@@ -105,6 +105,25 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_f
 
 
 @gluon.jit
+def key_ring(k_desc, v_desc, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+             CONSUMERS: gl.constexpr):
+    """The ring of K and V stages and their barriers, the forward's and the dQ kernel's: a stage's K and V each land
+    behind a ready barrier (the loader's expect) and are refilled once every consumer has arrived on its free one."""
+    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    k_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_free.index(i), count=CONSUMERS)
+        mbarrier.init(v_free.index(i), count=CONSUMERS)
+    return k_bufs, v_bufs, k_ready, v_ready, k_free, v_free
+
+
+@gluon.jit
 def load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, position, row, column,
                    NUM_STAGES: gl.constexpr):
     """K and V rows [row, row + block) at ``column`` into the ring's stage of key block ``position`` (the blocks
@@ -287,24 +306,15 @@ def attention_forward_hopper_kernel(
     gl.static_assert(NUM_CONSUMERS == 2 or not PINGPONG, "ping-pong turns are between two consumers")
     total_tiles = row_tiles * batch_heads
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONSUMERS, ROWS_PER_WARPGROUP, HEAD_DIM], q_desc.layout)
-    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    k_bufs, v_bufs, k_ready, v_ready, k_free, v_free = key_ring(k_desc, v_desc, HEAD_DIM, BLOCK_N, NUM_STAGES,
+                                                                NUM_CONSUMERS)
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    k_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    v_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=1)
     mbarrier.init(q_free, count=NUM_CONSUMERS)  # every consumer releases Q
     mbarrier.init(turn.index(0), count=1)
     mbarrier.init(turn.index(1), count=1)
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_free.index(i), count=NUM_CONSUMERS)  # every consumer releases a stage's K, then its V
-        mbarrier.init(v_free.index(i), count=NUM_CONSUMERS)
 
     # each consumer's partition spelled out: warp_specialize takes a literal list, one entry per partition
     if NUM_CONSUMERS == 2:
