@@ -125,8 +125,8 @@ def backend_description(device_type: str) -> str:
 
         if gpu_family(torch.device("cuda")) == "hopper":
             return ("triton (default on CUDA); on this sm90 GPU the forward at head dim 128 / 256 and non-causal 64 "
-                    "from 2k tokens, and the dK/dV at head dim 256 (16-bit, causal or no mask), run the "
-                    "warp-specialized Gluon kernels")
+                    "from 2k tokens, the dQ at head dim 128 / 256 and the dK/dV at head dim 256 (16-bit, causal or "
+                    "no mask) run the warp-specialized Gluon kernels")
         return "triton (default on CUDA)"
     return "torch (blocked PyTorch, default on CPU)"
 
