@@ -36,29 +36,41 @@ def candidate_splits(case: DecodeCase, processors: int, key_block: int = 64) -> 
             and (programs * s <= 4 * processors or s <= 4)]
 
 
-def parse_config(text: str) -> tuple[int, int, int]:
-    """"64x4x3" -> (block_n, num_warps, num_stages); the query tile stays the table's."""
-    block_n, warps, stages = (int(part) for part in text.split("x"))
-    return block_n, warps, stages
+def parse_config(text: str) -> dict:
+    """"64x4x3" -> the DecodeConfig fields block_n, num_warps, num_stages; flags after it: "+tma" (TMA
+    loads), "+c16" (TMA with 16 block-table entries a chunk) and "+ptr" (pointer loads). The query tile
+    stays the table's."""
+    tiles, *flags = text.split("+")
+    block_n, warps, stages = (int(part) for part in tiles.split("x"))
+    fields = dict(block_n=block_n, num_warps=warps, num_stages=stages)
+    for flag in flags:
+        if flag == "tma":
+            fields["tma"] = True
+        elif flag == "ptr":
+            fields.update(tma=False, table_chunk=0)
+        elif flag.startswith("c"):
+            fields.update(tma=True, table_chunk=int(flag[1:]))
+        else:
+            raise ValueError(f"config {text!r}: unknown flag {flag!r} (expected tma, ptr or cN)")
+    return fields
 
 
 @contextlib.contextmanager
-def decode_tiles(config: tuple[int, int, int] | None):
-    """decode_ops.decode_config with (block_n, num_warps, num_stages) replaced; None: the table's."""
+def decode_tiles(config: dict | None):
+    """decode_ops.decode_config with the fields of ``config`` replaced; None: the table's."""
     table = decode_ops.decode_config
     if config is not None:
-        block_n, warps, stages = config
-        decode_ops.decode_config = lambda *args: dataclasses.replace(
-            table(*args), block_n=block_n, num_warps=warps, num_stages=stages)
+        decode_ops.decode_config = lambda *args: dataclasses.replace(table(*args), **config)
     try:
         yield
     finally:
         decode_ops.decode_config = table
 
 
-def sweep(case: DecodeCase, device: torch.device, configs: list[str | None]) -> dict:
+def sweep(case: DecodeCase, device: torch.device, configs: list[str | None], only_splits: list[int] = ()) -> dict:
     """Step times over split counts for each tile config, and each output's largest difference from
-    the table config's output with the automatic split count (a wrong config shows there)."""
+    the table config's output with the automatic split count (a wrong config shows there). ``only_splits``:
+    time these split counts (and the automatic one) instead of :func:`candidate_splits`."""
     processors = torch.cuda.get_device_properties(device).multi_processor_count
     copies = choose_grid_copies(case.kv_bytes(), l2_bytes(device))
     inputs = make_inputs(case, device, copies)
@@ -69,7 +81,8 @@ def sweep(case: DecodeCase, device: torch.device, configs: list[str | None]) -> 
         config = parse_config(name) if name else None
         times, diffs = {}, {}
         with decode_tiles(config):
-            splits_to_try = set(candidate_splits(case, processors, config[0] if config else 64)) | {auto}
+            splits_to_try = set(only_splits or candidate_splits(case, processors,
+                                                                config["block_n"] if config else 64)) | {auto}
             for splits in sorted(splits_to_try):
                 step = flashattn_step(splits)(inputs)
                 diffs[splits] = (step(0).float() - reference).abs().max().item()
@@ -87,7 +100,10 @@ def main() -> None:
     parser.add_argument("--cache-lens", nargs="+", type=int, default=[8192, 65536])
     parser.add_argument("--page-size", type=int, default=0, help="0: a contiguous cache")
     parser.add_argument("--configs", nargs="+", default=[],
-                        help="tile configs BLOCK_NxWARPSxSTAGES to sweep besides the table's, e.g. 128x4x2")
+                        help="tile configs BLOCK_NxWARPSxSTAGES[+tma|+ptr|+cN] to sweep besides the table's, "
+                             "e.g. 128x4x2+tma")
+    parser.add_argument("--splits", nargs="+", type=int, default=[],
+                        help="split counts to time (besides the automatic one) instead of the candidates")
     parser.add_argument("--out", default=None, help="JSON file for the results")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -97,7 +113,7 @@ def main() -> None:
     for cache_len in args.cache_lens:
         for batch in args.batches:
             case = DecodeCase(batch=batch, cache_len=cache_len, page_size=args.page_size or None)
-            result = sweep(case, device, [None, *args.configs])
+            result = sweep(case, device, [None, *args.configs], args.splits)
             results.append(result)
             for name, runs in result["configs"].items():
                 times = runs["us"]

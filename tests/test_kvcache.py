@@ -4,6 +4,8 @@ Every test runs on both backends: the torch path, and the Triton kernels (the in
 GPU, CUDA with one). The ``gpu``-marked tests add decode-sized shapes on the GPU.
 """
 
+import dataclasses
+
 import pytest
 import torch
 from kvcache_cases import KVProblem, build, expected, gather_paged, rotary_ref, to_paged, variant
@@ -295,6 +297,64 @@ def test_matches_reference_on_gpu(monkeypatch, problem, dtype):
     monkeypatch.setenv("FLASHATTN_BACKEND", "triton")
     check(problem, dtype, "cuda")
     torch.cuda.synchronize()
+
+
+# The decode kernel's TMA loads of the interior key blocks (DecodeConfig.tma), forced on: the table decides
+# where they are taken, these tests hold them to the rule wherever they can be. table_chunk: the paged loop
+# that reads the block table a chunk at a time
+TMA_LOADS = {"tma": dict(tma=True), "tma-table-chunk": dict(tma=True, table_chunk=4)}
+
+
+def force_decode_loads(monkeypatch, fields: dict) -> list[bool]:
+    """Route decode_config through ``fields``; returns the list to which every launch appends whether it
+    took TMA loads."""
+    table, decide = decode_ops.decode_config, decode_ops.tma_decode_loads
+    taken = []
+
+    def spy(*args):
+        taken.append(decide(*args))
+        return taken[-1]
+
+    monkeypatch.setattr(decode_ops, "decode_config", lambda *args: dataclasses.replace(table(*args), **fields))
+    monkeypatch.setattr(decode_ops, "tma_decode_loads", spy)
+    return taken
+
+
+@pytest.mark.parametrize("loads", list(TMA_LOADS))
+@pytest.mark.parametrize("name", ["decode", "split", "batch-idx", "leftpad", "head-dim-96", "split-window",
+                                  "paged", "paged-large-pages-split", "paged-all-options"])
+def test_tma_loads_match_reference(triton_backend, monkeypatch, loads, name):
+    """The TMA loads on the interpreter's shapes; a left pad in a paged cache keeps the pointer loads."""
+    taken = force_decode_loads(monkeypatch, TMA_LOADS[loads])
+    check(PROBLEMS[name], torch.float16, triton_backend)
+    assert taken == [name != "paged-all-options"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("loads", list(TMA_LOADS))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("problem", GPU_PROBLEMS, ids=str)
+def test_tma_loads_match_reference_on_gpu(monkeypatch, problem, dtype, loads):
+    monkeypatch.setenv("FLASHATTN_BACKEND", "triton")
+    taken = force_decode_loads(monkeypatch, TMA_LOADS[loads])
+    check(problem, dtype, "cuda")
+    torch.cuda.synchronize()
+    # pages of 16 keys hold no whole 64-key block (32 at hdim 256): those keep the pointer loads
+    assert taken == [problem.page_size is None or problem.page_size >= 64]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("loads", list(TMA_LOADS))
+def test_tma_paged_matches_contiguous_on_gpu(monkeypatch, loads):
+    monkeypatch.setenv("FLASHATTN_BACKEND", "triton")
+    force_decode_loads(monkeypatch, TMA_LOADS[loads])
+    problem = KVProblem(batch=8, nheads=32, nheads_k=8, head_dim=128, capacity=8192,
+                        cache_seqlens=(8000, 1, 17, 256, 1023, 3333, 2048, 8191))
+    inputs = build(problem, torch.bfloat16, "cuda")
+    for num_splits in (1, 0, 5):
+        contiguous = run(inputs, num_splits=num_splits)
+        paged = run(to_paged(inputs, 256), num_splits=num_splits)
+        assert torch.equal(paged[0], contiguous[0]) and torch.equal(paged[1], contiguous[1])
 
 
 @pytest.mark.gpu

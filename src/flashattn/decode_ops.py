@@ -22,6 +22,7 @@ from .ops import (
     _kernel_scalars,
     _last_dim_contiguous,
     _sm_count,
+    _tma_loads,
     backend_for_cpu_tensors,
     backend_override,
     interpreting,
@@ -37,6 +38,8 @@ class DecodeConfig:
     block_n: int  # keys per step
     num_warps: int
     num_stages: int
+    tma: bool = False  # interior key blocks through TMA descriptors (sm90+; ``tma_decode_loads``)
+    table_chunk: int = 0  # paged with TMA: block-table entries read at once, one loop over their blocks
 
 
 def decode_config(rows: int, head_dim: int, dtype: torch.dtype, interpret: bool) -> DecodeConfig:
@@ -164,6 +167,28 @@ def _triton_append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block
         PAGED=block_table is not None, HAS_BATCH_IDX=cache_batch_idx is not None,
         HAS_ROTARY=rotary_cos is not None, INTERLEAVED=rotary_interleaved,
     )
+
+
+def tma_decode_loads(config: DecodeConfig, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     block_table: torch.Tensor | None, one_page: bool) -> bool:
+    """Whether the attention over these caches takes ``config``'s TMA loads. The descriptors need 16-byte
+    aligned rows; a paged pool is addressed as one run of rows (pages one after the other, so the page
+    stride must be page_size rows, and the rows must fit TMA's int32 coordinates), with the key blocks
+    inside pages (``one_page``)."""
+    if not config.tma:
+        return False
+    if block_table is not None:
+        for cache in (k_cache, v_cache):
+            num_pages, page_size = cache.shape[:2]
+            if cache.stride(0) != page_size * cache.stride(1) or num_pages * page_size >= 2**31:
+                return False
+        if not one_page:
+            return False
+    elif k_cache.shape[1] >= 2**31:
+        return False
+    if k_cache.is_cuda and _compute_capability(k_cache.device.index)[0] < 9:
+        return False
+    return _tma_loads(True, k_cache, v_cache)
 
 
 def _chain_arguments(device: torch.device) -> dict:
@@ -302,6 +327,8 @@ def _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache
     scalars = _kernel_scalars(opts, None)
     for unused in ("dropout_p", "rng_seed", "rng_offset", "HAS_DROPOUT"):
         scalars.pop(unused)
+    one_page = block_table is not None and cache_leftpad is None and geometry["page_size"] % config.block_n == 0
+    use_tma = tma_decode_loads(config, k_cache, v_cache, block_table, one_page)
     grid = (row_blocks, batch * nheads_k, num_splits)
     launch(
         kvcache_attention_kernel, grid,
@@ -319,8 +346,8 @@ def _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache
         seqlen_q, seqlen_new, nheads_k, group_size, geometry["capacity"], geometry["batch_cache"],
         geometry["num_blocks"], geometry["page_size"], rotary_dim, seqlen_ro, num_splits,
         HEAD_DIM=head_dim, BLOCK_D=configs.padded_head_dim(head_dim), BLOCK_M=config.block_m,
-        BLOCK_N=config.block_n, PAGED=block_table is not None,
-        ONE_PAGE=block_table is not None and cache_leftpad is None and geometry["page_size"] % config.block_n == 0,
+        BLOCK_N=config.block_n, PAGED=block_table is not None, ONE_PAGE=one_page, USE_TMA=use_tma,
+        TABLE_CHUNK=config.table_chunk if use_tma and block_table is not None else 0,
         HAS_BATCH_IDX=cache_batch_idx is not None,
         HAS_LEFTPAD=cache_leftpad is not None, HAS_ROTARY=rotary_cos is not None,
         INTERLEAVED=rotary_interleaved, ROTARY_PER_TOKEN=opts.masked, HAS_ALIBI=has_alibi,

@@ -189,17 +189,55 @@ def _decode_block_range(
     stride_kcb, stride_kcn, stride_vcb, stride_vcn,
     lo, hi, query_idx, leftpad, cache_batch, seqlen_q, seqlen_k,
     qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
-    new_lo, k_new_head, v_new_head, stride_knn, stride_vnn,
+    new_lo, k_new_head, v_new_head, stride_knn, stride_vnn, k_source, v_source, table_entries,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, PAGED: tl.constexpr, ONE_PAGE: tl.constexpr,
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr, FUSE_APPEND: tl.constexpr,
+    USE_TMA: tl.constexpr, TABLE_CHUNK: tl.constexpr,
 ):
     """Key blocks lo, lo + BLOCK_N, ... < hi of the cache. FUSE_APPEND: keys from new_lo on are this
     step's new tokens, which the same launch is writing into the cache: their rows are read from the new
-    k/v (k_new_head, v_new_head), never from the cache rows being written. Only masked blocks hold them."""
+    k/v (k_new_head, v_new_head), never from the cache rows being written. Only masked blocks hold them.
+
+    USE_TMA: the interior blocks (not MASKED) come through the tensor descriptors k_source / v_source: over
+    the sequence's rows of this kv head (contiguous cache), or over the rows of every page of the pool
+    (paged, ONE_PAGE). TABLE_CHUNK (paged, with USE_TMA): the block table is read TABLE_CHUNK entries at a
+    time into registers, and one loop runs over the key blocks of those pages, so that the loads are
+    pipelined across page boundaries (``table_entries``: the length of a block-table row)."""
     offs_d = tl.arange(0, BLOCK_D)
-    if PAGED and ONE_PAGE and not MASKED:
+    if USE_TMA and PAGED and TABLE_CHUNK > 0 and not MASKED:
+        table_row = BlockTable + cache_batch.to(tl.int64) * stride_btb
+        offs_entry = tl.arange(0, TABLE_CHUNK)
+        chunk_lo = lo
+        while chunk_lo < hi:
+            first_entry = chunk_lo // page_size
+            entries = tl.load(table_row + first_entry + offs_entry, mask=first_entry + offs_entry < table_entries,
+                              other=0)
+            entries = tl.where((entries >= 0) & (entries < num_blocks), entries, 0)  # a bad entry reads page 0
+            chunk_hi = tl.minimum((first_entry + TABLE_CHUNK) * page_size, hi)
+            for start_n in range(chunk_lo, chunk_hi, BLOCK_N):
+                offs_n = start_n + tl.arange(0, BLOCK_N)
+                # the block's page, picked out of the registers: no load feeds this loop's addresses
+                page = tl.sum(tl.where(offs_entry == start_n // page_size - first_entry, entries, 0))
+                row = page * page_size + start_n % page_size
+                kt = tl.trans(k_source.load([row, 0]))
+                v = v_source.load([row, 0])
+                acc, acc_comp, row_sum, row_max = _decode_block(
+                    acc, acc_comp, row_sum, row_max, q, kt, v, offs_n, query_idx, seqlen_q, seqlen_k,
+                    qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right, BLOCK_D, MASKED,
+                    WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, UPCAST_DOT, DOT_PRECISION, COMPENSATED)
+            chunk_lo = chunk_hi
+    elif USE_TMA and not PAGED and not MASKED:
+        for start_n in range(lo, hi, BLOCK_N):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            kt = tl.trans(k_source.load([start_n + leftpad, 0]))
+            v = v_source.load([start_n + leftpad, 0])
+            acc, acc_comp, row_sum, row_max = _decode_block(
+                acc, acc_comp, row_sum, row_max, q, kt, v, offs_n, query_idx, seqlen_q, seqlen_k,
+                qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right, BLOCK_D, MASKED,
+                WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, UPCAST_DOT, DOT_PRECISION, COMPENSATED)
+    elif PAGED and ONE_PAGE and not MASKED:
         # page by page: the table is read in the outer loop, so that the inner loop's K/V addresses are
         # affine in its index and Triton's pipeliner can keep several blocks in flight (a load whose
         # address comes from another load of the same loop gets a single stage)
@@ -215,10 +253,15 @@ def _decode_block_range(
             first_key = page_index * page_size
             for start_n in range(page_lo, page_hi, BLOCK_N):
                 offs_n = start_n + tl.arange(0, BLOCK_N)
-                rows = (offs_n - first_key).to(tl.int64)
-                kt, v = load_kt_v(k_page + rows[None, :] * stride_kcn + offs_d[:, None],
-                                  v_page + rows[:, None] * stride_vcn + offs_d[None, :],
-                                  offs_d, offs_n >= 0, HEAD_DIM, BLOCK_D, False)
+                if USE_TMA:
+                    row = (page * page_size + start_n - first_key).to(tl.int32)
+                    kt = tl.trans(k_source.load([row, 0]))
+                    v = v_source.load([row, 0])
+                else:
+                    rows = (offs_n - first_key).to(tl.int64)
+                    kt, v = load_kt_v(k_page + rows[None, :] * stride_kcn + offs_d[:, None],
+                                      v_page + rows[:, None] * stride_vcn + offs_d[None, :],
+                                      offs_d, offs_n >= 0, HEAD_DIM, BLOCK_D, False)
                 acc, acc_comp, row_sum, row_max = _decode_block(
                     acc, acc_comp, row_sum, row_max, q, kt, v, offs_n, query_idx, seqlen_q, seqlen_k,
                     qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right, BLOCK_D, MASKED,
@@ -275,7 +318,7 @@ def kvcache_attention_kernel(
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
     ONE_PAGE: tl.constexpr = False, CHAINED: tl.constexpr = False, FUSE_APPEND: tl.constexpr = False,
-    NEW_KEYS: tl.constexpr = 16,
+    NEW_KEYS: tl.constexpr = 16, USE_TMA: tl.constexpr = False, TABLE_CHUNK: tl.constexpr = 0,
 ):
     """Grid (row blocks, batch x kv heads, splits). Writes out/lse of split ``program_id(2)``.
 
@@ -284,7 +327,8 @@ def kvcache_attention_kernel(
     appended by this launch: program (0, b x h, 0) writes them into the cache (as
     ``kvcache_append_kernel`` does), and every program reads their rows from KNew/VNew, never from the
     cache rows being written.
-    CHAINED: launched with programmatic dependent launch (see ``common.chain_launch``)."""
+    CHAINED: launched with programmatic dependent launch (see ``common.chain_launch``).
+    USE_TMA, TABLE_CHUNK: the interior key blocks come through TMA descriptors (``_decode_block_range``)."""
     chain_launch(CHAINED)
     start_r = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
@@ -359,6 +403,22 @@ def kvcache_attention_kernel(
 
     k_head = KCache + head_k.to(tl.int64) * stride_kch
     v_head = VCache + head_k.to(tl.int64) * stride_vch
+    k_source = k_head
+    v_source = v_head
+    if USE_TMA:  # descriptors are made here: Triton 3.6 does not return one from a helper
+        if PAGED:  # every page's rows of this kv head, page after page (the host checks that they are)
+            pool_rows = num_blocks * page_size
+            k_source = tl.make_tensor_descriptor(k_head, shape=[pool_rows, HEAD_DIM], strides=[stride_kcn, 1],
+                                                 block_shape=[BLOCK_N, BLOCK_D])
+            v_source = tl.make_tensor_descriptor(v_head, shape=[pool_rows, HEAD_DIM], strides=[stride_vcn, 1],
+                                                 block_shape=[BLOCK_N, BLOCK_D])
+        else:  # this sequence's rows of this kv head
+            k_source = tl.make_tensor_descriptor(k_head + cache_batch.to(tl.int64) * stride_kcb,
+                                                 shape=[capacity, HEAD_DIM], strides=[stride_kcn, 1],
+                                                 block_shape=[BLOCK_N, BLOCK_D])
+            v_source = tl.make_tensor_descriptor(v_head + cache_batch.to(tl.int64) * stride_vcb,
+                                                 shape=[capacity, HEAD_DIM], strides=[stride_vcn, 1],
+                                                 block_shape=[BLOCK_N, BLOCK_D])
     for stage in tl.static_range(3):
         start, end = stage_range(stage, lo, full_lo, full_hi, hi)
         start = tl.minimum(tl.maximum(start, split_lo), split_hi)
@@ -367,9 +427,9 @@ def kvcache_attention_kernel(
             acc, acc_comp, row_sum, row_max, q, k_head, v_head, BlockTable, stride_btb, page_size, num_blocks,
             stride_kcb, stride_kcn, stride_vcb, stride_vcn, start, end, query_idx, leftpad, cache_batch,
             seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
-            new_lo, k_new_head, v_new_head, stride_knn, stride_vnn, HEAD_DIM, BLOCK_D, BLOCK_N, stage != 1,
-            PAGED, ONE_PAGE, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, UPCAST_DOT, DOT_PRECISION, COMPENSATED,
-            FUSE_APPEND)
+            new_lo, k_new_head, v_new_head, stride_knn, stride_vnn, k_source, v_source, capacity // page_size,
+            HEAD_DIM, BLOCK_D, BLOCK_N, stage != 1, PAGED, ONE_PAGE, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
+            UPCAST_DOT, DOT_PRECISION, COMPENSATED, FUSE_APPEND, USE_TMA, TABLE_CHUNK)
 
     # -- epilogue: normalize; a row (or a split) that saw no key gives 0 and lse = +inf --
     empty = row_sum == 0.0
