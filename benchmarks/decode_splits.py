@@ -74,7 +74,9 @@ def sweep(case: DecodeCase, device: torch.device, configs: list[str | None], onl
     processors = torch.cuda.get_device_properties(device).multi_processor_count
     copies = choose_grid_copies(case.kv_bytes(), l2_bytes(device))
     inputs = make_inputs(case, device, copies)
-    auto = decode_ops.choose_num_splits(case.batch * case.nheads_k, -(-case.cache_len // 64), processors)
+    streaming = decode_ops.decode_config(case.nheads // case.nheads_k, case.head_dim, getattr(torch, case.dtype),
+                                         False).streaming_stages > 0
+    auto = decode_ops.choose_num_splits(case.batch * case.nheads_k, -(-case.cache_len // 64), processors, streaming)
     reference = flashattn_step(auto)(inputs)(0).float()
     results = {}
     for name in configs:

@@ -5,7 +5,8 @@ Each case is a decode step: append one key/value per sequence into a cache that 
 dim 128, bfloat16 by default), with a contiguous and with a paged cache. Decoding is bound by reading
 the cache, so the figure of merit is the achieved bandwidth: K/V bytes read / time. It is reported next
 to torch SDPA on the same shapes (its fastest backend, on the contiguous cache, no append) and to the
-device's measured copy bandwidth.
+device's measured copy bandwidth. ``flashattn_noappend`` times flashattn's attention alone, without the
+append, as SDPA runs it.
 
 Timing: the calls are captured in a CUDA graph and replayed, so that Python's per-call overhead (tens
 of microseconds, more than the kernels of the small cases take) is not what is measured; when the
@@ -103,15 +104,18 @@ def make_inputs(case: DecodeCase, device: torch.device, copies: int) -> DecodeIn
     return DecodeInputs(q, k_new, v_new, k_caches, v_caches, cache_seqlens, block_table)
 
 
-def flashattn_step(num_splits: int) -> Callable[[DecodeInputs], Runner]:
-    """The decode step of flash_attn_with_kvcache on cache copy i, with this split count (0: automatic)."""
+def flashattn_step(num_splits: int, append: bool = True) -> Callable[[DecodeInputs], Runner]:
+    """The decode step of flash_attn_with_kvcache on cache copy i, with this split count (0: automatic).
+    ``append=False``: the attention alone over the cache that already holds the new key (what SDPA runs)."""
 
     def build(inputs: DecodeInputs) -> Runner:
+        k_new, v_new = (inputs.k_new, inputs.v_new) if append else (None, None)
+        cache_seqlens = inputs.cache_seqlens if append else inputs.cache_seqlens + 1
+
         def step(i: int):
-            return flash_attn_with_kvcache(inputs.q, inputs.k_caches[i], inputs.v_caches[i], inputs.k_new,
-                                           inputs.v_new, cache_seqlens=inputs.cache_seqlens,
-                                           block_table=inputs.block_table, num_splits=num_splits,
-                                           check_indices=False)
+            return flash_attn_with_kvcache(inputs.q, inputs.k_caches[i], inputs.v_caches[i], k_new, v_new,
+                                           cache_seqlens=cache_seqlens, block_table=inputs.block_table,
+                                           num_splits=num_splits, check_indices=False)
 
         return step
 
@@ -144,6 +148,7 @@ def _sdpa(backend_name: str):
 DECODE_PROVIDERS: dict[str, Callable[[DecodeInputs], Runner]] = {
     "flashattn": flashattn_step(0),
     "flashattn_nosplit": flashattn_step(1),
+    "flashattn_noappend": flashattn_step(0, append=False),
     **{f"sdpa_{name.split('_')[0].lower()}": _sdpa(name) for name in SDPA_BACKENDS},
 }
 
@@ -232,8 +237,11 @@ def markdown_table(measurements: list[DecodeMeasurement], copy_bytes_per_s: floa
     copy = f"{copy_bytes_per_s / 1e9:.0f} GB/s" if copy_bytes_per_s else "n/a"
     lines = [f"\nDecode step, achieved K/V read bandwidth in GB/s (% of measured copy bandwidth {copy}); "
              "SDPA on the contiguous cache, its fastest backend\n",
-             "| cache | batch | layout | flashattn | flashattn, no split | best SDPA | flashattn / SDPA |",
-             "|---|---|---|---|---|---|---|"]
+             "flashattn's step appends the new key and value (fused); SDPA's does not: 'no append' is "
+             "flashattn's attention alone over the same cache, and the last column compares it with SDPA\n",
+             "| cache | batch | layout | flashattn | flashattn, no split | flashattn, no append | best SDPA "
+             "| flashattn / SDPA | no append / SDPA |",
+             "|---|---|---|---|---|---|---|---|---|"]
     cases = list(dict.fromkeys(m.case for m in measurements if not m.provider.startswith("sdpa")))
     for case in cases:
         cell = {m.provider: m for m in measurements if m.case == case}
@@ -245,13 +253,17 @@ def markdown_table(measurements: list[DecodeMeasurement], copy_bytes_per_s: floa
             return f"{m.gbytes_per_s:.0f}{share}, {m.us:.0f} us"
 
         sdpa = best_sdpa(measurements, case)
-        ours = cell.get("flashattn")
-        ratio = f"{sdpa.us / ours.us:.2f}" if sdpa and ours and ours.us else "–"
+
+        def ratio(ours: DecodeMeasurement | None, sdpa: DecodeMeasurement | None = sdpa) -> str:
+            return f"{sdpa.us / ours.us:.2f}" if sdpa and ours and ours.us else "–"
+
         sdpa_text = f"{fmt(sdpa)} [{sdpa.provider[5:]}]" if sdpa else "–"
         layout = "contiguous" if case.page_size is None else f"paged {case.page_size}"
         cache = f"{case.cache_len // 1024}k" if case.cache_len % 1024 == 0 else str(case.cache_len)
-        lines.append(f"| {cache} | {case.batch} | {layout} | {fmt(ours)} | "
-                     f"{fmt(cell.get('flashattn_nosplit'))} | {sdpa_text} | {ratio} |")
+        no_append = cell.get("flashattn_noappend")
+        lines.append(f"| {cache} | {case.batch} | {layout} | {fmt(cell.get('flashattn'))} | "
+                     f"{fmt(cell.get('flashattn_nosplit'))} | {fmt(no_append)} | {sdpa_text} | "
+                     f"{ratio(cell.get('flashattn'))} | {ratio(no_append)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -272,7 +284,8 @@ def run(args: argparse.Namespace, env: dict) -> int:
     sdpa_providers = [p for p in DECODE_PROVIDERS if p.startswith("sdpa")] if on_gpu else ["sdpa_math"]
     measurements: list[DecodeMeasurement] = []
     for case in grid:
-        providers = ["flashattn", "flashattn_nosplit"] + (sdpa_providers if case.page_size is None else [])
+        providers = ["flashattn", "flashattn_nosplit", "flashattn_noappend"] + (
+            sdpa_providers if case.page_size is None else [])
         reference = None
         for provider in providers:
             if provider == "sdpa_math" and case.kv_bytes() * case.nheads // case.nheads_k > (4 << 30):

@@ -8,6 +8,7 @@ The tile and split choices for decoding live here too (``decode_config``, ``choo
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -40,6 +41,7 @@ class DecodeConfig:
     num_stages: int
     tma: bool = False  # interior key blocks through TMA descriptors (sm90+; ``tma_decode_loads``)
     table_chunk: int = 0  # paged with TMA: block-table entries read at once, one loop over their blocks
+    streaming_stages: int = 0  # stages of a streaming launch (``streaming_launch``); 0: num_stages
 
 
 def decode_config(rows: int, head_dim: int, dtype: torch.dtype, interpret: bool) -> DecodeConfig:
@@ -51,6 +53,10 @@ def decode_config(rows: int, head_dim: int, dtype: torch.dtype, interpret: bool)
     x 3 stages against 7 other key-tile / warp / stage choices, each with its best split count;
     ``benchmarks/decode_splits.py --configs``, docs/perf-notes.md version 6): no other choice came out
     more than 4% ahead on any case, nor ahead across cases. hdim 64 and 256 are not swept.
+
+    A streaming launch (unsplit, about two programs per processor or more) takes 4 stages at 16 bits and
+    head dims up to 128 (``streaming_launch``). TMA loads of the key blocks (``tma``) lost to the pointer
+    loads by 0-9% on the same sweep's cases (H200, docs/perf-notes.md, version 15), so they stay off.
     """
     if interpret:
         return DecodeConfig(16, 16, 1, 1)
@@ -59,7 +65,22 @@ def decode_config(rows: int, head_dim: int, dtype: torch.dtype, interpret: bool)
     block_n = 64 if width <= 128 else 32
     if dtype == torch.float32:
         block_n = max(16, block_n // 2)
-    return DecodeConfig(block_m, block_n, 4, 3 if width <= 128 else 2)
+    streaming_stages = 4 if width <= 128 and dtype != torch.float32 else 0
+    return DecodeConfig(block_m, block_n, 4, 3 if width <= 128 else 2, streaming_stages=streaming_stages)
+
+
+STREAMING_PROGRAMS_PER_PROCESSOR = 1.9
+"""From this many programs per processor, a decode launch whose tiles have ``streaming_stages`` runs
+unsplit with that many stages: two 4-stage programs fit an SM's shared memory (104 KB each), and each
+keeps three key blocks in flight over the whole sequence instead of a third of it, with no merge
+after it. H200, GQA 32/8, hdim 128, bf16 (docs/perf-notes.md, version 15): 4k batch 64, 250-255 us
+against 265-270 for 3 splits of 3 stages; 16k batch 64, 948 against 972. Below about two programs per SM
+an unsplit launch leaves SMs with one program where others run two, and splits win."""
+
+
+def streaming_launch(config: DecodeConfig, programs: int, processors: int) -> bool:
+    """Whether an unsplit launch of ``programs`` programs takes ``config.streaming_stages``."""
+    return config.streaming_stages > 0 and programs >= STREAMING_PROGRAMS_PER_PROCESSOR * processors
 
 
 PROGRAMMATIC_LAUNCH = True
@@ -92,7 +113,7 @@ def processor_count(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def choose_num_splits(programs: int, key_blocks: int, processors: int) -> int:
+def choose_num_splits(programs: int, key_blocks: int, processors: int, streaming: bool = False) -> int:
     """How many chunks to split each program's keys into (flash-decoding).
 
     ``programs`` = batch x kv heads x query tiles; ``key_blocks`` = key blocks of the longest sequence.
@@ -109,7 +130,12 @@ def choose_num_splits(programs: int, key_blocks: int, processors: int) -> int:
     GPU alone (batch 32 and 64 there, 4k-128k keys): unsplit steps ran at 81-91% of the copy bandwidth
     and 3 splits came within 3.3% of the best of 1-4 splits in all 10 cases (128k batch 64: 8843 us
     unsplit, 7592 with 3 splits, 7351 with 4; cuDNN 7466). Not measured beyond 4 programs per SM.
+
+    ``streaming``: the tiles have streaming stages, so from STREAMING_PROGRAMS_PER_PROCESSOR programs per
+    processor the launch is not split (``streaming_launch``).
     """
+    if streaming and programs >= STREAMING_PROGRAMS_PER_PROCESSOR * processors:
+        return 1
     if programs > 4 * processors:
         return 1
     if programs >= processors:
@@ -306,10 +332,13 @@ def _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache
                        rotary_sin, rotary_interleaved)
     geometry = _paged_geometry(k_cache, block_table)
     row_blocks = _cdiv(group_size * seqlen_q, config.block_m)
+    programs, processors = batch * nheads_k * row_blocks, processor_count(q.device)
     if num_splits <= 0:
         key_blocks = _cdiv(geometry["capacity"], config.block_n)
-        num_splits = choose_num_splits(batch * nheads_k * row_blocks, key_blocks, processor_count(q.device))
+        num_splits = choose_num_splits(programs, key_blocks, processors, config.streaming_stages > 0)
     num_splits = min(num_splits, MAX_SPLITS)
+    if num_splits == 1 and streaming_launch(config, programs, processors):
+        config = dataclasses.replace(config, num_stages=config.streaming_stages)
 
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(batch, nheads, seqlen_q, dtype=torch.float32, device=q.device)
