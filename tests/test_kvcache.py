@@ -299,10 +299,11 @@ def test_matches_reference_on_gpu(monkeypatch, problem, dtype):
     torch.cuda.synchronize()
 
 
-# The decode kernel's TMA loads of the interior key blocks (DecodeConfig.tma), forced on: the table decides
-# where they are taken, these tests hold them to the rule wherever they can be. table_chunk: the paged loop
-# that reads the block table a chunk at a time
-TMA_LOADS = {"tma": dict(tma=True), "tma-table-chunk": dict(tma=True, table_chunk=4)}
+# Forms of the decode kernel that the table may or may not take, forced, and held to the rule wherever they
+# can run: TMA loads of the interior key blocks; the paged loop that reads the block table a chunk at a time
+# (with pointer or TMA loads); split launches whose masked blocks and append stay in the split programs
+DECODE_FORMS = {"tma": dict(tma=True), "tma-table-chunk": dict(tma=True, table_chunk=4),
+                "table-chunk": dict(table_chunk=4), "joint-tail": dict(separate_tail=False)}
 
 
 def force_decode_loads(monkeypatch, fields: dict) -> list[bool]:
@@ -320,34 +321,34 @@ def force_decode_loads(monkeypatch, fields: dict) -> list[bool]:
     return taken
 
 
-@pytest.mark.parametrize("loads", list(TMA_LOADS))
+@pytest.mark.parametrize("form", list(DECODE_FORMS))
 @pytest.mark.parametrize("name", ["decode", "split", "batch-idx", "leftpad", "head-dim-96", "split-window",
-                                  "paged", "paged-large-pages-split", "paged-all-options"])
-def test_tma_loads_match_reference(triton_backend, monkeypatch, loads, name):
-    """The TMA loads on the interpreter's shapes; a left pad in a paged cache keeps the pointer loads."""
-    taken = force_decode_loads(monkeypatch, TMA_LOADS[loads])
+                                  "paged", "paged-large-pages-split", "paged-all-options", "empty-cache"])
+def test_decode_forms_match_reference(triton_backend, monkeypatch, form, name):
+    """The forms on the interpreter's shapes; a left pad in a paged cache keeps the pointer loads."""
+    taken = force_decode_loads(monkeypatch, DECODE_FORMS[form])
     check(PROBLEMS[name], torch.float16, triton_backend)
-    assert taken == [name != "paged-all-options"]
+    assert taken == [DECODE_FORMS[form].get("tma", False) and name != "paged-all-options"]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("loads", list(TMA_LOADS))
+@pytest.mark.parametrize("form", list(DECODE_FORMS))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 @pytest.mark.parametrize("problem", GPU_PROBLEMS, ids=str)
-def test_tma_loads_match_reference_on_gpu(monkeypatch, problem, dtype, loads):
+def test_decode_forms_match_reference_on_gpu(monkeypatch, problem, dtype, form):
     monkeypatch.setenv("FLASHATTN_BACKEND", "triton")
-    taken = force_decode_loads(monkeypatch, TMA_LOADS[loads])
+    taken = force_decode_loads(monkeypatch, DECODE_FORMS[form])
     check(problem, dtype, "cuda")
     torch.cuda.synchronize()
     # pages of 16 keys hold no whole 64-key block (32 at hdim 256): those keep the pointer loads
-    assert taken == [problem.page_size is None or problem.page_size >= 64]
+    assert taken == [DECODE_FORMS[form].get("tma", False) and (problem.page_size is None or problem.page_size >= 64)]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("loads", list(TMA_LOADS))
-def test_tma_paged_matches_contiguous_on_gpu(monkeypatch, loads):
+@pytest.mark.parametrize("form", list(DECODE_FORMS))
+def test_decode_forms_paged_match_contiguous_on_gpu(monkeypatch, form):
     monkeypatch.setenv("FLASHATTN_BACKEND", "triton")
-    force_decode_loads(monkeypatch, TMA_LOADS[loads])
+    force_decode_loads(monkeypatch, DECODE_FORMS[form])
     problem = KVProblem(batch=8, nheads=32, nheads_k=8, head_dim=128, capacity=8192,
                         cache_seqlens=(8000, 1, 17, 256, 1023, 3333, 2048, 8191))
     inputs = build(problem, torch.bfloat16, "cuda")

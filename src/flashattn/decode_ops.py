@@ -40,8 +40,9 @@ class DecodeConfig:
     num_warps: int
     num_stages: int
     tma: bool = False  # interior key blocks through TMA descriptors (sm90+; ``tma_decode_loads``)
-    table_chunk: int = 0  # paged with TMA: block-table entries read at once, one loop over their blocks
+    table_chunk: int = 0  # paged: block-table entries read at once, one loop over their blocks
     streaming_stages: int = 0  # stages of a streaming launch (``streaming_launch``); 0: num_stages
+    separate_tail: bool = True  # split launches: one more split for the masked blocks and the append
 
 
 def decode_config(rows: int, head_dim: int, dtype: torch.dtype, interpret: bool) -> DecodeConfig:
@@ -339,14 +340,16 @@ def _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache
     num_splits = min(num_splits, MAX_SPLITS)
     if num_splits == 1 and streaming_launch(config, programs, processors):
         config = dataclasses.replace(config, num_stages=config.streaming_stages)
+    separate_tail = config.separate_tail and num_splits > 1
+    partials = num_splits + separate_tail
 
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(batch, nheads, seqlen_q, dtype=torch.float32, device=q.device)
-    if num_splits == 1:  # straight into the outputs
+    if partials == 1:  # straight into the outputs
         out_target, lse_target = out.unsqueeze(0), lse.unsqueeze(0)
     else:  # float32 partials, merged below
-        out_target = torch.empty((num_splits, *q.shape), dtype=torch.float32, device=q.device)
-        lse_target = torch.empty((num_splits, batch, nheads, seqlen_q), dtype=torch.float32, device=q.device)
+        out_target = torch.empty((partials, *q.shape), dtype=torch.float32, device=q.device)
+        lse_target = torch.empty((partials, batch, nheads, seqlen_q), dtype=torch.float32, device=q.device)
 
     rotary_dim, seqlen_ro = _rotary_args(rotary_cos)
     slopes, stride_alibi_b, has_alibi = _alibi_args(alibi_slopes, q)
@@ -358,7 +361,7 @@ def _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache
         scalars.pop(unused)
     one_page = block_table is not None and cache_leftpad is None and geometry["page_size"] % config.block_n == 0
     use_tma = tma_decode_loads(config, k_cache, v_cache, block_table, one_page)
-    grid = (row_blocks, batch * nheads_k, num_splits)
+    grid = (row_blocks, batch * nheads_k, partials)
     launch(
         kvcache_attention_kernel, grid,
         q, k_cache, v_cache, out_target, lse_target, cache_seqlens,
@@ -376,14 +379,14 @@ def _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache
         geometry["num_blocks"], geometry["page_size"], rotary_dim, seqlen_ro, num_splits,
         HEAD_DIM=head_dim, BLOCK_D=configs.padded_head_dim(head_dim), BLOCK_M=config.block_m,
         BLOCK_N=config.block_n, PAGED=block_table is not None, ONE_PAGE=one_page, USE_TMA=use_tma,
-        TABLE_CHUNK=config.table_chunk if use_tma and block_table is not None else 0,
+        TABLE_CHUNK=config.table_chunk if one_page else 0, SEPARATE_TAIL=separate_tail,
         HAS_BATCH_IDX=cache_batch_idx is not None,
         HAS_LEFTPAD=cache_leftpad is not None, HAS_ROTARY=rotary_cos is not None,
         INTERLEAVED=rotary_interleaved, ROTARY_PER_TOKEN=opts.masked, HAS_ALIBI=has_alibi,
         num_warps=config.num_warps, num_stages=config.num_stages, **scalars, **_dot_flags(q.dtype),
         FUSE_APPEND=fused, NEW_KEYS=FUSED_APPEND_MAX_TOKENS, **_chain_arguments(q.device),
     )
-    if num_splits > 1:
+    if partials > 1:
         _triton_combine(out_target, lse_target, out, lse)
     return out, lse
 
