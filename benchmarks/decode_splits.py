@@ -107,8 +107,8 @@ def main() -> None:
     parser.add_argument("--cache-lens", nargs="+", type=int, default=[8192, 65536])
     parser.add_argument("--page-size", type=int, default=0, help="0: a contiguous cache")
     parser.add_argument("--configs", nargs="+", default=[],
-                        help="tile configs BLOCK_NxWARPSxSTAGES[+tma|+ptr|+cN|+nostream|+joint] to sweep besides the table's, "
-                             "e.g. 128x4x2+tma")
+                        help="tile configs BLOCK_NxWARPSxSTAGES[+tma|+ptr|+cN|+nostream|+joint] to sweep besides "
+                             "the table's, e.g. 128x4x2+tma")
     parser.add_argument("--splits", nargs="+", type=int, default=[],
                         help="split counts to time (besides the automatic one) instead of the candidates")
     parser.add_argument("--out", default=None, help="JSON file for the results")
