@@ -301,9 +301,9 @@ def test_matches_reference_on_gpu(monkeypatch, problem, dtype):
 
 # Forms of the decode kernel that the table may or may not take, forced, and held to the rule wherever they
 # can run: TMA loads of the interior key blocks; the paged loop that reads the block table a chunk at a time
-# (with pointer or TMA loads); split launches whose masked blocks and append stay in the split programs
+# (with pointer or TMA loads)
 DECODE_FORMS = {"tma": dict(tma=True), "tma-table-chunk": dict(tma=True, table_chunk=4),
-                "table-chunk": dict(table_chunk=4), "joint-tail": dict(separate_tail=False)}
+                "table-chunk": dict(table_chunk=4), "page-by-page": dict(table_chunk=0)}
 
 
 def force_decode_loads(monkeypatch, fields: dict) -> list[bool]:
@@ -519,3 +519,12 @@ def test_streaming_tiles_run_unsplit_from_two_programs_per_sm(batch, expected):
     assert decode_ops.streaming_launch(config, batch * 8, 132) == (expected == 1)
     assert decode_ops.decode_config(4, 128, torch.float32, False).streaming_stages == 0
     assert decode_ops.decode_config(4, 256, torch.bfloat16, False).streaming_stages == 0
+
+
+def test_paged_programs_read_the_block_table_in_chunks_from_32_blocks():
+    """Splits of 32 key blocks or more loop over 16 pages at a time; shorter ones page by page (the H200
+    sweep in paged_table_chunk). A config's own table_chunk overrides the rule."""
+    config = decode_ops.decode_config(4, 128, torch.bfloat16, False)
+    assert config.table_chunk is None
+    assert decode_ops.paged_table_chunk(config, 31) == 0 and decode_ops.paged_table_chunk(config, 32) == 16
+    assert decode_ops.paged_table_chunk(dataclasses.replace(config, table_chunk=0), 128) == 0

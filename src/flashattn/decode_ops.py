@@ -40,9 +40,9 @@ class DecodeConfig:
     num_warps: int
     num_stages: int
     tma: bool = False  # interior key blocks through TMA descriptors (sm90+; ``tma_decode_loads``)
-    table_chunk: int = 0  # paged: block-table entries read at once, one loop over their blocks
+    table_chunk: int | None = None  # paged: block-table entries read at once (0: page by page; None: the rule
+    # of ``paged_table_chunk``)
     streaming_stages: int = 0  # stages of a streaming launch (``streaming_launch``); 0: num_stages
-    separate_tail: bool = True  # split launches: one more split for the masked blocks and the append
 
 
 def decode_config(rows: int, head_dim: int, dtype: torch.dtype, interpret: bool) -> DecodeConfig:
@@ -77,6 +77,26 @@ keeps three key blocks in flight over the whole sequence instead of a third of i
 after it. H200, GQA 32/8, hdim 128, bf16 (docs/perf-notes.md, version 15): 4k batch 64, 250-255 us
 against 265-270 for 3 splits of 3 stages; 16k batch 64, 948 against 972. Below about two programs per SM
 an unsplit launch leaves SMs with one program where others run two, and splits win."""
+
+
+TABLE_CHUNK_ENTRIES = 16
+TABLE_CHUNK_MIN_BLOCKS = 32
+
+
+def paged_table_chunk(config: DecodeConfig, blocks_per_split: int) -> int:
+    """Block-table entries that a paged program reads at once (0: page by page), for a split of about
+    ``blocks_per_split`` key blocks (from the capacity: the lengths are on the GPU).
+
+    Page by page, each page's few blocks (4 of 64 keys in a 256-key page) form a loop of their own, whose
+    pipeline fills and drains on every page. Reading TABLE_CHUNK_ENTRIES entries at once puts 16 pages'
+    blocks in one pipelined loop. H200, GQA 32/8, hdim 128, bf16, 256-key pages (docs/perf-notes.md, version
+    15): 64-128 blocks a split ran 3-4% faster (8k batch 16: 133.2 against 138.6 us; 16k batch 8: 132.4
+    against 136.2; 64k batch 4: 251.3 against 259.4), 16 blocks a split 1-3% slower (4k batch 8: 43.3
+    against 42.2), so splits from TABLE_CHUNK_MIN_BLOCKS blocks take the chunks.
+    """
+    if config.table_chunk is not None:
+        return config.table_chunk
+    return TABLE_CHUNK_ENTRIES if blocks_per_split >= TABLE_CHUNK_MIN_BLOCKS else 0
 
 
 def streaming_launch(config: DecodeConfig, programs: int, processors: int) -> bool:
@@ -334,22 +354,20 @@ def _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache
     geometry = _paged_geometry(k_cache, block_table)
     row_blocks = _cdiv(group_size * seqlen_q, config.block_m)
     programs, processors = batch * nheads_k * row_blocks, processor_count(q.device)
+    key_blocks = _cdiv(geometry["capacity"], config.block_n)
     if num_splits <= 0:
-        key_blocks = _cdiv(geometry["capacity"], config.block_n)
         num_splits = choose_num_splits(programs, key_blocks, processors, config.streaming_stages > 0)
     num_splits = min(num_splits, MAX_SPLITS)
     if num_splits == 1 and streaming_launch(config, programs, processors):
         config = dataclasses.replace(config, num_stages=config.streaming_stages)
-    separate_tail = config.separate_tail and num_splits > 1
-    partials = num_splits + separate_tail
 
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(batch, nheads, seqlen_q, dtype=torch.float32, device=q.device)
-    if partials == 1:  # straight into the outputs
+    if num_splits == 1:  # straight into the outputs
         out_target, lse_target = out.unsqueeze(0), lse.unsqueeze(0)
     else:  # float32 partials, merged below
-        out_target = torch.empty((partials, *q.shape), dtype=torch.float32, device=q.device)
-        lse_target = torch.empty((partials, batch, nheads, seqlen_q), dtype=torch.float32, device=q.device)
+        out_target = torch.empty((num_splits, *q.shape), dtype=torch.float32, device=q.device)
+        lse_target = torch.empty((num_splits, batch, nheads, seqlen_q), dtype=torch.float32, device=q.device)
 
     rotary_dim, seqlen_ro = _rotary_args(rotary_cos)
     slopes, stride_alibi_b, has_alibi = _alibi_args(alibi_slopes, q)
@@ -361,7 +379,7 @@ def _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache
         scalars.pop(unused)
     one_page = block_table is not None and cache_leftpad is None and geometry["page_size"] % config.block_n == 0
     use_tma = tma_decode_loads(config, k_cache, v_cache, block_table, one_page)
-    grid = (row_blocks, batch * nheads_k, partials)
+    grid = (row_blocks, batch * nheads_k, num_splits)
     launch(
         kvcache_attention_kernel, grid,
         q, k_cache, v_cache, out_target, lse_target, cache_seqlens,
@@ -379,14 +397,14 @@ def _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache
         geometry["num_blocks"], geometry["page_size"], rotary_dim, seqlen_ro, num_splits,
         HEAD_DIM=head_dim, BLOCK_D=configs.padded_head_dim(head_dim), BLOCK_M=config.block_m,
         BLOCK_N=config.block_n, PAGED=block_table is not None, ONE_PAGE=one_page, USE_TMA=use_tma,
-        TABLE_CHUNK=config.table_chunk if one_page else 0, SEPARATE_TAIL=separate_tail,
+        TABLE_CHUNK=paged_table_chunk(config, key_blocks // num_splits) if one_page else 0,
         HAS_BATCH_IDX=cache_batch_idx is not None,
         HAS_LEFTPAD=cache_leftpad is not None, HAS_ROTARY=rotary_cos is not None,
         INTERLEAVED=rotary_interleaved, ROTARY_PER_TOKEN=opts.masked, HAS_ALIBI=has_alibi,
         num_warps=config.num_warps, num_stages=config.num_stages, **scalars, **_dot_flags(q.dtype),
         FUSE_APPEND=fused, NEW_KEYS=FUSED_APPEND_MAX_TOKENS, **_chain_arguments(q.device),
     )
-    if partials > 1:
+    if num_splits > 1:
         _triton_combine(out_target, lse_target, out, lse)
     return out, lse
 

@@ -328,7 +328,6 @@ def kvcache_attention_kernel(
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
     ONE_PAGE: tl.constexpr = False, CHAINED: tl.constexpr = False, FUSE_APPEND: tl.constexpr = False,
     NEW_KEYS: tl.constexpr = 16, USE_TMA: tl.constexpr = False, TABLE_CHUNK: tl.constexpr = 0,
-    SEPARATE_TAIL: tl.constexpr = False,
 ):
     """Grid (row blocks, batch x kv heads, splits). Writes out/lse of split ``program_id(2)``.
 
@@ -338,10 +337,7 @@ def kvcache_attention_kernel(
     ``kvcache_append_kernel`` does), and every program reads their rows from KNew/VNew, never from the
     cache rows being written.
     CHAINED: launched with programmatic dependent launch (see ``common.chain_launch``).
-    USE_TMA, TABLE_CHUNK: how the interior key blocks are loaded (``_decode_block_range``).
-    SEPARATE_TAIL: the grid has num_splits + 1 splits. Splits 0 .. num_splits - 1 share the interior blocks
-    (no mask), split num_splits takes the masked blocks (and, with FUSE_APPEND, the append), so that no
-    split program waits on a masked block's loads after its pipelined loop, nor on the append."""
+    USE_TMA, TABLE_CHUNK: how the interior key blocks are loaded (``_decode_block_range``)."""
     chain_launch(CHAINED)
     start_r = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
@@ -364,10 +360,8 @@ def kvcache_attention_kernel(
     new_lo = cache_len - leftpad  # the first new key, as the attention counts keys
     k_new_head = KNew + batch.to(tl.int64) * stride_knb + head_k.to(tl.int64) * stride_knh
     v_new_head = VNew + batch.to(tl.int64) * stride_vnb + head_k.to(tl.int64) * stride_vnh
-    # the program that appends: with SEPARATE_TAIL the one of the masked blocks, which reads the new keys
-    appender = split == num_splits if SEPARATE_TAIL else split == 0
     if FUSE_APPEND:  # noqa: SIM102 (a compile-time flag around a runtime test: Triton cannot `and` them)
-        if (tl.program_id(0) == 0) & appender:
+        if (tl.program_id(0) == 0) & (split == 0):
             # the unclamped index, as the append kernel takes it: cache_batch above is redirected to row 0
             # when out of range (to read safely), where the append must write nothing
             append_batch = batch
@@ -412,14 +406,9 @@ def kvcache_attention_kernel(
                                                 BLOCK_M, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT)
     if FUSE_APPEND:  # the blocks that hold new keys take the masked path, which reads them from KNew/VNew
         full_hi = tl.maximum(full_lo, tl.minimum(full_hi, tl.maximum(new_lo, 0) // BLOCK_N * BLOCK_N))
-    if SEPARATE_TAIL:  # the splits share the interior; program num_splits takes the masked blocks
-        blocks_per_split = tl.cdiv(tl.cdiv(full_hi - full_lo, BLOCK_N), num_splits)
-        split_lo = tl.minimum(full_lo + split * blocks_per_split * BLOCK_N, full_hi)
-        split_hi = tl.minimum(split_lo + blocks_per_split * BLOCK_N, full_hi)
-    else:
-        blocks_per_split = tl.cdiv(tl.cdiv(hi - lo, BLOCK_N), num_splits)
-        split_lo = tl.minimum(lo + split * blocks_per_split * BLOCK_N, hi)
-        split_hi = tl.minimum(split_lo + blocks_per_split * BLOCK_N, hi)
+    blocks_per_split = tl.cdiv(tl.cdiv(hi - lo, BLOCK_N), num_splits)
+    split_lo = tl.minimum(lo + split * blocks_per_split * BLOCK_N, hi)
+    split_hi = tl.minimum(split_lo + blocks_per_split * BLOCK_N, hi)
 
     k_head = KCache + head_k.to(tl.int64) * stride_kch
     v_head = VCache + head_k.to(tl.int64) * stride_vch
@@ -441,11 +430,8 @@ def kvcache_attention_kernel(
                                                  block_shape=[BLOCK_N, BLOCK_D])
     for stage in tl.static_range(3):
         start, end = stage_range(stage, lo, full_lo, full_hi, hi)
-        if SEPARATE_TAIL and stage != 1:  # masked blocks: the tail program's alone
-            end = tl.where(split == num_splits, end, start)
-        else:  # the tail program's interior range is empty: its split_lo is full_hi
-            start = tl.minimum(tl.maximum(start, split_lo), split_hi)
-            end = tl.maximum(tl.minimum(end, split_hi), start)
+        start = tl.minimum(tl.maximum(start, split_lo), split_hi)
+        end = tl.maximum(tl.minimum(end, split_hi), start)
         acc, acc_comp, row_sum, row_max = _decode_block_range(
             acc, acc_comp, row_sum, row_max, q, k_head, v_head, BlockTable, stride_btb, page_size, num_blocks,
             stride_kcb, stride_kcn, stride_vcb, stride_vcn, start, end, query_idx, leftpad, cache_batch,
