@@ -402,7 +402,7 @@ def _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache
         HAS_LEFTPAD=cache_leftpad is not None, HAS_ROTARY=rotary_cos is not None,
         INTERLEAVED=rotary_interleaved, ROTARY_PER_TOKEN=opts.masked, HAS_ALIBI=has_alibi,
         num_warps=config.num_warps, num_stages=config.num_stages, **scalars, **_dot_flags(q.dtype),
-        FUSE_APPEND=fused, NEW_KEYS=FUSED_APPEND_MAX_TOKENS, **_chain_arguments(q.device),
+        FUSE_APPEND=fused, NEW_KEYS=configs.next_power_of_2(max(1, seqlen_new)), **_chain_arguments(q.device),
     )
     if num_splits > 1:
         _triton_combine(out_target, lse_target, out, lse)
@@ -423,9 +423,9 @@ def _decode_outputs_like(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 FUSED_APPEND_MAX_TOKENS = 16
 """Up to this many new tokens per sequence, and without rotary, the attention launch also appends them
-(FUSE_APPEND): one launch less per decode step. It is also the kernel's tile of new keys (a power of
-two, at least 16). The blocks that hold the new keys take the masked path, which reads their rows from
-k/v: a longer chunk would put more blocks on that slower path, so it is appended by a launch of its own."""
+(FUSE_APPEND): one launch less per decode step. The kernel's tile of new keys is the next power of two of
+their count. The blocks that hold the new keys take the masked path, which reads their rows from k/v: a
+longer chunk would put more blocks on that slower path, so it is appended by a launch of its own."""
 
 
 def _cpu_append_attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,

@@ -72,8 +72,8 @@ def load_rotated(row_ptrs, row_mask, positions, Cos, Sin, stride_cos, stride_sin
 
 
 @triton.jit
-def _append_tokens(
-    K, V, KCache, VCache, BlockTable, Cos, Sin, batch, head_k, cache_len, cache_batch, offs_t,
+def _load_new_tokens(
+    K, V, KCache, VCache, BlockTable, Cos, Sin, batch, head_k, cache_len, cache_batch, offs_t, active,
     stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
     stride_kcb, stride_kcn, stride_kch, stride_vcb, stride_vcn, stride_vch,
     stride_btb, stride_cos, stride_sin,
@@ -81,10 +81,12 @@ def _append_tokens(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGED: tl.constexpr, HAS_ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr,
 ):
-    """Write new tokens ``offs_t`` of (batch, kv head) into the caches: rotary(k) and v at cache_len + t."""
+    """New tokens ``offs_t`` of (batch, kv head), rotary(k) and v, and where they go in the caches (positions
+    cache_len + t): (k_dst, k_new, v_dst, v_new, store_mask) for :func:`_store_new_tokens`. A program that
+    is not ``active`` loads nothing, and its mask stores nothing."""
     positions = cache_len + offs_t
     # the host refuses appends past the cache; the mask keeps a bad index from ever writing out of bounds
-    ok = (offs_t < seqlen_new) & (positions >= 0) & (positions < capacity)
+    ok = active & (offs_t < seqlen_new) & (positions >= 0) & (positions < capacity)
     ok = ok & (cache_batch >= 0) & (cache_batch < batch_cache)
     if PAGED:
         block = tl.load(BlockTable + cache_batch.to(tl.int64) * stride_btb + positions // page_size, mask=ok, other=0)
@@ -104,12 +106,17 @@ def _append_tokens(
     k_new = load_rotated(k_src, row_mask, positions, Cos, Sin, stride_cos, stride_sin, rotary_dim, seqlen_ro,
                          HEAD_DIM, BLOCK_D, HAS_ROTARY, INTERLEAVED)
     k_dst = KCache + head_k.to(tl.int64) * stride_kch + k_rows[:, None] + offs_d
-    tl.store(k_dst, k_new.to(KCache.dtype.element_ty), mask=store_mask)
-
     v_src = V + batch.to(tl.int64) * stride_vb + head_k.to(tl.int64) * stride_vh + tokens * stride_vn
     v_new = tl.load(v_src + offs_d, mask=store_mask, other=0.0)
     v_dst = VCache + head_k.to(tl.int64) * stride_vch + v_rows[:, None] + offs_d
-    tl.store(v_dst, v_new.to(VCache.dtype.element_ty), mask=store_mask)
+    return k_dst, k_new, v_dst, v_new, store_mask
+
+
+@triton.jit
+def _store_new_tokens(k_dst, k_new, v_dst, v_new, store_mask):
+    """The stores of :func:`_load_new_tokens`' rows."""
+    tl.store(k_dst, k_new.to(k_dst.dtype.element_ty), mask=store_mask)
+    tl.store(v_dst, v_new.to(v_dst.dtype.element_ty), mask=store_mask)
 
 
 @triton.jit
@@ -133,12 +140,13 @@ def kvcache_append_kernel(
     if HAS_BATCH_IDX:
         cache_batch = tl.load(CacheBatchIdx + batch)
     offs_t = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    _append_tokens(K, V, KCache, VCache, BlockTable, Cos, Sin, batch, head_k, cache_len, cache_batch, offs_t,
-                   stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
-                   stride_kcb, stride_kcn, stride_kch, stride_vcb, stride_vcn, stride_vch,
-                   stride_btb, stride_cos, stride_sin,
-                   seqlen_new, capacity, batch_cache, num_blocks, page_size, rotary_dim, seqlen_ro,
-                   HEAD_DIM, BLOCK_D, PAGED, HAS_ROTARY, INTERLEAVED)
+    new_tokens = _load_new_tokens(K, V, KCache, VCache, BlockTable, Cos, Sin, batch, head_k, cache_len, cache_batch,
+                                  offs_t, True, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
+                                  stride_kcb, stride_kcn, stride_kch, stride_vcb, stride_vcn, stride_vch,
+                                  stride_btb, stride_cos, stride_sin,
+                                  seqlen_new, capacity, batch_cache, num_blocks, page_size, rotary_dim, seqlen_ro,
+                                  HEAD_DIM, BLOCK_D, PAGED, HAS_ROTARY, INTERLEAVED)
+    _store_new_tokens(*new_tokens)
 
 
 @triton.jit
@@ -334,8 +342,8 @@ def kvcache_attention_kernel(
     ONE_PAGE (paged, no left pad, BLOCK_N divides page_size): each key block lies in one page.
     FUSE_APPEND: the step's seqlen_new (<= NEW_KEYS) new keys/values (KNew, VNew, without rotary) are
     appended by this launch: program (0, b x h, 0) writes them into the cache (as
-    ``kvcache_append_kernel`` does), and every program reads their rows from KNew/VNew, never from the
-    cache rows being written.
+    ``kvcache_append_kernel`` does) after its key loop, and every program reads their rows from KNew/VNew,
+    never from the cache rows being written.
     CHAINED: launched with programmatic dependent launch (see ``common.chain_launch``).
     USE_TMA, TABLE_CHUNK: how the interior key blocks are loaded (``_decode_block_range``)."""
     chain_launch(CHAINED)
@@ -360,20 +368,21 @@ def kvcache_attention_kernel(
     new_lo = cache_len - leftpad  # the first new key, as the attention counts keys
     k_new_head = KNew + batch.to(tl.int64) * stride_knb + head_k.to(tl.int64) * stride_knh
     v_new_head = VNew + batch.to(tl.int64) * stride_vnb + head_k.to(tl.int64) * stride_vnh
-    if FUSE_APPEND:  # noqa: SIM102 (a compile-time flag around a runtime test: Triton cannot `and` them)
-        if (tl.program_id(0) == 0) & (split == 0):
-            # the unclamped index, as the append kernel takes it: cache_batch above is redirected to row 0
-            # when out of range (to read safely), where the append must write nothing
-            append_batch = batch
-            if HAS_BATCH_IDX:
-                append_batch = tl.load(CacheBatchIdx + batch)
-            _append_tokens(KNew, VNew, KCache, VCache, BlockTable, Cos, Sin, batch, head_k, cache_len,
-                           append_batch, tl.arange(0, NEW_KEYS),
-                           stride_knb, stride_knn, stride_knh, stride_vnb, stride_vnn, stride_vnh,
-                           stride_kcb, stride_kcn, stride_kch, stride_vcb, stride_vcn, stride_vch,
-                           stride_btb, stride_cos, stride_sin,
-                           seqlen_new, capacity, batch_cache, num_blocks, page_size, rotary_dim, seqlen_ro,
-                           HEAD_DIM, BLOCK_D, PAGED, HAS_ROTARY, INTERLEAVED)
+    if FUSE_APPEND:
+        # the unclamped index, as the append kernel takes it: cache_batch above is redirected to row 0
+        # when out of range (to read safely), where the append must write nothing
+        append_batch = batch
+        if HAS_BATCH_IDX:
+            append_batch = tl.load(CacheBatchIdx + batch)
+        # program (0, b x h, 0) appends: its loads are issued now and its stores after the key loop, so that
+        # their latency hides behind the attention instead of adding to this program's
+        new_tokens = _load_new_tokens(KNew, VNew, KCache, VCache, BlockTable, Cos, Sin, batch, head_k, cache_len,
+                                      append_batch, tl.arange(0, NEW_KEYS), (tl.program_id(0) == 0) & (split == 0),
+                                      stride_knb, stride_knn, stride_knh, stride_vnb, stride_vnn, stride_vnh,
+                                      stride_kcb, stride_kcn, stride_kch, stride_vcb, stride_vcn, stride_vch,
+                                      stride_btb, stride_cos, stride_sin,
+                                      seqlen_new, capacity, batch_cache, num_blocks, page_size, rotary_dim,
+                                      seqlen_ro, HEAD_DIM, BLOCK_D, PAGED, HAS_ROTARY, INTERLEAVED)
 
     # -- the tile's rows: (query token, query head of this kv head's group) --
     offs_r = start_r + tl.arange(0, BLOCK_M)
@@ -452,3 +461,5 @@ def kvcache_attention_kernel(
     out_ptrs = Out + split_offset * stride_os + batch.to(tl.int64) * stride_ob \
         + query_idx[:, None].to(tl.int64) * stride_om + head[:, None].to(tl.int64) * stride_oh + offs_d[None, :]
     tl.store(out_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+    if FUSE_APPEND:
+        _store_new_tokens(*new_tokens)
