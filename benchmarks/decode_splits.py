@@ -39,8 +39,8 @@ def candidate_splits(case: DecodeCase, processors: int, key_block: int = 64) -> 
 def parse_config(text: str) -> dict:
     """"64x4x3" -> the DecodeConfig fields block_n, num_warps, num_stages; flags after it: "+tma" (TMA
     loads), "+ptr" (pointer loads, page by page), "+c16" (paged: 16 block-table entries a chunk; "+c0":
-    page by page), "+nostream" (no streaming stages: unsplit launches keep num_stages) and "+w4" (key slices
-    over 4 warps). The query tile stays the table's."""
+    page by page) and "+nostream" (no streaming stages: unsplit launches keep num_stages). The query tile
+    stays the table's."""
     tiles, *flags = text.split("+")
     block_n, warps, stages = (int(part) for part in tiles.split("x"))
     fields = dict(block_n=block_n, num_warps=warps, num_stages=stages)
@@ -51,8 +51,6 @@ def parse_config(text: str) -> dict:
             fields.update(tma=False, table_chunk=0)
         elif flag == "nostream":
             fields["streaming_stages"] = 0
-        elif flag.startswith("w"):
-            fields["warp_split"] = int(flag[1:])
         elif flag.startswith("c"):
             fields["table_chunk"] = int(flag[1:])
         else:
@@ -107,7 +105,7 @@ def main() -> None:
     parser.add_argument("--cache-lens", nargs="+", type=int, default=[8192, 65536])
     parser.add_argument("--page-size", type=int, default=0, help="0: a contiguous cache")
     parser.add_argument("--configs", nargs="+", default=[],
-                        help="tile configs BLOCK_NxWARPSxSTAGES[+tma|+ptr|+cN|+nostream|+wN] to sweep besides "
+                        help="tile configs BLOCK_NxWARPSxSTAGES[+tma|+ptr|+cN|+nostream] to sweep besides "
                              "the table's, e.g. 128x4x2+tma")
     parser.add_argument("--splits", nargs="+", type=int, default=[],
                         help="split counts to time (besides the automatic one) instead of the candidates")

@@ -303,8 +303,7 @@ def test_matches_reference_on_gpu(monkeypatch, problem, dtype):
 # can run: TMA loads of the interior key blocks; the paged loop that reads the block table a chunk at a time
 # (with pointer or TMA loads)
 DECODE_FORMS = {"tma": dict(tma=True), "tma-table-chunk": dict(tma=True, table_chunk=4),
-                "table-chunk": dict(table_chunk=4), "page-by-page": dict(table_chunk=0),
-                "warp-split": dict(warp_split=4)}
+                "table-chunk": dict(table_chunk=4), "page-by-page": dict(table_chunk=0)}
 
 
 def force_decode_loads(monkeypatch, fields: dict) -> list[bool]:

@@ -43,7 +43,6 @@ class DecodeConfig:
     table_chunk: int | None = None  # paged: block-table entries read at once (0: page by page; None: the rule
     # of ``paged_table_chunk``)
     streaming_stages: int = 0  # stages of a streaming launch (``streaming_launch``); 0: num_stages
-    warp_split: int = 1  # contiguous caches, plain scores: key slices a block, one per warp (>1: WARP_SPLIT)
 
 
 def decode_config(rows: int, head_dim: int, dtype: torch.dtype, interpret: bool) -> DecodeConfig:
@@ -380,12 +379,6 @@ def _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache
         scalars.pop(unused)
     one_page = block_table is not None and cache_leftpad is None and geometry["page_size"] % config.block_n == 0
     use_tma = tma_decode_loads(config, k_cache, v_cache, block_table, one_page)
-    # the warp-split loop takes plain 16-bit scores (the interpreter's bf16 dot is wrong: its other loops upcast),
-    # and key slices of 16 or more (tl.dot's smallest N on a GPU)
-    warp_split = config.warp_split if (
-        block_table is None and q.dtype in (torch.float16, torch.bfloat16) and alibi_slopes is None
-        and opts.softcap <= 0 and not (interpret and q.dtype == torch.bfloat16)
-        and (interpret or config.block_n // config.warp_split >= 16)) else 1
     grid = (row_blocks, batch * nheads_k, num_splits)
     launch(
         kvcache_attention_kernel, grid,
@@ -404,7 +397,7 @@ def _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache
         geometry["num_blocks"], geometry["page_size"], rotary_dim, seqlen_ro, num_splits,
         HEAD_DIM=head_dim, BLOCK_D=configs.padded_head_dim(head_dim), BLOCK_M=config.block_m,
         BLOCK_N=config.block_n, PAGED=block_table is not None, ONE_PAGE=one_page, USE_TMA=use_tma,
-        TABLE_CHUNK=paged_table_chunk(config, key_blocks // num_splits) if one_page else 0, WARP_SPLIT=warp_split,
+        TABLE_CHUNK=paged_table_chunk(config, key_blocks // num_splits) if one_page else 0,
         HAS_BATCH_IDX=cache_batch_idx is not None,
         HAS_LEFTPAD=cache_leftpad is not None, HAS_ROTARY=rotary_cos is not None,
         INTERLEAVED=rotary_interleaved, ROTARY_PER_TOKEN=opts.masked, HAS_ALIBI=has_alibi,

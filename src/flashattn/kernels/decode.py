@@ -191,57 +191,6 @@ def _decode_block(
 
 
 @triton.jit
-def _warp_split_range(
-    acc, row_sum, row_max, q, k_rows, v_rows, lo, hi, stride_kcn, stride_vcn, qk_scale,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    WARP_SPLIT: tl.constexpr,
-):
-    """Interior key blocks lo, lo + BLOCK_N, ... < hi (cache rows, the left pad included) of a contiguous
-    cache (``k_rows``/``v_rows``: the sequence's row 0 of this kv head), plain scores only (no softcap, ALiBi or
-    mask), 16-bit inputs.
-
-    Each block's keys are cut into WARP_SPLIT slices of BLOCK_N / WARP_SPLIT keys, and the products are batched
-    over the slices: with one warp per slice, each warp keeps the running max, sum and output of its own keys, so
-    no score or probability crosses warps inside the loop (a 16-row tile otherwise spreads its keys over the
-    warps for Q K^T and its head dim for P V, and P goes through shared memory every block). The slices' states
-    are merged into (acc, row_sum, row_max) once, at the end.
-    """
-    SLICE: tl.constexpr = BLOCK_N // WARP_SPLIT
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_slice = tl.arange(0, WARP_SPLIT)[:, None] * SLICE + tl.arange(0, SLICE)[None, :]  # [W, SLICE] keys
-    q_slices = tl.broadcast_to(q[None, :, :], [WARP_SPLIT, BLOCK_M, BLOCK_D])
-    slice_max = tl.full([WARP_SPLIT, BLOCK_M], float("-inf"), dtype=tl.float32)
-    slice_sum = tl.zeros([WARP_SPLIT, BLOCK_M], dtype=tl.float32)
-    slice_acc = tl.zeros([WARP_SPLIT, BLOCK_M, BLOCK_D], dtype=tl.float32)
-    d_ok = offs_d < HEAD_DIM
-    for start_n in range(lo, hi, BLOCK_N):
-        keys = (start_n + offs_slice).to(tl.int64)
-        kt_ptrs = k_rows + keys[:, None, :] * stride_kcn + offs_d[None, :, None]  # [W, D, SLICE]
-        v_ptrs = v_rows + keys[:, :, None] * stride_vcn + offs_d[None, None, :]  # [W, SLICE, D]
-        if BLOCK_D == HEAD_DIM:
-            kt = tl.load(kt_ptrs)
-            v = tl.load(v_ptrs)
-        else:
-            kt = tl.load(kt_ptrs, mask=d_ok[None, :, None], other=0.0)
-            v = tl.load(v_ptrs, mask=d_ok[None, None, :], other=0.0)
-        scores = tl.dot(q_slices, kt)  # [W, M, SLICE]
-        new_max = tl.maximum(slice_max, tl.max(scores, 2) * qk_scale)
-        probs = tl.math.exp2(scores * qk_scale - new_max[:, :, None])
-        correction = tl.math.exp2(slice_max - new_max)
-        slice_sum = slice_sum * correction + tl.sum(probs, 2)
-        slice_acc = slice_acc * correction[:, :, None] + tl.dot(probs.to(v.dtype), v)
-        slice_max = new_max
-    # -- merge the slices' states into the tile's running state --
-    merged_max = tl.maximum(row_max, tl.max(slice_max, 0))
-    shift = tl.where(merged_max == float("-inf"), 0.0, merged_max)
-    weight = tl.math.exp2(slice_max - shift[None, :])  # 0 for a slice that saw no key
-    correction = tl.math.exp2(row_max - shift)
-    row_sum = row_sum * correction + tl.sum(slice_sum * weight, 0)
-    acc = acc * correction[:, None] + tl.sum(slice_acc * weight[:, :, None], 0)
-    return acc, row_sum, merged_max
-
-
-@triton.jit
 def _decode_block_range(
     acc, acc_comp, row_sum, row_max, q,
     k_head, v_head, BlockTable, stride_btb, page_size, num_blocks,
@@ -253,7 +202,7 @@ def _decode_block_range(
     MASKED: tl.constexpr, PAGED: tl.constexpr, ONE_PAGE: tl.constexpr,
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr, FUSE_APPEND: tl.constexpr,
-    USE_TMA: tl.constexpr, TABLE_CHUNK: tl.constexpr, WARP_SPLIT: tl.constexpr,
+    USE_TMA: tl.constexpr, TABLE_CHUNK: tl.constexpr,
 ):
     """Key blocks lo, lo + BLOCK_N, ... < hi of the cache. FUSE_APPEND: keys from new_lo on are this
     step's new tokens, which the same launch is writing into the cache: their rows are read from the new
@@ -296,11 +245,6 @@ def _decode_block_range(
                     qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right, BLOCK_D, MASKED,
                     WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, UPCAST_DOT, DOT_PRECISION, COMPENSATED)
             chunk_lo = chunk_hi
-    elif WARP_SPLIT > 1 and not PAGED and not MASKED:
-        acc, row_sum, row_max = _warp_split_range(
-            acc, row_sum, row_max, q, k_head + cache_batch.to(tl.int64) * stride_kcb,
-            v_head + cache_batch.to(tl.int64) * stride_vcb, lo + leftpad, hi + leftpad, stride_kcn, stride_vcn,
-            qk_scale, HEAD_DIM, BLOCK_D, q.shape[0], BLOCK_N, WARP_SPLIT)
     elif USE_TMA and not PAGED and not MASKED:
         for start_n in range(lo, hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -392,7 +336,6 @@ def kvcache_attention_kernel(
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
     ONE_PAGE: tl.constexpr = False, CHAINED: tl.constexpr = False, FUSE_APPEND: tl.constexpr = False,
     NEW_KEYS: tl.constexpr = 16, USE_TMA: tl.constexpr = False, TABLE_CHUNK: tl.constexpr = 0,
-    WARP_SPLIT: tl.constexpr = 1,
 ):
     """Grid (row blocks, batch x kv heads, splits). Writes out/lse of split ``program_id(2)``.
 
@@ -402,9 +345,7 @@ def kvcache_attention_kernel(
     ``kvcache_append_kernel`` does) after its key loop, and every program reads their rows from KNew/VNew,
     never from the cache rows being written.
     CHAINED: launched with programmatic dependent launch (see ``common.chain_launch``).
-    USE_TMA, TABLE_CHUNK: how the interior key blocks are loaded (``_decode_block_range``).
-    WARP_SPLIT > 1 (contiguous cache, plain scores): the interior blocks' keys are sliced over the warps, each
-    with its own softmax state (``_warp_split_range``)."""
+    USE_TMA, TABLE_CHUNK: how the interior key blocks are loaded (``_decode_block_range``)."""
     chain_launch(CHAINED)
     start_r = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
@@ -506,7 +447,7 @@ def kvcache_attention_kernel(
             seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
             new_lo, k_new_head, v_new_head, stride_knn, stride_vnn, k_source, v_source, capacity // page_size,
             HEAD_DIM, BLOCK_D, BLOCK_N, stage != 1, PAGED, ONE_PAGE, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
-            UPCAST_DOT, DOT_PRECISION, COMPENSATED, FUSE_APPEND, USE_TMA, TABLE_CHUNK, WARP_SPLIT)
+            UPCAST_DOT, DOT_PRECISION, COMPENSATED, FUSE_APPEND, USE_TMA, TABLE_CHUNK)
 
     # -- epilogue: normalize; a row (or a split) that saw no key gives 0 and lse = +inf --
     empty = row_sum == 0.0
