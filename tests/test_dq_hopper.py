@@ -16,10 +16,12 @@ from hopper_kernels import forced_launch, hopper
 from flashattn import configs, flash_attn_func, ops
 from flashattn.testing import check_against_reference, check_varlen_against_reference
 
-# (keys a block, stages): 3 stages fetch K a block ahead; hdim 256 fits 3 stages of 32 keys (224 KB)
+# (keys a block, stages): 3 stages fetch K a block ahead; hdim 256 fits 3 stages of 32 keys (224 KB); c3: three
+# consumer warpgroups (192 query rows a program)
 WS_DQ_TILES = {"n64-s3": configs.TileConfig(128, 64, 8, 3, warp_specialized=True),
                "n64-s2": configs.TileConfig(128, 64, 8, 2, warp_specialized=True),
-               "n32-s3": configs.TileConfig(128, 32, 8, 3, warp_specialized=True)}
+               "n32-s3": configs.TileConfig(128, 32, 8, 3, warp_specialized=True),
+               "n64-s3-c3": configs.TileConfig(128, 64, 8, 3, warp_specialized=True, three_consumers=True)}
 
 
 def forced_ws_dq(tile: configs.TileConfig | None, monkeypatch, expect_launch: bool = True):
@@ -54,7 +56,7 @@ SHAPES_256 = [(2, 1023, 1023, 4, 2, 256), (1, 113, 203, 4, 4, 256), (1, 700, 300
 @hopper
 @pytest.mark.parametrize("option", ["plain", "causal"])
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("tile", ["n64-s3", "n64-s2", "n32-s3"])
+@pytest.mark.parametrize("tile", ["n64-s3", "n64-s2", "n32-s3", "n64-s3-c3"])
 def test_ws_dq_matches_reference(tile, shape, option, monkeypatch):
     with forced_ws_dq(WS_DQ_TILES[tile], monkeypatch):
         check_against_reference(make_case(shape, option, "cuda"), torch.bfloat16, "cuda", flash_attn_func)
@@ -84,9 +86,10 @@ def test_ws_dq_fp16_scale(option, monkeypatch):
 @pytest.mark.parametrize("option", ["plain", "causal"])
 @pytest.mark.parametrize("seqlens", [([1, 300, 129, 0, 64], [5, 300, 700, 3, 64]), ([1000, 17], [1000, 17])],
                          ids=["mixed", "equal"])
-def test_ws_dq_varlen_matches_reference(seqlens, option, monkeypatch):
+@pytest.mark.parametrize("tile", ["n64-s3", "n64-s3-c3"])
+def test_ws_dq_varlen_matches_reference(seqlens, option, tile, monkeypatch):
     case = make_varlen_case((*seqlens, 4, 2, 128), option, "cuda")
-    with forced_ws_dq(WS_DQ_TILES["n64-s3"], monkeypatch):
+    with forced_ws_dq(WS_DQ_TILES[tile], monkeypatch):
         check_varlen_against_reference(case, torch.bfloat16, "cuda")
 
 

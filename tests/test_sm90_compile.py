@@ -43,6 +43,14 @@ SWEPT_DKDV_TILES = {  # name -> (head dim, causal, TileConfig fields)
                                               dict(_TILE_128_KEYS, block_m=64, num_stages=2, key_slices=True)),
     "key slices 32x128x8x3, hdim 128": (128, False, dict(_TILE_128_KEYS, block_m=32, num_stages=3, key_slices=True)),
 }
+# and Gluon dQ tiles outside the table: three consumer warpgroups (192 query rows a program), swept at hdim 64
+SWEPT_DQ_TILES = {
+    "three consumers 128x64x8x3, hdim 64": (64, False, dict(block_m=128, block_n=64, num_warps=8, num_stages=3,
+                                                            warp_specialized=True, three_consumers=True)),
+    "three consumers 128x64x8x3, hdim 64 causal": (64, True, dict(block_m=128, block_n=64, num_warps=8,
+                                                                  num_stages=3, warp_specialized=True,
+                                                                  three_consumers=True)),
+}
 COMPILE_SWEPT = f"""
 import json, sys
 sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
@@ -50,6 +58,8 @@ import sass_report
 from flashattn.configs import TileConfig
 for name, (head_dim, causal, fields) in {SWEPT_DKDV_TILES!r}.items():
     print(json.dumps([name, sass_report.ws_dkdv_report(head_dim, causal, TileConfig(**fields))]), flush=True)
+for name, (head_dim, causal, fields) in {SWEPT_DQ_TILES!r}.items():
+    print(json.dumps([name, sass_report.ws_dq_report(head_dim, causal, TileConfig(**fields))]), flush=True)
 """
 
 
@@ -98,9 +108,11 @@ def test_table_backward_kernels_compile_for_one_query():
         assert result["HGMMA"] + result["HMMA"] > 0, f"{name}: no matrix instruction"
 
 
-def test_swept_gluon_dkdv_tiles_keep_wgmma_asynchronous():
+def test_swept_gluon_tiles_keep_wgmma_asynchronous():
     results = dict(_compiled(COMPILE_SWEPT))
-    assert set(results) == set(SWEPT_DKDV_TILES)
+    assert set(results) == set(SWEPT_DKDV_TILES) | set(SWEPT_DQ_TILES)
     for name, result in results.items():
         assert result["HGMMA"] > 0, f"{name}: no wgmma at all"
         assert result["wgmma_serialized"] is None, f"{name}: ptxas serialized the wgmma: {result['wgmma_serialized']}"
+    for name in SWEPT_DQ_TILES:  # 160 registers a consumer thread hold the three-consumer dQ without spills
+        assert results[name]["STL"] == 0 and results[name]["LDL"] == 0, f"{name}: spills"

@@ -108,7 +108,7 @@ def parse_candidates(text: str) -> list[Candidate]:
     ``TileConfig.mask_every_block``), ``+keyrows`` (``TileConfig.key_rows``) or ``+peel``
     (``TileConfig.peel_diagonal``), any config in ``+ws`` (the warp-specialized Gluon kernels,
     ``TileConfig.warp_specialized``; forward and dQ 128 x BLOCK_N x 8 x STAGES, dK/dV BLOCK_M query rows x BLOCK_N
-    (64 or 128) keys x 8 x STAGES), a forward one with ``+pingpong``, ``+persistent`` and
+    (64 or 128) keys x 8 x STAGES), a forward one with ``+pingpong`` and ``+persistent``, a forward or dQ one with
     ``+consumers3`` (``TileConfig.pingpong``, ``TileConfig.persistent``, ``TileConfig.three_consumers``), a dK/dV
     one with ``+slices`` (``TileConfig.key_slices``: 128 keys, 64 a warpgroup with both gradients),
     any config in ``+rN`` (at most N registers a thread, ``TileConfig.max_registers``)."""
@@ -482,7 +482,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "+tma (forward), +split (dK/dV in two passes), +every (dK/dV in one masked loop), "
                              "+keyrows (dK/dV products with the keys along the rows), +peel (the causal "
                              "diagonal out of the dK/dV loop), +ws (the Gluon kernels; forward +pingpong, "
-                             "+persistent, +consumers3; dK/dV +slices) set TileConfig's flags, +rN a register cap")
+                             "+persistent; forward and dQ +consumers3; dK/dV +slices) set TileConfig's flags, "
+                             "+rN a register cap")
     parser.add_argument("--interpret-check", action="store_true",
                         help="no timings: run each candidate once on a tiny shape to validate it (automatic "
                              "without a GPU when TRITON_INTERPRET=1 and FLASHATTN_BACKEND=triton)")

@@ -414,12 +414,12 @@ def _warp_specialized_dq_fits(q, k, v, dout, lse, opts: AttentionOptions, alibi_
 
 def _warp_specialized_dq(q, k, v, dout, lse, delta, dq, layout: _Layout, config: configs.TileConfig,
                          opts: AttentionOptions) -> None:
-    """dQ (contiguous, q's shape) by the Gluon kernel: the forward's tiles (128 query rows, two consumer warpgroups)
-    and its L2 sections; ``delta`` = rowsum(dO * O), lse's layout."""
+    """dQ (contiguous, q's shape) by the Gluon kernel: the forward's tiles (64 query rows on each of two or three
+    consumer warpgroups) and its L2 sections; ``delta`` = rowsum(dO * O), lse's layout."""
     from .kernels.dq_hopper import dq_hopper_kernel
 
     head_dim = q.shape[-1]
-    tiles, plan = _tile_plan_arguments(q, k, lse, layout, 128)
+    tiles, plan = _tile_plan_arguments(q, k, lse, layout, 64 * _consumer_warpgroups(config))
     _, stride_dqm, stride_dqh = _strides(dq)
     launch(
         dq_hopper_kernel, (tiles,),
@@ -432,8 +432,9 @@ def _warp_specialized_dq(q, k, v, dout, lse, delta, dq, layout: _Layout, config:
 
 def warp_specialized_dq_constexprs(config: configs.TileConfig, head_dim: int, causal: bool, is_varlen: bool) -> dict:
     """The Gluon dQ kernel's compile-time arguments for ``config`` (also what benchmarks/sass_report.py compiles)."""
+    consumers = _consumer_warpgroups(config)
     return dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, NUM_STAGES=config.num_stages, CAUSAL=causal,
-                IS_VARLEN=is_varlen, CONSUMER_REGISTERS=WS_CONSUMER_REGISTERS[2],
+                IS_VARLEN=is_varlen, NUM_CONSUMERS=consumers, CONSUMER_REGISTERS=WS_CONSUMER_REGISTERS[consumers],
                 LOADER_REGISTERS=WS_LOADER_REGISTERS)
 
 

@@ -1,8 +1,9 @@
 """Hopper dQ in Gluon: warp-specialized, the forward's structure (``forward_hopper.py``) with three products.
 
-One program computes dQ for 128 query rows of one (sequence, head), in partitions:
+One program computes dQ for 128 query rows of one (sequence, head) (192 with ``NUM_CONSUMERS`` = 3), in
+partitions:
 
-- two consumer warpgroups, 64 rows each. Per key block j a consumer computes S = Q K_j^T and dP = dO V_j^T
+- two (or three) consumer warpgroups, 64 rows each. Per key block j a consumer computes S = Q K_j^T and dP = dO V_j^T
   (wgmma, both operands in shared memory), P = exp(S * scale - lse) from the forward's log-sum-exp,
   dS = P (dP - delta), and accumulates dQ += dS K_j with dS from registers. Block j's S and dP are issued
   before block j-1's dS K, so the exponentials and dS of block j run while that product is in flight;
@@ -28,19 +29,19 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from .forward_hopper import ROWS_PER_WARPGROUP, _tile_plan, key_ring, load_key_block
 
 LOG2E = gl.constexpr(1.4426950408889634)
-CONSUMERS = gl.constexpr(2)
 
 
 @gluon.jit
 def _load_partition(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, rows_ready, k_ready, v_ready,
                     k_free, v_free, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, nheads, group_size, row_tiles,
                     batch_heads, heads_per_section, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                    NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr):
+                    NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr,
+                    NUM_CONSUMERS: gl.constexpr):
     head, head_k, q_start, k_start, _, _, _, tile_row, _, n_blocks = _tile_plan(
         gl.program_id(0), row_tiles, batch_heads, heads_per_section, nheads, group_size, CuSeqlensQ, CuSeqlensK,
-        seqlen_q, seqlen_k, 0, 0, BLOCK_N, CAUSAL, IS_VARLEN, CONSUMERS)
-    mbarrier.expect(rows_ready, CONSUMERS * (q_desc.block_type.nbytes + do_desc.block_type.nbytes))
-    for c in gl.static_range(CONSUMERS):
+        seqlen_q, seqlen_k, 0, 0, BLOCK_N, CAUSAL, IS_VARLEN, NUM_CONSUMERS)
+    mbarrier.expect(rows_ready, NUM_CONSUMERS * (q_desc.block_type.nbytes + do_desc.block_type.nbytes))
+    for c in gl.static_range(NUM_CONSUMERS):
         row = q_start + tile_row + c * ROWS_PER_WARPGROUP
         tma.async_copy_global_to_shared(q_desc, [row, head * HEAD_DIM], rows_ready, q_smem.index(c))
         tma.async_copy_global_to_shared(do_desc, [row, head * HEAD_DIM], rows_ready, do_smem.index(c))
@@ -122,14 +123,15 @@ def _consumer_partition(q_smem, do_smem, k_bufs, v_bufs, rows_ready, k_ready, v_
                         Delta, CuSeqlensQ, CuSeqlensK, stride_dqm, stride_dqh, stride_lb, stride_lh, seqlen_q,
                         seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section, softmax_scale,
                         qk_scale_log2, WARP_GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                        NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr):
+                        NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr,
+                        NUM_CONSUMERS: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, HEAD_DIM, 16])
     head, _, q_start, _, tile_seqlen_q, tile_seqlen_k, lse_row, tile_row, n_full, n_blocks = _tile_plan(
         gl.program_id(0), row_tiles, batch_heads, heads_per_section, nheads, group_size, CuSeqlensQ, CuSeqlensK,
-        seqlen_q, seqlen_k, stride_lb, stride_lh, BLOCK_N, CAUSAL, IS_VARLEN, CONSUMERS)
+        seqlen_q, seqlen_k, stride_lb, stride_lh, BLOCK_N, CAUSAL, IS_VARLEN, NUM_CONSUMERS)
     first_row = tile_row + WARP_GROUP * ROWS_PER_WARPGROUP  # within the sequence
     rows = first_row + gl.arange(0, ROWS_PER_WARPGROUP, layout=gl.SliceLayout(1, s_layout))
     in_sequence = rows < tile_seqlen_q
@@ -159,33 +161,62 @@ def dq_hopper_kernel(
     stride_dqm, stride_dqh, stride_lb, stride_lh,
     seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section, softmax_scale, qk_scale_log2,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-    IS_VARLEN: gl.constexpr, CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
+    IS_VARLEN: gl.constexpr, NUM_CONSUMERS: gl.constexpr, CONSUMER_REGISTERS: gl.constexpr,
+    LOADER_REGISTERS: gl.constexpr,
 ):
-    """dQ of 128 query rows a program: ``row_tiles`` per (sequence, head), ``batch_heads`` of those, one program
-    each. The descriptors are the forward's: q_desc / do_desc over (tokens, nheads * HEAD_DIM) in (64, HEAD_DIM)
-    blocks, k_desc / v_desc over (tokens, nheads_k * HEAD_DIM) in (BLOCK_N, HEAD_DIM) blocks. Lse and Delta:
-    (batch, nheads, seqlen_q) dense, (nheads, total_q) varlen, last stride 1. DQ: token stride stride_dqm, head
-    stride stride_dqh."""
+    """dQ of NUM_CONSUMERS x 64 query rows a program (2 or 3 consumer warpgroups): ``row_tiles`` per (sequence,
+    head), ``batch_heads`` of those, one program each. The descriptors are the forward's: q_desc / do_desc over
+    (tokens, nheads * HEAD_DIM) in (64, HEAD_DIM) blocks, k_desc / v_desc over (tokens, nheads_k * HEAD_DIM) in
+    (BLOCK_N, HEAD_DIM) blocks. Lse and Delta: (batch, nheads, seqlen_q) dense, (nheads, total_q) varlen, last
+    stride 1. DQ: token stride stride_dqm, head stride stride_dqh."""
     gl.static_assert(NUM_STAGES >= 2, "K is held until the next block's products are issued: two stages at least")
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, ROWS_PER_WARPGROUP, HEAD_DIM], q_desc.layout)
-    do_smem = gl.allocate_shared_memory(do_desc.dtype, [CONSUMERS, ROWS_PER_WARPGROUP, HEAD_DIM], do_desc.layout)
+    gl.static_assert(NUM_CONSUMERS == 2 or NUM_CONSUMERS == 3, "two or three consumer warpgroups")
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONSUMERS, ROWS_PER_WARPGROUP, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(do_desc.dtype, [NUM_CONSUMERS, ROWS_PER_WARPGROUP, HEAD_DIM],
+                                        do_desc.layout)
     # every consumer releases a stage's V after its dP, then its K after its dS K
     k_bufs, v_bufs, k_ready, v_ready, k_free, v_free = key_ring(k_desc, v_desc, HEAD_DIM, BLOCK_N, NUM_STAGES,
-                                                                CONSUMERS)
+                                                                NUM_CONSUMERS)
     rows_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(rows_ready, count=1)
 
-    gl.warp_specialize([
-        (_consumer_partition, (q_smem, do_smem, k_bufs, v_bufs, rows_ready, k_ready, v_ready, k_free, v_free, DQ, Lse,
-                               Delta, CuSeqlensQ, CuSeqlensK, stride_dqm, stride_dqh, stride_lb, stride_lh, seqlen_q,
-                               seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section,
-                               softmax_scale, qk_scale_log2, 0, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN)),
-        (_consumer_partition, (q_smem, do_smem, k_bufs, v_bufs, rows_ready, k_ready, v_ready, k_free, v_free, DQ, Lse,
-                               Delta, CuSeqlensQ, CuSeqlensK, stride_dqm, stride_dqh, stride_lb, stride_lh, seqlen_q,
-                               seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section,
-                               softmax_scale, qk_scale_log2, 1, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN)),
-        (_load_partition, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, rows_ready, k_ready,
-                           v_ready, k_free, v_free, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, nheads, group_size,
-                           row_tiles, batch_heads, heads_per_section, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL,
-                           IS_VARLEN)),
-    ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
+    # each consumer's partition spelled out: warp_specialize takes a literal list, one entry per partition
+    if NUM_CONSUMERS == 2:
+        gl.warp_specialize([
+            (_consumer_partition, (q_smem, do_smem, k_bufs, v_bufs, rows_ready, k_ready, v_ready, k_free, v_free, DQ,
+                                   Lse, Delta, CuSeqlensQ, CuSeqlensK, stride_dqm, stride_dqh, stride_lb, stride_lh,
+                                   seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section,
+                                   softmax_scale, qk_scale_log2, 0, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN,
+                                   NUM_CONSUMERS)),
+            (_consumer_partition, (q_smem, do_smem, k_bufs, v_bufs, rows_ready, k_ready, v_ready, k_free, v_free, DQ,
+                                   Lse, Delta, CuSeqlensQ, CuSeqlensK, stride_dqm, stride_dqh, stride_lb, stride_lh,
+                                   seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section,
+                                   softmax_scale, qk_scale_log2, 1, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN,
+                                   NUM_CONSUMERS)),
+            (_load_partition, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, rows_ready, k_ready,
+                               v_ready, k_free, v_free, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, nheads, group_size,
+                               row_tiles, batch_heads, heads_per_section, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL,
+                               IS_VARLEN, NUM_CONSUMERS)),
+        ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
+    else:
+        gl.warp_specialize([
+            (_consumer_partition, (q_smem, do_smem, k_bufs, v_bufs, rows_ready, k_ready, v_ready, k_free, v_free, DQ,
+                                   Lse, Delta, CuSeqlensQ, CuSeqlensK, stride_dqm, stride_dqh, stride_lb, stride_lh,
+                                   seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section,
+                                   softmax_scale, qk_scale_log2, 0, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN,
+                                   NUM_CONSUMERS)),
+            (_consumer_partition, (q_smem, do_smem, k_bufs, v_bufs, rows_ready, k_ready, v_ready, k_free, v_free, DQ,
+                                   Lse, Delta, CuSeqlensQ, CuSeqlensK, stride_dqm, stride_dqh, stride_lb, stride_lh,
+                                   seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section,
+                                   softmax_scale, qk_scale_log2, 1, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN,
+                                   NUM_CONSUMERS)),
+            (_consumer_partition, (q_smem, do_smem, k_bufs, v_bufs, rows_ready, k_ready, v_ready, k_free, v_free, DQ,
+                                   Lse, Delta, CuSeqlensQ, CuSeqlensK, stride_dqm, stride_dqh, stride_lb, stride_lh,
+                                   seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section,
+                                   softmax_scale, qk_scale_log2, 2, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN,
+                                   NUM_CONSUMERS)),
+            (_load_partition, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, rows_ready, k_ready,
+                               v_ready, k_free, v_free, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, nheads, group_size,
+                               row_tiles, batch_heads, heads_per_section, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL,
+                               IS_VARLEN, NUM_CONSUMERS)),
+        ], [4, 4, 1], [CONSUMER_REGISTERS, CONSUMER_REGISTERS, LOADER_REGISTERS])
