@@ -79,22 +79,28 @@ def run_case(fields: dict) -> None:
     torch.cuda.synchronize()
 
 
-def profile(name: str, case: str, kernel: str, logs: Path, cache: Path) -> dict:
-    """ncu's metrics of ``kernel`` in one case; the case compiles into its own Triton cache ``cache``."""
+def ncu_rows(ncu_options: list[str], metrics: tuple[str, ...], target: list[str], name: str, logs: Path,
+             env: dict) -> tuple[list[str], list[list[str]]]:
+    """Run ``target`` under ncu (``ncu_options``, the details page as CSV, SECTIONS and ``metrics``): the CSV's
+    header and rows. The CSV and ncu's stderr are kept as ``logs``/``name``.csv and .err."""
     ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
-    command = [ncu, "--kernel-name", kernel, "--launch-skip", "2", "--launch-count", "1", "--csv",
-               "--page", "details", "--metrics", ",".join(BALANCE_METRICS + STALL_METRICS)]
+    command = [ncu, *ncu_options, "--csv", "--page", "details", "--metrics", ",".join(metrics)]
     for section in SECTIONS:
         command += ["--section", section]
-    command += [sys.executable, __file__, "--run", case]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "TRITON_CACHE_DIR": str(cache)})
+    result = subprocess.run(command + target, capture_output=True, text=True, timeout=300, env=env)
     (logs / f"{name}.csv").write_text(result.stdout)
     (logs / f"{name}.err").write_text(result.stderr)
     rows = [r for r in csv.reader(result.stdout.splitlines()) if len(r) > 4]
     if not rows:
         raise SystemExit(f"{name}: no ncu metrics (see {logs / (name + '.err')})")
-    header, body = rows[0], rows[1:]
+    return rows[0], rows[1:]
+
+
+def profile(name: str, case: str, kernel: str, logs: Path, cache: Path) -> dict:
+    """ncu's metrics of ``kernel`` in one case; the case compiles into its own Triton cache ``cache``."""
+    header, body = ncu_rows(["--kernel-name", kernel, "--launch-skip", "2", "--launch-count", "1"],
+                            BALANCE_METRICS + STALL_METRICS, [sys.executable, __file__, "--run", case], name, logs,
+                            {**os.environ, "TRITON_CACHE_DIR": str(cache)})
     metric, unit, value = header.index("Metric Name"), header.index("Metric Unit"), header.index("Metric Value")
     return {r[metric]: (r[value], r[unit]) for r in body}
 

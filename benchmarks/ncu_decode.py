@@ -16,15 +16,12 @@ before each as in the bench. Printed: per kernel, the rows that say why a memory
 from __future__ import annotations
 
 import argparse
-import csv
 import os
-import shutil
-import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
 
-from ncu_compare import BALANCE_METRICS, KEY_ROWS, SECTIONS, STALL_METRICS
+from ncu_compare import BALANCE_METRICS, KEY_ROWS, STALL_METRICS, ncu_rows
 
 DRAM_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "gpu__time_duration.sum")
 CASE_FIELDS = {"provider", "batch", "cache", "page", "config", "splits"}
@@ -65,19 +62,8 @@ def run_case(fields: dict) -> None:
 
 def profile(name: str, case: str, logs: Path) -> list[tuple[str, dict]]:
     """[(kernel name, {metric: (value, unit)})] of the step's kernels, in launch order."""
-    ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
-    command = [ncu, "--profile-from-start", "off", "--csv", "--page", "details",
-               "--metrics", ",".join(BALANCE_METRICS + STALL_METRICS + DRAM_METRICS)]
-    for section in SECTIONS:
-        command += ["--section", section]
-    command += [sys.executable, __file__, "--run", case]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=dict(os.environ))
-    (logs / f"{name}.csv").write_text(result.stdout)
-    (logs / f"{name}.err").write_text(result.stderr)
-    rows = [r for r in csv.reader(result.stdout.splitlines()) if len(r) > 4]
-    if not rows:
-        raise SystemExit(f"{name}: no ncu metrics (see {logs / (name + '.err')})")
-    header, body = rows[0], rows[1:]
+    header, body = ncu_rows(["--profile-from-start", "off"], BALANCE_METRICS + STALL_METRICS + DRAM_METRICS,
+                            [sys.executable, __file__, "--run", case], name, logs, dict(os.environ))
     ident, kernel = header.index("ID"), header.index("Kernel Name")
     metric, unit, value = header.index("Metric Name"), header.index("Metric Unit"), header.index("Metric Value")
     kernels: dict[str, tuple[str, dict]] = defaultdict(lambda: ("", {}))
