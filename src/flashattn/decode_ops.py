@@ -74,7 +74,7 @@ STREAMING_PROGRAMS_PER_PROCESSOR = 1.9
 """From this many programs per processor, a decode launch whose tiles have ``streaming_stages`` runs
 unsplit with that many stages: two 4-stage programs fit an SM's shared memory (104 KB each), and each
 keeps three key blocks in flight over the whole sequence instead of a third of it, with no merge
-after it. H200, GQA 32/8, hdim 128, bf16 (docs/perf-notes.md, version 15): 4k batch 64, 250-255 us
+after it. H200, GQA 32/8, hdim 128, bf16 (docs/perf-notes.md, version 15): 4k batch 64, 250-258 us
 against 265-270 for 3 splits of 3 stages; 16k batch 64, 948 against 972. Below about two programs per SM
 an unsplit launch leaves SMs with one program where others run two, and splits win."""
 
@@ -402,7 +402,8 @@ def _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache
         HAS_LEFTPAD=cache_leftpad is not None, HAS_ROTARY=rotary_cos is not None,
         INTERLEAVED=rotary_interleaved, ROTARY_PER_TOKEN=opts.masked, HAS_ALIBI=has_alibi,
         num_warps=config.num_warps, num_stages=config.num_stages, **scalars, **_dot_flags(q.dtype),
-        FUSE_APPEND=fused, NEW_KEYS=configs.next_power_of_2(max(1, seqlen_new)), **_chain_arguments(q.device),
+        FUSE_APPEND=fused, NEW_KEYS=configs.next_power_of_2(seqlen_new) if fused else 1,
+        **_chain_arguments(q.device),
     )
     if num_splits > 1:
         _triton_combine(out_target, lse_target, out, lse)
