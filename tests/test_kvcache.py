@@ -358,6 +358,24 @@ def test_decode_forms_paged_match_contiguous_on_gpu(monkeypatch, form):
         assert torch.equal(paged[0], contiguous[0]) and torch.equal(paged[1], contiguous[1])
 
 
+# Batches of about two programs per SM or more run unsplit with the streaming stages (decode_ops.streaming_launch):
+# 40 sequences x 8 kv heads = 320 programs, with unequal lengths, contiguous and in 256-key pages (whose splits of 16
+# blocks or more read the block table in chunks)
+STREAMING_PROBLEM = KVProblem(batch=40, nheads=32, nheads_k=8, head_dim=128, capacity=2048,
+                              cache_seqlens=tuple((37 * b * b + 5) % 2047 for b in range(40)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [None, 256])
+def test_streaming_launch_matches_reference_on_gpu(monkeypatch, page_size):
+    monkeypatch.setenv("FLASHATTN_BACKEND", "triton")
+    decide, taken = decode_ops.streaming_launch, []
+    monkeypatch.setattr(decode_ops, "streaming_launch", lambda *args: taken.append(decide(*args)) or taken[-1])
+    check(variant(STREAMING_PROBLEM, page_size=page_size), torch.bfloat16, "cuda")
+    torch.cuda.synchronize()
+    assert taken == [True]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("page_size", [16, 64, 256])
 def test_paged_matches_contiguous_on_gpu(monkeypatch, page_size):
