@@ -228,15 +228,17 @@ _HOPPER_DKDV_WS = {
     (256, True): TileConfig(64, 64, 8, 2, warp_specialized=True),
 }
 # The warp-specialized Gluon dQ kernel (kernels/dq_hopper.py; ops._warp_specialized_dq_fits: the forward's
-# conditions, dense or varlen): 128 query rows a program, K and V blocks on 3 stages (K is held a block longer than
-# V), 32-key blocks at hdim 256, where 128 rows of Q and dO leave 96 KB for them. Measured on an H100 (session 13,
-# whole backward, TFLOP/s, against the Triton entry; docs/perf-notes.md, version 14):
+# conditions, dense or varlen): 128 query rows a program (two consumer warpgroups), K and V blocks on 3 stages (K is
+# held a block longer than V), 32-key blocks at hdim 256, where 128 rows of Q and dO leave 96 KB for them. Measured
+# on an H100 (session 13, whole backward, TFLOP/s, against the Triton entry; docs/perf-notes.md, version 14):
 # - hdim 128: 428.3 against 409.5 at 4k, 462.6 against 428.8 at 16k, 341.5 against 325.8 at 1k; causal 391.0
 #   against 355.9 at 4k. Two stages lost (384.4, causal 344.1), and so did 32-key blocks (398.6);
 # - hdim 256: 374.2 against 361.1 at 4k, 370.8 against 336.1 at 16k; causal 341.8 against 325.1 at 4k. Two stages
 #   lost (329.7);
 # - hdim 64: lost (326.1 against 350.3 at 2k, causal 312.0 against 331.6 at 4k): at 64 wide the exponentials and dS
-#   weigh more against the products, and the Triton tile overlaps them better.
+#   weigh more against the products, and the Triton tile overlaps them better. Three consumer warpgroups (H200,
+#   session 14, version 15) came level, not ahead: 348.8 against 350.3 at 2k and 371.6 against 370.5 at 4k with 4
+#   stages; 3 stages 3-4% behind.
 _HOPPER_DQ_WS = {
     (128, False): TileConfig(128, 64, 8, 3, warp_specialized=True),
     (128, True): TileConfig(128, 64, 8, 3, warp_specialized=True),

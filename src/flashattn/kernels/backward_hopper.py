@@ -34,26 +34,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from .forward_hopper import register_operand_layout, wgmma_layout
+
 LOG2E = gl.constexpr(1.4426950408889634)
-
-
-@gluon.constexpr_function
-def _score_layout(block_m):
-    """A consumer warpgroup's score tiles (S^T, dP^T: its keys along the rows, ``block_m`` queries along the
-    columns), as wgmma leaves them."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, block_m, 16])
-
-
-@gluon.constexpr_function
-def _accumulator_layout(head_dim):
-    """A consumer warpgroup's dK / dV accumulator (its keys x ``head_dim``)."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, head_dim, 16])
-
-
-@gluon.constexpr_function
-def _operand_layout(head_dim):
-    """P^T or dS^T as the register operand of a product into the accumulator."""
-    return gl.DotOperandLayout(operand_index=0, parent=_accumulator_layout(head_dim), k_width=2)
 
 
 @gluon.jit
@@ -162,9 +145,9 @@ def _dv_partition(k_smem, q_bufs, do_bufs, p_bufs, kv_ready, q_ready, do_ready, 
                   group_size, qk_scale_log2,
                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                   CAUSAL: gl.constexpr):
-    s_layout: gl.constexpr = _score_layout(BLOCK_M)
-    acc_layout: gl.constexpr = _accumulator_layout(HEAD_DIM)
-    p_operand: gl.constexpr = _operand_layout(HEAD_DIM)
+    s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
+    acc_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
+    p_operand: gl.constexpr = register_operand_layout(HEAD_DIM)
     batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(
         seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, BLOCK_N, CAUSAL)
     s_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
@@ -234,9 +217,9 @@ def _dk_partition(v_smem, q_bufs, do_bufs, p_bufs, kv_ready, q_ready, do_ready, 
                   group_size, softmax_scale,
                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                   CAUSAL: gl.constexpr):
-    s_layout: gl.constexpr = _score_layout(BLOCK_M)
-    acc_layout: gl.constexpr = _accumulator_layout(HEAD_DIM)
-    ds_operand: gl.constexpr = _operand_layout(HEAD_DIM)
+    s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
+    acc_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
+    ds_operand: gl.constexpr = register_operand_layout(HEAD_DIM)
     batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(
         seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, BLOCK_N, CAUSAL)
     dp_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
@@ -354,9 +337,9 @@ def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_
     """dK and dV of keys [SLICE * 64, SLICE * 64 + 64) of the program's block: all four products of those keys, with no
     hand-over between warpgroups. The two slices share the stages of Q and dO, each releasing a stage once its two
     products that read it have completed."""
-    s_layout: gl.constexpr = _score_layout(BLOCK_M)
-    acc_layout: gl.constexpr = _accumulator_layout(HEAD_DIM)
-    operand: gl.constexpr = _operand_layout(HEAD_DIM)
+    s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
+    acc_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
+    operand: gl.constexpr = register_operand_layout(HEAD_DIM)
     batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(
         seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, BLOCK_N, CAUSAL)
     slice_start = key_start + SLICE * SLICE_KEYS

@@ -26,7 +26,14 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .forward_hopper import ROWS_PER_WARPGROUP, _tile_plan, key_ring, load_key_block
+from .forward_hopper import (
+    ROWS_PER_WARPGROUP,
+    _tile_plan,
+    key_ring,
+    load_key_block,
+    register_operand_layout,
+    wgmma_layout,
+)
 
 LOG2E = gl.constexpr(1.4426950408889634)
 
@@ -82,11 +89,8 @@ def _key_blocks(q, do, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, dq, row
                 seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                 NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr):
     """Key blocks [lo, hi) into one consumer's dQ accumulator (its 64 rows)."""
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, HEAD_DIM, 16])
-    ds_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
+    ds_operand: gl.constexpr = register_operand_layout(HEAD_DIM)
     s_zero = gl.zeros([ROWS_PER_WARPGROUP, BLOCK_N], gl.float32, s_layout)
     if hi > lo:
         # -- prologue: block lo's S, dP and dS --
@@ -125,10 +129,8 @@ def _consumer_partition(q_smem, do_smem, k_bufs, v_bufs, rows_ready, k_ready, v_
                         qk_scale_log2, WARP_GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                         NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr,
                         NUM_CONSUMERS: gl.constexpr):
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, HEAD_DIM, 16])
+    s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
+    acc_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     head, _, q_start, _, tile_seqlen_q, tile_seqlen_k, lse_row, tile_row, n_full, n_blocks = _tile_plan(
         gl.program_id(0), row_tiles, batch_heads, heads_per_section, nheads, group_size, CuSeqlensQ, CuSeqlensK,
         seqlen_q, seqlen_k, stride_lb, stride_lh, BLOCK_N, CAUSAL, IS_VARLEN, NUM_CONSUMERS)

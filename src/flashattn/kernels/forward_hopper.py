@@ -34,6 +34,19 @@ LOG2E = gl.constexpr(1.4426950408889634)
 ROWS_PER_WARPGROUP = gl.constexpr(64)  # wgmma's M per warpgroup
 
 
+@gluon.constexpr_function
+def wgmma_layout(columns):
+    """A consumer warpgroup's wgmma result in registers: ROWS_PER_WARPGROUP rows x ``columns`` (scores, or an
+    accumulator). Shared by the Gluon forward, dQ and dK/dV kernels."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, columns, 16])
+
+
+@gluon.constexpr_function
+def register_operand_layout(columns):
+    """A tile in registers as the A operand of a wgmma into a ``columns``-wide accumulator (P, dS, P^T, dS^T)."""
+    return gl.DotOperandLayout(operand_index=0, parent=wgmma_layout(columns), k_width=2)
+
+
 @gluon.jit
 def _tile_plan(tile_id, row_tiles, batch_heads, heads_per_section, nheads, group_size, CuSeqlensQ, CuSeqlensK,
                seqlen_q, seqlen_k, stride_lb, stride_lh, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
@@ -187,11 +200,9 @@ def _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ri
                 MASKED: gl.constexpr, WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr):
     """Key blocks [lo, hi) of one consumer's 64 rows. ``ring``: the blocks of earlier tiles (the ring's
     position), ``t``: the consumer's product issues so far (ping-pong turns)."""
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
+    o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
+    p_layout: gl.constexpr = register_operand_layout(HEAD_DIM)
     s_zero = gl.zeros([ROWS_PER_WARPGROUP, BLOCK_N], gl.float32, s_layout)
     if hi > lo:
         # -- prologue: block lo's scores and softmax --
@@ -248,10 +259,8 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
                         WARP_GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                         NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr,
                         PINGPONG: gl.constexpr, NUM_CONSUMERS: gl.constexpr):
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
+    s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
+    o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     q = q_smem.index(WARP_GROUP)
     t = 0
     ring = 0
