@@ -4,7 +4,7 @@ adjustments."""
 import torch
 
 from flashattn import configs
-from flashattn.configs import LONG_SEQLEN, SHORT_SEQLEN, TileConfig, lookup
+from flashattn.configs import LONG_SEQLEN, SHORT_SEQLEN, SHORTEST_SEQLEN, TileConfig, lookup
 
 
 def test_causal_hdim128_forward_takes_the_large_tma_tile_only_on_long_sequences():
@@ -30,6 +30,17 @@ def test_short_non_causal_forward_drops_tma_only_when_the_length_is_known_and_sh
         assert short == TileConfig(64, 64, 4, 3) and medium == configs._HOPPER_FORWARD[(head_dim, True)]
     assert lookup("hopper", "forward", 256, True, torch.bfloat16, seqlen=512) == configs._HOPPER_FORWARD[(256, True)]
     assert lookup("hopper", "dkdv", 128, False, torch.bfloat16, seqlen=512) == configs._HOPPER_DKDV[(128, False)]
+
+
+def test_shortest_causal_hdim128_forward_takes_32_key_blocks():
+    shortest = lookup("hopper", "forward", 128, True, torch.bfloat16, seqlen=SHORTEST_SEQLEN)
+    short = lookup("hopper", "forward", 128, True, torch.bfloat16, seqlen=SHORTEST_SEQLEN + 1)
+    assert shortest == TileConfig(64, 32, 4, 3) and short == TileConfig(64, 64, 4, 3)
+    # the Gluon table defers to the Triton short entries there, so a call that fits Gluon gets the same tile
+    assert lookup("hopper", "forward", 128, True, torch.bfloat16, seqlen=SHORTEST_SEQLEN,
+                  warp_specialized=True) == shortest
+    # other head dims keep their short entries
+    assert lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=SHORTEST_SEQLEN) == TileConfig(64, 64, 4, 3)
 
 
 def test_short_causal_hdim128_dkdv_drops_tma():

@@ -166,6 +166,15 @@ _PORTABLE_DQ = {(64, c): TileConfig(64, 32, 4, 1) for c in (False, True)} | {
 # 2026-11-22, TFLOP/s at 512 / 1k: hdim 64, 214-216 / 282-288 against 195-196 / 274 for 128x64x8x3;
 # hdim 128, 217-219 / 305-308 against 155-190 / 277-279; 4 stages lost, 2 stages tied at 512 only).
 SHORT_SEQLEN = 1024
+# Causal hdim 128 at <= 512 tokens: 32-key blocks. 64x32x4x3 asks for 64 KB of shared memory and 128 registers, so
+# three programs share an SM where the 1k entry's 64x64x4x3 (112 KB, 172 registers) fits two; each tile holds at
+# most 4-8 key blocks, and a third program hides more of a tile's first loads and its store. Three passes on one
+# H200 lease (2026-11-23, `benchmarks/sweeps/occupancy.txt`, `forward-short.txt`), TFLOP/s: 233.5 / 233.5 / 208.8
+# against 217.1 / 217.7 / 202.3 (64x64x4x1: 230.4 / 230.1 / 207.4); at 1k it lost (284.6 against 304.7).
+SHORTEST_SEQLEN = 512
+_HOPPER_FORWARD_SHORTEST = {
+    (128, True): TileConfig(64, 32, 4, 3),
+}
 _HOPPER_FORWARD_SHORT = {
     (64, True): TileConfig(64, 64, 4, 3),
     (128, False): TileConfig(128, 64, 8, 3),
@@ -261,6 +270,7 @@ _WS_TABLES = {("hopper", "forward"): (_HOPPER_FORWARD_WS, _HOPPER_FORWARD_WS_SHO
 _HOPPER_DQ_SHORT = {
     (256, False): TileConfig(128, 64, 8, 1),
 }
+_SHORTEST_TABLES = {("hopper", "forward"): _HOPPER_FORWARD_SHORTEST}
 _SHORT_TABLES = {("hopper", "forward"): _HOPPER_FORWARD_SHORT, ("hopper", "dkdv"): _HOPPER_DKDV_SHORT,
                  ("hopper", "dq"): _HOPPER_DQ_SHORT}
 _TABLES = {
@@ -343,6 +353,8 @@ def lookup(family: str, phase: str, head_dim: int, masked: bool, dtype: torch.dt
         by_length = _LONG_TABLES.get((family, phase), {})
     elif 0 < seqlen <= SHORT_SEQLEN:
         by_length = _SHORT_TABLES.get((family, phase), {})
+        if seqlen <= SHORTEST_SEQLEN:
+            by_length = by_length | _SHORTEST_TABLES.get((family, phase), {})
     else:
         by_length = {}
     config = by_length.get((bucket, masked)) or _TABLES[(family, phase)][(bucket, masked)]

@@ -8,6 +8,7 @@ torch path runs on any device, and the Triton kernels run on CPU tensors under `
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -477,6 +478,41 @@ def _dkdv_passes(config: configs.TileConfig) -> tuple[dict, ...]:
     return (dict(COMPUTE_DK=False, **loop), dict(COMPUTE_DV=False, **loop))
 
 
+CONCURRENT_GRADIENTS = os.environ.get("FLASHATTN_CONCURRENT_GRADIENTS", "1") != "0"
+"""Run the backward's dQ kernel on a second CUDA stream beside its dK/dV kernel (``_GradientStreams``). False
+runs them one after the other on the current stream: for measuring what the overlap gains."""
+
+
+@functools.cache
+def _side_stream(device_index: int) -> torch.cuda.Stream:
+    """One second stream per device, made once: creating a stream costs host time on every call."""
+    return torch.cuda.Stream(device_index)
+
+
+class _GradientStreams:
+    """Made after the delta kernel's launch and before the dK/dV kernel's: the launches inside the ``with`` block
+    go to a second stream that starts after the delta kernel, not after the dK/dV kernel, and the current
+    stream waits for them at the block's end. So the two kernels run side by side, and the GPU fills the tail
+    of the first one's grid with the second one's programs (docs/perf-notes.md, version 16).
+
+    Every tensor here was allocated on the current stream and is used on the second one only before the
+    current stream's wait; work the caller queues afterwards is ordered after it, so the caching allocator
+    needs no ``record_stream``. CUDA graph capture takes the fork and join as they are."""
+
+    def __init__(self, device: torch.device):
+        self.main = torch.cuda.current_stream(device)
+        self.side = _side_stream(self.main.device_index)
+        self.side.wait_stream(self.main)
+        self.context = torch.cuda.stream(self.side)
+
+    def __enter__(self):
+        self.context.__enter__()
+
+    def __exit__(self, *exc_info):
+        self.context.__exit__(*exc_info)
+        self.main.wait_stream(self.side)
+
+
 def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: AttentionOptions, attn_mask=None,
                      mask_needs_grad=False, packing: Packing | None = None):
     from .kernels.backward import delta_kernel, dkdv_kernel, dq_kernel
@@ -533,6 +569,9 @@ def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Att
     # memory (H200)
     half = q.dtype != torch.float32
     dq_tma = _tma_loads(dq_config.tma and half, k, v)
+    # dK/dV and dQ both read only the inputs and delta: the dQ kernel runs on a second stream beside the dK/dV
+    # kernel, so that each kernel's last, partial wave of programs shares the SMs with the other's programs
+    gradient_streams = _GradientStreams(q.device) if CONCURRENT_GRADIENTS and q.is_cuda else None
     if dkdv_config.warp_specialized and fits_gluon:
         _warp_specialized_dkdv(q, k, v, dout, lse, delta, dk, dv, opts, dkdv_config)
     else:
@@ -545,18 +584,20 @@ def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Att
                 BLOCK_M=dkdv_config.block_m, BLOCK_N=dkdv_config.block_n, USE_TMA=dkdv_tma,
                 **configs.launch_options(dkdv_config), **shared, **dkdv_map, **gradients,
             )
-    if dq_config.warp_specialized and fits_gluon_dq:
-        _warp_specialized_dq(q, k, v, dout, lse, delta, dq, layout, dq_config, opts)
-        # no SDPA mask here (the Gluon kernels take none), so no mask gradient, which only the Triton dQ writes
-        return dq, dk, dv, q.new_empty(0)
-    launch(
-        dq_kernel, (_cdiv(layout.grid_q, dq_config.block_m), batch * nheads),
-        *inputs, dq, slopes, *layout.cu_seqlens, *input_strides, *_strides(dq),
-        stride_alibi_b, *layout.lengths, nheads, nheads // nheads_k,
-        BLOCK_M=dq_config.block_m, BLOCK_N=dq_config.block_n,
-        **configs.launch_options(dq_config),
-        DMask=dmask if mask_needs_grad else q, MASK_GRAD=mask_needs_grad, USE_TMA=dq_tma, **shared, **dq_map,
-    )
+    with gradient_streams or contextlib.nullcontext():
+        if dq_config.warp_specialized and fits_gluon_dq:
+            _warp_specialized_dq(q, k, v, dout, lse, delta, dq, layout, dq_config, opts)
+        else:
+            launch(
+                dq_kernel, (_cdiv(layout.grid_q, dq_config.block_m), batch * nheads),
+                *inputs, dq, slopes, *layout.cu_seqlens, *input_strides, *_strides(dq),
+                stride_alibi_b, *layout.lengths, nheads, nheads // nheads_k,
+                BLOCK_M=dq_config.block_m, BLOCK_N=dq_config.block_n,
+                **configs.launch_options(dq_config),
+                DMask=dmask if mask_needs_grad else q, MASK_GRAD=mask_needs_grad, USE_TMA=dq_tma, **shared,
+                **dq_map,
+            )
+    # no SDPA mask on the Gluon path (its kernels take none), so no mask gradient, which only the Triton dQ writes
     if dmask is None:
         return dq, dk, dv, q.new_empty(0)
     return dq, dk, dv, masks.sum_to_shape(dmask, attn_mask.shape).to(attn_mask.dtype)
