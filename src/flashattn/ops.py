@@ -479,37 +479,37 @@ def _dkdv_passes(config: configs.TileConfig) -> tuple[dict, ...]:
 
 
 CONCURRENT_GRADIENTS = os.environ.get("FLASHATTN_CONCURRENT_GRADIENTS", "1") != "0"
-"""Run the backward's dQ kernel on a second CUDA stream beside its dK/dV kernel (``_GradientStreams``). False
-runs them one after the other on the current stream: for measuring what the overlap gains."""
+"""Run the backward's dK/dV and dQ kernels side by side on two CUDA streams (``_GradientStreams``). False runs
+them one after the other on the current stream: for measuring what the overlap gains."""
+GRADIENT_STREAM_PRIORITY = int(os.environ.get("FLASHATTN_GRADIENT_STREAM_PRIORITY", "-1"))
+"""The dK/dV kernel's stream priority (CUDA: lower is more urgent; the current stream's is usually 0)."""
 
 
 @functools.cache
-def _side_stream(device_index: int) -> torch.cuda.Stream:
-    """One second stream per device, made once: creating a stream costs host time on every call."""
-    return torch.cuda.Stream(device_index)
+def _side_stream(device_index: int, priority: int) -> torch.cuda.Stream:
+    """One second stream per device and priority, made once: creating a stream costs host time on every call."""
+    return torch.cuda.Stream(device_index, priority=priority)
 
 
 class _GradientStreams:
-    """Made after the delta kernel's launch and before the dK/dV kernel's: the launches inside the ``with`` block
-    go to a second stream that starts after the delta kernel, not after the dK/dV kernel, and the current
-    stream waits for them at the block's end. So the two kernels run side by side, and the GPU fills the tail
-    of the first one's grid with the second one's programs (docs/perf-notes.md, version 16).
+    """Made after the delta kernel's launch: ``first()`` sends the dK/dV launches to a second stream that starts
+    after the delta kernel, the dQ kernel follows on the current stream, and ``join()`` makes the current stream
+    wait for both. The second stream has the higher priority, so the GPU hands out the dK/dV kernel's programs
+    first and fills the last, partial wave of its grid with the dQ kernel's (docs/perf-notes.md, version 16).
 
-    Every tensor here was allocated on the current stream and is used on the second one only before the
-    current stream's wait; work the caller queues afterwards is ordered after it, so the caching allocator
-    needs no ``record_stream``. CUDA graph capture takes the fork and join as they are."""
+    Every tensor here was allocated on the current stream and is used on the second one only before the join;
+    work the caller queues afterwards is ordered after it, so the caching allocator needs no ``record_stream``.
+    CUDA graph capture takes the fork and join as they are."""
 
     def __init__(self, device: torch.device):
         self.main = torch.cuda.current_stream(device)
-        self.side = _side_stream(self.main.device_index)
+        self.side = _side_stream(self.main.device_index, GRADIENT_STREAM_PRIORITY)
         self.side.wait_stream(self.main)
-        self.context = torch.cuda.stream(self.side)
 
-    def __enter__(self):
-        self.context.__enter__()
+    def first(self):
+        return torch.cuda.stream(self.side)
 
-    def __exit__(self, *exc_info):
-        self.context.__exit__(*exc_info)
+    def join(self):
         self.main.wait_stream(self.side)
 
 
@@ -569,34 +569,34 @@ def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Att
     # memory (H200)
     half = q.dtype != torch.float32
     dq_tma = _tma_loads(dq_config.tma and half, k, v)
-    # dK/dV and dQ both read only the inputs and delta: the dQ kernel runs on a second stream beside the dK/dV
-    # kernel, so that each kernel's last, partial wave of programs shares the SMs with the other's programs
+    # dK/dV and dQ both read only the inputs and delta, so they may run side by side
     gradient_streams = _GradientStreams(q.device) if CONCURRENT_GRADIENTS and q.is_cuda else None
-    if dkdv_config.warp_specialized and fits_gluon:
-        _warp_specialized_dkdv(q, k, v, dout, lse, delta, dk, dv, opts, dkdv_config)
-    else:
-        dkdv_tma = _tma_loads(dkdv_config.tma and half, q, dout)
-        for gradients in _dkdv_passes(dkdv_config):
-            launch(
-                dkdv_kernel, (_cdiv(layout.grid_k, dkdv_config.block_n), batch * nheads_k),
-                *inputs, dk, dv, slopes, *layout.cu_seqlens, *input_strides, *_strides(dk), *_strides(dv),
-                stride_alibi_b, *layout.lengths, nheads, nheads_k, nheads // nheads_k,
-                BLOCK_M=dkdv_config.block_m, BLOCK_N=dkdv_config.block_n, USE_TMA=dkdv_tma,
-                **configs.launch_options(dkdv_config), **shared, **dkdv_map, **gradients,
-            )
-    with gradient_streams or contextlib.nullcontext():
-        if dq_config.warp_specialized and fits_gluon_dq:
-            _warp_specialized_dq(q, k, v, dout, lse, delta, dq, layout, dq_config, opts)
+    with gradient_streams.first() if gradient_streams else contextlib.nullcontext():
+        if dkdv_config.warp_specialized and fits_gluon:
+            _warp_specialized_dkdv(q, k, v, dout, lse, delta, dk, dv, opts, dkdv_config)
         else:
-            launch(
-                dq_kernel, (_cdiv(layout.grid_q, dq_config.block_m), batch * nheads),
-                *inputs, dq, slopes, *layout.cu_seqlens, *input_strides, *_strides(dq),
-                stride_alibi_b, *layout.lengths, nheads, nheads // nheads_k,
-                BLOCK_M=dq_config.block_m, BLOCK_N=dq_config.block_n,
-                **configs.launch_options(dq_config),
-                DMask=dmask if mask_needs_grad else q, MASK_GRAD=mask_needs_grad, USE_TMA=dq_tma, **shared,
-                **dq_map,
-            )
+            dkdv_tma = _tma_loads(dkdv_config.tma and half, q, dout)
+            for gradients in _dkdv_passes(dkdv_config):
+                launch(
+                    dkdv_kernel, (_cdiv(layout.grid_k, dkdv_config.block_n), batch * nheads_k),
+                    *inputs, dk, dv, slopes, *layout.cu_seqlens, *input_strides, *_strides(dk), *_strides(dv),
+                    stride_alibi_b, *layout.lengths, nheads, nheads_k, nheads // nheads_k,
+                    BLOCK_M=dkdv_config.block_m, BLOCK_N=dkdv_config.block_n, USE_TMA=dkdv_tma,
+                    **configs.launch_options(dkdv_config), **shared, **dkdv_map, **gradients,
+                )
+    if dq_config.warp_specialized and fits_gluon_dq:
+        _warp_specialized_dq(q, k, v, dout, lse, delta, dq, layout, dq_config, opts)
+    else:
+        launch(
+            dq_kernel, (_cdiv(layout.grid_q, dq_config.block_m), batch * nheads),
+            *inputs, dq, slopes, *layout.cu_seqlens, *input_strides, *_strides(dq),
+            stride_alibi_b, *layout.lengths, nheads, nheads // nheads_k,
+            BLOCK_M=dq_config.block_m, BLOCK_N=dq_config.block_n,
+            **configs.launch_options(dq_config),
+            DMask=dmask if mask_needs_grad else q, MASK_GRAD=mask_needs_grad, USE_TMA=dq_tma, **shared, **dq_map,
+        )
+    if gradient_streams:
+        gradient_streams.join()
     # no SDPA mask on the Gluon path (its kernels take none), so no mask gradient, which only the Triton dQ writes
     if dmask is None:
         return dq, dk, dv, q.new_empty(0)
