@@ -222,29 +222,6 @@ def measure(provider: str, case: BenchCase, device: torch.device, modes: tuple[s
             torch.cuda.empty_cache()
 
 
-def compile_ahead(provider: str, case: BenchCase, device: torch.device, modes: tuple[str, ...]) -> None:
-    """Run ``provider`` once on ``case`` (forward, and backward if timed), untimed: the kernels it needs compile
-    now. In full grids the first case of each (head dim, mask) group, timed right after its kernels compiled,
-    read 15-45% under the same kernel in a later run or a sweep (hdim 64 causal 512: 146 against 213 TFLOP/s;
-    docs/perf-notes.md, version 16); a single process that compiled one kernel and timed it did not."""
-    dtype = getattr(torch, case.dtype)
-    shape_k = (case.batch, case.seqlen, case.nheads_k or case.nheads, case.head_dim)
-    q = torch.randn(case.batch, case.seqlen, case.nheads, case.head_dim, device=device, dtype=dtype,
-                    requires_grad=True)
-    k, v = (torch.randn(shape_k, device=device, dtype=dtype, requires_grad=True) for _ in range(2))
-    try:
-        out = PROVIDERS[provider](q, k, v, case.causal)()
-        if "bwd" in modes:
-            torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
-    except Exception:  # the timed run reports what fails
-        pass
-    finally:
-        del q, k, v
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-
-
 def anchor_grid(head_dims=(64, 128, 256), seqlens=(512, 1024, 2048, 4096, 8192, 16384),
                 causal=(False, True), tokens: int = 16384, hidden: int = 2048, dtype: str = "bfloat16"):
     """The ANCHORS grid: batch * seqlen = 16k tokens, heads * headdim = 2048."""
@@ -450,9 +427,6 @@ def run(args: argparse.Namespace) -> int:
     stamp = env["date"].replace(":", "").replace("-", "")[:15]
     name = f"{stamp}-{(env.get('device') or 'cpu').replace(' ', '_')}-{env.get('commit')}.json"
     path = args.out / name
-    if on_gpu and "flashattn" in providers:
-        for case in grid:
-            compile_ahead("flashattn", case, device, modes)
     for case in grid:
         reference_out = None
         for provider in providers:
