@@ -213,8 +213,10 @@ def test_concurrent_gradient_kernels_match_the_serial_order_bitwise(monkeypatch,
     kernels compute one after the other: neither kernel reads the other's output, and neither uses atomics."""
     from flashattn import ops
 
+    joins = _count_gradient_stream_joins(monkeypatch)
     q, k, v, dout = (torch.randn(2, seqlen, 4, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     concurrent = _gradients(q, k, v, dout, causal=causal)
+    assert joins == [1]  # these shapes are below the FLOP rule, which the fixture lifts
     monkeypatch.setattr(ops, "CONCURRENT_GRADIENTS", False)
     serial = _gradients(q, k, v, dout, causal=causal)
     for a, b in zip(concurrent, serial, strict=True):
@@ -222,9 +224,10 @@ def test_concurrent_gradient_kernels_match_the_serial_order_bitwise(monkeypatch,
 
 
 @pytest.mark.gpu
-def test_concurrent_gradient_kernels_replay_from_a_cuda_graph():
+def test_concurrent_gradient_kernels_replay_from_a_cuda_graph(monkeypatch):
     """The backward's fork onto the second stream and its join are captured into a CUDA graph, and a replay
     over new inputs gives the eager gradients of those inputs."""
+    joins = _count_gradient_stream_joins(monkeypatch)
     q, k, v, dout = (torch.randn(2, 300, 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     static = [x.clone() for x in (q, k, v, dout)]
     stream = torch.cuda.Stream()
@@ -242,3 +245,34 @@ def test_concurrent_gradient_kernels_replay_from_a_cuda_graph():
     torch.cuda.synchronize()
     for a, b in zip(captured, _gradients(*fresh, causal=True), strict=True):
         assert torch.equal(a, b)
+    assert joins[0] == 3  # warm-up, capture, eager
+
+
+def _count_gradient_stream_joins(monkeypatch) -> list[int]:
+    """Use the two gradient streams at any size, and count the backward calls that joined them."""
+    from flashattn import ops
+
+    monkeypatch.setattr(ops, "CONCURRENT_GRADIENTS_MIN_FLOPS", 0)
+    joins = [0]
+    original = ops._GradientStreams.join
+
+    def join(self):
+        joins[0] += 1
+        original(self)
+
+    monkeypatch.setattr(ops._GradientStreams, "join", join)
+    return joins
+
+
+def test_gradient_streams_are_kept_for_long_calls():
+    """The FLOP rule: the bench's hdim-64 backward at 2k tokens (batch 8, 32 heads: 6.9e11 FLOPs) takes the two
+    streams, the causal one at 512 tokens (batch 32: 8.6e10) does not; CPU tensors never do."""
+    from flashattn import ops
+    from flashattn.options import AttentionOptions
+
+    full = AttentionOptions.build(64, None, False, (-1, -1), 0.0, 0.0, False)
+    causal = AttentionOptions.build(64, None, True, (-1, -1), 0.0, 0.0, False)
+    assert ops.backward_flops(8 * 2048 * 32 * 64, 2048, full) == 2.5 * 4 * 8 * 32 * 2048**2 * 64
+    assert ops.backward_flops(8 * 2048 * 32 * 64, 2048, full) >= ops.CONCURRENT_GRADIENTS_MIN_FLOPS
+    assert ops.backward_flops(32 * 512 * 32 * 64, 512, causal) < ops.CONCURRENT_GRADIENTS_MIN_FLOPS
+    assert not ops._gradient_streams_pay(torch.empty(8, 2048, 32, 64), 2048, full)  # a CPU tensor

@@ -479,8 +479,27 @@ def _dkdv_passes(config: configs.TileConfig) -> tuple[dict, ...]:
 
 
 CONCURRENT_GRADIENTS = os.environ.get("FLASHATTN_CONCURRENT_GRADIENTS", "1") != "0"
-"""Run the backward's dK/dV and dQ kernels side by side on two CUDA streams (``_GradientStreams``). False runs
-them one after the other on the current stream: for measuring what the overlap gains."""
+"""Run the backward's dK/dV and dQ kernels side by side on two CUDA streams (``_GradientStreams``) when the call is
+long enough (``CONCURRENT_GRADIENTS_MIN_FLOPS``). False runs them one after the other on the current stream: for
+measuring what the overlap gains."""
+CONCURRENT_GRADIENTS_MIN_FLOPS = 2e11
+"""The backward's FLOPs (the FlashAttention count) from which the two streams are used: about 0.4 ms of kernels on
+an H100/H200. The fork and join add host time to every call (hdim 128 causal 512 on an H200: 321 against 387 us a
+backward called directly), and shorter calls, whose kernels take about as long as the host takes to issue them,
+have little to gain (docs/perf-notes.md, version 16)."""
+
+
+def backward_flops(query_elements: int, seqlen_k: int, opts: AttentionOptions) -> float:
+    """The FlashAttention count of a backward (2.5 x the forward's 4 x queries x keys x head_dim, halved for a
+    causal mask), for ``query_elements`` = tokens x heads x head_dim of q against ``seqlen_k`` keys each; an upper
+    bound for windows and for packed sequences, given the longest sequence's keys."""
+    return 2.5 * 4 * query_elements * seqlen_k / (2 if opts.window_right == 0 else 1)
+
+
+def _gradient_streams_pay(q: torch.Tensor, seqlen_k: int, opts: AttentionOptions) -> bool:
+    """Whether the backward of ``q`` against ``seqlen_k`` keys takes the two gradient streams."""
+    return (CONCURRENT_GRADIENTS and q.is_cuda
+            and backward_flops(q.numel(), seqlen_k, opts) >= CONCURRENT_GRADIENTS_MIN_FLOPS)
 
 
 @functools.cache
@@ -569,7 +588,7 @@ def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Att
     half = q.dtype != torch.float32
     dq_tma = _tma_loads(dq_config.tma and half, k, v)
     # dK/dV and dQ both read only the inputs and delta, so they may run side by side
-    gradient_streams = _GradientStreams(q.device) if CONCURRENT_GRADIENTS and q.is_cuda else None
+    gradient_streams = _GradientStreams(q.device) if _gradient_streams_pay(q, layout.grid_k, opts) else None
     with gradient_streams.first() if gradient_streams else contextlib.nullcontext():
         if dkdv_config.warp_specialized and fits_gluon:
             _warp_specialized_dkdv(q, k, v, dout, lse, delta, dk, dv, opts, dkdv_config)
