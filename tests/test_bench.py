@@ -61,3 +61,20 @@ def test_varlen_providers_on_the_same_tokens(tmp_path):
 def test_mixed_lengths_add_up():
     lengths = bench.mixed_lengths(1000, 64)
     assert sum(lengths) == 1000 and min(lengths) >= 1 and max(lengths) <= 127
+
+
+def test_host_microseconds_counts_the_time_to_issue_each_call():
+    """The host time per call of a function that sleeps 2 ms on the host: at least that, and not the warm-up's."""
+    import time
+
+    from flashattn.bench import host_microseconds
+
+    calls = []
+
+    def slow_call():
+        calls.append(None)
+        time.sleep(0.002)
+
+    us = host_microseconds(slow_call, torch.device("cpu"), calls=5)
+    assert len(calls) == 6  # one warm-up call, then the five timed ones
+    assert 2000 <= us < 20000

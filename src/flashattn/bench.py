@@ -23,6 +23,7 @@ import json
 import os
 import platform
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -63,6 +64,8 @@ class Measurement:
     bwd_tflops: float | None = None
     peak_extra_mib: float | None = None
     max_diff_vs_flashattn: float | None = None
+    fwd_host_us: float | None = None
+    bwd_host_us: float | None = None
     error: str | None = None
     extra: dict = field(default_factory=dict)
 
@@ -178,6 +181,29 @@ def _time_ms(fn: Callable[[], object], device: torch.device) -> float:
     return median_seconds(fn, device) * 1e3
 
 
+HOST_TIMING_MAX_MS = 2.0
+"""GPU cases that time under this many milliseconds also get their host time per call (``host_microseconds``).
+Short cells moved by 15-60% between full grids of the same kernels while SDPA's did not (docs/perf-notes.md,
+version 16); a host time near the GPU time says the call was host-bound on that lease."""
+HOST_TIMING_CALLS = 20
+
+
+def host_microseconds(fn: Callable[[], object], device: torch.device, calls: int = HOST_TIMING_CALLS) -> float:
+    """Host microseconds per call of ``fn``, ``calls`` calls issued back to back after one warm-up call. On a GPU the
+    host does not wait for the kernels, so this is the time to issue a call; when it reaches the GPU time per call,
+    the GPU waits for the host."""
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - started
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return elapsed / calls * 1e6
+
+
 def measure(provider: str, case: BenchCase, device: torch.device, modes: tuple[str, ...],
             reference_out: torch.Tensor | None) -> tuple[Measurement, torch.Tensor | None]:
     result = Measurement(provider, case)
@@ -207,12 +233,19 @@ def measure(provider: str, case: BenchCase, device: torch.device, modes: tuple[s
             with torch.no_grad():
                 result.fwd_ms = _time_ms(fn, device)
             result.fwd_tflops = flops / result.fwd_ms / 1e9
+            if device.type == "cuda" and result.fwd_ms < HOST_TIMING_MAX_MS:
+                with torch.no_grad():
+                    result.fwd_host_us = host_microseconds(fn, device)
         if "bwd" in modes:
             out_grad = fn()
             dout = torch.randn_like(out_grad)
-            result.bwd_ms = _time_ms(lambda: torch.autograd.grad(out_grad, (q, k, v), dout, retain_graph=True),
-                                     device)
+            def backward():
+                return torch.autograd.grad(out_grad, (q, k, v), dout, retain_graph=True)
+
+            result.bwd_ms = _time_ms(backward, device)
             result.bwd_tflops = 2.5 * flops / result.bwd_ms / 1e9
+            if device.type == "cuda" and result.bwd_ms < HOST_TIMING_MAX_MS:
+                result.bwd_host_us = host_microseconds(backward, device)
         return result, out.detach()
     except Exception as exc:  # a provider that cannot run a case is reported, not fatal
         result.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
@@ -275,7 +308,8 @@ def write_csv(path: Path, measurements: list[Measurement], env: dict) -> None:
     import csv
 
     case_fields = [f.name for f in fields(BenchCase)]
-    result_fields = ["fwd_ms", "bwd_ms", "fwd_tflops", "bwd_tflops", "peak_extra_mib", "max_diff_vs_flashattn", "error"]
+    result_fields = ["fwd_ms", "bwd_ms", "fwd_tflops", "bwd_tflops", "peak_extra_mib", "max_diff_vs_flashattn",
+                     "fwd_host_us", "bwd_host_us", "error"]
     env_fields = ["device", "torch", "triton", "commit", "date"]
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
@@ -437,8 +471,10 @@ def run(args: argparse.Namespace) -> int:
             if provider == "flashattn":
                 reference_out = out
             measurements.append(m)
+            host = (f"  host {m.fwd_host_us or 0:.0f} / {m.bwd_host_us or 0:.0f} us"
+                    if m.fwd_host_us or m.bwd_host_us else "")
             shown = m.error or (f"fwd {m.fwd_tflops or 0:6.1f}  bwd {m.bwd_tflops or 0:6.1f} TFLOP/s"
-                                f"  mem {m.peak_extra_mib or 0:8.1f} MiB  diff {m.max_diff_vs_flashattn}")
+                                f"  mem {m.peak_extra_mib or 0:8.1f} MiB  diff {m.max_diff_vs_flashattn}{host}")
             print(f"d{case.head_dim:<4} causal={int(case.causal)} n={case.seqlen:<6} {provider:<15} {shown}",
                   flush=True)
         # rewritten after every case, so that a run cut short by a time limit keeps what it measured
