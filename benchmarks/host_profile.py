@@ -12,25 +12,17 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
-import time
 
 import torch
 
 from flashattn import flash_attn_func, ops
+from flashattn.bench import host_microseconds
 from flashattn.demo import median_seconds
 
 
 def host_us(fn, calls: int) -> float:
-    """Host microseconds per call, ``calls`` calls issued back to back after a warm-up."""
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return elapsed / calls * 1e6
+    """Host microseconds per call, ``calls`` calls issued back to back after a warm-up (the bench's measure)."""
+    return host_microseconds(fn, torch.device("cuda"), calls)
 
 
 class _Identity(torch.autograd.Function):

@@ -267,12 +267,13 @@ def _count_gradient_stream_joins(monkeypatch) -> list[int]:
 def test_gradient_streams_are_kept_for_long_calls():
     """The FLOP rule: the bench's hdim-64 backward at 2k tokens (batch 8, 32 heads: 6.9e11 FLOPs) takes the two
     streams, the causal one at 512 tokens (batch 32: 8.6e10) does not; CPU tensors never do."""
-    from flashattn import ops
-    from flashattn.options import AttentionOptions
+    from flashattn import iomodel, ops
 
-    full = AttentionOptions.build(64, None, False, (-1, -1), 0.0, 0.0, False)
-    causal = AttentionOptions.build(64, None, True, (-1, -1), 0.0, 0.0, False)
-    assert ops.backward_flops(8 * 2048 * 32 * 64, 2048, full) == 2.5 * 4 * 8 * 32 * 2048**2 * 64
-    assert ops.backward_flops(8 * 2048 * 32 * 64, 2048, full) >= ops.CONCURRENT_GRADIENTS_MIN_FLOPS
-    assert ops.backward_flops(32 * 512 * 32 * 64, 512, causal) < ops.CONCURRENT_GRADIENTS_MIN_FLOPS
-    assert not ops._gradient_streams_pay(torch.empty(8, 2048, 32, 64), 2048, full)  # a CPU tensor
+    def flops(batch, seqlen, causal):
+        return iomodel.backward_flops(iomodel.AttentionProblem(batch, seqlen, seqlen, 32, 32, 64, 2, causal))
+
+    assert flops(8, 2048, False) >= ops.CONCURRENT_GRADIENTS_MIN_FLOPS > flops(32, 512, True)
+    q = torch.empty(8, 2048, 32, 64, dtype=torch.bfloat16)
+    layout = ops._Layout.of(q, q, None)
+    full = ops._options(1.0, -1, -1, 0.0, 0.0)
+    assert not ops._gradient_streams_pay(q, layout, 32, full)  # a CPU tensor

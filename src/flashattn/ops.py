@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import configs, cpu, mask_blocks, masks
+from . import configs, cpu, iomodel, mask_blocks, masks
 from .launcher import launch
 from .options import AttentionOptions
 
@@ -489,17 +489,15 @@ backward called directly), and shorter calls, whose kernels take about as long a
 have little to gain (docs/perf-notes.md, version 16)."""
 
 
-def backward_flops(query_elements: int, seqlen_k: int, opts: AttentionOptions) -> float:
-    """The FlashAttention count of a backward (2.5 x the forward's 4 x queries x keys x head_dim, halved for a
-    causal mask), for ``query_elements`` = tokens x heads x head_dim of q against ``seqlen_k`` keys each; an upper
-    bound for windows and for packed sequences, given the longest sequence's keys."""
-    return 2.5 * 4 * query_elements * seqlen_k / (2 if opts.window_right == 0 else 1)
-
-
-def _gradient_streams_pay(q: torch.Tensor, seqlen_k: int, opts: AttentionOptions) -> bool:
-    """Whether the backward of ``q`` against ``seqlen_k`` keys takes the two gradient streams."""
-    return (CONCURRENT_GRADIENTS and q.is_cuda
-            and backward_flops(q.numel(), seqlen_k, opts) >= CONCURRENT_GRADIENTS_MIN_FLOPS)
+def _gradient_streams_pay(q: torch.Tensor, layout: _Layout, nheads_k: int, opts: AttentionOptions) -> bool:
+    """Whether this backward takes the two gradient streams: its FLOPs by the convention (``iomodel``), over the
+    longest sequences for packed ones (an upper bound, as for windows)."""
+    if not (CONCURRENT_GRADIENTS and q.is_cuda):
+        return False
+    nheads, head_dim = q.shape[-2:]
+    problem = iomodel.AttentionProblem(layout.batch, layout.grid_q, layout.grid_k, nheads, nheads_k, head_dim,
+                                       q.element_size(), opts.window_right == 0)
+    return iomodel.backward_flops(problem) >= CONCURRENT_GRADIENTS_MIN_FLOPS
 
 
 @functools.cache
@@ -588,7 +586,7 @@ def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Att
     half = q.dtype != torch.float32
     dq_tma = _tma_loads(dq_config.tma and half, k, v)
     # dK/dV and dQ both read only the inputs and delta, so they may run side by side
-    gradient_streams = _GradientStreams(q.device) if _gradient_streams_pay(q, layout.grid_k, opts) else None
+    gradient_streams = _GradientStreams(q.device) if _gradient_streams_pay(q, layout, nheads_k, opts) else None
     with gradient_streams.first() if gradient_streams else contextlib.nullcontext():
         if dkdv_config.warp_specialized and fits_gluon:
             _warp_specialized_dkdv(q, k, v, dout, lse, delta, dk, dv, opts, dkdv_config)

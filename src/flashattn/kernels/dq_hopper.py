@@ -182,7 +182,8 @@ def dq_hopper_kernel(
     rows_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(rows_ready, count=1)
 
-    # each consumer's partition spelled out: warp_specialize takes a literal list, one entry per partition
+    # each consumer's partition spelled out: warp_specialize takes a literal list, one entry per partition, and
+    # argument tuples built once and joined with + lose their constexprs in Triton 3.6's Gluon (tried)
     if NUM_CONSUMERS == 2:
         gl.warp_specialize([
             (_consumer_partition, (q_smem, do_smem, k_bufs, v_bufs, rows_ready, k_ready, v_ready, k_free, v_free, DQ,
