@@ -16,7 +16,7 @@ import statistics
 
 import torch
 
-from flashattn import flash_attn_func
+from flashattn import flash_attn_func, launcher
 from flashattn.demo import median_seconds
 
 TOKENS, HIDDEN = 16384, 2048
@@ -60,6 +60,7 @@ def main() -> None:
         for _ in range(args.rounds):
             for value in (True, False):
                 setattr(module, name, value)
+                launcher.clear_plans()  # a recorded plan would replay the other setting's launches
                 timings[value].append(median_seconds(run, device))
         setattr(module, name, True)
         on, off = ([flops / seconds / 1e12 for seconds in timings[value]] for value in (True, False))

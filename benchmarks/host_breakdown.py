@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
+import itertools
 import time
 from collections import defaultdict
 
@@ -55,6 +56,12 @@ WRAPPED = (
     ("triton.backends.nvidia.driver", "make_tensordesc_arg"),
     ("torch", "empty_like"),
     ("torch", "empty"),
+    ("torch", "empty_strided"),
+    ("flashattn.ops", "_plannable"),
+    ("flashattn.ops", "_plan_signature"),
+    ("flashattn.launcher", "planned"),
+    ("flashattn.launcher", "LaunchPlan.replay"),
+    ("flashattn.launcher", "_run"),
 )
 
 _TOTALS: dict[str, list] = defaultdict(lambda: [0, 0])  # name -> [calls, nanoseconds]
@@ -170,12 +177,16 @@ def main() -> None:
         for name, fn in sdpa_calls.items():
             print(f"unwrapped: {name:20s} {host_microseconds(fn, device, args.calls):7.1f} us of host time per call",
                   flush=True)
-    for name, fn in calls.items():
-        print(f"unwrapped: {name:20s} {host_microseconds(fn, device, args.calls):7.1f} us of host time per call",
-              flush=True)
+    for plans in (False, True):
+        ops.LAUNCH_PLANS = plans
+        for name, fn in calls.items():
+            print(f"unwrapped, launch plans {plans}: {name:20s} {host_microseconds(fn, device, args.calls):7.1f} us "
+                  "of host time per call", flush=True)
     building_blocks(q, args.calls)
     _wrap_all()
-    for name, fn in calls.items():
+    for (name, fn), plans in itertools.product(calls.items(), (False, True)):
+        ops.LAUNCH_PLANS = plans
+        name = f"{name}, launch plans {plans}"
         for _ in range(20):
             fn()
         torch.cuda.synchronize()
@@ -186,8 +197,11 @@ def main() -> None:
         elapsed = (time.perf_counter() - started) / args.calls * 1e6
         torch.cuda.synchronize()
         _report(f"{name}, wrapped ({elapsed:.1f} us per call)", args.calls)
-    for name, fn in calls.items():
-        print(f"unwrapped again: {name:20s} {host_microseconds(fn, device, args.calls):7.1f} us", flush=True)
+    for plans in (False, True):
+        ops.LAUNCH_PLANS = plans
+        for name, fn in calls.items():
+            print(f"unwrapped again, launch plans {plans}: {name:20s} "
+                  f"{host_microseconds(fn, device, args.calls):7.1f} us", flush=True)
 
 
 if __name__ == "__main__":

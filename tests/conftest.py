@@ -74,3 +74,14 @@ def triton_backend(monkeypatch):
 def torch_backend(monkeypatch):
     monkeypatch.setenv("FLASHATTN_BACKEND", "torch")
     return "cpu"
+
+
+@pytest.fixture(autouse=True)
+def fresh_launch_plans():
+    """Each test records its own launch plans (``flashattn.launcher.planned``): one recorded by an earlier test would
+    replay past a function, flag or table that this test patches."""
+    from flashattn import launcher
+
+    launcher.clear_plans()
+    yield
+    launcher.clear_plans()

@@ -4,6 +4,10 @@ caller's stream."""
 
 from __future__ import annotations
 
+import contextlib
+from types import SimpleNamespace
+from typing import NamedTuple
+
 import pytest
 import torch
 import triton
@@ -79,3 +83,107 @@ def test_launches_on_the_current_stream():
         result = _copy(source, 1 << 20, 1, 2.0)
     stream.synchronize()
     torch.testing.assert_close(result, source * 2.0, rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Launch plans (launcher.planned): what a recorded call's replay launches, checked without a GPU on a fake compiled
+# kernel; tests/test_launch_plans.py runs the real calls on the GPU.
+# ------------------------------------------------------------------------------------------------------------------
+
+
+class _FakeCompiled:
+    def __init__(self, scratch: int = 0):
+        self.function, self.packed_metadata = "function", "metadata"
+        self.metadata = SimpleNamespace(global_scratch_size=scratch)
+
+
+class _FakeDescriptor(NamedTuple):
+    base: torch.Tensor
+    shape: list
+    strides: list
+    block_shape: list
+    layout: str
+    padding: str
+
+
+@pytest.fixture
+def replayed_launches(monkeypatch):
+    """The (grid, arguments, side stream) of every step a replay runs, in order."""
+    runs = []
+    monkeypatch.setattr(launcher, "_run", lambda step, values: runs.append((step.grid, values, step.side_stream)))
+    return runs
+
+
+def _recorded(*launches, complete: bool = True) -> launcher._Recording:
+    recording = launcher._Recording(stream=None)
+    recording.launches.extend(launches)
+    recording.complete = complete
+    return recording
+
+
+def test_a_replay_puts_the_new_inputs_and_fresh_outputs_where_the_recorded_ones_were(replayed_launches):
+    q, k = torch.randn(2, 8, 4), torch.randn(2, 8, 4)
+    out = torch.empty_strided((2, 8, 4), (32, 1, 8))  # a strided output: the replay allocates the same strides
+    descriptor = _FakeDescriptor(k, [16, 4], [4, 1], [8, 4], "layout", "zero")
+    recording = _recorded((_FakeCompiled(), (3, 2, 1), [q, out, 8, 0.5, "tf32", None, descriptor], False))
+    plan = recording.plan((q, k), (out, q, torch.empty(0)), fork=None, allocator=None)
+
+    new_q, new_k = torch.randn(2, 8, 4), torch.randn(2, 8, 4)
+    result = plan.replay((new_q, new_k))
+    [(grid, values, side_stream)] = replayed_launches
+    assert grid == (3, 2, 1) and not side_stream
+    assert values[0] is new_q and values[2:6] == [8, 0.5, "tf32", None]
+    new_out = values[1]
+    assert new_out is result[0] and new_out is not out
+    assert (new_out.shape, new_out.stride(), new_out.dtype) == (out.shape, out.stride(), out.dtype)
+    assert result[1] is new_q and result[2].numel() == 0
+    assert values[6].base is new_k
+    assert (values[6].shape, values[6].strides, values[6].block_shape, values[6].padding) == \
+        ((16, 4), (4, 1), (8, 4), "zero")
+    # the recorded tensors are not kept: the plan holds slots
+    assert all(value is None for value in plan.steps[0].constants[:2])
+
+
+def test_second_stream_steps_run_inside_one_fork_joined_at_the_end(replayed_launches):
+    events = []
+
+    class Fork:
+        def __init__(self, device):
+            events.append("fork")
+
+        def first(self):
+            events.append("first")
+            return contextlib.nullcontext()
+
+        def join(self):
+            events.append("join")
+
+    q = torch.randn(4)
+    recording = _recorded((_FakeCompiled(), (1, 1, 1), [q], False), (_FakeCompiled(), (2, 1, 1), [q], True),
+                          (_FakeCompiled(), (3, 1, 1), [q], False))
+    plan = recording.plan((q,), (q,), fork=Fork, allocator=None)
+    plan.replay((torch.randn(4),))
+    assert [grid[0] for grid, _, _ in replayed_launches] == [1, 2, 3]
+    assert [side for _, _, side in replayed_launches] == [False, True, False]
+    assert events == ["fork", "first", "join"]
+
+
+def test_the_allocator_is_kept_only_for_kernels_with_global_scratch():
+    q = torch.randn(4)
+    assert _recorded((_FakeCompiled(0), (1, 1, 1), [q], False)).plan((q,), (q,), None, "alloc").allocator is None
+    assert _recorded((_FakeCompiled(64), (1, 1, 1), [q], False)).plan((q,), (q,), None, "alloc").allocator == "alloc"
+
+
+def test_calls_a_replay_could_not_reproduce_get_no_plan():
+    q = torch.randn(4, 4)
+    written = torch.empty(4)
+    compiled = _FakeCompiled()
+    # a view of an input is not a new tensor: a replay would allocate instead of viewing
+    assert _recorded((compiled, (1, 1, 1), [q[1:]], False)).plan((q,), (q,), None, None) is None
+    # a new tensor in the result that no kernel wrote (a zeros or a copy, made outside the launches)
+    assert _recorded((compiled, (1, 1, 1), [q, written], False)).plan((q,), (torch.zeros(3),), None, None) is None
+    # a launch that went around the recorder, and a call with no launch at all
+    assert _recorded((compiled, (1, 1, 1), [q], False), complete=False).plan((q,), (q,), None, None) is None
+    assert _recorded().plan((q,), (q,), None, None) is None
+    # and the written one is fine
+    assert _recorded((compiled, (1, 1, 1), [q, written], False)).plan((q,), (written,), None, None) is not None

@@ -329,6 +329,11 @@ def use_config(phase: str, config: TileConfig):
             _OVERRIDES[phase] = previous
 
 
+def forced_configs() -> tuple:
+    """The configs that ``use_config`` forces now, by phase: part of a launch plan's key (``ops``)."""
+    return tuple(_OVERRIDES.items())
+
+
 def lookup(family: str, phase: str, head_dim: int, masked: bool, dtype: torch.dtype, attn_mask: bool = False,
            seqlen: int = 0, warp_specialized: bool = False) -> TileConfig:
     """The table's config for ``phase`` on a GPU ``family`` ("hopper" or "portable"), without a device.

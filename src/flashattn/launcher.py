@@ -15,6 +15,9 @@ launch hooks are set (a profiler), go through ``kernel[grid](...)`` unchanged.
 
 from __future__ import annotations
 
+import threading
+from typing import NamedTuple
+
 import torch
 
 # (kernel, device, specialization, options, debug flags) -> the compiled kernel
@@ -28,8 +31,11 @@ def launch(kernel, grid: tuple[int, ...], *args, **kwargs):
     from triton import knobs
     from triton.runtime.jit import JITFunction
 
+    recording = getattr(_RECORDING, "active", None)
     if (not isinstance(kernel, JITFunction) or kernel.pre_run_hooks
             or _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook)):
+        if recording is not None:
+            recording.complete = False
         return kernel[grid](*args, **kwargs)  # the interpreter, or someone watching each launch
     device = torch.cuda.current_device()
     binder = kernel.device_caches[device][4]
@@ -40,13 +46,189 @@ def launch(kernel, grid: tuple[int, ...], *args, **kwargs):
     if compiled is None:
         compiled = kernel[grid](*args, **kwargs)  # compiles (or loads) and launches it
         _COMPILED[key] = compiled
-        return compiled
-    grid_x, grid_y, grid_z = (*grid, 1, 1)[:3]
-    compiled.run(grid_x, grid_y, grid_z, torch.cuda.current_stream(device).cuda_stream, compiled.function,
-                 compiled.packed_metadata, None, None, None, *bound.values())
+    else:
+        grid_x, grid_y, grid_z = (*grid, 1, 1)[:3]
+        compiled.run(grid_x, grid_y, grid_z, torch.cuda.current_stream(device).cuda_stream, compiled.function,
+                     compiled.packed_metadata, None, None, None, *bound.values())
+    if recording is not None:
+        recording.add(compiled, grid, bound.values())
     return compiled
 
 
 def _hooked(hook) -> bool:
     """Whether a launch hook is set: Triton 3.6 keeps each as a chain of calls (empty: none), older ones as None."""
     return hook is not None and bool(getattr(hook, "calls", True))
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch plans: every launch of one call, recorded once per call signature and replayed.
+# ---------------------------------------------------------------------------------------------
+
+# signature key -> LaunchPlan, or None for a call that cannot be replayed (it then always takes its own path)
+_PLANS: dict = {}
+# a bound on the plans kept: one per (shapes, strides, dtype, alignment, options) seen; a training run has a few
+MAX_PLANS = 512
+_RECORDING = threading.local()
+
+
+class _HostDescriptor(NamedTuple):
+    """What a compiled kernel's launcher reads of a host-side TMA descriptor (Triton 3.6's
+    ``make_tensordesc_arg``: base, shape, strides, padding): a replay builds one per call, as building a Gluon
+    ``TensorDescriptor`` (its checks) costs several microseconds."""
+
+    base: torch.Tensor
+    shape: tuple
+    strides: tuple
+    block_shape: tuple
+    layout: object
+    padding: str
+
+
+class _Step(NamedTuple):
+    compiled: object
+    grid: tuple[int, int, int]
+    constants: list  # every argument, with None where a tensor or descriptor goes
+    tensor_slots: tuple  # (argument position, tensor slot)
+    # (argument position, tensor slot of its base, shape, strides, block shape, layout, padding)
+    descriptor_slots: tuple
+    side_stream: bool
+
+
+class LaunchPlan:
+    """A call's launches as templates: the tensors are slots (the call's inputs first, then what the call allocated),
+    everything else is the recorded value. ``replay(inputs)`` allocates the call's new tensors, launches each step on
+    the stream it was recorded on (the current one, or the second stream that ``fork`` makes) and returns the result's
+    tensors. Valid only for calls whose key fixes every value but the tensors (:func:`planned`)."""
+
+    def __init__(self, inputs: int, allocations: list, steps: list, result_slots: tuple, fork, allocator):
+        self.inputs = inputs
+        self.allocations = allocations
+        self.steps = steps
+        self.result_slots = result_slots
+        self.fork = fork
+        self.allocator = allocator
+
+    def replay(self, inputs: tuple) -> tuple:
+        tensors = list(inputs)
+        for size, stride, dtype, device in self.allocations:
+            tensors.append(torch.empty_strided(size, stride, dtype=dtype, device=device))
+        if self.allocator is not None:
+            import triton
+
+            triton.set_allocator(self.allocator)  # the allocator is per thread: the backward runs on autograd's
+        streams = None
+        for step in self.steps:
+            values = step.constants.copy()
+            for position, slot in step.tensor_slots:
+                values[position] = tensors[slot]
+            for position, slot, *rest in step.descriptor_slots:
+                values[position] = _HostDescriptor(tensors[slot], *rest)
+            if step.side_stream:
+                if streams is None:
+                    streams = self.fork(inputs[0].device)
+                with streams.first():
+                    _run(step, values)
+            else:
+                _run(step, values)
+        if streams is not None:
+            streams.join()
+        return tuple(tensors[slot] for slot in self.result_slots)
+
+
+def _run(step: _Step, values: list) -> None:
+    compiled = step.compiled
+    compiled.run(*step.grid, torch.cuda.current_stream().cuda_stream, compiled.function, compiled.packed_metadata,
+                 None, None, None, *values)
+
+
+def planned(key, inputs: tuple, call, fork=None, allocator=None):
+    """``call()``, which launches kernels on ``inputs`` only (``launch``) and returns a tuple of tensors, through its
+    plan for ``key`` once recorded.
+
+    The caller's contract: ``key`` fixes every value the call computes except the tensors' contents and addresses,
+    that is, the inputs' shapes, strides, dtypes, device and 16-byte alignment, the options, and every switch the
+    call reads; the call's new tensors are ``torch.empty`` ones that its kernels write in full (a replay allocates
+    them uninitialized), and it launches its second-stream work inside ``fork(device).first()``. The first call of a
+    key runs ``call`` and records its launches; a call that makes a view of its inputs, or returns a new tensor that
+    no kernel writes, is never replayed."""
+    if _hooked_launches():
+        return call()
+    plan = _PLANS.get(key, _UNSEEN)
+    if plan is None:
+        return call()
+    if plan is not _UNSEEN:
+        return plan.replay(inputs)
+    recording = _Recording(torch.cuda.current_stream())
+    _RECORDING.active = recording
+    try:
+        result = call()
+    finally:
+        _RECORDING.active = None
+    if len(_PLANS) >= MAX_PLANS:
+        _PLANS.clear()
+    _PLANS[key] = recording.plan(inputs, result, fork, allocator)
+    return result
+
+
+def clear_plans() -> None:
+    """Forget every recorded plan: after a change that the plans' keys do not see (a patched function or table)."""
+    _PLANS.clear()
+
+
+_UNSEEN = object()
+
+
+class _Recording:
+    def __init__(self, stream):
+        self.stream = stream
+        self.launches: list = []
+        self.complete = True  # False once a launch went around ``launch``'s compiled-kernel path (not recorded)
+
+    def add(self, compiled, grid: tuple[int, ...], values) -> None:
+        self.launches.append((compiled, (*grid, 1, 1)[:3], list(values), torch.cuda.current_stream() != self.stream))
+
+    def plan(self, inputs: tuple, result: tuple, fork, allocator) -> LaunchPlan | None:
+        if not self.complete:
+            return None
+        slots = {id(x): slot for slot, x in enumerate(inputs)}
+        storages = {x.untyped_storage().data_ptr() for x in inputs}
+        allocations: list = []
+
+        def slot_of(x: torch.Tensor, written: bool) -> int | None:
+            slot = slots.get(id(x))
+            if slot is not None:
+                return slot
+            # a new tensor: its own storage (not a view of an input) that a kernel writes, or an empty one
+            if x._base is not None or x.untyped_storage().data_ptr() in storages or not (written or x.numel() == 0):
+                return None
+            allocations.append((x.size(), x.stride(), x.dtype, x.device))
+            slots[id(x)] = slot = len(inputs) + len(allocations) - 1
+            return slot
+
+        steps = []
+        for compiled, grid, values, side_stream in self.launches:
+            constants, tensor_slots, descriptor_slots = list(values), [], []
+            for position, value in enumerate(values):
+                if isinstance(value, torch.Tensor):
+                    tensor_slots.append((position, slot_of(value, True)))
+                elif isinstance(getattr(value, "base", None), torch.Tensor):
+                    descriptor_slots.append((position, slot_of(value.base, True), tuple(value.shape),
+                                             tuple(value.strides), tuple(value.block_shape), value.layout,
+                                             value.padding))
+                else:
+                    continue
+                constants[position] = None
+            if any(slot is None for _, slot in tensor_slots) or any(d[1] is None for d in descriptor_slots):
+                return None
+            steps.append(_Step(compiled, grid, constants, tuple(tensor_slots), tuple(descriptor_slots), side_stream))
+        result_slots = tuple(slot_of(x, False) for x in result)
+        if not steps or any(slot is None for slot in result_slots):
+            return None
+        needs_allocator = any(compiled.metadata.global_scratch_size > 0 for compiled, *_ in self.launches)
+        return LaunchPlan(len(inputs), allocations, steps, result_slots, fork, allocator if needs_allocator else None)
+
+
+def _hooked_launches() -> bool:
+    from triton import knobs
+
+    return _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook)

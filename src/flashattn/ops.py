@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import configs, cpu, iomodel, mask_blocks, masks
+from . import configs, cpu, iomodel, launcher, mask_blocks, masks
 from .launcher import launch
 from .options import AttentionOptions
 
@@ -619,6 +619,31 @@ def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Att
     return dq, dk, dv, masks.sum_to_shape(dmask, attn_mask.shape).to(attn_mask.dtype)
 
 
+LAUNCH_PLANS = os.environ.get("FLASHATTN_LAUNCH_PLANS", "1") != "0"
+"""Replay a dense call's launches from its recorded plan (``launcher.planned``) when a call of the same signature
+came before: the choice of kernels, tiles and streams, the descriptors and the launch arguments are then not worked
+out again. A short call spends most of its host time there: an H200 host took 110-150 us to issue a 512-token
+forward whose kernel ran for about 150 (docs/perf-notes.md, version 17). False: every call takes its own path."""
+
+
+def _plannable(inputs: tuple, alibi_slopes, rng_state, attn_mask) -> bool:
+    """Whether a CUDA call may take a launch plan: no ALiBi, dropout or SDPA mask (their values or random state
+    are not in the key), and inputs the kernels read in place (a last dimension of stride 1: otherwise the call
+    copies them, which a replay would not)."""
+    return (LAUNCH_PLANS and alibi_slopes is None and rng_state is None and attn_mask is None
+            and all(x.stride(-1) == 1 for x in inputs) and not interpreting())
+
+
+def _plan_signature(inputs: tuple) -> tuple:
+    """What, besides the options, decides every launch of a dense call: the inputs' shapes, strides, dtypes and
+    16-byte alignment, the device, and the switches and forced tiles the call reads."""
+    from triton import knobs
+
+    return (*((x.shape, x.stride(), x.dtype, x.data_ptr() % 16 == 0) for x in inputs), inputs[0].device,
+            torch.cuda.current_device(), CONCURRENT_GRADIENTS, CONCURRENT_GRADIENTS_MIN_FLOPS,
+            configs.forced_configs(), knobs.runtime.debug, knobs.compilation.instrumentation_mode)
+
+
 # ---------------------------------------------------------------------------------------------
 # The custom ops. Options arrive unpacked (custom ops take only tensors and scalars).
 # ---------------------------------------------------------------------------------------------
@@ -672,6 +697,11 @@ def attention_forward_cuda(q, k, v, alibi_slopes, rng_state, softmax_scale, wind
     opts = _options(softmax_scale, window_left, window_right, softcap, dropout_p)
     if backend_override() == "torch":
         return cpu.forward(q, k, v, opts, alibi_slopes, rng_state, attn_mask)
+    if _plannable((q, k, v), alibi_slopes, rng_state, attn_mask):
+        inputs = (q, k, v)
+        key = ("forward", softmax_scale, window_left, window_right, softcap, *_plan_signature(inputs))
+        return launcher.planned(key, inputs, lambda: _triton_forward(q, k, v, None, None, opts),
+                                _GradientStreams, _tma_workspace)
     return _triton_forward(q, k, v, alibi_slopes, rng_state, opts, attn_mask)
 
 
@@ -718,6 +748,11 @@ def attention_backward_cuda(dout, q, k, v, out, lse, alibi_slopes, rng_state, so
     opts = _options(softmax_scale, window_left, window_right, softcap, dropout_p)
     if backend_override() == "torch":
         return cpu.backward(dout, q, k, v, out, lse, opts, alibi_slopes, rng_state, attn_mask, mask_needs_grad)
+    if _plannable((dout, q, k, v, out, lse), alibi_slopes, rng_state, attn_mask):
+        inputs = (dout, q, k, v, out, lse)
+        key = ("backward", softmax_scale, window_left, window_right, softcap, *_plan_signature(inputs))
+        return launcher.planned(key, inputs, lambda: _triton_backward(dout, q, k, v, out, lse, None, None, opts),
+                                _GradientStreams, _tma_workspace)
     return _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts, attn_mask, mask_needs_grad)
 
 

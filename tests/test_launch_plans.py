@@ -1,0 +1,150 @@
+"""Launch plans on the GPU (``ops.LAUNCH_PLANS``, ``launcher.planned``): a call replayed from the plan of an earlier
+call of the same signature must compute exactly what the call computes on its own path, on new inputs, with its
+outputs in memory that held NaNs; and calls whose launches a plan cannot fix must not get one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashattn import flash_attn_func, launcher, ops
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+# (dtype, batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, causal, window): the Gluon kernels (head dims 64,
+# 128 and 256 in 16 bits), the Triton ones (96, 40, float32), GQA, unequal lengths and a sliding window
+CASES = [
+    (torch.bfloat16, 2, 128, 128, 4, 4, 64, False, (-1, -1)),
+    (torch.bfloat16, 2, 200, 200, 8, 2, 128, True, (-1, -1)),
+    (torch.float16, 1, 113, 300, 4, 4, 256, True, (-1, -1)),
+    (torch.bfloat16, 2, 1023, 1023, 2, 2, 96, False, (-1, -1)),
+    (torch.float32, 1, 77, 77, 2, 1, 40, True, (-1, -1)),
+    (torch.bfloat16, 1, 300, 300, 4, 4, 128, False, (64, 0)),
+]
+
+
+def _inputs(dtype, batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, seed):
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, device="cuda", dtype=dtype, generator=generator)
+
+    q = randn(batch, seqlen_q, nheads, head_dim)
+    k, v = randn(batch, seqlen_k, nheads_k, head_dim), randn(batch, seqlen_k, nheads_k, head_dim)
+    return q, k, v, randn(batch, seqlen_q, nheads, head_dim)
+
+
+def _forward_backward(q, k, v, dout, causal, window):
+    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+    out = flash_attn_func(q, k, v, causal=causal, window_size=window)
+    return (out.detach(), *torch.autograd.grad(out, (q, k, v), dout))
+
+
+def _poison_allocator(tensors) -> None:
+    """Fill blocks of each tensor's size with NaN and free them: the caching allocator hands them to the next
+    allocations of those sizes, so an output that a replay allocates but no kernel writes shows."""
+    blocks = [torch.full_like(x, float("nan")) for x in tensors for _ in range(2)]
+    del blocks
+
+
+@pytest.fixture
+def replays(monkeypatch):
+    """How many calls a plan replayed."""
+    count = []
+    original = launcher.LaunchPlan.replay
+
+    def counting(self, inputs):
+        count.append(len(inputs))
+        return original(self, inputs)
+
+    monkeypatch.setattr(launcher.LaunchPlan, "replay", counting)
+    return count
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{str(c[0])[6:]}-hdim{c[6]}-{c[2]}x{c[3]}-causal{c[7]}")
+def test_a_replayed_call_computes_exactly_what_the_call_computes(case, monkeypatch, replays):
+    dtype, batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, causal, window = case
+    first = _inputs(dtype, batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, seed=1)
+    second = _inputs(dtype, batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, seed=2)
+    monkeypatch.setattr(ops, "LAUNCH_PLANS", False)
+    expected = _forward_backward(*second, causal, window)
+    monkeypatch.setattr(ops, "LAUNCH_PLANS", True)
+    _forward_backward(*first, causal, window)  # records the forward's and the backward's plans
+    assert not replays
+    _poison_allocator(expected)
+    replayed = _forward_backward(*second, causal, window)
+    assert len(replays) == 2, "the forward and the backward are replayed"
+    for name, got, want in zip(("out", "dq", "dk", "dv"), replayed, expected, strict=True):
+        assert torch.equal(got, want), f"{name} differs from the call's own path"
+
+
+def test_calls_with_dropout_alibi_or_a_strided_last_dimension_take_their_own_path(replays):
+    q, k, v, dout = _inputs(torch.bfloat16, 1, 64, 64, 2, 2, 64, seed=3)
+    slopes = torch.rand(2, device="cuda", dtype=torch.float32)
+    strided = torch.randn(1, 64, 2, 128, device="cuda", dtype=torch.bfloat16)[..., ::2]
+    for _ in range(2):
+        flash_attn_func(q, k, v, dropout_p=0.1)
+        flash_attn_func(q, k, v, alibi_slopes=slopes)
+        flash_attn_func(strided, k, v)
+    assert not launcher._PLANS and not replays
+
+
+def test_an_unaligned_input_gets_its_own_plan(monkeypatch):
+    """A 16-byte aligned call takes the TMA kernels; one shifted by an element cannot, and must not replay them."""
+    q, k, v, dout = _inputs(torch.bfloat16, 1, 96, 96, 2, 2, 128, seed=4)
+    buffer = torch.randn(q.numel() + 1, device="cuda", dtype=torch.bfloat16)
+    shifted = buffer[1:].view_as(q)
+    shifted.copy_(q)
+    assert shifted.data_ptr() % 16 != 0
+    monkeypatch.setattr(ops, "LAUNCH_PLANS", False)
+    expected = _forward_backward(shifted, k, v, dout, True, (-1, -1))
+    monkeypatch.setattr(ops, "LAUNCH_PLANS", True)
+    for _ in range(2):
+        _forward_backward(q, k, v, dout, True, (-1, -1))
+        got = _forward_backward(shifted, k, v, dout, True, (-1, -1))
+        for a, b in zip(got, expected, strict=True):
+            assert torch.equal(a, b)
+
+
+def test_a_replay_takes_the_two_gradient_streams(monkeypatch, replays):
+    joins = []
+    original_join = ops._GradientStreams.join
+    monkeypatch.setattr(ops._GradientStreams, "join", lambda self: (joins.append(1), original_join(self))[1])
+    monkeypatch.setattr(ops, "CONCURRENT_GRADIENTS_MIN_FLOPS", 0)
+    q, k, v, dout = _inputs(torch.bfloat16, 2, 256, 256, 4, 4, 128, seed=5)
+    monkeypatch.setattr(ops, "LAUNCH_PLANS", False)
+    expected = _forward_backward(q, k, v, dout, True, (-1, -1))
+    monkeypatch.setattr(ops, "LAUNCH_PLANS", True)
+    joins.clear()
+    for _ in range(3):
+        got = _forward_backward(q, k, v, dout, True, (-1, -1))
+        for a, b in zip(got, expected, strict=True):
+            assert torch.equal(a, b)
+    assert len(joins) == 3 and len(replays) == 4  # the second and third forward and backward
+
+
+def test_replays_are_captured_by_a_cuda_graph(monkeypatch):
+    q, k, v, dout = _inputs(torch.bfloat16, 2, 512, 512, 4, 4, 128, seed=6)
+    monkeypatch.setattr(ops, "LAUNCH_PLANS", False)
+    expected = _forward_backward(q, k, v, dout, True, (-1, -1))
+    monkeypatch.setattr(ops, "LAUNCH_PLANS", True)
+    static = [x.clone() for x in _inputs(torch.bfloat16, 2, 512, 512, 4, 4, 128, seed=7)]
+    static_q, static_k, static_v = (x.requires_grad_() for x in static[:3])
+    warmup = torch.cuda.Stream()
+    warmup.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(warmup):
+        for _ in range(2):  # records the plans, then replays them, before the capture
+            _forward_backward(*static, True, (-1, -1))
+    torch.cuda.current_stream().wait_stream(warmup)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = flash_attn_func(static_q, static_k, static_v, causal=True)
+        grads = torch.autograd.grad(out, (static_q, static_k, static_v), static[3])
+    with torch.no_grad():
+        for target, source in zip(static, (q, k, v, dout), strict=True):
+            target.copy_(source)
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip((out, *grads), expected, strict=True):
+        assert torch.equal(a, b)
