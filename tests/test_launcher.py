@@ -110,12 +110,14 @@ class _FakeDescriptor(NamedTuple):
 def replayed_launches(monkeypatch):
     """The (grid, arguments, side stream) of every step a replay runs, in order."""
     runs = []
-    monkeypatch.setattr(launcher, "_run", lambda step, values: runs.append((step.grid, values, step.side_stream)))
+    monkeypatch.setattr(launcher, "_run",
+                        lambda step, values, stream: runs.append((step.grid, values, step.side_stream)))
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device_index: 0, raising=False)
     return runs
 
 
 def _recorded(*launches, complete: bool = True) -> launcher._Recording:
-    recording = launcher._Recording(stream=None)
+    recording = launcher._Recording(stream=None, device_index=0)
     recording.launches.extend(launches)
     recording.complete = complete
     return recording
@@ -148,6 +150,8 @@ def test_second_stream_steps_run_inside_one_fork_joined_at_the_end(replayed_laun
     events = []
 
     class Fork:
+        side = SimpleNamespace(cuda_stream=1)
+
         def __init__(self, device):
             events.append("fork")
 

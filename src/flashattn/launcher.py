@@ -100,8 +100,10 @@ class LaunchPlan:
     the stream it was recorded on (the current one, or the second stream that ``fork`` makes) and returns the result's
     tensors. Valid only for calls whose key fixes every value but the tensors (:func:`planned`)."""
 
-    def __init__(self, inputs: int, allocations: list, steps: list, result_slots: tuple, fork, allocator):
+    def __init__(self, inputs: int, allocations: list, steps: list, result_slots: tuple, fork, allocator,
+                 device_index: int):
         self.inputs = inputs
+        self.device_index = device_index
         self.allocations = allocations
         self.steps = steps
         self.result_slots = result_slots
@@ -116,7 +118,8 @@ class LaunchPlan:
             import triton
 
             triton.set_allocator(self.allocator)  # the allocator is per thread: the backward runs on autograd's
-        streams = None
+        streams = side_stream = None
+        stream = torch._C._cuda_getCurrentRawStream(self.device_index)  # what Triton's launch reads, less its wrapping
         for step in self.steps:
             values = step.constants.copy()
             for position, slot in step.tensor_slots:
@@ -126,19 +129,19 @@ class LaunchPlan:
             if step.side_stream:
                 if streams is None:
                     streams = self.fork(inputs[0].device)
-                with streams.first():
-                    _run(step, values)
+                    side_stream = streams.side.cuda_stream
+                with streams.first():  # the workspace of a kernel's descriptors is allocated on its stream
+                    _run(step, values, side_stream)
             else:
-                _run(step, values)
+                _run(step, values, stream)
         if streams is not None:
             streams.join()
         return tuple(tensors[slot] for slot in self.result_slots)
 
 
-def _run(step: _Step, values: list) -> None:
+def _run(step: _Step, values: list, stream: int) -> None:
     compiled = step.compiled
-    compiled.run(*step.grid, torch.cuda.current_stream().cuda_stream, compiled.function, compiled.packed_metadata,
-                 None, None, None, *values)
+    compiled.run(*step.grid, stream, compiled.function, compiled.packed_metadata, None, None, None, *values)
 
 
 def planned(key, inputs: tuple, call, fork=None, allocator=None):
@@ -158,7 +161,7 @@ def planned(key, inputs: tuple, call, fork=None, allocator=None):
         return call()
     if plan is not _UNSEEN:
         return plan.replay(inputs)
-    recording = _Recording(torch.cuda.current_stream())
+    recording = _Recording(torch.cuda.current_stream(), torch.cuda.current_device())
     _RECORDING.active = recording
     try:
         result = call()
@@ -179,8 +182,9 @@ _UNSEEN = object()
 
 
 class _Recording:
-    def __init__(self, stream):
+    def __init__(self, stream, device_index: int):
         self.stream = stream
+        self.device_index = device_index
         self.launches: list = []
         self.complete = True  # False once a launch went around ``launch``'s compiled-kernel path (not recorded)
 
@@ -225,7 +229,8 @@ class _Recording:
         if not steps or any(slot is None for slot in result_slots):
             return None
         needs_allocator = any(compiled.metadata.global_scratch_size > 0 for compiled, *_ in self.launches)
-        return LaunchPlan(len(inputs), allocations, steps, result_slots, fork, allocator if needs_allocator else None)
+        return LaunchPlan(len(inputs), allocations, steps, result_slots, fork, allocator if needs_allocator else None,
+                          self.device_index)
 
 
 def _hooked_launches() -> bool:
