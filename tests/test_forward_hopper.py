@@ -79,6 +79,9 @@ GPU_SHAPES = [
     (3, 257, 257, 2, 2, 256),
     (1, 4096, 4096, 2, 2, 64),
     (4, 2048, 2048, 8, 2, 128),  # 512 tiles: several a program on a persistent grid
+    # causal with unequal lengths: a tile's consumers see different key blocks, and some rows see none
+    (1, 333, 901, 2, 2, 64),
+    (1, 901, 333, 2, 1, 64),
 ]
 
 
