@@ -101,11 +101,16 @@ def test_gluon_forward_entries_only_where_the_call_fits():
     assert ws.warp_specialized and ws == configs._HOPPER_FORWARD_WS[(128, False)]
     # a call the Gluon kernel does not cover keeps the Triton table
     assert lookup("hopper", "forward", 128, False, torch.bfloat16, seqlen=4096) == configs._HOPPER_FORWARD[(128, False)]
-    # hdim 64: three consumers from 2k non-causal; the Triton entries for causal calls and short ones, as for
+    # hdim 64: three consumers from 2k non-causal and from 4k causal; the Triton entries for shorter calls, as for
     # short causal hdim 128
     assert lookup("hopper", "forward", 64, False, torch.bfloat16, seqlen=4096, warp_specialized=True).three_consumers
-    assert lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=4096, warp_specialized=True) == \
-        configs._HOPPER_FORWARD[(64, True)]
+    for seqlen in (4096, 16384, 0):  # 0: a length not known, as for the other buckets
+        assert lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=seqlen, warp_specialized=True) == \
+            configs._HOPPER_FORWARD_WS[(64, True)]
+    for seqlen in (2048, 4095, SHORT_SEQLEN):
+        assert lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=seqlen, warp_specialized=True) == \
+            lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=seqlen)
+    assert not lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=2048).warp_specialized
     assert lookup("hopper", "forward", 64, False, torch.bfloat16, seqlen=SHORT_SEQLEN, warp_specialized=True) == \
         configs._HOPPER_FORWARD[(64, False)]
     assert lookup("hopper", "forward", 128, True, torch.bfloat16, seqlen=SHORT_SEQLEN, warp_specialized=True) == \

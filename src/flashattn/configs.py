@@ -202,10 +202,12 @@ _LONG_TABLES = {("hopper", "forward"): _HOPPER_FORWARD_LONG}
 #   consumers allow one. Three consumers (192 rows a program, FA3's hdim-64 choice), swept after the L2 sections
 #   (session 11): non-causal 457.3 / 499.0 at 4k / 16k against 428.1 / 438.3 (4 stages 452.3 / 499.0), but 334.7
 #   (358.8 persistent) against 381.8 at 1k; causal 365.6 against 384.6 at 4k, 466.8 against 427.4 at 16k
-#   (128x64 blocks: 354.6 / 429.9). Causal hdim 64 keeps the Triton tile;
+#   (128x64 blocks: 354.6 / 429.9). Causal hdim 64 kept the Triton tile until its consumers took their own causal
+#   key ranges, and takes it below 4k (``_WS_FROM_SEQLEN``);
 # - ping-pong turns between the consumers: no gain (590.4 against 599.5 at hdim 128 16k).
 _HOPPER_FORWARD_WS = {
     (64, False): TileConfig(128, 128, 8, 3, warp_specialized=True, three_consumers=True),
+    (64, True): TileConfig(128, 128, 8, 3, warp_specialized=True, three_consumers=True),
     (128, False): TileConfig(128, 128, 8, 2, warp_specialized=True),
     (128, True): TileConfig(128, 128, 8, 3, warp_specialized=True),
     (256, False): TileConfig(128, 64, 8, 2, warp_specialized=True),
@@ -263,6 +265,13 @@ _HOPPER_DQ_WS_SHORT = {
     (128, True): None,
     (256, True): None,
 }
+# Entries of the Gluon tables that serve only calls from a length on (the shorter of the two, as for the other
+# buckets); shorter calls take the Triton table. Causal hdim 64 with three consumers, once each consumer took its own
+# causal key range (session 16, version 17; two passes on one H200 lease, `flashattn blocks`,
+# benchmarks/sweeps/forward-causal-64-consumers.txt, TFLOP/s against the Triton 128x64x8x3 tile): 401.0 / 396.9
+# against 389.9 / 390.0 at 4k, 460.8 / 460.6 against 419.0 / 417.3 at 8k, 492.1 / 491.7 against 432.0 / 430.4 at
+# 16k; at 2k it lost, 321.9 / 322.4 against 346.5 / 348.6. Persistent or 4 stages: no better (355-459, 390-456).
+_WS_FROM_SEQLEN = {("hopper", "forward"): {(64, True): 4096}}
 # (family, phase) -> the Gluon kernel's table and its short-sequence entries (a None entry: the Triton table's)
 _WS_TABLES = {("hopper", "forward"): (_HOPPER_FORWARD_WS, _HOPPER_FORWARD_WS_SHORT),
               ("hopper", "dkdv"): (_HOPPER_DKDV_WS, {}),
@@ -350,6 +359,8 @@ def lookup(family: str, phase: str, head_dim: int, masked: bool, dtype: torch.dt
         table, short = _WS_TABLES[(family, phase)]
         if 0 < seqlen <= SHORT_SEQLEN and key in short:
             config = short[key]  # None: the Triton table's short entry
+        elif 0 < seqlen < _WS_FROM_SEQLEN.get((family, phase), {}).get(key, 0):
+            config = None
         else:
             config = table.get(key)
         if config is not None:
