@@ -100,9 +100,7 @@ class LaunchPlan:
     the stream it was recorded on (the current one, or the second stream that ``fork`` makes) and returns the result's
     tensors. Valid only for calls whose key fixes every value but the tensors (:func:`planned`)."""
 
-    def __init__(self, inputs: int, allocations: list, steps: list, result_slots: tuple, fork, allocator,
-                 device_index: int):
-        self.inputs = inputs
+    def __init__(self, allocations: list, steps: list, result_slots: tuple, fork, allocator, device_index: int):
         self.device_index = device_index
         self.allocations = allocations
         self.steps = steps
@@ -229,7 +227,7 @@ class _Recording:
         if not steps or any(slot is None for slot in result_slots):
             return None
         needs_allocator = any(compiled.metadata.global_scratch_size > 0 for compiled, *_ in self.launches)
-        return LaunchPlan(len(inputs), allocations, steps, result_slots, fork, allocator if needs_allocator else None,
+        return LaunchPlan(allocations, steps, result_slots, fork, allocator if needs_allocator else None,
                           self.device_index)
 
 

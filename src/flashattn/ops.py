@@ -623,7 +623,9 @@ LAUNCH_PLANS = os.environ.get("FLASHATTN_LAUNCH_PLANS", "1") != "0"
 """Replay a dense call's launches from its recorded plan (``launcher.planned``) when a call of the same signature
 came before: the choice of kernels, tiles and streams, the descriptors and the launch arguments are then not worked
 out again. A short call spends most of its host time there: an H200 host took 110-150 us to issue a 512-token
-forward whose kernel ran for about 150 (docs/perf-notes.md, version 17). False: every call takes its own path."""
+forward whose kernel ran for about 150 (docs/perf-notes.md, version 17). False: every call takes its own path.
+The key holds the switches above and the forced tiles, not the tables or other module constants: after patching one,
+call ``launcher.clear_plans()``."""
 
 
 def _plannable(inputs: tuple, alibi_slopes, rng_state, attn_mask) -> bool:
@@ -699,7 +701,7 @@ def attention_forward_cuda(q, k, v, alibi_slopes, rng_state, softmax_scale, wind
         return cpu.forward(q, k, v, opts, alibi_slopes, rng_state, attn_mask)
     if _plannable((q, k, v), alibi_slopes, rng_state, attn_mask):
         inputs = (q, k, v)
-        key = ("forward", softmax_scale, window_left, window_right, softcap, *_plan_signature(inputs))
+        key = ("forward", softmax_scale, window_left, window_right, softcap, dropout_p, *_plan_signature(inputs))
         return launcher.planned(key, inputs, lambda: _triton_forward(q, k, v, None, None, opts),
                                 _GradientStreams, _tma_workspace)
     return _triton_forward(q, k, v, alibi_slopes, rng_state, opts, attn_mask)
@@ -750,7 +752,7 @@ def attention_backward_cuda(dout, q, k, v, out, lse, alibi_slopes, rng_state, so
         return cpu.backward(dout, q, k, v, out, lse, opts, alibi_slopes, rng_state, attn_mask, mask_needs_grad)
     if _plannable((dout, q, k, v, out, lse), alibi_slopes, rng_state, attn_mask):
         inputs = (dout, q, k, v, out, lse)
-        key = ("backward", softmax_scale, window_left, window_right, softcap, *_plan_signature(inputs))
+        key = ("backward", softmax_scale, window_left, window_right, softcap, dropout_p, *_plan_signature(inputs))
         return launcher.planned(key, inputs, lambda: _triton_backward(dout, q, k, v, out, lse, None, None, opts),
                                 _GradientStreams, _tma_workspace)
     return _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts, attn_mask, mask_needs_grad)
