@@ -25,7 +25,7 @@ def host_us(fn, calls: int) -> float:
     return host_microseconds(fn, torch.device("cuda"), calls)
 
 
-class _Identity(torch.autograd.Function):
+class IdentityFunction(torch.autograd.Function):
     """The cheapest autograd.Function: what the engine costs around any backward."""
 
     @staticmethod
@@ -47,7 +47,7 @@ def backward_breakdown(q, k, v, out, dout, calls: int) -> None:
     with torch.no_grad():
         _, lse, _ = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
     x = torch.randn(8, device="cuda", requires_grad=True)
-    y = _Identity.apply(x)
+    y = IdentityFunction.apply(x)
     grad_y = torch.ones_like(y)
     delta = torch.empty_like(lse)
     rows, heads = q.shape[1], q.shape[2]
