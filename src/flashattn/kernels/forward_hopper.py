@@ -100,15 +100,18 @@ def _consumer_key_blocks(first_row, seqlen_q, seqlen_k, n_full, n_blocks, BLOCK_
     (``_tile_plan``: ``n_full`` seen whole by the tile's first row, ``n_blocks`` by its last). With a causal mask
     a later consumer sees more blocks whole, and an earlier one may see none of the tile's last blocks: with three
     consumers (192 rows) and 128-key blocks, about 3% of a 4k causal call's block products, and as many more go
-    from masked to unmasked. Ping-pong turns count every consumer's products alike, so there no block is skipped."""
+    from masked to unmasked.
+
+    With ``PINGPONG`` every consumer keeps the tile's ranges: the two consumers take turns at each product issue,
+    and a loop over [lo, hi) issues hi - lo + 1 times, so a split at another block would give them different
+    counts and the turns would deadlock."""
     own_full = n_full
     own_blocks = n_blocks
-    if CAUSAL:
+    if CAUSAL and not PINGPONG:
         full_end = gl.minimum(seqlen_k, first_row + 1 + seqlen_k - seqlen_q)
         own_full = gl.maximum(gl.minimum(gl.maximum(full_end, 0) // BLOCK_N, n_blocks), n_full)
-        if not PINGPONG:
-            key_end = gl.minimum(seqlen_k, first_row + ROWS_PER_WARPGROUP + seqlen_k - seqlen_q)
-            own_blocks = gl.maximum(gl.minimum(gl.cdiv(gl.maximum(key_end, 0), BLOCK_N), n_blocks), own_full)
+        key_end = gl.minimum(seqlen_k, first_row + ROWS_PER_WARPGROUP + seqlen_k - seqlen_q)
+        own_blocks = gl.maximum(gl.minimum(gl.cdiv(gl.maximum(key_end, 0), BLOCK_N), n_blocks), own_full)
     return own_full, own_blocks
 
 
