@@ -141,9 +141,10 @@ def test_ws_forward_qkvpacked_view(causal, monkeypatch):
 @pytest.mark.parametrize("option", ["plain", "causal"])
 @pytest.mark.parametrize("seqlens", [([1, 300, 129, 0, 64], [5, 300, 700, 3, 64]), ([1000, 17], [1000, 17])],
                          ids=["mixed", "equal"])
-def test_ws_varlen_matches_reference(seqlens, option, monkeypatch):
-    case = make_varlen_case((*seqlens, 4, 2, 128), option, "cuda")
-    with forced_ws(WS_TILES["n128-s2"], monkeypatch):
+@pytest.mark.parametrize(("tile", "head_dim"), [("n128-s2", 128), ("n128-s3-consumers3", 64)])
+def test_ws_varlen_matches_reference(seqlens, option, tile, head_dim, monkeypatch):
+    case = make_varlen_case((*seqlens, 4, 2, head_dim), option, "cuda")
+    with forced_ws(WS_TILES[tile], monkeypatch):
         check_varlen_against_reference(case, torch.bfloat16, "cuda")
 
 
@@ -166,3 +167,11 @@ def test_table_takes_the_gluon_kernel_where_it_fits(head_dim, option, dtype, exp
     case = make_case((1, 2048, 2048, 2, 2, head_dim), option, "cuda")
     with forced_ws(None, monkeypatch, expect_launch=expect_launch):
         check_against_reference(case, dtype, "cuda", flash_attn_func, backward=False)
+
+
+@pytest.mark.gpu
+@hopper
+def test_table_takes_the_three_consumer_kernel_for_causal_hdim_64_from_4k(monkeypatch):
+    case = make_case((1, 4096, 4096, 2, 2, 64), "causal", "cuda")
+    with forced_ws(None, monkeypatch, expect_launch=True):
+        check_against_reference(case, torch.bfloat16, "cuda", flash_attn_func, backward=False)
