@@ -32,8 +32,7 @@ def launch(kernel, grid: tuple[int, ...], *args, **kwargs):
     from triton.runtime.jit import JITFunction
 
     recording = getattr(_RECORDING, "active", None)
-    if (not isinstance(kernel, JITFunction) or kernel.pre_run_hooks
-            or _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook)):
+    if not isinstance(kernel, JITFunction) or kernel.pre_run_hooks or _hooked_launches():
         if recording is not None:
             recording.complete = False
         return kernel[grid](*args, **kwargs)  # the interpreter, or someone watching each launch

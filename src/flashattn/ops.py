@@ -636,14 +636,16 @@ def _plannable(inputs: tuple, alibi_slopes, rng_state, attn_mask) -> bool:
             and all(x.stride(-1) == 1 for x in inputs))
 
 
-def _plan_signature(inputs: tuple) -> tuple:
-    """What, besides the options, decides every launch of a dense call: the inputs' shapes, strides, dtypes and
-    16-byte alignment, the device, and the switches and forced tiles the call reads."""
+def _planned(phase: str, inputs: tuple, opts: AttentionOptions, call):
+    """``call()`` (the ``phase`` op's own path on ``inputs``) through its launch plan. The key is what decides every
+    launch of a dense call: the options, the inputs' shapes, strides, dtypes and 16-byte alignment, the device, and
+    the switches and forced tiles the call reads."""
     from triton import knobs
 
-    return (*((x.shape, x.stride(), x.dtype, x.data_ptr() % 16 == 0) for x in inputs), inputs[0].device,
-            torch.cuda.current_device(), CONCURRENT_GRADIENTS, CONCURRENT_GRADIENTS_MIN_FLOPS,
-            configs.forced_configs(), knobs.runtime.debug, knobs.compilation.instrumentation_mode)
+    key = (phase, opts, *((x.shape, x.stride(), x.dtype, x.data_ptr() % 16 == 0) for x in inputs), inputs[0].device,
+           torch.cuda.current_device(), CONCURRENT_GRADIENTS, CONCURRENT_GRADIENTS_MIN_FLOPS,
+           configs.forced_configs(), knobs.runtime.debug, knobs.compilation.instrumentation_mode)
+    return launcher.planned(key, inputs, call, _GradientStreams, _tma_workspace)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -700,10 +702,7 @@ def attention_forward_cuda(q, k, v, alibi_slopes, rng_state, softmax_scale, wind
     if backend_override() == "torch":
         return cpu.forward(q, k, v, opts, alibi_slopes, rng_state, attn_mask)
     if _plannable((q, k, v), alibi_slopes, rng_state, attn_mask):
-        inputs = (q, k, v)
-        key = ("forward", softmax_scale, window_left, window_right, softcap, dropout_p, *_plan_signature(inputs))
-        return launcher.planned(key, inputs, lambda: _triton_forward(q, k, v, None, None, opts),
-                                _GradientStreams, _tma_workspace)
+        return _planned("forward", (q, k, v), opts, lambda: _triton_forward(q, k, v, None, None, opts))
     return _triton_forward(q, k, v, alibi_slopes, rng_state, opts, attn_mask)
 
 
@@ -751,10 +750,8 @@ def attention_backward_cuda(dout, q, k, v, out, lse, alibi_slopes, rng_state, so
     if backend_override() == "torch":
         return cpu.backward(dout, q, k, v, out, lse, opts, alibi_slopes, rng_state, attn_mask, mask_needs_grad)
     if _plannable((dout, q, k, v, out, lse), alibi_slopes, rng_state, attn_mask):
-        inputs = (dout, q, k, v, out, lse)
-        key = ("backward", softmax_scale, window_left, window_right, softcap, dropout_p, *_plan_signature(inputs))
-        return launcher.planned(key, inputs, lambda: _triton_backward(dout, q, k, v, out, lse, None, None, opts),
-                                _GradientStreams, _tma_workspace)
+        return _planned("backward", (dout, q, k, v, out, lse), opts,
+                        lambda: _triton_backward(dout, q, k, v, out, lse, None, None, opts))
     return _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts, attn_mask, mask_needs_grad)
 
 
