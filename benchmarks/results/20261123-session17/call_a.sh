@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Call A: session 16's untried tests (the Gluon varlen forward on the three-consumer tile, the table's three-consumer
 # kernel, the launch plans after the review mend), the atomic-dQ forms of the dK/dV tests on sm90 (TMA reductions),
-# then the atomic-dQ sweep (benchmarks/sweeps/backward-atomic-dq.txt), two passes.
+# then the atomic-dQ sweep (benchmarks/sweeps/backward-atomic-dq.txt), one pass.
 set -u
 export PYTHONPATH=src:tests:benchmarks PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
@@ -16,4 +16,4 @@ timeout 200 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider -k atomic tests
   > "$OUT/tests-atomic.log" 2>&1
 echo "atomic tests exit $?: $(tail -1 "$OUT/tests-atomic.log")"
 grep -hE "^(FAILED|ERROR)" "$OUT"/tests-*.log | head -20
-SWEEPS=benchmarks/sweeps/backward-atomic-dq.txt REPEAT=2 LIMIT=200 bash benchmarks/gpu_sweeps.sh 2>&1 | tail -60
+SWEEPS=benchmarks/sweeps/backward-atomic-dq.txt REPEAT=1 LIMIT=150 bash benchmarks/gpu_sweeps.sh 2>&1 | tail -60
