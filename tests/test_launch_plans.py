@@ -90,6 +90,19 @@ def test_calls_with_dropout_alibi_or_a_strided_last_dimension_take_their_own_pat
     assert not launcher._PLANS and not replays
 
 
+def test_a_call_on_one_tensor_as_q_k_and_v_does_not_replay_for_three(monkeypatch):
+    x, k, v, dout = _inputs(torch.bfloat16, 2, 128, 128, 4, 4, 128, seed=7)
+    q = torch.randn_like(x)
+    monkeypatch.setattr(ops, "LAUNCH_PLANS", False)
+    expected = _forward_backward(q, k, v, dout, True, (-1, -1))
+    monkeypatch.setattr(ops, "LAUNCH_PLANS", True)
+    for _ in range(2):
+        flash_attn_func(x, x, x, causal=True)  # records (and then replays) the plan of one tensor thrice
+        got = _forward_backward(q, k, v, dout, True, (-1, -1))
+        for a, b in zip(got, expected, strict=True):
+            assert torch.equal(a, b)
+
+
 def test_an_unaligned_input_gets_its_own_plan(monkeypatch):
     """A 16-byte aligned call takes the TMA kernels; one shifted by an element cannot, and must not replay them."""
     q, k, v, dout = _inputs(torch.bfloat16, 1, 96, 96, 2, 2, 128, seed=4)

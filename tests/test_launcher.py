@@ -191,3 +191,22 @@ def test_calls_a_replay_could_not_reproduce_get_no_plan():
     assert _recorded().plan((q,), (q,), None, None) is None
     # and the written one is fine
     assert _recorded((compiled, (1, 1, 1), [q, written], False)).plan((q,), (written,), None, None) is not None
+
+
+def test_inputs_that_are_one_tensor_get_their_own_plan(monkeypatch):
+    """A plan recorded on (x, x) maps both arguments to one slot: a call on two tensors must record its own."""
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(launcher, "_PLANS", {})
+    calls = []
+
+    def call():
+        calls.append(1)
+        return ()
+
+    x, a, b = torch.randn(4), torch.randn(4), torch.randn(4)
+    for inputs in ((x, x), (a, b), (a, a), (b, a)):
+        launcher.planned("same key", inputs, call)
+    # (x, x) and (a, a) share a plan key, as do (a, b) and (b, a): two recordings (no launch: no plan, so the
+    # later calls of a key run their own path too)
+    assert len(calls) == 4 and len(launcher._PLANS) == 2

@@ -150,9 +150,13 @@ def planned(key, inputs: tuple, call, fork=None, allocator=None):
     call reads; the call's new tensors are ``torch.empty`` ones that its kernels write in full (a replay allocates
     them uninitialized), and it launches its second-stream work inside ``fork(device).first()``. The first call of a
     key runs ``call`` and records its launches; a call that makes a view of its inputs, or returns a new tensor that
-    no kernel writes, is never replayed."""
+    no kernel writes, is never replayed.
+
+    Which inputs are one tensor is part of the key: a plan maps each argument to the slot of the input it was, so a
+    plan recorded on ``(x, x, x)`` would pass the last input three times to a call with three tensors."""
     if _hooked_launches():
         return call()
+    key = (key, _same_tensors(inputs))
     plan = _PLANS.get(key, _UNSEEN)
     if plan is None:
         return call()
@@ -168,6 +172,12 @@ def planned(key, inputs: tuple, call, fork=None, allocator=None):
         _PLANS.clear()
     _PLANS[key] = recording.plan(inputs, result, fork, allocator)
     return result
+
+
+def _same_tensors(inputs: tuple) -> tuple[int, ...]:
+    """For each input, the position of the first input that is the same tensor object."""
+    first: dict[int, int] = {}
+    return tuple(first.setdefault(id(x), position) for position, x in enumerate(inputs))
 
 
 def clear_plans() -> None:
