@@ -1,7 +1,6 @@
 """The one-pass dK/dV kernel's other forms: one masked loop over each key block's queries
 (``TileConfig.mask_every_block``), the causal diagonal peeled out of the loop (``TileConfig.peel_diagonal``),
-S and dP computed with the keys along the rows (``TileConfig.key_rows``), and dQ reduced from the same pass
-(``TileConfig.atomic_dq``).
+and S and dP computed with the keys along the rows (``TileConfig.key_rows``).
 
 The table takes them where ptxas serialized the wgmma instructions of the plain form (causal hdim 64 and 128,
 docs/perf-notes.md, version 8); these tests force each form on every head dim, against the float64 reference.
@@ -28,10 +27,6 @@ FORMS = {
     # Q and dO through TMA descriptors (zero fill past seqlen_q): the three-loop form and the one loop
     "tma": dict(tma=True, mask_every_block=False, peel_diagonal=False),
     "every-tma": dict(tma=True, mask_every_block=True, peel_diagonal=False),
-    # dQ reduced from the dK/dV pass (no dQ kernel): the three-loop form and the peeled one with the keys along
-    # the rows; through TMA reductions on sm90
-    "atomic": dict(atomic_dq=True, mask_every_block=False, peel_diagonal=False),
-    "peel-every-keyrows-atomic": dict(peel_diagonal=True, mask_every_block=True, key_rows=True, atomic_dq=True),
 }
 # BLOCK_N != BLOCK_M, so that a tile built the wrong way round fails to compile or to match
 INTERPRETER_TILE = configs.TileConfig(16, 32, 1, 1)

@@ -87,7 +87,7 @@ def candidates_for(phase: str, head_dim: int) -> list[Candidate]:
 # label suffix -> the position of TileConfig's flag in a candidate (TileConfig(*candidate)); the register
 # cap (+rN) sits at REGISTER_CAP, between the flags, in TileConfig's field order
 FLAG_POSITIONS = {"tma": 4, "split": 5, "every": 7, "keyrows": 8, "peel": 9, "ws": 10, "pingpong": 11, "persistent": 12,
-                  "consumers3": 13, "slices": 14, "atomic": 15}
+                  "consumers3": 13, "slices": 14}
 FLAG_NAMES = tuple(FLAG_POSITIONS)
 REGISTER_CAP = 6
 
@@ -110,8 +110,7 @@ def parse_candidates(text: str) -> list[Candidate]:
     ``TileConfig.warp_specialized``; forward and dQ 128 x BLOCK_N x 8 x STAGES, dK/dV BLOCK_M query rows x BLOCK_N
     (64 or 128) keys x 8 x STAGES), a forward one with ``+pingpong`` and ``+persistent``, a forward or dQ one with
     ``+consumers3`` (``TileConfig.pingpong``, ``TileConfig.persistent``, ``TileConfig.three_consumers``), a dK/dV
-    one with ``+slices`` (``TileConfig.key_slices``: 128 keys, 64 a warpgroup with both gradients) or ``+atomic``
-    (``TileConfig.atomic_dq``: dQ reduced from the dK/dV pass, no dQ kernel),
+    one with ``+slices`` (``TileConfig.key_slices``: 128 keys, 64 a warpgroup with both gradients),
     any config in ``+rN`` (at most N registers a thread, ``TileConfig.max_registers``)."""
     found: list[Candidate] = []
     for part in (p.strip() for p in text.split(",")):

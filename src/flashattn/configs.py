@@ -62,11 +62,6 @@ class TileConfig:
     # gradients (FA3's layout, kernels/backward_hopper.py's dkdv_key_slices_kernel) instead of one gradient of all
     # the program's keys; for head dims up to 128, where a warpgroup holds both accumulators. block_n is 128
     key_slices: bool = False
-    # dK/dV only (the Triton kernel): dQ from the same pass, each tile adding dS K to a float32 buffer through TMA
-    # reductions (element atomics without TMA), as FlashAttention 2 and 3 do: 5 tile products a backward instead
-    # of 7, and no dQ kernel. Their order varies, so calls with deterministic=True and those that need the SDPA
-    # mask's gradient take the dQ kernel instead
-    atomic_dq: bool = False
 
 
 # Under TRITON_INTERPRET=1 every program runs in numpy: small tiles keep the tests fast there.

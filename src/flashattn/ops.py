@@ -529,41 +529,9 @@ class _GradientStreams:
         self.main.wait_stream(self.side)
 
 
-def _dq_accumulator(dq: torch.Tensor) -> torch.Tensor:
-    """The zeroed float32 sums that an ``atomic_dq`` dK/dV pass adds dS K into, laid out as ``dq`` (contiguous)."""
-    return torch.zeros(dq.shape, dtype=torch.float32, device=dq.device)
-
-
-def _triton_dkdv(config: configs.TileConfig, layout: _Layout, inputs: tuple, dk, dv, input_strides: tuple, slopes,
-                 stride_alibi_b: int, nheads: int, nheads_k: int, shared: dict, block_map: dict,
-                 dq_accumulator: torch.Tensor | None = None):
-    """The Triton dK/dV kernel's launches (``_dkdv_passes``); with ``dq_accumulator``, the pass that computes dK also
-    adds every tile's dS K to it (``TileConfig.atomic_dq``)."""
-    from .kernels.backward import dkdv_kernel
-
-    q, dout = inputs[0], inputs[3]
-    half = q.dtype != torch.float32
-    use_tma = _tma_loads(config.tma and half, q, dout)
-    atomic = {}
-    if dq_accumulator is not None:
-        stride_b, stride_m, stride_h = _strides(dq_accumulator)
-        atomic = dict(DQAccum=dq_accumulator, stride_dqab=stride_b, stride_dqam=stride_m, stride_dqah=stride_h,
-                      ATOMIC_DQ=True,
-                      DQ_TMA=_tma_loads(q.is_cuda and configs.gpu_family(q.device) == "hopper", dq_accumulator))
-    for gradients in _dkdv_passes(config):
-        launch(
-            dkdv_kernel, (_cdiv(layout.grid_k, config.block_n), layout.batch * nheads_k),
-            *inputs, dk, dv, slopes, *layout.cu_seqlens, *input_strides, *_strides(dk), *_strides(dv),
-            stride_alibi_b, *layout.lengths, nheads, nheads_k, nheads // nheads_k,
-            BLOCK_M=config.block_m, BLOCK_N=config.block_n, USE_TMA=use_tma,
-            **configs.launch_options(config), **shared, **block_map, **gradients,
-            **(atomic if gradients.get("COMPUTE_DK", True) else {}),  # the dV-only pass has no dS
-        )
-
-
 def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: AttentionOptions, attn_mask=None,
                      mask_needs_grad=False, packing: Packing | None = None):
-    from .kernels.backward import delta_kernel, dq_from_accumulator_kernel, dq_kernel
+    from .kernels.backward import delta_kernel, dkdv_kernel, dq_kernel
 
     dout, q, k, v, out = (_last_dim_contiguous(x) for x in (dout, q, k, v, out))
     nheads, head_dim = q.shape[-2:]
@@ -617,22 +585,21 @@ def _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Att
     # memory (H200)
     half = q.dtype != torch.float32
     dq_tma = _tma_loads(dq_config.tma and half, k, v)
-    gluon_dkdv = dkdv_config.warp_specialized and fits_gluon
-    if dkdv_config.atomic_dq and not (gluon_dkdv or opts.deterministic or mask_needs_grad):
-        dq_sums = _dq_accumulator(dq)
-        _triton_dkdv(dkdv_config, layout, inputs, dk, dv, input_strides, slopes, stride_alibi_b, nheads, nheads_k,
-                     shared, dkdv_map, dq_sums)
-        launch(dq_from_accumulator_kernel, (_cdiv(dq.numel(), 1024),), dq_sums, dq, dq.numel(), opts.softmax_scale,
-               BLOCK=1024)
-        return dq, dk, dv, q.new_empty(0)
     # dK/dV and dQ both read only the inputs and delta, so they may run side by side
     gradient_streams = _GradientStreams(q.device) if _gradient_streams_pay(q, layout, nheads_k, opts) else None
     with gradient_streams.first() if gradient_streams else contextlib.nullcontext():
-        if gluon_dkdv:
+        if dkdv_config.warp_specialized and fits_gluon:
             _warp_specialized_dkdv(q, k, v, dout, lse, delta, dk, dv, opts, dkdv_config)
         else:
-            _triton_dkdv(dkdv_config, layout, inputs, dk, dv, input_strides, slopes, stride_alibi_b, nheads,
-                         nheads_k, shared, dkdv_map)
+            dkdv_tma = _tma_loads(dkdv_config.tma and half, q, dout)
+            for gradients in _dkdv_passes(dkdv_config):
+                launch(
+                    dkdv_kernel, (_cdiv(layout.grid_k, dkdv_config.block_n), batch * nheads_k),
+                    *inputs, dk, dv, slopes, *layout.cu_seqlens, *input_strides, *_strides(dk), *_strides(dv),
+                    stride_alibi_b, *layout.lengths, nheads, nheads_k, nheads // nheads_k,
+                    BLOCK_M=dkdv_config.block_m, BLOCK_N=dkdv_config.block_n, USE_TMA=dkdv_tma,
+                    **configs.launch_options(dkdv_config), **shared, **dkdv_map, **gradients,
+                )
     if dq_config.warp_specialized and fits_gluon_dq:
         _warp_specialized_dq(q, k, v, dout, lse, delta, dq, layout, dq_config, opts)
     else:

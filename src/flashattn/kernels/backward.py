@@ -82,21 +82,6 @@ def _load_tile(source, start, offs_rows, limit, stride, offs_d, HEAD_DIM: tl.con
 
 
 @triton.jit
-def _add_tile(target, start, tile, offs_rows, limit, stride, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-              USE_TMA: tl.constexpr):
-    """Add ``tile`` to the rows offs_rows = start + arange of a float32 (rows x HEAD_DIM) tensor: one TMA reduction
-    through a descriptor (USE_TMA; rows past its shape are dropped), or element atomics from base ``target`` for the
-    rows below ``limit``."""
-    if USE_TMA:
-        target.atomic_add([start, 0], tile)
-    else:
-        in_bounds = offs_rows[:, None] < limit
-        if BLOCK_D != HEAD_DIM:
-            in_bounds = in_bounds & (offs_d[None, :] < HEAD_DIM)
-        tl.atomic_add(target + offs_rows[:, None] * stride + offs_d[None, :], tile, mask=in_bounds, sem="relaxed")
-
-
-@triton.jit
 def _probs(
     q, k, lse_log2, offs_m, offs_n, seqlen_q, seqlen_k,
     qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
@@ -169,12 +154,8 @@ def _dkdv_tile(
     mask_base, stride_mask_m, stride_mask_n, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
     COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr, KEY_ROWS: tl.constexpr,
     interior_lo, interior_hi, MASK_AT_RUN_TIME: tl.constexpr, row_limit, USE_TMA: tl.constexpr,
-    dq_target, stride_dqm, ATOMIC_DQ: tl.constexpr, DQ_TMA: tl.constexpr,
 ):
     """dK and dV of one (BLOCK_M queries from start_m) x (key block) tile, added to the accumulators.
-
-    ATOMIC_DQ (with COMPUTE_DK): the tile's share of dQ / softmax_scale, dS K, is added to the float32 rows of
-    ``dq_target`` (a descriptor with DQ_TMA, else a base pointer; see :func:`_add_tile`).
 
     MASK_AT_RUN_TIME (with MASKED): the causal/window mask is computed only when the block lies outside
     [interior_lo, interior_hi), behind a branch that is uniform across the program. With MASKED, the rows
@@ -221,9 +202,6 @@ def _dkdv_tile(
     if COMPUTE_DK:
         dk, dk_comp = accumulate(dk, dk_comp, dot(tl.trans(ds.to(q.dtype)), q, UPCAST_DOT, DOT_PRECISION),
                                  COMPENSATED)
-        if ATOMIC_DQ:
-            _add_tile(dq_target, start_m, dot(ds.to(k.dtype), k, UPCAST_DOT, DOT_PRECISION), offs_m, seqlen_q,
-                      stride_dqm, offs_d, HEAD_DIM, BLOCK_D, DQ_TMA)
     return dk, dv, dk_comp, dv_comp
 
 
@@ -240,7 +218,6 @@ def _dkdv_query_range(
     mask_base, stride_mask_m, stride_mask_n, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
     block_list, HAS_BLOCK_MAP: tl.constexpr, COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr,
     KEY_ROWS: tl.constexpr, interior_lo, interior_hi, MASK_AT_RUN_TIME: tl.constexpr, USE_TMA: tl.constexpr,
-    dq_target, stride_dqm, ATOMIC_DQ: tl.constexpr, DQ_TMA: tl.constexpr,
 ):
     """Query blocks lo, lo + BLOCK_M, ... < hi (with HAS_BLOCK_MAP, the blocks block_list[lo:hi]), each
     through :func:`_dkdv_tile`."""
@@ -255,7 +232,7 @@ def _dkdv_query_range(
             window_right, dropout_p, rng_seed, rng_row_base, rng_row_stride, HEAD_DIM, BLOCK_D, BLOCK_M, MASKED,
             WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED,
             mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL, COMPUTE_DK, COMPUTE_DV, KEY_ROWS,
-            interior_lo, interior_hi, MASK_AT_RUN_TIME, seqlen_q, USE_TMA, dq_target, stride_dqm, ATOMIC_DQ, DQ_TMA)
+            interior_lo, interior_hi, MASK_AT_RUN_TIME, seqlen_q, USE_TMA)
     return dk, dv, dk_comp, dv_comp
 
 
@@ -282,8 +259,6 @@ def dkdv_kernel(
     BlockMap=None, stride_map_b=0, stride_map_h=0, stride_map_row=0, HAS_BLOCK_MAP: tl.constexpr = False,
     COMPUTE_DK: tl.constexpr = True, COMPUTE_DV: tl.constexpr = True, KEY_ROWS: tl.constexpr = False,
     MASK_EVERY_BLOCK: tl.constexpr = False, PEEL_DIAGONAL: tl.constexpr = False, USE_TMA: tl.constexpr = False,
-    DQAccum=None, stride_dqab=0, stride_dqam=0, stride_dqah=0, ATOMIC_DQ: tl.constexpr = False,
-    DQ_TMA: tl.constexpr = False,
 ):
     """Varlen: seqlen_q/seqlen_k arrive as the packed totals, Lse/Delta are (nheads, total_q).
 
@@ -312,12 +287,6 @@ def dkdv_kernel(
 
     USE_TMA: the streamed Q and dO tiles come through tensor descriptors (one pair per query head), so that
     their loads need no registers or address arithmetic in the loop.
-
-    ATOMIC_DQ: dQ in the same pass, FlashAttention 2 and 3's way: each tile adds dS K to DQAccum, float32 laid out
-    as Q and zeroed, which ``dq_from_accumulator_kernel`` then scales and converts. That is 5 tile products where
-    the separate dQ kernel makes it 7, for float32 reductions whose order varies from run to run (so never with
-    ``deterministic=True``). DQ_TMA: the reductions go through a tensor descriptor (sm90's bulk reduce) instead of
-    element atomics.
     """
     start_n = tl.program_id(0) * BLOCK_N
     bhk = tl.program_id(1)
@@ -373,16 +342,6 @@ def dkdv_kernel(
             delta_base = Delta + bh.to(tl.int64) * seqlen_q
             rng_row_base = dropout_row_base(rng_offset, bh.to(tl.int64) * seqlen_q, seqlen_k, 0)
             rng_row_stride = seqlen_k
-        dq_target = DQAccum
-        stride_dqm = stride_dqam
-        if ATOMIC_DQ:
-            if IS_VARLEN:
-                dq_target = DQAccum + q_start.to(tl.int64) * stride_dqam + head.to(tl.int64) * stride_dqah
-            else:
-                dq_target = DQAccum + batch.to(tl.int64) * stride_dqab + head.to(tl.int64) * stride_dqah
-            if DQ_TMA:
-                dq_target = tl.make_tensor_descriptor(dq_target, shape=[seqlen_q, HEAD_DIM],
-                                                      strides=[stride_dqam, 1], block_shape=[BLOCK_M, BLOCK_D])
         q_source = q_base
         do_source = do_base
         if USE_TMA:  # descriptors are made here: Triton 3.6 does not return one from a helper
@@ -432,7 +391,7 @@ def dkdv_kernel(
                             rng_row_stride, HEAD_DIM, BLOCK_D, BLOCK_M, True, WINDOW_LEFT, WINDOW_RIGHT,
                             HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED, mask_base,
                             stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL, COMPUTE_DK, COMPUTE_DV, KEY_ROWS,
-                            0, 0, False, head_full_lo, USE_TMA, dq_target, stride_dqm, ATOMIC_DQ, DQ_TMA)
+                            0, 0, False, head_full_lo, USE_TMA)
             elif peeled and stage == 2:
                 if head_full_hi < head_hi:  # the partial last block (its rows from head_hi = seqlen_q on take no part)
                     dk, dv, dk_comp, dv_comp = _dkdv_tile(
@@ -441,8 +400,7 @@ def dkdv_kernel(
                         window_left, window_right, dropout_p, rng_seed, rng_row_base, rng_row_stride, HEAD_DIM,
                         BLOCK_D, BLOCK_M, True, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
                         UPCAST_DOT, DOT_PRECISION, COMPENSATED, mask_base, stride_mask_m, stride_mask_n, HAS_MASK,
-                        MASK_IS_BOOL, COMPUTE_DK, COMPUTE_DV, KEY_ROWS, 0, 0, False, head_hi, USE_TMA, dq_target,
-                        stride_dqm, ATOMIC_DQ, DQ_TMA)
+                        MASK_IS_BOOL, COMPUTE_DK, COMPUTE_DV, KEY_ROWS, 0, 0, False, head_hi, USE_TMA)
             elif stage == 1 or not one_loop:
                 # the three-loop form's stages; the one-loop form's single stage; the peeled form's interior
                 start, end = stage_range(stage, head_lo, head_full_lo, head_full_hi, head_hi)
@@ -453,7 +411,7 @@ def dkdv_kernel(
                     BLOCK_M, stage != 1 or HAS_MASK or one_loop, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP,
                     HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED, mask_base, stride_mask_m,
                     stride_mask_n, HAS_MASK, MASK_IS_BOOL, block_list, HAS_BLOCK_MAP, COMPUTE_DK, COMPUTE_DV,
-                    KEY_ROWS, interior_lo, interior_hi, one_loop, USE_TMA, dq_target, stride_dqm, ATOMIC_DQ, DQ_TMA)
+                    KEY_ROWS, interior_lo, interior_hi, one_loop, USE_TMA)
     store_mask = offs_n[:, None] < seqlen_k
     if BLOCK_D != HEAD_DIM:
         store_mask = store_mask & (offs_d[None, :] < HEAD_DIM)
@@ -464,15 +422,6 @@ def dkdv_kernel(
     if COMPUTE_DV:
         tl.store(dv_base + offs_n[:, None] * stride_dvn + offs_d[None, :], dv.to(DV.dtype.element_ty),
                  mask=store_mask)
-
-
-@triton.jit
-def dq_from_accumulator_kernel(Accumulator, DQ, numel, softmax_scale, BLOCK: tl.constexpr):
-    """dQ = softmax_scale * the float32 sums of an ATOMIC_DQ dK/dV pass, in dQ's dtype (both contiguous)."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    in_bounds = offs < numel
-    total = tl.load(Accumulator + offs, mask=in_bounds)
-    tl.store(DQ + offs, (total * softmax_scale).to(DQ.dtype.element_ty), mask=in_bounds)
 
 
 @triton.jit
