@@ -59,7 +59,7 @@ WRAPPED = (
     ("torch", "empty"),
     ("torch", "empty_strided"),
     ("flashattn.ops", "_plannable"),
-    ("flashattn.ops", "_planned"),
+    ("flashattn.ops", "planned"),
     ("flashattn.launcher", "planned"),
     ("flashattn.launcher", "LaunchPlan.replay"),
     ("flashattn.launcher", "_run"),

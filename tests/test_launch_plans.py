@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashattn import flash_attn_func, launcher, ops
+from flashattn import flash_attn_func, flash_attn_varlen_func, launcher, ops
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -161,3 +161,55 @@ def test_replays_are_captured_by_a_cuda_graph(monkeypatch):
     torch.cuda.synchronize()
     for a, b in zip((out, *grads), expected, strict=True):
         assert torch.equal(a, b)
+
+
+def _packed(lengths_q, lengths_k, nheads, nheads_k, head_dim, seed):
+    """Packed q, k, v, dout and int32 cu_seqlens on the GPU for the given sequence lengths."""
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=generator)
+
+    def cumulative(lengths):
+        return torch.tensor([0, *lengths], device="cuda").cumsum(0).to(torch.int32)
+
+    q, dout = randn(sum(lengths_q), nheads, head_dim), randn(sum(lengths_q), nheads, head_dim)
+    k, v = randn(sum(lengths_k), nheads_k, head_dim), randn(sum(lengths_k), nheads_k, head_dim)
+    return q, k, v, dout, cumulative(lengths_q), cumulative(lengths_k)
+
+
+def _varlen_forward_backward(q, k, v, dout, cu_q, cu_k, max_q, max_k, causal):
+    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal)
+    return (out.detach(), *torch.autograd.grad(out, (q, k, v), dout))
+
+
+@pytest.mark.parametrize("head_dim,causal", [(128, True), (64, False), (96, True)])
+def test_a_replayed_varlen_call_follows_its_own_cu_seqlens(head_dim, causal, monkeypatch, replays):
+    """The plan is recorded on one cut of the tokens and replayed on another with the same totals and maxima:
+    cu_seqlens are read on the GPU, so the replay must follow the new cut (empty and one-token sequences, GQA)."""
+    first = _packed([100, 0, 1, 155], [90, 3, 1, 162], 8, 2, head_dim, seed=8)
+    second = _packed([155, 1, 100, 0], [162, 90, 1, 3], 8, 2, head_dim, seed=9)
+    monkeypatch.setattr(ops, "LAUNCH_PLANS", False)
+    expected = _varlen_forward_backward(*second, 155, 162, causal)
+    monkeypatch.setattr(ops, "LAUNCH_PLANS", True)
+    _varlen_forward_backward(*first, 155, 162, causal)
+    assert not replays
+    _poison_allocator(expected)
+    replayed = _varlen_forward_backward(*second, 155, 162, causal)
+    assert len(replays) == 2, "the forward and the backward are replayed"
+    for name, got, want in zip(("out", "dq", "dk", "dv"), replayed, expected, strict=True):
+        assert torch.equal(got, want), f"{name} differs from the call's own path"
+
+
+def test_varlen_calls_with_other_maxima_or_derived_ones_take_their_own_path(monkeypatch, replays):
+    q, k, v, dout, cu_q, cu_k = _packed([64, 64], [64, 64], 4, 4, 128, seed=10)
+    maximum = torch.tensor(64, device="cuda")  # a tensor: the maximum is derived on the host, never planned
+    # longer maxima than the sequences need: larger grids (and maybe other tiles), each recorded on its own
+    for max_q, max_k in ((64, 64), (128, 64), (64, 128), (maximum, maximum)):
+        monkeypatch.setattr(ops, "LAUNCH_PLANS", False)
+        expected = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k)
+        monkeypatch.setattr(ops, "LAUNCH_PLANS", True)
+        for _ in range(2):
+            assert torch.equal(flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k), expected)
+    assert len(replays) == 3

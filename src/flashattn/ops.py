@@ -628,23 +628,25 @@ The key holds the switches above and the forced tiles, not the tables or other m
 call ``launcher.clear_plans()``."""
 
 
-def _plannable(inputs: tuple, alibi_slopes, rng_state, attn_mask) -> bool:
+def _plannable(inputs: tuple, alibi_slopes, rng_state, attn_mask=None) -> bool:
     """Whether a CUDA call may take a launch plan: no ALiBi, dropout or SDPA mask (their values or random state
     are not in the key), and inputs the kernels read in place (a last dimension of stride 1: otherwise the call
-    copies them, which a replay would not)."""
+    copies them, which a replay would not). None stands for an absent optional input."""
     return (LAUNCH_PLANS and alibi_slopes is None and rng_state is None and attn_mask is None
-            and all(x.stride(-1) == 1 for x in inputs))
+            and all(x is None or x.stride(-1) == 1 for x in inputs))
 
 
-def _planned(phase: str, inputs: tuple, opts: AttentionOptions, call):
+def planned(phase: str, inputs: tuple, options, call, switches: tuple = ()):
     """``call()`` (the ``phase`` op's own path on ``inputs``) through its launch plan. The key is what decides every
-    launch of a dense call: the options, the inputs' shapes, strides, dtypes and 16-byte alignment, the device, and
-    the switches and forced tiles the call reads."""
+    launch of the call: the options (the op's scalars), the inputs' shapes, strides, dtypes and 16-byte alignment
+    (None for an absent one), the device, and the switches and forced tiles the call reads (``switches``: the
+    caller's own, beside this module's)."""
     from triton import knobs
 
-    key = (phase, opts, *((x.shape, x.stride(), x.dtype, x.data_ptr() % 16 == 0) for x in inputs), inputs[0].device,
-           torch.cuda.current_device(), CONCURRENT_GRADIENTS, CONCURRENT_GRADIENTS_MIN_FLOPS,
-           configs.forced_configs(), knobs.runtime.debug, knobs.compilation.instrumentation_mode)
+    key = (phase, options, *(None if x is None else (x.shape, x.stride(), x.dtype, x.data_ptr() % 16 == 0)
+                             for x in inputs),
+           inputs[0].device, torch.cuda.current_device(), CONCURRENT_GRADIENTS, CONCURRENT_GRADIENTS_MIN_FLOPS,
+           configs.forced_configs(), knobs.runtime.debug, knobs.compilation.instrumentation_mode, switches)
     return launcher.planned(key, inputs, call, _GradientStreams, _tma_workspace)
 
 
@@ -702,7 +704,7 @@ def attention_forward_cuda(q, k, v, alibi_slopes, rng_state, softmax_scale, wind
     if backend_override() == "torch":
         return cpu.forward(q, k, v, opts, alibi_slopes, rng_state, attn_mask)
     if _plannable((q, k, v), alibi_slopes, rng_state, attn_mask):
-        return _planned("forward", (q, k, v), opts, lambda: _triton_forward(q, k, v, None, None, opts))
+        return planned("forward", (q, k, v), opts, lambda: _triton_forward(q, k, v, None, None, opts))
     return _triton_forward(q, k, v, alibi_slopes, rng_state, opts, attn_mask)
 
 
@@ -750,8 +752,8 @@ def attention_backward_cuda(dout, q, k, v, out, lse, alibi_slopes, rng_state, so
     if backend_override() == "torch":
         return cpu.backward(dout, q, k, v, out, lse, opts, alibi_slopes, rng_state, attn_mask, mask_needs_grad)
     if _plannable((dout, q, k, v, out, lse), alibi_slopes, rng_state, attn_mask):
-        return _planned("backward", (dout, q, k, v, out, lse), opts,
-                        lambda: _triton_backward(dout, q, k, v, out, lse, None, None, opts))
+        return planned("backward", (dout, q, k, v, out, lse), opts,
+                       lambda: _triton_backward(dout, q, k, v, out, lse, None, None, opts))
     return _triton_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts, attn_mask, mask_needs_grad)
 
 
@@ -776,6 +778,14 @@ def op_arguments(opts: AttentionOptions) -> tuple[float, int, int, float, float]
 
 DERIVE_MAX_SEQLEN = -1
 """A max_seqlen the caller gave as a tensor: the launcher takes the exact maximum from cu_seqlens."""
+
+
+def _varlen_plannable(inputs: tuple, max_seqlen_q: int, max_seqlen_k: int, alibi_slopes, rng_state) -> bool:
+    """Whether a packed call may take a launch plan (``_plannable``): only with both max lengths given as ints and
+    cu_seqlens on the GPU. A length to derive, like cu_seqlens on the CPU, is read on the host (and checked), and it
+    sizes the grid, so it cannot be keyed."""
+    return (DERIVE_MAX_SEQLEN not in (max_seqlen_q, max_seqlen_k) and all(x is None or x.is_cuda for x in inputs)
+            and _plannable(inputs, alibi_slopes, rng_state))
 
 
 def _check_cu_seqlens(name: str, cu_seqlens: list[int], total: int | None, total_name: str) -> int:
@@ -905,8 +915,13 @@ def varlen_attention_forward_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqle
                                   rng_state, softmax_scale, window_left, window_right, softcap, dropout_p,
                                   block_table=None):
     opts = _options(softmax_scale, window_left, window_right, softcap, dropout_p)
+    backend = backend_override() or "triton"
+    inputs = (q, k, v, cu_seqlens_q, cu_seqlens_k, block_table)
+    if backend == "triton" and _varlen_plannable(inputs, max_seqlen_q, max_seqlen_k, alibi_slopes, rng_state):
+        return planned("varlen_forward", inputs, (opts, max_seqlen_q, max_seqlen_k), lambda: _varlen_forward(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, None, None, opts, backend, block_table))
     return _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
-                           rng_state, opts, backend_override() or "triton", block_table)
+                           rng_state, opts, backend, block_table)
 
 
 @varlen_attention_forward.register_fake
@@ -949,8 +964,14 @@ def varlen_attention_backward_cuda(dout, q, k, v, out, lse, cu_seqlens_q, cu_seq
                                    alibi_slopes, rng_state, softmax_scale, window_left, window_right, softcap,
                                    dropout_p):
     opts = _options(softmax_scale, window_left, window_right, softcap, dropout_p)
+    backend = backend_override() or "triton"
+    inputs = (dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+    if backend == "triton" and _varlen_plannable(inputs, max_seqlen_q, max_seqlen_k, alibi_slopes, rng_state):
+        return planned("varlen_backward", inputs, (opts, max_seqlen_q, max_seqlen_k), lambda: _varlen_backward(
+            dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, None, None, opts,
+            backend))
     return _varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                            alibi_slopes, rng_state, opts, backend_override() or "triton")
+                            alibi_slopes, rng_state, opts, backend)
 
 
 @varlen_attention_backward.register_fake
