@@ -1,13 +1,14 @@
 """Launch plans on the GPU (``ops.LAUNCH_PLANS``, ``launcher.planned``): a call replayed from the plan of an earlier
 call of the same signature must compute exactly what the call computes on its own path, on new inputs, with its
-outputs in memory that held NaNs; and calls whose launches a plan cannot fix must not get one."""
+outputs in memory that held NaNs; and calls whose launches a plan cannot fix must not get one. Dense, packed
+(varlen) and KV-cache calls."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from flashattn import flash_attn_func, flash_attn_varlen_func, launcher, ops
+from flashattn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, launcher, ops
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -213,3 +214,47 @@ def test_varlen_calls_with_other_maxima_or_derived_ones_take_their_own_path(monk
         for _ in range(2):
             assert torch.equal(flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k), expected)
     assert len(replays) == 3
+
+
+def _decode_step_inputs(batch, capacity, page_size, seed):
+    """A one-token decode step with an append (GQA 32/8, hdim 128): random caches and cache_seqlens; paged caches
+    get their pages in a random order."""
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=generator)
+
+    k_cache, v_cache = randn(batch, capacity, 8, 128), randn(batch, capacity, 8, 128)
+    inputs = dict(q=randn(batch, 1, 32, 128), k=randn(batch, 1, 8, 128), v=randn(batch, 1, 8, 128),
+                  cache_seqlens=torch.randint(0, capacity, (batch,), device="cuda", dtype=torch.int32,
+                                              generator=generator))
+    if page_size is None:
+        return dict(inputs, k_cache=k_cache, v_cache=v_cache)
+    pages = batch * capacity // page_size
+    order = torch.randperm(pages, device="cuda", generator=generator)
+    pool = [torch.empty_like(c.reshape(pages, page_size, 8, 128)) for c in (k_cache, v_cache)]
+    for paged, cache in zip(pool, (k_cache, v_cache), strict=True):
+        paged[order] = cache.reshape(pages, page_size, 8, 128)
+    return dict(inputs, k_cache=pool[0], v_cache=pool[1], block_table=order.view(batch, -1).to(torch.int32))
+
+
+def _decode_step(inputs):
+    arguments = dict(inputs, k_cache=inputs["k_cache"].clone(), v_cache=inputs["v_cache"].clone())
+    out, lse = flash_attn_with_kvcache(**arguments, causal=True, return_softmax_lse=True, check_indices=False)
+    return out, lse, arguments["k_cache"], arguments["v_cache"]
+
+
+# (batch, page size): split with a merge (batch 1), unsplit with the streaming stages (40 x 8 programs), paged
+@pytest.mark.parametrize("batch,page_size", [(1, None), (40, None), (2, 256)])
+def test_a_replayed_decode_step_follows_its_own_cache_seqlens(batch, page_size, monkeypatch, replays):
+    first, second = (_decode_step_inputs(batch, 2048, page_size, seed) for seed in (11, 12))
+    monkeypatch.setattr(ops, "LAUNCH_PLANS", False)
+    expected = _decode_step(second)
+    monkeypatch.setattr(ops, "LAUNCH_PLANS", True)
+    _decode_step(first)
+    assert not replays
+    _poison_allocator(expected)
+    replayed = _decode_step(second)
+    assert len(replays) == 1
+    for name, got, want in zip(("out", "lse", "k_cache", "v_cache"), replayed, expected, strict=True):
+        assert torch.equal(got, want), f"{name} differs from the call's own path"

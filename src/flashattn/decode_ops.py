@@ -22,11 +22,13 @@ from .ops import (
     _dot_flags,
     _kernel_scalars,
     _last_dim_contiguous,
+    _plannable,
     _sm_count,
     _tma_loads,
     backend_for_cpu_tensors,
     backend_override,
     interpreting,
+    planned,
 )
 from .options import AttentionOptions
 
@@ -363,11 +365,13 @@ def _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache
 
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(batch, nheads, seqlen_q, dtype=torch.float32, device=q.device)
-    if num_splits == 1:  # straight into the outputs
-        out_target, lse_target = out.unsqueeze(0), lse.unsqueeze(0)
+    if num_splits == 1:  # straight into the outputs, as one split (no view of them: a launch plan could not make it)
+        out_target, lse_target = out, lse
+        out_strides, lse_strides = (0, *out.stride()[:3]), (0, *lse.stride())
     else:  # float32 partials, merged below
         out_target = torch.empty((num_splits, *q.shape), dtype=torch.float32, device=q.device)
         lse_target = torch.empty((num_splits, batch, nheads, seqlen_q), dtype=torch.float32, device=q.device)
+        out_strides, lse_strides = out_target.stride()[:4], lse_target.stride()
 
     rotary_dim, seqlen_ro = _rotary_args(rotary_cos)
     slopes, stride_alibi_b, has_alibi = _alibi_args(alibi_slopes, q)
@@ -391,7 +395,7 @@ def _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache
         *(k_new.stride()[:3] if fused else (0, 0, 0)), *(v_new.stride()[:3] if fused else (0, 0, 0)),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        *out_target.stride()[:4], *lse_target.stride(),
+        *out_strides, *lse_strides,
         block_table.stride(0) if block_table is not None else 0, cos.stride(0), sin.stride(0), stride_alibi_b,
         seqlen_q, seqlen_new, nheads_k, group_size, geometry["capacity"], geometry["batch_cache"],
         geometry["num_blocks"], geometry["page_size"], rotary_dim, seqlen_ro, num_splits,
@@ -470,6 +474,16 @@ def kvcache_append_attention(
                                  block_table, rotary_cos, rotary_sin, alibi_slopes, opts, rotary_interleaved)
 
 
+def _planned_attention(phase: str, inputs: tuple, scalars: tuple, call):
+    """``call()`` through its launch plan (``ops.planned``) when every input is read in place; the switches of this
+    module that decide its launches are part of the key."""
+    if not _plannable(inputs, None, None):
+        return call()
+    return planned(phase, inputs, scalars, call, (PROGRAMMATIC_LAUNCH, FUSED_APPEND_MAX_TOKENS, MAX_SPLITS,
+                                                  STREAMING_PROGRAMS_PER_PROCESSOR, TABLE_CHUNK_ENTRIES,
+                                                  TABLE_CHUNK_MIN_BLOCKS))
+
+
 @kvcache_append_attention.register_kernel("cuda")
 def kvcache_append_attention_cuda(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad,
                                   block_table, rotary_cos, rotary_sin, alibi_slopes, softmax_scale, window_left,
@@ -478,9 +492,13 @@ def kvcache_append_attention_cuda(q, k_cache, v_cache, k, v, cache_seqlens, cach
     if backend_override() == "torch":
         return _cpu_append_attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad,
                                      block_table, rotary_cos, rotary_sin, alibi_slopes, opts, rotary_interleaved)
-    return _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
-                             rotary_cos, rotary_sin, alibi_slopes, k.shape[1], opts, rotary_interleaved, num_splits,
-                             k_new=k, v_new=v)
+    return _planned_attention(
+        "kvcache_append_attention", (q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad,
+                                     block_table, rotary_cos, rotary_sin, alibi_slopes),
+        (opts, rotary_interleaved, num_splits),
+        lambda: _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                                  rotary_cos, rotary_sin, alibi_slopes, k.shape[1], opts, rotary_interleaved,
+                                  num_splits, k_new=k, v_new=v))
 
 
 @kvcache_append_attention.register_fake
@@ -530,8 +548,13 @@ def kvcache_attention_cuda(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, 
         return cpu_decode.attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad,
                                     block_table, rotary_cos, rotary_sin, alibi_slopes, seqlen_new, opts,
                                     rotary_interleaved)
-    return _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
-                             rotary_cos, rotary_sin, alibi_slopes, seqlen_new, opts, rotary_interleaved, num_splits)
+    return _planned_attention(
+        "kvcache_attention", (q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                              rotary_cos, rotary_sin, alibi_slopes),
+        (opts, seqlen_new, rotary_interleaved, num_splits),
+        lambda: _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                                  rotary_cos, rotary_sin, alibi_slopes, seqlen_new, opts, rotary_interleaved,
+                                  num_splits))
 
 
 @kvcache_attention.register_fake
