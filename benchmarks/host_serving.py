@@ -1,0 +1,114 @@
+"""Host time of the serving entry points (GPU): packed (varlen) calls and KV-cache decode steps, issued eagerly, with
+and without launch plans (``ops.LAUNCH_PLANS``), beside SDPA's cuDNN and flash backends on the same decode step.
+
+For each call: the host microseconds to issue it (``bench.host_microseconds``: calls back to back, the GPU left to
+catch up), and the wall microseconds per call of the same loop with the GPU's work included (synchronized at its end).
+Where the two are close, the GPU waits on the host: the call is host-bound, which a CUDA graph would hide.
+
+    PYTHONPATH=src python3 benchmarks/host_serving.py [--calls 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from flashattn import flash_attn_varlen_func, flash_attn_with_kvcache, launcher, ops
+from flashattn.bench import host_microseconds
+
+
+def wall_microseconds(fn, calls: int) -> float:
+    fn()
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - started) / calls * 1e6
+
+
+def varlen_calls(lengths: list[int], causal: bool) -> dict:
+    """A packed batch of ``lengths`` (GQA 32/8, hdim 128, bf16): its forward without grad, and forward + backward."""
+    total, longest = sum(lengths), max(lengths)
+    cu_seqlens = torch.tensor([0, *lengths], device="cuda").cumsum(0).to(torch.int32)
+    q = torch.randn(total, 32, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(total, 8, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    dout = torch.randn_like(q)
+
+    def forward():
+        with torch.no_grad():
+            return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, longest, longest, causal=causal)
+
+    def forward_backward():
+        out = flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, longest, longest, causal=causal)
+        return torch.autograd.grad(out, (q, k, v), dout)
+
+    name = f"varlen {len(lengths)} seqs, {total} tokens"
+    return {f"{name}, forward": forward, f"{name}, forward + backward": forward_backward}
+
+
+def decode_calls(batch: int, cache_len: int, page_size: int | None) -> dict:
+    """One decode step (one query token, GQA 32/8, hdim 128, bf16) with a one-token append, over caches filled to
+    ``cache_len - 1``; the same step through SDPA (no append) on the contiguous layout."""
+    shape = (batch, cache_len, 8, 128)
+    k_cache, v_cache = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    k_new, v_new = (torch.randn(batch, 1, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    seqlens = torch.full((batch,), cache_len - 1, device="cuda", dtype=torch.int32)
+    extra = {}
+    if page_size is not None:
+        pages = batch * cache_len // page_size
+        k_cache, v_cache = (c.view(pages, page_size, 8, 128) for c in (k_cache, v_cache))
+        extra["block_table"] = torch.arange(pages, device="cuda", dtype=torch.int32).view(batch, -1)
+    layout = "contiguous" if page_size is None else f"paged {page_size}"
+    name = f"decode batch {batch}, cache {cache_len}, {layout}"
+    calls = {
+        f"{name}, flashattn": lambda: flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new,
+                                                              cache_seqlens=seqlens, check_indices=False, **extra),
+        f"{name}, flashattn checked": lambda: flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new,
+                                                                      cache_seqlens=seqlens, **extra),
+    }
+    if page_size is None:
+        q_t, k_t, v_t = q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2)
+        for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION):
+            def sdpa(backend=backend):
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(q_t, k_t, v_t, enable_gqa=True)
+            calls[f"{name}, sdpa {backend.name.split('_')[0].lower()}"] = sdpa
+    return calls
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=300)
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    calls = {}
+    calls.update(varlen_calls([300, 17, 1, 512, 1200, 64, 900, 1102], causal=True))
+    calls.update(decode_calls(1, 4096, None))
+    calls.update(decode_calls(8, 4096, None))
+    calls.update(decode_calls(8, 4096, 256))
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; us per call, {args.calls} calls back to back")
+    print("| call | plans | host us | wall us |")
+    print("|---|---|---|---|")
+    for name, fn in calls.items():
+        for plans in ((False, True) if "sdpa" not in name else (None,)):
+            if plans is not None:
+                ops.LAUNCH_PLANS = plans
+                launcher.clear_plans()
+            try:
+                host = host_microseconds(fn, device, args.calls)
+                wall = wall_microseconds(fn, args.calls)
+            except RuntimeError as error:  # an SDPA backend that refuses the shape
+                print(f"| {name} | – | failed: {str(error).splitlines()[0][:80]} | |")
+                continue
+            label = "–" if plans is None else ("on" if plans else "off")
+            print(f"| {name} | {label} | {host:.1f} | {wall:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
