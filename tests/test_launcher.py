@@ -146,6 +146,16 @@ def test_a_replay_puts_the_new_inputs_and_fresh_outputs_where_the_recorded_ones_
     assert all(value is None for value in plan.steps[0].constants[:2])
 
 
+def test_absent_optional_inputs_keep_their_slots(replayed_launches):
+    q, table = torch.randn(4), torch.randn(2)
+    out = torch.empty(4)
+    plan = _recorded((_FakeCompiled(), (1, 1, 1), [q, out, table], False)).plan((q, None, table), (out,), None, None)
+    new_q, new_table = torch.randn(4), torch.randn(2)
+    result = plan.replay((new_q, None, new_table))
+    [(_, values, _)] = replayed_launches
+    assert values[0] is new_q and values[2] is new_table and values[1] is result[0]
+
+
 def test_second_stream_steps_run_inside_one_fork_joined_at_the_end(replayed_launches):
     events = []
 

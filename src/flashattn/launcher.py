@@ -201,8 +201,8 @@ class _Recording:
     def plan(self, inputs: tuple, result: tuple, fork, allocator) -> LaunchPlan | None:
         if not self.complete:
             return None
-        slots = {id(x): slot for slot, x in enumerate(inputs)}
-        storages = {x.untyped_storage().data_ptr() for x in inputs}
+        slots = {id(x): slot for slot, x in enumerate(inputs) if x is not None}
+        storages = {x.untyped_storage().data_ptr() for x in inputs if x is not None}
         allocations: list = []
 
         def slot_of(x: torch.Tensor, written: bool) -> int | None:
