@@ -82,8 +82,8 @@ def _timed(name: str, fn):
     return wrapper
 
 
-def _wrap_all() -> None:
-    for module_name, attribute in WRAPPED:
+def _wrap_all(wrapped: tuple = WRAPPED) -> None:
+    for module_name, attribute in wrapped:
         owner = importlib.import_module(module_name)
         *path, name = attribute.split(".")
         for part in path:

@@ -5,7 +5,10 @@ For each call: the host microseconds to issue it (``bench.host_microseconds``: c
 catch up), and the wall microseconds per call of the same loop with the GPU's work included (synchronized at its end).
 Where the two are close, the GPU waits on the host: the call is host-bound, which a CUDA graph would hide.
 
-    PYTHONPATH=src python3 benchmarks/host_serving.py [--calls 300]
+    PYTHONPATH=src python3 benchmarks/host_serving.py [--calls 300] [--breakdown]
+
+``--breakdown`` then times the functions on a planned decode step's path (``host_breakdown``'s timers) for the batch-8
+contiguous step.
 """
 
 from __future__ import annotations
@@ -15,10 +18,31 @@ import time
 
 import torch
 import torch.nn.functional as F
+from host_breakdown import _TOTALS, _report, _wrap_all  # benchmarks/, beside this script
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from flashattn import flash_attn_varlen_func, flash_attn_with_kvcache, launcher, ops
 from flashattn.bench import host_microseconds
+
+# the functions on a planned decode step's path, outermost first
+DECODE_PATH = (
+    ("flashattn.kvcache", "flash_attn_with_kvcache"),
+    ("flashattn.kvcache", "_validate_cache"),
+    ("flashattn.kvcache", "_validate_rotary"),
+    ("flashattn.kvcache", "_validate_options"),
+    ("flashattn.kvcache", "_cache_seqlens_tensor"),
+    ("flashattn.options", "AttentionOptions.build"),
+    ("flashattn.ops", "eager_call"),
+    ("flashattn.decode_ops", "kvcache_append_attention_cuda"),
+    ("flashattn.decode_ops", "_planned_attention"),
+    ("flashattn.decode_ops", "_plannable"),
+    ("flashattn.decode_ops", "planned"),
+    ("flashattn.launcher", "planned"),
+    ("flashattn.launcher", "_same_tensors"),
+    ("flashattn.launcher", "LaunchPlan.replay"),
+    ("flashattn.launcher", "_run"),
+    ("torch", "empty_strided"),
+)
 
 
 def wall_microseconds(fn, calls: int) -> float:
@@ -85,6 +109,7 @@ def decode_calls(batch: int, cache_len: int, page_size: int | None) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--breakdown", action="store_true")
     args = parser.parse_args()
     device = torch.device("cuda")
     calls = {}
@@ -108,6 +133,21 @@ def main() -> None:
                 continue
             label = "–" if plans is None else ("on" if plans else "off")
             print(f"| {name} | {label} | {host:.1f} | {wall:.1f} |", flush=True)
+    if args.breakdown:
+        ops.LAUNCH_PLANS = True
+        step = calls["decode batch 8, cache 4096, contiguous, flashattn"]
+        step()
+        _wrap_all(DECODE_PATH)
+        for _ in range(20):
+            step()
+        torch.cuda.synchronize()
+        _TOTALS.clear()
+        started = time.perf_counter()
+        for _ in range(args.calls):
+            step()
+        elapsed = (time.perf_counter() - started) / args.calls * 1e6
+        torch.cuda.synchronize()
+        _report(f"decode batch 8, cache 4096, contiguous, plans on, wrapped ({elapsed:.1f} us per call)", args.calls)
 
 
 if __name__ == "__main__":
