@@ -197,6 +197,21 @@ def test_eager_call_takes_the_registered_op_for_cpu_tensors():
     assert calls == ["op", "op"]
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_eager_call_goes_direct_with_grad_mode_on_unless_an_input_requires_grad():
+    from flashattn import ops
+
+    calls = []
+    op, cuda_impl = (lambda *args: calls.append("op")), (lambda *args: calls.append("cuda"))
+    x = torch.zeros(1, device="cuda")
+    ops.eager_call(op, cuda_impl, x, None, 1.0)  # a decode step: grad mode on, nothing requires grad
+    ops.eager_call(op, cuda_impl, x, x.clone().requires_grad_())  # the op must refuse a backward
+    with torch.no_grad():
+        ops.eager_call(op, cuda_impl, x, x.clone().requires_grad_())
+    assert calls == ["cuda", "op", "cuda"]
+
+
 def _gradients(q, k, v, dout, **options):
     from flashattn import flash_attn_func
 

@@ -657,16 +657,18 @@ def planned(phase: str, inputs: tuple, options, call, switches: tuple = ()):
 # Eager calls on plain CUDA tensors go straight to the op's CUDA implementation: the dispatcher's
 # custom-op layer (its autograd wrapper, alias checks and dynamo guard) adds host time to every call,
 # and at short sequences the GPU waits on the host (docs/perf-notes.md, version 7). Under torch.compile
-# or export, for tensor subclasses (fake, functional, DTensor), and with grad mode on (outside an
-# autograd.Function's forward and backward: the forward-only kvcache op must still refuse a backward),
-# the op is called as registered.
+# or export, for tensor subclasses (fake, functional, DTensor), and where an input requires grad with grad
+# mode on (outside an autograd.Function's forward and backward: the forward-only kvcache op must still refuse
+# a backward), the op is called as registered. A decode step called with grad mode on and no input that
+# requires grad took 36 us more host time through the registered op (H200, docs/perf-notes.md, version 18).
 DIRECT_EAGER_CALLS = os.environ.get("FLASHATTN_DIRECT_EAGER_CALLS", "1") != "0"
 
 
 def eager_call(op, cuda_impl, *args):
     """``op(*args)``, through ``cuda_impl`` directly when that is the implementation it would reach."""
     first = args[0]
-    if (DIRECT_EAGER_CALLS and type(first) is torch.Tensor and first.is_cuda and not torch.is_grad_enabled()
+    if (DIRECT_EAGER_CALLS and type(first) is torch.Tensor and first.is_cuda
+            and (not torch.is_grad_enabled() or not any(type(x) is torch.Tensor and x.requires_grad for x in args))
             and not torch.compiler.is_compiling()):
         return cuda_impl(*args)
     return op(*args)
