@@ -134,9 +134,10 @@ def test_a_replay_puts_the_new_inputs_and_fresh_outputs_where_the_recorded_ones_
     result = plan.replay((new_q, new_k))
     [(grid, values, side_stream)] = replayed_launches
     assert grid == (3, 2, 1) and not side_stream
-    assert values[0] is new_q and values[2:6] == [8, 0.5, "tf32", None]
-    new_out = values[1]
-    assert new_out is result[0] and new_out is not out
+    # tensors go to the launcher as their addresses (an int skips its check of the pointer)
+    assert values[0] == new_q.data_ptr() and values[2:6] == [8, 0.5, "tf32", None]
+    new_out = result[0]
+    assert values[1] == new_out.data_ptr() and new_out is not out
     assert (new_out.shape, new_out.stride(), new_out.dtype) == (out.shape, out.stride(), out.dtype)
     assert result[1] is new_q and result[2].numel() == 0
     assert values[6].base is new_k
@@ -153,7 +154,7 @@ def test_absent_optional_inputs_keep_their_slots(replayed_launches):
     new_q, new_table = torch.randn(4), torch.randn(2)
     result = plan.replay((new_q, None, new_table))
     [(_, values, _)] = replayed_launches
-    assert values[0] is new_q and values[2] is new_table and values[1] is result[0]
+    assert values == [new_q.data_ptr(), result[0].data_ptr(), new_table.data_ptr()]
 
 
 def test_second_stream_steps_run_inside_one_fork_joined_at_the_end(replayed_launches):

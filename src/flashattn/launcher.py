@@ -117,10 +117,13 @@ class LaunchPlan:
             triton.set_allocator(self.allocator)  # the allocator is per thread: the backward runs on autograd's
         streams = side_stream = None
         stream = torch._C._cuda_getCurrentRawStream(self.device_index)  # what Triton's launch reads, less its wrapping
+        # the launcher takes an int as the address itself; for a tensor it asks the driver whether its data_ptr() is
+        # a device address, once per argument and launch (the key holds every input's device)
+        addresses = [None if x is None else x.data_ptr() for x in tensors]
         for step in self.steps:
             values = step.constants.copy()
             for position, slot in step.tensor_slots:
-                values[position] = tensors[slot]
+                values[position] = addresses[slot]
             for position, slot, *rest in step.descriptor_slots:
                 values[position] = _HostDescriptor(tensors[slot], *rest)
             if step.side_stream:

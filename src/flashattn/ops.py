@@ -638,13 +638,13 @@ def _plannable(inputs: tuple, alibi_slopes, rng_state, attn_mask=None) -> bool:
 
 def planned(phase: str, inputs: tuple, options, call, switches: tuple = ()):
     """``call()`` (the ``phase`` op's own path on ``inputs``) through its launch plan. The key is what decides every
-    launch of the call: the options (the op's scalars), the inputs' shapes, strides, dtypes and 16-byte alignment
-    (None for an absent one), the device, and the switches and forced tiles the call reads (``switches``: the
-    caller's own, beside this module's)."""
+    launch of the call: the options (the op's scalars), the inputs' shapes, strides, dtypes, devices and 16-byte
+    alignment (None for an absent one), the current device, and the switches and forced tiles the call reads
+    (``switches``: the caller's own, beside this module's)."""
     from triton import knobs
 
-    key = (phase, options, *(None if x is None else (x.shape, x.stride(), x.dtype, x.data_ptr() % 16 == 0)
-                             for x in inputs),
+    key = (phase, options, *(None if x is None else (x.shape, x.stride(), x.dtype, x.get_device(),
+                                                     x.data_ptr() % 16 == 0) for x in inputs),
            inputs[0].device, torch.cuda.current_device(), CONCURRENT_GRADIENTS, CONCURRENT_GRADIENTS_MIN_FLOPS,
            configs.forced_configs(), knobs.runtime.debug, knobs.compilation.instrumentation_mode, switches)
     return launcher.planned(key, inputs, call, _GradientStreams, _tma_workspace)
