@@ -238,23 +238,41 @@ def _decode_step_inputs(batch, capacity, page_size, seed):
     return dict(inputs, k_cache=pool[0], v_cache=pool[1], block_table=order.view(batch, -1).to(torch.int32))
 
 
-def _decode_step(inputs):
+def _decode_step(inputs, check_indices=False):
     arguments = dict(inputs, k_cache=inputs["k_cache"].clone(), v_cache=inputs["v_cache"].clone())
-    out, lse = flash_attn_with_kvcache(**arguments, causal=True, return_softmax_lse=True, check_indices=False)
+    out, lse = flash_attn_with_kvcache(**arguments, causal=True, return_softmax_lse=True, check_indices=check_indices)
     return out, lse, arguments["k_cache"], arguments["v_cache"]
 
 
-# (batch, page size): split with a merge (batch 1), unsplit with the streaming stages (40 x 8 programs), paged
+# (batch, page size): split with a merge (batch 1), unsplit with the streaming stages (40 x 8 programs), paged.
+# Unchecked indices: the whole step is planned (kvcache._plannable_step); checked ones: the op.
+@pytest.mark.parametrize("check_indices", [False, True], ids=["step-planned", "op-planned"])
 @pytest.mark.parametrize("batch,page_size", [(1, None), (40, None), (2, 256)])
-def test_a_replayed_decode_step_follows_its_own_cache_seqlens(batch, page_size, monkeypatch, replays):
+def test_a_replayed_decode_step_follows_its_own_cache_seqlens(batch, page_size, check_indices, monkeypatch,
+                                                              replays):
     first, second = (_decode_step_inputs(batch, 2048, page_size, seed) for seed in (11, 12))
     monkeypatch.setattr(ops, "LAUNCH_PLANS", False)
-    expected = _decode_step(second)
+    expected = _decode_step(second, check_indices)
     monkeypatch.setattr(ops, "LAUNCH_PLANS", True)
-    _decode_step(first)
+    _decode_step(first, check_indices)
     assert not replays
     _poison_allocator(expected)
-    replayed = _decode_step(second)
+    replayed = _decode_step(second, check_indices)
     assert len(replays) == 1
     for name, got, want in zip(("out", "lse", "k_cache", "v_cache"), replayed, expected, strict=True):
         assert torch.equal(got, want), f"{name} differs from the call's own path"
+
+
+def test_a_planned_decode_step_still_refuses_bad_input(replays):
+    """A step of another signature records its own plan, through the checks: bad input raises, it is never replayed
+    from a good step's plan."""
+    inputs = _decode_step_inputs(2, 2048, 256, seed=13)
+    for _ in range(2):
+        _decode_step(inputs)
+    with pytest.raises(TypeError, match="block_table must be int32"):
+        _decode_step(dict(inputs, block_table=inputs["block_table"].long()))
+    with pytest.raises(TypeError, match="cache_seqlens must be int32"):
+        _decode_step(dict(inputs, cache_seqlens=inputs["cache_seqlens"].long()))
+    with pytest.raises(ValueError, match=r"k must have shape \(batch="):
+        _decode_step(dict(inputs, k=inputs["k"][:, :, :4], v=inputs["v"][:, :, :4]))
+    assert len(replays) == 1

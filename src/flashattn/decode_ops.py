@@ -474,14 +474,17 @@ def kvcache_append_attention(
                                  block_table, rotary_cos, rotary_sin, alibi_slopes, opts, rotary_interleaved)
 
 
+def plan_switches() -> tuple:
+    """The switches of this module that decide a decode step's launches: part of its launch plan's key."""
+    return (PROGRAMMATIC_LAUNCH, FUSED_APPEND_MAX_TOKENS, MAX_SPLITS, STREAMING_PROGRAMS_PER_PROCESSOR,
+            TABLE_CHUNK_ENTRIES, TABLE_CHUNK_MIN_BLOCKS)
+
+
 def _planned_attention(phase: str, inputs: tuple, scalars: tuple, call):
-    """``call()`` through its launch plan (``ops.planned``) when every input is read in place; the switches of this
-    module that decide its launches are part of the key."""
+    """``call()`` through its launch plan (``ops.planned``) when every input is read in place."""
     if not _plannable(inputs, None, None):
         return call()
-    return planned(phase, inputs, scalars, call, (PROGRAMMATIC_LAUNCH, FUSED_APPEND_MAX_TOKENS, MAX_SPLITS,
-                                                  STREAMING_PROGRAMS_PER_PROCESSOR, TABLE_CHUNK_ENTRIES,
-                                                  TABLE_CHUNK_MIN_BLOCKS))
+    return planned(phase, inputs, scalars, call, plan_switches())
 
 
 @kvcache_append_attention.register_kernel("cuda")

@@ -157,8 +157,8 @@ def planned(key, inputs: tuple, call, fork=None, allocator=None):
 
     Which inputs are one tensor is part of the key: a plan maps each argument to the slot of the input it was, so a
     plan recorded on ``(x, x, x)`` would pass the last input three times to a call with three tensors."""
-    if _hooked_launches():
-        return call()
+    if _hooked_launches() or getattr(_RECORDING, "active", None) is not None:
+        return call()  # a call inside another's recording (a whole decode step around its op) is part of that plan
     key = (key, _same_tensors(inputs))
     plan = _PLANS.get(key, _UNSEEN)
     if plan is None:
