@@ -177,8 +177,12 @@ def planned(key, inputs: tuple, call, fork=None, allocator=None):
     return result
 
 
-def _same_tensors(inputs: tuple) -> tuple[int, ...]:
-    """For each input, the position of the first input that is the same tensor object."""
+def _same_tensors(inputs: tuple) -> tuple[int, ...] | None:
+    """For each input, the position of the first input that is the same tensor object; None when all differ (the
+    usual case, checked first). Absent inputs (None) are told apart by the caller's key."""
+    present = [id(x) for x in inputs if x is not None]
+    if len(set(present)) == len(present):
+        return None
     first: dict[int, int] = {}
     return tuple(first.setdefault(id(x), position) for position, x in enumerate(inputs))
 

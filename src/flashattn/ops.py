@@ -645,7 +645,7 @@ def planned(phase: str, inputs: tuple, options, call, switches: tuple = ()):
 
     key = (phase, options, *(None if x is None else (x.shape, x.stride(), x.dtype, x.get_device(),
                                                      x.data_ptr() % 16 == 0) for x in inputs),
-           inputs[0].device, torch.cuda.current_device(), CONCURRENT_GRADIENTS, CONCURRENT_GRADIENTS_MIN_FLOPS,
+           torch.cuda.current_device(), CONCURRENT_GRADIENTS, CONCURRENT_GRADIENTS_MIN_FLOPS,
            configs.forced_configs(), knobs.runtime.debug, knobs.compilation.instrumentation_mode, switches)
     return launcher.planned(key, inputs, call, _GradientStreams, _tma_workspace)
 
