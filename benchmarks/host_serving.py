@@ -26,7 +26,9 @@ from flashattn.bench import host_microseconds
 
 # the functions on a planned decode step's path, outermost first
 DECODE_PATH = (
-    ("flashattn.kvcache", "flash_attn_with_kvcache"),
+    ("flashattn.kvcache", "_plannable_step"),
+    ("flashattn.ops", "planned"),
+    ("flashattn.kvcache", "_kvcache_step"),
     ("flashattn.kvcache", "_validate_cache"),
     ("flashattn.kvcache", "_validate_rotary"),
     ("flashattn.kvcache", "_validate_options"),
