@@ -7,8 +7,8 @@ Where the two are close, the GPU waits on the host: the call is host-bound, whic
 
     PYTHONPATH=src python3 benchmarks/host_serving.py [--calls 300] [--breakdown]
 
-``--breakdown`` then times the functions on a planned decode step's path (``host_breakdown``'s timers) for the batch-8
-contiguous step.
+``--breakdown`` then times the functions on the path of a planned decode step (batch 8, contiguous) and of a packed
+forward (the bench's 512-token hdim-256 causal cell), with ``host_breakdown``'s timers.
 """
 
 from __future__ import annotations
@@ -108,6 +108,63 @@ def decode_calls(batch: int, cache_len: int, page_size: int | None) -> dict:
     return calls
 
 
+# the functions on a planned varlen forward's path (with autograd), outermost first
+VARLEN_PATH = (
+    ("flashattn.varlen", "_validate_varlen"),
+    ("flashattn.varlen", "_max_seqlen_argument"),
+    ("flashattn.options", "AttentionOptions.build"),
+    ("flashattn.autograd", "FlashAttnVarlenFunction.forward"),
+    ("flashattn.ops", "eager_call"),
+    ("flashattn.ops", "varlen_attention_forward_cuda"),
+    ("flashattn.ops", "_varlen_plannable"),
+    ("flashattn.ops", "planned"),
+    ("flashattn.launcher", "planned"),
+    ("flashattn.launcher", "_same_tensors"),
+    ("flashattn.launcher", "LaunchPlan.replay"),
+    ("flashattn.launcher", "_run"),
+    ("triton.backends.nvidia.driver", "CudaLauncher.__call__"),
+    ("torch", "empty_strided"),
+)
+
+
+_WRAPPED: set = set()
+
+
+def breakdown(title: str, step, wrapped: tuple, calls: int) -> None:
+    """``step``'s host time per call, function by function (``host_breakdown``'s timers), plans on."""
+    ops.LAUNCH_PLANS = True
+    step()
+    _wrap_all(tuple(entry for entry in wrapped if entry not in _WRAPPED))  # each function wrapped once
+    _WRAPPED.update(wrapped)
+    for _ in range(20):
+        step()
+    torch.cuda.synchronize()
+    _TOTALS.clear()
+    started = time.perf_counter()
+    for _ in range(calls):
+        step()
+    elapsed = (time.perf_counter() - started) / calls * 1e6
+    torch.cuda.synchronize()
+    _report(f"{title}, plans on, wrapped ({elapsed:.1f} us per call)", calls)
+
+
+def bench_varlen_forward(head_dim: int, causal: bool):
+    """The bench's packed provider at 512 tokens (16k tokens, heads x head dim = 2048, equal lengths), forward with
+    grad on, and the dense call on the same tokens."""
+    nheads, batch = 2048 // head_dim, 32
+    q, k, v = (torch.randn(batch, 512, nheads, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    cu_seqlens = torch.arange(0, batch * 512 + 1, 512, device="cuda", dtype=torch.int32)
+    packed = [x.flatten(0, 1) for x in (q, k, v)]
+    from flashattn import flash_attn_func
+    return {
+        f"bench 512 tokens hdim {head_dim} causal {causal}, dense forward":
+            lambda: flash_attn_func(q, k, v, causal=causal),
+        f"bench 512 tokens hdim {head_dim} causal {causal}, varlen forward":
+            lambda: flash_attn_varlen_func(*packed, cu_seqlens, cu_seqlens, 512, 512, causal=causal),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300)
@@ -119,6 +176,8 @@ def main() -> None:
     calls.update(decode_calls(1, 4096, None))
     calls.update(decode_calls(8, 4096, None))
     calls.update(decode_calls(8, 4096, 256))
+    calls.update(bench_varlen_forward(256, True))
+    calls.update(bench_varlen_forward(128, True))
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; us per call, {args.calls} calls back to back")
     print("| call | plans | host us | wall us |")
     print("|---|---|---|---|")
@@ -136,20 +195,10 @@ def main() -> None:
             label = "–" if plans is None else ("on" if plans else "off")
             print(f"| {name} | {label} | {host:.1f} | {wall:.1f} |", flush=True)
     if args.breakdown:
-        ops.LAUNCH_PLANS = True
-        step = calls["decode batch 8, cache 4096, contiguous, flashattn"]
-        step()
-        _wrap_all(DECODE_PATH)
-        for _ in range(20):
-            step()
-        torch.cuda.synchronize()
-        _TOTALS.clear()
-        started = time.perf_counter()
-        for _ in range(args.calls):
-            step()
-        elapsed = (time.perf_counter() - started) / args.calls * 1e6
-        torch.cuda.synchronize()
-        _report(f"decode batch 8, cache 4096, contiguous, plans on, wrapped ({elapsed:.1f} us per call)", args.calls)
+        name = "decode batch 8, cache 4096, contiguous, flashattn"
+        breakdown(name, calls[name], DECODE_PATH, args.calls)
+        name = "bench 512 tokens hdim 256 causal True, varlen forward"
+        breakdown(name, calls[name], VARLEN_PATH, args.calls)
 
 
 if __name__ == "__main__":
