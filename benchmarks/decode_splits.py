@@ -18,7 +18,7 @@ import json
 
 import torch
 
-from flashattn import decode_ops
+from flashattn import decode_ops, launcher
 from flashattn.bench_decode import DecodeCase, choose_grid_copies, flashattn_step, graph_seconds, l2_bytes, make_inputs
 
 WRONG_DIFF = 2e-2  # bf16 outputs of the same attention differ by rounding only (~1e-3)
@@ -60,14 +60,17 @@ def parse_config(text: str) -> dict:
 
 @contextlib.contextmanager
 def decode_tiles(config: dict | None):
-    """decode_ops.decode_config with the fields of ``config`` replaced; None: the table's."""
+    """decode_ops.decode_config with the fields of ``config`` replaced; None: the table's. The launch plans are
+    cleared on the way in and out: their key does not see the patched function."""
     table = decode_ops.decode_config
     if config is not None:
         decode_ops.decode_config = lambda *args: dataclasses.replace(table(*args), **config)
+    launcher.clear_plans()
     try:
         yield
     finally:
         decode_ops.decode_config = table
+        launcher.clear_plans()
 
 
 def sweep(case: DecodeCase, device: torch.device, configs: list[str | None], only_splits: list[int] = ()) -> dict:
