@@ -195,11 +195,13 @@ def report_cache(cache_dir: Path, kernel_name: str) -> None:
 GRID_DIVISIBLE = ("seqlen_q", "seqlen_k", "nheads", "nheads_k", "rng_seed", "rng_offset")
 
 
-def table_report(phase: str, head_dim: int, causal: bool, seqlen: int, seqlen_q: int = 0) -> dict | None:
+def table_report(phase: str, head_dim: int, causal: bool, seqlen: int, seqlen_q: int = 0,
+                 varlen: bool = False) -> dict | None:
     """:func:`compile_report` of the Hopper tile table's ``phase`` kernel ("forward", "dkdv" or "dq") as
     the launcher compiles it for a bf16 benchmark-grid shape; "forward_ws", "dkdv_ws" and "dq_ws": the Gluon
     kernels' entries (None where the table has none). ``seqlen_q`` = 1: the Triton kernel as the launcher
-    specializes it for one query (an integer argument equal to 1 becomes a constant)."""
+    specializes it for one query (an integer argument equal to 1 becomes a constant). ``varlen``: the Triton
+    kernel's packed build (IS_VARLEN)."""
     import torch
 
     from flashattn import configs, ops
@@ -216,7 +218,7 @@ def table_report(phase: str, head_dim: int, causal: bool, seqlen: int, seqlen_q:
     kernel = {"forward": forward.attention_forward_kernel, "dkdv": backward.dkdv_kernel,
               "dq": backward.dq_kernel}[phase]
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-                      DOT_PRECISION="tf32", WINDOW_RIGHT=causal, group_size=1, USE_TMA=config.tma)
+                      DOT_PRECISION="tf32", WINDOW_RIGHT=causal, group_size=1, USE_TMA=config.tma, IS_VARLEN=varlen)
     if phase == "forward":
         constexprs.update(DEFER_SCALE=True)
     if phase == "dkdv":

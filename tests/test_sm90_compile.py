@@ -116,3 +116,42 @@ def test_swept_gluon_tiles_keep_wgmma_asynchronous():
         assert result["wgmma_serialized"] is None, f"{name}: ptxas serialized the wgmma: {result['wgmma_serialized']}"
     for name in SWEPT_DQ_TILES:  # 160 registers a consumer thread hold the three-consumer dQ without spills
         assert results[name]["STL"] == 0 and results[name]["LDL"] == 0, f"{name}: spills"
+
+
+# The short-sequence forward tiles, dense and packed: the packed build reads cu_seqlens and may hold more registers,
+# and at 512-1k tokens a program fewer on an SM is what the packed call loses (the causal hdim-128 tile at 512: 186
+# registers against 153, two programs an SM against three, 12% slower; docs/perf-notes.md, version 18)
+COMPILE_SHORT_FORWARD = f"""
+import json, sys
+sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
+import sass_report
+for seqlen in (512, 1024):
+    for head_dim in (64, 128):
+        for causal in (False, True):
+            for varlen in (False, True):
+                result = sass_report.table_report("forward", head_dim, causal, seqlen, varlen=varlen)
+                print(json.dumps([seqlen, head_dim, causal, varlen, result]), flush=True)
+"""
+SM90_REGISTERS, SM90_SHARED_BYTES, BLOCK_RESERVED_SHARED_BYTES = 65536, 228 * 1024, 1024
+
+
+def programs_per_sm(result: dict) -> int:
+    """Programs of one kernel an sm90 SM holds, by its registers (allocated 8 a thread at a time) and shared memory."""
+    threads = 32 * result["warps"]
+    by_registers = SM90_REGISTERS // (-(-result["registers"] // 8) * 8 * threads)
+    by_shared = SM90_SHARED_BYTES // (result["shared_bytes"] + BLOCK_RESERVED_SHARED_BYTES)
+    return min(by_registers, by_shared)
+
+
+def test_packed_short_forward_tiles_fit_as_many_programs_as_dense_ones():
+    results = {}
+    for seqlen, head_dim, causal, varlen, result in _compiled(COMPILE_SHORT_FORWARD):
+        results[(seqlen, head_dim, causal, varlen)] = result
+    assert len(results) == 16
+    for (seqlen, head_dim, causal, varlen), result in results.items():
+        if varlen:
+            dense = results[(seqlen, head_dim, causal, False)]
+            name = f"forward {seqlen} hdim {head_dim} causal {causal}"
+            assert programs_per_sm(result) >= programs_per_sm(dense), (
+                f"{name}: packed build {result['registers']} registers, dense {dense['registers']}")
+            assert result["loop_STL"] == 0 and result["loop_LDL"] == 0, f"{name}: the packed build spills in its loop"

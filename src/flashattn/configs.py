@@ -171,9 +171,12 @@ SHORT_SEQLEN = 1024
 # most 4-8 key blocks, and a third program hides more of a tile's first loads and its store. Three passes on one
 # H200 lease (2026-11-23, `benchmarks/sweeps/occupancy.txt`, `forward-short.txt`), TFLOP/s: 233.5 / 233.5 / 208.8
 # against 217.1 / 217.7 / 202.3 (64x64x4x1: 230.4 / 230.1 / 207.4); at 1k it lost (284.6 against 304.7).
+# Capped at 168 registers: the packed (varlen) build took 186 (the dense one 128, sm90 compile of Triton 3.6), so two
+# of its programs shared an SM where three of the dense one's did, and the packed call ran 12% slower at 512 tokens
+# (171 against 152 us a call, H200, docs/perf-notes.md version 18). At 168 it does not spill.
 SHORTEST_SEQLEN = 512
 _HOPPER_FORWARD_SHORTEST = {
-    (128, True): TileConfig(64, 32, 4, 3),
+    (128, True): TileConfig(64, 32, 4, 3, max_registers=168),
 }
 _HOPPER_FORWARD_SHORT = {
     (64, True): TileConfig(64, 64, 4, 3),
