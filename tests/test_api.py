@@ -207,9 +207,10 @@ def test_eager_call_goes_direct_with_grad_mode_on_unless_an_input_requires_grad(
     x = torch.zeros(1, device="cuda")
     ops.eager_call(op, cuda_impl, x, None, 1.0)  # a decode step: grad mode on, nothing requires grad
     ops.eager_call(op, cuda_impl, x, x.clone().requires_grad_())  # the op must refuse a backward
+    ops.eager_call(op, cuda_impl, x, torch.nn.Parameter(x.clone()))  # a subclass that requires grad, too
     with torch.no_grad():
         ops.eager_call(op, cuda_impl, x, x.clone().requires_grad_())
-    assert calls == ["cuda", "op", "cuda"]
+    assert calls == ["cuda", "op", "op", "cuda"]
 
 
 def _gradients(q, k, v, dout, **options):

@@ -668,7 +668,7 @@ def eager_call(op, cuda_impl, *args):
     """``op(*args)``, through ``cuda_impl`` directly when that is the implementation it would reach."""
     first = args[0]
     if (DIRECT_EAGER_CALLS and type(first) is torch.Tensor and first.is_cuda
-            and (not torch.is_grad_enabled() or not any(type(x) is torch.Tensor and x.requires_grad for x in args))
+            and (not torch.is_grad_enabled() or not any(isinstance(x, torch.Tensor) and x.requires_grad for x in args))
             and not torch.compiler.is_compiling()):
         return cuda_impl(*args)
     return op(*args)
