@@ -5,11 +5,7 @@ set -u
 export PYTHONPATH=src:tests:benchmarks PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-run_tests() {  # name, limit, pytest arguments
-  local name=$1 limit=$2; shift 2
-  timeout "$limit" python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider "$@" > "$OUT/tests-$name.log" 2>&1
-  echo "$name tests exit $?: $(tail -1 "$OUT/tests-$name.log")"
-}
+source benchmarks/gpu_tests.sh
 run_tests plans 150 tests/test_launch_plans.py tests/test_launcher.py
 run_tests kvcache 200 tests/test_kvcache.py tests/test_varlen_paged.py tests/test_combine.py
 run_tests varlen 200 tests/test_varlen.py

@@ -4,11 +4,7 @@
 set -u
 export PYTHONPATH=src:tests:benchmarks PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
-run_tests() {  # name, limit, pytest arguments
-  local name=$1 limit=$2; shift 2
-  timeout "$limit" python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider "$@" > "$OUT/tests-$name.log" 2>&1
-  echo "$name tests exit $?: $(tail -1 "$OUT/tests-$name.log")"
-}
+source benchmarks/gpu_tests.sh
 run_tests plans-api 200 tests/test_launch_plans.py tests/test_launcher.py tests/test_api.py
 run_tests kvcache 150 tests/test_kvcache.py tests/test_varlen_paged.py tests/test_combine.py
 run_tests varlen 150 tests/test_varlen.py

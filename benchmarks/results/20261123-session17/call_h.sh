@@ -5,11 +5,8 @@
 set -u
 export PYTHONPATH=src:tests:benchmarks PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
-run_tests() {  # name, limit, pytest arguments
-  local name=$1 limit=$2; shift 2
-  timeout "$limit" python3 -m pytest -q -m gpu -n 12 -p no:cacheprovider "$@" > "$OUT/tests-$name.log" 2>&1
-  echo "$name tests exit $?: $(tail -1 "$OUT/tests-$name.log")"
-}
+export WORKERS=12
+source benchmarks/gpu_tests.sh
 run_tests hopper 150 tests/test_forward_hopper.py tests/test_backward_hopper.py tests/test_dq_hopper.py
 run_tests kernels 170 tests/test_kernels.py
 run_tests sdpa-nn 120 tests/test_sdpa.py tests/test_nn.py tests/test_sdpa_override.py
