@@ -65,9 +65,10 @@ def test_ws_dkdv_matches_reference(shape, option, monkeypatch):
 WIDE_KEY_TILES = [configs.TileConfig(32, 128, 8, 3, warp_specialized=True),
                   configs.TileConfig(64, 128, 8, 2, warp_specialized=True),
                   configs.TileConfig(32, 128, 8, 3, warp_specialized=True, key_slices=True),
-                  configs.TileConfig(64, 128, 8, 2, warp_specialized=True, key_slices=True)]
+                  configs.TileConfig(64, 128, 8, 2, warp_specialized=True, key_slices=True),
+                  configs.TileConfig(64, 128, 8, 4, warp_specialized=True, key_slices=True)]
 WIDE_KEY_SHAPES = [(2, 1023, 1023, 4, 1, 128), (1, 113, 203, 4, 2, 128), (1, 1, 300, 2, 2, 64),
-                   (1, 700, 300, 2, 2, 64), (2, 257, 1000, 2, 2, 128)]
+                   (1, 700, 300, 2, 2, 64), (2, 257, 1000, 2, 2, 128), (2, 1023, 777, 4, 2, 64)]
 
 
 @pytest.mark.gpu

@@ -329,6 +329,39 @@ KEY_SLICE_PROGRAM_KEYS = gl.constexpr(2 * SLICE_KEYS.value)  # the key-slice ker
 
 
 @gluon.jit
+def _slice_scores(k_slice, v_slice, q_bufs, do_bufs, q_ready, do_ready, it, s, dp, NUM_STAGES: gl.constexpr):
+    """Issue query block ``it``'s S^T = K Q^T and dP^T = V dO^T over the slice's keys, each once its tile has
+    landed (they overwrite the last block's tiles: use_acc=False)."""
+    stage = it % NUM_STAGES
+    phase = (it // NUM_STAGES) & 1
+    mbarrier.wait(q_ready.index(stage), phase)
+    s = warpgroup_mma(k_slice, q_bufs.index(stage).permute((1, 0)), s, use_acc=False, is_async=True)
+    mbarrier.wait(do_ready.index(stage), phase)
+    dp = warpgroup_mma(v_slice, do_bufs.index(stage).permute((1, 0)), dp, use_acc=False, is_async=True)
+    return s, dp
+
+
+@gluon.jit
+def _slice_score_gradients(s, dp, it, per_head, first_q_block, batch, head_k, nheads, group_size, seqlen_q, seqlen_k,
+                           slice_start, Lse, Delta, qk_scale_log2, dtype: gl.constexpr, BLOCK_M: gl.constexpr,
+                           CAUSAL: gl.constexpr, s_layout: gl.constexpr, operand: gl.constexpr):
+    """P^T and dS^T = P^T (dP^T - delta) of query block ``it``, as 16-bit register operands of dV += P^T dO and
+    dK += dS^T Q."""
+    rows, offsets = _query_columns(it, per_head, first_q_block, batch, head_k, nheads, group_size, seqlen_q,
+                                   BLOCK_M, s_layout)
+    lse_log2 = _lse_log2(Lse, offsets, rows, seqlen_q)
+    delta = gl.load(Delta + offsets, mask=rows < seqlen_q, other=0.0)
+    # P rounded to 16 bits before dS, as the gradient-split kernel hands it over: its fp32 tile is not kept
+    # live beside dP^T
+    if CAUSAL:  # bottom-right aligned: masked before the exponentials, so that P^T is 0 there
+        keys = slice_start + gl.arange(0, SLICE_KEYS, layout=gl.SliceLayout(1, s_layout))
+        s = gl.where(keys[:, None] <= rows[None, :] + (seqlen_k - seqlen_q), s, float("-inf"))
+    p = gl.exp2(s * qk_scale_log2 - lse_log2[None, :]).to(dtype)
+    ds = (p.to(gl.float32) * (dp - delta[None, :])).to(dtype)
+    return gl.convert_layout(p, operand), gl.convert_layout(ds, operand)
+
+
+@gluon.jit
 def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_free, do_free, Lse, Delta,
                          DK, DV, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k, nheads, nheads_k, key_blocks,
                          group_size, softmax_scale, qk_scale_log2,
@@ -336,10 +369,16 @@ def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_
                          NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, SLICE: gl.constexpr):
     """dK and dV of keys [SLICE * 64, SLICE * 64 + 64) of the program's block: all four products of those keys, with no
     hand-over between warpgroups. The two slices share the stages of Q and dO, each releasing a stage once its two
-    products that read it have completed."""
+    products that read it have completed.
+
+    Software-pipelined as the dQ kernel is: query block it's S^T and dP^T are issued ahead of block it-1's dV and dK
+    products, so the exponentials and dS^T of block it run while those two are in flight, and the tensor cores are
+    never left waiting for this warpgroup's next scores. Every program has at least one query block (``_key_tile``:
+    each key is seen by the last query rows)."""
     s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
     acc_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     operand: gl.constexpr = register_operand_layout(HEAD_DIM)
+    dtype: gl.constexpr = k_smem.dtype
     batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(
         seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, BLOCK_N, CAUSAL)
     slice_start = key_start + SLICE * SLICE_KEYS
@@ -352,31 +391,35 @@ def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_
     dk = gl.zeros([SLICE_KEYS, HEAD_DIM], gl.float32, acc_layout)
     dv = gl.zeros([SLICE_KEYS, HEAD_DIM], gl.float32, acc_layout)
     mbarrier.wait(kv_ready, 0)
-    for it in range(iterations):
-        stage = it % NUM_STAGES
-        phase = (it // NUM_STAGES) & 1
-        # the row statistics load while the stage's tiles arrive
-        rows, offsets = _query_columns(it, per_head, first_q_block, batch, head_k, nheads, group_size, seqlen_q,
-                                       BLOCK_M, s_layout)
-        lse_log2 = _lse_log2(Lse, offsets, rows, seqlen_q)
-        delta = gl.load(Delta + offsets, mask=rows < seqlen_q, other=0.0)
-        mbarrier.wait(q_ready.index(stage), phase)
-        s = warpgroup_mma(k_slice, q_bufs.index(stage).permute((1, 0)), s, use_acc=False, is_async=True)
-        mbarrier.wait(do_ready.index(stage), phase)
-        dp = warpgroup_mma(v_slice, do_bufs.index(stage).permute((1, 0)), dp, use_acc=False, is_async=True)
-        # the exponentials while dP^T is in flight; P kept in 16 bits only (as the gradient-split kernel hands it
-        # over), so that its fp32 tile is not live beside dP^T and both accumulators
-        s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
-        p = _probabilities_of(s, lse_log2, rows, seqlen_q, seqlen_k, slice_start, qk_scale_log2, SLICE_KEYS, CAUSAL,
-                              s_layout).to(k_smem.dtype)
-        p_op = gl.convert_layout(p, operand)
-        dv = warpgroup_mma(p_op, do_bufs.index(stage), dv, is_async=True)
-        dp = warpgroup_mma_wait(num_outstanding=1, deps=(dp, ))
-        ds_op = gl.convert_layout((p.to(gl.float32) * (dp - delta[None, :])).to(k_smem.dtype), operand)
-        dk = warpgroup_mma(ds_op, q_bufs.index(stage), dk, is_async=True)
+    # -- prologue: block 0's scores and score gradients --
+    s, dp = _slice_scores(k_slice, v_slice, q_bufs, do_bufs, q_ready, do_ready, 0, s, dp, NUM_STAGES)
+    s, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s, dp))
+    p_op, ds_op = _slice_score_gradients(s, dp, 0, per_head, first_q_block, batch, head_k, nheads, group_size,
+                                         seqlen_q, seqlen_k, slice_start, Lse, Delta, qk_scale_log2, dtype, BLOCK_M,
+                                         CAUSAL, s_layout, operand)
+    prev_stage = 0
+    for it in range(1, iterations):
+        # -- block it's S^T and dP^T, then block it-1's dV and dK, in flight together --
+        s, dp = _slice_scores(k_slice, v_slice, q_bufs, do_bufs, q_ready, do_ready, it, s, dp, NUM_STAGES)
+        dv = warpgroup_mma(p_op, do_bufs.index(prev_stage), dv, is_async=True)
+        dk = warpgroup_mma(ds_op, q_bufs.index(prev_stage), dk, is_async=True)
+        s, dp = warpgroup_mma_wait(num_outstanding=2, deps=(s, dp))
+        next_p_op, next_ds_op = _slice_score_gradients(s, dp, it, per_head, first_q_block, batch, head_k, nheads,
+                                                       group_size, seqlen_q, seqlen_k, slice_start, Lse, Delta,
+                                                       qk_scale_log2, dtype, BLOCK_M, CAUSAL, s_layout, operand)
+        # dV and dK read p_op and ds_op from registers until they complete: keep them alive to here
         dv, dk, p_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, p_op, ds_op))
-        mbarrier.arrive(q_free.index(stage), count=1)
-        mbarrier.arrive(do_free.index(stage), count=1)
+        mbarrier.arrive(q_free.index(prev_stage), count=1)
+        mbarrier.arrive(do_free.index(prev_stage), count=1)
+        p_op = next_p_op
+        ds_op = next_ds_op
+        prev_stage = it % NUM_STAGES
+    # -- epilogue: the last block's dV and dK --
+    dv = warpgroup_mma(p_op, do_bufs.index(prev_stage), dv, is_async=True)
+    dk = warpgroup_mma(ds_op, q_bufs.index(prev_stage), dk, is_async=True)
+    dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+    mbarrier.arrive(q_free.index(prev_stage), count=1)
+    mbarrier.arrive(do_free.index(prev_stage), count=1)
     _store_rows(dv, DV, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh, HEAD_DIM, SLICE_KEYS,
                 acc_layout)
     _store_rows(dk * softmax_scale, DK, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh,
