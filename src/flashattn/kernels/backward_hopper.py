@@ -342,20 +342,25 @@ def _slice_scores(k_slice, v_slice, q_bufs, do_bufs, q_ready, do_ready, it, s, d
 
 
 @gluon.jit
-def _slice_score_gradients(s, dp, it, per_head, first_q_block, batch, head_k, nheads, group_size, seqlen_q, seqlen_k,
-                           slice_start, Lse, Delta, qk_scale_log2, dtype: gl.constexpr, BLOCK_M: gl.constexpr,
-                           CAUSAL: gl.constexpr, s_layout: gl.constexpr, operand: gl.constexpr):
-    """P^T and dS^T = P^T (dP^T - delta) of query block ``it``, as 16-bit register operands of dV += P^T dO and
-    dK += dS^T Q."""
+def _slice_statistics(it, per_head, first_q_block, batch, head_k, nheads, group_size, seqlen_q, Lse, Delta,
+                      BLOCK_M: gl.constexpr, s_layout: gl.constexpr):
+    """Query block ``it``'s rows, lse (base 2) and delta, loaded a block ahead of their use."""
     rows, offsets = _query_columns(it, per_head, first_q_block, batch, head_k, nheads, group_size, seqlen_q,
                                    BLOCK_M, s_layout)
-    lse_log2 = _lse_log2(Lse, offsets, rows, seqlen_q)
-    delta = gl.load(Delta + offsets, mask=rows < seqlen_q, other=0.0)
-    # P rounded to 16 bits before dS, as the gradient-split kernel hands it over: its fp32 tile is not kept
-    # live beside dP^T
-    if CAUSAL:  # bottom-right aligned: masked before the exponentials, so that P^T is 0 there
+    return rows, _lse_log2(Lse, offsets, rows, seqlen_q), gl.load(Delta + offsets, mask=rows < seqlen_q, other=0.0)
+
+
+@gluon.jit
+def _slice_score_gradients(s, dp, rows, lse_log2, delta, seqlen_q, seqlen_k, slice_start, qk_scale_log2,
+                           dtype: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr,
+                           operand: gl.constexpr):
+    """P^T and dS^T = P^T (dP^T - delta) of one query block, as 16-bit register operands of dV += P^T dO and
+    dK += dS^T Q."""
+    if CAUSAL:  # bottom-right aligned, masked before the exponentials (masking P made ptxas serialize the wgmma)
         keys = slice_start + gl.arange(0, SLICE_KEYS, layout=gl.SliceLayout(1, s_layout))
         s = gl.where(keys[:, None] <= rows[None, :] + (seqlen_k - seqlen_q), s, float("-inf"))
+    # P rounded to 16 bits before dS, as the gradient-split kernel hands it over: its fp32 tile is not kept
+    # live beside dP^T
     p = gl.exp2(s * qk_scale_log2 - lse_log2[None, :]).to(dtype)
     ds = (p.to(gl.float32) * (dp - delta[None, :])).to(dtype)
     return gl.convert_layout(p, operand), gl.convert_layout(ds, operand)
@@ -393,10 +398,14 @@ def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_
     mbarrier.wait(kv_ready, 0)
     # -- prologue: block 0's scores and score gradients --
     s, dp = _slice_scores(k_slice, v_slice, q_bufs, do_bufs, q_ready, do_ready, 0, s, dp, NUM_STAGES)
+    rows, lse_log2, delta = _slice_statistics(0, per_head, first_q_block, batch, head_k, nheads, group_size,
+                                              seqlen_q, Lse, Delta, BLOCK_M, s_layout)
     s, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s, dp))
-    p_op, ds_op = _slice_score_gradients(s, dp, 0, per_head, first_q_block, batch, head_k, nheads, group_size,
-                                         seqlen_q, seqlen_k, slice_start, Lse, Delta, qk_scale_log2, dtype, BLOCK_M,
-                                         CAUSAL, s_layout, operand)
+    p_op, ds_op = _slice_score_gradients(s, dp, rows, lse_log2, delta, seqlen_q, seqlen_k, slice_start,
+                                         qk_scale_log2, dtype, CAUSAL, s_layout, operand)
+    # the next block's statistics load while this block's products run
+    rows, lse_log2, delta = _slice_statistics(gl.minimum(1, iterations - 1), per_head, first_q_block, batch, head_k, nheads, group_size,
+                                              seqlen_q, Lse, Delta, BLOCK_M, s_layout)
     prev_stage = 0
     for it in range(1, iterations):
         # -- block it's S^T and dP^T, then block it-1's dV and dK, in flight together --
@@ -404,9 +413,11 @@ def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_
         dv = warpgroup_mma(p_op, do_bufs.index(prev_stage), dv, is_async=True)
         dk = warpgroup_mma(ds_op, q_bufs.index(prev_stage), dk, is_async=True)
         s, dp = warpgroup_mma_wait(num_outstanding=2, deps=(s, dp))
-        next_p_op, next_ds_op = _slice_score_gradients(s, dp, it, per_head, first_q_block, batch, head_k, nheads,
-                                                       group_size, seqlen_q, seqlen_k, slice_start, Lse, Delta,
-                                                       qk_scale_log2, dtype, BLOCK_M, CAUSAL, s_layout, operand)
+        next_p_op, next_ds_op = _slice_score_gradients(s, dp, rows, lse_log2, delta, seqlen_q, seqlen_k,
+                                                       slice_start, qk_scale_log2, dtype, CAUSAL, s_layout, operand)
+        # block it+1's statistics (the last block's again after it: never used)
+        rows, lse_log2, delta = _slice_statistics(gl.minimum(it + 1, iterations - 1), per_head, first_q_block, batch, head_k, nheads,
+                                                  group_size, seqlen_q, Lse, Delta, BLOCK_M, s_layout)
         # dV and dK read p_op and ds_op from registers until they complete: keep them alive to here
         dv, dk, p_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, p_op, ds_op))
         mbarrier.arrive(q_free.index(prev_stage), count=1)
