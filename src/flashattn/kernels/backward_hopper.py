@@ -342,12 +342,24 @@ def _slice_scores(k_slice, v_slice, q_bufs, do_bufs, q_ready, do_ready, it, s, d
 
 
 @gluon.jit
-def _slice_statistics(it, per_head, first_q_block, batch, head_k, nheads, group_size, seqlen_q, Lse, Delta,
-                      BLOCK_M: gl.constexpr, s_layout: gl.constexpr):
-    """Query block ``it``'s rows, lse (base 2) and delta, loaded a block ahead of their use."""
-    rows, offsets = _query_columns(it, per_head, first_q_block, batch, head_k, nheads, group_size, seqlen_q,
-                                   BLOCK_M, s_layout)
+def _slice_statistics(head, q_block, batch, nheads, seqlen_q, Lse, Delta, BLOCK_M: gl.constexpr,
+                      s_layout: gl.constexpr):
+    """Query block ``q_block`` of query head ``head``: its rows, lse (base 2) and delta, loaded a block ahead of their
+    use."""
+    rows = q_block * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+    offsets = (batch * nheads + head).to(gl.int64) * seqlen_q + rows
     return rows, _lse_log2(Lse, offsets, rows, seqlen_q), gl.load(Delta + offsets, mask=rows < seqlen_q, other=0.0)
+
+
+@gluon.jit
+def _next_query_block(head, q_block, first_q_block, per_head, last_head):
+    """The (query head, query block) after this one in a program's walk: counted on, not divided out of the
+    iteration, which would cost an integer division a block. Past the last head it stays on the last block."""
+    at_end = (head == last_head) & (q_block == first_q_block + per_head - 1)
+    wrap = q_block == first_q_block + per_head - 1
+    next_block = gl.where(wrap, first_q_block, q_block + 1)
+    next_head = gl.where(wrap, head + 1, head)
+    return gl.where(at_end, head, next_head), gl.where(at_end, q_block, next_block)
 
 
 @gluon.jit
@@ -359,11 +371,9 @@ def _slice_score_gradients(s, dp, rows, lse_log2, delta, seqlen_q, seqlen_k, sli
     if CAUSAL:  # bottom-right aligned, masked before the exponentials (masking P made ptxas serialize the wgmma)
         keys = slice_start + gl.arange(0, SLICE_KEYS, layout=gl.SliceLayout(1, s_layout))
         s = gl.where(keys[:, None] <= rows[None, :] + (seqlen_k - seqlen_q), s, float("-inf"))
-    # P rounded to 16 bits before dS, as the gradient-split kernel hands it over: its fp32 tile is not kept
-    # live beside dP^T
-    p = gl.exp2(s * qk_scale_log2 - lse_log2[None, :]).to(dtype)
-    ds = (p.to(gl.float32) * (dp - delta[None, :])).to(dtype)
-    return gl.convert_layout(p, operand), gl.convert_layout(ds, operand)
+    p = gl.exp2(s * qk_scale_log2 - lse_log2[None, :])
+    ds = p * (dp - delta[None, :])
+    return gl.convert_layout(p.to(dtype), operand), gl.convert_layout(ds.to(dtype), operand)
 
 
 @gluon.jit
@@ -398,14 +408,16 @@ def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_
     mbarrier.wait(kv_ready, 0)
     # -- prologue: block 0's scores and score gradients --
     s, dp = _slice_scores(k_slice, v_slice, q_bufs, do_bufs, q_ready, do_ready, 0, s, dp, NUM_STAGES)
-    rows, lse_log2, delta = _slice_statistics(0, per_head, first_q_block, batch, head_k, nheads, group_size,
-                                              seqlen_q, Lse, Delta, BLOCK_M, s_layout)
+    head = head_k * group_size
+    last_head = head + group_size - 1
+    q_block = first_q_block
+    rows, lse_log2, delta = _slice_statistics(head, q_block, batch, nheads, seqlen_q, Lse, Delta, BLOCK_M, s_layout)
     s, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s, dp))
     p_op, ds_op = _slice_score_gradients(s, dp, rows, lse_log2, delta, seqlen_q, seqlen_k, slice_start,
                                          qk_scale_log2, dtype, CAUSAL, s_layout, operand)
     # the next block's statistics load while this block's products run
-    rows, lse_log2, delta = _slice_statistics(gl.minimum(1, iterations - 1), per_head, first_q_block, batch, head_k, nheads, group_size,
-                                              seqlen_q, Lse, Delta, BLOCK_M, s_layout)
+    head, q_block = _next_query_block(head, q_block, first_q_block, per_head, last_head)
+    rows, lse_log2, delta = _slice_statistics(head, q_block, batch, nheads, seqlen_q, Lse, Delta, BLOCK_M, s_layout)
     prev_stage = 0
     for it in range(1, iterations):
         # -- block it's S^T and dP^T, then block it-1's dV and dK, in flight together --
@@ -415,9 +427,10 @@ def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_
         s, dp = warpgroup_mma_wait(num_outstanding=2, deps=(s, dp))
         next_p_op, next_ds_op = _slice_score_gradients(s, dp, rows, lse_log2, delta, seqlen_q, seqlen_k,
                                                        slice_start, qk_scale_log2, dtype, CAUSAL, s_layout, operand)
-        # block it+1's statistics (the last block's again after it: never used)
-        rows, lse_log2, delta = _slice_statistics(gl.minimum(it + 1, iterations - 1), per_head, first_q_block, batch, head_k, nheads,
-                                                  group_size, seqlen_q, Lse, Delta, BLOCK_M, s_layout)
+        # block it+1's statistics (after the last block, the last block's again: never used)
+        head, q_block = _next_query_block(head, q_block, first_q_block, per_head, last_head)
+        rows, lse_log2, delta = _slice_statistics(head, q_block, batch, nheads, seqlen_q, Lse, Delta, BLOCK_M,
+                                                  s_layout)
         # dV and dK read p_op and ds_op from registers until they complete: keep them alive to here
         dv, dk, p_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, p_op, ds_op))
         mbarrier.arrive(q_free.index(prev_stage), count=1)
