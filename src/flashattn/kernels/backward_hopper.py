@@ -329,11 +329,9 @@ KEY_SLICE_PROGRAM_KEYS = gl.constexpr(2 * SLICE_KEYS.value)  # the key-slice ker
 
 
 @gluon.jit
-def _slice_scores(k_slice, v_slice, q_bufs, do_bufs, q_ready, do_ready, it, s, dp, NUM_STAGES: gl.constexpr):
-    """Issue query block ``it``'s S^T = K Q^T and dP^T = V dO^T over the slice's keys, each once its tile has
-    landed (they overwrite the last block's tiles: use_acc=False)."""
-    stage = it % NUM_STAGES
-    phase = (it // NUM_STAGES) & 1
+def _slice_scores(k_slice, v_slice, q_bufs, do_bufs, q_ready, do_ready, stage, phase, s, dp):
+    """Issue S^T = K Q^T and dP^T = V dO^T over the slice's keys for the query block in ``stage``, each once its
+    tile has landed (they overwrite the last block's tiles: use_acc=False)."""
     mbarrier.wait(q_ready.index(stage), phase)
     s = warpgroup_mma(k_slice, q_bufs.index(stage).permute((1, 0)), s, use_acc=False, is_async=True)
     mbarrier.wait(do_ready.index(stage), phase)
@@ -344,11 +342,16 @@ def _slice_scores(k_slice, v_slice, q_bufs, do_bufs, q_ready, do_ready, it, s, d
 @gluon.jit
 def _slice_statistics(head, q_block, batch, nheads, seqlen_q, Lse, Delta, BLOCK_M: gl.constexpr,
                       s_layout: gl.constexpr):
-    """Query block ``q_block`` of query head ``head``: its rows, lse (base 2) and delta, loaded a block ahead of their
-    use."""
+    """Query block ``q_block`` of query head ``head``: its lse (base 2) and delta, loaded a block ahead of their use."""
     rows = q_block * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
     offsets = (batch * nheads + head).to(gl.int64) * seqlen_q + rows
-    return rows, _lse_log2(Lse, offsets, rows, seqlen_q), gl.load(Delta + offsets, mask=rows < seqlen_q, other=0.0)
+    if (q_block + 1) * BLOCK_M <= seqlen_q:  # a whole block: no masks, whose fill values cost a register move each
+        lse_log2 = gl.load(Lse + offsets) * LOG2E
+        delta = gl.load(Delta + offsets)
+    else:
+        lse_log2 = _lse_log2(Lse, offsets, rows, seqlen_q)
+        delta = gl.load(Delta + offsets, mask=rows < seqlen_q, other=0.0)
+    return lse_log2, delta
 
 
 @gluon.jit
@@ -363,14 +366,19 @@ def _next_query_block(head, q_block, first_q_block, per_head, last_head):
 
 
 @gluon.jit
-def _slice_score_gradients(s, dp, rows, lse_log2, delta, seqlen_q, seqlen_k, slice_start, qk_scale_log2,
-                           dtype: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr,
-                           operand: gl.constexpr):
-    """P^T and dS^T = P^T (dP^T - delta) of one query block, as 16-bit register operands of dV += P^T dO and
+def _slice_score_gradients(s, dp, q_block, lse_log2, delta, seqlen_q, seqlen_k, slice_start, qk_scale_log2,
+                           dtype: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr,
+                           s_layout: gl.constexpr, operand: gl.constexpr):
+    """P^T and dS^T = P^T (dP^T - delta) of query block ``q_block``, as 16-bit register operands of dV += P^T dO and
     dK += dS^T Q."""
-    if CAUSAL:  # bottom-right aligned, masked before the exponentials (masking P made ptxas serialize the wgmma)
-        keys = slice_start + gl.arange(0, SLICE_KEYS, layout=gl.SliceLayout(1, s_layout))
-        s = gl.where(keys[:, None] <= rows[None, :] + (seqlen_k - seqlen_q), s, float("-inf"))
+    if CAUSAL:
+        # bottom-right aligned: query i sees keys up to i + seqlen_k - seqlen_q. Only the blocks across the diagonal
+        # are masked, on S^T before the exponentials (masking P made ptxas serialize the wgmma)
+        first_row = q_block * BLOCK_M
+        if slice_start + SLICE_KEYS - 1 > first_row + (seqlen_k - seqlen_q):
+            keys = slice_start + gl.arange(0, SLICE_KEYS, layout=gl.SliceLayout(1, s_layout))
+            rows = first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+            s = gl.where(keys[:, None] <= rows[None, :] + (seqlen_k - seqlen_q), s, float("-inf"))
     p = gl.exp2(s * qk_scale_log2 - lse_log2[None, :])
     ds = p * (dp - delta[None, :])
     return gl.convert_layout(p.to(dtype), operand), gl.convert_layout(ds.to(dtype), operand)
@@ -407,37 +415,42 @@ def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_
     dv = gl.zeros([SLICE_KEYS, HEAD_DIM], gl.float32, acc_layout)
     mbarrier.wait(kv_ready, 0)
     # -- prologue: block 0's scores and score gradients --
-    s, dp = _slice_scores(k_slice, v_slice, q_bufs, do_bufs, q_ready, do_ready, 0, s, dp, NUM_STAGES)
+    stage = 0
+    phase = 0
+    s, dp = _slice_scores(k_slice, v_slice, q_bufs, do_bufs, q_ready, do_ready, stage, phase, s, dp)
     head = head_k * group_size
     last_head = head + group_size - 1
     q_block = first_q_block
-    rows, lse_log2, delta = _slice_statistics(head, q_block, batch, nheads, seqlen_q, Lse, Delta, BLOCK_M, s_layout)
+    lse_log2, delta = _slice_statistics(head, q_block, batch, nheads, seqlen_q, Lse, Delta, BLOCK_M, s_layout)
     s, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s, dp))
-    p_op, ds_op = _slice_score_gradients(s, dp, rows, lse_log2, delta, seqlen_q, seqlen_k, slice_start,
-                                         qk_scale_log2, dtype, CAUSAL, s_layout, operand)
+    p_op, ds_op = _slice_score_gradients(s, dp, q_block, lse_log2, delta, seqlen_q, seqlen_k, slice_start,
+                                         qk_scale_log2, dtype, BLOCK_M, CAUSAL, s_layout, operand)
     # the next block's statistics load while this block's products run
     head, q_block = _next_query_block(head, q_block, first_q_block, per_head, last_head)
-    rows, lse_log2, delta = _slice_statistics(head, q_block, batch, nheads, seqlen_q, Lse, Delta, BLOCK_M, s_layout)
-    prev_stage = 0
-    for it in range(1, iterations):
-        # -- block it's S^T and dP^T, then block it-1's dV and dK, in flight together --
-        s, dp = _slice_scores(k_slice, v_slice, q_bufs, do_bufs, q_ready, do_ready, it, s, dp, NUM_STAGES)
+    lse_log2, delta = _slice_statistics(head, q_block, batch, nheads, seqlen_q, Lse, Delta, BLOCK_M, s_layout)
+    for _ in range(1, iterations):
+        # stage and phase counted on, as the query blocks are
+        prev_stage = stage
+        stage = gl.where(stage == NUM_STAGES - 1, 0, stage + 1)
+        phase = gl.where(stage == 0, phase ^ 1, phase)
+        # -- this block's S^T and dP^T, then the last block's dV and dK, in flight together --
+        s, dp = _slice_scores(k_slice, v_slice, q_bufs, do_bufs, q_ready, do_ready, stage, phase, s, dp)
         dv = warpgroup_mma(p_op, do_bufs.index(prev_stage), dv, is_async=True)
         dk = warpgroup_mma(ds_op, q_bufs.index(prev_stage), dk, is_async=True)
         s, dp = warpgroup_mma_wait(num_outstanding=2, deps=(s, dp))
-        next_p_op, next_ds_op = _slice_score_gradients(s, dp, rows, lse_log2, delta, seqlen_q, seqlen_k,
-                                                       slice_start, qk_scale_log2, dtype, CAUSAL, s_layout, operand)
-        # block it+1's statistics (after the last block, the last block's again: never used)
+        next_p_op, next_ds_op = _slice_score_gradients(s, dp, q_block, lse_log2, delta, seqlen_q, seqlen_k,
+                                                       slice_start, qk_scale_log2, dtype, BLOCK_M, CAUSAL, s_layout,
+                                                       operand)
+        # the next block's statistics (after the last block, the last block's again: never used)
         head, q_block = _next_query_block(head, q_block, first_q_block, per_head, last_head)
-        rows, lse_log2, delta = _slice_statistics(head, q_block, batch, nheads, seqlen_q, Lse, Delta, BLOCK_M,
-                                                  s_layout)
+        lse_log2, delta = _slice_statistics(head, q_block, batch, nheads, seqlen_q, Lse, Delta, BLOCK_M, s_layout)
         # dV and dK read p_op and ds_op from registers until they complete: keep them alive to here
         dv, dk, p_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, p_op, ds_op))
         mbarrier.arrive(q_free.index(prev_stage), count=1)
         mbarrier.arrive(do_free.index(prev_stage), count=1)
         p_op = next_p_op
         ds_op = next_ds_op
-        prev_stage = it % NUM_STAGES
+    prev_stage = stage
     # -- epilogue: the last block's dV and dK --
     dv = warpgroup_mma(p_op, do_bufs.index(prev_stage), dv, is_async=True)
     dk = warpgroup_mma(ds_op, q_bufs.index(prev_stage), dk, is_async=True)
