@@ -30,12 +30,16 @@ def test_backward_fits_only_on_the_gpu():
     assert not ops._warp_specialized_dq_fits(q, q, q, q, lse, AttentionOptions(0.0625), None, None)
 
 
-def test_table_has_gluon_dkdv_at_hdim_256_only():
+def test_table_has_gluon_dkdv_from_2k():
     for causal in (False, True):
         entry = configs.lookup("hopper", "dkdv", 256, causal, torch.bfloat16, seqlen=4096, warp_specialized=True)
-        assert entry.warp_specialized and entry.block_m == 64
-        assert not configs.lookup("hopper", "dkdv", 128, causal, torch.bfloat16, seqlen=4096,
-                                  warp_specialized=True).warp_specialized
+        assert entry.warp_specialized and entry.block_m == 64 and not entry.key_slices
+        for head_dim in (64, 128):  # the key-slice kernel from 2k, the Triton tiles below
+            entry = configs.lookup("hopper", "dkdv", head_dim, causal, torch.bfloat16, seqlen=2048,
+                                   warp_specialized=True)
+            assert entry.warp_specialized and entry.key_slices
+            assert not configs.lookup("hopper", "dkdv", head_dim, causal, torch.bfloat16, seqlen=1024,
+                                      warp_specialized=True).warp_specialized
         assert not configs.lookup("hopper", "dkdv", 256, causal, torch.bfloat16, seqlen=4096).warp_specialized
 
 
@@ -105,7 +109,7 @@ def test_other_options_take_the_triton_dkdv(option, monkeypatch):
 @pytest.mark.gpu
 @hopper
 @pytest.mark.parametrize(("head_dim", "dtype", "expect_launch"), [
-    (256, torch.bfloat16, True), (128, torch.bfloat16, False), (256, torch.float32, False)])
+    (256, torch.bfloat16, True), (128, torch.bfloat16, True), (64, torch.float16, True), (256, torch.float32, False)])
 def test_table_takes_the_gluon_dkdv_where_it_fits(head_dim, dtype, expect_launch, monkeypatch):
     case = make_case((1, 2048, 2048, 2, 2, head_dim), "causal", "cuda")
     with forced_ws_dkdv(None, monkeypatch, expect_launch=expect_launch):
