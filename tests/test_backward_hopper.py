@@ -34,10 +34,10 @@ def test_table_has_gluon_dkdv_from_2k():
     for causal in (False, True):
         entry = configs.lookup("hopper", "dkdv", 256, causal, torch.bfloat16, seqlen=4096, warp_specialized=True)
         assert entry.warp_specialized and entry.block_m == 64 and not entry.key_slices
-        for head_dim in (64, 128):  # the key-slice kernel from 2k, the Triton tiles below
+        for head_dim in (64, 128):  # the key-slice kernel from 2k without a mask, the Triton tiles otherwise
             entry = configs.lookup("hopper", "dkdv", head_dim, causal, torch.bfloat16, seqlen=2048,
                                    warp_specialized=True)
-            assert entry.warp_specialized and entry.key_slices
+            assert entry.warp_specialized == (not causal) and entry.key_slices == (not causal)
             assert not configs.lookup("hopper", "dkdv", head_dim, causal, torch.bfloat16, seqlen=1024,
                                       warp_specialized=True).warp_specialized
         assert not configs.lookup("hopper", "dkdv", 256, causal, torch.bfloat16, seqlen=4096).warp_specialized
@@ -111,6 +111,6 @@ def test_other_options_take_the_triton_dkdv(option, monkeypatch):
 @pytest.mark.parametrize(("head_dim", "dtype", "expect_launch"), [
     (256, torch.bfloat16, True), (128, torch.bfloat16, True), (64, torch.float16, True), (256, torch.float32, False)])
 def test_table_takes_the_gluon_dkdv_where_it_fits(head_dim, dtype, expect_launch, monkeypatch):
-    case = make_case((1, 2048, 2048, 2, 2, head_dim), "causal", "cuda")
+    case = make_case((1, 2048, 2048, 2, 2, head_dim), "causal" if head_dim == 256 else "plain", "cuda")
     with forced_ws_dkdv(None, monkeypatch, expect_launch=expect_launch):
         check_against_reference(case, dtype, "cuda", flash_attn_func)

@@ -237,15 +237,15 @@ _HOPPER_FORWARD_WS_SHORT = {
 # one gradient per warpgroup 8-20% behind the Triton tiles, key slices (both gradients of 64 keys per warpgroup,
 # +slices) level non-causal at hdim 128 (400.2 / 419.5 against 402.5 / 421.3 at 4k / 16k) and 5-14% behind
 # elsewhere (docs/perf-notes.md, version 13.1).
-# hdim 64 and 128 (session 18, version 19): the key-slice kernel, software-pipelined and cut to 354 instructions a
-# loop at hdim 64 (the Triton tile's has 335, its loads included), H200, whole backward, TFLOP/s against the Triton
-# entry: hdim 64 387.2 / 383.3 at 4k, 415.6 / 398.7 at 16k, 359.9 / 359.9 at 2k; causal 343.9 / 341.5 at 4k, 387.3 /
-# 378.0 at 16k; hdim 128 450.2 / 435.1 at 4k (32 query rows: 64 spill there). From 2k (_WS_FROM_SEQLEN).
+# hdim 64 and 128 without a mask (session 18, docs/perf-notes.md version 19): the key-slice kernel, software-pipelined
+# and cut to 354 instructions a loop at hdim 64 (the Triton tile's has 335, its loads included). H200, whole
+# backward, TFLOP/s against the Triton entry: hdim 64 387.2 / 383.3 at 4k, 415.6 / 398.7 at 16k, 359.9 / 359.9 at
+# 2k, 301.8 / 321.5 at 1k; hdim 128 450.2 / 435.1 at 4k, 404.2 / 402.5 at 2k, 459.6 / 454.9 at 16k (32 query rows:
+# 64 spill there). From 2k (_WS_FROM_SEQLEN). Causal stays with the Triton tiles: hdim 64 290.8 / 303.6 at 2k,
+# 343.9 / 341.5 at 4k, 358.6 / 362.4 at 8k, 387.3 / 378.0 at 16k; hdim 128 375.6 / 385.1 at 4k, 442.6 / 443.5 at 16k.
 _HOPPER_DKDV_WS = {
     (64, False): TileConfig(64, 128, 8, 3, warp_specialized=True, key_slices=True),
-    (64, True): TileConfig(64, 128, 8, 3, warp_specialized=True, key_slices=True),
     (128, False): TileConfig(32, 128, 8, 3, warp_specialized=True, key_slices=True),
-    (128, True): TileConfig(32, 128, 8, 3, warp_specialized=True, key_slices=True),
     (256, False): TileConfig(64, 64, 8, 2, warp_specialized=True),
     (256, True): TileConfig(64, 64, 8, 2, warp_specialized=True),
 }
@@ -283,7 +283,7 @@ _HOPPER_DQ_WS_SHORT = {
 # against 389.9 / 390.0 at 4k, 460.8 / 460.6 against 419.0 / 417.3 at 8k, 492.1 / 491.7 against 432.0 / 430.4 at
 # 16k; at 2k it lost, 321.9 / 322.4 against 346.5 / 348.6. Persistent or 4 stages: no better (355-459, 390-456).
 _WS_FROM_SEQLEN = {("hopper", "forward"): {(64, True): 4096},
-                   ("hopper", "dkdv"): {(64, False): 2048, (64, True): 2048, (128, False): 2048, (128, True): 2048}}
+                   ("hopper", "dkdv"): {(64, False): 2048, (128, False): 2048}}
 # (family, phase) -> the Gluon kernel's table and its short-sequence entries (a None entry: the Triton table's)
 _WS_TABLES = {("hopper", "forward"): (_HOPPER_FORWARD_WS, _HOPPER_FORWARD_WS_SHORT),
               ("hopper", "dkdv"): (_HOPPER_DKDV_WS, {}),
