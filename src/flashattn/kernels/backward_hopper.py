@@ -343,13 +343,11 @@ def _slice_scores(k_slice, v_slice, q_bufs, do_bufs, q_ready, do_ready, stage, p
 def _slice_statistics(head, q_block, batch, nheads, seqlen_q, Lse, Delta, BLOCK_M: gl.constexpr,
                       s_layout: gl.constexpr):
     """Query block ``q_block`` of query head ``head``: its lse (base 2) and delta, loaded a block ahead of their use."""
-    columns = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-    rows = q_block * BLOCK_M + columns
-    first = (batch * nheads + head).to(gl.int64) * seqlen_q + q_block * BLOCK_M
-    offsets = first + columns
+    rows = q_block * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+    offsets = (batch * nheads + head).to(gl.int64) * seqlen_q + rows
     if q_block * BLOCK_M + BLOCK_M <= seqlen_q:  # a whole block: no masks, whose fill values cost a register move each
-        lse_log2 = gl.load(Lse + first + columns) * LOG2E
-        delta = gl.load(Delta + first + columns)
+        lse_log2 = gl.load(Lse + offsets) * LOG2E
+        delta = gl.load(Delta + offsets)
     else:
         lse_log2 = _lse_log2(Lse, offsets, rows, seqlen_q)
         delta = gl.load(Delta + offsets, mask=rows < seqlen_q, other=0.0)
@@ -360,8 +358,8 @@ def _slice_statistics(head, q_block, batch, nheads, seqlen_q, Lse, Delta, BLOCK_
 def _next_query_block(head, q_block, first_q_block, per_head, last_head):
     """The (query head, query block) after this one in a program's walk: counted on, not divided out of the
     iteration, which would cost an integer division a block. Past the last head it stays on the last block."""
-    at_end = (head == last_head) & (q_block == first_q_block + per_head - 1)
     wrap = q_block == first_q_block + per_head - 1
+    at_end = wrap & (head == last_head)
     next_block = gl.where(wrap, first_q_block, q_block + 1)
     next_head = gl.where(wrap, head + 1, head)
     return gl.where(at_end, head, next_head), gl.where(at_end, q_block, next_block)
@@ -465,8 +463,8 @@ def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_
                 HEAD_DIM, SLICE_KEYS, acc_layout)
 
 
-# seqlen_q = 1 is not specialized as a constant: Triton 3.6's lowering to LLVM fails an assertion on the whole-block
-# loads of _slice_statistics in that build (tests/test_sm90_compile.py)
+# seqlen_q = 1 is not specialized as a constant: Triton 3.6's lowering to LLVM fails an assertion (an LLVM SmallVector
+# index) on the whole-block loads of _slice_statistics in that build; the GPU tests' one-query shapes launch it
 @gluon.jit(do_not_specialize=["seqlen_q"])
 def dkdv_key_slices_kernel(
     q_desc, k_desc, v_desc, do_desc, Lse, Delta, DK, DV,
