@@ -393,12 +393,17 @@ def _warp_specialized_dkdv(q, k, v, dout, lse, delta, dk, dv, opts: AttentionOpt
     batch, seqlen_q, nheads, head_dim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     key_blocks = _cdiv(seqlen_k, keys)
+    tiles = key_blocks * batch * nheads_k
+    # the key-slice kernel walks tiles p, p + grid, ...: one program per SM when persistent
+    programs = min(tiles, _sm_count(q.device.index)) if config.persistent else tiles
+    tile_count = (tiles, ) if config.key_slices else ()
     launch(
-        kernel, (key_blocks * batch * nheads_k,),
+        kernel, (programs,),
         _token_descriptor(q, config.block_m), _token_descriptor(k, keys), _token_descriptor(v, keys),
         _token_descriptor(dout, config.block_m),
         lse, delta, dk, dv, dk.stride(0), dk.stride(1), dk.stride(2),
-        seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, opts.softmax_scale, opts.softmax_scale * LOG2E,
+        seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, *tile_count, opts.softmax_scale,
+        opts.softmax_scale * LOG2E,
         **warp_specialized_dkdv_constexprs(config, head_dim, opts.window_right == 0), num_warps=4,
     )
 
