@@ -459,7 +459,9 @@ def warp_specialized_dkdv_constexprs(config: configs.TileConfig, head_dim: int, 
     compiles): its two consumer warpgroups take the forward consumers' registers."""
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, NUM_STAGES=config.num_stages, CAUSAL=causal,
                       CONSUMER_REGISTERS=WS_CONSUMER_REGISTERS[2], LOADER_REGISTERS=WS_LOADER_REGISTERS)
-    if not config.key_slices:  # the key-slice kernel's keys a program are fixed
+    if config.key_slices:  # 128 keys a program; a persistent program loads its next tile's K and V into a second
+        constexprs["KV_BUFFERS"] = 2 if config.persistent else 1  # buffer
+    else:
         constexprs["BLOCK_N"] = config.block_n
     return constexprs
 

@@ -552,18 +552,20 @@ def dkdv_key_slices_kernel(
     stride_gb, stride_gm, stride_gh,
     seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, total_tiles, softmax_scale, qk_scale_log2,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-    CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
+    KV_BUFFERS: gl.constexpr, CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
 ):
     """dK and dV of 128 keys a tile, 64 on each consumer warpgroup with both of their gradients: for head dims up
     to 128, where a warpgroup holds both 64 x HEAD_DIM fp32 accumulators (128 registers a thread at hdim 128).
     ``total_tiles`` = key_blocks * batch * nheads_k; a program computes tiles p, p + grid, ... (a persistent grid
-    when the grid is smaller), with two K/V buffers so that its next tile's K and V load during this one. The other
-    arguments are ``dkdv_hopper_kernel``'s, with k_desc / v_desc in (128, HEAD_DIM) blocks."""
+    when the grid is smaller), which needs ``KV_BUFFERS`` = 2: its next tile's K and V load during this one, and a
+    tile's K and V are released only once the next tile's first products are issued. One buffer serves a grid of
+    one program a tile. The other arguments are ``dkdv_hopper_kernel``'s, with k_desc / v_desc in (128, HEAD_DIM)
+    blocks."""
     BLOCK_N: gl.constexpr = KEY_SLICE_PROGRAM_KEYS
     group_size = nheads // nheads_k
     # each slice reads every stage of Q and dO, and every K/V buffer
     k_bufs, v_bufs, q_bufs, do_bufs, kv_ready, kv_free, q_ready, do_ready, q_free, do_free = _streamed_buffers(
-        q_desc, k_desc, v_desc, do_desc, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, 2)
+        q_desc, k_desc, v_desc, do_desc, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, KV_BUFFERS)
     gl.warp_specialize([
         (_key_slice_partition, (k_bufs, v_bufs, q_bufs, do_bufs, kv_ready, kv_free, q_ready, do_ready, q_free,
                                 do_free, Lse, Delta, DK, DV, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k,
