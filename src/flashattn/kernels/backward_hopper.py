@@ -179,7 +179,7 @@ def _dv_partition(k_smem, q_bufs, do_bufs, p_bufs, kv_ready, q_ready, do_ready, 
         p_op = gl.convert_layout(p, p_operand)
         stage = 0
         phase = 0
-        for it in range(1, iterations):
+        for _ in range(1, iterations):
             prev_stage = stage
             prev_phase = phase
             stage = it % NUM_STAGES
@@ -249,7 +249,7 @@ def _dk_partition(v_smem, q_bufs, do_bufs, p_bufs, kv_ready, q_ready, do_ready, 
         ds_op = gl.convert_layout(ds.to(v_smem.dtype), ds_operand)
         stage = 0
         phase = 0
-        for it in range(1, iterations):
+        for _ in range(1, iterations):
             prev_stage = stage
             prev_phase = phase
             stage = it % NUM_STAGES
@@ -457,10 +457,9 @@ def _key_slice_partition(k_bufs, v_bufs, q_bufs, do_bufs, kv_ready, kv_free, q_r
     head = head_k * group_size
     q_block = first_q_block
     lse_log2, delta = _slice_statistics(head, q_block, stat_batch, nheads, seqlen_q, Lse, Delta, BLOCK_M, s_layout)
-    done_batch = batch  # the tile whose gradients dV and dK hold, and its query blocks
+    done_batch = batch  # the tile whose gradients dV and dK hold
     done_head_k = head_k
     done_slice_start = key_start + SLICE * SLICE_KEYS
-    done_blocks = 1
     for tile_id in range(first_tile, total_tiles, gl.num_programs(0)):
         rounds = tile_id // gl.num_programs(0)  # this program's tiles before this one
         batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(
@@ -477,26 +476,29 @@ def _key_slice_partition(k_bufs, v_bufs, q_bufs, do_bufs, kv_ready, kv_free, q_r
         # V unread. No branch around the products: an accumulator passed through one made ptxas serialize wgmma --
         (s, dp, dv, dk, p_op, ds_op, stage, phase, stat_batch, head, q_block, lse_log2, delta) = _slice_step(
             k_slice, v_slice, q_bufs, do_bufs, q_ready, do_ready, q_free, do_free, Lse, Delta, s, dp, dv, dk, p_op,
-            ds_op, done_blocks > 1, rounds > 0, stage, phase, stat_batch, head, q_block, lse_log2, delta,
+            ds_op, rounds > 0, stage, phase, stat_batch, head, q_block, lse_log2, delta,
             first_q_block, per_head, last_head, next_batch, next_head, next_q_block, seqlen_q, seqlen_k, nheads,
             slice_start, qk_scale_log2, BLOCK_M, NUM_STAGES, CAUSAL, s_layout, operand)
         mbarrier.arrive(kv_free.index((rounds + kv_buffers - 1) % kv_buffers), count=1, pred=rounds > 0)
         if rounds > 0:
             _store_gradients(dk, dv, DK, DV, done_batch, done_head_k, done_slice_start, seqlen_k, softmax_scale,
                              stride_gb, stride_gm, stride_gh, HEAD_DIM, acc_layout)
-        for it in range(1, iterations):
+        # this tile's gradients from zero, before block 0's products (outside the loop: a predicate on use_acc in
+        # it cost 18% of the kernel's time)
+        dk = gl.zeros([SLICE_KEYS, HEAD_DIM], gl.float32, acc_layout)
+        dv = gl.zeros([SLICE_KEYS, HEAD_DIM], gl.float32, acc_layout)
+        for _ in range(1, iterations):
             (s, dp, dv, dk, p_op, ds_op, stage, phase, stat_batch, head, q_block, lse_log2, delta) = _slice_step(
                 k_slice, v_slice, q_bufs, do_bufs, q_ready, do_ready, q_free, do_free, Lse, Delta, s, dp, dv, dk,
-                p_op, ds_op, it != 1, True, stage, phase, stat_batch, head, q_block, lse_log2, delta, first_q_block,
+                p_op, ds_op, True, stage, phase, stat_batch, head, q_block, lse_log2, delta, first_q_block,
                 per_head, last_head, next_batch, next_head, next_q_block, seqlen_q, seqlen_k, nheads, slice_start,
                 qk_scale_log2, BLOCK_M, NUM_STAGES, CAUSAL, s_layout, operand)
         done_batch = batch
         done_head_k = head_k
         done_slice_start = slice_start
-        done_blocks = iterations
     # -- epilogue: the last block's dV and dK --
-    dv = warpgroup_mma(p_op, do_bufs.index(stage), dv, use_acc=done_blocks > 1, is_async=True)
-    dk = warpgroup_mma(ds_op, q_bufs.index(stage), dk, use_acc=done_blocks > 1, is_async=True)
+    dv = warpgroup_mma(p_op, do_bufs.index(stage), dv, is_async=True)
+    dk = warpgroup_mma(ds_op, q_bufs.index(stage), dk, is_async=True)
     dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
     mbarrier.arrive(q_free.index(stage), count=1)
     mbarrier.arrive(do_free.index(stage), count=1)
@@ -506,7 +508,7 @@ def _key_slice_partition(k_bufs, v_bufs, q_bufs, do_bufs, kv_ready, kv_free, q_r
 
 @gluon.jit
 def _slice_step(k_slice, v_slice, q_bufs, do_bufs, q_ready, do_ready, q_free, do_free, Lse, Delta, s, dp, dv, dk, p_op,
-                ds_op, accumulate, release, stage, phase, stat_batch, head, q_block, lse_log2, delta, first_q_block,
+                ds_op, release, stage, phase, stat_batch, head, q_block, lse_log2, delta, first_q_block,
                 per_head, last_head, next_batch, next_head, next_q_block, seqlen_q, seqlen_k, nheads, slice_start,
                 qk_scale_log2, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                 s_layout: gl.constexpr, operand: gl.constexpr):
@@ -520,8 +522,8 @@ def _slice_step(k_slice, v_slice, q_bufs, do_bufs, q_ready, do_ready, q_free, do
     stage = gl.where(stage == NUM_STAGES - 1, 0, stage + 1)
     phase = gl.where(stage == 0, phase ^ 1, phase)
     s, dp = _slice_scores(k_slice, v_slice, q_bufs, do_bufs, q_ready, do_ready, stage, phase, s, dp)
-    dv = warpgroup_mma(p_op, do_bufs.index(prev_stage), dv, use_acc=accumulate, is_async=True)
-    dk = warpgroup_mma(ds_op, q_bufs.index(prev_stage), dk, use_acc=accumulate, is_async=True)
+    dv = warpgroup_mma(p_op, do_bufs.index(prev_stage), dv, is_async=True)
+    dk = warpgroup_mma(ds_op, q_bufs.index(prev_stage), dk, is_async=True)
     s, dp = warpgroup_mma_wait(num_outstanding=2, deps=(s, dp))
     next_p_op, next_ds_op = _slice_score_gradients(s, dp, q_block, lse_log2, delta, seqlen_q, seqlen_k, slice_start,
                                                    qk_scale_log2, k_slice.dtype, BLOCK_M, CAUSAL, s_layout, operand)
