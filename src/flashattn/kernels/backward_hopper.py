@@ -179,7 +179,7 @@ def _dv_partition(k_smem, q_bufs, do_bufs, p_bufs, kv_ready, q_ready, do_ready, 
         p_op = gl.convert_layout(p, p_operand)
         stage = 0
         phase = 0
-        for _ in range(1, iterations):
+        for it in range(1, iterations):
             prev_stage = stage
             prev_phase = phase
             stage = it % NUM_STAGES
@@ -249,7 +249,7 @@ def _dk_partition(v_smem, q_bufs, do_bufs, p_bufs, kv_ready, q_ready, do_ready, 
         ds_op = gl.convert_layout(ds.to(v_smem.dtype), ds_operand)
         stage = 0
         phase = 0
-        for _ in range(1, iterations):
+        for it in range(1, iterations):
             prev_stage = stage
             prev_phase = phase
             stage = it % NUM_STAGES
