@@ -410,14 +410,19 @@ def _slice_score_gradients(s, dp, q_block, lse, delta, seqlen_q, seqlen_k, slice
 
 
 @gluon.jit
-def _following_tile(tile_id, total_tiles, seqlen_q, seqlen_k, nheads_k, key_blocks, group_size,
-                    BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
+def _following_tile(tile_id, total_tiles, batch, last_head, last_q_block, seqlen_q, seqlen_k, nheads_k, key_blocks,
+                    group_size, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
     """Where the program's tile after ``tile_id`` starts (batch, first query head, first query block), for loading
-    its statistics a block ahead; past the last tile, the last tile's (loaded, never used)."""
-    batch, head_k, _, first_q_block, _, _ = _key_tile(gl.minimum(tile_id + gl.num_programs(0), total_tiles - 1),
-                                                      seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M,
-                                                      KEY_SLICE_PROGRAM_KEYS, CAUSAL)
-    return batch, head_k * group_size, first_q_block
+    its statistics a block ahead. After the program's last tile, its own last block (batch, last_head,
+    last_q_block): loaded again from L1, where another tile's would keep the program waiting on a cold load
+    before it may exit."""
+    following = tile_id + gl.num_programs(0)
+    next_batch, head_k, _, first_q_block, _, _ = _key_tile(gl.minimum(following, total_tiles - 1), seqlen_q,
+                                                           seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M,
+                                                           KEY_SLICE_PROGRAM_KEYS, CAUSAL)
+    walking = following < total_tiles
+    return (gl.where(walking, next_batch, batch), gl.where(walking, head_k * group_size, last_head),
+            gl.where(walking, first_q_block, last_q_block))
 
 
 @gluon.jit
@@ -467,10 +472,11 @@ def _key_slice_partition(k_bufs, v_bufs, q_bufs, do_bufs, kv_ready, kv_free, q_r
         rounds = tile_id // gl.num_programs(0)  # this program's tiles before this one
         batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(
             tile_id, seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, KEY_SLICE_PROGRAM_KEYS, CAUSAL)
-        next_batch, next_head, next_q_block = _following_tile(tile_id, total_tiles, seqlen_q, seqlen_k, nheads_k,
-                                                              key_blocks, group_size, BLOCK_M, CAUSAL)
         slice_start = key_start + SLICE * SLICE_KEYS
         last_head = head_k * group_size + group_size - 1
+        next_batch, next_head, next_q_block = _following_tile(tile_id, total_tiles, batch, last_head,
+                                                              first_q_block + per_head - 1, seqlen_q, seqlen_k,
+                                                              nheads_k, key_blocks, group_size, BLOCK_M, CAUSAL)
         buffer = rounds % kv_buffers
         k_slice = k_bufs.index(buffer).slice(SLICE * SLICE_KEYS, SLICE_KEYS)
         v_slice = v_bufs.index(buffer).slice(SLICE * SLICE_KEYS, SLICE_KEYS)
