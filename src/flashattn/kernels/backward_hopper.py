@@ -391,11 +391,9 @@ def _next_query_block(batch, head, q_block, first_q_block, per_head, last_head, 
 
 
 @gluon.jit
-def _slice_score_gradients(s, dp, q_block, lse, delta, seqlen_q, seqlen_k, slice_start, qk_scale_log2,
-                           dtype: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr,
-                           s_layout: gl.constexpr, operand: gl.constexpr):
-    """P^T and dS^T = P^T (dP^T - delta) of query block ``q_block``, as 16-bit register operands of dV += P^T dO and
-    dK += dS^T Q."""
+def _slice_probabilities(s, q_block, lse, seqlen_q, seqlen_k, slice_start, qk_scale_log2, BLOCK_M: gl.constexpr,
+                         CAUSAL: gl.constexpr, s_layout: gl.constexpr):
+    """P^T of query block ``q_block`` from its scores S^T and lse."""
     if CAUSAL:
         # bottom-right aligned: query i sees keys up to i + seqlen_k - seqlen_q. Only the blocks across the diagonal
         # are masked, on S^T before the exponentials (masking P made ptxas serialize the wgmma)
@@ -404,9 +402,7 @@ def _slice_score_gradients(s, dp, q_block, lse, delta, seqlen_q, seqlen_k, slice
             keys = slice_start + gl.arange(0, SLICE_KEYS, layout=gl.SliceLayout(1, s_layout))
             rows = first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
             s = gl.where(keys[:, None] <= rows[None, :] + (seqlen_k - seqlen_q), s, float("-inf"))
-    p = gl.exp2(s * qk_scale_log2 - (lse * LOG2E)[None, :])
-    ds = p * (dp - delta[None, :])
-    return gl.convert_layout(p.to(dtype), operand), gl.convert_layout(ds.to(dtype), operand)
+    return gl.exp2(s * qk_scale_log2 - (lse * LOG2E)[None, :])
 
 
 @gluon.jit
@@ -534,8 +530,10 @@ def _slice_step(k_slice, v_slice, q_bufs, do_bufs, q_ready, do_ready, q_free, do
     dv = warpgroup_mma(p_op, do_bufs.index(prev_stage), dv, is_async=True)
     dk = warpgroup_mma(ds_op, q_bufs.index(prev_stage), dk, is_async=True)
     s, dp = warpgroup_mma_wait(num_outstanding=2, deps=(s, dp))
-    next_p_op, next_ds_op = _slice_score_gradients(s, dp, q_block, lse, delta, seqlen_q, seqlen_k, slice_start,
-                                                   qk_scale_log2, k_slice.dtype, BLOCK_M, CAUSAL, s_layout, operand)
+    p = _slice_probabilities(s, q_block, lse, seqlen_q, seqlen_k, slice_start, qk_scale_log2, BLOCK_M, CAUSAL,
+                             s_layout)
+    next_p_op = gl.convert_layout(p.to(k_slice.dtype), operand)
+    block_delta = delta
     stat_batch, head, q_block = _next_query_block(stat_batch, head, q_block, first_q_block, per_head, last_head,
                                                   next_batch, next_head, next_q_block)
     lse, delta = _slice_statistics(head, q_block, stat_batch, nheads, seqlen_q, Lse, Delta, BLOCK_M, s_layout)
@@ -543,6 +541,9 @@ def _slice_step(k_slice, v_slice, q_bufs, do_bufs, q_ready, do_ready, q_free, do
     dv, dk, p_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, p_op, ds_op))
     mbarrier.arrive(q_free.index(prev_stage), count=1, pred=release)
     mbarrier.arrive(do_free.index(prev_stage), count=1, pred=release)
+    # dS^T after the products, as ptxas scheduled it in session 18's form: formed while dV and dK were in flight, it
+    # slowed them by 6% (their register operands contend with it)
+    next_ds_op = gl.convert_layout((p * (dp - block_delta[None, :])).to(k_slice.dtype), operand)
     return s, dp, dv, dk, next_p_op, next_ds_op, stage, phase, stat_batch, head, q_block, lse, delta
 
 
