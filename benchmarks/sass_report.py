@@ -259,9 +259,6 @@ def ws_dkdv_report(head_dim: int, causal: bool, config) -> dict:
                      do_desc=_bf16_descriptor(config.block_m, head_dim), Lse="*fp32", Delta="*fp32", DK="*bf16",
                      DV="*bf16", stride_gb="i32", stride_gm="i32", stride_gh="i32", seqlen_q="i32", seqlen_k="i32",
                      nheads="i32", nheads_k="i32", key_blocks="i32", softmax_scale="fp32", qk_scale_log2="fp32")
-    if config.key_slices:  # the key-slice kernel walks total_tiles, after key_blocks
-        signature = {**dict(list(signature.items())[:-2]), "total_tiles": "i32", "softmax_scale": "fp32",
-                     "qk_scale_log2": "fp32"}
     return _gluon_report(kernel, signature, ops.warp_specialized_dkdv_constexprs(config, head_dim, causal))
 
 

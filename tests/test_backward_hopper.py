@@ -70,8 +70,7 @@ WIDE_KEY_TILES = [configs.TileConfig(32, 128, 8, 3, warp_specialized=True),
                   configs.TileConfig(64, 128, 8, 2, warp_specialized=True),
                   configs.TileConfig(32, 128, 8, 3, warp_specialized=True, key_slices=True),
                   configs.TileConfig(64, 128, 8, 2, warp_specialized=True, key_slices=True),
-                  configs.TileConfig(64, 128, 8, 4, warp_specialized=True, key_slices=True),
-                  configs.TileConfig(64, 128, 8, 3, warp_specialized=True, key_slices=True, persistent=True)]
+                  configs.TileConfig(64, 128, 8, 4, warp_specialized=True, key_slices=True)]
 WIDE_KEY_SHAPES = [(2, 1023, 1023, 4, 1, 128), (1, 113, 203, 4, 2, 128), (1, 1, 300, 2, 2, 64),
                    (1, 700, 300, 2, 2, 64), (2, 257, 1000, 2, 2, 128), (2, 1023, 777, 4, 2, 64)]
 
@@ -81,26 +80,8 @@ WIDE_KEY_SHAPES = [(2, 1023, 1023, 4, 1, 128), (1, 113, 203, 4, 2, 128), (1, 1, 
 @pytest.mark.parametrize("option", ["plain", "causal"])
 @pytest.mark.parametrize("shape", WIDE_KEY_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("tile", WIDE_KEY_TILES,
-                         ids=lambda t: (f"{t.block_m}x{t.block_n}x{t.num_stages}{'-slices' if t.key_slices else ''}"
-                                        f"{'-persistent' if t.persistent else ''}"))
+                         ids=lambda t: f"{t.block_m}x{t.block_n}x{t.num_stages}{'-slices' if t.key_slices else ''}")
 def test_ws_dkdv_128_keys_matches_reference(tile, shape, option, monkeypatch):
-    with forced_ws_dkdv(tile, monkeypatch):
-        check_against_reference(make_case(shape, option, "cuda"), torch.bfloat16, "cuda", flash_attn_func)
-
-
-@pytest.mark.gpu
-@hopper
-@pytest.mark.parametrize("option", ["plain", "causal"])
-@pytest.mark.parametrize("shape", [(2, 1023, 777, 4, 2, 64), (1, 1, 300, 2, 2, 64), (3, 700, 300, 2, 1, 64),
-                                   (2, 257, 1000, 2, 2, 128), (1, 113, 203, 4, 2, 128)],
-                         ids=lambda s: "x".join(map(str, s)))
-def test_persistent_key_slices_walk_several_tiles(shape, option, monkeypatch):
-    """Three programs, each walking its tiles p, p + 3, ...: the pipeline running on across tiles of different
-    query-block counts (causal), heads and batches, and the two K/V buffers taking turns."""
-    monkeypatch.setattr(ops, "_sm_count", lambda device_index: 3)
-    monkeypatch.setattr(ops, "LAUNCH_PLANS", False)  # a plan recorded on the real SM count would replay its grid
-    block_m = 64 if shape[-1] == 64 else 32
-    tile = configs.TileConfig(block_m, 128, 8, 3, warp_specialized=True, key_slices=True, persistent=True)
     with forced_ws_dkdv(tile, monkeypatch):
         check_against_reference(make_case(shape, option, "cuda"), torch.bfloat16, "cuda", flash_attn_func)
 

@@ -393,17 +393,12 @@ def _warp_specialized_dkdv(q, k, v, dout, lse, delta, dk, dv, opts: AttentionOpt
     batch, seqlen_q, nheads, head_dim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     key_blocks = _cdiv(seqlen_k, keys)
-    tiles = key_blocks * batch * nheads_k
-    # the key-slice kernel walks tiles p, p + grid, ...: one program per SM when persistent
-    programs = min(tiles, _sm_count(q.device.index)) if config.persistent else tiles
-    tile_count = (tiles, ) if config.key_slices else ()
     launch(
-        kernel, (programs,),
+        kernel, (key_blocks * batch * nheads_k,),
         _token_descriptor(q, config.block_m), _token_descriptor(k, keys), _token_descriptor(v, keys),
         _token_descriptor(dout, config.block_m),
         lse, delta, dk, dv, dk.stride(0), dk.stride(1), dk.stride(2),
-        seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, *tile_count, opts.softmax_scale,
-        opts.softmax_scale * LOG2E,
+        seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, opts.softmax_scale, opts.softmax_scale * LOG2E,
         **warp_specialized_dkdv_constexprs(config, head_dim, opts.window_right == 0), num_warps=4,
     )
 
@@ -459,9 +454,7 @@ def warp_specialized_dkdv_constexprs(config: configs.TileConfig, head_dim: int, 
     compiles): its two consumer warpgroups take the forward consumers' registers."""
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, NUM_STAGES=config.num_stages, CAUSAL=causal,
                       CONSUMER_REGISTERS=WS_CONSUMER_REGISTERS[2], LOADER_REGISTERS=WS_LOADER_REGISTERS)
-    if config.key_slices:  # 128 keys a program; a persistent program loads its next tile's K and V into a second
-        constexprs["KV_BUFFERS"] = 2 if config.persistent else 1  # buffer
-    else:
+    if not config.key_slices:  # the key-slice kernel's keys a program are fixed
         constexprs["BLOCK_N"] = config.block_n
     return constexprs
 

@@ -5,5 +5,5 @@
 set -u
 export PYTHONPATH=src:tests:benchmarks:benchmarks/results/20261123-session19 PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
-timeout 300 python3 benchmarks/results/20261123-session19/dkdv_variants.py predicate tree late_ds > "$OUT/variants.log" 2>&1
+timeout 300 python3 benchmarks/results/20261123-session19/dkdv_variants.py ${VARIANTS:-predicate tree late_ds} > "$OUT/variants.log" 2>&1
 echo "variants exit $?"; cat "$OUT/variants.log" | tail -40

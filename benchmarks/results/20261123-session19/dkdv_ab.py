@@ -1,4 +1,4 @@
-"""Kernel-only A/B of the key-slice dK/dV: session 18's kernel (old_backward_hopper.py, one tile a program) against
+"""Run with persistent-key-slices.patch applied (README.md). Kernel-only A/B of the key-slice dK/dV: session 18's kernel (old_backward_hopper.py, one tile a program) against
 this tree's (one tile a program, and persistent). Times only the dK/dV launch (triton.testing.do_bench), after
 checking that the three agree."""
 import functools

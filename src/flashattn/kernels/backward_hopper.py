@@ -40,11 +40,12 @@ LOG2E = gl.constexpr(1.4426950408889634)
 
 
 @gluon.jit
-def _key_tile(tile_id, seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M: gl.constexpr,
-              BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """Tile ``tile_id``'s batch and kv head, first key, and its query blocks (the first, how many per query head, and
-    over the whole group): every partition derives the same plan. Key blocks of one head are consecutive tiles,
+def _key_tile(seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              CAUSAL: gl.constexpr):
+    """This program's batch and kv head, first key, and its query blocks (the first, how many per query head, and
+    over the whole group): every partition derives the same plan. Key blocks of one head are consecutive programs,
     so the programs in flight share that head's Q and dO in L2."""
+    tile_id = gl.program_id(0)
     batch_head_k = tile_id // key_blocks
     key_start = (tile_id % key_blocks) * BLOCK_N
     first_q_block = 0
@@ -58,42 +59,28 @@ def _key_tile(tile_id, seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLO
 
 
 @gluon.jit
-def _load_partition(q_desc, k_desc, v_desc, do_desc, k_bufs, v_bufs, q_bufs, do_bufs, kv_ready, kv_free, q_ready,
-                    do_ready, q_free, do_free, seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, total_tiles,
+def _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready,
+                    q_free, do_free, seqlen_q, seqlen_k, nheads_k, key_blocks, group_size,
                     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-                    CAUSAL: gl.constexpr):
-    """Tiles p, p + grid, ... (one when the grid covers them all): each tile's K and V into the next of the
-    ``kv_ready``'s buffers once the consumers have released its last tile, then its Q and dO blocks through the
-    ring, whose position runs on across tiles."""
-    kv_buffers: gl.constexpr = kv_ready.shape[0]
-    ring = 0  # query blocks loaded so far
-    for tile_id in range(gl.program_id(0), total_tiles, gl.num_programs(0)):
-        rounds = tile_id // gl.num_programs(0)  # this program's tiles so far
-        batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(
-            tile_id, seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, BLOCK_N, CAUSAL)
-        buffer = rounds % kv_buffers
+                  CAUSAL: gl.constexpr):
+    batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(
+        seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, BLOCK_N, CAUSAL)
+    mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [batch * seqlen_k + key_start, head_k * HEAD_DIM], kv_ready, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [batch * seqlen_k + key_start, head_k * HEAD_DIM], kv_ready, v_smem)
+    for it in range(iterations):
+        head = head_k * group_size + it // per_head
+        q_row = batch * seqlen_q + (first_q_block + it % per_head) * BLOCK_M
+        stage = it % NUM_STAGES
+        phase = (it // NUM_STAGES) & 1
         # a fresh barrier passes a wait on the phase before its first: the first round does not wait
-        mbarrier.wait(kv_free.index(buffer), ((rounds // kv_buffers) & 1) ^ 1)
-        mbarrier.expect(kv_ready.index(buffer), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        key_row = batch * seqlen_k + key_start
-        tma.async_copy_global_to_shared(k_desc, [key_row, head_k * HEAD_DIM], kv_ready.index(buffer),
-                                        k_bufs.index(buffer))
-        tma.async_copy_global_to_shared(v_desc, [key_row, head_k * HEAD_DIM], kv_ready.index(buffer),
-                                        v_bufs.index(buffer))
-        for it in range(iterations):
-            head = head_k * group_size + it // per_head
-            q_row = batch * seqlen_q + (first_q_block + it % per_head) * BLOCK_M
-            stage = (ring + it) % NUM_STAGES
-            phase = ((ring + it) // NUM_STAGES) & 1
-            mbarrier.wait(q_free.index(stage), phase ^ 1)
-            mbarrier.expect(q_ready.index(stage), q_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(q_desc, [q_row, head * HEAD_DIM], q_ready.index(stage),
-                                            q_bufs.index(stage))
-            mbarrier.wait(do_free.index(stage), phase ^ 1)
-            mbarrier.expect(do_ready.index(stage), do_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(do_desc, [q_row, head * HEAD_DIM], do_ready.index(stage),
-                                            do_bufs.index(stage))
-        ring += iterations
+        mbarrier.wait(q_free.index(stage), phase ^ 1)
+        mbarrier.expect(q_ready.index(stage), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [q_row, head * HEAD_DIM], q_ready.index(stage), q_bufs.index(stage))
+        mbarrier.wait(do_free.index(stage), phase ^ 1)
+        mbarrier.expect(do_ready.index(stage), do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(do_desc, [q_row, head * HEAD_DIM], do_ready.index(stage),
+                                        do_bufs.index(stage))
 
 
 @gluon.jit
@@ -162,7 +149,7 @@ def _dv_partition(k_smem, q_bufs, do_bufs, p_bufs, kv_ready, q_ready, do_ready, 
     acc_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     p_operand: gl.constexpr = register_operand_layout(HEAD_DIM)
     batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(
-        gl.program_id(0), seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, BLOCK_N, CAUSAL)
+        seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, BLOCK_N, CAUSAL)
     s_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
     mbarrier.wait(kv_ready, 0)
@@ -234,7 +221,7 @@ def _dk_partition(v_smem, q_bufs, do_bufs, p_bufs, kv_ready, q_ready, do_ready, 
     acc_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     ds_operand: gl.constexpr = register_operand_layout(HEAD_DIM)
     batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(
-        gl.program_id(0), seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, BLOCK_N, CAUSAL)
+        seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, BLOCK_N, CAUSAL)
     dp_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
     mbarrier.wait(kv_ready, 0)
@@ -277,29 +264,25 @@ def _dk_partition(v_smem, q_bufs, do_bufs, p_bufs, kv_ready, q_ready, do_ready, 
 
 @gluon.jit
 def _streamed_buffers(q_desc, k_desc, v_desc, do_desc, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                      BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr):
-    """The program's K and V tiles (``KV_BUFFERS`` of each: a persistent program loads its next tile's into the
-    other), the ring of Q and dO stages, and their barriers. Each stage, and each K/V buffer, is freed by two
-    arrives: both consumer warpgroups read every one."""
-    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [KV_BUFFERS, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [KV_BUFFERS, BLOCK_N, HEAD_DIM], v_desc.layout)
+                      BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """The program's K and V tiles, the ring of Q and dO stages, and their barriers (each stage freed by two
+    arrives: both consumer warpgroups read every stage)."""
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [BLOCK_N, HEAD_DIM], v_desc.layout)
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
     do_bufs = gl.allocate_shared_memory(do_desc.dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
-    kv_ready = gl.allocate_shared_memory(gl.int64, [KV_BUFFERS, 1], mbarrier.MBarrierLayout())
-    kv_free = gl.allocate_shared_memory(gl.int64, [KV_BUFFERS, 1], mbarrier.MBarrierLayout())
+    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     do_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     q_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     do_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(KV_BUFFERS):
-        mbarrier.init(kv_ready.index(i), count=1)
-        mbarrier.init(kv_free.index(i), count=2)
+    mbarrier.init(kv_ready, count=1)
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(do_ready.index(i), count=1)
         mbarrier.init(q_free.index(i), count=2)
         mbarrier.init(do_free.index(i), count=2)
-    return k_bufs, v_bufs, q_bufs, do_bufs, kv_ready, kv_free, q_ready, do_ready, q_free, do_free
+    return k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_free, do_free
 
 
 @gluon.jit
@@ -315,10 +298,9 @@ def dkdv_hopper_kernel(
     nheads_k * HEAD_DIM) in (BLOCK_N, HEAD_DIM) blocks. Lse and Delta: (batch, nheads, seqlen_q), contiguous. DK and
     DV: (batch, seqlen_k, nheads_k, HEAD_DIM) with strides (stride_gb, stride_gm, stride_gh, 1)."""
     group_size = nheads // nheads_k
-    # a stage's Q is read by S^T (dV side) and dS^T Q (dK side), its dO by dP^T (dK side) and P^T dO (dV side);
-    # one tile a program, so one K/V buffer, which the consumers never release
-    k_bufs, v_bufs, q_bufs, do_bufs, kv_ready, kv_free, q_ready, do_ready, q_free, do_free = _streamed_buffers(
-        q_desc, k_desc, v_desc, do_desc, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, 1)
+    # a stage's Q is read by S^T (dV side) and dS^T Q (dK side), its dO by dP^T (dK side) and P^T dO (dV side)
+    k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_free, do_free = _streamed_buffers(
+        q_desc, k_desc, v_desc, do_desc, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES)
     p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], q_desc.dtype)
     p_bufs = gl.allocate_shared_memory(q_desc.dtype, [2, BLOCK_N, BLOCK_M], p_layout)
     p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -328,17 +310,15 @@ def dkdv_hopper_kernel(
         mbarrier.init(p_free.index(i), count=1)
 
     gl.warp_specialize([
-        (_dv_partition, (k_bufs.index(0), q_bufs, do_bufs, p_bufs, kv_ready.index(0), q_ready, do_ready, q_free,
-                         do_free, p_ready, p_free, Lse, DV, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k,
-                         nheads, nheads_k, key_blocks, group_size, qk_scale_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
-                         NUM_STAGES, CAUSAL)),
-        (_dk_partition, (v_bufs.index(0), q_bufs, do_bufs, p_bufs, kv_ready.index(0), q_ready, do_ready, q_free,
-                         do_free, p_ready, p_free, Delta, DK, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k,
-                         nheads, nheads_k, key_blocks, group_size, softmax_scale, HEAD_DIM, BLOCK_M, BLOCK_N,
-                         NUM_STAGES, CAUSAL)),
-        (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_bufs, v_bufs, q_bufs, do_bufs, kv_ready, kv_free,
-                           q_ready, do_ready, q_free, do_free, seqlen_q, seqlen_k, nheads_k, key_blocks, group_size,
-                           gl.num_programs(0), HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL)),
+        (_dv_partition, (k_smem, q_bufs, do_bufs, p_bufs, kv_ready, q_ready, do_ready, q_free, do_free, p_ready,
+                         p_free, Lse, DV, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k, nheads, nheads_k,
+                         key_blocks, group_size, qk_scale_log2, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL)),
+        (_dk_partition, (v_smem, q_bufs, do_bufs, p_bufs, kv_ready, q_ready, do_ready, q_free, do_free, p_ready,
+                         p_free, Delta, DK, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k, nheads, nheads_k,
+                         key_blocks, group_size, softmax_scale, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL)),
+        (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready,
+                           do_ready, q_free, do_free, seqlen_q, seqlen_k, nheads_k, key_blocks, group_size,
+                           HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL)),
     ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
 
 
@@ -362,38 +342,35 @@ def _slice_scores(k_slice, v_slice, q_bufs, do_bufs, q_ready, do_ready, stage, p
 @gluon.jit
 def _slice_statistics(head, q_block, batch, nheads, seqlen_q, Lse, Delta, BLOCK_M: gl.constexpr,
                       s_layout: gl.constexpr):
-    """Query block ``q_block`` of query head ``head``: its lse and delta, loaded a block ahead of their use. The lse
-    stays as loaded (scaled to base 2 where it is used): a loop-carried product of the load made ptxas wait for the
-    load before the next block's products were issued, 15% of the kernel's time."""
+    """Query block ``q_block`` of query head ``head``: its lse (base 2) and delta, loaded a block ahead of their use."""
     rows = q_block * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
     offsets = (batch * nheads + head).to(gl.int64) * seqlen_q + rows
     if q_block * BLOCK_M + BLOCK_M <= seqlen_q:  # a whole block: no masks, whose fill values cost a register move each
-        lse = gl.load(Lse + offsets)
+        lse_log2 = gl.load(Lse + offsets) * LOG2E
         delta = gl.load(Delta + offsets)
     else:
-        # rows past the sequence: lse = +inf gives P = 0 (the tile may hold the next sequence's rows)
-        lse = gl.load(Lse + offsets, mask=rows < seqlen_q, other=float("inf"))
+        lse_log2 = _lse_log2(Lse, offsets, rows, seqlen_q)
         delta = gl.load(Delta + offsets, mask=rows < seqlen_q, other=0.0)
-    return lse, delta
+    return lse_log2, delta
 
 
 @gluon.jit
-def _next_query_block(batch, head, q_block, first_q_block, per_head, last_head, next_batch, next_head, next_q_block):
-    """The (batch, query head, query block) after this one in a program's walk: counted on, not divided out of the
-    iteration, which would cost an integer division a block. After the tile's last block comes the next tile's
-    first, (next_batch, next_head, next_q_block)."""
+def _next_query_block(head, q_block, first_q_block, per_head, last_head):
+    """The (query head, query block) after this one in a program's walk: counted on, not divided out of the
+    iteration, which would cost an integer division a block. Past the last head it stays on the last block."""
     wrap = q_block == first_q_block + per_head - 1
     at_end = wrap & (head == last_head)
-    following_block = gl.where(wrap, first_q_block, q_block + 1)
-    following_head = gl.where(wrap, head + 1, head)
-    return (gl.where(at_end, next_batch, batch), gl.where(at_end, next_head, following_head),
-            gl.where(at_end, next_q_block, following_block))
+    next_block = gl.where(wrap, first_q_block, q_block + 1)
+    next_head = gl.where(wrap, head + 1, head)
+    return gl.where(at_end, head, next_head), gl.where(at_end, q_block, next_block)
 
 
 @gluon.jit
-def _slice_probabilities(s, q_block, lse, seqlen_q, seqlen_k, slice_start, qk_scale_log2, BLOCK_M: gl.constexpr,
-                         CAUSAL: gl.constexpr, s_layout: gl.constexpr):
-    """P^T of query block ``q_block`` from its scores S^T and lse."""
+def _slice_score_gradients(s, dp, q_block, lse_log2, delta, seqlen_q, seqlen_k, slice_start, qk_scale_log2,
+                           dtype: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr,
+                           s_layout: gl.constexpr, operand: gl.constexpr):
+    """P^T and dS^T = P^T (dP^T - delta) of query block ``q_block``, as 16-bit register operands of dV += P^T dO and
+    dK += dS^T Q."""
     if CAUSAL:
         # bottom-right aligned: query i sees keys up to i + seqlen_k - seqlen_q. Only the blocks across the diagonal
         # are masked, on S^T before the exponentials (masking P made ptxas serialize the wgmma)
@@ -402,154 +379,84 @@ def _slice_probabilities(s, q_block, lse, seqlen_q, seqlen_k, slice_start, qk_sc
             keys = slice_start + gl.arange(0, SLICE_KEYS, layout=gl.SliceLayout(1, s_layout))
             rows = first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
             s = gl.where(keys[:, None] <= rows[None, :] + (seqlen_k - seqlen_q), s, float("-inf"))
-    return gl.exp2(s * qk_scale_log2 - (lse * LOG2E)[None, :])
+    p = gl.exp2(s * qk_scale_log2 - lse_log2[None, :])
+    ds = p * (dp - delta[None, :])
+    return gl.convert_layout(p.to(dtype), operand), gl.convert_layout(ds.to(dtype), operand)
 
 
 @gluon.jit
-def _following_tile(tile_id, total_tiles, batch, last_head, last_q_block, seqlen_q, seqlen_k, nheads_k, key_blocks,
-                    group_size, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
-    """Where the program's tile after ``tile_id`` starts (batch, first query head, first query block), for loading
-    its statistics a block ahead. After the program's last tile, its own last block (batch, last_head,
-    last_q_block): loaded again from L1, where another tile's would keep the program waiting on a cold load
-    before it may exit."""
-    following = tile_id + gl.num_programs(0)
-    next_batch, head_k, _, first_q_block, _, _ = _key_tile(gl.minimum(following, total_tiles - 1), seqlen_q,
-                                                           seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M,
-                                                           KEY_SLICE_PROGRAM_KEYS, CAUSAL)
-    walking = following < total_tiles
-    return (gl.where(walking, next_batch, batch), gl.where(walking, head_k * group_size, last_head),
-            gl.where(walking, first_q_block, last_q_block))
+def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_free, do_free, Lse, Delta,
+                         DK, DV, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k, nheads, nheads_k, key_blocks,
+                         group_size, softmax_scale, qk_scale_log2,
+                         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                         NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, SLICE: gl.constexpr):
+    """dK and dV of keys [SLICE * 64, SLICE * 64 + 64) of the program's block: all four products of those keys, with no
+    hand-over between warpgroups. The two slices share the stages of Q and dO, each releasing a stage once its two
+    products that read it have completed.
 
-
-@gluon.jit
-def _key_slice_partition(k_bufs, v_bufs, q_bufs, do_bufs, kv_ready, kv_free, q_ready, do_ready, q_free, do_free, Lse,
-                         Delta, DK, DV, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k, nheads, nheads_k,
-                         key_blocks, total_tiles, group_size, softmax_scale, qk_scale_log2,
-                         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr,
-                         CAUSAL: gl.constexpr, SLICE: gl.constexpr):
-    """dK and dV of keys [SLICE * 64, SLICE * 64 + 64) of each of the program's tiles: all four products of those
-    keys, with no hand-over between warpgroups. The two slices share the stages of Q and dO, each releasing a stage
-    once its two products that read it have completed.
-
-    Software-pipelined as the dQ kernel is: query block i's S^T and dP^T are issued ahead of block i-1's dV and dK
-    products, so the exponentials and dS^T of block i run while those two are in flight, and the tensor cores are
-    never left waiting for this warpgroup's next scores. The pipeline runs on across the program's tiles (tiles
-    p, p + grid, ...): a tile's first S^T and dP^T go out with the last tile's last dV and dK, whose gradients are
-    then stored, and the next dV and dK start from zero (use_acc=False). Every tile has at least one query block
-    (``_key_tile``: each key is seen by the last query rows)."""
+    Software-pipelined as the dQ kernel is: query block it's S^T and dP^T are issued ahead of block it-1's dV and dK
+    products, so the exponentials and dS^T of block it run while those two are in flight, and the tensor cores are
+    never left waiting for this warpgroup's next scores. Every program has at least one query block (``_key_tile``:
+    each key is seen by the last query rows)."""
     s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
     acc_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     operand: gl.constexpr = register_operand_layout(HEAD_DIM)
-    dtype: gl.constexpr = k_bufs.dtype
-    kv_buffers: gl.constexpr = kv_ready.shape[0]
+    dtype: gl.constexpr = k_smem.dtype
+    batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(
+        seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, BLOCK_N, CAUSAL)
+    slice_start = key_start + SLICE * SLICE_KEYS
+    k_slice = k_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS)
+    v_slice = v_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS)
     # S^T and dP^T overwrite the last block's tiles (use_acc=False): a zero tile held through the loop would cost
     # the registers of a third score tile
     s = gl.zeros([SLICE_KEYS, BLOCK_M], gl.float32, s_layout)
     dp = gl.zeros([SLICE_KEYS, BLOCK_M], gl.float32, s_layout)
     dk = gl.zeros([SLICE_KEYS, HEAD_DIM], gl.float32, acc_layout)
     dv = gl.zeros([SLICE_KEYS, HEAD_DIM], gl.float32, acc_layout)
-    # before the first tile's block 0, a pending block of zeros (its products' results are never used) stands
-    # in for the last tile's last block; its stage is the one before stage 0, which it does not release
-    p_op = gl.zeros([SLICE_KEYS, BLOCK_M], dtype, operand)
-    ds_op = gl.zeros([SLICE_KEYS, BLOCK_M], dtype, operand)
-    stage = NUM_STAGES - 1
-    phase = 1
-    first_tile = gl.program_id(0)
-    batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(
-        first_tile, seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, KEY_SLICE_PROGRAM_KEYS, CAUSAL)
-    stat_batch = batch  # where the statistics ahead belong: the first tile's block 0
-    head = head_k * group_size
-    q_block = first_q_block
-    lse, delta = _slice_statistics(head, q_block, stat_batch, nheads, seqlen_q, Lse, Delta, BLOCK_M, s_layout)
-    done_batch = batch  # the tile whose gradients dV and dK hold
-    done_head_k = head_k
-    done_slice_start = key_start + SLICE * SLICE_KEYS
-    for tile_id in range(first_tile, total_tiles, gl.num_programs(0)):
-        rounds = tile_id // gl.num_programs(0)  # this program's tiles before this one
-        batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(
-            tile_id, seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, KEY_SLICE_PROGRAM_KEYS, CAUSAL)
-        slice_start = key_start + SLICE * SLICE_KEYS
-        last_head = head_k * group_size + group_size - 1
-        next_batch, next_head, next_q_block = _following_tile(tile_id, total_tiles, batch, last_head,
-                                                              first_q_block + per_head - 1, seqlen_q, seqlen_k,
-                                                              nheads_k, key_blocks, group_size, BLOCK_M, CAUSAL)
-        buffer = rounds % kv_buffers
-        k_slice = k_bufs.index(buffer).slice(SLICE * SLICE_KEYS, SLICE_KEYS)
-        v_slice = v_bufs.index(buffer).slice(SLICE * SLICE_KEYS, SLICE_KEYS)
-        mbarrier.wait(kv_ready.index(buffer), (rounds // kv_buffers) & 1)
-        # -- block 0 with the last tile's last dV and dK; then the last tile's gradients are complete and its K and
-        # V unread. No branch around the products: an accumulator passed through one made ptxas serialize wgmma --
-        (s, dp, dv, dk, p_op, ds_op, stage, phase, stat_batch, head, q_block, lse, delta) = _slice_step(
-            k_slice, v_slice, q_bufs, do_bufs, q_ready, do_ready, q_free, do_free, Lse, Delta, s, dp, dv, dk, p_op,
-            ds_op, rounds > 0, stage, phase, stat_batch, head, q_block, lse, delta,
-            first_q_block, per_head, last_head, next_batch, next_head, next_q_block, seqlen_q, seqlen_k, nheads,
-            slice_start, qk_scale_log2, BLOCK_M, NUM_STAGES, CAUSAL, s_layout, operand)
-        mbarrier.arrive(kv_free.index((rounds + kv_buffers - 1) % kv_buffers), count=1, pred=rounds > 0)
-        if rounds > 0:
-            _store_gradients(dk, dv, DK, DV, done_batch, done_head_k, done_slice_start, seqlen_k, softmax_scale,
-                             stride_gb, stride_gm, stride_gh, HEAD_DIM, acc_layout)
-        # this tile's gradients from zero, before block 0's products (outside the loop: a predicate on use_acc in
-        # it cost 18% of the kernel's time)
-        dk = gl.zeros([SLICE_KEYS, HEAD_DIM], gl.float32, acc_layout)
-        dv = gl.zeros([SLICE_KEYS, HEAD_DIM], gl.float32, acc_layout)
-        for _ in range(1, iterations):
-            (s, dp, dv, dk, p_op, ds_op, stage, phase, stat_batch, head, q_block, lse, delta) = _slice_step(
-                k_slice, v_slice, q_bufs, do_bufs, q_ready, do_ready, q_free, do_free, Lse, Delta, s, dp, dv, dk,
-                p_op, ds_op, True, stage, phase, stat_batch, head, q_block, lse, delta, first_q_block,
-                per_head, last_head, next_batch, next_head, next_q_block, seqlen_q, seqlen_k, nheads, slice_start,
-                qk_scale_log2, BLOCK_M, NUM_STAGES, CAUSAL, s_layout, operand)
-        done_batch = batch
-        done_head_k = head_k
-        done_slice_start = slice_start
-    # -- epilogue: the last block's dV and dK --
-    dv = warpgroup_mma(p_op, do_bufs.index(stage), dv, is_async=True)
-    dk = warpgroup_mma(ds_op, q_bufs.index(stage), dk, is_async=True)
-    dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
-    mbarrier.arrive(q_free.index(stage), count=1)
-    mbarrier.arrive(do_free.index(stage), count=1)
-    _store_gradients(dk, dv, DK, DV, done_batch, done_head_k, done_slice_start, seqlen_k, softmax_scale, stride_gb,
-                     stride_gm, stride_gh, HEAD_DIM, acc_layout)
-
-
-@gluon.jit
-def _slice_step(k_slice, v_slice, q_bufs, do_bufs, q_ready, do_ready, q_free, do_free, Lse, Delta, s, dp, dv, dk, p_op,
-                ds_op, release, stage, phase, stat_batch, head, q_block, lse, delta, first_q_block,
-                per_head, last_head, next_batch, next_head, next_q_block, seqlen_q, seqlen_k, nheads, slice_start,
-                qk_scale_log2, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                s_layout: gl.constexpr, operand: gl.constexpr):
-    """One query block of the pipeline: its S^T and dP^T issued with the pending block's dV and dK (into the
-    gradients so far, or from zero when ``accumulate`` is false: the pending block opened its tile), its P^T and
-    dS^T computed while those are in flight, the next block's statistics loaded; the pending block's stage released
-    unless ``release`` is false (the stand-in before the first block). Returns the state for the next, this block
-    now pending."""
-    # stage and phase counted on, as the query blocks are
-    prev_stage = stage
-    stage = gl.where(stage == NUM_STAGES - 1, 0, stage + 1)
-    phase = gl.where(stage == 0, phase ^ 1, phase)
+    mbarrier.wait(kv_ready, 0)
+    # -- prologue: block 0's scores and score gradients --
+    stage = 0
+    phase = 0
     s, dp = _slice_scores(k_slice, v_slice, q_bufs, do_bufs, q_ready, do_ready, stage, phase, s, dp)
+    head = head_k * group_size
+    last_head = head + group_size - 1
+    q_block = first_q_block
+    lse_log2, delta = _slice_statistics(head, q_block, batch, nheads, seqlen_q, Lse, Delta, BLOCK_M, s_layout)
+    s, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s, dp))
+    p_op, ds_op = _slice_score_gradients(s, dp, q_block, lse_log2, delta, seqlen_q, seqlen_k, slice_start,
+                                         qk_scale_log2, dtype, BLOCK_M, CAUSAL, s_layout, operand)
+    # the next block's statistics load while this block's products run
+    head, q_block = _next_query_block(head, q_block, first_q_block, per_head, last_head)
+    lse_log2, delta = _slice_statistics(head, q_block, batch, nheads, seqlen_q, Lse, Delta, BLOCK_M, s_layout)
+    for _ in range(1, iterations):
+        # stage and phase counted on, as the query blocks are
+        prev_stage = stage
+        stage = gl.where(stage == NUM_STAGES - 1, 0, stage + 1)
+        phase = gl.where(stage == 0, phase ^ 1, phase)
+        # -- this block's S^T and dP^T, then the last block's dV and dK, in flight together --
+        s, dp = _slice_scores(k_slice, v_slice, q_bufs, do_bufs, q_ready, do_ready, stage, phase, s, dp)
+        dv = warpgroup_mma(p_op, do_bufs.index(prev_stage), dv, is_async=True)
+        dk = warpgroup_mma(ds_op, q_bufs.index(prev_stage), dk, is_async=True)
+        s, dp = warpgroup_mma_wait(num_outstanding=2, deps=(s, dp))
+        next_p_op, next_ds_op = _slice_score_gradients(s, dp, q_block, lse_log2, delta, seqlen_q, seqlen_k,
+                                                       slice_start, qk_scale_log2, dtype, BLOCK_M, CAUSAL, s_layout,
+                                                       operand)
+        # the next block's statistics (after the last block, the last block's again: never used)
+        head, q_block = _next_query_block(head, q_block, first_q_block, per_head, last_head)
+        lse_log2, delta = _slice_statistics(head, q_block, batch, nheads, seqlen_q, Lse, Delta, BLOCK_M, s_layout)
+        # dV and dK read p_op and ds_op from registers until they complete: keep them alive to here
+        dv, dk, p_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, p_op, ds_op))
+        mbarrier.arrive(q_free.index(prev_stage), count=1)
+        mbarrier.arrive(do_free.index(prev_stage), count=1)
+        p_op = next_p_op
+        ds_op = next_ds_op
+    prev_stage = stage
+    # -- epilogue: the last block's dV and dK --
     dv = warpgroup_mma(p_op, do_bufs.index(prev_stage), dv, is_async=True)
     dk = warpgroup_mma(ds_op, q_bufs.index(prev_stage), dk, is_async=True)
-    s, dp = warpgroup_mma_wait(num_outstanding=2, deps=(s, dp))
-    p = _slice_probabilities(s, q_block, lse, seqlen_q, seqlen_k, slice_start, qk_scale_log2, BLOCK_M, CAUSAL,
-                             s_layout)
-    next_p_op = gl.convert_layout(p.to(k_slice.dtype), operand)
-    block_delta = delta
-    stat_batch, head, q_block = _next_query_block(stat_batch, head, q_block, first_q_block, per_head, last_head,
-                                                  next_batch, next_head, next_q_block)
-    lse, delta = _slice_statistics(head, q_block, stat_batch, nheads, seqlen_q, Lse, Delta, BLOCK_M, s_layout)
-    # dV and dK read p_op and ds_op from registers until they complete: keep them alive to here
-    dv, dk, p_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, p_op, ds_op))
-    mbarrier.arrive(q_free.index(prev_stage), count=1, pred=release)
-    mbarrier.arrive(do_free.index(prev_stage), count=1, pred=release)
-    # dS^T after the products, as ptxas scheduled it in session 18's form: formed while dV and dK were in flight, it
-    # slowed them by 6% (their register operands contend with it)
-    next_ds_op = gl.convert_layout((p * (dp - block_delta[None, :])).to(k_slice.dtype), operand)
-    return s, dp, dv, dk, next_p_op, next_ds_op, stage, phase, stat_batch, head, q_block, lse, delta
-
-
-@gluon.jit
-def _store_gradients(dk, dv, DK, DV, batch, head_k, slice_start, seqlen_k, softmax_scale, stride_gb, stride_gm,
-                     stride_gh, HEAD_DIM: gl.constexpr, acc_layout: gl.constexpr):
+    dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+    mbarrier.arrive(q_free.index(prev_stage), count=1)
+    mbarrier.arrive(do_free.index(prev_stage), count=1)
     _store_rows(dv, DV, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh, HEAD_DIM, SLICE_KEYS,
                 acc_layout)
     _store_rows(dk * softmax_scale, DK, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh,
@@ -562,32 +469,29 @@ def _store_gradients(dk, dv, DK, DV, batch, head_k, slice_start, seqlen_k, softm
 def dkdv_key_slices_kernel(
     q_desc, k_desc, v_desc, do_desc, Lse, Delta, DK, DV,
     stride_gb, stride_gm, stride_gh,
-    seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, total_tiles, softmax_scale, qk_scale_log2,
+    seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, softmax_scale, qk_scale_log2,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-    KV_BUFFERS: gl.constexpr, CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
+    CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
 ):
-    """dK and dV of 128 keys a tile, 64 on each consumer warpgroup with both of their gradients: for head dims up
+    """dK and dV of 128 keys a program, 64 on each consumer warpgroup with both of their gradients: for head dims up
     to 128, where a warpgroup holds both 64 x HEAD_DIM fp32 accumulators (128 registers a thread at hdim 128).
-    ``total_tiles`` = key_blocks * batch * nheads_k; a program computes tiles p, p + grid, ... (a persistent grid
-    when the grid is smaller), which needs ``KV_BUFFERS`` = 2: its next tile's K and V load during this one, and a
-    tile's K and V are released only once the next tile's first products are issued. One buffer serves a grid of
-    one program a tile. The other arguments are ``dkdv_hopper_kernel``'s, with k_desc / v_desc in (128, HEAD_DIM)
-    blocks."""
+    The arguments are ``dkdv_hopper_kernel``'s, with k_desc / v_desc in (128, HEAD_DIM) blocks."""
     BLOCK_N: gl.constexpr = KEY_SLICE_PROGRAM_KEYS
     group_size = nheads // nheads_k
-    # each slice reads every stage of Q and dO, and every K/V buffer
-    k_bufs, v_bufs, q_bufs, do_bufs, kv_ready, kv_free, q_ready, do_ready, q_free, do_free = _streamed_buffers(
-        q_desc, k_desc, v_desc, do_desc, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, KV_BUFFERS)
+    # each slice reads every stage of Q and dO
+    k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_free, do_free = _streamed_buffers(
+        q_desc, k_desc, v_desc, do_desc, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES)
+
     gl.warp_specialize([
-        (_key_slice_partition, (k_bufs, v_bufs, q_bufs, do_bufs, kv_ready, kv_free, q_ready, do_ready, q_free,
-                                do_free, Lse, Delta, DK, DV, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k,
-                                nheads, nheads_k, key_blocks, total_tiles, group_size, softmax_scale, qk_scale_log2,
-                                HEAD_DIM, BLOCK_M, NUM_STAGES, CAUSAL, 0)),
-        (_key_slice_partition, (k_bufs, v_bufs, q_bufs, do_bufs, kv_ready, kv_free, q_ready, do_ready, q_free,
-                                do_free, Lse, Delta, DK, DV, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k,
-                                nheads, nheads_k, key_blocks, total_tiles, group_size, softmax_scale, qk_scale_log2,
-                                HEAD_DIM, BLOCK_M, NUM_STAGES, CAUSAL, 1)),
-        (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_bufs, v_bufs, q_bufs, do_bufs, kv_ready, kv_free,
-                           q_ready, do_ready, q_free, do_free, seqlen_q, seqlen_k, nheads_k, key_blocks, group_size,
-                           total_tiles, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL)),
+        (_key_slice_partition, (k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_free, do_free, Lse,
+                                Delta, DK, DV, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k, nheads, nheads_k,
+                                key_blocks, group_size, softmax_scale, qk_scale_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
+                                NUM_STAGES, CAUSAL, 0)),
+        (_key_slice_partition, (k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_free, do_free, Lse,
+                                Delta, DK, DV, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k, nheads, nheads_k,
+                                key_blocks, group_size, softmax_scale, qk_scale_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
+                                NUM_STAGES, CAUSAL, 1)),
+        (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready,
+                           do_ready, q_free, do_free, seqlen_q, seqlen_k, nheads_k, key_blocks, group_size,
+                           HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL)),
     ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
