@@ -1,6 +1,6 @@
-"""Run with persistent-key-slices.patch applied (README.md). Kernel-only A/B of the key-slice dK/dV: session 18's kernel (old_backward_hopper.py, one tile a program) against
-this tree's (one tile a program, and persistent). Times only the dK/dV launch (triton.testing.do_bench), after
-checking that the three agree."""
+"""Run with persistent-key-slices.patch applied (README.md). Kernel-only A/B of the key-slice dK/dV: session 18's
+kernel (old_backward_hopper.py, one tile a program) against this tree's (one tile a program, and persistent). Times
+only the dK/dV launch (triton.testing.do_bench), after checking that the three agree."""
 import functools
 import importlib.util
 import sys

@@ -1,6 +1,7 @@
-"""Run with persistent-key-slices.patch applied (README.md). Kernel-only timing of dK/dV key-slice variants (files in variants/, each a copy of kernels/backward_hopper.py
-with one change) against session 18's kernel (old_backward_hopper.py), one tile a program, and this tree's
-kernel on its persistent grid. Each variant's dK and dV are compared with the old kernel's."""
+"""Run with persistent-key-slices.patch applied (README.md). Kernel-only timing of dK/dV key-slice variants (files in
+variants/, each a copy of kernels/backward_hopper.py with one change) against session 18's kernel
+(old_backward_hopper.py), one tile a program, and this tree's kernel on its persistent grid. Each variant's dK and
+dV are compared with the old kernel's."""
 import functools
 import importlib.util
 import sys
