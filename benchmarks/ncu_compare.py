@@ -9,6 +9,10 @@ rows that differ most between the first two cases. Full CSVs under $OUT/ncu-comp
     PYTHONPATH=src python3 benchmarks/ncu_compare.py --kernel dkdv_kernel \\
         --case dense:hdim=128,seqlen=4096,causal=0,mode=bwd --case causal:hdim=128,seqlen=4096,causal=1,mode=bwd
 
+A dK/dV tile forced (``dkdv=``, `flashattn blocks` notation), the kernel matched by a regular expression:
+    --kernel regex:dkdv --case triton:hdim=64,seqlen=2048,mode=bwd,dkdv=64x64x4x3+keyrows \\
+        --case slices:hdim=64,seqlen=2048,mode=bwd,dkdv=64x128x8x3+ws+slices
+
 How the varlen hdim-64 forward's missing register was found (docs/perf-notes.md, version 7):
     --kernel attention_forward_kernel --case dense:hdim=64,seqlen=4096,causal=1 \\
         --case varlen:hdim=64,seqlen=4096,causal=1,varlen=1
@@ -17,6 +21,7 @@ How the varlen hdim-64 forward's missing register was found (docs/perf-notes.md,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import os
 import shutil
@@ -47,10 +52,11 @@ KEY_ROWS = ("Duration", "Registers Per Thread", "Dynamic Shared Memory Per Block
 def parse_case(text: str) -> tuple[str, dict]:
     name, _, spec = text.partition(":")
     fields = dict(item.split("=", 1) for item in spec.split(",") if item)
-    unknown = set(fields) - {"hdim", "seqlen", "causal", "window", "mode", "varlen"}
+    unknown = set(fields) - {"hdim", "seqlen", "causal", "window", "mode", "varlen", "dkdv"}
     if unknown:
         raise SystemExit(f"--case {text!r}: unknown fields {sorted(unknown)}; expected hdim, seqlen, causal, "
-                         "window (the right window size, non-causal), mode (fwd or bwd), varlen")
+                         "window (the right window size, non-causal), mode (fwd or bwd), varlen, dkdv (a dK/dV "
+                         "tile forced, in `flashattn blocks` notation: 64x128x8x3+ws+slices)")
     return name, fields
 
 
@@ -58,7 +64,7 @@ def run_case(fields: dict) -> None:
     """The profiled process: two warm-up calls and one more, all of the case's kernels launched."""
     import torch
 
-    from flashattn import flash_attn_func, flash_attn_varlen_func
+    from flashattn import blocks, configs
 
     head_dim, seqlen = int(fields.get("hdim", 128)), int(fields.get("seqlen", 4096))
     causal, varlen = fields.get("causal", "0") == "1", fields.get("varlen", "0") == "1"
@@ -68,6 +74,19 @@ def run_case(fields: dict) -> None:
     q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16,
                            requires_grad=backward) for _ in range(3))
     cu = torch.arange(0, batch + 1, device="cuda", dtype=torch.int32) * seqlen
+    forced = contextlib.nullcontext()
+    if "dkdv" in fields:
+        forced = configs.use_config("dkdv", configs.TileConfig(*blocks.parse_candidates(fields["dkdv"])[0]))
+    with forced:
+        _run_calls(q, k, v, cu, seqlen, causal, window, varlen, backward)
+    torch.cuda.synchronize()
+
+
+def _run_calls(q, k, v, cu, seqlen, causal, window, varlen, backward) -> None:
+    import torch
+
+    from flashattn import flash_attn_func, flash_attn_varlen_func
+
     for _ in range(3):
         if varlen:
             out = flash_attn_varlen_func(*(x.flatten(0, 1) for x in (q, k, v)), cu, cu, seqlen, seqlen, causal=causal,
@@ -76,7 +95,6 @@ def run_case(fields: dict) -> None:
             out = flash_attn_func(q, k, v, causal=causal, window_size=window)
         if backward:
             torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
-    torch.cuda.synchronize()
 
 
 def ncu_rows(ncu_options: list[str], metrics: tuple[str, ...], target: list[str], name: str, logs: Path,
