@@ -385,7 +385,7 @@ def _slice_score_gradients(s, dp, q_block, lse_log2, delta, seqlen_q, seqlen_k, 
 
 
 @gluon.jit
-def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_free, do_free, Lse, Delta,
+def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, stage_free, Lse, Delta,
                          DK, DV, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k, nheads, nheads_k, key_blocks,
                          group_size, softmax_scale, qk_scale_log2,
                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -446,8 +446,7 @@ def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_
         lse_log2, delta = _slice_statistics(head, q_block, batch, nheads, seqlen_q, Lse, Delta, BLOCK_M, s_layout)
         # dV and dK read p_op and ds_op from registers until they complete: keep them alive to here
         dv, dk, p_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, p_op, ds_op))
-        mbarrier.arrive(q_free.index(prev_stage), count=1)
-        mbarrier.arrive(do_free.index(prev_stage), count=1)
+        mbarrier.arrive(stage_free.index(prev_stage), count=1)
         p_op = next_p_op
         ds_op = next_ds_op
     prev_stage = stage
@@ -455,8 +454,7 @@ def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_
     dv = warpgroup_mma(p_op, do_bufs.index(prev_stage), dv, is_async=True)
     dk = warpgroup_mma(ds_op, q_bufs.index(prev_stage), dk, is_async=True)
     dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
-    mbarrier.arrive(q_free.index(prev_stage), count=1)
-    mbarrier.arrive(do_free.index(prev_stage), count=1)
+    mbarrier.arrive(stage_free.index(prev_stage), count=1)
     _store_rows(dv, DV, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh, HEAD_DIM, SLICE_KEYS,
                 acc_layout)
     _store_rows(dk * softmax_scale, DK, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh,
@@ -478,20 +476,22 @@ def dkdv_key_slices_kernel(
     The arguments are ``dkdv_hopper_kernel``'s, with k_desc / v_desc in (128, HEAD_DIM) blocks."""
     BLOCK_N: gl.constexpr = KEY_SLICE_PROGRAM_KEYS
     group_size = nheads // nheads_k
-    # each slice reads every stage of Q and dO
-    k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_free, do_free = _streamed_buffers(
+    # each slice reads every stage of Q and dO, and releases the two together: one barrier frees a stage (an arrive
+    # costs the warpgroup a bar.sync, which Triton puts before every mbarrier operation of a partition). The
+    # loader's waits on q_free and do_free are then waits on the same barrier and phase
+    k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, stage_free, _ = _streamed_buffers(
         q_desc, k_desc, v_desc, do_desc, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES)
 
     gl.warp_specialize([
-        (_key_slice_partition, (k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_free, do_free, Lse,
+        (_key_slice_partition, (k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, stage_free, Lse,
                                 Delta, DK, DV, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k, nheads, nheads_k,
                                 key_blocks, group_size, softmax_scale, qk_scale_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
                                 NUM_STAGES, CAUSAL, 0)),
-        (_key_slice_partition, (k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_free, do_free, Lse,
+        (_key_slice_partition, (k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, stage_free, Lse,
                                 Delta, DK, DV, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k, nheads, nheads_k,
                                 key_blocks, group_size, softmax_scale, qk_scale_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
                                 NUM_STAGES, CAUSAL, 1)),
         (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready,
-                           do_ready, q_free, do_free, seqlen_q, seqlen_k, nheads_k, key_blocks, group_size,
+                           do_ready, stage_free, stage_free, seqlen_q, seqlen_k, nheads_k, key_blocks, group_size,
                            HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL)),
     ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
