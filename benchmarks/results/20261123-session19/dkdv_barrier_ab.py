@@ -1,6 +1,6 @@
 """Kernel-only A/B on main: the key-slice dK/dV with one barrier freeing a stage (this tree) against session 18's
 two (variants/s18.py: commit 0b1f286's kernels/backward_hopper.py, its relative import made absolute), on one tile
-a program; then the whole backward of both (flash_attn_func forward + backward, CUDA graphs off, do_bench).
+a program; then the whole backward with this tree's kernel (flash_attn_func's backward, do_bench).
 Every row checks that the two kernels' dK and dV are equal."""
 import functools
 import importlib.util
