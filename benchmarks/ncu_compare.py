@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import csv
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -163,7 +164,17 @@ def main() -> None:
     print(f"\n{args.kernel} as the launcher compiled it (sass_report.py):")
     for name, cache in zip(names, caches, strict=True):
         print(f"{name}:", flush=True)
-        sass_report.report_cache(cache, args.kernel)
+        for kernel in _kernel_names(args.kernel, cache):
+            sass_report.report_cache(cache, kernel)
+
+
+def _kernel_names(kernel: str, cache: Path) -> list[str]:
+    """The kernels ``--kernel`` names in a Triton cache: itself, or (``regex:PATTERN``, ncu's form) every compiled
+    kernel whose name matches."""
+    if not kernel.startswith("regex:"):
+        return [kernel]
+    pattern = re.compile(kernel.removeprefix("regex:"))
+    return sorted({path.stem for path in cache.rglob("*.cubin") if pattern.search(path.stem)})
 
 
 if __name__ == "__main__":
