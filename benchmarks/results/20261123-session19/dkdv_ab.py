@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 import triton
+from ab_inputs import backward_inputs
 
 from flashattn import configs, ops
-from flashattn.options import AttentionOptions
 
 spec = importlib.util.spec_from_file_location("old_bh", Path(__file__).with_name("old_backward_hopper.py"))
 old_bh = importlib.util.module_from_spec(spec)
@@ -48,17 +48,7 @@ def main():
     rows = []
     for head_dim, seqlen, causal, block_m in [(64, 2048, False, 64), (64, 4096, False, 64), (64, 8192, True, 64),
                                               (128, 2048, False, 32), (128, 4096, False, 32)]:
-        heads = 2048 // head_dim
-        batch = 16384 // seqlen
-        torch.manual_seed(0)
-        q, k, v, dout = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16)
-                         for _ in range(4))
-        scale = head_dim ** -0.5
-        out, lse, *_ = torch.ops.aten._scaled_dot_product_flash_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal, scale=scale)
-        lse = lse.contiguous()
-        delta = (dout.float() * out.transpose(1, 2).float()).sum(-1).transpose(1, 2).contiguous()
-        opts = AttentionOptions(scale, window_right=0 if causal else -1)
+        batch, heads, q, k, v, dout, scale, lse, delta, opts = backward_inputs(head_dim, seqlen, causal)
         results = {}
         for name in ("old", "new", "new-2buf", "new-persistent"):
             config = configs.TileConfig(block_m, 128, 8, 3, warp_specialized=True, key_slices=True,
