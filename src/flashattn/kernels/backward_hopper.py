@@ -476,9 +476,10 @@ def dkdv_key_slices_kernel(
     The arguments are ``dkdv_hopper_kernel``'s, with k_desc / v_desc in (128, HEAD_DIM) blocks."""
     BLOCK_N: gl.constexpr = KEY_SLICE_PROGRAM_KEYS
     group_size = nheads // nheads_k
-    # each slice reads every stage of Q and dO, and releases the two together: one barrier frees a stage (an arrive
-    # costs the warpgroup a bar.sync, which Triton puts before every mbarrier operation of a partition). The
-    # loader's waits on q_free and do_free are then waits on the same barrier and phase
+    # each slice reads every stage of Q and dO and releases the two together, so one barrier frees a stage: each
+    # arrive costs the warpgroup a bar.sync (the PTX has one before every mbarrier operation of a partition), and
+    # Nsight Compute had the consumers stalled on those (docs/perf-notes.md, version 20). The loader's waits on
+    # q_free and do_free are then waits on the same barrier and phase; the do_free barriers go unused
     k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, stage_free, _ = _streamed_buffers(
         q_desc, k_desc, v_desc, do_desc, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES)
 
