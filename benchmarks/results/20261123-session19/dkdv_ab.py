@@ -45,7 +45,6 @@ def launch_new_grid(q, k, v, dout, lse, delta, dk, dv, scale, config, causal):
 
 
 def main():
-    rows = []
     for head_dim, seqlen, causal, block_m in [(64, 2048, False, 64), (64, 4096, False, 64), (64, 8192, True, 64),
                                               (128, 2048, False, 32), (128, 4096, False, 32)]:
         batch, heads, q, k, v, dout, scale, lse, delta, opts = backward_inputs(head_dim, seqlen, causal)
@@ -72,7 +71,6 @@ def main():
                         (dv.float() - base[2].float()).abs().max().item())
             line += f"  {name} {ms * 1e3:.1f} us {flops / ms / 1e9:.1f} TFLOP/s (max diff {agree:.2e})"
         print(line, flush=True)
-        rows.append(line)
 
 
 if __name__ == "__main__":
