@@ -16,7 +16,7 @@ instruction stream; here the loads wait on no consumer and the two warpgroups' p
 tensor cores.
 
 The tiles and their order are the forward's (``forward_hopper._tile_plan``): L2 sections of heads, row tiles
-fastest inside a section, the longest causal rows first. Query rows past the sequence read lse = +inf, so their
+fastest inside a section, the longest causal rows first. Query rows outside the sequence read lse = +inf, so their
 P (and dS) is 0 whatever the tile holds there; keys past the sequence are masked in the last block. Limits,
 checked by the launcher (``ops._warp_specialized_dq_fits``): the forward's, with dO read like Q and a contiguous
 lse.
@@ -136,9 +136,9 @@ def _consumer_partition(q_smem, do_smem, k_bufs, v_bufs, rows_ready, k_ready, v_
         seqlen_q, seqlen_k, stride_lb, stride_lh, BLOCK_N, CAUSAL, IS_VARLEN, NUM_CONSUMERS)
     first_row = tile_row + WARP_GROUP * ROWS_PER_WARPGROUP  # within the sequence
     rows = first_row + gl.arange(0, ROWS_PER_WARPGROUP, layout=gl.SliceLayout(1, s_layout))
-    in_sequence = rows < tile_seqlen_q
-    # rows past the sequence: lse = +inf gives P = 0 (the tile may hold the next sequence's rows); delta has lse's
-    # layout
+    in_sequence = (rows >= 0) & (rows < tile_seqlen_q)
+    # rows outside the sequence (before row 0 in a causal call's short tile, past the end otherwise): lse = +inf
+    # gives P = 0 (the tile may hold the neighbouring sequence's rows); delta has lse's layout
     lse_log2 = gl.load(Lse + lse_row + rows, mask=in_sequence, other=float("inf")) * LOG2E
     delta = gl.load(Delta + lse_row + rows, mask=in_sequence, other=0.0)
     dq = gl.zeros([ROWS_PER_WARPGROUP, HEAD_DIM], gl.float32, acc_layout)
@@ -154,7 +154,8 @@ def _consumer_partition(q_smem, do_smem, k_bufs, v_bufs, rows_ready, k_ready, v_
     dq_rows = first_row + gl.arange(0, ROWS_PER_WARPGROUP, layout=gl.SliceLayout(1, acc_layout))
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
     offsets = (q_start + dq_rows).to(gl.int64)[:, None] * stride_dqm + head * stride_dqh + cols[None, :]
-    gl.store(DQ + offsets, (dq * softmax_scale).to(DQ.dtype.element_ty), mask=(dq_rows < tile_seqlen_q)[:, None])
+    dq_in_sequence = (dq_rows >= 0) & (dq_rows < tile_seqlen_q)
+    gl.store(DQ + offsets, (dq * softmax_scale).to(DQ.dtype.element_ty), mask=dq_in_sequence[:, None])
 
 
 @gluon.jit

@@ -20,8 +20,9 @@ consumers still normalize and store.
 Triton's own warp specialization (``tl.range(..., warp_specialize=True)``) did not split our loop this
 way (docs/perf-notes.md, version 2); Gluon states the partitions, barriers and waits explicitly.
 
-Q, K and V are read through 2-D descriptors over (tokens, heads * head_dim), so a tile may run into the
-next sequence's rows: scores of keys past the sequence are masked, query rows past it are never stored.
+Q, K and V are read through 2-D descriptors over (tokens, heads * head_dim), so a tile may run into a
+neighbouring sequence's rows: scores of keys past the sequence are masked, query rows outside it are never
+stored.
 Limits, checked by the launcher: head dims 64, 128 and 256 with no padding; causal or no mask; no dropout,
 softcap, ALiBi or SDPA mask; 16-bit inputs.
 """
@@ -58,15 +59,19 @@ def _tile_plan(tile_id, row_tiles, batch_heads, heads_per_section, nheads, group
     V of a few heads, each from HBM about once; with the heads as the fastest index over the whole launch, the
     programs in flight would stream every head's K and V at once, more than L2 holds. Inside a section, tiles
     are numbered row tile major, so that causal calls run their longest rows first (no tail wave of
-    full-length tiles)."""
+    full-length tiles).
+
+    Causal tiles are counted back from the sequence's last row, so the tile that a length not divisible by the
+    tile's rows leaves short is the first one, which sees the fewest keys; counted from row 0 it would be the
+    last one, which sees them all (4k rows in 192-row tiles: 5.7% of the consumers' block products went to
+    rows past the end). ``tile_row`` may then be negative: rows before 0 are not stored."""
+    tile_rows = NUM_CONSUMERS * ROWS_PER_WARPGROUP
     section_tiles = heads_per_section * row_tiles
     section = tile_id // section_tiles
     first_head = section * heads_per_section
     section_heads = gl.minimum(heads_per_section, batch_heads - first_head)  # the last section may be short
     in_section = tile_id - section * section_tiles
     row_tile = in_section // section_heads
-    if CAUSAL:
-        row_tile = row_tiles - 1 - row_tile
     batch_head = first_head + in_section % section_heads
     batch = batch_head // nheads
     head = batch_head % nheads
@@ -80,15 +85,17 @@ def _tile_plan(tile_id, row_tiles, batch_heads, heads_per_section, nheads, group
         q_start = batch * seqlen_q
         k_start = batch * seqlen_k
         lse_row = batch.to(gl.int64) * stride_lb + head.to(gl.int64) * stride_lh
-    tile_row = row_tile * (NUM_CONSUMERS * ROWS_PER_WARPGROUP)
+    tile_row = row_tile * tile_rows
     key_end = seqlen_k
     full_end = seqlen_k
     if CAUSAL:
+        tile_row = seqlen_q - (row_tile + 1) * tile_rows  # row tile 0 ends at the last row: the longest rows
         # bottom-right aligned: query i sees keys up to i + seqlen_k - seqlen_q
-        key_end = gl.minimum(seqlen_k, tile_row + NUM_CONSUMERS * ROWS_PER_WARPGROUP + seqlen_k - seqlen_q)
+        key_end = gl.minimum(seqlen_k, tile_row + tile_rows + seqlen_k - seqlen_q)
         full_end = gl.minimum(seqlen_k, tile_row + 1 + seqlen_k - seqlen_q)
-    # a tile past its sequence's end (varlen: a shorter sequence) loads Q and computes nothing
-    n_blocks = gl.where(tile_row < seqlen_q, gl.cdiv(gl.maximum(key_end, 0), BLOCK_N), 0)
+    # a tile with no row in its sequence (varlen: a shorter sequence) loads Q and computes nothing
+    has_rows = (tile_row < seqlen_q) & (tile_row + tile_rows > 0)
+    n_blocks = gl.where(has_rows, gl.cdiv(gl.maximum(key_end, 0), BLOCK_N), 0)
     n_full = gl.minimum(gl.maximum(full_end, 0) // BLOCK_N, n_blocks)
     return head, head // group_size, q_start, k_start, seqlen_q, seqlen_k, lse_row, tile_row, n_full, n_blocks
 
@@ -104,10 +111,14 @@ def _consumer_key_blocks(first_row, seqlen_q, seqlen_k, n_full, n_blocks, BLOCK_
 
     With ``PINGPONG`` every consumer keeps the tile's ranges: the two consumers take turns at each product issue,
     and a loop over [lo, hi) issues hi - lo + 1 times, so a split at another block would give them different
-    counts and the turns would deadlock."""
+    counts and the turns would deadlock. Without it, a consumer whose rows all lie outside the sequence (the short
+    tile's, before row 0 when causal, past the end otherwise) sees no block."""
     own_full = n_full
     own_blocks = n_blocks
-    if CAUSAL and not PINGPONG:
+    if not PINGPONG and ((first_row >= seqlen_q) | (first_row + ROWS_PER_WARPGROUP <= 0)):
+        own_full = 0
+        own_blocks = 0
+    elif CAUSAL and not PINGPONG:
         full_end = gl.minimum(seqlen_k, first_row + 1 + seqlen_k - seqlen_q)
         own_full = gl.maximum(gl.minimum(gl.maximum(full_end, 0) // BLOCK_N, n_blocks), n_full)
         key_end = gl.minimum(seqlen_k, first_row + ROWS_PER_WARPGROUP + seqlen_k - seqlen_q)
@@ -322,11 +333,12 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
         l_safe = gl.where(empty, 1.0, l_i)
         acc = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout))[:, None]
         lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) / LOG2E)
-        gl.store(Lse + lse_row + rows, lse, mask=rows < tile_seqlen_q)
+        gl.store(Lse + lse_row + rows, lse, mask=(rows >= 0) & (rows < tile_seqlen_q))
         o_rows = first_row + gl.arange(0, ROWS_PER_WARPGROUP, layout=gl.SliceLayout(1, o_layout))
         o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
         o_offsets = (q_start + o_rows).to(gl.int64)[:, None] * stride_om + head * stride_oh + o_cols[None, :]
-        gl.store(Out + o_offsets, acc.to(Out.dtype.element_ty), mask=(o_rows < tile_seqlen_q)[:, None])
+        o_in_sequence = (o_rows >= 0) & (o_rows < tile_seqlen_q)
+        gl.store(Out + o_offsets, acc.to(Out.dtype.element_ty), mask=o_in_sequence[:, None])
 
 
 @gluon.jit
