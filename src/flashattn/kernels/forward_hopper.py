@@ -61,10 +61,13 @@ def _tile_plan(tile_id, row_tiles, batch_heads, heads_per_section, nheads, group
     are numbered row tile major, so that causal calls run their longest rows first (no tail wave of
     full-length tiles).
 
-    Causal tiles are counted back from the sequence's last row, so the tile that a length not divisible by the
-    tile's rows leaves short is the first one, which sees the fewest keys; counted from row 0 it would be the
-    last one, which sees them all (4k rows in 192-row tiles: 5.7% of the consumers' block products went to
-    rows past the end). ``tile_row`` may then be negative: rows before 0 are not stored."""
+    Causal tiles are counted back from the sequence's end (rounded up to a consumer's 64 rows), so the tile that
+    a length not divisible by the tile's rows leaves short is the first one, which sees the fewest keys; counted
+    from row 0 it would be the last one, which sees them all (4k rows in 192-row tiles: 5.7% of the consumers'
+    block products went to rows past the end). ``tile_row`` may then be negative: rows before 0 are not stored.
+    The rounding keeps every consumer's rows on a 64-row boundary, as counting from row 0 does: counted from the
+    end itself, a length of 3000 put more consumers' diagonals across two key blocks, and the call ran 2.7%
+    slower (H200, docs/perf-notes.md, version 21)."""
     tile_rows = NUM_CONSUMERS * ROWS_PER_WARPGROUP
     section_tiles = heads_per_section * row_tiles
     section = tile_id // section_tiles
@@ -89,7 +92,8 @@ def _tile_plan(tile_id, row_tiles, batch_heads, heads_per_section, nheads, group
     key_end = seqlen_k
     full_end = seqlen_k
     if CAUSAL:
-        tile_row = seqlen_q - (row_tile + 1) * tile_rows  # row tile 0 ends at the last row: the longest rows
+        # row tile 0 ends at the last row: the longest rows
+        tile_row = gl.cdiv(seqlen_q, ROWS_PER_WARPGROUP) * ROWS_PER_WARPGROUP - (row_tile + 1) * tile_rows
         # bottom-right aligned: query i sees keys up to i + seqlen_k - seqlen_q
         key_end = gl.minimum(seqlen_k, tile_row + tile_rows + seqlen_k - seqlen_q)
         full_end = gl.minimum(seqlen_k, tile_row + 1 + seqlen_k - seqlen_q)
