@@ -1,6 +1,7 @@
 """Kernel-only A/B of the Gluon forward: session 19's kernel file (argv[1]) against the tree's, swapped in under the
 launcher (plans cleared at each swap), interleaved REPEAT times, on the bench grid's shapes (16k tokens, heads x hdim
-= 2048, bf16), hdim 64 on the table's three-consumer tile at every length. Prints TFLOP/s per variant and the outputs' largest difference."""
+= 2048, bf16), hdim 64 on the table's three-consumer tile at every length. Prints TFLOP/s per variant and the
+outputs' largest difference."""
 import contextlib
 import importlib.util
 import os
@@ -35,7 +36,8 @@ for head_dim, causal, seqlen in cases:
             launcher.clear_plans()
             with configs.use_config("forward", THREE_CONSUMERS) if head_dim == 64 else contextlib.nullcontext():
                 outs[name] = flash_attn_func(q, k, v, causal=causal)
-                ms = triton.testing.do_bench(lambda: flash_attn_func(q, k, v, causal=causal), warmup=100, rep=400)
+                ms = triton.testing.do_bench(lambda q=q, k=k, v=v, c=causal: flash_attn_func(q, k, v, causal=c),
+                                             warmup=100, rep=400)
             times[name].append(flops / ms / 1e9)
     diff = (outs["new"].float() - outs["base"].float()).abs().max().item()
     mean = {n: sum(t) / len(t) for n, t in times.items()}
