@@ -49,6 +49,23 @@ def register_operand_layout(columns):
 
 
 @gluon.jit
+def to_16_bits(x, dtype: gl.constexpr):
+    """Float32 ``x`` rounded to ``dtype`` (bfloat16 or float16), two elements an instruction (a thread's consecutive
+    elements: two columns of one row in a wgmma result, one register of the A operand). Gluon's own conversion
+    rounds one element at a time and leaves the pairing to ptxas, which in some partitions of one kernel paired them
+    with their halves swapped and swapped them back: 32 PRMT a key block in two of the three hdim-64 forward
+    consumers' loops (443 instructions against 413; docs/perf-notes.md, version 21). The backward kernels keep
+    Gluon's conversion: there the pairs are not always a register of the operand (the key-slice dK/dV, whose P^T
+    and dS^T come from S^T, gained 32 PRMT with this one) and the dQ's loops came out no shorter."""
+    if dtype == gl.bfloat16:
+        return gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [x], dtype=gl.bfloat16,
+                                         is_pure=True, pack=2)
+    else:
+        return gl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [x], dtype=gl.float16,
+                                         is_pure=True, pack=2)
+
+
+@gluon.jit
 def _tile_plan(tile_id, row_tiles, batch_heads, heads_per_section, nheads, group_size, CuSeqlensQ, CuSeqlensK,
                seqlen_q, seqlen_k, stride_lb, stride_lh, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                IS_VARLEN: gl.constexpr, NUM_CONSUMERS: gl.constexpr):
@@ -255,7 +272,7 @@ def _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ri
         m_i, l_i, p, alpha = _softmax_step(s, m_i, l_i, lo, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N,
                                            CAUSAL, MASKED, s_layout)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-        p_op = gl.convert_layout(p.to(q.dtype), p_layout)
+        p_op = gl.convert_layout(to_16_bits(p, q.dtype), p_layout)
         for j in range(lo + 1, hi):
             prev_stage = stage
             prev_phase = phase
@@ -277,7 +294,7 @@ def _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ri
             acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
             mbarrier.arrive(v_free.index(prev_stage), count=1)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-            p_op = gl.convert_layout(p.to(q.dtype), p_layout)
+            p_op = gl.convert_layout(to_16_bits(p, q.dtype), p_layout)
         # -- epilogue: the last block's P V --
         mbarrier.wait(v_ready.index(stage), phase)
         _take_turn(turn, t, WARP_GROUP, PINGPONG)
