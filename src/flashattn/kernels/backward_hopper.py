@@ -62,7 +62,7 @@ def _key_tile(seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M: gl.
 def _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready,
                     q_free, do_free, seqlen_q, seqlen_k, nheads_k, key_blocks, group_size,
                     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-                  CAUSAL: gl.constexpr):
+                    CAUSAL: gl.constexpr, ONE_FREE_BARRIER: gl.constexpr):
     batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(
         seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, BLOCK_N, CAUSAL)
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
@@ -77,7 +77,8 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_
         mbarrier.wait(q_free.index(stage), phase ^ 1)
         mbarrier.expect(q_ready.index(stage), q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [q_row, head * HEAD_DIM], q_ready.index(stage), q_bufs.index(stage))
-        mbarrier.wait(do_free.index(stage), phase ^ 1)
+        if not ONE_FREE_BARRIER:  # otherwise do_free is q_free, just waited on
+            mbarrier.wait(do_free.index(stage), phase ^ 1)
         mbarrier.expect(do_ready.index(stage), do_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(do_desc, [q_row, head * HEAD_DIM], do_ready.index(stage),
                                         do_bufs.index(stage))
@@ -264,9 +265,10 @@ def _dk_partition(v_smem, q_bufs, do_bufs, p_bufs, kv_ready, q_ready, do_ready, 
 
 @gluon.jit
 def _streamed_buffers(q_desc, k_desc, v_desc, do_desc, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                      BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
+                      BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, ONE_FREE_BARRIER: gl.constexpr):
     """The program's K and V tiles, the ring of Q and dO stages, and their barriers (each stage freed by two
-    arrives: both consumer warpgroups read every stage)."""
+    arrives: both consumer warpgroups read every stage). ONE_FREE_BARRIER: the consumers release a stage's Q and dO
+    together, and one barrier array frees both (returned as q_free and as do_free)."""
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [BLOCK_N, HEAD_DIM], v_desc.layout)
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
@@ -275,13 +277,17 @@ def _streamed_buffers(q_desc, k_desc, v_desc, do_desc, HEAD_DIM: gl.constexpr, B
     q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     do_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     q_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    do_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    if ONE_FREE_BARRIER:
+        do_free = q_free
+    else:
+        do_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_ready, count=1)
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(do_ready.index(i), count=1)
         mbarrier.init(q_free.index(i), count=2)
-        mbarrier.init(do_free.index(i), count=2)
+        if not ONE_FREE_BARRIER:
+            mbarrier.init(do_free.index(i), count=2)
     return k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_free, do_free
 
 
@@ -300,7 +306,7 @@ def dkdv_hopper_kernel(
     group_size = nheads // nheads_k
     # a stage's Q is read by S^T (dV side) and dS^T Q (dK side), its dO by dP^T (dK side) and P^T dO (dV side)
     k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_free, do_free = _streamed_buffers(
-        q_desc, k_desc, v_desc, do_desc, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES)
+        q_desc, k_desc, v_desc, do_desc, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, False)
     p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], q_desc.dtype)
     p_bufs = gl.allocate_shared_memory(q_desc.dtype, [2, BLOCK_N, BLOCK_M], p_layout)
     p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -318,7 +324,7 @@ def dkdv_hopper_kernel(
                          key_blocks, group_size, softmax_scale, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL)),
         (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready,
                            do_ready, q_free, do_free, seqlen_q, seqlen_k, nheads_k, key_blocks, group_size,
-                           HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL)),
+                           HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, False)),
     ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
 
 
@@ -478,10 +484,9 @@ def dkdv_key_slices_kernel(
     group_size = nheads // nheads_k
     # each slice reads every stage of Q and dO and releases the two together, so one barrier frees a stage: each
     # arrive costs the warpgroup a bar.sync (the PTX has one before every mbarrier operation of a partition), and
-    # Nsight Compute had the consumers stalled on those (docs/perf-notes.md, version 20). The loader's waits on
-    # q_free and do_free are then waits on the same barrier and phase; the do_free barriers go unused
+    # Nsight Compute had the consumers stalled on those (docs/perf-notes.md, version 20)
     k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, stage_free, _ = _streamed_buffers(
-        q_desc, k_desc, v_desc, do_desc, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES)
+        q_desc, k_desc, v_desc, do_desc, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, True)
 
     gl.warp_specialize([
         (_key_slice_partition, (k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, stage_free, Lse,
@@ -494,5 +499,5 @@ def dkdv_key_slices_kernel(
                                 NUM_STAGES, CAUSAL, 1)),
         (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready,
                            do_ready, stage_free, stage_free, seqlen_q, seqlen_k, nheads_k, key_blocks, group_size,
-                           HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL)),
+                           HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, True)),
     ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
