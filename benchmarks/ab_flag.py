@@ -6,12 +6,19 @@ Prints a Markdown table of TFLOP/s per round and the ratio of the medians (on / 
 
     PYTHONPATH=src python3 benchmarks/ab_flag.py --flag flashattn.ops:CONCURRENT_GRADIENTS \\
         --cases 64:2048:0 64:16384:1 128:4096:0 --mode bwd --rounds 3
+
+With ``--off-from FILE`` the attribute is a kernel (or any object) instead: "on" is the tree's, "off" the one of
+the same name in FILE, an earlier copy of the module, loaded beside it so that its relative imports resolve:
+
+    PYTHONPATH=src python3 benchmarks/ab_flag.py --flag flashattn.kernels.backward:dq_kernel \\
+        --off-from old_backward.py --cases 64:16384:1
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import statistics
 
 import torch
@@ -49,9 +56,16 @@ def main() -> None:
     parser.add_argument("--cases", nargs="+", type=parse_case, required=True, help="hdim:seqlen:causal")
     parser.add_argument("--mode", choices=("fwd", "bwd"), default="bwd")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--off-from", help="a copy of the flag's module whose attribute of that name is 'off'")
     args = parser.parse_args()
     module_name, name = args.flag.split(":")
     module = importlib.import_module(module_name)
+    settings = {True: True, False: False}
+    if args.off_from:
+        spec = importlib.util.spec_from_file_location(module_name + "_off", args.off_from)
+        earlier = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(earlier)
+        settings = {True: getattr(module, name), False: getattr(earlier, name)}
     device = torch.device("cuda")
     print(f"| hdim | seqlen | causal | {name} on, TFLOP/s | off | on / off |\n|---|---|---|---|---|---|")
     for head_dim, seqlen, causal in args.cases:
@@ -59,10 +73,10 @@ def main() -> None:
         timings: dict[bool, list[float]] = {True: [], False: []}
         for _ in range(args.rounds):
             for value in (True, False):
-                setattr(module, name, value)
+                setattr(module, name, settings[value])
                 launcher.clear_plans()  # a recorded plan would replay the other setting's launches
                 timings[value].append(median_seconds(run, device))
-        setattr(module, name, True)
+        setattr(module, name, settings[True])
         on, off = ([flops / seconds / 1e12 for seconds in timings[value]] for value in (True, False))
         print(f"| {head_dim} | {seqlen} | {int(causal)} | {' / '.join(f'{x:.1f}' for x in on)} | "
               f"{' / '.join(f'{x:.1f}' for x in off)} | {statistics.median(on) / statistics.median(off):.3f} |",
