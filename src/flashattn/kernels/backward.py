@@ -494,12 +494,7 @@ def dq_kernel(
 
     USE_TMA: the streamed K and V tiles come through tensor descriptors, as in the forward.
     """
-    if WINDOW_RIGHT:
-        # as in the forward: with a causal (right-bounded) mask the last query blocks see the most keys, so they
-        # go first and the grid ends on short programs instead of a tail of the longest ones
-        start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
-    else:
-        start_m = tl.program_id(0) * BLOCK_M
+    start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
     batch = bh // nheads
     head = bh % nheads
