@@ -83,8 +83,8 @@ def _tile_plan(tile_id, row_tiles, batch_heads, heads_per_section, nheads, group
     from row 0 it would be the last one, which sees them all (4k rows in 192-row tiles: 5.7% of the consumers'
     block products went to rows past the end). ``tile_row`` may then be negative: rows before 0 are not stored.
     The rounding keeps every consumer's rows on a 64-row boundary, as counting from row 0 does: counted from the
-    end itself, a length of 3000 put more consumers' diagonals across two key blocks, and the call ran 2.7%
-    slower (H200, docs/perf-notes.md, version 21)."""
+    end itself, a length that is not a multiple of 64 would give half the consumers two masked (diagonal) blocks of
+    128 keys instead of one (docs/perf-notes.md, version 21)."""
     tile_rows = NUM_CONSUMERS * ROWS_PER_WARPGROUP
     section_tiles = heads_per_section * row_tiles
     section = tile_id // section_tiles

@@ -4,7 +4,7 @@
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=src:tests:benchmarks
 mkdir -p "$OUT"
-HERE=benchmarks/results/20261124-session20
+HERE=benchmarks/results/20261123-session20
 source benchmarks/gpu_tests.sh
 run_tests kernels 170 tests/test_kernels.py tests/test_varlen.py
 grep -hE "^(FAILED|ERROR)" "$OUT"/tests-*.log | head -20

@@ -4,7 +4,7 @@
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=src:tests:benchmarks
 mkdir -p "$OUT"
-HERE=benchmarks/results/20261124-session20
+HERE=benchmarks/results/20261123-session20
 source benchmarks/gpu_tests.sh
 run_tests fwd 200 tests/test_forward_hopper.py tests/test_dq_hopper.py
 grep -hE "^(FAILED|ERROR)" "$OUT"/tests-*.log | head -20
