@@ -208,6 +208,9 @@ _LONG_TABLES = {("hopper", "forward"): _HOPPER_FORWARD_LONG}
 #   (128x64 blocks: 354.6 / 429.9). Causal hdim 64 kept the Triton tile until its consumers took their own causal
 #   key ranges, and takes it below 4k (``_WS_FROM_SEQLEN``);
 # - ping-pong turns between the consumers: no gain (590.4 against 599.5 at hdim 128 16k).
+# - after session 20's kernel changes (short tile first, P rounded in pairs: +2-5% at hdim 64) the Triton tiles
+#   still win below 4k causal (2k: 345-349 against 332-335; 1k: 288-292 against 232-233) and at 1k non-causal
+#   (385 against 359-362; 389-393 persistent) (H200, docs/perf-notes.md version 21).
 _HOPPER_FORWARD_WS = {
     (64, False): TileConfig(128, 128, 8, 3, warp_specialized=True, three_consumers=True),
     (64, True): TileConfig(128, 128, 8, 3, warp_specialized=True, three_consumers=True),
