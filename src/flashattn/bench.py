@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from . import __version__
+from .clocks import ClockMonitor
 from .demo import median_seconds
 from .interface import flash_attn_func
 from .varlen import flash_attn_varlen_func
@@ -66,6 +67,11 @@ class Measurement:
     max_diff_vs_flashattn: float | None = None
     fwd_host_us: float | None = None
     bwd_host_us: float | None = None
+    # the median SM clock and the highest board power sampled while the timing ran (clocks.ClockMonitor)
+    fwd_sm_mhz: float | None = None
+    bwd_sm_mhz: float | None = None
+    fwd_power_w: float | None = None
+    bwd_power_w: float | None = None
     error: str | None = None
     extra: dict = field(default_factory=dict)
 
@@ -205,7 +211,8 @@ def host_microseconds(fn: Callable[[], object], device: torch.device, calls: int
 
 
 def measure(provider: str, case: BenchCase, device: torch.device, modes: tuple[str, ...],
-            reference_out: torch.Tensor | None) -> tuple[Measurement, torch.Tensor | None]:
+            reference_out: torch.Tensor | None,
+            clocks: ClockMonitor | None = None) -> tuple[Measurement, torch.Tensor | None]:
     result = Measurement(provider, case)
     dtype = getattr(torch, case.dtype)
     nheads_k = case.nheads_k or case.nheads
@@ -230,8 +237,11 @@ def measure(provider: str, case: BenchCase, device: torch.device, modes: tuple[s
             result.max_diff_vs_flashattn = (out.float() - reference_out.float()).abs().max().item()
         flops = getattr(fn, "forward_flops", None) or case.forward_flops()
         if "fwd" in modes:
+            started = time.monotonic()
             with torch.no_grad():
                 result.fwd_ms = _time_ms(fn, device)
+            if clocks is not None:
+                result.fwd_sm_mhz, result.fwd_power_w = clocks.window(started, time.monotonic())
             result.fwd_tflops = flops / result.fwd_ms / 1e9
             if device.type == "cuda" and result.fwd_ms < HOST_TIMING_MAX_MS:
                 with torch.no_grad():
@@ -242,7 +252,10 @@ def measure(provider: str, case: BenchCase, device: torch.device, modes: tuple[s
             def backward():
                 return torch.autograd.grad(out_grad, (q, k, v), dout, retain_graph=True)
 
+            started = time.monotonic()
             result.bwd_ms = _time_ms(backward, device)
+            if clocks is not None:
+                result.bwd_sm_mhz, result.bwd_power_w = clocks.window(started, time.monotonic())
             result.bwd_tflops = 2.5 * flops / result.bwd_ms / 1e9
             if device.type == "cuda" and result.bwd_ms < HOST_TIMING_MAX_MS:
                 result.bwd_host_us = host_microseconds(backward, device)
@@ -309,7 +322,7 @@ def write_csv(path: Path, measurements: list[Measurement], env: dict) -> None:
 
     case_fields = [f.name for f in fields(BenchCase)]
     result_fields = ["fwd_ms", "bwd_ms", "fwd_tflops", "bwd_tflops", "peak_extra_mib", "max_diff_vs_flashattn",
-                     "fwd_host_us", "bwd_host_us", "error"]
+                     "fwd_host_us", "bwd_host_us", "fwd_sm_mhz", "bwd_sm_mhz", "fwd_power_w", "bwd_power_w", "error"]
     env_fields = ["device", "torch", "triton", "commit", "date"]
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
@@ -426,6 +439,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also draw TFLOP/s against seqlen to this PNG (needs matplotlib)")
 
 
+def _progress_line(m: Measurement) -> str:
+    """One measurement as the run prints it: rates, memory, the check, host time and SM clock where taken."""
+    if m.error:
+        return m.error
+    host = f"  host {m.fwd_host_us or 0:.0f} / {m.bwd_host_us or 0:.0f} us" if m.fwd_host_us or m.bwd_host_us else ""
+    clock = f"  clock {m.fwd_sm_mhz or 0:.0f} / {m.bwd_sm_mhz or 0:.0f} MHz" if m.fwd_sm_mhz or m.bwd_sm_mhz else ""
+    return (f"fwd {m.fwd_tflops or 0:6.1f}  bwd {m.bwd_tflops or 0:6.1f} TFLOP/s  mem {m.peak_extra_mib or 0:8.1f} MiB"
+            f"  diff {m.max_diff_vs_flashattn}{host}{clock}")
+
+
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "mode", "attention") == "decode":
         from . import bench_decode
@@ -461,24 +484,21 @@ def run(args: argparse.Namespace) -> int:
     stamp = env["date"].replace(":", "").replace("-", "")[:15]
     name = f"{stamp}-{(env.get('device') or 'cpu').replace(' ', '_')}-{env.get('commit')}.json"
     path = args.out / name
-    for case in grid:
-        reference_out = None
-        for provider in providers:
-            if provider == "naive" and case.batch * case.nheads * case.seqlen**2 * 2 > 8 * 2**30:
-                measurements.append(Measurement(provider, case, error="skipped: N^2 scores over 8 GiB"))
-                continue
-            m, out = measure(provider, case, device, modes, reference_out)
-            if provider == "flashattn":
-                reference_out = out
-            measurements.append(m)
-            host = (f"  host {m.fwd_host_us or 0:.0f} / {m.bwd_host_us or 0:.0f} us"
-                    if m.fwd_host_us or m.bwd_host_us else "")
-            shown = m.error or (f"fwd {m.fwd_tflops or 0:6.1f}  bwd {m.bwd_tflops or 0:6.1f} TFLOP/s"
-                                f"  mem {m.peak_extra_mib or 0:8.1f} MiB  diff {m.max_diff_vs_flashattn}{host}")
-            print(f"d{case.head_dim:<4} causal={int(case.causal)} n={case.seqlen:<6} {provider:<15} {shown}",
-                  flush=True)
-        # rewritten after every case, so that a run cut short by a time limit keeps what it measured
-        path.write_text(json.dumps({"environment": env, "results": [asdict(m) for m in measurements]}, indent=1))
+    with ClockMonitor(device) as clocks:
+        for case in grid:
+            reference_out = None
+            for provider in providers:
+                if provider == "naive" and case.batch * case.nheads * case.seqlen**2 * 2 > 8 * 2**30:
+                    measurements.append(Measurement(provider, case, error="skipped: N^2 scores over 8 GiB"))
+                    continue
+                m, out = measure(provider, case, device, modes, reference_out, clocks)
+                if provider == "flashattn":
+                    reference_out = out
+                measurements.append(m)
+                print(f"d{case.head_dim:<4} causal={int(case.causal)} n={case.seqlen:<6} {provider:<15} "
+                      f"{_progress_line(m)}", flush=True)
+            # rewritten after every case, so that a run cut short by a time limit keeps what it measured
+            path.write_text(json.dumps({"environment": env, "results": [asdict(m) for m in measurements]}, indent=1))
     write_csv(path.with_suffix(".csv"), measurements, env)
     table = markdown_table(measurements, providers)
     print(table)
