@@ -9,7 +9,8 @@ rows that differ most between the first two cases. Full CSVs under $OUT/ncu-comp
     PYTHONPATH=src python3 benchmarks/ncu_compare.py --kernel dkdv_kernel \\
         --case dense:hdim=128,seqlen=4096,causal=0,mode=bwd --case causal:hdim=128,seqlen=4096,causal=1,mode=bwd
 
-A dK/dV tile forced (``dkdv=``, `flashattn blocks` notation), the kernel matched by a regular expression:
+A phase's tile forced (``forward=``, ``dq=`` or ``dkdv=``, `flashattn blocks` notation), the kernel matched by a
+regular expression:
     --kernel regex:dkdv --case triton:hdim=64,seqlen=2048,mode=bwd,dkdv=64x64x4x3+keyrows \\
         --case slices:hdim=64,seqlen=2048,mode=bwd,dkdv=64x128x8x3+ws+slices
 
@@ -50,14 +51,17 @@ KEY_ROWS = ("Duration", "Registers Per Thread", "Dynamic Shared Memory Per Block
             "Executed Instructions", "L2 Hit Rate", "DRAM Throughput", *BALANCE_METRICS, *STALL_METRICS)
 
 
+FORCED_PHASES = ("forward", "dq", "dkdv")  # a case may force any of these phases' tiles
+
+
 def parse_case(text: str) -> tuple[str, dict]:
     name, _, spec = text.partition(":")
     fields = dict(item.split("=", 1) for item in spec.split(",") if item)
-    unknown = set(fields) - {"hdim", "seqlen", "causal", "window", "mode", "varlen", "dkdv"}
+    unknown = set(fields) - {"hdim", "seqlen", "causal", "window", "mode", "varlen", *FORCED_PHASES}
     if unknown:
         raise SystemExit(f"--case {text!r}: unknown fields {sorted(unknown)}; expected hdim, seqlen, causal, "
-                         "window (the right window size, non-causal), mode (fwd or bwd), varlen, dkdv (a dK/dV "
-                         "tile forced, in `flashattn blocks` notation: 64x128x8x3+ws+slices)")
+                         "window (the right window size, non-causal), mode (fwd or bwd), varlen, and forward, dq "
+                         "or dkdv (that phase's tile forced, in `flashattn blocks` notation: 64x128x8x3+ws+slices)")
     return name, fields
 
 
@@ -75,10 +79,11 @@ def run_case(fields: dict) -> None:
     q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16,
                            requires_grad=backward) for _ in range(3))
     cu = torch.arange(0, batch + 1, device="cuda", dtype=torch.int32) * seqlen
-    forced = contextlib.nullcontext()
-    if "dkdv" in fields:
-        forced = configs.use_config("dkdv", configs.TileConfig(*blocks.parse_candidates(fields["dkdv"])[0]))
-    with forced:
+    with contextlib.ExitStack() as forced:
+        for phase in FORCED_PHASES:
+            if phase in fields:
+                tile = configs.TileConfig(*blocks.parse_candidates(fields[phase])[0])
+                forced.enter_context(configs.use_config(phase, tile))
         _run_calls(q, k, v, cu, seqlen, causal, window, varlen, backward)
     torch.cuda.synchronize()
 
