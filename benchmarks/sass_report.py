@@ -240,11 +240,15 @@ def ws_forward_report(head_dim: int, causal: bool, config, varlen: bool = False)
     seqlens = "*i32" if varlen else "*bf16"  # dense calls pass q there, never read
     signature = dict(q_desc=_bf16_descriptor(64, head_dim), k_desc=_bf16_descriptor(config.block_n, head_dim),
                      v_desc=_bf16_descriptor(config.block_n, head_dim), Out="*bf16", Lse="*fp32",
-                     CuSeqlensQ=seqlens, CuSeqlensK=seqlens, stride_om="i32", stride_oh="i32", stride_lb="i32",
-                     stride_lh="i32", seqlen_q="i32", seqlen_k="i32", nheads="i32", group_size="i32",
-                     row_tiles="i32", batch_heads="i32", heads_per_section="i32", qk_scale_log2="fp32")
-    return _gluon_report(attention_forward_hopper_kernel, signature,
-                         ops.warp_specialized_constexprs(config, head_dim, causal, varlen))
+                     CuSeqlensQ=seqlens, CuSeqlensK=seqlens, TileCounter="*i32", stride_om="i32", stride_oh="i32",
+                     stride_lb="i32", stride_lh="i32", seqlen_q="i32", seqlen_k="i32", nheads="i32",
+                     group_size="i32", row_tiles="i32", batch_heads="i32", heads_per_section="i32",
+                     qk_scale_log2="fp32")
+    constexprs = ops.warp_specialized_constexprs(config, head_dim, causal, varlen)
+    if not constexprs["DYNAMIC_TILES"]:
+        del signature["TileCounter"]
+        constexprs["TileCounter"] = None  # the launcher passes None
+    return _gluon_report(attention_forward_hopper_kernel, signature, constexprs)
 
 
 def ws_dkdv_report(head_dim: int, causal: bool, config) -> dict:

@@ -8,6 +8,8 @@ TRITON_INTERPRET); tests/test_sm90_compile.py compiles it for sm90 on the CPU.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from cases import make_case, make_varlen_case
@@ -25,6 +27,8 @@ WS_TILES = {
     "n64-s2": configs.TileConfig(128, 64, 8, 2, warp_specialized=True),
     "n128-s2-persistent": configs.TileConfig(128, 128, 8, 2, warp_specialized=True, persistent=True),
     "n128-s3-consumers3": configs.TileConfig(128, 128, 8, 3, warp_specialized=True, three_consumers=True),
+    "n128-s3-consumers3-persistent": configs.TileConfig(128, 128, 8, 3, warp_specialized=True, three_consumers=True,
+                                                        persistent=True),
 }
 
 
@@ -58,6 +62,34 @@ def test_warp_specialized_fits_only_gpu_plain_softmax():
     q = torch.randn(1, 4, 2, 64, dtype=torch.bfloat16)
     opts = AttentionOptions(0.125)
     assert not ops._warp_specialized_fits(q, q, q, opts, None, None, None)  # a CPU tensor
+
+
+def test_persistent_grid_hands_out_unequal_tiles_by_a_counter():
+    persistent = WS_TILES["n128-s2-persistent"]
+    # causal and varlen tiles see different numbers of key blocks; dense non-causal ones the same number
+    assert ops.warp_specialized_constexprs(persistent, 128, causal=True, is_varlen=False)["DYNAMIC_TILES"]
+    assert ops.warp_specialized_constexprs(persistent, 128, causal=False, is_varlen=True)["DYNAMIC_TILES"]
+    assert not ops.warp_specialized_constexprs(persistent, 128, causal=False, is_varlen=False)["DYNAMIC_TILES"]
+    assert not ops.warp_specialized_constexprs(WS_TILES["n128-s2"], 128, causal=True, is_varlen=True)["DYNAMIC_TILES"]
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("tile", ["n128-s2-persistent", "n128-s3-consumers3-persistent"])
+def test_persistent_forward_repeats_and_leaves_no_tile_out(tile, monkeypatch):
+    # causal: the tiles come from a counter, a fresh one each call. Which program computes a tile does not change its
+    # arithmetic, so back-to-back calls and a grid of one program a tile give the same bits; a tile taken twice
+    # would give them too, but a tile left out would leave its rows unwritten
+    persistent = WS_TILES[tile]
+    head_dim = 64 if persistent.three_consumers else 128
+    q, k, v = (torch.randn(3, 1500, 8, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    with forced_ws(persistent, monkeypatch):
+        first = flash_attn_func(q, k, v, causal=True)
+        second = flash_attn_func(q, k, v, causal=True)
+    with forced_ws(dataclasses.replace(persistent, persistent=False), monkeypatch):
+        one_program_a_tile = flash_attn_func(q, k, v, causal=True)
+    assert torch.equal(first, second)
+    assert torch.equal(first, one_program_a_tile)
 
 
 def test_heads_per_section_fits_the_l2_budget(monkeypatch):
@@ -141,7 +173,8 @@ def test_ws_forward_qkvpacked_view(causal, monkeypatch):
 @pytest.mark.parametrize("option", ["plain", "causal"])
 @pytest.mark.parametrize("seqlens", [([1, 300, 129, 0, 64], [5, 300, 700, 3, 64]), ([1000, 17], [1000, 17])],
                          ids=["mixed", "equal"])
-@pytest.mark.parametrize(("tile", "head_dim"), [("n128-s2", 128), ("n128-s3-consumers3", 64)])
+@pytest.mark.parametrize(("tile", "head_dim"), [("n128-s2", 128), ("n128-s3-consumers3", 64),
+                                               ("n128-s2-persistent", 128), ("n128-s3-consumers3-persistent", 64)])
 def test_ws_varlen_matches_reference(seqlens, option, tile, head_dim, monkeypatch):
     case = make_varlen_case((*seqlens, 4, 2, head_dim), option, "cuda")
     with forced_ws(WS_TILES[tile], monkeypatch):

@@ -51,6 +51,14 @@ SWEPT_DQ_TILES = {
                                                                   num_stages=3, warp_specialized=True,
                                                                   three_consumers=True)),
 }
+# and the persistent Gluon forward with tiles handed out by a counter (causal, varlen: forward_hopper._next_tile)
+_PERSISTENT = dict(block_m=128, block_n=128, num_warps=8, num_stages=2, warp_specialized=True, persistent=True)
+SWEPT_FORWARD_TILES = {  # name -> (head dim, causal, varlen, TileConfig fields)
+    "persistent 128x128x8x2, hdim 128 causal": (128, True, False, _PERSISTENT),
+    "persistent 128x128x8x2, hdim 128 varlen": (128, False, True, _PERSISTENT),
+    "persistent three consumers 128x128x8x3, hdim 64 causal": (64, True, False,
+                                                                dict(_PERSISTENT, num_stages=3, three_consumers=True)),
+}
 COMPILE_SWEPT = f"""
 import json, sys
 sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
@@ -58,6 +66,9 @@ import sass_report
 from flashattn.configs import TileConfig
 for name, (head_dim, causal, fields) in {SWEPT_DKDV_TILES!r}.items():
     print(json.dumps([name, sass_report.ws_dkdv_report(head_dim, causal, TileConfig(**fields))]), flush=True)
+for name, (head_dim, causal, varlen, fields) in {SWEPT_FORWARD_TILES!r}.items():
+    result = sass_report.ws_forward_report(head_dim, causal, TileConfig(**fields), varlen=varlen)
+    print(json.dumps([name, result]), flush=True)
 for name, (head_dim, causal, fields) in {SWEPT_DQ_TILES!r}.items():
     print(json.dumps([name, sass_report.ws_dq_report(head_dim, causal, TileConfig(**fields))]), flush=True)
 """
@@ -110,7 +121,7 @@ def test_table_backward_kernels_compile_for_one_query():
 
 def test_swept_gluon_tiles_keep_wgmma_asynchronous():
     results = dict(_compiled(COMPILE_SWEPT))
-    assert set(results) == set(SWEPT_DKDV_TILES) | set(SWEPT_DQ_TILES)
+    assert set(results) == set(SWEPT_DKDV_TILES) | set(SWEPT_DQ_TILES) | set(SWEPT_FORWARD_TILES)
     for name, result in results.items():
         assert result["HGMMA"] > 0, f"{name}: no wgmma at all"
         assert result["wgmma_serialized"] is None, f"{name}: ptxas serialized the wgmma: {result['wgmma_serialized']}"

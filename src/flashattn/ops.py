@@ -340,13 +340,16 @@ def _warp_specialized_forward(q, k, v, out, lse, layout: _Layout, config: config
     # persistent: one program per SM walks the tiles, its loader fetching the next tile's Q, K and V while the
     # consumers finish the last one
     programs = min(tiles, _sm_count(q.device.index)) if config.persistent else tiles
+    constexprs = warp_specialized_constexprs(config, head_dim, opts.window_right == 0, layout.is_varlen)
+    # the tiles taken beyond each program's first (forward_hopper._next_tile): a fresh zero for every call, so that
+    # calls on different streams never share it
+    tile_counter = torch.zeros(1, dtype=torch.int32, device=q.device) if constexprs["DYNAMIC_TILES"] else None
     _, stride_om, stride_oh = _strides(out)
     launch(
         attention_forward_hopper_kernel, (programs,),
         _token_descriptor(q, 64), _token_descriptor(k, config.block_n),
-        _token_descriptor(v, config.block_n), out, lse, *layout.cu_seqlens,
-        stride_om, stride_oh, *plan, opts.softmax_scale * LOG2E,
-        **warp_specialized_constexprs(config, head_dim, opts.window_right == 0, layout.is_varlen), num_warps=4,
+        _token_descriptor(v, config.block_n), out, lse, *layout.cu_seqlens, tile_counter,
+        stride_om, stride_oh, *plan, opts.softmax_scale * LOG2E, **constexprs, num_warps=4,
     )
 
 
@@ -378,7 +381,9 @@ def warp_specialized_constexprs(config: configs.TileConfig, head_dim: int, causa
     consumers = _consumer_warpgroups(config)
     return dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, NUM_STAGES=config.num_stages, CAUSAL=causal,
                 IS_VARLEN=is_varlen, PINGPONG=config.pingpong, NUM_CONSUMERS=consumers,
-                CONSUMER_REGISTERS=WS_CONSUMER_REGISTERS[consumers], LOADER_REGISTERS=WS_LOADER_REGISTERS)
+                CONSUMER_REGISTERS=WS_CONSUMER_REGISTERS[consumers], LOADER_REGISTERS=WS_LOADER_REGISTERS,
+                # a persistent grid hands out causal and varlen tiles (unequal work) as programs free up
+                DYNAMIC_TILES=config.persistent and (causal or is_varlen))
 
 
 def _consumer_warpgroups(config: configs.TileConfig) -> int:

@@ -13,9 +13,13 @@ One program computes 128 query rows of one (sequence, head) (192 with ``NUM_CONS
   have: the overlapped loop holds block j's K and block j-1's V at once, so a ring that freed K and V
   together would hold two stages and leave a 2-stage ring nothing to prefetch into.
 
-A program computes one tile, or (persistent grid) tiles p, p + grid, ...: the loader then fetches the next
-tile's Q as soon as both consumers have released the last one's, and its K and V as stages free up, while the
-consumers still normalize and store.
+A program computes one tile, or (persistent grid) several: the loader then fetches the next tile's Q as soon as
+the consumers have released the last one's, and its K and V as stages free up, while the consumers still normalize
+and store. The loader picks each tile and hands its number to the consumers (``_publish_tile``): tiles p, p + grid,
+... when every tile costs the same, and with ``DYNAMIC_TILES`` (causal or varlen calls, whose tiles see different
+numbers of key blocks) the next one not yet taken, from a counter in global memory, so that a program that drew
+short tiles takes more of them (FA3's dynamic persistent scheduler; p, p + grid, ... left the busiest SM 30% above
+the average at causal 1k, docs/perf-notes.md version 22).
 
 Triton's own warp specialization (``tl.range(..., warp_specialize=True)``) did not split our loop this
 way (docs/perf-notes.md, version 2); Gluon states the partitions, barriers and waits explicitly.
@@ -148,19 +152,48 @@ def _consumer_key_blocks(first_row, seqlen_q, seqlen_k, n_full, n_blocks, BLOCK_
 
 
 @gluon.jit
+def _next_tile(tile_id, TileCounter, DYNAMIC_TILES: gl.constexpr):
+    """The tile the loader takes after ``tile_id``: the next untaken one (``TileCounter`` counts the tiles taken
+    beyond each program's first, which is its program id), or ``tile_id`` + grid. Past the last tile: no more."""
+    if DYNAMIC_TILES:
+        return gl.num_programs(0) + gl.atomic_add(TileCounter, 1, sem="relaxed")
+    else:
+        return tile_id + gl.num_programs(0)
+
+
+@gluon.jit
+def _publish_tile(tile_slot, tile_id):
+    """The loader's hand-off of its next tile (a number past the last: no more) to the consumers. The store
+    precedes the loader's arrival on ``q_ready``, which releases it to every consumer that waits on that phase."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    tile_slot.store(gl.full([1], tile_id, gl.int32, layout))
+
+
+@gluon.jit
+def read_tile(tile_slot):
+    """The tile number ``_publish_tile`` left, read by a consumer after its wait on ``q_ready``."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    return gl.max(tile_slot.load(layout), axis=0)
+
+
+@gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free,
-                    v_free, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
-                    heads_per_section, total_tiles, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                    NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr,
-                    NUM_CONSUMERS: gl.constexpr):
+                    v_free, tile_slot, TileCounter, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, nheads, group_size,
+                    row_tiles, batch_heads, heads_per_section, total_tiles, HEAD_DIM: gl.constexpr,
+                    BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr,
+                    NUM_CONSUMERS: gl.constexpr, DYNAMIC_TILES: gl.constexpr):
     ring = 0  # key blocks loaded so far: the ring's position
-    for tile_id in range(gl.program_id(0), total_tiles, gl.num_programs(0)):
-        rounds = tile_id // gl.num_programs(0)  # this program's tiles so far
+    rounds = 0  # tiles handed to the consumers so far
+    tile_id = gl.program_id(0)
+    while tile_id < total_tiles:
+        # taken now, read after this tile's loads are issued: the counter's round trip hides behind them
+        next_tile = _next_tile(tile_id, TileCounter, DYNAMIC_TILES)
         head, head_k, q_start, k_start, _, _, _, tile_row, _, n_blocks = _tile_plan(
             tile_id, row_tiles, batch_heads, heads_per_section, nheads, group_size, CuSeqlensQ, CuSeqlensK, seqlen_q,
             seqlen_k, 0, 0, BLOCK_N, CAUSAL, IS_VARLEN, NUM_CONSUMERS)
         # a fresh barrier passes a wait on the phase before its first: the first tile does not wait
         mbarrier.wait(q_free, (rounds & 1) ^ 1)
+        _publish_tile(tile_slot, tile_id)
         mbarrier.expect(q_ready, NUM_CONSUMERS * q_desc.block_type.nbytes)
         for c in gl.static_range(NUM_CONSUMERS):
             tma.async_copy_global_to_shared(q_desc, [q_start + tile_row + c * ROWS_PER_WARPGROUP, head * HEAD_DIM],
@@ -169,6 +202,12 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_f
             load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, ring + j,
                            k_start + j * BLOCK_N, head_k * HEAD_DIM, NUM_STAGES)
         ring += n_blocks
+        rounds += 1
+        tile_id = next_tile
+    # no tile left: the consumers read a number past the last one and stop
+    mbarrier.wait(q_free, (rounds & 1) ^ 1)
+    _publish_tile(tile_slot, tile_id)
+    mbarrier.arrive(q_ready, count=1)
 
 
 @gluon.jit
@@ -307,9 +346,10 @@ def _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ri
 
 
 @gluon.jit
-def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, Out, Lse,
-                        CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k,
-                        nheads, group_size, row_tiles, batch_heads, heads_per_section, total_tiles, qk_scale_log2,
+def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, tile_slot,
+                        Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh, seqlen_q,
+                        seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section, total_tiles,
+                        qk_scale_log2,
                         WARP_GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                         NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr,
                         PINGPONG: gl.constexpr, NUM_CONSUMERS: gl.constexpr):
@@ -318,8 +358,10 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
     q = q_smem.index(WARP_GROUP)
     t = 0
     ring = 0
-    for tile_id in range(gl.program_id(0), total_tiles, gl.num_programs(0)):
-        rounds = tile_id // gl.num_programs(0)  # this program's tiles so far
+    rounds = 0  # this program's tiles so far
+    mbarrier.wait(q_ready, 0)
+    tile_id = read_tile(tile_slot)
+    while tile_id < total_tiles:
         head, _, q_start, _, tile_seqlen_q, tile_seqlen_k, lse_row, tile_row, n_full, n_blocks = _tile_plan(
             tile_id, row_tiles, batch_heads, heads_per_section, nheads, group_size, CuSeqlensQ, CuSeqlensK, seqlen_q,
             seqlen_k, stride_lb, stride_lh, BLOCK_N, CAUSAL, IS_VARLEN, NUM_CONSUMERS)
@@ -330,7 +372,6 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
         acc = gl.zeros([ROWS_PER_WARPGROUP, HEAD_DIM], gl.float32, o_layout)
         own_full, own_blocks = _consumer_key_blocks(first_row, tile_seqlen_q, tile_seqlen_k, n_full, n_blocks,
                                                     BLOCK_N, CAUSAL, PINGPONG)
-        mbarrier.wait(q_ready, rounds & 1)
         # -- blocks every row of this consumer sees whole, then the masked ones (diagonal, sequence end) --
         m_i, l_i, acc, t = _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ring, m_i, l_i,
                                        acc, rows, 0, own_full, tile_seqlen_q, tile_seqlen_k, qk_scale_log2, BLOCK_N,
@@ -360,22 +401,26 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
         o_offsets = (q_start + o_rows).to(gl.int64)[:, None] * stride_om + head * stride_oh + o_cols[None, :]
         o_in_sequence = (o_rows >= 0) & (o_rows < tile_seqlen_q)
         gl.store(Out + o_offsets, acc.to(Out.dtype.element_ty), mask=o_in_sequence[:, None])
+        rounds += 1
+        mbarrier.wait(q_ready, rounds & 1)
+        tile_id = read_tile(tile_slot)
 
 
 @gluon.jit
 def attention_forward_hopper_kernel(
-    q_desc, k_desc, v_desc, Out, Lse, CuSeqlensQ, CuSeqlensK,
+    q_desc, k_desc, v_desc, Out, Lse, CuSeqlensQ, CuSeqlensK, TileCounter,
     stride_om, stride_oh, stride_lb, stride_lh,
     seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section, qk_scale_log2,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
     IS_VARLEN: gl.constexpr, PINGPONG: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
-    CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
+    CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr, DYNAMIC_TILES: gl.constexpr,
 ):
     """Tiles of NUM_CONSUMERS x 64 query rows (2 or 3 consumer warpgroups), ``row_tiles`` per (sequence, head)
     and ``batch_heads`` of those; program p computes tiles p, p + grid, ... (one each when the grid covers them
     all; persistent when it is smaller). Dense: q_desc spans (batch * seqlen_q, nheads * HEAD_DIM), k/v_desc
     (batch * seqlen_k, nheads_k * HEAD_DIM); varlen: the packed tokens, sequence b's rows from CuSeqlens[b].
-    Lse: (batch, nheads, seqlen_q) dense, (nheads, total_q) varlen."""
+    Lse: (batch, nheads, seqlen_q) dense, (nheads, total_q) varlen. TileCounter: one int32, zero at launch, with
+    ``DYNAMIC_TILES`` (``_next_tile``)."""
     gl.static_assert(NUM_CONSUMERS == 2 or NUM_CONSUMERS == 3, "two or three consumer warpgroups")
     gl.static_assert(NUM_CONSUMERS == 2 or not PINGPONG, "ping-pong turns are between two consumers")
     total_tiles = row_tiles * batch_heads
@@ -385,6 +430,7 @@ def attention_forward_hopper_kernel(
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    tile_slot = gl.allocate_shared_memory(gl.int32, [1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     mbarrier.init(q_ready, count=1)
     mbarrier.init(q_free, count=NUM_CONSUMERS)  # every consumer releases Q
     mbarrier.init(turn.index(0), count=1)
@@ -394,39 +440,39 @@ def attention_forward_hopper_kernel(
     if NUM_CONSUMERS == 2:
         gl.warp_specialize([
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn,
-                                   Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh,
-                                   seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
+                                   tile_slot, Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb,
+                                   stride_lh, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
                                    heads_per_section, total_tiles, qk_scale_log2, 0, HEAD_DIM, BLOCK_N,
                                    NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS)),
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn,
-                                   Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh,
-                                   seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
+                                   tile_slot, Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb,
+                                   stride_lh, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
                                    heads_per_section, total_tiles, qk_scale_log2, 1, HEAD_DIM, BLOCK_N,
                                    NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready,
-                               k_free, v_free, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, nheads, group_size,
-                               row_tiles, batch_heads, heads_per_section, total_tiles, HEAD_DIM, BLOCK_N,
-                               NUM_STAGES, CAUSAL, IS_VARLEN, NUM_CONSUMERS)),
+                               k_free, v_free, tile_slot, TileCounter, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k,
+                               nheads, group_size, row_tiles, batch_heads, heads_per_section, total_tiles,
+                               HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN, NUM_CONSUMERS, DYNAMIC_TILES)),
         ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
     else:
         gl.warp_specialize([
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn,
-                                   Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh,
-                                   seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
+                                   tile_slot, Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb,
+                                   stride_lh, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
                                    heads_per_section, total_tiles, qk_scale_log2, 0, HEAD_DIM, BLOCK_N,
                                    NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS)),
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn,
-                                   Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh,
-                                   seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
+                                   tile_slot, Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb,
+                                   stride_lh, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
                                    heads_per_section, total_tiles, qk_scale_log2, 1, HEAD_DIM, BLOCK_N,
                                    NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS)),
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn,
-                                   Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh,
-                                   seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
+                                   tile_slot, Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb,
+                                   stride_lh, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
                                    heads_per_section, total_tiles, qk_scale_log2, 2, HEAD_DIM, BLOCK_N,
                                    NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready,
-                               k_free, v_free, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, nheads, group_size,
-                               row_tiles, batch_heads, heads_per_section, total_tiles, HEAD_DIM, BLOCK_N,
-                               NUM_STAGES, CAUSAL, IS_VARLEN, NUM_CONSUMERS)),
+                               k_free, v_free, tile_slot, TileCounter, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k,
+                               nheads, group_size, row_tiles, batch_heads, heads_per_section, total_tiles,
+                               HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN, NUM_CONSUMERS, DYNAMIC_TILES)),
         ], [4, 4, 1], [CONSUMER_REGISTERS, CONSUMER_REGISTERS, LOADER_REGISTERS])
