@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hopper_kernels import hopper
 
-from flashattn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, launcher, ops
+from flashattn import configs, flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, launcher, ops
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -136,6 +137,24 @@ def test_a_replay_takes_the_two_gradient_streams(monkeypatch, replays):
         for a, b in zip(got, expected, strict=True):
             assert torch.equal(a, b)
     assert len(joins) == 3 and len(replays) == 4  # the second and third forward and backward
+
+
+@hopper
+def test_a_replayed_persistent_forward_starts_from_a_zero_tile_counter(monkeypatch, replays):
+    # the causal persistent Gluon forward takes its tiles from a counter that every call zeroes (launcher.zeros);
+    # a replay that left it as the last call did would compute each program's first tile only
+    persistent = configs.TileConfig(128, 128, 8, 2, warp_specialized=True, persistent=True)
+    q, k, v, _ = _inputs(torch.bfloat16, 2, 1500, 1500, 8, 8, 128, seed=3)
+    with configs.use_config("forward", persistent):
+        monkeypatch.setattr(ops, "LAUNCH_PLANS", False)
+        expected = flash_attn_func(q, k, v, causal=True)
+        monkeypatch.setattr(ops, "LAUNCH_PLANS", True)
+        flash_attn_func(q, k, v, causal=True)  # records the plan
+        _poison_allocator([expected])
+        replayed = [flash_attn_func(q, k, v, causal=True) for _ in range(2)]
+    assert len(replays) == 2
+    for out in replayed:
+        assert torch.equal(out, expected)
 
 
 def test_replays_are_captured_by_a_cuda_graph(monkeypatch):

@@ -54,6 +54,16 @@ def launch(kernel, grid: tuple[int, ...], *args, **kwargs):
     return compiled
 
 
+def zeros(size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A new tensor of zeros that a kernel reads (a counter): a plan's replay allocates its own tensors
+    uninitialized, except these, which it zeroes too."""
+    tensor = torch.zeros(size, dtype=dtype, device=device)
+    recording = getattr(_RECORDING, "active", None)
+    if recording is not None:
+        recording.zeroed.add(id(tensor))
+    return tensor
+
+
 def _hooked(hook) -> bool:
     """Whether a launch hook is set: Triton 3.6 keeps each as a chain of calls (empty: none), older ones as None."""
     return hook is not None and bool(getattr(hook, "calls", True))
@@ -109,8 +119,9 @@ class LaunchPlan:
 
     def replay(self, inputs: tuple) -> tuple:
         tensors = list(inputs)
-        for size, stride, dtype, device in self.allocations:
-            tensors.append(torch.empty_strided(size, stride, dtype=dtype, device=device))
+        for size, stride, dtype, device, zeroed in self.allocations:
+            new = torch.empty_strided(size, stride, dtype=dtype, device=device)
+            tensors.append(new.zero_() if zeroed else new)
         if self.allocator is not None:
             import triton
 
@@ -151,9 +162,9 @@ def planned(key, inputs: tuple, call, fork=None, allocator=None):
     The caller's contract: ``key`` fixes every value the call computes except the tensors' contents and addresses,
     that is, the inputs' shapes, strides, dtypes, device and 16-byte alignment, the options, and every switch the
     call reads; the call's new tensors are ``torch.empty`` ones that its kernels write in full (a replay allocates
-    them uninitialized), and it launches its second-stream work inside ``fork(device).first()``. The first call of a
-    key runs ``call`` and records its launches; a call that makes a view of its inputs, or returns a new tensor that
-    no kernel writes, is never replayed.
+    them uninitialized) or made by :func:`zeros`, and it launches its second-stream work inside
+    ``fork(device).first()``. The first call of a key runs ``call`` and records its launches; a call that makes a view
+    of its inputs, or returns a new tensor that no kernel writes, is never replayed.
 
     Which inputs are one tensor is part of the key: a plan maps each argument to the slot of the input it was, so a
     plan recorded on ``(x, x, x)`` would pass the last input three times to a call with three tensors."""
@@ -200,6 +211,7 @@ class _Recording:
         self.stream = stream
         self.device_index = device_index
         self.launches: list = []
+        self.zeroed: set[int] = set()  # the ids of the call's new tensors made by ``zeros``
         self.complete = True  # False once a launch went around ``launch``'s compiled-kernel path (not recorded)
 
     def add(self, compiled, grid: tuple[int, ...], values) -> None:
@@ -219,7 +231,7 @@ class _Recording:
             # a new tensor: its own storage (not a view of an input) that a kernel writes, or an empty one
             if x._base is not None or x.untyped_storage().data_ptr() in storages or not (written or x.numel() == 0):
                 return None
-            allocations.append((x.size(), x.stride(), x.dtype, x.device))
+            allocations.append((x.size(), x.stride(), x.dtype, x.device, id(x) in self.zeroed))
             slots[id(x)] = slot = len(inputs) + len(allocations) - 1
             return slot
 

@@ -343,7 +343,7 @@ def _warp_specialized_forward(q, k, v, out, lse, layout: _Layout, config: config
     constexprs = warp_specialized_constexprs(config, head_dim, opts.window_right == 0, layout.is_varlen)
     # the tiles taken beyond each program's first (forward_hopper._next_tile): a fresh zero for every call, so that
     # calls on different streams never share it
-    tile_counter = torch.zeros(1, dtype=torch.int32, device=q.device) if constexprs["DYNAMIC_TILES"] else None
+    tile_counter = launcher.zeros(1, torch.int32, q.device) if constexprs["DYNAMIC_TILES"] else None
     _, stride_om, stride_oh = _strides(out)
     launch(
         attention_forward_hopper_kernel, (programs,),
