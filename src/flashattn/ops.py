@@ -269,6 +269,8 @@ def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, at
 # by the number of consumers (the SM's 65,536 registers over 3 or 4 warpgroups)
 WS_CONSUMER_REGISTERS = {2: 240, 3: 160}
 WS_LOADER_REGISTERS = 24
+# the shared memory one program of an sm90 kernel may take (227 KB)
+WS_SHARED_BYTES = 227 * 1024
 # the K and V bytes that the Gluon forward's programs in flight read together: a section of heads that fits
 # well within L2 (50 MB on H100, 60 on H200), which is shared with Q, O and other traffic (FA3 sizes its
 # L2 swizzle on 32 MB too)
@@ -383,7 +385,18 @@ def warp_specialized_constexprs(config: configs.TileConfig, head_dim: int, causa
                 IS_VARLEN=is_varlen, PINGPONG=config.pingpong, NUM_CONSUMERS=consumers,
                 CONSUMER_REGISTERS=WS_CONSUMER_REGISTERS[consumers], LOADER_REGISTERS=WS_LOADER_REGISTERS,
                 # a persistent grid hands out causal and varlen tiles (unequal work) as programs free up
-                DYNAMIC_TILES=config.persistent and (causal or is_varlen))
+                DYNAMIC_TILES=config.persistent and (causal or is_varlen),
+                WIDE_STORES=_room_for_wide_stores(config, head_dim))
+
+
+def _room_for_wide_stores(config: configs.TileConfig, head_dim: int) -> bool:
+    """Whether the Gluon forward's shared memory leaves room to stage its output for 16-byte stores: at most a
+    64-row tile of each consumer, beside Q and the K/V ring. The 3-stage 128-key tile at hdim 128 (224 KB) and the
+    hdim-256 tile (192 KB) do not; they store from the wgmma layout."""
+    consumers = _consumer_warpgroups(config)
+    tile_bytes = 64 * head_dim * 2  # 16-bit
+    ring_bytes = config.num_stages * 2 * config.block_n * head_dim * 2
+    return 2 * consumers * tile_bytes + ring_bytes <= WS_SHARED_BYTES
 
 
 def _consumer_warpgroups(config: configs.TileConfig) -> int:

@@ -32,6 +32,8 @@ from .forward_hopper import (
     key_ring,
     load_key_block,
     register_operand_layout,
+    rows_in_sequence,
+    store_rows,
     wgmma_layout,
 )
 
@@ -136,7 +138,7 @@ def _consumer_partition(q_smem, do_smem, k_bufs, v_bufs, rows_ready, k_ready, v_
         seqlen_q, seqlen_k, stride_lb, stride_lh, BLOCK_N, CAUSAL, IS_VARLEN, NUM_CONSUMERS)
     first_row = tile_row + WARP_GROUP * ROWS_PER_WARPGROUP  # within the sequence
     rows = first_row + gl.arange(0, ROWS_PER_WARPGROUP, layout=gl.SliceLayout(1, s_layout))
-    in_sequence = (rows >= 0) & (rows < tile_seqlen_q)
+    in_sequence = rows_in_sequence(rows, tile_seqlen_q)
     # rows outside the sequence (before row 0 in a causal call's short tile, past the end otherwise): lse = +inf
     # gives P = 0 (the tile may hold the neighbouring sequence's rows); delta has lse's layout
     lse_log2 = gl.load(Lse + lse_row + rows, mask=in_sequence, other=float("inf")) * LOG2E
@@ -151,11 +153,8 @@ def _consumer_partition(q_smem, do_smem, k_bufs, v_bufs, rows_ready, k_ready, v_
     dq = _key_blocks(q, do, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, dq, rows, lse_log2, delta, n_full,
                      n_blocks, tile_seqlen_q, tile_seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL,
                      True)
-    dq_rows = first_row + gl.arange(0, ROWS_PER_WARPGROUP, layout=gl.SliceLayout(1, acc_layout))
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
-    offsets = (q_start + dq_rows).to(gl.int64)[:, None] * stride_dqm + head * stride_dqh + cols[None, :]
-    dq_in_sequence = (dq_rows >= 0) & (dq_rows < tile_seqlen_q)
-    gl.store(DQ + offsets, (dq * softmax_scale).to(DQ.dtype.element_ty), mask=dq_in_sequence[:, None])
+    store_rows(DQ, dq * softmax_scale, q_start, first_row, head * stride_dqh, stride_dqm, tile_seqlen_q, HEAD_DIM,
+               False)
 
 
 @gluon.jit

@@ -52,6 +52,38 @@ def register_operand_layout(columns):
     return gl.DotOperandLayout(operand_index=0, parent=wgmma_layout(columns), k_width=2)
 
 
+@gluon.constexpr_function
+def _store_layout(head_dim, wide):
+    """How a consumer's 64 x head_dim result is laid out for its store. Wide: 8 consecutive elements a thread, so
+    each store writes 16 bytes and a warp's stores cover whole rows; the conversion from the wgmma layout goes through
+    shared memory. Otherwise the wgmma result's own layout: 2 elements a thread, 4-byte stores, a warp writing
+    16-byte pieces of 8 rows (docs/perf-notes.md, version 22)."""
+    if wide:
+        return gl.BlockedLayout([1, 8], [32 // (head_dim // 8), head_dim // 8], [4, 1], [1, 0])
+    return wgmma_layout(head_dim)
+
+
+@gluon.jit
+def rows_in_sequence(rows, seqlen):
+    """Which of a tile's rows (numbered within the sequence) lie in it: a causal call's short tile starts before row 0,
+    and a tile may run past the end; those rows belong to a neighbouring sequence, which its own tiles write."""
+    return (rows >= 0) & (rows < seqlen)
+
+
+@gluon.jit
+def store_rows(Ptr, tile, row_start, first_row, column, stride_m, seqlen, HEAD_DIM: gl.constexpr,
+               WIDE: gl.constexpr):
+    """A consumer's 64 x HEAD_DIM result (float32, the wgmma layout) rounded to Ptr's type and stored at token rows
+    row_start + first_row + i, from ``column`` on; its rows outside the sequence are not stored. The forward's O and
+    the dQ kernel's dQ."""
+    layout: gl.constexpr = _store_layout(HEAD_DIM, WIDE)
+    values = gl.convert_layout(tile.to(Ptr.dtype.element_ty), layout)
+    rows = first_row + gl.arange(0, ROWS_PER_WARPGROUP, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
+    offsets = (row_start + rows).to(gl.int64)[:, None] * stride_m + column + cols[None, :]
+    gl.store(Ptr + offsets, values, mask=rows_in_sequence(rows, seqlen)[:, None])
+
+
 @gluon.jit
 def to_16_bits(x, dtype: gl.constexpr):
     """Float32 ``x`` rounded to ``dtype`` (bfloat16 or float16), two elements an instruction (a thread's consecutive
@@ -352,7 +384,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
                         qk_scale_log2,
                         WARP_GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                         NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr,
-                        PINGPONG: gl.constexpr, NUM_CONSUMERS: gl.constexpr):
+                        PINGPONG: gl.constexpr, NUM_CONSUMERS: gl.constexpr, WIDE_STORES: gl.constexpr):
     s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
     o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     q = q_smem.index(WARP_GROUP)
@@ -395,12 +427,8 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
         l_safe = gl.where(empty, 1.0, l_i)
         acc = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout))[:, None]
         lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) / LOG2E)
-        gl.store(Lse + lse_row + rows, lse, mask=(rows >= 0) & (rows < tile_seqlen_q))
-        o_rows = first_row + gl.arange(0, ROWS_PER_WARPGROUP, layout=gl.SliceLayout(1, o_layout))
-        o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-        o_offsets = (q_start + o_rows).to(gl.int64)[:, None] * stride_om + head * stride_oh + o_cols[None, :]
-        o_in_sequence = (o_rows >= 0) & (o_rows < tile_seqlen_q)
-        gl.store(Out + o_offsets, acc.to(Out.dtype.element_ty), mask=o_in_sequence[:, None])
+        gl.store(Lse + lse_row + rows, lse, mask=rows_in_sequence(rows, tile_seqlen_q))
+        store_rows(Out, acc, q_start, first_row, head * stride_oh, stride_om, tile_seqlen_q, HEAD_DIM, WIDE_STORES)
         rounds += 1
         mbarrier.wait(q_ready, rounds & 1)
         tile_id = read_tile(tile_slot)
@@ -414,13 +442,15 @@ def attention_forward_hopper_kernel(
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
     IS_VARLEN: gl.constexpr, PINGPONG: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
     CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr, DYNAMIC_TILES: gl.constexpr,
+    WIDE_STORES: gl.constexpr,
 ):
     """Tiles of NUM_CONSUMERS x 64 query rows (2 or 3 consumer warpgroups), ``row_tiles`` per (sequence, head)
     and ``batch_heads`` of those; program p computes tiles p, p + grid, ... (one each when the grid covers them
     all; persistent when it is smaller). Dense: q_desc spans (batch * seqlen_q, nheads * HEAD_DIM), k/v_desc
     (batch * seqlen_k, nheads_k * HEAD_DIM); varlen: the packed tokens, sequence b's rows from CuSeqlens[b].
     Lse: (batch, nheads, seqlen_q) dense, (nheads, total_q) varlen. TileCounter: one int32, zero at launch, with
-    ``DYNAMIC_TILES`` (``_next_tile``)."""
+    ``DYNAMIC_TILES`` (``_next_tile``). ``WIDE_STORES``: O stored 16 bytes a thread (``store_rows``), for tiles whose
+    shared memory leaves room to convert it."""
     gl.static_assert(NUM_CONSUMERS == 2 or NUM_CONSUMERS == 3, "two or three consumer warpgroups")
     gl.static_assert(NUM_CONSUMERS == 2 or not PINGPONG, "ping-pong turns are between two consumers")
     total_tiles = row_tiles * batch_heads
@@ -443,12 +473,12 @@ def attention_forward_hopper_kernel(
                                    tile_slot, Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb,
                                    stride_lh, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
                                    heads_per_section, total_tiles, qk_scale_log2, 0, HEAD_DIM, BLOCK_N,
-                                   NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS)),
+                                   NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS, WIDE_STORES)),
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn,
                                    tile_slot, Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb,
                                    stride_lh, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
                                    heads_per_section, total_tiles, qk_scale_log2, 1, HEAD_DIM, BLOCK_N,
-                                   NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS)),
+                                   NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS, WIDE_STORES)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready,
                                k_free, v_free, tile_slot, TileCounter, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k,
                                nheads, group_size, row_tiles, batch_heads, heads_per_section, total_tiles,
@@ -460,17 +490,17 @@ def attention_forward_hopper_kernel(
                                    tile_slot, Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb,
                                    stride_lh, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
                                    heads_per_section, total_tiles, qk_scale_log2, 0, HEAD_DIM, BLOCK_N,
-                                   NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS)),
+                                   NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS, WIDE_STORES)),
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn,
                                    tile_slot, Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb,
                                    stride_lh, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
                                    heads_per_section, total_tiles, qk_scale_log2, 1, HEAD_DIM, BLOCK_N,
-                                   NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS)),
+                                   NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS, WIDE_STORES)),
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn,
                                    tile_slot, Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb,
                                    stride_lh, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
                                    heads_per_section, total_tiles, qk_scale_log2, 2, HEAD_DIM, BLOCK_N,
-                                   NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS)),
+                                   NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS, WIDE_STORES)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready,
                                k_free, v_free, tile_slot, TileCounter, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k,
                                nheads, group_size, row_tiles, batch_heads, heads_per_section, total_tiles,
