@@ -36,9 +36,9 @@ def test_shortest_causal_hdim128_forward_takes_32_key_blocks():
     shortest = lookup("hopper", "forward", 128, True, torch.bfloat16, seqlen=SHORTEST_SEQLEN)
     short = lookup("hopper", "forward", 128, True, torch.bfloat16, seqlen=SHORTEST_SEQLEN + 1)
     assert shortest == TileConfig(64, 32, 4, 3, max_registers=168) and short == TileConfig(64, 64, 4, 3)
-    # the Gluon table defers to the Triton short entries there, so a call that fits Gluon gets the same tile
+    # for a call that fits it, the Gluon kernel's persistent grid (version 22)
     assert lookup("hopper", "forward", 128, True, torch.bfloat16, seqlen=SHORTEST_SEQLEN,
-                  warp_specialized=True) == shortest
+                  warp_specialized=True) == configs._HOPPER_FORWARD_WS_SHORT[(128, True)]
     # other head dims keep their short entries
     assert lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=SHORTEST_SEQLEN) == TileConfig(64, 64, 4, 3)
 
@@ -111,10 +111,13 @@ def test_gluon_forward_entries_only_where_the_call_fits():
         assert lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=seqlen, warp_specialized=True) == \
             lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=seqlen)
     assert not lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=2048).warp_specialized
-    assert lookup("hopper", "forward", 64, False, torch.bfloat16, seqlen=SHORT_SEQLEN, warp_specialized=True) == \
-        configs._HOPPER_FORWARD[(64, False)]
-    assert lookup("hopper", "forward", 128, True, torch.bfloat16, seqlen=SHORT_SEQLEN, warp_specialized=True) == \
-        configs._HOPPER_FORWARD_SHORT[(128, True)]
-    short = lookup("hopper", "forward", 128, False, torch.bfloat16, seqlen=SHORT_SEQLEN, warp_specialized=True)
-    assert short.warp_specialized and short.persistent
+    # up to 1k tokens every other Gluon entry is a persistent grid
+    for head_dim, causal in ((64, False), (128, False), (128, True), (256, False), (256, True)):
+        short = lookup("hopper", "forward", head_dim, causal, torch.bfloat16, seqlen=SHORT_SEQLEN,
+                       warp_specialized=True)
+        assert short.warp_specialized and short.persistent, (head_dim, causal)
+    # causal hdim 128: persistent (tiles from a counter) up to 8k, one program a tile from there
+    for seqlen, persistent in ((2048, True), (LONG_SEQLEN - 1, True), (LONG_SEQLEN, False), (16384, False)):
+        config = lookup("hopper", "forward", 128, True, torch.bfloat16, seqlen=seqlen, warp_specialized=True)
+        assert config.warp_specialized and config.persistent == persistent, seqlen
     assert not lookup("portable", "forward", 128, False, torch.bfloat16, warp_specialized=True).warp_specialized

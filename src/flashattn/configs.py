@@ -211,21 +211,33 @@ _LONG_TABLES = {("hopper", "forward"): _HOPPER_FORWARD_LONG}
 # - after session 20's kernel changes (short tile first, P rounded in pairs: +2-5% at hdim 64) the Triton tiles
 #   still win below 4k causal (2k: 345-349 against 332-335; 1k: 288-292 against 232-233) and at 1k non-causal
 #   (385 against 359-362; 389-393 persistent) (H200, docs/perf-notes.md version 21).
+# - version 22 (persistent grids take causal tiles from a counter; O stored 16 bytes a thread where shared memory
+#   leaves room): causal hdim 128 on a persistent 2-stage grid, 466.9 / 476.2 against 428.6 / 429.8 at 2k and
+#   534.9 / 530.3 against 519.8 / 521.5 at 4k; from 8k one program a tile (persistent 3 stages: 571 against 569-575
+#   at 8k, 595-597 against 607-614 at 16k) (H200, benchmarks/sweeps/forward-wide-stores.txt, two passes).
 _HOPPER_FORWARD_WS = {
     (64, False): TileConfig(128, 128, 8, 3, warp_specialized=True, three_consumers=True),
     (64, True): TileConfig(128, 128, 8, 3, warp_specialized=True, three_consumers=True),
     (128, False): TileConfig(128, 128, 8, 2, warp_specialized=True),
-    (128, True): TileConfig(128, 128, 8, 3, warp_specialized=True),
+    (128, True): TileConfig(128, 128, 8, 2, warp_specialized=True, persistent=True),
     (256, False): TileConfig(128, 64, 8, 2, warp_specialized=True),
     (256, True): TileConfig(128, 64, 8, 2, warp_specialized=True),
 }
-# Short sequences: hdim 128 non-causal on a persistent grid, 404.9 / 326.7 at 1k / 512 against the Triton
-# entry's 391.2 / 306.7 (one program a tile: 389.4 / 318.9). Causal hdim 128 keeps the Triton 64x64 tile (308.2
-# against 298.5 at 1k).
+_HOPPER_FORWARD_WS_LONG = {
+    (128, True): TileConfig(128, 128, 8, 3, warp_specialized=True),
+}
+# Short sequences (version 22, same sweeps; TFLOP/s at 512 / 1k against the entries before it): every head dim on a
+# persistent grid. Causal hdim 128 on 64-key blocks, 263.3 / 373.2 against the Triton tiles' 233.5 / 306.2 (its
+# 128-key tile: 237.2 / 363.2; two stages 256.7 / 370.4); hdim 128 non-causal on two stages (16-byte stores),
+# 419.7 / 517.4 against 404.8 / 499.3 for three; hdim 64 non-causal on three consumers, 322.1 / 387.9 against the
+# Triton tile's 323.8 / 383.7; hdim 256, 409.9 against 394.9 at 512, causal 265.4 / 381.5 against 257.6 / 376.3.
+# Causal hdim 64 keeps the Triton tile (below 4k, _WS_FROM_SEQLEN): 229.7 against 283.0 at 1k.
 _HOPPER_FORWARD_WS_SHORT = {
-    (64, False): None,
-    (128, False): TileConfig(128, 128, 8, 3, warp_specialized=True, persistent=True),
-    (128, True): None,
+    (64, False): TileConfig(128, 128, 8, 3, warp_specialized=True, three_consumers=True, persistent=True),
+    (128, False): TileConfig(128, 128, 8, 2, warp_specialized=True, persistent=True),
+    (128, True): TileConfig(128, 64, 8, 3, warp_specialized=True, persistent=True),
+    (256, False): TileConfig(128, 64, 8, 2, warp_specialized=True, persistent=True),
+    (256, True): TileConfig(128, 64, 8, 2, warp_specialized=True, persistent=True),
 }
 # The warp-specialized Gluon dK/dV kernel (kernels/backward_hopper.py; ops._warp_specialized_dq_fits, dense batches:
 # the forward's conditions): 64 keys a program, 64-row query blocks on 2 stages (the only tile: Q and dO
@@ -287,10 +299,11 @@ _HOPPER_DQ_WS_SHORT = {
 # 16k; at 2k it lost, 321.9 / 322.4 against 346.5 / 348.6. Persistent or 4 stages: no better (355-459, 390-456).
 _WS_FROM_SEQLEN = {("hopper", "forward"): {(64, True): 4096},
                    ("hopper", "dkdv"): {(64, False): 2048, (128, False): 2048}}
-# (family, phase) -> the Gluon kernel's table and its short-sequence entries (a None entry: the Triton table's)
-_WS_TABLES = {("hopper", "forward"): (_HOPPER_FORWARD_WS, _HOPPER_FORWARD_WS_SHORT),
-              ("hopper", "dkdv"): (_HOPPER_DKDV_WS, {}),
-              ("hopper", "dq"): (_HOPPER_DQ_WS, _HOPPER_DQ_WS_SHORT)}
+# (family, phase) -> the Gluon kernel's table, its short- and long-sequence entries (a None entry: the Triton
+# table's)
+_WS_TABLES = {("hopper", "forward"): (_HOPPER_FORWARD_WS, _HOPPER_FORWARD_WS_SHORT, _HOPPER_FORWARD_WS_LONG),
+              ("hopper", "dkdv"): (_HOPPER_DKDV_WS, {}, {}),
+              ("hopper", "dq"): (_HOPPER_DQ_WS, _HOPPER_DQ_WS_SHORT, {})}
 _HOPPER_DQ_SHORT = {
     (256, False): TileConfig(128, 64, 8, 1),
 }
@@ -371,25 +384,32 @@ def lookup(family: str, phase: str, head_dim: int, masked: bool, dtype: torch.dt
     bucket = min(b for b in (64, 128, 256) if b >= width)
     if warp_specialized and (family, phase) in _WS_TABLES:
         key = (bucket, masked)
-        table, short = _WS_TABLES[(family, phase)]
-        if 0 < seqlen <= SHORT_SEQLEN and key in short:
-            config = short[key]  # None: the Triton table's short entry
+        table, short, long = _WS_TABLES[(family, phase)]
+        by_length = _for_length(seqlen, short, {}, long)
+        if key in by_length:
+            config = by_length[key]  # None: the Triton table's entry
         elif 0 < seqlen < _WS_FROM_SEQLEN.get((family, phase), {}).get(key, 0):
             config = None
         else:
             config = table.get(key)
         if config is not None:
             return config
-    if seqlen >= LONG_SEQLEN:
-        by_length = _LONG_TABLES.get((family, phase), {})
-    elif 0 < seqlen <= SHORT_SEQLEN:
-        by_length = _SHORT_TABLES.get((family, phase), {})
-        if seqlen <= SHORTEST_SEQLEN:
-            by_length = by_length | _SHORTEST_TABLES.get((family, phase), {})
-    else:
-        by_length = {}
+    by_length = _for_length(seqlen, _SHORT_TABLES.get((family, phase), {}),
+                            _SHORTEST_TABLES.get((family, phase), {}), _LONG_TABLES.get((family, phase), {}))
     config = by_length.get((bucket, masked)) or _TABLES[(family, phase)][(bucket, masked)]
     return fitted(config, dtype, attn_mask)
+
+
+def _for_length(seqlen: int, short: dict, shortest: dict, long: dict) -> dict:
+    """The length-specific entries that apply at ``seqlen`` (0, unknown: none): ``short`` up to SHORT_SEQLEN, with
+    ``shortest`` over it up to SHORTEST_SEQLEN, ``long`` from LONG_SEQLEN."""
+    if seqlen >= LONG_SEQLEN:
+        return long
+    if 0 < seqlen <= SHORTEST_SEQLEN:
+        return short | shortest
+    if 0 < seqlen <= SHORT_SEQLEN:
+        return short
+    return {}
 
 
 def fitted(config: TileConfig, dtype: torch.dtype, attn_mask: bool = False) -> TileConfig:
