@@ -111,11 +111,13 @@ def test_gluon_forward_entries_only_where_the_call_fits():
         assert lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=seqlen, warp_specialized=True) == \
             lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=seqlen)
     assert not lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=2048).warp_specialized
-    # up to 1k tokens every other Gluon entry is a persistent grid
+    # up to 1k tokens every other Gluon entry is a persistent grid, but hdim 64 non-causal at 512 takes the Triton tile
     for head_dim, causal in ((64, False), (128, False), (128, True), (256, False), (256, True)):
         short = lookup("hopper", "forward", head_dim, causal, torch.bfloat16, seqlen=SHORT_SEQLEN,
                        warp_specialized=True)
         assert short.warp_specialized and short.persistent, (head_dim, causal)
+    assert lookup("hopper", "forward", 64, False, torch.bfloat16, seqlen=SHORTEST_SEQLEN, warp_specialized=True) == \
+        lookup("hopper", "forward", 64, False, torch.bfloat16, seqlen=SHORTEST_SEQLEN)
     # causal hdim 128: persistent (tiles from a counter) up to 8k, one program a tile from there
     for seqlen, persistent in ((2048, True), (LONG_SEQLEN - 1, True), (LONG_SEQLEN, False), (16384, False)):
         config = lookup("hopper", "forward", 128, True, torch.bfloat16, seqlen=seqlen, warp_specialized=True)

@@ -231,7 +231,12 @@ _HOPPER_FORWARD_WS_LONG = {
 # 128-key tile: 237.2 / 363.2; two stages 256.7 / 370.4); hdim 128 non-causal on two stages (16-byte stores),
 # 419.7 / 517.4 against 404.8 / 499.3 for three; hdim 64 non-causal on three consumers, 322.1 / 387.9 against the
 # Triton tile's 323.8 / 383.7; hdim 256, 409.9 against 394.9 at 512, causal 265.4 / 381.5 against 257.6 / 376.3.
-# Causal hdim 64 keeps the Triton tile (below 4k, _WS_FROM_SEQLEN): 229.7 against 283.0 at 1k.
+# Causal hdim 64 keeps the Triton tile (below 4k, _WS_FROM_SEQLEN): 229.7 against 283.0 at 1k, and so does hdim 64
+# non-causal at 512 (Triton 324.1 / 325.3 against 319.2 / 319.6, two passes of benchmarks/sweeps/
+# forward-short-remaining.txt; 5 of the last tile's 9 consumer rows of 64 hold no query there).
+_HOPPER_FORWARD_WS_SHORTEST = {
+    (64, False): None,
+}
 _HOPPER_FORWARD_WS_SHORT = {
     (64, False): TileConfig(128, 128, 8, 3, warp_specialized=True, three_consumers=True, persistent=True),
     (128, False): TileConfig(128, 128, 8, 2, warp_specialized=True, persistent=True),
@@ -299,11 +304,12 @@ _HOPPER_DQ_WS_SHORT = {
 # 16k; at 2k it lost, 321.9 / 322.4 against 346.5 / 348.6. Persistent or 4 stages: no better (355-459, 390-456).
 _WS_FROM_SEQLEN = {("hopper", "forward"): {(64, True): 4096},
                    ("hopper", "dkdv"): {(64, False): 2048, (128, False): 2048}}
-# (family, phase) -> the Gluon kernel's table, its short- and long-sequence entries (a None entry: the Triton
-# table's)
-_WS_TABLES = {("hopper", "forward"): (_HOPPER_FORWARD_WS, _HOPPER_FORWARD_WS_SHORT, _HOPPER_FORWARD_WS_LONG),
-              ("hopper", "dkdv"): (_HOPPER_DKDV_WS, {}, {}),
-              ("hopper", "dq"): (_HOPPER_DQ_WS, _HOPPER_DQ_WS_SHORT, {})}
+# (family, phase) -> the Gluon kernel's table, its short-, shortest- and long-sequence entries (a None entry: the
+# Triton table's)
+_WS_TABLES = {("hopper", "forward"): (_HOPPER_FORWARD_WS, _HOPPER_FORWARD_WS_SHORT, _HOPPER_FORWARD_WS_SHORTEST,
+                                      _HOPPER_FORWARD_WS_LONG),
+              ("hopper", "dkdv"): (_HOPPER_DKDV_WS, {}, {}, {}),
+              ("hopper", "dq"): (_HOPPER_DQ_WS, _HOPPER_DQ_WS_SHORT, {}, {})}
 _HOPPER_DQ_SHORT = {
     (256, False): TileConfig(128, 64, 8, 1),
 }
@@ -384,8 +390,8 @@ def lookup(family: str, phase: str, head_dim: int, masked: bool, dtype: torch.dt
     bucket = min(b for b in (64, 128, 256) if b >= width)
     if warp_specialized and (family, phase) in _WS_TABLES:
         key = (bucket, masked)
-        table, short, long = _WS_TABLES[(family, phase)]
-        by_length = _for_length(seqlen, short, {}, long)
+        table, short, shortest, long = _WS_TABLES[(family, phase)]
+        by_length = _for_length(seqlen, short, shortest, long)
         if key in by_length:
             config = by_length[key]  # None: the Triton table's entry
         elif 0 < seqlen < _WS_FROM_SEQLEN.get((family, phase), {}).get(key, 0):
