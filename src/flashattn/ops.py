@@ -386,17 +386,18 @@ def warp_specialized_constexprs(config: configs.TileConfig, head_dim: int, causa
                 CONSUMER_REGISTERS=WS_CONSUMER_REGISTERS[consumers], LOADER_REGISTERS=WS_LOADER_REGISTERS,
                 # a persistent grid hands out causal and varlen tiles (unequal work) as programs free up
                 DYNAMIC_TILES=config.persistent and (causal or is_varlen),
-                WIDE_STORES=_room_for_wide_stores(config, head_dim))
+                WIDE_STORES=_room_for_wide_stores(config, head_dim, 1))
 
 
-def _room_for_wide_stores(config: configs.TileConfig, head_dim: int) -> bool:
-    """Whether the Gluon forward's shared memory leaves room to stage its output for 16-byte stores: at most a
-    64-row tile of each consumer, beside Q and the K/V ring. The 3-stage 128-key tile at hdim 128 (224 KB) and the
-    hdim-256 tile (192 KB) do not; they store from the wgmma layout."""
+def _room_for_wide_stores(config: configs.TileConfig, head_dim: int, row_tiles_held: int) -> bool:
+    """Whether a Gluon forward or dQ program's shared memory leaves room to stage its result for 16-byte stores (at
+    most a 64-row tile of each consumer) beside the K/V ring and the consumers' ``row_tiles_held`` 64-row tiles (the
+    forward's Q; the dQ's Q and dO). The forward's 3-stage 128-key tile at hdim 128 (224 KB) and its hdim-256 tile
+    (192 KB) leave none; they store from the wgmma layout."""
     consumers = _consumer_warpgroups(config)
     tile_bytes = 64 * head_dim * 2  # 16-bit
     ring_bytes = config.num_stages * 2 * config.block_n * head_dim * 2
-    return 2 * consumers * tile_bytes + ring_bytes <= WS_SHARED_BYTES
+    return (row_tiles_held + 1) * consumers * tile_bytes + ring_bytes <= WS_SHARED_BYTES
 
 
 def _consumer_warpgroups(config: configs.TileConfig) -> int:
@@ -454,7 +455,7 @@ def warp_specialized_dq_constexprs(config: configs.TileConfig, head_dim: int, ca
     consumers = _consumer_warpgroups(config)
     return dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, NUM_STAGES=config.num_stages, CAUSAL=causal,
                 IS_VARLEN=is_varlen, NUM_CONSUMERS=consumers, CONSUMER_REGISTERS=WS_CONSUMER_REGISTERS[consumers],
-                LOADER_REGISTERS=WS_LOADER_REGISTERS)
+                LOADER_REGISTERS=WS_LOADER_REGISTERS, WIDE_STORES=_room_for_wide_stores(config, head_dim, 2))
 
 
 def warp_specialized_dkdv_kernel(config: configs.TileConfig):
