@@ -287,13 +287,13 @@ _HOPPER_DQ_WS = {
     (256, False): TileConfig(128, 32, 8, 3, warp_specialized=True),
     (256, True): TileConfig(128, 32, 8, 3, warp_specialized=True),
 }
-# Short sequences (whole backward, H100, TFLOP/s): the Triton entries where they won, hdim 128 at 512 (254.2 against
-# 185.1; causal level at 129.2) and causal 1k (254.6 against 232.3), hdim 256 causal 1k (220.8 against 194.2). hdim
-# 128 at 1k lost 341.5 to 325.8 that way; hdim 256 non-causal keeps the Gluon dQ (240.1 against 225.9 at 512, 308.3
-# against 286.8 at 1k).
+# Short sequences (whole backward, H100, TFLOP/s): the Triton entries where they won, hdim 256 causal 1k (220.8
+# against 194.2); hdim 256 non-causal keeps the Gluon dQ (240.1 against 225.9 at 512, 308.3 against 286.8 at 1k).
+# hdim 128 kept the Triton dQ up to 1k until version 22's 16-byte dQ stores: since then the Gluon dQ wins there too
+# (H200, two passes of benchmarks/sweeps/dq-gluon-short-wide.txt, against the Triton dQ: 294.5 / 294.3 against
+# 271.1 / 271.7 at 512, 363.5 / 353.7 against 341.9 / 341.2 at 1k; causal 209.1 / 209.2 against 188.9 / 189.6 at
+# 512, 278.6 / 283.1 against 260.4 / 260.3 at 1k).
 _HOPPER_DQ_WS_SHORT = {
-    (128, False): None,
-    (128, True): None,
     (256, True): None,
 }
 # Entries of the Gluon tables that serve only calls from a length on (the shorter of the two, as for the other
