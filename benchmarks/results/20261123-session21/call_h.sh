@@ -5,7 +5,7 @@
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=src:tests:benchmarks
 mkdir -p "$OUT"
-HERE=benchmarks/results/20261124-session21
+HERE=benchmarks/results/20261123-session21
 source benchmarks/gpu_tests.sh
 run_tests dq 150 tests/test_dq_hopper.py
 grep -hE "^(FAILED|ERROR)" "$OUT"/tests-*.log | head -20
