@@ -1,7 +1,12 @@
-"""Kernel-only A/B of the Gluon forward: kernel files (argv: NAME=PATH) against the tree's ("new", first), swapped in
-under the launcher (plans cleared at each swap), interleaved REPEAT times in ABBA order, each case on its forced tile
+"""Kernel-only A/B of the Gluon forward (GPU machine): kernel files (argv: NAME=PATH, each a copy of
+kernels/forward_hopper.py with a change) against the tree's ("new", first), swapped in under the launcher (plans
+cleared at each swap), interleaved REPEAT times in ABBA order so that drift cancels, each case on its forced tile
 (`flashattn blocks` notation), on the bench grid's shapes (16k tokens, heads x hdim = 2048, bf16). Prints TFLOP/s per
-variant and the outputs' largest difference from "new"."""
+variant and the outputs' largest difference from "new". A variant must take the launcher's arguments.
+
+    CASES="128 1 1024 128x64x8x3+ws+persistent;64 0 4096 128x128x8x3+ws+consumers3" REPEAT=4 \
+        PYTHONPATH=src python3 benchmarks/fwd_ab.py wide=path/to/variant.py
+"""
 import importlib.util
 import os
 import sys
