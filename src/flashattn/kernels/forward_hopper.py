@@ -445,9 +445,10 @@ def attention_forward_hopper_kernel(
     WIDE_STORES: gl.constexpr,
 ):
     """Tiles of NUM_CONSUMERS x 64 query rows (2 or 3 consumer warpgroups), ``row_tiles`` per (sequence, head)
-    and ``batch_heads`` of those; program p computes tiles p, p + grid, ... (one each when the grid covers them
-    all; persistent when it is smaller). Dense: q_desc spans (batch * seqlen_q, nheads * HEAD_DIM), k/v_desc
-    (batch * seqlen_k, nheads_k * HEAD_DIM); varlen: the packed tokens, sequence b's rows from CuSeqlens[b].
+    and ``batch_heads`` of those; program p computes tile p first, then (persistent, when the grid is smaller than
+    the tiles) the ones its loader takes (``_next_tile``). Dense: q_desc spans (batch * seqlen_q, nheads *
+    HEAD_DIM), k/v_desc (batch * seqlen_k, nheads_k * HEAD_DIM); varlen: the packed tokens, sequence b's rows from
+    CuSeqlens[b].
     Lse: (batch, nheads, seqlen_q) dense, (nheads, total_q) varlen. TileCounter: one int32, zero at launch, with
     ``DYNAMIC_TILES`` (``_next_tile``). ``WIDE_STORES``: O stored 16 bytes a thread (``store_rows``), for tiles whose
     shared memory leaves room to convert it."""
