@@ -8,7 +8,6 @@ mkdir -p "$OUT"
 HERE=benchmarks/results/20261123-session20
 source benchmarks/gpu_tests.sh
 PYTHONPATH=src:tests:benchmarks run_tests fwd 200 tests/test_forward_hopper.py tests/test_dq_hopper.py tests/test_api.py
-grep -hE "^(FAILED|ERROR)" "$OUT"/tests-*.log | head -20
 bench() {  # bench NAME SRC PROVIDERS...
   local name=$1 src=$2; shift 2
   PYTHONPATH=$src timeout 120 python3 -m flashattn bench --providers "$@" --head-dims 64 --modes fwd \

@@ -6,5 +6,4 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=src:tests:benchmarks
 mkdir -p "$OUT"
 source benchmarks/gpu_tests.sh
 run_tests fwd 200 tests/test_forward_hopper.py tests/test_launch_plans.py
-grep -hE "^(FAILED|ERROR)" "$OUT"/tests-*.log | head -20
 SWEEPS=benchmarks/sweeps/forward-dynamic-tiles.txt REPEAT=2 LIMIT=100 bash benchmarks/gpu_sweeps.sh 2>&1 | tail -80

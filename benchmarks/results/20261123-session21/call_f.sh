@@ -10,4 +10,3 @@ echo "bench exit $?"
 export PYTHONPATH=src:tests
 source benchmarks/gpu_tests.sh
 run_tests fwd 220 tests/test_forward_hopper.py tests/test_api.py tests/test_configs.py
-grep -hE "^(FAILED|ERROR)" "$OUT"/tests-*.log | head -20

@@ -8,6 +8,5 @@ mkdir -p "$OUT"
 HERE=benchmarks/results/20261123-session21
 source benchmarks/gpu_tests.sh
 run_tests dq 150 tests/test_dq_hopper.py
-grep -hE "^(FAILED|ERROR)" "$OUT"/tests-*.log | head -20
 CASES="128 0 2048;128 0 4096;128 0 16384;128 1 4096;128 0 1024 128x64x8x3+ws;128 0 512 128x64x8x3+ws;128 1 1024 128x64x8x3+ws;128 0 1024" \
   REPEAT=4 timeout 250 python3 $HERE/ab_wide.py 2>&1 | tee "$OUT/ab_wide.log"

@@ -10,4 +10,3 @@ echo "bench exit $?"
 export PYTHONPATH=src:tests
 source benchmarks/gpu_tests.sh
 run_tests table 120 tests/test_dq_hopper.py tests/test_configs.py tests/test_launch_plans.py
-grep -hE "^(FAILED|ERROR)" "$OUT"/tests-*.log | head -20
