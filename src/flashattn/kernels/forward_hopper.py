@@ -319,12 +319,14 @@ def _pass_turn(turn, WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ring, m_i, l_i, acc, rows, lo, hi,
-                seqlen_q, seqlen_k, qk_scale_log2,
+def _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, turn, t, ring, m_i, l_i, acc, rows,
+                lo, hi, release_q, seqlen_q, seqlen_k, qk_scale_log2,
                 BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                 MASKED: gl.constexpr, WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr):
     """Key blocks [lo, hi) of one consumer's 64 rows. ``ring``: the blocks of earlier tiles (the ring's
-    position), ``t``: the consumer's product issues so far (ping-pong turns)."""
+    position), ``t``: the consumer's product issues so far (ping-pong turns). ``release_q``: these are the tile's
+    last blocks for this consumer, so it releases Q once their last Q K^T has completed, before the last P V: the
+    loader's copy of the next tile's Q overlaps that product and the epilogue."""
     s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
     o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     p_layout: gl.constexpr = register_operand_layout(HEAD_DIM)
@@ -366,6 +368,8 @@ def _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ri
             mbarrier.arrive(v_free.index(prev_stage), count=1)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             p_op = gl.convert_layout(to_16_bits(p, q.dtype), p_layout)
+        if release_q:
+            mbarrier.arrive(q_free, count=1)
         # -- epilogue: the last block's P V --
         mbarrier.wait(v_ready.index(stage), phase)
         _take_turn(turn, t, WARP_GROUP, PINGPONG)
@@ -374,6 +378,8 @@ def _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ri
         t += 1
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(v_free.index(stage), count=1)
+    elif release_q:
+        mbarrier.arrive(q_free, count=1)  # no block at all: Q was never read
     return m_i, l_i, acc, t
 
 
@@ -404,13 +410,16 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
         acc = gl.zeros([ROWS_PER_WARPGROUP, HEAD_DIM], gl.float32, o_layout)
         own_full, own_blocks = _consumer_key_blocks(first_row, tile_seqlen_q, tile_seqlen_k, n_full, n_blocks,
                                                     BLOCK_N, CAUSAL, PINGPONG)
-        # -- blocks every row of this consumer sees whole, then the masked ones (diagonal, sequence end) --
-        m_i, l_i, acc, t = _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ring, m_i, l_i,
-                                       acc, rows, 0, own_full, tile_seqlen_q, tile_seqlen_k, qk_scale_log2, BLOCK_N,
-                                       HEAD_DIM, NUM_STAGES, CAUSAL, False, WARP_GROUP, PINGPONG)
-        m_i, l_i, acc, t = _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ring, m_i, l_i,
-                                       acc, rows, own_full, own_blocks, tile_seqlen_q, tile_seqlen_k, qk_scale_log2,
-                                       BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, True, WARP_GROUP, PINGPONG)
+        # -- blocks every row of this consumer sees whole, then the masked ones (diagonal, sequence end); the
+        # call holding its last block releases Q (exactly one: the first when the second has none) --
+        m_i, l_i, acc, t = _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, turn, t, ring,
+                                       m_i, l_i, acc, rows, 0, own_full, own_blocks == own_full, tile_seqlen_q,
+                                       tile_seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, False,
+                                       WARP_GROUP, PINGPONG)
+        m_i, l_i, acc, t = _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, turn, t, ring,
+                                       m_i, l_i, acc, rows, own_full, own_blocks, own_blocks > own_full, tile_seqlen_q,
+                                       tile_seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, True,
+                                       WARP_GROUP, PINGPONG)
         # -- the tile's blocks past this consumer's last row: released as they arrive, never read --
         for j in range(own_blocks, n_blocks):
             stage = (ring + j) % NUM_STAGES
@@ -419,7 +428,6 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
             mbarrier.arrive(k_free.index(stage), count=1)
             mbarrier.wait(v_ready.index(stage), phase)
             mbarrier.arrive(v_free.index(stage), count=1)
-        mbarrier.arrive(q_free, count=1)  # every product that reads Q has completed: the loader may refill it
         ring += n_blocks
 
         # -- epilogue: normalize; a row that saw no key gives 0 and lse = +inf, as the Triton kernel --
