@@ -73,16 +73,30 @@ def test_persistent_grid_hands_out_unequal_tiles_by_a_counter():
     assert not ops.warp_specialized_constexprs(WS_TILES["n128-s2"], 128, causal=True, is_varlen=True)["DYNAMIC_TILES"]
 
 
+def test_persistent_grid_holds_a_second_q_tile_where_shared_memory_has_room():
+    def constexprs(tile, head_dim):
+        return ops.warp_specialized_constexprs(tile, head_dim, causal=True, is_varlen=False)
+
+    # hdim 128, two stages of 128 keys: two Q tiles (64 KB), the ring (128 KB) and the 16-byte store's staging (32 KB)
+    assert constexprs(WS_TILES["n128-s2-persistent"], 128)["Q_BUFFERS"] == 2
+    assert constexprs(WS_TILES["n128-s2-persistent"], 128)["WIDE_STORES"]
+    assert constexprs(WS_TILES["n128-s3-consumers3-persistent"], 64)["Q_BUFFERS"] == 2
+    assert constexprs(WS_TILES["n128-s2"], 128)["Q_BUFFERS"] == 1  # one tile a program: nothing to copy ahead
+    hdim_256 = configs.TileConfig(128, 64, 8, 2, warp_specialized=True, persistent=True)
+    assert constexprs(hdim_256, 256)["Q_BUFFERS"] == 1  # 64 KB of Q beside a 128 KB ring
+
+
 @pytest.mark.gpu
 @hopper
 @pytest.mark.parametrize("tile", ["n128-s2-persistent", "n128-s3-consumers3-persistent"])
 def test_persistent_forward_repeats_and_leaves_no_tile_out(tile, monkeypatch):
     # causal: the tiles come from a counter, a fresh one each call. Which program computes a tile does not change its
     # arithmetic, so back-to-back calls and a grid of one program a tile give the same bits; a tile taken twice
-    # would give them too, but a tile left out would leave its rows unwritten
+    # would give them too, but a tile left out would leave its rows unwritten. 16 heads: 3-6 tiles a program, so
+    # that each of the two Q buffers is refilled more than once
     persistent = WS_TILES[tile]
     head_dim = 64 if persistent.three_consumers else 128
-    q, k, v = (torch.randn(3, 1500, 8, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    q, k, v = (torch.randn(3, 1500, 16, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     with forced_ws(persistent, monkeypatch):
         first = flash_attn_func(q, k, v, causal=True)
         second = flash_attn_func(q, k, v, causal=True)

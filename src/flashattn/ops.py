@@ -381,23 +381,37 @@ def _heads_per_section(batch_heads: int, group_size: int, kv_head_bytes: int) ->
 def warp_specialized_constexprs(config: configs.TileConfig, head_dim: int, causal: bool, is_varlen: bool) -> dict:
     """The Gluon forward's compile-time arguments for ``config`` (also what benchmarks/sass_report.py compiles)."""
     consumers = _consumer_warpgroups(config)
+    q_buffers = _forward_q_buffers(config, head_dim)
     return dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, NUM_STAGES=config.num_stages, CAUSAL=causal,
                 IS_VARLEN=is_varlen, PINGPONG=config.pingpong, NUM_CONSUMERS=consumers,
                 CONSUMER_REGISTERS=WS_CONSUMER_REGISTERS[consumers], LOADER_REGISTERS=WS_LOADER_REGISTERS,
                 # a persistent grid hands out causal and varlen tiles (unequal work) as programs free up
                 DYNAMIC_TILES=config.persistent and (causal or is_varlen),
-                WIDE_STORES=_room_for_wide_stores(config, head_dim, 1))
+                WIDE_STORES=_room_for_wide_stores(config, head_dim, q_buffers),
+                Q_BUFFERS=q_buffers)
+
+
+def _forward_q_buffers(config: configs.TileConfig, head_dim: int) -> int:
+    """The Gluon forward's Q tiles a program holds: two on a persistent grid where shared memory has room for them
+    beside the K/V ring (the next tile's Q is copied while this one is computed: +5-15% at 512-1k tokens, H200,
+    docs/perf-notes.md version 23), else one. hdim 256 has no room for a second."""
+    return 2 if config.persistent and _fits_shared_memory(config, head_dim, 2) else 1
 
 
 def _room_for_wide_stores(config: configs.TileConfig, head_dim: int, row_tiles_held: int) -> bool:
     """Whether a Gluon forward or dQ program's shared memory leaves room to stage its result for 16-byte stores (at
     most a 64-row tile of each consumer) beside the K/V ring and the consumers' ``row_tiles_held`` 64-row tiles (the
-    forward's Q; the dQ's Q and dO). The forward's 3-stage 128-key tile at hdim 128 (224 KB) and its hdim-256 tile
-    (192 KB) leave none; they store from the wgmma layout."""
-    consumers = _consumer_warpgroups(config)
-    tile_bytes = 64 * head_dim * 2  # 16-bit
+    forward's Q buffers; the dQ's Q and dO). The forward's 3-stage 128-key tile at hdim 128 (224 KB) and its hdim-256
+    tile (192 KB) leave none; they store from the wgmma layout."""
+    return _fits_shared_memory(config, head_dim, row_tiles_held + 1)
+
+
+def _fits_shared_memory(config: configs.TileConfig, head_dim: int, row_tiles: int) -> bool:
+    """Whether ``row_tiles`` 64-row, 16-bit tiles of each consumer fit in a program's shared memory beside the K/V
+    ring."""
+    tile_bytes = 64 * head_dim * 2
     ring_bytes = config.num_stages * 2 * config.block_n * head_dim * 2
-    return (row_tiles_held + 1) * consumers * tile_bytes + ring_bytes <= WS_SHARED_BYTES
+    return row_tiles * _consumer_warpgroups(config) * tile_bytes + ring_bytes <= WS_SHARED_BYTES
 
 
 def _consumer_warpgroups(config: configs.TileConfig) -> int:

@@ -213,7 +213,7 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_f
                     v_free, tile_slot, TileCounter, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, nheads, group_size,
                     row_tiles, batch_heads, heads_per_section, total_tiles, HEAD_DIM: gl.constexpr,
                     BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr,
-                    NUM_CONSUMERS: gl.constexpr, DYNAMIC_TILES: gl.constexpr):
+                    NUM_CONSUMERS: gl.constexpr, DYNAMIC_TILES: gl.constexpr, Q_BUFFERS: gl.constexpr):
     ring = 0  # key blocks loaded so far: the ring's position
     rounds = 0  # tiles handed to the consumers so far
     tile_id = gl.program_id(0)
@@ -223,13 +223,14 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_f
         head, head_k, q_start, k_start, _, _, _, tile_row, _, n_blocks = _tile_plan(
             tile_id, row_tiles, batch_heads, heads_per_section, nheads, group_size, CuSeqlensQ, CuSeqlensK, seqlen_q,
             seqlen_k, 0, 0, BLOCK_N, CAUSAL, IS_VARLEN, NUM_CONSUMERS)
-        # a fresh barrier passes a wait on the phase before its first: the first tile does not wait
-        mbarrier.wait(q_free, (rounds & 1) ^ 1)
-        _publish_tile(tile_slot, tile_id)
-        mbarrier.expect(q_ready, NUM_CONSUMERS * q_desc.block_type.nbytes)
+        # a fresh barrier passes a wait on the phase before its first: the first tiles do not wait
+        slot = rounds % Q_BUFFERS
+        mbarrier.wait(q_free.index(slot), ((rounds // Q_BUFFERS) & 1) ^ 1)
+        _publish_tile(tile_slot.index(slot), tile_id)
+        mbarrier.expect(q_ready.index(slot), NUM_CONSUMERS * q_desc.block_type.nbytes)
         for c in gl.static_range(NUM_CONSUMERS):
             tma.async_copy_global_to_shared(q_desc, [q_start + tile_row + c * ROWS_PER_WARPGROUP, head * HEAD_DIM],
-                                            q_ready, q_smem.index(c))
+                                            q_ready.index(slot), q_smem.index(slot * NUM_CONSUMERS + c))
         for j in range(n_blocks):
             load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, ring + j,
                            k_start + j * BLOCK_N, head_k * HEAD_DIM, NUM_STAGES)
@@ -237,9 +238,10 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_f
         rounds += 1
         tile_id = next_tile
     # no tile left: the consumers read a number past the last one and stop
-    mbarrier.wait(q_free, (rounds & 1) ^ 1)
-    _publish_tile(tile_slot, tile_id)
-    mbarrier.arrive(q_ready, count=1)
+    slot = rounds % Q_BUFFERS
+    mbarrier.wait(q_free.index(slot), ((rounds // Q_BUFFERS) & 1) ^ 1)
+    _publish_tile(tile_slot.index(slot), tile_id)
+    mbarrier.arrive(q_ready.index(slot), count=1)
 
 
 @gluon.jit
@@ -390,19 +392,21 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
                         qk_scale_log2,
                         WARP_GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                         NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr,
-                        PINGPONG: gl.constexpr, NUM_CONSUMERS: gl.constexpr, WIDE_STORES: gl.constexpr):
+                        PINGPONG: gl.constexpr, NUM_CONSUMERS: gl.constexpr, WIDE_STORES: gl.constexpr,
+                        Q_BUFFERS: gl.constexpr):
     s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
     o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
-    q = q_smem.index(WARP_GROUP)
     t = 0
     ring = 0
     rounds = 0  # this program's tiles so far
-    mbarrier.wait(q_ready, 0)
-    tile_id = read_tile(tile_slot)
+    mbarrier.wait(q_ready.index(0), 0)
+    tile_id = read_tile(tile_slot.index(0))
     while tile_id < total_tiles:
         head, _, q_start, _, tile_seqlen_q, tile_seqlen_k, lse_row, tile_row, n_full, n_blocks = _tile_plan(
             tile_id, row_tiles, batch_heads, heads_per_section, nheads, group_size, CuSeqlensQ, CuSeqlensK, seqlen_q,
             seqlen_k, stride_lb, stride_lh, BLOCK_N, CAUSAL, IS_VARLEN, NUM_CONSUMERS)
+        slot = rounds % Q_BUFFERS
+        q = q_smem.index(slot * NUM_CONSUMERS + WARP_GROUP)
         first_row = tile_row + WARP_GROUP * ROWS_PER_WARPGROUP  # within the sequence
         rows = first_row + gl.arange(0, ROWS_PER_WARPGROUP, layout=gl.SliceLayout(1, s_layout))
         m_i = gl.full([ROWS_PER_WARPGROUP], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
@@ -412,11 +416,12 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
                                                     BLOCK_N, CAUSAL, PINGPONG)
         # -- blocks every row of this consumer sees whole, then the masked ones (diagonal, sequence end); the
         # call holding its last block releases Q (exactly one: the first when the second has none) --
-        m_i, l_i, acc, t = _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, turn, t, ring,
+        q_release = q_free.index(slot)
+        m_i, l_i, acc, t = _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_release, turn, t, ring,
                                        m_i, l_i, acc, rows, 0, own_full, own_blocks == own_full, tile_seqlen_q,
                                        tile_seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, False,
                                        WARP_GROUP, PINGPONG)
-        m_i, l_i, acc, t = _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, turn, t, ring,
+        m_i, l_i, acc, t = _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_release, turn, t, ring,
                                        m_i, l_i, acc, rows, own_full, own_blocks, own_blocks > own_full, tile_seqlen_q,
                                        tile_seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, True,
                                        WARP_GROUP, PINGPONG)
@@ -438,8 +443,8 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
         gl.store(Lse + lse_row + rows, lse, mask=rows_in_sequence(rows, tile_seqlen_q))
         store_rows(Out, acc, q_start, first_row, head * stride_oh, stride_om, tile_seqlen_q, HEAD_DIM, WIDE_STORES)
         rounds += 1
-        mbarrier.wait(q_ready, rounds & 1)
-        tile_id = read_tile(tile_slot)
+        mbarrier.wait(q_ready.index(rounds % Q_BUFFERS), (rounds // Q_BUFFERS) & 1)
+        tile_id = read_tile(tile_slot.index(rounds % Q_BUFFERS))
 
 
 @gluon.jit
@@ -450,7 +455,7 @@ def attention_forward_hopper_kernel(
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
     IS_VARLEN: gl.constexpr, PINGPONG: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
     CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr, DYNAMIC_TILES: gl.constexpr,
-    WIDE_STORES: gl.constexpr,
+    WIDE_STORES: gl.constexpr, Q_BUFFERS: gl.constexpr,
 ):
     """Tiles of NUM_CONSUMERS x 64 query rows (2 or 3 consumer warpgroups), ``row_tiles`` per (sequence, head)
     and ``batch_heads`` of those; program p computes tile p first, then (persistent, when the grid is smaller than
@@ -459,19 +464,23 @@ def attention_forward_hopper_kernel(
     CuSeqlens[b].
     Lse: (batch, nheads, seqlen_q) dense, (nheads, total_q) varlen. TileCounter: one int32, zero at launch, with
     ``DYNAMIC_TILES`` (``_next_tile``). ``WIDE_STORES``: O stored 16 bytes a thread (``store_rows``), for tiles whose
-    shared memory leaves room to convert it."""
+    shared memory leaves room to convert it. ``Q_BUFFERS``: 2 gives a persistent program a second Q tile, so that the
+    loader copies the next tile's Q, and then its first K/V blocks, while the consumers still work on this one; with
+    1 the copy waits for every consumer's last Q K^T."""
     gl.static_assert(NUM_CONSUMERS == 2 or NUM_CONSUMERS == 3, "two or three consumer warpgroups")
     gl.static_assert(NUM_CONSUMERS == 2 or not PINGPONG, "ping-pong turns are between two consumers")
     total_tiles = row_tiles * batch_heads
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONSUMERS, ROWS_PER_WARPGROUP, HEAD_DIM], q_desc.layout)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [Q_BUFFERS * NUM_CONSUMERS, ROWS_PER_WARPGROUP, HEAD_DIM],
+                                       q_desc.layout)
     k_bufs, v_bufs, k_ready, v_ready, k_free, v_free = key_ring(k_desc, v_desc, HEAD_DIM, BLOCK_N, NUM_STAGES,
                                                                 NUM_CONSUMERS)
-    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [Q_BUFFERS, 1], mbarrier.MBarrierLayout())
+    q_free = gl.allocate_shared_memory(gl.int64, [Q_BUFFERS, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    tile_slot = gl.allocate_shared_memory(gl.int32, [1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    mbarrier.init(q_ready, count=1)
-    mbarrier.init(q_free, count=NUM_CONSUMERS)  # every consumer releases Q
+    tile_slot = gl.allocate_shared_memory(gl.int32, [Q_BUFFERS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    for i in gl.static_range(Q_BUFFERS):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(q_free.index(i), count=NUM_CONSUMERS)  # every consumer releases Q
     mbarrier.init(turn.index(0), count=1)
     mbarrier.init(turn.index(1), count=1)
 
@@ -482,16 +491,17 @@ def attention_forward_hopper_kernel(
                                    tile_slot, Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb,
                                    stride_lh, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
                                    heads_per_section, total_tiles, qk_scale_log2, 0, HEAD_DIM, BLOCK_N,
-                                   NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS, WIDE_STORES)),
+                                   NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS, WIDE_STORES, Q_BUFFERS)),
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn,
                                    tile_slot, Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb,
                                    stride_lh, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
                                    heads_per_section, total_tiles, qk_scale_log2, 1, HEAD_DIM, BLOCK_N,
-                                   NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS, WIDE_STORES)),
+                                   NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS, WIDE_STORES, Q_BUFFERS)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready,
                                k_free, v_free, tile_slot, TileCounter, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k,
                                nheads, group_size, row_tiles, batch_heads, heads_per_section, total_tiles,
-                               HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN, NUM_CONSUMERS, DYNAMIC_TILES)),
+                               HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN, NUM_CONSUMERS, DYNAMIC_TILES,
+                               Q_BUFFERS)),
         ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
     else:
         gl.warp_specialize([
@@ -499,19 +509,20 @@ def attention_forward_hopper_kernel(
                                    tile_slot, Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb,
                                    stride_lh, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
                                    heads_per_section, total_tiles, qk_scale_log2, 0, HEAD_DIM, BLOCK_N,
-                                   NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS, WIDE_STORES)),
+                                   NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS, WIDE_STORES, Q_BUFFERS)),
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn,
                                    tile_slot, Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb,
                                    stride_lh, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
                                    heads_per_section, total_tiles, qk_scale_log2, 1, HEAD_DIM, BLOCK_N,
-                                   NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS, WIDE_STORES)),
+                                   NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS, WIDE_STORES, Q_BUFFERS)),
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn,
                                    tile_slot, Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb,
                                    stride_lh, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
                                    heads_per_section, total_tiles, qk_scale_log2, 2, HEAD_DIM, BLOCK_N,
-                                   NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS, WIDE_STORES)),
+                                   NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS, WIDE_STORES, Q_BUFFERS)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready,
                                k_free, v_free, tile_slot, TileCounter, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k,
                                nheads, group_size, row_tiles, batch_heads, heads_per_section, total_tiles,
-                               HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN, NUM_CONSUMERS, DYNAMIC_TILES)),
+                               HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN, NUM_CONSUMERS, DYNAMIC_TILES,
+                               Q_BUFFERS)),
         ], [4, 4, 1], [CONSUMER_REGISTERS, CONSUMER_REGISTERS, LOADER_REGISTERS])
