@@ -1,0 +1,530 @@
+"""Hopper forward in Gluon: warp-specialized, FlashAttention-3's structure.
+
+One program computes 128 query rows of one (sequence, head) (192 with ``NUM_CONSUMERS`` = 3), in partitions:
+
+- two (or three) consumer warpgroups, 64 rows each. A warpgroup's wgmma keeps its accumulator in that warpgroup's
+  registers, so each consumer issues its own products: S = Q K^T from shared memory, O += P V with P from
+  registers. Block j's Q K^T runs while block j-1's P V is in flight, and block j's softmax runs while
+  that P V finishes (FA3's intra-warpgroup overlap). With ``PINGPONG`` the two warpgroups take turns
+  issuing their products, so that one's GEMMs run while the other computes its exponentials (FA3's
+  inter-warpgroup schedule);
+- a loader warp: the tile's Q, then K and V through TMA into a ring of ``NUM_STAGES`` shared-memory
+  stages. A stage's K is released as soon as every consumer's Q K^T has read it, its V once their P V
+  have: the overlapped loop holds block j's K and block j-1's V at once, so a ring that freed K and V
+  together would hold two stages and leave a 2-stage ring nothing to prefetch into.
+
+A program computes one tile, or (persistent grid) several: the loader then fetches the next tile's Q as soon as
+the consumers have released the last one's, and its K and V as stages free up, while the consumers still normalize
+and store. The loader picks each tile and hands its number to the consumers (``_publish_tile``): tiles p, p + grid,
+... when every tile costs the same, and with ``DYNAMIC_TILES`` (causal or varlen calls, whose tiles see different
+numbers of key blocks) the next one not yet taken, from a counter in global memory, so that a program that drew
+short tiles takes more of them (FA3's dynamic persistent scheduler; p, p + grid, ... left the busiest SM 30% above
+the average at causal 1k, docs/perf-notes.md version 22).
+
+Triton's own warp specialization (``tl.range(..., warp_specialize=True)``) did not split our loop this
+way (docs/perf-notes.md, version 2); Gluon states the partitions, barriers and waits explicitly.
+
+Q, K and V are read through 2-D descriptors over (tokens, heads * head_dim), so a tile may run into a
+neighbouring sequence's rows: scores of keys past the sequence are masked, query rows outside it are never
+stored.
+Limits, checked by the launcher: head dims 64, 128 and 256 with no padding; causal or no mask; no dropout,
+softcap, ALiBi or SDPA mask; 16-bit inputs.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+LOG2E = gl.constexpr(1.4426950408889634)
+ROWS_PER_WARPGROUP = gl.constexpr(64)  # wgmma's M per warpgroup
+
+
+@gluon.constexpr_function
+def wgmma_layout(columns):
+    """A consumer warpgroup's wgmma result in registers: ROWS_PER_WARPGROUP rows x ``columns`` (scores, or an
+    accumulator). Shared by the Gluon forward, dQ and dK/dV kernels."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, columns, 16])
+
+
+@gluon.constexpr_function
+def register_operand_layout(columns):
+    """A tile in registers as the A operand of a wgmma into a ``columns``-wide accumulator (P, dS, P^T, dS^T)."""
+    return gl.DotOperandLayout(operand_index=0, parent=wgmma_layout(columns), k_width=2)
+
+
+@gluon.constexpr_function
+def _store_layout(head_dim, wide):
+    """How a consumer's 64 x head_dim result is laid out for its store. Wide: 8 consecutive elements a thread, so
+    each store writes 16 bytes and a warp's stores cover whole rows; the conversion from the wgmma layout goes through
+    shared memory. Otherwise the wgmma result's own layout: 2 elements a thread, 4-byte stores, a warp writing
+    16-byte pieces of 8 rows (docs/perf-notes.md, version 22)."""
+    if wide:
+        return gl.BlockedLayout([1, 8], [32 // (head_dim // 8), head_dim // 8], [4, 1], [1, 0])
+    return wgmma_layout(head_dim)
+
+
+@gluon.jit
+def rows_in_sequence(rows, seqlen):
+    """Which of a tile's rows (numbered within the sequence) lie in it: a causal call's short tile starts before row 0,
+    and a tile may run past the end; those rows belong to a neighbouring sequence, which its own tiles write."""
+    return (rows >= 0) & (rows < seqlen)
+
+
+@gluon.jit
+def store_rows(Ptr, tile, row_start, first_row, column, stride_m, seqlen, HEAD_DIM: gl.constexpr,
+               WIDE: gl.constexpr):
+    """A consumer's 64 x HEAD_DIM result (float32, the wgmma layout) rounded to Ptr's type and stored at token rows
+    row_start + first_row + i, from ``column`` on; its rows outside the sequence are not stored. The forward's O and
+    the dQ kernel's dQ."""
+    layout: gl.constexpr = _store_layout(HEAD_DIM, WIDE)
+    values = gl.convert_layout(tile.to(Ptr.dtype.element_ty), layout)
+    rows = first_row + gl.arange(0, ROWS_PER_WARPGROUP, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
+    offsets = (row_start + rows).to(gl.int64)[:, None] * stride_m + column + cols[None, :]
+    gl.store(Ptr + offsets, values, mask=rows_in_sequence(rows, seqlen)[:, None])
+
+
+@gluon.jit
+def to_16_bits(x, dtype: gl.constexpr):
+    """Float32 ``x`` rounded to ``dtype`` (bfloat16 or float16), two elements an instruction (a thread's consecutive
+    elements: two columns of one row in a wgmma result, one register of the A operand). Gluon's own conversion
+    rounds one element at a time and leaves the pairing to ptxas, which in some partitions of one kernel paired them
+    with their halves swapped and swapped them back: 32 PRMT a key block in two of the three hdim-64 forward
+    consumers' loops (443 instructions against 413; docs/perf-notes.md, version 21). The backward kernels keep
+    Gluon's conversion: there the pairs are not always a register of the operand (the key-slice dK/dV, whose P^T
+    and dS^T come from S^T, gained 32 PRMT with this one) and the dQ's loops came out no shorter."""
+    if dtype == gl.bfloat16:
+        return gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [x], dtype=gl.bfloat16,
+                                         is_pure=True, pack=2)
+    else:
+        return gl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [x], dtype=gl.float16,
+                                         is_pure=True, pack=2)
+
+
+@gluon.jit
+def _tile_plan(tile_id, row_tiles, batch_heads, heads_per_section, nheads, group_size, CuSeqlensQ, CuSeqlensK,
+               seqlen_q, seqlen_k, stride_lb, stride_lh, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+               IS_VARLEN: gl.constexpr, NUM_CONSUMERS: gl.constexpr):
+    """Where tile ``tile_id`` reads and writes, and its key blocks: every partition derives the same plan.
+
+    The (sequence, head) pairs are cut into sections of ``heads_per_section``, whose K and V fit in L2
+    together (the launcher sizes them). Tiles run section by section, so the programs in flight read the K and
+    V of a few heads, each from HBM about once; with the heads as the fastest index over the whole launch, the
+    programs in flight would stream every head's K and V at once, more than L2 holds. Inside a section, tiles
+    are numbered row tile major, so that causal calls run their longest rows first (no tail wave of
+    full-length tiles).
+
+    Causal tiles are counted back from the sequence's end (rounded up to a consumer's 64 rows), so the tile that
+    a length not divisible by the tile's rows leaves short is the first one, which sees the fewest keys; counted
+    from row 0 it would be the last one, which sees them all (4k rows in 192-row tiles: 5.7% of the consumers'
+    block products went to rows past the end). ``tile_row`` may then be negative: rows before 0 are not stored.
+    The rounding keeps every consumer's rows on a 64-row boundary, as counting from row 0 does: counted from the
+    end itself, a length that is not a multiple of 64 would give half the consumers two masked (diagonal) blocks of
+    128 keys instead of one (docs/perf-notes.md, version 21)."""
+    tile_rows = NUM_CONSUMERS * ROWS_PER_WARPGROUP
+    section_tiles = heads_per_section * row_tiles
+    section = tile_id // section_tiles
+    first_head = section * heads_per_section
+    section_heads = gl.minimum(heads_per_section, batch_heads - first_head)  # the last section may be short
+    in_section = tile_id - section * section_tiles
+    row_tile = in_section // section_heads
+    batch_head = first_head + in_section % section_heads
+    batch = batch_head // nheads
+    head = batch_head % nheads
+    if IS_VARLEN:
+        q_start = gl.load(CuSeqlensQ + batch)
+        k_start = gl.load(CuSeqlensK + batch)
+        seqlen_q = gl.load(CuSeqlensQ + batch + 1) - q_start
+        seqlen_k = gl.load(CuSeqlensK + batch + 1) - k_start
+        lse_row = head.to(gl.int64) * stride_lh + q_start
+    else:
+        q_start = batch * seqlen_q
+        k_start = batch * seqlen_k
+        lse_row = batch.to(gl.int64) * stride_lb + head.to(gl.int64) * stride_lh
+    tile_row = row_tile * tile_rows
+    key_end = seqlen_k
+    full_end = seqlen_k
+    if CAUSAL:
+        # row tile 0 ends at the last row: the longest rows
+        tile_row = gl.cdiv(seqlen_q, ROWS_PER_WARPGROUP) * ROWS_PER_WARPGROUP - (row_tile + 1) * tile_rows
+        # bottom-right aligned: query i sees keys up to i + seqlen_k - seqlen_q
+        key_end = gl.minimum(seqlen_k, tile_row + tile_rows + seqlen_k - seqlen_q)
+        full_end = gl.minimum(seqlen_k, tile_row + 1 + seqlen_k - seqlen_q)
+    # a tile with no row in its sequence (varlen: a shorter sequence) loads Q and computes nothing
+    has_rows = (tile_row < seqlen_q) & (tile_row + tile_rows > 0)
+    n_blocks = gl.where(has_rows, gl.cdiv(gl.maximum(key_end, 0), BLOCK_N), 0)
+    n_full = gl.minimum(gl.maximum(full_end, 0) // BLOCK_N, n_blocks)
+    return head, head // group_size, q_start, k_start, seqlen_q, seqlen_k, lse_row, tile_row, n_full, n_blocks
+
+
+@gluon.jit
+def _consumer_key_blocks(first_row, seqlen_q, seqlen_k, n_full, n_blocks, BLOCK_N: gl.constexpr,
+                         CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
+    """The key blocks one consumer's 64 rows (from ``first_row``) see whole and at all, within the tile's
+    (``_tile_plan``: ``n_full`` seen whole by the tile's first row, ``n_blocks`` by its last). With a causal mask
+    a later consumer sees more blocks whole, and an earlier one may see none of the tile's last blocks: with three
+    consumers (192 rows) and 128-key blocks, about 3% of a 4k causal call's block products, and as many more go
+    from masked to unmasked.
+
+    With ``PINGPONG`` every consumer keeps the tile's ranges: the two consumers take turns at each product issue,
+    and a loop over [lo, hi) issues hi - lo + 1 times, so a split at another block would give them different
+    counts and the turns would deadlock. Without it, a consumer whose rows all lie outside the sequence (the short
+    tile's, before row 0 when causal, past the end otherwise) sees no block."""
+    own_full = n_full
+    own_blocks = n_blocks
+    if not PINGPONG and ((first_row >= seqlen_q) | (first_row + ROWS_PER_WARPGROUP <= 0)):
+        own_full = 0
+        own_blocks = 0
+    elif CAUSAL and not PINGPONG:
+        full_end = gl.minimum(seqlen_k, first_row + 1 + seqlen_k - seqlen_q)
+        own_full = gl.maximum(gl.minimum(gl.maximum(full_end, 0) // BLOCK_N, n_blocks), n_full)
+        key_end = gl.minimum(seqlen_k, first_row + ROWS_PER_WARPGROUP + seqlen_k - seqlen_q)
+        own_blocks = gl.maximum(gl.minimum(gl.cdiv(gl.maximum(key_end, 0), BLOCK_N), n_blocks), own_full)
+    return own_full, own_blocks
+
+
+@gluon.jit
+def _next_tile(tile_id, TileCounter, DYNAMIC_TILES: gl.constexpr):
+    """The tile the loader takes after ``tile_id``: the next untaken one (``TileCounter`` counts the tiles taken
+    beyond each program's first, which is its program id), or ``tile_id`` + grid. Past the last tile: no more."""
+    if DYNAMIC_TILES:
+        return gl.num_programs(0) + gl.atomic_add(TileCounter, 1, sem="relaxed")
+    else:
+        return tile_id + gl.num_programs(0)
+
+
+@gluon.jit
+def _publish_tile(tile_slot, tile_id):
+    """The loader's hand-off of its next tile (a number past the last: no more) to the consumers. The store
+    precedes the loader's arrival on ``q_ready``, which releases it to every consumer that waits on that phase."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    tile_slot.store(gl.full([1], tile_id, gl.int32, layout))
+
+
+@gluon.jit
+def read_tile(tile_slot):
+    """The tile number ``_publish_tile`` left, read by a consumer after its wait on ``q_ready``."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    return gl.max(tile_slot.load(layout), axis=0)
+
+
+@gluon.jit
+def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free,
+                    v_free, tile_slot, TileCounter, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, nheads, group_size,
+                    row_tiles, batch_heads, heads_per_section, total_tiles, HEAD_DIM: gl.constexpr,
+                    BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr,
+                    NUM_CONSUMERS: gl.constexpr, DYNAMIC_TILES: gl.constexpr, Q_BUFFERS: gl.constexpr):
+    ring = 0  # key blocks loaded so far: the ring's position
+    rounds = 0  # tiles handed to the consumers so far
+    tile_id = gl.program_id(0)
+    while tile_id < total_tiles:
+        # taken now, read after this tile's loads are issued: the counter's round trip hides behind them
+        next_tile = _next_tile(tile_id, TileCounter, DYNAMIC_TILES)
+        head, head_k, q_start, k_start, _, _, _, tile_row, _, n_blocks = _tile_plan(
+            tile_id, row_tiles, batch_heads, heads_per_section, nheads, group_size, CuSeqlensQ, CuSeqlensK, seqlen_q,
+            seqlen_k, 0, 0, BLOCK_N, CAUSAL, IS_VARLEN, NUM_CONSUMERS)
+        # a fresh barrier passes a wait on the phase before its first: the first tiles do not wait
+        slot = rounds % Q_BUFFERS
+        mbarrier.wait(q_free.index(slot), ((rounds // Q_BUFFERS) & 1) ^ 1)
+        _publish_tile(tile_slot.index(slot), tile_id)
+        mbarrier.expect(q_ready.index(slot), NUM_CONSUMERS * q_desc.block_type.nbytes)
+        for c in gl.static_range(NUM_CONSUMERS):
+            tma.async_copy_global_to_shared(q_desc, [q_start + tile_row + c * ROWS_PER_WARPGROUP, head * HEAD_DIM],
+                                            q_ready.index(slot), q_smem.index(slot * NUM_CONSUMERS + c))
+        for j in range(n_blocks):
+            load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, ring + j,
+                           k_start + j * BLOCK_N, head_k * HEAD_DIM, NUM_STAGES)
+        ring += n_blocks
+        rounds += 1
+        tile_id = next_tile
+    # no tile left: the consumers read a number past the last one and stop
+    if rounds > 0:  # the loader stays until the last tile's Q is released
+        mbarrier.wait(q_free.index((rounds - 1) % Q_BUFFERS), ((rounds - 1) // Q_BUFFERS) & 1)
+    slot = rounds % Q_BUFFERS
+    mbarrier.wait(q_free.index(slot), ((rounds // Q_BUFFERS) & 1) ^ 1)
+    _publish_tile(tile_slot.index(slot), tile_id)
+    mbarrier.arrive(q_ready.index(slot), count=1)
+
+
+@gluon.jit
+def key_ring(k_desc, v_desc, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+             CONSUMERS: gl.constexpr):
+    """The ring of K and V stages and their barriers, the forward's and the dQ kernel's: a stage's K and V each land
+    behind a ready barrier (the loader's expect) and are refilled once every consumer has arrived on its free one."""
+    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    k_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_free.index(i), count=CONSUMERS)
+        mbarrier.init(v_free.index(i), count=CONSUMERS)
+    return k_bufs, v_bufs, k_ready, v_ready, k_free, v_free
+
+
+@gluon.jit
+def load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, position, row, column,
+                   NUM_STAGES: gl.constexpr):
+    """K and V rows [row, row + block) at ``column`` into the ring's stage of key block ``position`` (the blocks
+    loaded so far), each once the consumers have released that stage's last K or V. The forward's and the dQ
+    kernel's loaders."""
+    stage = position % NUM_STAGES
+    phase = (position // NUM_STAGES) & 1
+    # a fresh barrier passes a wait on the phase before its first: the first round does not wait
+    mbarrier.wait(k_free.index(stage), phase ^ 1)
+    mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [row, column], k_ready.index(stage), k_bufs.index(stage))
+    mbarrier.wait(v_free.index(stage), phase ^ 1)
+    mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(v_desc, [row, column], v_ready.index(stage), v_bufs.index(stage))
+
+
+@gluon.jit
+def _softmax_step(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N: gl.constexpr,
+                  CAUSAL: gl.constexpr, MASKED: gl.constexpr, s_layout: gl.constexpr):
+    """Online softmax of one score block in base 2: (new max, new sum, P, the old accumulator's factor)."""
+    if MASKED:
+        cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        visible = cols[None, :] < seqlen_k
+        if CAUSAL:
+            # bottom-right aligned: query i sees keys up to i + seqlen_k - seqlen_q
+            visible = visible & (cols[None, :] <= rows[:, None] + (seqlen_k - seqlen_q))
+        s = gl.where(visible, s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale_log2)
+        # a row that has seen no key keeps max -inf: subtract 0 instead, so that exp2 gives 0, not NaN
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale_log2)
+        m_use = m_new
+    p = gl.exp2(s * qk_scale_log2 - m_use[:, None])
+    alpha = gl.exp2(m_i - m_use)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return m_new, l_i, p, alpha
+
+
+@gluon.jit
+def _take_turn(turn, t, WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong: warpgroup 0 issues its t-th products after warpgroup 1 issued its (t-1)-th, warpgroup 1
+    after warpgroup 0 issued its t-th. Both consumers issue the same number of times (same key blocks)."""
+    if PINGPONG:
+        if WARP_GROUP == 0:
+            mbarrier.wait(turn.index(0), (t & 1) ^ 1)
+        else:
+            mbarrier.wait(turn.index(1), t & 1)
+
+
+@gluon.jit
+def _pass_turn(turn, WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr):
+    if PINGPONG:
+        mbarrier.arrive(turn.index(1 - WARP_GROUP), count=1)
+
+
+@gluon.jit
+def _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, turn, t, ring, m_i, l_i, acc, rows,
+                lo, hi, release_q, seqlen_q, seqlen_k, qk_scale_log2,
+                BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                MASKED: gl.constexpr, WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr):
+    """Key blocks [lo, hi) of one consumer's 64 rows. ``ring``: the blocks of earlier tiles (the ring's
+    position), ``t``: the consumer's product issues so far (ping-pong turns). ``release_q``: these are the tile's
+    last blocks for this consumer, so it releases Q once their last Q K^T has completed, before the last P V: the
+    loader's copy of the next tile's Q overlaps that product and the epilogue."""
+    s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
+    o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
+    p_layout: gl.constexpr = register_operand_layout(HEAD_DIM)
+    s_zero = gl.zeros([ROWS_PER_WARPGROUP, BLOCK_N], gl.float32, s_layout)
+    if hi > lo:
+        # -- prologue: block lo's scores and softmax --
+        stage = (ring + lo) % NUM_STAGES
+        phase = ((ring + lo) // NUM_STAGES) & 1
+        mbarrier.wait(k_ready.index(stage), phase)
+        _take_turn(turn, t, WARP_GROUP, PINGPONG)
+        s = warpgroup_mma(q, k_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        _pass_turn(turn, WARP_GROUP, PINGPONG)
+        t += 1
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+        mbarrier.arrive(k_free.index(stage), count=1)
+        m_i, l_i, p, alpha = _softmax_step(s, m_i, l_i, lo, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N,
+                                           CAUSAL, MASKED, s_layout)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        p_op = gl.convert_layout(to_16_bits(p, q.dtype), p_layout)
+        for j in range(lo + 1, hi):
+            prev_stage = stage
+            prev_phase = phase
+            stage = (ring + j) % NUM_STAGES
+            phase = ((ring + j) // NUM_STAGES) & 1
+            mbarrier.wait(k_ready.index(stage), phase)
+            mbarrier.wait(v_ready.index(prev_stage), prev_phase)
+            # -- block j's Q K^T and block j-1's P V in flight together --
+            _take_turn(turn, t, WARP_GROUP, PINGPONG)
+            s = warpgroup_mma(q, k_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            acc = warpgroup_mma(p_op, v_bufs.index(prev_stage), acc, is_async=True)
+            _pass_turn(turn, WARP_GROUP, PINGPONG)
+            t += 1
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
+            mbarrier.arrive(k_free.index(stage), count=1)  # K is read by Q K^T alone: the loader may refill it
+            m_i, l_i, p, alpha = _softmax_step(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2,
+                                               BLOCK_N, CAUSAL, MASKED, s_layout)
+            # P V reads p_op from registers until it completes: keep it alive to here
+            acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
+            mbarrier.arrive(v_free.index(prev_stage), count=1)
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            p_op = gl.convert_layout(to_16_bits(p, q.dtype), p_layout)
+        if release_q:
+            mbarrier.arrive(q_free, count=1)
+        # -- epilogue: the last block's P V --
+        mbarrier.wait(v_ready.index(stage), phase)
+        _take_turn(turn, t, WARP_GROUP, PINGPONG)
+        acc = warpgroup_mma(p_op, v_bufs.index(stage), acc, is_async=True)
+        _pass_turn(turn, WARP_GROUP, PINGPONG)
+        t += 1
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(v_free.index(stage), count=1)
+    elif release_q:
+        mbarrier.arrive(q_free, count=1)  # no block at all: Q was never read
+    return m_i, l_i, acc, t
+
+
+@gluon.jit
+def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, tile_slot,
+                        Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh, seqlen_q,
+                        seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section, total_tiles,
+                        qk_scale_log2,
+                        WARP_GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                        NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr,
+                        PINGPONG: gl.constexpr, NUM_CONSUMERS: gl.constexpr, WIDE_STORES: gl.constexpr,
+                        Q_BUFFERS: gl.constexpr):
+    s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
+    o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
+    t = 0
+    ring = 0
+    rounds = 0  # this program's tiles so far
+    mbarrier.wait(q_ready.index(0), 0)
+    tile_id = read_tile(tile_slot.index(0))
+    while tile_id < total_tiles:
+        head, _, q_start, _, tile_seqlen_q, tile_seqlen_k, lse_row, tile_row, n_full, n_blocks = _tile_plan(
+            tile_id, row_tiles, batch_heads, heads_per_section, nheads, group_size, CuSeqlensQ, CuSeqlensK, seqlen_q,
+            seqlen_k, stride_lb, stride_lh, BLOCK_N, CAUSAL, IS_VARLEN, NUM_CONSUMERS)
+        slot = rounds % Q_BUFFERS
+        q = q_smem.index(slot * NUM_CONSUMERS + WARP_GROUP)
+        first_row = tile_row + WARP_GROUP * ROWS_PER_WARPGROUP  # within the sequence
+        rows = first_row + gl.arange(0, ROWS_PER_WARPGROUP, layout=gl.SliceLayout(1, s_layout))
+        m_i = gl.full([ROWS_PER_WARPGROUP], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+        l_i = gl.zeros([ROWS_PER_WARPGROUP], gl.float32, gl.SliceLayout(1, s_layout))
+        acc = gl.zeros([ROWS_PER_WARPGROUP, HEAD_DIM], gl.float32, o_layout)
+        own_full, own_blocks = _consumer_key_blocks(first_row, tile_seqlen_q, tile_seqlen_k, n_full, n_blocks,
+                                                    BLOCK_N, CAUSAL, PINGPONG)
+        # -- blocks every row of this consumer sees whole, then the masked ones (diagonal, sequence end); the
+        # call holding its last block releases Q (exactly one: the first when the second has none) --
+        q_release = q_free.index(slot)
+        m_i, l_i, acc, t = _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_release, turn, t, ring,
+                                       m_i, l_i, acc, rows, 0, own_full, own_blocks == own_full, tile_seqlen_q,
+                                       tile_seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, False,
+                                       WARP_GROUP, PINGPONG)
+        m_i, l_i, acc, t = _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_release, turn, t, ring,
+                                       m_i, l_i, acc, rows, own_full, own_blocks, own_blocks > own_full, tile_seqlen_q,
+                                       tile_seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, True,
+                                       WARP_GROUP, PINGPONG)
+        # -- the tile's blocks past this consumer's last row: released as they arrive, never read --
+        for j in range(own_blocks, n_blocks):
+            stage = (ring + j) % NUM_STAGES
+            phase = ((ring + j) // NUM_STAGES) & 1
+            mbarrier.wait(k_ready.index(stage), phase)  # a release before the block is in would free the last one
+            mbarrier.arrive(k_free.index(stage), count=1)
+            mbarrier.wait(v_ready.index(stage), phase)
+            mbarrier.arrive(v_free.index(stage), count=1)
+        ring += n_blocks
+
+        # -- epilogue: normalize; a row that saw no key gives 0 and lse = +inf, as the Triton kernel --
+        empty = l_i == 0.0
+        l_safe = gl.where(empty, 1.0, l_i)
+        acc = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout))[:, None]
+        lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) / LOG2E)
+        gl.store(Lse + lse_row + rows, lse, mask=rows_in_sequence(rows, tile_seqlen_q))
+        store_rows(Out, acc, q_start, first_row, head * stride_oh, stride_om, tile_seqlen_q, HEAD_DIM, WIDE_STORES)
+        rounds += 1
+        mbarrier.wait(q_ready.index(rounds % Q_BUFFERS), (rounds // Q_BUFFERS) & 1)
+        tile_id = read_tile(tile_slot.index(rounds % Q_BUFFERS))
+
+
+@gluon.jit
+def attention_forward_hopper_kernel(
+    q_desc, k_desc, v_desc, Out, Lse, CuSeqlensQ, CuSeqlensK, TileCounter,
+    stride_om, stride_oh, stride_lb, stride_lh,
+    seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section, qk_scale_log2,
+    HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+    IS_VARLEN: gl.constexpr, PINGPONG: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
+    CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr, DYNAMIC_TILES: gl.constexpr,
+    WIDE_STORES: gl.constexpr, Q_BUFFERS: gl.constexpr,
+):
+    """Tiles of NUM_CONSUMERS x 64 query rows (2 or 3 consumer warpgroups), ``row_tiles`` per (sequence, head)
+    and ``batch_heads`` of those; program p computes tile p first, then (persistent, when the grid is smaller than
+    the tiles) the ones its loader takes (``_next_tile``). Dense: q_desc spans (batch * seqlen_q, nheads *
+    HEAD_DIM), k/v_desc (batch * seqlen_k, nheads_k * HEAD_DIM); varlen: the packed tokens, sequence b's rows from
+    CuSeqlens[b].
+    Lse: (batch, nheads, seqlen_q) dense, (nheads, total_q) varlen. TileCounter: one int32, zero at launch, with
+    ``DYNAMIC_TILES`` (``_next_tile``). ``WIDE_STORES``: O stored 16 bytes a thread (``store_rows``), for tiles whose
+    shared memory leaves room to convert it. ``Q_BUFFERS``: 2 gives a persistent program a second Q tile, so that the
+    loader copies the next tile's Q, and then its first K/V blocks, while the consumers still work on this one; with
+    1 the copy waits for every consumer's last Q K^T."""
+    gl.static_assert(NUM_CONSUMERS == 2 or NUM_CONSUMERS == 3, "two or three consumer warpgroups")
+    gl.static_assert(NUM_CONSUMERS == 2 or not PINGPONG, "ping-pong turns are between two consumers")
+    total_tiles = row_tiles * batch_heads
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [Q_BUFFERS * NUM_CONSUMERS, ROWS_PER_WARPGROUP, HEAD_DIM],
+                                       q_desc.layout)
+    k_bufs, v_bufs, k_ready, v_ready, k_free, v_free = key_ring(k_desc, v_desc, HEAD_DIM, BLOCK_N, NUM_STAGES,
+                                                                NUM_CONSUMERS)
+    q_ready = gl.allocate_shared_memory(gl.int64, [Q_BUFFERS, 1], mbarrier.MBarrierLayout())
+    q_free = gl.allocate_shared_memory(gl.int64, [Q_BUFFERS, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    tile_slot = gl.allocate_shared_memory(gl.int32, [Q_BUFFERS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    for i in gl.static_range(Q_BUFFERS):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(q_free.index(i), count=NUM_CONSUMERS)  # every consumer releases Q
+    mbarrier.init(turn.index(0), count=1)
+    mbarrier.init(turn.index(1), count=1)
+
+    # each consumer's partition spelled out: warp_specialize takes a literal list, one entry per partition
+    if NUM_CONSUMERS == 2:
+        gl.warp_specialize([
+            (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn,
+                                   tile_slot, Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb,
+                                   stride_lh, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
+                                   heads_per_section, total_tiles, qk_scale_log2, 0, HEAD_DIM, BLOCK_N,
+                                   NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS, WIDE_STORES, Q_BUFFERS)),
+            (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn,
+                                   tile_slot, Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb,
+                                   stride_lh, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
+                                   heads_per_section, total_tiles, qk_scale_log2, 1, HEAD_DIM, BLOCK_N,
+                                   NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS, WIDE_STORES, Q_BUFFERS)),
+            (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready,
+                               k_free, v_free, tile_slot, TileCounter, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k,
+                               nheads, group_size, row_tiles, batch_heads, heads_per_section, total_tiles,
+                               HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN, NUM_CONSUMERS, DYNAMIC_TILES,
+                               Q_BUFFERS)),
+        ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
+    else:
+        gl.warp_specialize([
+            (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn,
+                                   tile_slot, Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb,
+                                   stride_lh, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
+                                   heads_per_section, total_tiles, qk_scale_log2, 0, HEAD_DIM, BLOCK_N,
+                                   NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS, WIDE_STORES, Q_BUFFERS)),
+            (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn,
+                                   tile_slot, Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb,
+                                   stride_lh, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
+                                   heads_per_section, total_tiles, qk_scale_log2, 1, HEAD_DIM, BLOCK_N,
+                                   NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS, WIDE_STORES, Q_BUFFERS)),
+            (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn,
+                                   tile_slot, Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb,
+                                   stride_lh, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
+                                   heads_per_section, total_tiles, qk_scale_log2, 2, HEAD_DIM, BLOCK_N,
+                                   NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS, WIDE_STORES, Q_BUFFERS)),
+            (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready,
+                               k_free, v_free, tile_slot, TileCounter, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k,
+                               nheads, group_size, row_tiles, batch_heads, heads_per_section, total_tiles,
+                               HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN, NUM_CONSUMERS, DYNAMIC_TILES,
+                               Q_BUFFERS)),
+        ], [4, 4, 1], [CONSUMER_REGISTERS, CONSUMER_REGISTERS, LOADER_REGISTERS])
