@@ -1,6 +1,6 @@
 """Call C: which change makes the persistent Gluon forward's packed non-causal tests fail (call B: 4 of 8 persistent
 varlen cases, one (sequence, head) tile's rows wrong each time). Each variant kernel (argv NAME=PATH, plus the tree's
-"new", and "new-q1": the tree with one Q buffer) runs the test's packed cases REPEAT times with fresh inputs; prints
+"new", "new-q1": the tree with one Q buffer, "new-narrow": without 16-byte stores) runs the test's packed cases REPEAT times with fresh inputs; prints
 the failures per variant and case."""
 import importlib.util
 import os
@@ -21,7 +21,8 @@ for argument in sys.argv[1:]:
     spec.loader.exec_module(module)
     kernels[name] = module.attention_forward_hopper_kernel
 kernels["new-q1"] = current.attention_forward_hopper_kernel
-q_buffers = ops._forward_q_buffers
+kernels["new-narrow"] = current.attention_forward_hopper_kernel
+q_buffers, wide = ops._forward_q_buffers, ops._room_for_wide_stores
 repeat = int(os.environ.get("REPEAT", "5"))
 tiles = {"n128-s2-persistent": (configs.TileConfig(128, 128, 8, 2, warp_specialized=True, persistent=True), 128),
          "n128-s3-consumers3-persistent": (configs.TileConfig(128, 128, 8, 3, warp_specialized=True,
@@ -30,6 +31,7 @@ seqlens = {"mixed": ([1, 300, 129, 0, 64], [5, 300, 700, 3, 64]), "equal": ([100
 for name, kernel in kernels.items():
     current.attention_forward_hopper_kernel = kernel
     ops._forward_q_buffers = (lambda config, head_dim: 1) if name == "new-q1" else q_buffers
+    ops._room_for_wide_stores = (lambda config, head_dim, tiles: False) if name == "new-narrow" else wide
     launcher.clear_plans()
     for tile_name, (tile, head_dim) in tiles.items():
         for lens_name, lens in seqlens.items():
