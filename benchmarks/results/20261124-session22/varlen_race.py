@@ -1,7 +1,7 @@
-"""Call C: which change makes the persistent Gluon forward's packed non-causal tests fail (call B: 4 of 8 persistent
-varlen cases, one (sequence, head) tile's rows wrong each time). Each variant kernel (argv NAME=PATH, plus the tree's
-"new", "new-q1": the tree with one Q buffer, "new-narrow": without 16-byte stores) runs the test's packed cases REPEAT times with fresh inputs; prints
-the failures per variant and case."""
+"""Call C: which change makes the persistent Gluon forward's packed non-causal tests fail (call B: 4 of 8
+persistent varlen cases, one (sequence, head) tile's rows wrong each time). Each variant kernel (argv NAME=PATH,
+plus the tree's "new", "new-q1": the tree with one Q buffer, "new-narrow": without 16-byte stores) runs the test's
+packed cases REPEAT times with fresh inputs; prints the failures per variant and case."""
 import importlib.util
 import os
 import sys
