@@ -185,8 +185,9 @@ def test_ws_forward_qkvpacked_view(causal, monkeypatch):
 @pytest.mark.gpu
 @hopper
 @pytest.mark.parametrize("option", ["plain", "causal"])
-@pytest.mark.parametrize("seqlens", [([1, 300, 129, 0, 64], [5, 300, 700, 3, 64]), ([1000, 17], [1000, 17])],
-                         ids=["mixed", "equal"])
+# "short": 3-4 tiles a program on a persistent grid, most with a consumer (or all) past their sequence's end
+@pytest.mark.parametrize("seqlens", [([1, 300, 129, 0, 64], [5, 300, 700, 3, 64]), ([1000, 17], [1000, 17]),
+                                     ([17] * 40 + [300], [23] * 40 + [250])], ids=["mixed", "equal", "short"])
 @pytest.mark.parametrize(("tile", "head_dim"), [("n128-s2", 128), ("n128-s3-consumers3", 64),
                                                ("n128-s2-persistent", 128), ("n128-s3-consumers3-persistent", 64)])
 def test_ws_varlen_matches_reference(seqlens, option, tile, head_dim, monkeypatch):
