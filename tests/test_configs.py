@@ -104,22 +104,25 @@ def test_gluon_forward_entries_only_where_the_call_fits():
     # hdim 64: three consumers from 2k non-causal and from 4k causal; the Triton entries for shorter calls, as for
     # short causal hdim 128
     assert lookup("hopper", "forward", 64, False, torch.bfloat16, seqlen=4096, warp_specialized=True).three_consumers
-    for seqlen in (4096, 16384, 0):  # 0: a length not known, as for the other buckets
+    for seqlen in (4096, 0):  # 0: a length not known, as for the other buckets
         assert lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=seqlen, warp_specialized=True) == \
             configs._HOPPER_FORWARD_WS[(64, True)]
+    assert lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=16384, warp_specialized=True) == \
+        configs._HOPPER_FORWARD_WS_LONG[(64, True)]
     for seqlen in (2048, 4095, SHORT_SEQLEN):
         assert lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=seqlen, warp_specialized=True) == \
             lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=seqlen)
     assert not lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=2048).warp_specialized
-    # up to 1k tokens every other Gluon entry is a persistent grid, but hdim 64 non-causal at 512 takes the Triton tile
+    # up to 1k tokens every other Gluon entry is a persistent grid
     for head_dim, causal in ((64, False), (128, False), (128, True), (256, False), (256, True)):
-        short = lookup("hopper", "forward", head_dim, causal, torch.bfloat16, seqlen=SHORT_SEQLEN,
-                       warp_specialized=True)
-        assert short.warp_specialized and short.persistent, (head_dim, causal)
-    assert lookup("hopper", "forward", 64, False, torch.bfloat16, seqlen=SHORTEST_SEQLEN, warp_specialized=True) == \
-        lookup("hopper", "forward", 64, False, torch.bfloat16, seqlen=SHORTEST_SEQLEN)
-    # causal hdim 128: persistent (tiles from a counter) up to 8k, one program a tile from there
-    for seqlen, persistent in ((2048, True), (LONG_SEQLEN - 1, True), (LONG_SEQLEN, False), (16384, False)):
-        config = lookup("hopper", "forward", 128, True, torch.bfloat16, seqlen=seqlen, warp_specialized=True)
-        assert config.warp_specialized and config.persistent == persistent, seqlen
+        for seqlen in (SHORTEST_SEQLEN, SHORT_SEQLEN):
+            short = lookup("hopper", "forward", head_dim, causal, torch.bfloat16, seqlen=seqlen,
+                           warp_specialized=True)
+            assert short.warp_specialized and short.persistent, (head_dim, causal, seqlen)
+    # hdim 64 / 128 (and causal hdim 128): persistent up to 8k, one program a tile from there
+    for head_dim, causal in ((64, False), (128, False), (128, True)):
+        for seqlen, persistent in ((2048, True), (LONG_SEQLEN - 1, True), (LONG_SEQLEN, False), (16384, False)):
+            config = lookup("hopper", "forward", head_dim, causal, torch.bfloat16, seqlen=seqlen,
+                            warp_specialized=True)
+            assert config.warp_specialized and config.persistent == persistent, (head_dim, causal, seqlen)
     assert not lookup("portable", "forward", 128, False, torch.bfloat16, warp_specialized=True).warp_specialized

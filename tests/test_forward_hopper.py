@@ -82,6 +82,8 @@ def test_persistent_grid_holds_a_second_q_tile_where_shared_memory_has_room():
     assert constexprs(WS_TILES["n128-s2-persistent"], 128)["WIDE_STORES"]
     assert constexprs(WS_TILES["n128-s3-consumers3-persistent"], 64)["Q_BUFFERS"] == 2
     assert constexprs(WS_TILES["n128-s2"], 128)["Q_BUFFERS"] == 1  # one tile a program: nothing to copy ahead
+    packed = ops.warp_specialized_constexprs(WS_TILES["n128-s2-persistent"], 128, causal=False, is_varlen=True)
+    assert packed["Q_BUFFERS"] == 1  # ops._forward_q_buffers says why
     hdim_256 = configs.TileConfig(128, 64, 8, 2, warp_specialized=True, persistent=True)
     assert constexprs(hdim_256, 256)["Q_BUFFERS"] == 1  # 64 KB of Q beside a 128 KB ring
 

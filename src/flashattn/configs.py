@@ -215,15 +215,25 @@ _LONG_TABLES = {("hopper", "forward"): _HOPPER_FORWARD_LONG}
 #   leaves room): causal hdim 128 on a persistent 2-stage grid, 466.9 / 476.2 against 428.6 / 429.8 at 2k and
 #   534.9 / 530.3 against 519.8 / 521.5 at 4k; from 8k one program a tile (persistent 3 stages: 571 against 569-575
 #   at 8k, 595-597 against 607-614 at 16k) (H200, benchmarks/sweeps/forward-wide-stores.txt, two passes).
+# - version 23 (a persistent program holds two Q tiles, ops._forward_q_buffers; Q released after a consumer's last
+#   Q K^T): persistent grids up to 4k non-causal too, one program a tile from 8k (H200, benchmarks/sweeps/
+#   forward-double-q.txt, forward-persistent-crossover.txt, once each, TFLOP/s persistent against one program a tile):
+#   hdim 64 479.3 / 503.9 / 504.5 against 471.5 / 501.6 / 516.2 at 4k / 8k / 16k, causal 434.6 / 469.3 / 489.9
+#   against 416.8 / 468.9 / 506.3; hdim 128 574.3 / 600.6 / 624.8 / 637.3 against 551.8 / 586.2 / 626.2 / 640.5 at
+#   2k / 4k / 8k / 16k; hdim 256 592.0 / 637.4 / 682.7 against 573.8 / 640.2 / 674.2 at 2k / 4k / 8k (one Q tile
+#   there: 64 KB), causal 475.6 / 543.5 against 483.2 / 560.7 at 2k / 4k (kept one program a tile).
 _HOPPER_FORWARD_WS = {
-    (64, False): TileConfig(128, 128, 8, 3, warp_specialized=True, three_consumers=True),
-    (64, True): TileConfig(128, 128, 8, 3, warp_specialized=True, three_consumers=True),
-    (128, False): TileConfig(128, 128, 8, 2, warp_specialized=True),
+    (64, False): TileConfig(128, 128, 8, 3, warp_specialized=True, three_consumers=True, persistent=True),
+    (64, True): TileConfig(128, 128, 8, 3, warp_specialized=True, three_consumers=True, persistent=True),
+    (128, False): TileConfig(128, 128, 8, 2, warp_specialized=True, persistent=True),
     (128, True): TileConfig(128, 128, 8, 2, warp_specialized=True, persistent=True),
-    (256, False): TileConfig(128, 64, 8, 2, warp_specialized=True),
+    (256, False): TileConfig(128, 64, 8, 2, warp_specialized=True, persistent=True),
     (256, True): TileConfig(128, 64, 8, 2, warp_specialized=True),
 }
 _HOPPER_FORWARD_WS_LONG = {
+    (64, False): TileConfig(128, 128, 8, 3, warp_specialized=True, three_consumers=True),
+    (64, True): TileConfig(128, 128, 8, 3, warp_specialized=True, three_consumers=True),
+    (128, False): TileConfig(128, 128, 8, 2, warp_specialized=True),
     (128, True): TileConfig(128, 128, 8, 3, warp_specialized=True),
 }
 # Short sequences (version 22, same sweeps; TFLOP/s at 512 / 1k against the entries before it): every head dim on a
@@ -231,12 +241,10 @@ _HOPPER_FORWARD_WS_LONG = {
 # 128-key tile: 237.2 / 363.2; two stages 256.7 / 370.4); hdim 128 non-causal on two stages (16-byte stores),
 # 419.7 / 517.4 against 404.8 / 499.3 for three; hdim 64 non-causal on three consumers, 322.1 / 387.9 against the
 # Triton tile's 323.8 / 383.7; hdim 256, 409.9 against 394.9 at 512, causal 265.4 / 381.5 against 257.6 / 376.3.
-# Causal hdim 64 keeps the Triton tile (below 4k, _WS_FROM_SEQLEN): 229.7 against 283.0 at 1k, and so does hdim 64
-# non-causal at 512 (Triton 324.1 / 325.3 against 319.2 / 319.6, two passes of benchmarks/sweeps/
-# forward-short-remaining.txt; 5 of the last tile's 9 consumer rows of 64 hold no query there).
-_HOPPER_FORWARD_WS_SHORTEST = {
-    (64, False): None,
-}
+# Causal hdim 64 keeps the Triton tile (below 4k, _WS_FROM_SEQLEN): 229.7 against 283.0 at 1k (version 23, two Q
+# tiles: 282.6-284.4 against 281.8-289.8). hdim 64 non-causal at 512 took the Triton tile until version 23 (324.1 /
+# 325.3 against 319.2 / 319.6 in version 22); with two Q tiles the three consumers run 375-380 against its 322-324
+# (H200, benchmarks/sweeps/forward-double-q.txt and call A's kernel-only A/B, docs/perf-notes.md version 23).
 _HOPPER_FORWARD_WS_SHORT = {
     (64, False): TileConfig(128, 128, 8, 3, warp_specialized=True, three_consumers=True, persistent=True),
     (128, False): TileConfig(128, 128, 8, 2, warp_specialized=True, persistent=True),
@@ -306,8 +314,7 @@ _WS_FROM_SEQLEN = {("hopper", "forward"): {(64, True): 4096},
                    ("hopper", "dkdv"): {(64, False): 2048, (128, False): 2048}}
 # (family, phase) -> the Gluon kernel's table, its short-, shortest- and long-sequence entries (a None entry: the
 # Triton table's)
-_WS_TABLES = {("hopper", "forward"): (_HOPPER_FORWARD_WS, _HOPPER_FORWARD_WS_SHORT, _HOPPER_FORWARD_WS_SHORTEST,
-                                      _HOPPER_FORWARD_WS_LONG),
+_WS_TABLES = {("hopper", "forward"): (_HOPPER_FORWARD_WS, _HOPPER_FORWARD_WS_SHORT, {}, _HOPPER_FORWARD_WS_LONG),
               ("hopper", "dkdv"): (_HOPPER_DKDV_WS, {}, {}, {}),
               ("hopper", "dq"): (_HOPPER_DQ_WS, _HOPPER_DQ_WS_SHORT, {}, {})}
 _HOPPER_DQ_SHORT = {

@@ -381,7 +381,7 @@ def _heads_per_section(batch_heads: int, group_size: int, kv_head_bytes: int) ->
 def warp_specialized_constexprs(config: configs.TileConfig, head_dim: int, causal: bool, is_varlen: bool) -> dict:
     """The Gluon forward's compile-time arguments for ``config`` (also what benchmarks/sass_report.py compiles)."""
     consumers = _consumer_warpgroups(config)
-    q_buffers = _forward_q_buffers(config, head_dim)
+    q_buffers = _forward_q_buffers(config, head_dim, is_varlen)
     return dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, NUM_STAGES=config.num_stages, CAUSAL=causal,
                 IS_VARLEN=is_varlen, PINGPONG=config.pingpong, NUM_CONSUMERS=consumers,
                 CONSUMER_REGISTERS=WS_CONSUMER_REGISTERS[consumers], LOADER_REGISTERS=WS_LOADER_REGISTERS,
@@ -391,11 +391,13 @@ def warp_specialized_constexprs(config: configs.TileConfig, head_dim: int, causa
                 Q_BUFFERS=q_buffers)
 
 
-def _forward_q_buffers(config: configs.TileConfig, head_dim: int) -> int:
+def _forward_q_buffers(config: configs.TileConfig, head_dim: int, is_varlen: bool) -> int:
     """The Gluon forward's Q tiles a program holds: two on a persistent grid where shared memory has room for them
-    beside the K/V ring (the next tile's Q is copied while this one is computed: +5-15% at 512-1k tokens, H200,
-    docs/perf-notes.md version 23), else one. hdim 256 has no room for a second."""
-    return 2 if config.persistent and _fits_shared_memory(config, head_dim, 2) else 1
+    beside the K/V ring (the next tile's Q is copied while this one is computed: +2-15% at 512-4k tokens, H200,
+    docs/perf-notes.md version 23), else one. hdim 256 has no room for a second. Packed (varlen) calls keep one: their
+    non-causal build with two gave wrong rows and illegal addresses on the GPU, even at one tile a program (session
+    22, calls B-E; its causal build and every dense one passed), a fault not yet found."""
+    return 2 if config.persistent and not is_varlen and _fits_shared_memory(config, head_dim, 2) else 1
 
 
 def _room_for_wide_stores(config: configs.TileConfig, head_dim: int, row_tiles_held: int) -> bool:

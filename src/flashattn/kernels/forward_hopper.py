@@ -237,13 +237,7 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_f
         ring += n_blocks
         rounds += 1
         tile_id = next_tile
-    # no tile left: the consumers read a number past the last one and stop, once every consumer has released the
-    # last tile's Q. With two Q buffers the stop could otherwise reach a consumer with no row in the last tile
-    # while another still computes it, and a consumer partition that left that early broke the other's result
-    # (packed non-causal calls, one tile a program: the second consumer's rows past a short sequence; call C of
-    # session 22)
-    if rounds > 0:
-        mbarrier.wait(q_free.index((rounds - 1) % Q_BUFFERS), ((rounds - 1) // Q_BUFFERS) & 1)
+    # no tile left: the consumers read a number past the last one and stop
     slot = rounds % Q_BUFFERS
     mbarrier.wait(q_free.index(slot), ((rounds // Q_BUFFERS) & 1) ^ 1)
     _publish_tile(tile_slot.index(slot), tile_id)
