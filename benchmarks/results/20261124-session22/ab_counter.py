@@ -36,7 +36,7 @@ for head_dim in (64, 128, 256):
                 launcher.clear_plans()
                 flash_attn_func(q, k, v)
                 outs[name] = flash_attn_func(q, k, v)
-                ms = triton.testing.do_bench(lambda: flash_attn_func(q, k, v), warmup=100, rep=400)
+                ms = triton.testing.do_bench(lambda q=q, k=k, v=v: flash_attn_func(q, k, v), warmup=100, rep=400)
                 times[name].append(flops / ms / 1e9)
         mean = {n: sum(t) / len(t) for n, t in times.items()}
         diff = (outs["counter"].float() - outs["static"].float()).abs().max().item()

@@ -416,11 +416,13 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
                                                     BLOCK_N, CAUSAL, PINGPONG)
         # -- blocks every row of this consumer sees whole, then the masked ones (diagonal, sequence end); the
         # call holding its last block releases Q (exactly one: the first when the second has none) --
-        m_i, l_i, acc, t = _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free.index(slot), turn, t, ring,
+        m_i, l_i, acc, t = _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free.index(slot), turn,
+                                       t, ring,
                                        m_i, l_i, acc, rows, 0, own_full, own_blocks == own_full, tile_seqlen_q,
                                        tile_seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, False,
                                        WARP_GROUP, PINGPONG)
-        m_i, l_i, acc, t = _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free.index(slot), turn, t, ring,
+        m_i, l_i, acc, t = _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free.index(slot), turn,
+                                       t, ring,
                                        m_i, l_i, acc, rows, own_full, own_blocks, own_blocks > own_full, tile_seqlen_q,
                                        tile_seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, True,
                                        WARP_GROUP, PINGPONG)
