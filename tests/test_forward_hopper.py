@@ -64,12 +64,11 @@ def test_warp_specialized_fits_only_gpu_plain_softmax():
     assert not ops._warp_specialized_fits(q, q, q, opts, None, None, None)  # a CPU tensor
 
 
-def test_persistent_grid_hands_out_unequal_tiles_by_a_counter():
+def test_persistent_grid_hands_out_tiles_by_a_counter():
     persistent = WS_TILES["n128-s2-persistent"]
-    # causal and varlen tiles see different numbers of key blocks; dense non-causal ones the same number
-    assert ops.warp_specialized_constexprs(persistent, 128, causal=True, is_varlen=False)["DYNAMIC_TILES"]
-    assert ops.warp_specialized_constexprs(persistent, 128, causal=False, is_varlen=True)["DYNAMIC_TILES"]
-    assert not ops.warp_specialized_constexprs(persistent, 128, causal=False, is_varlen=False)["DYNAMIC_TILES"]
+    for causal, is_varlen in ((True, False), (False, True), (False, False)):
+        assert ops.warp_specialized_constexprs(persistent, 128, causal=causal, is_varlen=is_varlen)["DYNAMIC_TILES"]
+    # one tile a program: nothing to hand out
     assert not ops.warp_specialized_constexprs(WS_TILES["n128-s2"], 128, causal=True, is_varlen=True)["DYNAMIC_TILES"]
 
 
@@ -90,9 +89,10 @@ def test_persistent_grid_holds_a_second_q_tile_where_shared_memory_has_room():
 
 @pytest.mark.gpu
 @hopper
+@pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("tile", ["n128-s2-persistent", "n128-s3-consumers3-persistent"])
-def test_persistent_forward_repeats_and_leaves_no_tile_out(tile, monkeypatch):
-    # causal: the tiles come from a counter, a fresh one each call. Which program computes a tile does not change its
+def test_persistent_forward_repeats_and_leaves_no_tile_out(tile, causal, monkeypatch):
+    # the tiles come from a counter, a fresh one each call. Which program computes a tile does not change its
     # arithmetic, so back-to-back calls and a grid of one program a tile give the same bits; a tile taken twice
     # would give them too, but a tile left out would leave its rows unwritten. 16 heads: 3-6 tiles a program, so
     # that each of the two Q buffers is refilled more than once
@@ -100,10 +100,10 @@ def test_persistent_forward_repeats_and_leaves_no_tile_out(tile, monkeypatch):
     head_dim = 64 if persistent.three_consumers else 128
     q, k, v = (torch.randn(3, 1500, 16, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     with forced_ws(persistent, monkeypatch):
-        first = flash_attn_func(q, k, v, causal=True)
-        second = flash_attn_func(q, k, v, causal=True)
+        first = flash_attn_func(q, k, v, causal=causal)
+        second = flash_attn_func(q, k, v, causal=causal)
     with forced_ws(dataclasses.replace(persistent, persistent=False), monkeypatch):
-        one_program_a_tile = flash_attn_func(q, k, v, causal=True)
+        one_program_a_tile = flash_attn_func(q, k, v, causal=causal)
     assert torch.equal(first, second)
     assert torch.equal(first, one_program_a_tile)
 

@@ -385,8 +385,9 @@ def warp_specialized_constexprs(config: configs.TileConfig, head_dim: int, causa
     return dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, NUM_STAGES=config.num_stages, CAUSAL=causal,
                 IS_VARLEN=is_varlen, PINGPONG=config.pingpong, NUM_CONSUMERS=consumers,
                 CONSUMER_REGISTERS=WS_CONSUMER_REGISTERS[consumers], LOADER_REGISTERS=WS_LOADER_REGISTERS,
-                # a persistent grid hands out causal and varlen tiles (unequal work) as programs free up
-                DYNAMIC_TILES=config.persistent and (causal or is_varlen),
+                # a persistent grid hands out its tiles as programs free up (causal and packed tiles are unequal
+                # work; equal ones gained 0-3.5% too, docs/perf-notes.md version 23)
+                DYNAMIC_TILES=config.persistent,
                 WIDE_STORES=_room_for_wide_stores(config, head_dim, q_buffers),
                 Q_BUFFERS=q_buffers)
 

@@ -13,13 +13,13 @@ One program computes 128 query rows of one (sequence, head) (192 with ``NUM_CONS
   have: the overlapped loop holds block j's K and block j-1's V at once, so a ring that freed K and V
   together would hold two stages and leave a 2-stage ring nothing to prefetch into.
 
-A program computes one tile, or (persistent grid) several: the loader then fetches the next tile's Q as soon as
-the consumers have released the last one's, and its K and V as stages free up, while the consumers still normalize
-and store. The loader picks each tile and hands its number to the consumers (``_publish_tile``): tiles p, p + grid,
-... when every tile costs the same, and with ``DYNAMIC_TILES`` (causal or varlen calls, whose tiles see different
-numbers of key blocks) the next one not yet taken, from a counter in global memory, so that a program that drew
-short tiles takes more of them (FA3's dynamic persistent scheduler; p, p + grid, ... left the busiest SM 30% above
-the average at causal 1k, docs/perf-notes.md version 22).
+A program computes one tile, or (persistent grid) several: the loader then fetches the next tile's Q into a
+free Q buffer (``Q_BUFFERS``; with one, once every consumer's last Q K^T of the tile before has read it), and its K
+and V as stages free up, while the consumers still work on the tile before. The loader picks each tile and hands its
+number to the consumers (``_publish_tile``): with ``DYNAMIC_TILES`` (every persistent grid) the next one not yet
+taken, from a counter in global memory, so that a program that drew short tiles takes more of them (FA3's dynamic
+persistent scheduler; p, p + grid, ... left the busiest SM 30% above the average at causal 1k, docs/perf-notes.md
+version 22, and was 0-3.5% behind the counter on non-causal calls too, version 23).
 
 Triton's own warp specialization (``tl.range(..., warp_specialize=True)``) did not split our loop this
 way (docs/perf-notes.md, version 2); Gluon states the partitions, barriers and waits explicitly.
