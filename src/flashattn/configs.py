@@ -312,11 +312,10 @@ _HOPPER_DQ_WS_SHORT = {
 # 16k; at 2k it lost, 321.9 / 322.4 against 346.5 / 348.6. Persistent or 4 stages: no better (355-459, 390-456).
 _WS_FROM_SEQLEN = {("hopper", "forward"): {(64, True): 4096},
                    ("hopper", "dkdv"): {(64, False): 2048, (128, False): 2048}}
-# (family, phase) -> the Gluon kernel's table, its short-, shortest- and long-sequence entries (a None entry: the
-# Triton table's)
-_WS_TABLES = {("hopper", "forward"): (_HOPPER_FORWARD_WS, _HOPPER_FORWARD_WS_SHORT, {}, _HOPPER_FORWARD_WS_LONG),
-              ("hopper", "dkdv"): (_HOPPER_DKDV_WS, {}, {}, {}),
-              ("hopper", "dq"): (_HOPPER_DQ_WS, _HOPPER_DQ_WS_SHORT, {}, {})}
+# (family, phase) -> the Gluon kernel's table, its short- and long-sequence entries (a None entry: the Triton table's)
+_WS_TABLES = {("hopper", "forward"): (_HOPPER_FORWARD_WS, _HOPPER_FORWARD_WS_SHORT, _HOPPER_FORWARD_WS_LONG),
+              ("hopper", "dkdv"): (_HOPPER_DKDV_WS, {}, {}),
+              ("hopper", "dq"): (_HOPPER_DQ_WS, _HOPPER_DQ_WS_SHORT, {})}
 _HOPPER_DQ_SHORT = {
     (256, False): TileConfig(128, 64, 8, 1),
 }
@@ -397,8 +396,8 @@ def lookup(family: str, phase: str, head_dim: int, masked: bool, dtype: torch.dt
     bucket = min(b for b in (64, 128, 256) if b >= width)
     if warp_specialized and (family, phase) in _WS_TABLES:
         key = (bucket, masked)
-        table, short, shortest, long = _WS_TABLES[(family, phase)]
-        by_length = _for_length(seqlen, short, shortest, long)
+        table, short, long = _WS_TABLES[(family, phase)]
+        by_length = _for_length(seqlen, short, {}, long)
         if key in by_length:
             config = by_length[key]  # None: the Triton table's entry
         elif 0 < seqlen < _WS_FROM_SEQLEN.get((family, phase), {}).get(key, 0):
