@@ -39,7 +39,8 @@ def candidate_splits(case: DecodeCase, processors: int, key_block: int = 64) -> 
 def parse_config(text: str) -> dict:
     """"64x4x3" -> the DecodeConfig fields block_n, num_warps, num_stages; flags after it: "+tma" (TMA
     loads), "+ptr" (pointer loads, page by page), "+c16" (paged: 16 block-table entries a chunk; "+c0":
-    page by page) and "+nostream" (no streaming stages: unsplit launches keep num_stages). The query tile
+    page by page), "+nostream" (no streaming stages: unsplit launches keep num_stages) and "+combine" (split
+    steps merge in a combine launch, not in their last split: ``decode_ops.FUSED_MERGE`` off). The query tile
     stays the table's."""
     tiles, *flags = text.split("+")
     block_n, warps, stages = (int(part) for part in tiles.split("x"))
@@ -51,10 +52,12 @@ def parse_config(text: str) -> dict:
             fields.update(tma=False, table_chunk=0)
         elif flag == "nostream":
             fields["streaming_stages"] = 0
+        elif flag == "combine":
+            fields["fused_merge"] = False
         elif flag.startswith("c"):
             fields["table_chunk"] = int(flag[1:])
         else:
-            raise ValueError(f"config {text!r}: unknown flag {flag!r} (expected tma, ptr or cN)")
+            raise ValueError(f"config {text!r}: unknown flag {flag!r} (expected tma, ptr, cN, nostream or combine)")
     return fields
 
 
@@ -62,18 +65,21 @@ def parse_config(text: str) -> dict:
 def decode_tiles(config: dict | None):
     """decode_ops.decode_config with the fields of ``config`` replaced; None: the table's. The launch plans are
     cleared on the way in and out: their key does not see the patched function."""
-    table = decode_ops.decode_config
+    table, fused_merge = decode_ops.decode_config, decode_ops.FUSED_MERGE
     if config is not None:
-        decode_ops.decode_config = lambda *args: dataclasses.replace(table(*args), **config)
+        config = dict(config)
+        decode_ops.FUSED_MERGE = config.pop("fused_merge", fused_merge)
+        if config:
+            decode_ops.decode_config = lambda *args: dataclasses.replace(table(*args), **config)
     launcher.clear_plans()
     try:
         yield
     finally:
-        decode_ops.decode_config = table
+        decode_ops.decode_config, decode_ops.FUSED_MERGE = table, fused_merge
         launcher.clear_plans()
 
 
-def sweep(case: DecodeCase, device: torch.device, configs: list[str | None], only_splits: list[int] = ()) -> dict:
+def sweep(case: DecodeCase, device: torch.device, configs: list[str | None], only_splits: list[int] | str = ()) -> dict:
     """Step times over split counts for each tile config, and each output's largest difference from
     the table config's output with the automatic split count (a wrong config shows there). ``only_splits``:
     time these split counts (and the automatic one) instead of :func:`candidate_splits`."""
@@ -89,8 +95,12 @@ def sweep(case: DecodeCase, device: torch.device, configs: list[str | None], onl
         config = parse_config(name) if name else None
         times, diffs = {}, {}
         with decode_tiles(config):
-            splits_to_try = set(only_splits or candidate_splits(case, processors,
-                                                                config["block_n"] if config else 64)) | {auto}
+            if only_splits == "auto":
+                splits_to_try = {auto}
+            else:
+                splits_to_try = set(only_splits or candidate_splits(case, processors,
+                                                                    config.get("block_n", 64) if config else 64))
+                splits_to_try |= {auto}
             for splits in sorted(splits_to_try):
                 step = flashattn_step(splits)(inputs)
                 diffs[splits] = (step(0).float() - reference).abs().max().item()
@@ -112,6 +122,7 @@ def main() -> None:
                              "the table's, e.g. 128x4x2+tma")
     parser.add_argument("--splits", nargs="+", type=int, default=[],
                         help="split counts to time (besides the automatic one) instead of the candidates")
+    parser.add_argument("--auto-only", action="store_true", help="time the automatic split count only")
     parser.add_argument("--out", default=None, help="JSON file for the results")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -121,7 +132,7 @@ def main() -> None:
     for cache_len in args.cache_lens:
         for batch in args.batches:
             case = DecodeCase(batch=batch, cache_len=cache_len, page_size=args.page_size or None)
-            result = sweep(case, device, [None, *args.configs], args.splits)
+            result = sweep(case, device, [None, *args.configs], "auto" if args.auto_only else args.splits)
             results.append(result)
             for name, runs in result["configs"].items():
                 times = runs["us"]
