@@ -22,6 +22,8 @@ from flashattn import decode_ops, launcher
 from flashattn.bench_decode import DecodeCase, choose_grid_copies, flashattn_step, graph_seconds, l2_bytes, make_inputs
 
 WRONG_DIFF = 2e-2  # bf16 outputs of the same attention differ by rounding only (~1e-3)
+# config flags that set a decode_ops switch: flag -> (switch, value)
+SWITCH_FLAGS = {"combine": ("FUSED_MERGE", False), "early": ("RELEASE_AFTER_KEYS", False)}
 SPLIT_CANDIDATES = (1, 2, 3, 4, 5, 6, 8, 9, 11, 12, 16, 17, 22, 24, 32, 33, 48, 64)
 
 
@@ -39,9 +41,10 @@ def candidate_splits(case: DecodeCase, processors: int, key_block: int = 64) -> 
 def parse_config(text: str) -> dict:
     """"64x4x3" -> the DecodeConfig fields block_n, num_warps, num_stages; flags after it: "+tma" (TMA
     loads), "+ptr" (pointer loads, page by page), "+c16" (paged: 16 block-table entries a chunk; "+c0":
-    page by page), "+nostream" (no streaming stages: unsplit launches keep num_stages) and "+combine" (split
-    steps merge in a combine launch, not in their last split: ``decode_ops.FUSED_MERGE`` off). The query tile
-    stays the table's."""
+    page by page), "+nostream" (no streaming stages: unsplit launches keep num_stages), and the switches
+    "+combine" (split steps merge in a combine launch, not in their last split: ``decode_ops.FUSED_MERGE`` off)
+    and "+early" (chained launches release the next kernel from their start: ``RELEASE_AFTER_KEYS`` off). The
+    query tile stays the table's."""
     tiles, *flags = text.split("+")
     block_n, warps, stages = (int(part) for part in tiles.split("x"))
     fields = dict(block_n=block_n, num_warps=warps, num_stages=stages)
@@ -52,12 +55,13 @@ def parse_config(text: str) -> dict:
             fields.update(tma=False, table_chunk=0)
         elif flag == "nostream":
             fields["streaming_stages"] = 0
-        elif flag == "combine":
-            fields["fused_merge"] = False
+        elif flag in SWITCH_FLAGS:
+            fields[flag] = True
         elif flag.startswith("c"):
             fields["table_chunk"] = int(flag[1:])
         else:
-            raise ValueError(f"config {text!r}: unknown flag {flag!r} (expected tma, ptr, cN, nostream or combine)")
+            raise ValueError(f"config {text!r}: unknown flag {flag!r} "
+                             "(expected tma, ptr, cN, nostream, combine or early)")
     return fields
 
 
@@ -65,17 +69,22 @@ def parse_config(text: str) -> dict:
 def decode_tiles(config: dict | None):
     """decode_ops.decode_config with the fields of ``config`` replaced; None: the table's. The launch plans are
     cleared on the way in and out: their key does not see the patched function."""
-    table, fused_merge = decode_ops.decode_config, decode_ops.FUSED_MERGE
+    table = decode_ops.decode_config
+    switches = {name: getattr(decode_ops, name) for name, _ in SWITCH_FLAGS.values()}
     if config is not None:
         config = dict(config)
-        decode_ops.FUSED_MERGE = config.pop("fused_merge", fused_merge)
+        for flag, (name, value) in SWITCH_FLAGS.items():
+            if config.pop(flag, False):
+                setattr(decode_ops, name, value)
         if config:
             decode_ops.decode_config = lambda *args: dataclasses.replace(table(*args), **config)
     launcher.clear_plans()
     try:
         yield
     finally:
-        decode_ops.decode_config, decode_ops.FUSED_MERGE = table, fused_merge
+        decode_ops.decode_config = table
+        for name, value in switches.items():
+            setattr(decode_ops, name, value)
         launcher.clear_plans()
 
 
