@@ -23,7 +23,8 @@ from flashattn.bench_decode import DecodeCase, choose_grid_copies, flashattn_ste
 
 WRONG_DIFF = 2e-2  # bf16 outputs of the same attention differ by rounding only (~1e-3)
 # config flags that set a decode_ops switch: flag -> (switch, value)
-SWITCH_FLAGS = {"combine": ("FUSED_MERGE", False), "early": ("RELEASE_AFTER_KEYS", False)}
+SWITCH_FLAGS = {"combine": ("FUSED_MERGE", False), "early": ("RELEASE_DEPENDENTS", "start"),
+                "keys": ("RELEASE_DEPENDENTS", "keys"), "exit": ("RELEASE_DEPENDENTS", "exit")}
 SPLIT_CANDIDATES = (1, 2, 3, 4, 5, 6, 8, 9, 11, 12, 16, 17, 22, 24, 32, 33, 48, 64)
 
 
@@ -43,7 +44,7 @@ def parse_config(text: str) -> dict:
     loads), "+ptr" (pointer loads, page by page), "+c16" (paged: 16 block-table entries a chunk; "+c0":
     page by page), "+nostream" (no streaming stages: unsplit launches keep num_stages), and the switches
     "+combine" (split steps merge in a combine launch, not in their last split: ``decode_ops.FUSED_MERGE`` off)
-    and "+early" (chained launches release the next kernel from their start: ``RELEASE_AFTER_KEYS`` off). The
+    and "+early", "+keys", "+exit" (when chained launches release the next kernel: ``RELEASE_DEPENDENTS``). The
     query tile stays the table's."""
     tiles, *flags = text.split("+")
     block_n, warps, stages = (int(part) for part in tiles.split("x"))
@@ -61,7 +62,7 @@ def parse_config(text: str) -> dict:
             fields["table_chunk"] = int(flag[1:])
         else:
             raise ValueError(f"config {text!r}: unknown flag {flag!r} "
-                             "(expected tma, ptr, cN, nostream, combine or early)")
+                             f"(expected tma, ptr, cN, nostream, or one of {sorted(SWITCH_FLAGS)})")
     return fields
 
 

@@ -315,13 +315,14 @@ FUSED_MERGE = True
 ``_merge_when_last``) instead of a combine launch after the attention. False launches the combine, for
 measuring what the fused merge saves."""
 
-RELEASE_AFTER_KEYS = True
-"""A chained attention launch that no combine follows lets the next kernel launch once each program's key loop is
-done, not from its start (``kernels/common.chain_launch``). The next kernel is then usually the next step's
-attention, a launch as large as this one: released early, its programs took the free program slots beside this
-one's and waited there, and the SMs that took them ran a program more than the others. H200, GQA 32/8, hdim
-128, bf16, the fused merge with release at the start (docs/perf-notes.md, version 24): 1.15-1.53x the step time
-of the combine launch, which releases the next attention only after the whole grid is done."""
+RELEASE_DEPENDENTS = "exit"
+"""When a chained attention launch that no combine follows lets the next kernel launch: "start" (as every chained
+kernel does, ``kernels/common.chain_launch``), "keys" (once each program's key loop is done) or "exit" (when its
+programs have all finished). The next kernel is then usually the next step's attention, a launch as large as this
+one: released early, its programs took the free program slots beside this one's and waited there, and the SMs
+that took them ran a program more than the others. H200, GQA 32/8, hdim 128, bf16, the fused merge
+(docs/perf-notes.md, version 24): released from the start, 1.15-1.53x the step time of the combine launch (which
+releases the next attention only when the whole grid is done); after the key loops, 1.03-1.37x."""
 
 
 @dataclass(frozen=True)
@@ -465,7 +466,7 @@ def _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache
         num_warps=config.num_warps, num_stages=config.num_stages, **scalars, **_dot_flags(q.dtype),
         FUSE_APPEND=fused, NEW_KEYS=configs.next_power_of_2(seqlen_new) if fused else 1,
         MERGE=merge, MERGE_ROWS=merging.rows, MERGE_SPLITS=merging.splits, MERGE_LSE_SPLITS=merging.lse_splits,
-        RELEASE_AFTER_KEYS=RELEASE_AFTER_KEYS and (num_splits == 1 or merge), **_chain_arguments(q.device),
+        RELEASE=RELEASE_DEPENDENTS if num_splits == 1 or merge else "start", **_chain_arguments(q.device),
     )
     if num_splits > 1 and not merge:
         _triton_combine(out_target, lse_target, out, lse)
@@ -534,7 +535,7 @@ def kvcache_append_attention(
 
 def plan_switches() -> tuple:
     """The switches of this module that decide a decode step's launches: part of its launch plan's key."""
-    return (PROGRAMMATIC_LAUNCH, FUSED_APPEND_MAX_TOKENS, FUSED_MERGE, RELEASE_AFTER_KEYS, MAX_SPLITS,
+    return (PROGRAMMATIC_LAUNCH, FUSED_APPEND_MAX_TOKENS, FUSED_MERGE, RELEASE_DEPENDENTS, MAX_SPLITS,
             STREAMING_PROGRAMS_PER_PROCESSOR, TABLE_CHUNK_ENTRIES, TABLE_CHUNK_MIN_BLOCKS)
 
 

@@ -3,11 +3,12 @@ and each config's ratio to the table's (mean over rounds). Usage: python3 ab_sum
 import collections
 import json
 import sys
+from pathlib import Path
 
 rows = collections.defaultdict(lambda: collections.defaultdict(list))
 names = []
 for path in sys.argv[1:]:
-    for result in json.load(open(path))["results"]:
+    for result in json.loads(Path(path).read_text())["results"]:
         case, auto = result["case"], str(result["auto"])
         key = (case["page_size"] or 0, case["cache_len"], case["batch"], auto)
         for name, runs in result["configs"].items():

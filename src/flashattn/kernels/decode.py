@@ -381,7 +381,7 @@ def kvcache_attention_kernel(
     ONE_PAGE: tl.constexpr = False, CHAINED: tl.constexpr = False, FUSE_APPEND: tl.constexpr = False,
     NEW_KEYS: tl.constexpr = 16, USE_TMA: tl.constexpr = False, TABLE_CHUNK: tl.constexpr = 0,
     MERGE: tl.constexpr = False, MERGE_ROWS: tl.constexpr = 16, MERGE_SPLITS: tl.constexpr = 16,
-    MERGE_LSE_SPLITS: tl.constexpr = 16, RELEASE_AFTER_KEYS: tl.constexpr = False,
+    MERGE_LSE_SPLITS: tl.constexpr = 16, RELEASE: tl.constexpr = "start",
 ):
     """Grid (row blocks, batch x kv heads, splits). Writes out/lse of split ``program_id(2)``.
 
@@ -390,12 +390,12 @@ def kvcache_attention_kernel(
     appended by this launch: program (0, b x h, 0) writes them into the cache (as
     ``kvcache_append_kernel`` does) after its key loop, and every program reads their rows from KNew/VNew,
     never from the cache rows being written.
-    CHAINED: launched with programmatic dependent launch (see ``common.chain_launch``); RELEASE_AFTER_KEYS: the
-    next kernel may launch once this program's key loop is done, not from its start.
+    CHAINED: launched with programmatic dependent launch (see ``common.chain_launch``); RELEASE: when the next
+    kernel may launch: "start" (``chain_launch``'s), "keys" (once every program's key loop is done) or "exit".
     USE_TMA, TABLE_CHUNK: how the interior key blocks are loaded (``_decode_block_range``).
     MERGE: Out/Lse are float32 partials of num_splits > 1 splits; the last split of each tile to finish merges
     them into OutMerged/LseMerged (``_merge_when_last``; ArrivalCounters: one zero per tile)."""
-    chain_launch(CHAINED, not RELEASE_AFTER_KEYS)
+    chain_launch(CHAINED, RELEASE == "start")
     start_r = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
     split = tl.program_id(2)
@@ -498,7 +498,7 @@ def kvcache_attention_kernel(
             HEAD_DIM, BLOCK_D, BLOCK_N, stage != 1, PAGED, ONE_PAGE, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
             UPCAST_DOT, DOT_PRECISION, COMPENSATED, FUSE_APPEND, USE_TMA, TABLE_CHUNK)
 
-    if RELEASE_AFTER_KEYS:
+    if RELEASE == "keys":
         release_dependents(CHAINED)
 
     # -- epilogue: normalize; a row (or a split) that saw no key gives 0 and lse = +inf --
