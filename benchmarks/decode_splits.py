@@ -22,9 +22,6 @@ from flashattn import decode_ops, launcher
 from flashattn.bench_decode import DecodeCase, choose_grid_copies, flashattn_step, graph_seconds, l2_bytes, make_inputs
 
 WRONG_DIFF = 2e-2  # bf16 outputs of the same attention differ by rounding only (~1e-3)
-# config flags that set a decode_ops switch: flag -> (switch, value)
-SWITCH_FLAGS = {"combine": ("FUSED_MERGE", False), "early": ("RELEASE_DEPENDENTS", "start"),
-                "keys": ("RELEASE_DEPENDENTS", "keys"), "exit": ("RELEASE_DEPENDENTS", "exit")}
 SPLIT_CANDIDATES = (1, 2, 3, 4, 5, 6, 8, 9, 11, 12, 16, 17, 22, 24, 32, 33, 48, 64)
 
 
@@ -42,10 +39,8 @@ def candidate_splits(case: DecodeCase, processors: int, key_block: int = 64) -> 
 def parse_config(text: str) -> dict:
     """"64x4x3" -> the DecodeConfig fields block_n, num_warps, num_stages; flags after it: "+tma" (TMA
     loads), "+ptr" (pointer loads, page by page), "+c16" (paged: 16 block-table entries a chunk; "+c0":
-    page by page), "+nostream" (no streaming stages: unsplit launches keep num_stages), and the switches
-    "+combine" (split steps merge in a combine launch, not in their last split: ``decode_ops.FUSED_MERGE`` off)
-    and "+early", "+keys", "+exit" (when chained launches release the next kernel: ``RELEASE_DEPENDENTS``). The
-    query tile stays the table's."""
+    page by page) and "+nostream" (no streaming stages: unsplit launches keep num_stages). The query tile
+    stays the table's."""
     tiles, *flags = text.split("+")
     block_n, warps, stages = (int(part) for part in tiles.split("x"))
     fields = dict(block_n=block_n, num_warps=warps, num_stages=stages)
@@ -56,13 +51,10 @@ def parse_config(text: str) -> dict:
             fields.update(tma=False, table_chunk=0)
         elif flag == "nostream":
             fields["streaming_stages"] = 0
-        elif flag in SWITCH_FLAGS:
-            fields[flag] = True
         elif flag.startswith("c"):
             fields["table_chunk"] = int(flag[1:])
         else:
-            raise ValueError(f"config {text!r}: unknown flag {flag!r} "
-                             f"(expected tma, ptr, cN, nostream, or one of {sorted(SWITCH_FLAGS)})")
+            raise ValueError(f"config {text!r}: unknown flag {flag!r} (expected tma, ptr or cN)")
     return fields
 
 
@@ -71,28 +63,21 @@ def decode_tiles(config: dict | None):
     """decode_ops.decode_config with the fields of ``config`` replaced; None: the table's. The launch plans are
     cleared on the way in and out: their key does not see the patched function."""
     table = decode_ops.decode_config
-    switches = {name: getattr(decode_ops, name) for name, _ in SWITCH_FLAGS.values()}
     if config is not None:
-        config = dict(config)
-        for flag, (name, value) in SWITCH_FLAGS.items():
-            if config.pop(flag, False):
-                setattr(decode_ops, name, value)
-        if config:
-            decode_ops.decode_config = lambda *args: dataclasses.replace(table(*args), **config)
+        decode_ops.decode_config = lambda *args: dataclasses.replace(table(*args), **config)
     launcher.clear_plans()
     try:
         yield
     finally:
         decode_ops.decode_config = table
-        for name, value in switches.items():
-            setattr(decode_ops, name, value)
         launcher.clear_plans()
 
 
 def sweep(case: DecodeCase, device: torch.device, configs: list[str | None], only_splits: list[int] | str = ()) -> dict:
     """Step times over split counts for each tile config, and each output's largest difference from
     the table config's output with the automatic split count (a wrong config shows there). ``only_splits``:
-    time these split counts (and the automatic one) instead of :func:`candidate_splits`."""
+    time these split counts (and the automatic one) instead of :func:`candidate_splits`; "auto": the automatic one
+    only."""
     processors = torch.cuda.get_device_properties(device).multi_processor_count
     copies = choose_grid_copies(case.kv_bytes(), l2_bytes(device))
     inputs = make_inputs(case, device, copies)
@@ -109,8 +94,7 @@ def sweep(case: DecodeCase, device: torch.device, configs: list[str | None], onl
                 splits_to_try = {auto}
             else:
                 splits_to_try = set(only_splits or candidate_splits(case, processors,
-                                                                    config.get("block_n", 64) if config else 64))
-                splits_to_try |= {auto}
+                                                                    config["block_n"] if config else 64)) | {auto}
             for splits in sorted(splits_to_try):
                 step = flashattn_step(splits)(inputs)
                 diffs[splits] = (step(0).float() - reference).abs().max().item()

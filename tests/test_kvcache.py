@@ -135,27 +135,6 @@ def test_split_counts_agree(backend):
             f"{num_splits} splits vs 1"
 
 
-@pytest.mark.parametrize("fused_merge", [True, False], ids=["fused-merge", "combine-launch"])
-def test_split_merge_forms(backend, monkeypatch, fused_merge):
-    """The last split of a tile merges (FUSED_MERGE), or a combine launch does: both hold to the rule, over two
-    row tiles (6 tokens x a group of 4 = 24 rows; 16 a tile under the interpreter) and row chunks that do not
-    divide them, and the arrival counters are all back at zero after each step, so a second step agrees."""
-    monkeypatch.setattr(decode_ops, "FUSED_MERGE", fused_merge)
-    monkeypatch.setattr(decode_ops, "_ARRIVAL_COUNTERS", {})
-    problem = variant(BASE, nheads=8, nheads_k=2, seqlen_q=6, seqlen_new=6, cache_seqlens=(29, 40),
-                      options={"causal": True})
-    inputs = build(problem, torch.float16, DEVICE, seed=3)
-    oracle, baseline = expected(inputs, upcast=True), expected(inputs, upcast=False)
-    first = run(inputs, num_splits=5)
-    assert_within_rule("out", first[0], oracle["out"], baseline["out"], factor=2)
-    assert_lse_close(first[1], oracle["lse"], torch.float16)
-    assert bool(decode_ops._ARRIVAL_COUNTERS) == (backend == "triton" and fused_merge)
-    for counters in decode_ops._ARRIVAL_COUNTERS.values():
-        assert int(counters.count_nonzero()) == 0, "a tile's counter was left set"
-    second = run(inputs, num_splits=5)
-    assert torch.equal(second[0], first[0]) and torch.equal(second[1], first[1])
-
-
 def test_int_cache_seqlens_matches_tensor(backend):
     problem = variant(BASE, cache_seqlens=(17, 17))
     inputs = build(problem, torch.float16, DEVICE)

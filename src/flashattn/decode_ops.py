@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import configs, cpu_decode, launcher
+from . import configs, cpu_decode
 from .launcher import launch
 from .ops import (
     _alibi_args,
@@ -310,58 +310,6 @@ def combine_tiles(num_splits: int, rows: int, block_d: int, processors: int, int
     return CombineTiles(block_m, split_block, chunk_d, 4 if elements >= 2048 else 2)
 
 
-FUSED_MERGE = True
-"""A split decode step's last split of each tile merges the tile's partial results (``kernels/decode.py``,
-``_merge_when_last``) instead of a combine launch after the attention. False launches the combine, for
-measuring what the fused merge saves."""
-
-RELEASE_DEPENDENTS = "exit"
-"""When a chained attention launch that no combine follows lets the next kernel launch: "start" (as every chained
-kernel does, ``kernels/common.chain_launch``), "keys" (once each program's key loop is done) or "exit" (when its
-programs have all finished). The next kernel is then usually the next step's attention, a launch as large as this
-one: released early, its programs took the free program slots beside this one's and waited there, and the SMs
-that took them ran a program more than the others. H200, GQA 32/8, hdim 128, bf16, the fused merge
-(docs/perf-notes.md, version 24): released from the start, 1.15-1.53x the step time of the combine launch (which
-releases the next attention only when the whole grid is done); after the key loops, 1.03-1.37x."""
-
-
-@dataclass(frozen=True)
-class MergeTiles:
-    rows: int  # (token, head) rows merged at once: the group's rows, not the attention tile's 16
-    splits: int  # partial outputs loaded at once
-    lse_splits: int  # partial log-sum-exps loaded at once
-
-
-def merge_tiles(num_splits: int, rows: int, block_m: int, block_d: int, interpret: bool) -> MergeTiles:
-    """Tiles of the fused merge: a GQA group of 4 heads at one token merges 4 rows, not the 16 of the attention's
-    tile, and as many splits at once as keep the float32 tile within COMBINE_TILE_ELEMENTS (16 at hdim 128), so
-    that a step of 32 splits waits on two loads of partial outputs, not 32. The interpreter takes small tiles,
-    so that the tests step through several row and split chunks."""
-    splits = configs.next_power_of_2(num_splits)
-    if interpret:
-        return MergeTiles(min(4, block_m, configs.next_power_of_2(rows)), min(4, splits), min(2, splits))
-    merge_rows = min(block_m, configs.next_power_of_2(rows))
-    return MergeTiles(merge_rows, max(1, min(splits, COMBINE_TILE_ELEMENTS // (merge_rows * block_d))),
-                      min(splits, MAX_SPLITS))
-
-
-_ARRIVAL_COUNTERS: dict = {}
-
-
-def arrival_counters(device: torch.device, count: int) -> torch.Tensor:
-    """At least ``count`` int32 zeros for the fused merge's arrival counters, one per tile, kept across calls: the
-    last program of a tile sets its counter back to 0, so a step needs no zeroing launch. One buffer per (device,
-    stream): steps on one stream run one after the other (a chained step waits for its predecessor before its
-    first access), where steps on two streams could overlap and must not share counters."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (device, stream)
-    counters = _ARRIVAL_COUNTERS.get(key)
-    if counters is None or counters.numel() < count:
-        counters = torch.zeros(max(count, 1024), dtype=torch.int32, device=device)
-        _ARRIVAL_COUNTERS[key] = counters
-    return counters
-
-
 def _triton_combine_backward(dout, dlse, out_partial, lse_partial):
     from .kernels.combine import combine_backward_kernel
 
@@ -436,24 +384,18 @@ def _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache
     one_page = block_table is not None and cache_leftpad is None and geometry["page_size"] % config.block_n == 0
     use_tma = tma_decode_loads(config, k_cache, v_cache, block_table, one_page)
     grid = (row_blocks, batch * nheads_k, num_splits)
-    merge = num_splits > 1 and FUSED_MERGE
-    merging = merge_tiles(num_splits, group_size * seqlen_q, config.block_m, configs.padded_head_dim(head_dim),
-                          interpret)
-    counters = placeholder
-    if merge:
-        counters = launcher.workspace(functools.partial(arrival_counters, q.device, row_blocks * batch * nheads_k))
     launch(
         kvcache_attention_kernel, grid,
         q, k_cache, v_cache, out_target, lse_target, cache_seqlens,
         cache_batch_idx if cache_batch_idx is not None else placeholder,
         cache_leftpad if cache_leftpad is not None else placeholder,
         block_table if block_table is not None else placeholder, cos, sin, slopes,
-        k_new if fused else q, v_new if fused else q, out, lse, counters,
+        k_new if fused else q, v_new if fused else q,
         q.stride(0), q.stride(1), q.stride(2),
         *(k_new.stride()[:3] if fused else (0, 0, 0)), *(v_new.stride()[:3] if fused else (0, 0, 0)),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        *out_strides, *lse_strides, *out.stride()[:3], *lse.stride(),
+        *out_strides, *lse_strides,
         block_table.stride(0) if block_table is not None else 0, cos.stride(0), sin.stride(0), stride_alibi_b,
         seqlen_q, seqlen_new, nheads_k, group_size, geometry["capacity"], geometry["batch_cache"],
         geometry["num_blocks"], geometry["page_size"], rotary_dim, seqlen_ro, num_splits,
@@ -465,10 +407,9 @@ def _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache
         INTERLEAVED=rotary_interleaved, ROTARY_PER_TOKEN=opts.masked, HAS_ALIBI=has_alibi,
         num_warps=config.num_warps, num_stages=config.num_stages, **scalars, **_dot_flags(q.dtype),
         FUSE_APPEND=fused, NEW_KEYS=configs.next_power_of_2(seqlen_new) if fused else 1,
-        MERGE=merge, MERGE_ROWS=merging.rows, MERGE_SPLITS=merging.splits, MERGE_LSE_SPLITS=merging.lse_splits,
-        RELEASE=RELEASE_DEPENDENTS if num_splits == 1 or merge else "start", **_chain_arguments(q.device),
+        **_chain_arguments(q.device),
     )
-    if num_splits > 1 and not merge:
+    if num_splits > 1:
         _triton_combine(out_target, lse_target, out, lse)
     return out, lse
 
@@ -535,8 +476,8 @@ def kvcache_append_attention(
 
 def plan_switches() -> tuple:
     """The switches of this module that decide a decode step's launches: part of its launch plan's key."""
-    return (PROGRAMMATIC_LAUNCH, FUSED_APPEND_MAX_TOKENS, FUSED_MERGE, RELEASE_DEPENDENTS, MAX_SPLITS,
-            STREAMING_PROGRAMS_PER_PROCESSOR, TABLE_CHUNK_ENTRIES, TABLE_CHUNK_MIN_BLOCKS)
+    return (PROGRAMMATIC_LAUNCH, FUSED_APPEND_MAX_TOKENS, MAX_SPLITS, STREAMING_PROGRAMS_PER_PROCESSOR,
+            TABLE_CHUNK_ENTRIES, TABLE_CHUNK_MIN_BLOCKS)
 
 
 def _planned_attention(phase: str, inputs: tuple, scalars: tuple, call):

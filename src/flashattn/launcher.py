@@ -64,17 +64,6 @@ def zeros(size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return tensor
 
 
-def workspace(provider) -> torch.Tensor:
-    """``provider()``: a tensor that the call's kernels keep state in across calls (counters that they set back to
-    zero themselves). A plan's replay asks ``provider`` again instead of allocating a new tensor, so the kernels
-    find the state their last call left."""
-    tensor = provider()
-    recording = getattr(_RECORDING, "active", None)
-    if recording is not None:
-        recording.workspaces[id(tensor)] = provider
-    return tensor
-
-
 def _hooked(hook) -> bool:
     """Whether a launch hook is set: Triton 3.6 keeps each as a chain of calls (empty: none), older ones as None."""
     return hook is not None and bool(getattr(hook, "calls", True))
@@ -104,18 +93,6 @@ class _HostDescriptor(NamedTuple):
     padding: str
 
 
-class _Allocation(NamedTuple):
-    """A tensor that a call made: a replay allocates one like it (zeroed when the call made it by :func:`zeros`),
-    or asks its ``provider`` (:func:`workspace`)."""
-
-    size: torch.Size
-    stride: tuple
-    dtype: torch.dtype
-    device: torch.device
-    zeroed: bool
-    provider: object = None
-
-
 class _Step(NamedTuple):
     compiled: object
     grid: tuple[int, int, int]
@@ -132,8 +109,7 @@ class LaunchPlan:
     the stream it was recorded on (the current one, or the second stream that ``fork`` makes) and returns the result's
     tensors. Valid only for calls whose key fixes every value but the tensors (:func:`planned`)."""
 
-    def __init__(self, allocations: list[_Allocation], steps: list, result_slots: tuple, fork, allocator,
-                 device_index: int):
+    def __init__(self, allocations: list, steps: list, result_slots: tuple, fork, allocator, device_index: int):
         self.device_index = device_index
         self.allocations = allocations
         self.steps = steps
@@ -143,13 +119,9 @@ class LaunchPlan:
 
     def replay(self, inputs: tuple) -> tuple:
         tensors = list(inputs)
-        for allocation in self.allocations:
-            if allocation.provider is not None:
-                tensors.append(allocation.provider())
-                continue
-            new = torch.empty_strided(allocation.size, allocation.stride, dtype=allocation.dtype,
-                                      device=allocation.device)
-            tensors.append(new.zero_() if allocation.zeroed else new)
+        for size, stride, dtype, device, zeroed in self.allocations:
+            new = torch.empty_strided(size, stride, dtype=dtype, device=device)
+            tensors.append(new.zero_() if zeroed else new)
         if self.allocator is not None:
             import triton
 
@@ -240,7 +212,6 @@ class _Recording:
         self.device_index = device_index
         self.launches: list = []
         self.zeroed: set[int] = set()  # the ids of the call's new tensors made by ``zeros``
-        self.workspaces: dict = {}  # id of a tensor from ``workspace`` -> its provider
         self.complete = True  # False once a launch went around ``launch``'s compiled-kernel path (not recorded)
 
     def add(self, compiled, grid: tuple[int, ...], values) -> None:
@@ -257,15 +228,10 @@ class _Recording:
             slot = slots.get(id(x))
             if slot is not None:
                 return slot
-            provider = self.workspaces.get(id(x))
-            if provider is not None:
-                allocations.append(_Allocation(x.size(), x.stride(), x.dtype, x.device, False, provider))
-                slots[id(x)] = slot = len(inputs) + len(allocations) - 1
-                return slot
             # a new tensor: its own storage (not a view of an input) that a kernel writes, or an empty one
             if x._base is not None or x.untyped_storage().data_ptr() in storages or not (written or x.numel() == 0):
                 return None
-            allocations.append(_Allocation(x.size(), x.stride(), x.dtype, x.device, id(x) in self.zeroed))
+            allocations.append((x.size(), x.stride(), x.dtype, x.device, id(x) in self.zeroed))
             slots[id(x)] = slot = len(inputs) + len(allocations) - 1
             return slot
 

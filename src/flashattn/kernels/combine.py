@@ -39,8 +39,6 @@ def _merged_lse(LsePartial, lse_offsets, row_ok, stride_lps, num_splits,
 
     SPLIT_BLOCK splits are loaded at once and merged into a running (max, sum): a decode step's
     splits usually fit one step, where a loop over single splits waited on one load after another.
-    The partials were written by other programs (of this launch, or of the one before): ``.cg`` reads
-    them from L2, where they are, without keeping them in this SM's L1.
     """
     offs_s = tl.arange(0, SPLIT_BLOCK)
     lse_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -48,7 +46,7 @@ def _merged_lse(LsePartial, lse_offsets, row_ok, stride_lps, num_splits,
     for start in range(0, num_splits, SPLIT_BLOCK):
         splits = start + offs_s
         lse = tl.load(LsePartial + splits[:, None].to(tl.int64) * stride_lps + lse_offsets[None, :],
-                      mask=_split_tile(splits, num_splits, row_ok), other=float("-inf"), cache_modifier=".cg")
+                      mask=_split_tile(splits, num_splits, row_ok), other=float("-inf"))
         lse = _finite_lse(lse.to(tl.float32))
         new_max = tl.maximum(lse_max, tl.max(lse, 0))
         shift = tl.where(new_max == float("-inf"), 0.0, new_max)
@@ -56,38 +54,6 @@ def _merged_lse(LsePartial, lse_offsets, row_ok, stride_lps, num_splits,
             + tl.sum(tl.math.exp2((lse - shift[None, :]) * LOG2E), 0)
         lse_max = new_max
     return tl.where(lse_max == float("-inf"), 0.0, lse_max), total
-
-
-@triton.jit
-def merge_partials(OutPartial, LsePartial, lse_offsets, out_offsets, row_ok, tile_ok, stride_ops, stride_lps,
-                   num_splits, BLOCK_M: tl.constexpr, CHUNK_D: tl.constexpr, LSE_SPLIT_BLOCK: tl.constexpr,
-                   SPLIT_BLOCK: tl.constexpr, ROUND_TO_NEAREST: tl.constexpr):
-    """(out, lse) of BLOCK_M rows x CHUNK_D columns merged over ``num_splits`` partial results: out float32,
-    normalized; lse natural log, +inf where every split was empty.
-
-    ``lse_offsets`` [BLOCK_M] and ``out_offsets`` [BLOCK_M, CHUNK_D] locate split 0's rows (``stride_lps``,
-    ``stride_ops`` step to the next split). The log-sum-exps are read LSE_SPLIT_BLOCK splits at a time, the
-    partial outputs SPLIT_BLOCK at a time (their tile is SPLIT_BLOCK x BLOCK_M x CHUNK_D float32).
-    """
-    shift, total = _merged_lse(LsePartial, lse_offsets, row_ok, stride_lps, num_splits, BLOCK_M, LSE_SPLIT_BLOCK)
-    acc = tl.zeros([BLOCK_M, CHUNK_D], dtype=tl.float32)
-    offs_s = tl.arange(0, SPLIT_BLOCK)
-    for start in range(0, num_splits, SPLIT_BLOCK):  # SPLIT_BLOCK partial tiles in flight per step
-        splits = start + offs_s
-        split_offsets = splits.to(tl.int64)
-        lse = tl.load(LsePartial + split_offsets[:, None] * stride_lps + lse_offsets[None, :],
-                      mask=_split_tile(splits, num_splits, row_ok), other=float("-inf"), cache_modifier=".cg")
-        weight = tl.math.exp2((_finite_lse(lse.to(tl.float32)) - shift[None, :]) * LOG2E)[:, :, None]
-        partial = tl.load(OutPartial + split_offsets[:, None, None] * stride_ops + out_offsets[None, :, :],
-                          mask=(splits < num_splits)[:, None, None] & tile_ok[None, :, :], other=0.0,
-                          cache_modifier=".cg")
-        # an empty split's output may hold anything: weight 0 must not meet a NaN there
-        acc += tl.sum(weight * tl.where(weight > 0.0, partial.to(tl.float32), 0.0), 0)
-
-    empty = total == 0.0
-    out = divide_rows(acc, tl.where(empty, 1.0, total), ROUND_TO_NEAREST)
-    lse = tl.where(empty, float("inf"), shift + tl.math.log2(tl.where(empty, 1.0, total)) / LOG2E)
-    return out, lse
 
 
 @triton.jit
@@ -124,8 +90,23 @@ def combine_kernel(
     lse_offsets = _row_offsets(offs_r, batch, nheads, stride_lpb, stride_lpm, stride_lph)
     out_offsets = _row_offsets(offs_r, batch, nheads, stride_opb, stride_opm, stride_oph)[:, None] + offs_d[None, :]
 
-    out, lse = merge_partials(OutPartial, LsePartial, lse_offsets, out_offsets, row_ok, tile_ok, stride_ops,
-                              stride_lps, num_splits, BLOCK_M, CHUNK_D, SPLIT_BLOCK, SPLIT_BLOCK, ROUND_TO_NEAREST)
+    shift, total = _merged_lse(LsePartial, lse_offsets, row_ok, stride_lps, num_splits, BLOCK_M, SPLIT_BLOCK)
+    acc = tl.zeros([BLOCK_M, CHUNK_D], dtype=tl.float32)
+    offs_s = tl.arange(0, SPLIT_BLOCK)
+    for start in range(0, num_splits, SPLIT_BLOCK):  # SPLIT_BLOCK partial tiles in flight per step
+        splits = start + offs_s
+        split_offsets = splits.to(tl.int64)
+        lse = tl.load(LsePartial + split_offsets[:, None] * stride_lps + lse_offsets[None, :],
+                      mask=_split_tile(splits, num_splits, row_ok), other=float("-inf"))
+        weight = tl.math.exp2((_finite_lse(lse.to(tl.float32)) - shift[None, :]) * LOG2E)[:, :, None]
+        partial = tl.load(OutPartial + split_offsets[:, None, None] * stride_ops + out_offsets[None, :, :],
+                          mask=(splits < num_splits)[:, None, None] & tile_ok[None, :, :], other=0.0)
+        # an empty split's output may hold anything: weight 0 must not meet a NaN there
+        acc += tl.sum(weight * tl.where(weight > 0.0, partial.to(tl.float32), 0.0), 0)
+
+    empty = total == 0.0
+    out = divide_rows(acc, tl.where(empty, 1.0, total), ROUND_TO_NEAREST)
+    lse = tl.where(empty, float("inf"), shift + tl.math.log2(tl.where(empty, 1.0, total)) / LOG2E)
     tl.store(Lse + _row_offsets(offs_r, batch, nheads, stride_lb, stride_lm, stride_lh), lse,
              mask=row_ok & (chunk == 0))
     out_ptrs = Out + _row_offsets(offs_r, batch, nheads, stride_ob, stride_om, stride_oh)[:, None] + offs_d[None, :]

@@ -13,7 +13,7 @@ LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
-def chain_launch(ENABLED: tl.constexpr, RELEASE_NOW: tl.constexpr = True):
+def chain_launch(ENABLED: tl.constexpr):
     """Programmatic dependent launch (sm90+): call first thing in a kernel launched with ``launch_pdl``.
 
     Such a kernel may start while the previous kernel on the stream is still running, so it first waits
@@ -21,22 +21,9 @@ def chain_launch(ENABLED: tl.constexpr, RELEASE_NOW: tl.constexpr = True):
     written before. Then it lets the next kernel launch early in turn: that kernel's programs take SMs as
     this one's retire instead of after the launch gap. A no-op when not ENABLED (the interpreter, older
     GPUs), where the inline PTX does not exist.
-
-    Not RELEASE_NOW: the kernel lets the next one launch later, with :func:`release_dependents`. The next
-    kernel's programs take free program slots as soon as they launch, and wait there: when it is a launch as
-    large as this one, those that land beside this one's programs leave some SMs a program more to run than
-    others.
     """
     if ENABLED:
         gdc_wait()
-        if RELEASE_NOW:
-            gdc_launch_dependents()
-
-
-@triton.jit
-def release_dependents(ENABLED: tl.constexpr):
-    """The launch of the next kernel that ``chain_launch(ENABLED, RELEASE_NOW=False)`` held back."""
-    if ENABLED:
         gdc_launch_dependents()
 
 

@@ -9,9 +9,8 @@ Two kernels, launched one after the other on the same stream (``decode_ops.py``)
   ``r`` of the tile is query token ``r // group_size`` of query head ``kv_head * group_size + r % group_size``.
   Each K/V tile is then loaded once for the whole group, which is what makes GQA decoding fast (one
   query token per head would leave a tile of 1 row). A third grid axis splits the key range
-  (flash-decoding); each split writes a normalized partial output and its log-sum-exp. The last split
-  of a tile to finish merges them (MERGE; ``merge_partials`` of ``kernels/combine.py``), or a combine
-  launch after this one does.
+  (flash-decoding); each split writes a normalized partial output and its log-sum-exp, merged by
+  ``kernels/combine.py``.
 
 Positions: the cache holds keys at absolute positions ``[leftpad, cache_seqlens + seqlen_new)``; the
 attention sees them as keys ``0 .. seqlen_k - 1`` with ``seqlen_k = cache_seqlens + seqlen_new - leftpad``,
@@ -22,7 +21,6 @@ looked up at absolute positions, as flash-attn does.
 import triton
 import triton.language as tl
 
-from .combine import merge_partials
 from .common import (
     LOG2E,
     chain_launch,
@@ -33,7 +31,6 @@ from .common import (
     load_kt_v,
     online_softmax_step,
     paged_kv_rows,
-    release_dependents,
     stage_range,
 )
 
@@ -319,56 +316,15 @@ def _decode_block_range(
 
 
 @triton.jit
-def _merge_when_last(
-    Out, Lse, OutMerged, LseMerged, counter, start_r, rows, batch, head_k, group_size, num_splits,
-    stride_os, stride_ob, stride_om, stride_oh, stride_ls, stride_lb, stride_lh, stride_lm,
-    stride_mob, stride_mom, stride_moh, stride_mlb, stride_mlh, stride_mlm,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, MERGE_ROWS: tl.constexpr,
-    MERGE_SPLITS: tl.constexpr, MERGE_LSE_SPLITS: tl.constexpr, ROUND_TO_NEAREST: tl.constexpr,
-):
-    """Called by every split of a tile after storing its partial (Out, Lse): the last one to arrive merges the
-    tile's rows over all splits into OutMerged/LseMerged, then sets the tile's ``counter`` back to 0 for the next
-    launch. No merge launch: its launch gap, and its wait for the whole grid to drain, are what this saves.
-
-    The arrival follows CUTLASS's semaphore pattern: a barrier, so that the program's partial stores (by every
-    thread) come first, then one release-acquire add at GPU scope, which publishes them and, for the last
-    program, makes the other programs' stores visible to its reads (from L2, ``.cg``)."""
-    tl.debug_barrier()
-    arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-    if arrived == num_splits - 1:
-        end_r = tl.minimum(start_r + BLOCK_M, rows)
-        offs_d = tl.arange(0, BLOCK_D)
-        for first_row in range(start_r, end_r, MERGE_ROWS):  # MERGE_ROWS: the group's rows, not the mma's 16
-            offs_r = first_row + tl.arange(0, MERGE_ROWS)
-            row_ok = offs_r < end_r
-            tile_ok = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
-            query_idx = (offs_r // group_size).to(tl.int64)
-            head = (head_k * group_size + offs_r % group_size).to(tl.int64)
-            lse_offsets = batch.to(tl.int64) * stride_lb + head * stride_lh + query_idx * stride_lm
-            out_offsets = (batch.to(tl.int64) * stride_ob + query_idx * stride_om + head * stride_oh)[:, None] \
-                + offs_d[None, :]
-            out, lse = merge_partials(Out, Lse, lse_offsets, out_offsets, row_ok, tile_ok, stride_os, stride_ls,
-                                      num_splits, MERGE_ROWS, BLOCK_D, MERGE_LSE_SPLITS, MERGE_SPLITS,
-                                      ROUND_TO_NEAREST)
-            tl.store(LseMerged + batch.to(tl.int64) * stride_mlb + head * stride_mlh + query_idx * stride_mlm, lse,
-                     mask=row_ok)
-            merged_rows = batch.to(tl.int64) * stride_mob + query_idx * stride_mom + head * stride_moh
-            tl.store(OutMerged + merged_rows[:, None] + offs_d[None, :], out.to(OutMerged.dtype.element_ty),
-                     mask=tile_ok)
-        tl.atomic_xchg(counter, 0)
-
-
-@triton.jit
 def kvcache_attention_kernel(
     Q, KCache, VCache, Out, Lse, CacheSeqlens, CacheBatchIdx, CacheLeftpad, BlockTable, Cos, Sin, AlibiSlopes,
-    KNew, VNew, OutMerged, LseMerged, ArrivalCounters,
+    KNew, VNew,
     stride_qb, stride_qm, stride_qh,
     stride_knb, stride_knn, stride_knh, stride_vnb, stride_vnn, stride_vnh,
     stride_kcb, stride_kcn, stride_kch,
     stride_vcb, stride_vcn, stride_vch,
     stride_os, stride_ob, stride_om, stride_oh,
     stride_ls, stride_lb, stride_lh, stride_lm,
-    stride_mob, stride_mom, stride_moh, stride_mlb, stride_mlh, stride_mlm,
     stride_btb, stride_cos, stride_sin, stride_alibi_b,
     seqlen_q, seqlen_new, nheads_k, group_size, capacity, batch_cache, num_blocks, page_size,
     rotary_dim, seqlen_ro, num_splits,
@@ -380,8 +336,6 @@ def kvcache_attention_kernel(
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
     ONE_PAGE: tl.constexpr = False, CHAINED: tl.constexpr = False, FUSE_APPEND: tl.constexpr = False,
     NEW_KEYS: tl.constexpr = 16, USE_TMA: tl.constexpr = False, TABLE_CHUNK: tl.constexpr = 0,
-    MERGE: tl.constexpr = False, MERGE_ROWS: tl.constexpr = 16, MERGE_SPLITS: tl.constexpr = 16,
-    MERGE_LSE_SPLITS: tl.constexpr = 16, RELEASE: tl.constexpr = "start",
 ):
     """Grid (row blocks, batch x kv heads, splits). Writes out/lse of split ``program_id(2)``.
 
@@ -390,12 +344,9 @@ def kvcache_attention_kernel(
     appended by this launch: program (0, b x h, 0) writes them into the cache (as
     ``kvcache_append_kernel`` does) after its key loop, and every program reads their rows from KNew/VNew,
     never from the cache rows being written.
-    CHAINED: launched with programmatic dependent launch (see ``common.chain_launch``); RELEASE: when the next
-    kernel may launch: "start" (``chain_launch``'s), "keys" (once every program's key loop is done) or "exit".
-    USE_TMA, TABLE_CHUNK: how the interior key blocks are loaded (``_decode_block_range``).
-    MERGE: Out/Lse are float32 partials of num_splits > 1 splits; the last split of each tile to finish merges
-    them into OutMerged/LseMerged (``_merge_when_last``; ArrivalCounters: one zero per tile)."""
-    chain_launch(CHAINED, RELEASE == "start")
+    CHAINED: launched with programmatic dependent launch (see ``common.chain_launch``).
+    USE_TMA, TABLE_CHUNK: how the interior key blocks are loaded (``_decode_block_range``)."""
+    chain_launch(CHAINED)
     start_r = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
     split = tl.program_id(2)
@@ -498,9 +449,6 @@ def kvcache_attention_kernel(
             HEAD_DIM, BLOCK_D, BLOCK_N, stage != 1, PAGED, ONE_PAGE, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
             UPCAST_DOT, DOT_PRECISION, COMPENSATED, FUSE_APPEND, USE_TMA, TABLE_CHUNK)
 
-    if RELEASE == "keys":
-        release_dependents(CHAINED)
-
     # -- epilogue: normalize; a row (or a split) that saw no key gives 0 and lse = +inf --
     empty = row_sum == 0.0
     out = divide_rows(acc, tl.where(empty, 1.0, row_sum), COMPENSATED)
@@ -515,10 +463,3 @@ def kvcache_attention_kernel(
     tl.store(out_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
     if FUSE_APPEND:
         _store_new_tokens(*new_tokens)
-    if MERGE:
-        _merge_when_last(Out, Lse, OutMerged, LseMerged, ArrivalCounters + bh * tl.num_programs(0) + tl.program_id(0),
-                         start_r, seqlen_q * group_size, batch, head_k, group_size, num_splits,
-                         stride_os, stride_ob, stride_om, stride_oh, stride_ls, stride_lb, stride_lh, stride_lm,
-                         stride_mob, stride_mom, stride_moh, stride_mlb, stride_mlh, stride_mlm,
-                         HEAD_DIM, BLOCK_D, BLOCK_M, MERGE_ROWS, MERGE_SPLITS, MERGE_LSE_SPLITS,
-                         COMPENSATED)
