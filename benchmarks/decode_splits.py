@@ -39,8 +39,8 @@ def candidate_splits(case: DecodeCase, processors: int, key_block: int = 64) -> 
 def parse_config(text: str) -> dict:
     """"64x4x3" -> the DecodeConfig fields block_n, num_warps, num_stages; flags after it: "+tma" (TMA
     loads), "+ptr" (pointer loads, page by page), "+c16" (paged: 16 block-table entries a chunk; "+c0":
-    page by page), "+nostream" (no streaming stages: unsplit launches keep num_stages) and "+noprefetch" (no
-    L2 prefetch of the tail block: ``decode_ops.PREFETCH_TAIL`` off). The query tile stays the table's."""
+    page by page) and "+nostream" (no streaming stages: unsplit launches keep num_stages). The query tile
+    stays the table's."""
     tiles, *flags = text.split("+")
     block_n, warps, stages = (int(part) for part in tiles.split("x"))
     fields = dict(block_n=block_n, num_warps=warps, num_stages=stages)
@@ -51,12 +51,10 @@ def parse_config(text: str) -> dict:
             fields.update(tma=False, table_chunk=0)
         elif flag == "nostream":
             fields["streaming_stages"] = 0
-        elif flag == "noprefetch":
-            fields["prefetch_tail"] = False
         elif flag.startswith("c"):
             fields["table_chunk"] = int(flag[1:])
         else:
-            raise ValueError(f"config {text!r}: unknown flag {flag!r} (expected tma, ptr, cN, nostream or noprefetch)")
+            raise ValueError(f"config {text!r}: unknown flag {flag!r} (expected tma, ptr or cN)")
     return fields
 
 
@@ -64,16 +62,14 @@ def parse_config(text: str) -> dict:
 def decode_tiles(config: dict | None):
     """decode_ops.decode_config with the fields of ``config`` replaced; None: the table's. The launch plans are
     cleared on the way in and out: their key does not see the patched function."""
-    table, prefetch = decode_ops.decode_config, decode_ops.PREFETCH_TAIL
+    table = decode_ops.decode_config
     if config is not None:
-        config = dict(config)
-        decode_ops.PREFETCH_TAIL = config.pop("prefetch_tail", prefetch)  # a switch, not a tile field
         decode_ops.decode_config = lambda *args: dataclasses.replace(table(*args), **config)
     launcher.clear_plans()
     try:
         yield
     finally:
-        decode_ops.decode_config, decode_ops.PREFETCH_TAIL = table, prefetch
+        decode_ops.decode_config = table
         launcher.clear_plans()
 
 

@@ -240,21 +240,6 @@ def tma_decode_loads(config: DecodeConfig, k_cache: torch.Tensor, v_cache: torch
     return _tma_loads(True, k_cache, v_cache)
 
 
-PREFETCH_TAIL = True
-"""Decode steps over a contiguous cache ask L2 for the masked key block after the interior (the block of the
-appended key) at the start of the split that holds it (``kernels/decode.py``, ``_prefetch_tail_block``). False:
-no prefetch, for measuring what it saves."""
-
-
-def _tail_prefetch(k_cache: torch.Tensor, block_table: torch.Tensor | None, interpret: bool) -> dict:
-    """The attention kernel's prefetch arguments: L2 lines of 128 bytes a cache row, or none (paged caches, whose
-    rows need a block-table read first; the interpreter, which has no inline PTX)."""
-    if not PREFETCH_TAIL or block_table is not None or interpret:
-        return dict(PREFETCH_LINES=0)
-    width = configs.padded_head_dim(k_cache.shape[-1]) * k_cache.element_size()
-    return dict(PREFETCH_LINES=max(1, width // 128), LINE_ELEMENTS=128 // k_cache.element_size())
-
-
 def _chain_arguments(device: torch.device) -> dict:
     chained = chained_launch(device)
     return dict(CHAINED=chained, launch_pdl=chained)
@@ -422,7 +407,7 @@ def _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache
         INTERLEAVED=rotary_interleaved, ROTARY_PER_TOKEN=opts.masked, HAS_ALIBI=has_alibi,
         num_warps=config.num_warps, num_stages=config.num_stages, **scalars, **_dot_flags(q.dtype),
         FUSE_APPEND=fused, NEW_KEYS=configs.next_power_of_2(seqlen_new) if fused else 1,
-        **_tail_prefetch(k_cache, block_table, interpret), **_chain_arguments(q.device),
+        **_chain_arguments(q.device),
     )
     if num_splits > 1:
         _triton_combine(out_target, lse_target, out, lse)
@@ -491,7 +476,7 @@ def kvcache_append_attention(
 
 def plan_switches() -> tuple:
     """The switches of this module that decide a decode step's launches: part of its launch plan's key."""
-    return (PROGRAMMATIC_LAUNCH, FUSED_APPEND_MAX_TOKENS, PREFETCH_TAIL, MAX_SPLITS, STREAMING_PROGRAMS_PER_PROCESSOR,
+    return (PROGRAMMATIC_LAUNCH, FUSED_APPEND_MAX_TOKENS, MAX_SPLITS, STREAMING_PROGRAMS_PER_PROCESSOR,
             TABLE_CHUNK_ENTRIES, TABLE_CHUNK_MIN_BLOCKS)
 
 

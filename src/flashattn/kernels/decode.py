@@ -316,41 +316,6 @@ def _decode_block_range(
 
 
 @triton.jit
-def _prefetch_rows(row_ptrs, wanted, LINE_ELEMENTS: tl.constexpr, LINES: tl.constexpr):
-    """Ask L2 for LINES 128-byte lines from each of ``row_ptrs`` where ``wanted`` (sm80+; not under the
-    interpreter, which has no inline PTX). A hint: nothing waits for it."""
-    ptrs = row_ptrs[:, None] + (tl.arange(0, LINES) * LINE_ELEMENTS)[None, :]
-    wanted = tl.broadcast_to(wanted[:, None], ptrs.shape).to(tl.int32)
-    tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-                              "=r,l,r", [ptrs, wanted], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _prefetch_tail_block(k_head, v_head, k_new_head, v_new_head, stride_kcb, stride_kcn, stride_vcb, stride_vcn,
-                         stride_knn, stride_vnn, cache_batch, leftpad, seqlen_k, new_lo, tail_start, has_tail,
-                         BLOCK_N: tl.constexpr, LINE_ELEMENTS: tl.constexpr, LINES: tl.constexpr,
-                         FUSE_APPEND: tl.constexpr):
-    """L2 prefetch of the K and V rows of the masked key block at ``tail_start`` of a contiguous cache (the new
-    keys' rows from the new k/v with FUSE_APPEND), where ``has_tail``.
-
-    That block runs in a loop of its own after the interior's (``stage_range``'s stage 2: the block of the new
-    key), whose loads the pipeliner cannot issue before the interior loop ends: without the prefetch, the program
-    that holds it (a sequence's last split) waits a whole DRAM round trip there, after the others are done."""
-    offs_n = tail_start + tl.arange(0, BLOCK_N)
-    wanted = has_tail & (offs_n < seqlen_k)
-    rows = (tl.maximum(tl.minimum(offs_n, seqlen_k - 1), 0) + leftpad).to(tl.int64)
-    k_rows = k_head + cache_batch.to(tl.int64) * stride_kcb + rows * stride_kcn
-    v_rows = v_head + cache_batch.to(tl.int64) * stride_vcb + rows * stride_vcn
-    if FUSE_APPEND:
-        is_new = offs_n >= new_lo
-        new_rows = tl.maximum(offs_n - new_lo, 0).to(tl.int64)
-        k_rows = tl.where(is_new, k_new_head + new_rows * stride_knn, k_rows)
-        v_rows = tl.where(is_new, v_new_head + new_rows * stride_vnn, v_rows)
-    _prefetch_rows(k_rows, wanted, LINE_ELEMENTS, LINES)
-    _prefetch_rows(v_rows, wanted, LINE_ELEMENTS, LINES)
-
-
-@triton.jit
 def kvcache_attention_kernel(
     Q, KCache, VCache, Out, Lse, CacheSeqlens, CacheBatchIdx, CacheLeftpad, BlockTable, Cos, Sin, AlibiSlopes,
     KNew, VNew,
@@ -371,7 +336,6 @@ def kvcache_attention_kernel(
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
     ONE_PAGE: tl.constexpr = False, CHAINED: tl.constexpr = False, FUSE_APPEND: tl.constexpr = False,
     NEW_KEYS: tl.constexpr = 16, USE_TMA: tl.constexpr = False, TABLE_CHUNK: tl.constexpr = 0,
-    PREFETCH_LINES: tl.constexpr = 0, LINE_ELEMENTS: tl.constexpr = 64,
 ):
     """Grid (row blocks, batch x kv heads, splits). Writes out/lse of split ``program_id(2)``.
 
@@ -381,10 +345,7 @@ def kvcache_attention_kernel(
     ``kvcache_append_kernel`` does) after its key loop, and every program reads their rows from KNew/VNew,
     never from the cache rows being written.
     CHAINED: launched with programmatic dependent launch (see ``common.chain_launch``).
-    USE_TMA, TABLE_CHUNK: how the interior key blocks are loaded (``_decode_block_range``).
-    PREFETCH_LINES > 0 (contiguous caches, compiled for a GPU): the split that holds masked blocks after the
-    interior asks L2 for the first of them at its start (``_prefetch_tail_block``), PREFETCH_LINES lines of
-    LINE_ELEMENTS elements a row."""
+    USE_TMA, TABLE_CHUNK: how the interior key blocks are loaded (``_decode_block_range``)."""
     chain_launch(CHAINED)
     start_r = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
@@ -476,12 +437,6 @@ def kvcache_attention_kernel(
             v_source = tl.make_tensor_descriptor(v_head + cache_batch.to(tl.int64) * stride_vcb,
                                                  shape=[capacity, HEAD_DIM], strides=[stride_vcn, 1],
                                                  block_shape=[BLOCK_N, BLOCK_D])
-    if PREFETCH_LINES > 0:
-        tail_start = tl.maximum(full_hi, split_lo)
-        _prefetch_tail_block(k_head, v_head, k_new_head, v_new_head, stride_kcb, stride_kcn, stride_vcb, stride_vcn,
-                             stride_knn, stride_vnn, cache_batch, leftpad, seqlen_k, new_lo, tail_start,
-                             tail_start < tl.minimum(hi, split_hi), BLOCK_N, LINE_ELEMENTS, PREFETCH_LINES,
-                             FUSE_APPEND)
     for stage in tl.static_range(3):
         start, end = stage_range(stage, lo, full_lo, full_hi, hi)
         start = tl.minimum(tl.maximum(start, split_lo), split_hi)
