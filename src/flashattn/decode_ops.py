@@ -80,12 +80,6 @@ after it. H200, GQA 32/8, hdim 128, bf16 (docs/perf-notes.md, version 15): 4k ba
 against 265-270 for 3 splits of 3 stages; 16k batch 64, 948 against 972. Below about two programs per SM
 an unsplit launch leaves SMs with one program where others run two, and splits win."""
 
-ONE_WAVE_PROGRAMS_PER_PROCESSOR = 0.95
-"""From this many programs per processor up to one, the launch also runs unsplit with streaming stages: one
-4-stage program on nearly every SM, and no merge, where the splits would put two 3-stage programs there. H200,
-GQA 32/8, hdim 128, bf16, batch 16 (128 programs on 132 SMs; docs/perf-notes.md, version 24): 4k 67.6 us against
-69.6 for 2 splits, 8k 125.9 against 127.4, 16k 242.8 against 243.6."""
-
 
 TABLE_CHUNK_ENTRIES = 16
 TABLE_CHUNK_MIN_BLOCKS = 32
@@ -107,16 +101,9 @@ def paged_table_chunk(config: DecodeConfig, blocks_per_split: int) -> int:
     return TABLE_CHUNK_ENTRIES if blocks_per_split >= TABLE_CHUNK_MIN_BLOCKS else 0
 
 
-def _streams_unsplit(programs: int, processors: int) -> bool:
-    """Whether a launch of ``programs`` programs with streaming stages runs unsplit: from two programs per SM, or
-    at one program per SM (ONE_WAVE_PROGRAMS_PER_PROCESSOR up to one)."""
-    return (programs >= STREAMING_PROGRAMS_PER_PROCESSOR * processors
-            or ONE_WAVE_PROGRAMS_PER_PROCESSOR * processors <= programs <= processors)
-
-
 def streaming_launch(config: DecodeConfig, programs: int, processors: int) -> bool:
     """Whether an unsplit launch of ``programs`` programs takes ``config.streaming_stages``."""
-    return config.streaming_stages > 0 and _streams_unsplit(programs, processors)
+    return config.streaming_stages > 0 and programs >= STREAMING_PROGRAMS_PER_PROCESSOR * processors
 
 
 PROGRAMMATIC_LAUNCH = True
@@ -168,10 +155,9 @@ def choose_num_splits(programs: int, key_blocks: int, processors: int, streaming
     unsplit, 7592 with 3 splits, 7351 with 4; cuDNN 7466). Not measured beyond 4 programs per SM.
 
     ``streaming``: the tiles have streaming stages, so from STREAMING_PROGRAMS_PER_PROCESSOR programs per
-    processor, and at about one (ONE_WAVE_PROGRAMS_PER_PROCESSOR up to one), the launch is not split
-    (``streaming_launch``).
+    processor the launch is not split (``streaming_launch``).
     """
-    if streaming and _streams_unsplit(programs, processors):
+    if streaming and programs >= STREAMING_PROGRAMS_PER_PROCESSOR * processors:
         return 1
     if programs > 4 * processors:
         return 1
@@ -491,7 +477,7 @@ def kvcache_append_attention(
 def plan_switches() -> tuple:
     """The switches of this module that decide a decode step's launches: part of its launch plan's key."""
     return (PROGRAMMATIC_LAUNCH, FUSED_APPEND_MAX_TOKENS, MAX_SPLITS, STREAMING_PROGRAMS_PER_PROCESSOR,
-            ONE_WAVE_PROGRAMS_PER_PROCESSOR, TABLE_CHUNK_ENTRIES, TABLE_CHUNK_MIN_BLOCKS)
+            TABLE_CHUNK_ENTRIES, TABLE_CHUNK_MIN_BLOCKS)
 
 
 def _planned_attention(phase: str, inputs: tuple, scalars: tuple, call):
