@@ -546,3 +546,35 @@ def test_paged_programs_read_the_block_table_in_chunks_from_32_blocks():
     assert config.table_chunk is None
     assert decode_ops.paged_table_chunk(config, 31) == 0 and decode_ops.paged_table_chunk(config, 32) == 16
     assert decode_ops.paged_table_chunk(dataclasses.replace(config, table_chunk=0), 128) == 0
+
+
+# the Gluon decode kernel (decode_ops.GLUON_DECODE, sm90): one query token, nothing appended, contiguous caches
+GLUON_PROBLEMS = [
+    KVProblem(batch=1, nheads=32, nheads_k=8, head_dim=128, capacity=8192, cache_seqlens=(8192,), seqlen_new=0),
+    KVProblem(batch=3, nheads=32, nheads_k=8, head_dim=128, capacity=4200, cache_seqlens=(4097, 1, 1000),
+              seqlen_new=0),
+    KVProblem(batch=16, nheads=32, nheads_k=8, head_dim=128, capacity=1100, cache_seqlens=(1023,) * 15 + (0,),
+              seqlen_new=0, options={"causal": True}),
+    KVProblem(batch=2, nheads=8, nheads_k=1, head_dim=64, capacity=3000, cache_seqlens=(2999, 65), seqlen_new=0,
+              num_splits=7),
+    KVProblem(batch=2, nheads=16, nheads_k=16, head_dim=128, capacity=700, cache_seqlens=(700, 64), seqlen_new=0,
+              num_splits=1),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("problem", GLUON_PROBLEMS, ids=str)
+def test_gluon_decode_matches_reference_on_gpu(monkeypatch, problem, dtype):
+    """The Gluon decode kernel against the float64 reference: split (automatic, 7) and unsplit, lengths that do not
+    fill a key block, an empty sequence (out 0, lse +inf), GQA groups of 1, 4 and 8."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon decode kernel is sm90's")
+    monkeypatch.setenv("FLASHATTN_BACKEND", "triton")
+    monkeypatch.setattr(decode_ops, "GLUON_DECODE", True)
+    taken = []
+    gluon_attention = decode_ops._gluon_attention
+    monkeypatch.setattr(decode_ops, "_gluon_attention", lambda *args: taken.append(1) or gluon_attention(*args))
+    check(problem, dtype, "cuda")
+    torch.cuda.synchronize()
+    assert taken, "the step did not take the Gluon kernel"

@@ -17,6 +17,8 @@ import torch
 from . import configs, cpu_decode
 from .launcher import launch
 from .ops import (
+    LOG2E,
+    WS_LOADER_REGISTERS,
     _alibi_args,
     _cdiv,
     _dot_flags,
@@ -24,7 +26,9 @@ from .ops import (
     _last_dim_contiguous,
     _plannable,
     _sm_count,
+    _tile_layout,
     _tma_loads,
+    _token_descriptor,
     backend_for_cpu_tensors,
     backend_override,
     interpreting,
@@ -331,6 +335,82 @@ def _triton_combine_backward(dout, dlse, out_partial, lse_partial):
     return dout_partial, dlse_partial
 
 
+GLUON_DECODE = False
+"""Decode steps that need no append go through the Gluon kernel (``kernels/decode_hopper.py``) on sm90 where it
+fits (``_gluon_decode_fits``). Off: an experiment, measured in docs/perf-notes.md (version 24)."""
+GLUON_DECODE_BLOCK_N = 64
+GLUON_DECODE_STAGES = 6  # 6 x 32 KB of K/V and a 16 KB Q tile at hdim 128: one program an SM (Gluon sizes a
+# warp-specialized program's registers for 8 warps at 168-255 a thread, which leaves room for one anyway)
+
+
+def gluon_decode_splits(programs: int, key_blocks: int, processors: int) -> int:
+    """Splits of a Gluon decode launch: one program an SM (its shared memory and registers hold one), so below one
+    program per processor as many splits as fill the processors once, each of 4 key blocks or more."""
+    if programs >= processors:
+        return 1
+    return max(1, min(processors // programs, key_blocks // 4, MAX_SPLITS))
+
+
+def _gluon_decode_fits(q, k_cache, v_cache, cache_batch_idx, cache_leftpad, block_table, rotary_cos, alibi_slopes,
+                       opts: AttentionOptions, k_new) -> bool:
+    """Whether a step takes the Gluon kernel: GLUON_DECODE, an sm90 GPU, one query token and nothing to append, a
+    contiguous cache of whole 16-byte-aligned rows, 16-bit inputs, head dim 64 or 128, and none of the options it
+    lacks (ALiBi, softcap, a left window, rotary, left padding, a batch index)."""
+    if not GLUON_DECODE or interpreting() or not q.is_cuda or _compute_capability(q.device.index)[0] != 9:
+        return False
+    batch, seqlen_q, nheads, head_dim = q.shape
+    nheads_k = k_cache.shape[2]
+    if seqlen_q != 1 or k_new is not None or head_dim not in (64, 128) or nheads // nheads_k > 64:
+        return False
+    if any(x is not None for x in (cache_batch_idx, cache_leftpad, block_table, rotary_cos, alibi_slopes)):
+        return False
+    if q.dtype not in (torch.bfloat16, torch.float16) or opts.softcap != 0.0 or opts.window_left >= 0:
+        return False
+    whole_rows = all(c.stride(3) == 1 and c.stride(2) == head_dim and c.stride(1) == nheads_k * head_dim
+                     and c.data_ptr() % 16 == 0 and c.stride(0) % 8 == 0 for c in (k_cache, v_cache))
+    return whole_rows and q.is_contiguous() and q.data_ptr() % 16 == 0
+
+
+def _gluon_attention(q, k_cache, v_cache, cache_seqlens, seqlen_new: int, opts: AttentionOptions, num_splits: int):
+    """(out, lse) of a decode step over a contiguous cache through the Gluon kernel (``_gluon_decode_fits``)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from .kernels.decode_hopper import kvcache_decode_hopper_kernel
+
+    batch, _, nheads, head_dim = q.shape
+    capacity, nheads_k = k_cache.shape[1], k_cache.shape[2]
+    block_n = GLUON_DECODE_BLOCK_N
+    programs, processors = batch * nheads_k, processor_count(q.device)
+    if num_splits <= 0:
+        num_splits = gluon_decode_splits(programs, _cdiv(capacity, block_n), processors)
+    num_splits = min(num_splits, MAX_SPLITS)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty(batch, nheads, 1, dtype=torch.float32, device=q.device)
+    if num_splits == 1:
+        out_target, lse_target = out, lse
+        out_strides = (0, out.stride(0), out.stride(2))
+        lse_strides = (0, lse.stride(0), lse.stride(1))
+    else:
+        out_target = torch.empty((num_splits, *q.shape), dtype=torch.float32, device=q.device)
+        lse_target = torch.empty((num_splits, batch, nheads, 1), dtype=torch.float32, device=q.device)
+        out_strides = (out_target.stride(0), out_target.stride(1), out_target.stride(3))
+        lse_strides = (lse_target.stride(0), lse_target.stride(1), lse_target.stride(2))
+    # the queries as (batch x heads) rows: a GQA group's rows are consecutive
+    q_desc = TensorDescriptor(q, [batch * nheads, head_dim], [head_dim, 1], [64, head_dim],
+                              _tile_layout(64, head_dim, q.dtype))
+    seqlens = cache_seqlens if seqlen_new == 0 else cache_seqlens + seqlen_new
+    launch(
+        kvcache_decode_hopper_kernel, (batch * nheads_k, num_splits),
+        q_desc, _token_descriptor(k_cache, block_n), _token_descriptor(v_cache, block_n), out_target, lse_target,
+        seqlens, *out_strides, *lse_strides, nheads, nheads_k, capacity, num_splits, opts.softmax_scale * LOG2E,
+        HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_STAGES=GLUON_DECODE_STAGES, LOADER_REGISTERS=WS_LOADER_REGISTERS,
+        num_warps=4,
+    )
+    if num_splits > 1:
+        _triton_combine(out_target, lse_target, out, lse)
+    return out, lse
+
+
 def _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_cos,
                       rotary_sin, alibi_slopes, seqlen_new: int, opts: AttentionOptions, rotary_interleaved: bool,
                       num_splits: int, k_new=None, v_new=None):
@@ -339,6 +419,9 @@ def _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache
     from .kernels.decode import kvcache_attention_kernel
 
     q = _last_dim_contiguous(q)
+    if _gluon_decode_fits(q, k_cache, v_cache, cache_batch_idx, cache_leftpad, block_table, rotary_cos, alibi_slopes,
+                          opts, k_new):
+        return _gluon_attention(q, k_cache, v_cache, cache_seqlens, seqlen_new, opts, num_splits)
     batch, seqlen_q, nheads, head_dim = q.shape
     nheads_k = k_cache.shape[2]
     group_size = nheads // nheads_k
@@ -476,8 +559,8 @@ def kvcache_append_attention(
 
 def plan_switches() -> tuple:
     """The switches of this module that decide a decode step's launches: part of its launch plan's key."""
-    return (PROGRAMMATIC_LAUNCH, FUSED_APPEND_MAX_TOKENS, MAX_SPLITS, STREAMING_PROGRAMS_PER_PROCESSOR,
-            TABLE_CHUNK_ENTRIES, TABLE_CHUNK_MIN_BLOCKS)
+    return (PROGRAMMATIC_LAUNCH, FUSED_APPEND_MAX_TOKENS, GLUON_DECODE, GLUON_DECODE_BLOCK_N, GLUON_DECODE_STAGES,
+            MAX_SPLITS, STREAMING_PROGRAMS_PER_PROCESSOR, TABLE_CHUNK_ENTRIES, TABLE_CHUNK_MIN_BLOCKS)
 
 
 def _planned_attention(phase: str, inputs: tuple, scalars: tuple, call):

@@ -1,0 +1,97 @@
+"""The Gluon decode kernel against the Triton one and cuDNN (GPU, sm90): decode steps with nothing to append (the
+attention SDPA runs), timed as the bench times them (a CUDA graph over enough cache copies to miss L2), in rounds
+that alternate the providers. Each Gluon output is checked against the Triton kernel's.
+
+    PYTHONPATH=src python3 benchmarks/decode_gluon_ab.py --cache-lens 4096 8192 16384 --batches 1 4 16 \\
+        --variants 64x6 128x3 --rounds 2
+
+A variant is BLOCK_NxSTAGES of the Gluon kernel (``decode_ops.GLUON_DECODE_BLOCK_N`` / ``GLUON_DECODE_STAGES``).
+Prints a Markdown table of microseconds per step (median over rounds) and the ratios to cuDNN.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+
+import torch
+
+from flashattn import decode_ops, launcher
+from flashattn.bench_decode import (
+    DECODE_PROVIDERS,
+    DecodeCase,
+    choose_grid_copies,
+    flashattn_step,
+    graph_seconds,
+    l2_bytes,
+    make_inputs,
+)
+
+WRONG_DIFF = 2e-2  # bf16 outputs of the same attention differ by rounding only
+
+
+@contextlib.contextmanager
+def gluon(variant: str | None):
+    """The Gluon kernel with tile ``variant`` ("64x6"), or the Triton kernel (None); launch plans cleared around."""
+    saved = decode_ops.GLUON_DECODE, decode_ops.GLUON_DECODE_BLOCK_N, decode_ops.GLUON_DECODE_STAGES
+    if variant is not None:
+        block_n, stages = (int(part) for part in variant.split("x"))
+        decode_ops.GLUON_DECODE, decode_ops.GLUON_DECODE_BLOCK_N, decode_ops.GLUON_DECODE_STAGES = True, block_n, stages
+    launcher.clear_plans()
+    try:
+        yield
+    finally:
+        decode_ops.GLUON_DECODE, decode_ops.GLUON_DECODE_BLOCK_N, decode_ops.GLUON_DECODE_STAGES = saved
+        launcher.clear_plans()
+
+
+def time_case(case: DecodeCase, variants: list[str], rounds: int, device: torch.device) -> dict:
+    copies = choose_grid_copies(case.kv_bytes(), l2_bytes(device))
+    inputs = make_inputs(case, device, copies)
+    reference = flashattn_step(0, append=False)(inputs)(0).float()
+    names = ["triton", *variants, "cudnn"]
+    times: dict[str, list[float]] = {name: [] for name in names}
+    wrong = {}
+    for _ in range(rounds):
+        for name in names:
+            if name == "cudnn":
+                step = DECODE_PROVIDERS["sdpa_cudnn"](inputs)
+                times[name].append(graph_seconds(step, copies, device) * 1e6)
+                continue
+            with gluon(None if name == "triton" else name):
+                step = flashattn_step(0, append=False)(inputs)
+                diff = (step(0).float() - reference).abs().max().item()
+                if diff > WRONG_DIFF:
+                    wrong[name] = diff
+                torch.cuda.synchronize(device)
+                times[name].append(graph_seconds(step, copies, device) * 1e6)
+    del inputs
+    torch.cuda.empty_cache()
+    return {"us": {name: statistics.median(runs) for name, runs in times.items()}, "runs": times, "wrong": wrong}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 4, 16])
+    parser.add_argument("--cache-lens", nargs="+", type=int, default=[4096, 8192, 16384])
+    parser.add_argument("--variants", nargs="+", default=["64x6"])
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    names = ["triton", *args.variants, "cudnn"]
+    print("| cache | batch | " + " | ".join(f"{n} us" for n in names) + " | "
+          + " | ".join(f"{n} / cudnn" for n in names[:-1]) + " |")
+    print("|---" * (2 + 2 * len(names) - 1) + "|")
+    for cache_len in args.cache_lens:
+        for batch in args.batches:
+            result = time_case(DecodeCase(batch=batch, cache_len=cache_len), args.variants, args.rounds, device)
+            us = result["us"]
+            ratios = [f"{us['cudnn'] / us[n]:.3f}" for n in names[:-1]]  # > 1: faster than cuDNN
+            flag = f" WRONG {result['wrong']}" if result["wrong"] else ""
+            print(f"| {cache_len} | {batch} | " + " | ".join(f"{us[n]:.1f}" for n in names) + " | "
+                  + " | ".join(ratios) + f" |{flag}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
