@@ -3,10 +3,12 @@ attention SDPA runs), timed as the bench times them (a CUDA graph over enough ca
 that alternate the providers. Each Gluon output is checked against the Triton kernel's.
 
     PYTHONPATH=src python3 benchmarks/decode_gluon_ab.py --cache-lens 4096 8192 16384 --batches 1 4 16 \\
-        --variants 64x6 128x3 --rounds 2
+        --variants auto 64x4 128x3 --rounds 2 [--append]
 
-A variant is BLOCK_NxSTAGES of the Gluon kernel (``decode_ops.GLUON_DECODE_BLOCK_N`` / ``GLUON_DECODE_STAGES``).
-Prints a Markdown table of microseconds per step (median over rounds) and the ratios to cuDNN.
+A variant is BLOCK_NxSTAGES of the Gluon kernel (``decode_ops.GLUON_DECODE_TILE``), or "auto" (its rule,
+``gluon_decode_tile``). ``--append``: steps that append the new key (the bench's flashattn column) for the Triton and
+Gluon kernels; cuDNN's never does. Prints a Markdown table of microseconds per step (median over rounds) and the
+ratios to cuDNN.
 """
 
 from __future__ import annotations
@@ -34,22 +36,22 @@ WRONG_DIFF = 2e-2  # bf16 outputs of the same attention differ by rounding only
 @contextlib.contextmanager
 def gluon(variant: str | None):
     """The Gluon kernel with tile ``variant`` ("64x6"), or the Triton kernel (None); launch plans cleared around."""
-    saved = decode_ops.GLUON_DECODE, decode_ops.GLUON_DECODE_BLOCK_N, decode_ops.GLUON_DECODE_STAGES
+    saved = decode_ops.GLUON_DECODE, decode_ops.GLUON_DECODE_TILE
     if variant is not None:
-        block_n, stages = (int(part) for part in variant.split("x"))
-        decode_ops.GLUON_DECODE, decode_ops.GLUON_DECODE_BLOCK_N, decode_ops.GLUON_DECODE_STAGES = True, block_n, stages
+        tile = None if variant == "auto" else tuple(int(part) for part in variant.split("x"))
+        decode_ops.GLUON_DECODE, decode_ops.GLUON_DECODE_TILE = True, tile
     launcher.clear_plans()
     try:
         yield
     finally:
-        decode_ops.GLUON_DECODE, decode_ops.GLUON_DECODE_BLOCK_N, decode_ops.GLUON_DECODE_STAGES = saved
+        decode_ops.GLUON_DECODE, decode_ops.GLUON_DECODE_TILE = saved
         launcher.clear_plans()
 
 
-def time_case(case: DecodeCase, variants: list[str], rounds: int, device: torch.device) -> dict:
+def time_case(case: DecodeCase, variants: list[str], rounds: int, device: torch.device, append: bool) -> dict:
     copies = choose_grid_copies(case.kv_bytes(), l2_bytes(device))
     inputs = make_inputs(case, device, copies)
-    reference = flashattn_step(0, append=False)(inputs)(0).float()
+    reference = flashattn_step(0, append=append)(inputs)(0).float()
     names = ["triton", *variants, "cudnn"]
     times: dict[str, list[float]] = {name: [] for name in names}
     wrong = {}
@@ -60,7 +62,7 @@ def time_case(case: DecodeCase, variants: list[str], rounds: int, device: torch.
                 times[name].append(graph_seconds(step, copies, device) * 1e6)
                 continue
             with gluon(None if name == "triton" else name):
-                step = flashattn_step(0, append=False)(inputs)
+                step = flashattn_step(0, append=append)(inputs)
                 diff = (step(0).float() - reference).abs().max().item()
                 if diff > WRONG_DIFF:
                     wrong[name] = diff
@@ -77,6 +79,7 @@ def main() -> None:
     parser.add_argument("--cache-lens", nargs="+", type=int, default=[4096, 8192, 16384])
     parser.add_argument("--variants", nargs="+", default=["64x6"])
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--append", action="store_true", help="steps that append the new key and value")
     args = parser.parse_args()
     device = torch.device("cuda")
     names = ["triton", *args.variants, "cudnn"]
@@ -85,7 +88,8 @@ def main() -> None:
     print("|---" * (2 + 2 * len(names) - 1) + "|")
     for cache_len in args.cache_lens:
         for batch in args.batches:
-            result = time_case(DecodeCase(batch=batch, cache_len=cache_len), args.variants, args.rounds, device)
+            result = time_case(DecodeCase(batch=batch, cache_len=cache_len), args.variants, args.rounds, device,
+                               args.append)
             us = result["us"]
             ratios = [f"{us['cudnn'] / us[n]:.3f}" for n in names[:-1]]  # > 1: faster than cuDNN
             flag = f" WRONG {result['wrong']}" if result["wrong"] else ""

@@ -548,8 +548,13 @@ def test_paged_programs_read_the_block_table_in_chunks_from_32_blocks():
     assert decode_ops.paged_table_chunk(dataclasses.replace(config, table_chunk=0), 128) == 0
 
 
-# the Gluon decode kernel (decode_ops.GLUON_DECODE, sm90): one query token, nothing appended, contiguous caches
+# the Gluon decode kernel (decode_ops.GLUON_DECODE, sm90): one query token, contiguous caches
 GLUON_PROBLEMS = [
+    KVProblem(batch=2, nheads=32, nheads_k=8, head_dim=128, capacity=8192, cache_seqlens=(8191, 4000)),
+    KVProblem(batch=4, nheads=16, nheads_k=4, head_dim=64, capacity=1000, cache_seqlens=(0, 63, 64, 983),
+              seqlen_new=16, options={"causal": True}),
+    KVProblem(batch=1, nheads=32, nheads_k=8, head_dim=128, capacity=3000, cache_seqlens=(2000,), seqlen_new=3,
+              num_splits=5),
     KVProblem(batch=1, nheads=32, nheads_k=8, head_dim=128, capacity=8192, cache_seqlens=(8192,), seqlen_new=0),
     KVProblem(batch=3, nheads=32, nheads_k=8, head_dim=128, capacity=4200, cache_seqlens=(4097, 1, 1000),
               seqlen_new=0),
@@ -566,8 +571,9 @@ GLUON_PROBLEMS = [
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("problem", GLUON_PROBLEMS, ids=str)
 def test_gluon_decode_matches_reference_on_gpu(monkeypatch, problem, dtype):
-    """The Gluon decode kernel against the float64 reference: split (automatic, 7) and unsplit, lengths that do not
-    fill a key block, an empty sequence (out 0, lse +inf), GQA groups of 1, 4 and 8."""
+    """The Gluon decode kernel against the float64 reference, and its append (1, 3 and 16 new keys, into an empty
+    cache too): split (automatic, 5, 7) and unsplit, lengths that do not fill a key block, an empty sequence (out 0,
+    lse +inf), GQA groups of 1, 4 and 8, both of its tiles (64 and 128 keys)."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon decode kernel is sm90's")
     monkeypatch.setenv("FLASHATTN_BACKEND", "triton")

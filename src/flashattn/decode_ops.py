@@ -338,29 +338,45 @@ def _triton_combine_backward(dout, dlse, out_partial, lse_partial):
 GLUON_DECODE = False
 """Decode steps that need no append go through the Gluon kernel (``kernels/decode_hopper.py``) on sm90 where it
 fits (``_gluon_decode_fits``). Off: an experiment, measured in docs/perf-notes.md (version 24)."""
-GLUON_DECODE_BLOCK_N = 64
-GLUON_DECODE_STAGES = 6  # 6 x 32 KB of K/V and a 16 KB Q tile at hdim 128: one program an SM (Gluon sizes a
-# warp-specialized program's registers for 8 warps at 168-255 a thread, which leaves room for one anyway)
+GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR = 1.0  # from one (batch, kv head) program per SM, the Triton kernel
+GLUON_DECODE_TILE: tuple[int, int] | None = None  # (keys a block, stages) for every launch; None: gluon_decode_tile
 
 
-def gluon_decode_splits(programs: int, key_blocks: int, processors: int) -> int:
-    """Splits of a Gluon decode launch: one program an SM (its shared memory and registers hold one), so below one
-    program per processor as many splits as fill the processors once, each of 4 key blocks or more."""
+def gluon_decode_tile(programs: int, processors: int) -> tuple[int, int]:
+    """(keys a block, stages) of a Gluon decode launch of ``programs`` (batch x kv heads) programs before splits. Both
+    hold one program an SM (a 16 KB Q tile beside 128-144 KB or 192 KB of K/V; Gluon sizes a warp-specialized
+    program's registers for 8 warps): 64-key blocks on 4 stages up to a quarter program per processor, where the
+    splits are many and short, 128-key blocks on 3 stages above. H200, GQA 32/8, hdim 128, bf16 (docs/perf-notes.md,
+    version 24): batch 1-4 ran fastest on 64 x 4 (8k batch 1: 16.2 us, against 16.6 on 128 x 3), batch 8-16 on
+    128 x 3 (4k batch 16: 64.7 against 65.7)."""
+    if GLUON_DECODE_TILE is not None:
+        return GLUON_DECODE_TILE
+    return (64, 4) if 4 * programs <= processors else (128, 3)
+
+
+def gluon_decode_splits(programs: int, capacity: int, processors: int) -> int:
+    """Splits of a Gluon decode launch: one program an SM, so below one program per processor as many splits as
+    fill the processors once, each of 256 keys or more."""
     if programs >= processors:
         return 1
-    return max(1, min(processors // programs, key_blocks // 4, MAX_SPLITS))
+    return max(1, min(processors // programs, capacity // 256, MAX_SPLITS))
 
 
 def _gluon_decode_fits(q, k_cache, v_cache, cache_batch_idx, cache_leftpad, block_table, rotary_cos, alibi_slopes,
                        opts: AttentionOptions, k_new) -> bool:
-    """Whether a step takes the Gluon kernel: GLUON_DECODE, an sm90 GPU, one query token and nothing to append, a
-    contiguous cache of whole 16-byte-aligned rows, 16-bit inputs, head dim 64 or 128, and none of the options it
-    lacks (ALiBi, softcap, a left window, rotary, left padding, a batch index)."""
+    """Whether a step takes the Gluon kernel: GLUON_DECODE, an sm90 GPU, one query token, fewer programs than SMs
+    (GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR), a contiguous cache of whole 16-byte-aligned rows, 16-bit inputs, head
+    dim 64 or 128, up to FUSED_APPEND_MAX_TOKENS new keys, and none of the options it lacks (ALiBi, softcap, a left
+    window, rotary, left padding, a batch index)."""
     if not GLUON_DECODE or interpreting() or not q.is_cuda or _compute_capability(q.device.index)[0] != 9:
         return False
     batch, seqlen_q, nheads, head_dim = q.shape
     nheads_k = k_cache.shape[2]
-    if seqlen_q != 1 or k_new is not None or head_dim not in (64, 128) or nheads // nheads_k > 64:
+    if seqlen_q != 1 or head_dim not in (64, 128) or nheads // nheads_k > 64:
+        return False
+    if batch * nheads_k >= GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR * processor_count(q.device):
+        return False
+    if k_new is not None and k_new.shape[1] > FUSED_APPEND_MAX_TOKENS:
         return False
     if any(x is not None for x in (cache_batch_idx, cache_leftpad, block_table, rotary_cos, alibi_slopes)):
         return False
@@ -368,21 +384,24 @@ def _gluon_decode_fits(q, k_cache, v_cache, cache_batch_idx, cache_leftpad, bloc
         return False
     whole_rows = all(c.stride(3) == 1 and c.stride(2) == head_dim and c.stride(1) == nheads_k * head_dim
                      and c.data_ptr() % 16 == 0 and c.stride(0) % 8 == 0 for c in (k_cache, v_cache))
-    return whole_rows and q.is_contiguous() and q.data_ptr() % 16 == 0
+    return whole_rows and k_cache.stride() == v_cache.stride() and q.is_contiguous() and q.data_ptr() % 16 == 0
 
 
-def _gluon_attention(q, k_cache, v_cache, cache_seqlens, seqlen_new: int, opts: AttentionOptions, num_splits: int):
-    """(out, lse) of a decode step over a contiguous cache through the Gluon kernel (``_gluon_decode_fits``)."""
+def _gluon_attention(q, k_cache, v_cache, cache_seqlens, seqlen_new: int, opts: AttentionOptions, num_splits: int,
+                     k_new=None, v_new=None):
+    """(out, lse) of a decode step over a contiguous cache through the Gluon kernel (``_gluon_decode_fits``), which
+    also appends ``k_new``/``v_new`` when given; without them, keys up to cache_seqlens + ``seqlen_new`` (appended by
+    a launch before)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from .kernels.decode_hopper import kvcache_decode_hopper_kernel
 
     batch, _, nheads, head_dim = q.shape
     capacity, nheads_k = k_cache.shape[1], k_cache.shape[2]
-    block_n = GLUON_DECODE_BLOCK_N
     programs, processors = batch * nheads_k, processor_count(q.device)
+    block_n, stages = gluon_decode_tile(programs, processors)
     if num_splits <= 0:
-        num_splits = gluon_decode_splits(programs, _cdiv(capacity, block_n), processors)
+        num_splits = gluon_decode_splits(programs, capacity, processors)
     num_splits = min(num_splits, MAX_SPLITS)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(batch, nheads, 1, dtype=torch.float32, device=q.device)
@@ -398,13 +417,21 @@ def _gluon_attention(q, k_cache, v_cache, cache_seqlens, seqlen_new: int, opts: 
     # the queries as (batch x heads) rows: a GQA group's rows are consecutive
     q_desc = TensorDescriptor(q, [batch * nheads, head_dim], [head_dim, 1], [64, head_dim],
                               _tile_layout(64, head_dim, q.dtype))
-    seqlens = cache_seqlens if seqlen_new == 0 else cache_seqlens + seqlen_new
+    k_desc, v_desc = _token_descriptor(k_cache, block_n), _token_descriptor(v_cache, block_n)
+    if k_new is not None:
+        k_new, v_new = k_new.contiguous(), v_new.contiguous()  # whole rows for their descriptors
+        kn_desc, vn_desc = _token_descriptor(k_new, block_n), _token_descriptor(v_new, block_n)
+        new_keys, seqlens = k_new.shape[1], cache_seqlens
+    else:
+        k_new, v_new, kn_desc, vn_desc, new_keys = k_cache, v_cache, k_desc, v_desc, 0  # never read
+        seqlens = cache_seqlens if seqlen_new == 0 else cache_seqlens + seqlen_new
     launch(
         kvcache_decode_hopper_kernel, (batch * nheads_k, num_splits),
-        q_desc, _token_descriptor(k_cache, block_n), _token_descriptor(v_cache, block_n), out_target, lse_target,
-        seqlens, *out_strides, *lse_strides, nheads, nheads_k, capacity, num_splits, opts.softmax_scale * LOG2E,
-        HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_STAGES=GLUON_DECODE_STAGES, LOADER_REGISTERS=WS_LOADER_REGISTERS,
-        num_warps=4,
+        q_desc, k_desc, v_desc, kn_desc, vn_desc, out_target, lse_target, seqlens, k_cache, v_cache, k_new, v_new,
+        *out_strides, *lse_strides, *k_cache.stride()[:3], *k_new.stride()[:3],
+        nheads, nheads_k, capacity, num_splits, new_keys, opts.softmax_scale * LOG2E,
+        HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_STAGES=stages, LOADER_REGISTERS=WS_LOADER_REGISTERS,
+        NEW_KEYS=configs.next_power_of_2(new_keys) if new_keys else 0, num_warps=4,
     )
     if num_splits > 1:
         _triton_combine(out_target, lse_target, out, lse)
@@ -421,7 +448,7 @@ def _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache
     q = _last_dim_contiguous(q)
     if _gluon_decode_fits(q, k_cache, v_cache, cache_batch_idx, cache_leftpad, block_table, rotary_cos, alibi_slopes,
                           opts, k_new):
-        return _gluon_attention(q, k_cache, v_cache, cache_seqlens, seqlen_new, opts, num_splits)
+        return _gluon_attention(q, k_cache, v_cache, cache_seqlens, seqlen_new, opts, num_splits, k_new, v_new)
     batch, seqlen_q, nheads, head_dim = q.shape
     nheads_k = k_cache.shape[2]
     group_size = nheads // nheads_k
@@ -559,8 +586,9 @@ def kvcache_append_attention(
 
 def plan_switches() -> tuple:
     """The switches of this module that decide a decode step's launches: part of its launch plan's key."""
-    return (PROGRAMMATIC_LAUNCH, FUSED_APPEND_MAX_TOKENS, GLUON_DECODE, GLUON_DECODE_BLOCK_N, GLUON_DECODE_STAGES,
-            MAX_SPLITS, STREAMING_PROGRAMS_PER_PROCESSOR, TABLE_CHUNK_ENTRIES, TABLE_CHUNK_MIN_BLOCKS)
+    return (PROGRAMMATIC_LAUNCH, FUSED_APPEND_MAX_TOKENS, GLUON_DECODE, GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR,
+            GLUON_DECODE_TILE, MAX_SPLITS, STREAMING_PROGRAMS_PER_PROCESSOR, TABLE_CHUNK_ENTRIES,
+            TABLE_CHUNK_MIN_BLOCKS)
 
 
 def _planned_attention(phase: str, inputs: tuple, scalars: tuple, call):

@@ -12,9 +12,12 @@ Program (b x kv head, split) writes its split's normalized output and log-sum-ex
 layout of the Triton kernel's partials (``decode_ops``: merged by ``kernels/combine.py`` when split), or straight
 into the output when unsplit.
 
-Limits, checked by the launcher (``decode_ops._gluon_decode_fits``): one query token, no new keys to append, a
-contiguous cache with whole rows per token, 16-bit inputs, head dims 64 and 128, no ALiBi, softcap, window, rotary,
-left padding or batch index.
+The step's new keys (up to 16 a sequence, without rotary) are appended by the same launch: the last split attends to
+them from the new k/v (a block of their own through the same ring), and split 0 writes them into the cache.
+
+Limits, checked by the launcher (``decode_ops._gluon_decode_fits``): one query token, a contiguous cache with whole
+rows per token, 16-bit inputs, head dims 64 and 128, no ALiBi, softcap, left window, rotary, left padding or batch
+index.
 """
 
 from triton.experimental import gluon
@@ -37,21 +40,45 @@ def _split_blocks(seqlen_k, split, num_splits, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _decode_loader(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free,
-                   q_row, kv_row, column, lo, hi, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
+def _decode_loader(q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready,
+                   k_free, v_free, q_row, kv_row, new_row, column, lo, hi, has_new, BLOCK_N: gl.constexpr,
+                   NUM_STAGES: gl.constexpr):
     """The group's 64 query rows (from ``q_row``), then the split's key blocks [lo, hi) of this kv head (rows from
-    ``kv_row``, columns from ``column``) into the ring."""
+    ``kv_row``, columns from ``column``) into the ring, then (``has_new``) a block of the step's new keys and values
+    from their own tensors (rows from ``new_row``)."""
     mbarrier.expect(q_ready, q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_ready, q_smem)
     for j in range(lo, hi):
         load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, j - lo,
                        kv_row + j * BLOCK_N, column, NUM_STAGES)
+    if has_new:
+        load_key_block(kn_desc, vn_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, hi - lo, new_row, column,
+                       NUM_STAGES)
+
+
+@gluon.jit
+def _append_new_keys(new_src, new_dst, seqlen_new, appends, HEAD_DIM: gl.constexpr, NEW_KEYS: gl.constexpr):
+    """The append: where ``appends`` (one program of each sequence and kv head), the step's new keys and values
+    (``new_src``: (k row pointer, v row pointer, row stride) of the first new token) into the cache rows from
+    ``new_dst`` (the same for the caches). Other programs of the launch read those cache rows only in the masked
+    part of a block (keys past the cache's old length), so they never see the stores."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (HEAD_DIM // 8), HEAD_DIM // 8], [4, 1], [1, 0])
+    tokens = gl.arange(0, NEW_KEYS, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
+    mask = ((tokens < seqlen_new) & appends)[:, None]
+    k_src, v_src, stride_src = new_src
+    k_dst, v_dst, stride_dst = new_dst
+    src = tokens.to(gl.int64)[:, None] * stride_src + cols[None, :]
+    dst = tokens.to(gl.int64)[:, None] * stride_dst + cols[None, :]
+    gl.store(k_dst + dst, gl.load(k_src + src, mask=mask), mask=mask)
+    gl.store(v_dst + dst, gl.load(v_src + src, mask=mask), mask=mask)
 
 
 @gluon.jit
 def _decode_consumer(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, Out, Lse,
-                     out_offset, lse_offset, stride_oh, stride_lh, rows, seqlen_k, lo, full_hi, hi, qk_scale_log2,
-                     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
+                     out_offset, lse_offset, stride_oh, stride_lh, rows, seqlen_k, lo, full_hi, hi, has_new,
+                     seqlen_new, appends, new_src, new_dst, qk_scale_log2, HEAD_DIM: gl.constexpr,
+                     BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NEW_KEYS: gl.constexpr):
     s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
     o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     row_ids = gl.arange(0, ROWS_PER_WARPGROUP, layout=gl.SliceLayout(1, s_layout))
@@ -67,6 +94,13 @@ def _decode_consumer(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, 
     m_i, l_i, acc, t = _key_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, turn, t, -lo,
                                    m_i, l_i, acc, row_ids, full_hi, hi, False, 1, seqlen_k, qk_scale_log2, BLOCK_N,
                                    HEAD_DIM, NUM_STAGES, False, True, 0, False)
+    if NEW_KEYS > 0:  # the step's new keys: their own block, after the cache's (order does not change the softmax)
+        new_blocks = gl.where(has_new, 1, 0)
+        m_i, l_i, acc, t = _key_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, turn, t,
+                                       hi - lo, m_i, l_i, acc, row_ids, new_blocks * 0, new_blocks, False, 1,
+                                       seqlen_new, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, False, True, 0,
+                                       False)
+        _append_new_keys(new_src, new_dst, seqlen_new, appends, HEAD_DIM, NEW_KEYS)
     # -- normalize; a split that saw no key gives 0 and lse = +inf, as the Triton kernel --
     empty = l_i == 0.0
     l_safe = gl.where(empty, 1.0, l_i)
@@ -81,21 +115,36 @@ def _decode_consumer(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, 
 
 @gluon.jit
 def kvcache_decode_hopper_kernel(
-    q_desc, k_desc, v_desc, Out, Lse, CacheSeqlens,
+    q_desc, k_desc, v_desc, kn_desc, vn_desc, Out, Lse, CacheSeqlens, KCache, VCache, KNew, VNew,
     stride_os, stride_ob, stride_oh, stride_ls, stride_lb, stride_lh,
-    nheads, nheads_k, capacity, num_splits, qk_scale_log2,
+    stride_kcb, stride_kcn, stride_kch, stride_knb, stride_knn, stride_knh,
+    nheads, nheads_k, capacity, num_splits, seqlen_new, qk_scale_log2,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
+    NEW_KEYS: gl.constexpr,
 ):
     """Grid (batch x kv heads, splits). q_desc: the queries as (batch x heads, HEAD_DIM) rows, 64 a block; k/v_desc:
     the caches as (batch x capacity, kv heads x HEAD_DIM), BLOCK_N rows a block. Out/Lse: split s's output
-    (batch, 1, heads, HEAD_DIM) and lse (batch, heads, 1) at s x stride_os / stride_ls."""
+    (batch, 1, heads, HEAD_DIM) and lse (batch, heads, 1) at s x stride_os / stride_ls.
+
+    NEW_KEYS > 0: the step appends ``seqlen_new`` (<= NEW_KEYS, at most BLOCK_N) new keys and values at
+    CacheSeqlens (KNew/VNew, (batch, seqlen_new, kv heads, HEAD_DIM), and kn/vn_desc over them as (batch x
+    seqlen_new, kv heads x HEAD_DIM)): the last split attends to them from KNew/VNew, split 0 writes them into the
+    caches (KCache/VCache, whose V strides are K's)."""
     batch_head = gl.program_id(0)
     split = gl.program_id(1)
     batch = batch_head // nheads_k
     head_k = batch_head % nheads_k
     group_size = nheads // nheads_k
-    seqlen_k = gl.minimum(gl.maximum(gl.load(CacheSeqlens + batch), 0), capacity)
+    cache_len = gl.load(CacheSeqlens + batch)
+    seqlen_k = gl.minimum(gl.maximum(cache_len, 0), capacity)
     lo, full_hi, hi = _split_blocks(seqlen_k, split, num_splits, BLOCK_N)
+    has_new = (NEW_KEYS > 0) & (split == num_splits - 1)
+    # the append's rows: the host refuses one past the cache; the store mask keeps a bad length inside it
+    new_tokens = gl.minimum(seqlen_new, capacity - seqlen_k)
+    new_src = (KNew + batch.to(gl.int64) * stride_knb + head_k.to(gl.int64) * stride_knh,
+               VNew + batch.to(gl.int64) * stride_knb + head_k.to(gl.int64) * stride_knh, stride_knn)
+    cache_row = batch.to(gl.int64) * stride_kcb + seqlen_k.to(gl.int64) * stride_kcn + head_k.to(gl.int64) * stride_kch
+    new_dst = (KCache + cache_row, VCache + cache_row, stride_kcn)
     first_head = head_k * group_size
     out_offset = split.to(gl.int64) * stride_os + batch.to(gl.int64) * stride_ob + first_head.to(gl.int64) * stride_oh
     lse_offset = split.to(gl.int64) * stride_ls + batch.to(gl.int64) * stride_lb + first_head.to(gl.int64) * stride_lh
@@ -114,8 +163,9 @@ def kvcache_decode_hopper_kernel(
     gl.warp_specialize([
         (_decode_consumer, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, Out,
                             Lse, out_offset, lse_offset, stride_oh, stride_lh, group_size, seqlen_k, lo, full_hi, hi,
-                            qk_scale_log2, HEAD_DIM, BLOCK_N, NUM_STAGES)),
-        (_decode_loader, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free,
-                          batch * nheads + first_head, batch * capacity, head_k * HEAD_DIM, lo, hi, BLOCK_N,
-                          NUM_STAGES)),
+                            has_new, new_tokens, split == 0, new_src, new_dst, qk_scale_log2, HEAD_DIM, BLOCK_N,
+                            NUM_STAGES, NEW_KEYS)),
+        (_decode_loader, (q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready,
+                          k_free, v_free, batch * nheads + first_head, batch * capacity, batch * seqlen_new,
+                          head_k * HEAD_DIM, lo, hi, has_new, BLOCK_N, NUM_STAGES)),
     ], [1], [LOADER_REGISTERS])
