@@ -548,6 +548,16 @@ def test_paged_programs_read_the_block_table_in_chunks_from_32_blocks():
     assert decode_ops.paged_table_chunk(dataclasses.replace(config, table_chunk=0), 128) == 0
 
 
+@pytest.mark.parametrize(("batch", "tile", "splits"), [(1, (64, 4), 16), (4, (64, 4), 4), (5, (128, 3), 3),
+                                                       (16, (128, 3), 1)])
+def test_gluon_decode_tiles_and_splits(batch, tile, splits):
+    """The Gluon decode launch on an H200 (132 SMs), GQA 32/8, 8k keys: 64-key blocks on 4 stages up to a quarter
+    program per SM, 128 x 3 above; splits fill the SMs once (one program each), 256 keys a split at least."""
+    assert decode_ops.gluon_decode_tile(batch * 8, 132) == tile
+    assert decode_ops.gluon_decode_splits(batch * 8, 8192, 132) == splits
+    assert decode_ops.gluon_decode_splits(8, 1024, 132) == 4  # 256 keys a split
+
+
 # the Gluon decode kernel (decode_ops.GLUON_DECODE, sm90): one query token, contiguous caches
 GLUON_PROBLEMS = [
     KVProblem(batch=2, nheads=32, nheads_k=8, head_dim=128, capacity=8192, cache_seqlens=(8191, 4000)),

@@ -335,10 +335,14 @@ def _triton_combine_backward(dout, dlse, out_partial, lse_partial):
     return dout_partial, dlse_partial
 
 
-GLUON_DECODE = False
-"""Decode steps that need no append go through the Gluon kernel (``kernels/decode_hopper.py``) on sm90 where it
-fits (``_gluon_decode_fits``). Off: an experiment, measured in docs/perf-notes.md (version 24)."""
+GLUON_DECODE = True
+"""Decode steps go through the Gluon kernel (``kernels/decode_hopper.py``) on sm90 where it fits and is the faster
+of the two (``_gluon_decode_fits``). H200, GQA 32/8, hdim 128, bf16, with the one-token append (docs/perf-notes.md,
+version 24): 4k-64k batch 1 2.7-6% faster than the Triton kernel (8k: 16.9 against 17.8 us), 4k batch 16 4.4%
+(66.7 against 69.8), 1-3% on the other steps of up to 4.5 MB of cache an SM; on larger steps (64k batch 4-16) 1.4-2%
+slower. False: the Triton kernel everywhere."""
 GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR = 1.0  # from one (batch, kv head) program per SM, the Triton kernel
+GLUON_DECODE_MAX_BYTES_PER_PROCESSOR = 4.5 * 2**20  # of K and V (at capacity) a step reads: beyond, Triton's
 GLUON_DECODE_TILE: tuple[int, int] | None = None  # (keys a block, stages) for every launch; None: gluon_decode_tile
 
 
@@ -365,16 +369,21 @@ def gluon_decode_splits(programs: int, capacity: int, processors: int) -> int:
 def _gluon_decode_fits(q, k_cache, v_cache, cache_batch_idx, cache_leftpad, block_table, rotary_cos, alibi_slopes,
                        opts: AttentionOptions, k_new) -> bool:
     """Whether a step takes the Gluon kernel: GLUON_DECODE, an sm90 GPU, one query token, fewer programs than SMs
-    (GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR), a contiguous cache of whole 16-byte-aligned rows, 16-bit inputs, head
-    dim 64 or 128, up to FUSED_APPEND_MAX_TOKENS new keys, and none of the options it lacks (ALiBi, softcap, a left
-    window, rotary, left padding, a batch index)."""
+    (GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR) and a cache of at most GLUON_DECODE_MAX_BYTES_PER_PROCESSOR an SM
+    (beyond, the Triton kernel's two programs an SM stream the long splits faster), a contiguous cache of whole
+    16-byte-aligned rows, 16-bit inputs, head dim 64 or 128, up to FUSED_APPEND_MAX_TOKENS new keys, and none of the
+    options it lacks (ALiBi, softcap, a left window, rotary, left padding, a batch index)."""
     if not GLUON_DECODE or interpreting() or not q.is_cuda or _compute_capability(q.device.index)[0] != 9:
         return False
     batch, seqlen_q, nheads, head_dim = q.shape
     nheads_k = k_cache.shape[2]
     if seqlen_q != 1 or head_dim not in (64, 128) or nheads // nheads_k > 64:
         return False
-    if batch * nheads_k >= GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR * processor_count(q.device):
+    processors = processor_count(q.device)
+    if batch * nheads_k >= GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR * processors:
+        return False
+    if 2 * k_cache.shape[0] * k_cache.shape[1] * nheads_k * head_dim * k_cache.element_size() \
+            > GLUON_DECODE_MAX_BYTES_PER_PROCESSOR * processors:
         return False
     if k_new is not None and k_new.shape[1] > FUSED_APPEND_MAX_TOKENS:
         return False
@@ -587,8 +596,8 @@ def kvcache_append_attention(
 def plan_switches() -> tuple:
     """The switches of this module that decide a decode step's launches: part of its launch plan's key."""
     return (PROGRAMMATIC_LAUNCH, FUSED_APPEND_MAX_TOKENS, GLUON_DECODE, GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR,
-            GLUON_DECODE_TILE, MAX_SPLITS, STREAMING_PROGRAMS_PER_PROCESSOR, TABLE_CHUNK_ENTRIES,
-            TABLE_CHUNK_MIN_BLOCKS)
+            GLUON_DECODE_MAX_BYTES_PER_PROCESSOR, GLUON_DECODE_TILE, MAX_SPLITS, STREAMING_PROGRAMS_PER_PROCESSOR,
+            TABLE_CHUNK_ENTRIES, TABLE_CHUNK_MIN_BLOCKS)
 
 
 def _planned_attention(phase: str, inputs: tuple, scalars: tuple, call):
