@@ -307,9 +307,10 @@ DECODE_FORMS = {"tma": dict(tma=True), "tma-table-chunk": dict(tma=True, table_c
 
 
 def force_decode_loads(monkeypatch, fields: dict) -> list[bool]:
-    """Route decode_config through ``fields``; returns the list to which every launch appends whether it
-    took TMA loads."""
+    """Route the Triton kernel's decode_config through ``fields`` (and every step to the Triton kernel: the Gluon one
+    has no such forms); returns the list to which every launch appends whether it took TMA loads."""
     table, decide = decode_ops.decode_config, decode_ops.tma_decode_loads
+    monkeypatch.setattr(decode_ops, "GLUON_DECODE", False)
     taken = []
 
     def spy(*args):
