@@ -52,13 +52,16 @@ def time_case(case: DecodeCase, variants: list[str], rounds: int, device: torch.
     copies = choose_grid_copies(case.kv_bytes(), l2_bytes(device))
     inputs = make_inputs(case, device, copies)
     reference = flashattn_step(0, append=append)(inputs)(0).float()
+    # SDPA has no paged cache: cuDNN runs on a contiguous cache of the same shape
+    sdpa_inputs = make_inputs(DecodeCase(batch=case.batch, cache_len=case.cache_len), device, copies) \
+        if case.page_size else inputs
     names = ["triton", *variants, "cudnn"]
     times: dict[str, list[float]] = {name: [] for name in names}
     wrong = {}
     for _ in range(rounds):
         for name in names:
             if name == "cudnn":
-                step = DECODE_PROVIDERS["sdpa_cudnn"](inputs)
+                step = DECODE_PROVIDERS["sdpa_cudnn"](sdpa_inputs)
                 times[name].append(graph_seconds(step, copies, device) * 1e6)
                 continue
             with gluon(None if name == "triton" else name):
@@ -68,7 +71,7 @@ def time_case(case: DecodeCase, variants: list[str], rounds: int, device: torch.
                     wrong[name] = diff
                 torch.cuda.synchronize(device)
                 times[name].append(graph_seconds(step, copies, device) * 1e6)
-    del inputs
+    del inputs, sdpa_inputs
     torch.cuda.empty_cache()
     return {"us": {name: statistics.median(runs) for name, runs in times.items()}, "runs": times, "wrong": wrong}
 
@@ -80,6 +83,7 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=["64x6"])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--append", action="store_true", help="steps that append the new key and value")
+    parser.add_argument("--page-size", type=int, default=0, help="a paged cache of these pages (0: contiguous)")
     args = parser.parse_args()
     device = torch.device("cuda")
     names = ["triton", *args.variants, "cudnn"]
@@ -88,8 +92,8 @@ def main() -> None:
     print("|---" * (2 + 2 * len(names) - 1) + "|")
     for cache_len in args.cache_lens:
         for batch in args.batches:
-            result = time_case(DecodeCase(batch=batch, cache_len=cache_len), args.variants, args.rounds, device,
-                               args.append)
+            case = DecodeCase(batch=batch, cache_len=cache_len, page_size=args.page_size or None)
+            result = time_case(case, args.variants, args.rounds, device, args.append)
             us = result["us"]
             ratios = [f"{us['cudnn'] / us[n]:.3f}" for n in names[:-1]]  # > 1: faster than cuDNN
             flag = f" WRONG {result['wrong']}" if result["wrong"] else ""

@@ -575,6 +575,11 @@ GLUON_PROBLEMS = [
               num_splits=7),
     KVProblem(batch=2, nheads=16, nheads_k=16, head_dim=128, capacity=700, cache_seqlens=(700, 64), seqlen_new=0,
               num_splits=1),
+    KVProblem(batch=2, nheads=32, nheads_k=8, head_dim=128, capacity=4096, page_size=256, cache_seqlens=(4095, 1000)),
+    KVProblem(batch=3, nheads=16, nheads_k=4, head_dim=64, capacity=1024, page_size=64, cache_seqlens=(1000, 0, 500),
+              seqlen_new=5, num_splits=3),
+    KVProblem(batch=16, nheads=32, nheads_k=8, head_dim=128, capacity=2048, page_size=128,
+              cache_seqlens=(2047,) * 15 + (100,)),
 ]
 
 
@@ -582,9 +587,10 @@ GLUON_PROBLEMS = [
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("problem", GLUON_PROBLEMS, ids=str)
 def test_gluon_decode_matches_reference_on_gpu(monkeypatch, problem, dtype):
-    """The Gluon decode kernel against the float64 reference, and its append (1, 3 and 16 new keys, into an empty
-    cache too): split (automatic, 5, 7) and unsplit, lengths that do not fill a key block, an empty sequence (out 0,
-    lse +inf), GQA groups of 1, 4 and 8, both of its tiles (64 and 128 keys)."""
+    """The Gluon decode kernel against the float64 reference, and its append (1, 3, 5 and 16 new keys, into an empty
+    cache too): split (automatic, 3, 5, 7) and unsplit, lengths that do not fill a key block, an empty sequence (out 0,
+    lse +inf), GQA groups of 1, 4 and 8, both of its tiles (64 and 128 keys), contiguous and paged (pages of 64, 128
+    and 256 keys)."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon decode kernel is sm90's")
     monkeypatch.setenv("FLASHATTN_BACKEND", "triton")

@@ -168,16 +168,18 @@ def test_packed_short_forward_tiles_fit_as_many_programs_as_dense_ones():
             assert result["loop_STL"] == 0 and result["loop_LDL"] == 0, f"{name}: the packed build spills in its loop"
 
 
-@pytest.mark.parametrize(("head_dim", "block_n", "stages", "new_keys"), [(128, 64, 4, 1), (128, 128, 3, 16),
-                                                                        (64, 64, 4, 0)])
-def test_gluon_decode_tiles_compile_without_spills(head_dim, block_n, stages, new_keys):
+@pytest.mark.parametrize(("head_dim", "block_n", "stages", "new_keys", "paged"),
+                         [(128, 64, 4, 1, False), (128, 128, 3, 16, True), (64, 64, 4, 0, False),
+                          (128, 64, 4, 1, True)])
+def test_gluon_decode_tiles_compile_without_spills(head_dim, block_n, stages, new_keys, paged):
     """The Gluon decode kernel's tiles (decode_ops.gluon_decode_tile) compile for sm90 with no local-memory spills and
     within one program's shared memory: the interpreter cannot run Gluon."""
     script = f"""
 import json, sys
 sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
 import sass_report
-print(json.dumps([sass_report.ws_decode_report({head_dim}, {block_n}, {stages}, new_keys={new_keys})]), flush=True)
+print(json.dumps([sass_report.ws_decode_report({head_dim}, {block_n}, {stages}, new_keys={new_keys}, paged={paged})]),
+      flush=True)
 """
     (result,) = _compiled(script)[0]
     assert result["STL"] == 0 and result["LDL"] == 0, result

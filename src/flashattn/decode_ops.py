@@ -346,16 +346,19 @@ GLUON_DECODE_MAX_BYTES_PER_PROCESSOR = 4.5 * 2**20  # of K and V (at capacity) a
 GLUON_DECODE_TILE: tuple[int, int] | None = None  # (keys a block, stages) for every launch; None: gluon_decode_tile
 
 
-def gluon_decode_tile(programs: int, processors: int) -> tuple[int, int]:
+def gluon_decode_tile(programs: int, processors: int, page_size: int | None = None) -> tuple[int, int]:
     """(keys a block, stages) of a Gluon decode launch of ``programs`` (batch x kv heads) programs before splits. Both
     hold one program an SM (a 16 KB Q tile beside 128-144 KB or 192 KB of K/V; Gluon sizes a warp-specialized
     program's registers for 8 warps): 64-key blocks on 4 stages up to a quarter program per processor, where the
     splits are many and short, 128-key blocks on 3 stages above. H200, GQA 32/8, hdim 128, bf16 (docs/perf-notes.md,
     version 24): batch 1-4 ran fastest on 64 x 4 (8k batch 1: 16.2 us, against 16.6 on 128 x 3), batch 8-16 on
-    128 x 3 (4k batch 16: 64.7 against 65.7)."""
+    128 x 3 (4k batch 16: 64.7 against 65.7). A paged cache's blocks must lie in a page: 64 x 4 for pages of an odd
+    multiple of 64 keys."""
     if GLUON_DECODE_TILE is not None:
         return GLUON_DECODE_TILE
-    return (64, 4) if 4 * programs <= processors else (128, 3)
+    if 4 * programs <= processors or (page_size is not None and page_size % 128 != 0):
+        return 64, 4
+    return 128, 3
 
 
 def gluon_decode_splits(programs: int, capacity: int, processors: int) -> int:
@@ -370,8 +373,9 @@ def _gluon_decode_fits(q, k_cache, v_cache, cache_batch_idx, cache_leftpad, bloc
                        opts: AttentionOptions, k_new) -> bool:
     """Whether a step takes the Gluon kernel: GLUON_DECODE, an sm90 GPU, one query token, fewer programs than SMs
     (GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR) and a cache of at most GLUON_DECODE_MAX_BYTES_PER_PROCESSOR an SM
-    (beyond, the Triton kernel's two programs an SM stream the long splits faster), a contiguous cache of whole
-    16-byte-aligned rows, 16-bit inputs, head dim 64 or 128, up to FUSED_APPEND_MAX_TOKENS new keys, and none of the
+    (beyond, the Triton kernel's two programs an SM stream the long splits faster), caches of whole 16-byte-aligned
+    rows, one run of rows (a contiguous cache's sequences, or a paged pool's pages, one after the other; pages of a
+    multiple of 64 keys), 16-bit inputs, head dim 64 or 128, up to FUSED_APPEND_MAX_TOKENS new keys, and none of the
     options it lacks (ALiBi, softcap, a left window, rotary, left padding, a batch index)."""
     if not GLUON_DECODE or interpreting() or not q.is_cuda or _compute_capability(q.device.index)[0] != 9:
         return False
@@ -379,25 +383,29 @@ def _gluon_decode_fits(q, k_cache, v_cache, cache_batch_idx, cache_leftpad, bloc
     nheads_k = k_cache.shape[2]
     if seqlen_q != 1 or head_dim not in (64, 128) or nheads // nheads_k > 64:
         return False
+    capacity = _paged_geometry(k_cache, block_table)["capacity"]
     processors = processor_count(q.device)
     if batch * nheads_k >= GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR * processors:
         return False
-    if 2 * k_cache.shape[0] * k_cache.shape[1] * nheads_k * head_dim * k_cache.element_size() \
+    if 2 * batch * capacity * nheads_k * head_dim * k_cache.element_size() \
             > GLUON_DECODE_MAX_BYTES_PER_PROCESSOR * processors:
         return False
     if k_new is not None and k_new.shape[1] > FUSED_APPEND_MAX_TOKENS:
         return False
-    if any(x is not None for x in (cache_batch_idx, cache_leftpad, block_table, rotary_cos, alibi_slopes)):
+    if any(x is not None for x in (cache_batch_idx, cache_leftpad, rotary_cos, alibi_slopes)):
         return False
     if q.dtype not in (torch.bfloat16, torch.float16) or opts.softcap != 0.0 or opts.window_left >= 0:
         return False
-    whole_rows = all(c.stride(3) == 1 and c.stride(2) == head_dim and c.stride(1) == nheads_k * head_dim
-                     and c.data_ptr() % 16 == 0 and c.stride(0) % 8 == 0 for c in (k_cache, v_cache))
-    return whole_rows and k_cache.stride() == v_cache.stride() and q.is_contiguous() and q.data_ptr() % 16 == 0
+    if block_table is not None and (k_cache.shape[1] % 64 != 0 or block_table.stride(1) != 1
+                                    or k_cache.shape[0] * k_cache.shape[1] >= 2**31):
+        return False
+    one_run = all(c.stride(3) == 1 and c.stride(2) == head_dim and c.stride(1) == nheads_k * head_dim
+                  and c.stride(0) == c.shape[1] * c.stride(1) and c.data_ptr() % 16 == 0 for c in (k_cache, v_cache))
+    return one_run and q.is_contiguous() and q.data_ptr() % 16 == 0
 
 
-def _gluon_attention(q, k_cache, v_cache, cache_seqlens, seqlen_new: int, opts: AttentionOptions, num_splits: int,
-                     k_new=None, v_new=None):
+def _gluon_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_new: int, opts: AttentionOptions,
+                     num_splits: int, k_new=None, v_new=None):
     """(out, lse) of a decode step over a contiguous cache through the Gluon kernel (``_gluon_decode_fits``), which
     also appends ``k_new``/``v_new`` when given; without them, keys up to cache_seqlens + ``seqlen_new`` (appended by
     a launch before)."""
@@ -406,9 +414,11 @@ def _gluon_attention(q, k_cache, v_cache, cache_seqlens, seqlen_new: int, opts: 
     from .kernels.decode_hopper import kvcache_decode_hopper_kernel
 
     batch, _, nheads, head_dim = q.shape
-    capacity, nheads_k = k_cache.shape[1], k_cache.shape[2]
+    nheads_k = k_cache.shape[2]
+    geometry = _paged_geometry(k_cache, block_table)
+    capacity = geometry["capacity"]
     programs, processors = batch * nheads_k, processor_count(q.device)
-    block_n, stages = gluon_decode_tile(programs, processors)
+    block_n, stages = gluon_decode_tile(programs, processors, None if block_table is None else geometry["page_size"])
     if num_splits <= 0:
         num_splits = gluon_decode_splits(programs, capacity, processors)
     num_splits = min(num_splits, MAX_SPLITS)
@@ -437,10 +447,13 @@ def _gluon_attention(q, k_cache, v_cache, cache_seqlens, seqlen_new: int, opts: 
     launch(
         kvcache_decode_hopper_kernel, (batch * nheads_k, num_splits),
         q_desc, k_desc, v_desc, kn_desc, vn_desc, out_target, lse_target, seqlens, k_cache, v_cache, k_new, v_new,
-        *out_strides, *lse_strides, *k_cache.stride()[:3], *k_new.stride()[:3],
-        nheads, nheads_k, capacity, num_splits, new_keys, opts.softmax_scale * LOG2E,
+        block_table if block_table is not None else seqlens,
+        *out_strides, *lse_strides, *k_cache.stride()[1:3], *k_new.stride()[:3],
+        block_table.stride(0) if block_table is not None else 0,
+        nheads, nheads_k, capacity, num_splits, new_keys, geometry["page_size"], geometry["num_blocks"],
+        opts.softmax_scale * LOG2E,
         HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_STAGES=stages, LOADER_REGISTERS=WS_LOADER_REGISTERS,
-        NEW_KEYS=configs.next_power_of_2(new_keys) if new_keys else 0, num_warps=4,
+        NEW_KEYS=configs.next_power_of_2(new_keys) if new_keys else 0, PAGED=block_table is not None, num_warps=4,
     )
     if num_splits > 1:
         _triton_combine(out_target, lse_target, out, lse)
@@ -457,7 +470,8 @@ def _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache
     q = _last_dim_contiguous(q)
     if _gluon_decode_fits(q, k_cache, v_cache, cache_batch_idx, cache_leftpad, block_table, rotary_cos, alibi_slopes,
                           opts, k_new):
-        return _gluon_attention(q, k_cache, v_cache, cache_seqlens, seqlen_new, opts, num_splits, k_new, v_new)
+        return _gluon_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_new, opts, num_splits, k_new,
+                                v_new)
     batch, seqlen_q, nheads, head_dim = q.shape
     nheads_k = k_cache.shape[2]
     group_size = nheads // nheads_k

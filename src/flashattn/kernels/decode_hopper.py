@@ -15,9 +15,11 @@ into the output when unsplit.
 The step's new keys (up to 16 a sequence, without rotary) are appended by the same launch: the last split attends to
 them from the new k/v (a block of their own through the same ring), and split 0 writes them into the cache.
 
-Limits, checked by the launcher (``decode_ops._gluon_decode_fits``): one query token, a contiguous cache with whole
-rows per token, 16-bit inputs, head dims 64 and 128, no ALiBi, softcap, left window, rotary, left padding or batch
-index.
+Paged caches are read through one descriptor over the page pool, a block's page looked up by the loader.
+
+Limits, checked by the launcher (``decode_ops._gluon_decode_fits``): one query token, a cache of whole rows per
+token (paged: pages one after the other in the pool, their size a multiple of the key block), 16-bit inputs, head
+dims 64 and 128, no ALiBi, softcap, left window, rotary, left padding or batch index.
 """
 
 from triton.experimental import gluon
@@ -40,36 +42,60 @@ def _split_blocks(seqlen_k, split, num_splits, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
+def _cache_row(position, kv_row, table_row, page_size, num_pages, PAGED: gl.constexpr):
+    """The cache row (of the descriptors' rows) of key ``position`` of the sequence: ``kv_row`` + position in a
+    contiguous cache; in a paged one, the row in its page of the pool (``table_row``: the sequence's block-table row).
+    A page index outside the pool (refused on the host unless the caller turned the check off) reads page 0."""
+    if PAGED:
+        page = gl.load(table_row + position // page_size)
+        page = gl.where((page >= 0) & (page < num_pages), page, 0)
+        return page * page_size + position % page_size
+    else:
+        return kv_row + position
+
+
+@gluon.jit
 def _decode_loader(q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready,
-                   k_free, v_free, q_row, kv_row, new_row, column, lo, hi, has_new, BLOCK_N: gl.constexpr,
-                   NUM_STAGES: gl.constexpr):
-    """The group's 64 query rows (from ``q_row``), then the split's key blocks [lo, hi) of this kv head (rows from
-    ``kv_row``, columns from ``column``) into the ring, then (``has_new``) a block of the step's new keys and values
-    from their own tensors (rows from ``new_row``)."""
+                   k_free, v_free, q_row, kv_row, table_row, page_size, num_pages, new_row, column, lo, hi, has_new,
+                   BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PAGED: gl.constexpr):
+    """The group's 64 query rows (from ``q_row``), then the split's key blocks [lo, hi) of this kv head (``_cache_row``;
+    columns from ``column``) into the ring, then (``has_new``) a block of the step's new keys and values from their own
+    tensors (rows from ``new_row``). A paged block lies in one page (BLOCK_N divides the page size)."""
     mbarrier.expect(q_ready, q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_ready, q_smem)
     for j in range(lo, hi):
-        load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, j - lo,
-                       kv_row + j * BLOCK_N, column, NUM_STAGES)
+        row = _cache_row(j * BLOCK_N, kv_row, table_row, page_size, num_pages, PAGED)
+        load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, j - lo, row, column,
+                       NUM_STAGES)
     if has_new:
         load_key_block(kn_desc, vn_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, hi - lo, new_row, column,
                        NUM_STAGES)
 
 
 @gluon.jit
-def _append_new_keys(new_src, new_dst, seqlen_new, appends, HEAD_DIM: gl.constexpr, NEW_KEYS: gl.constexpr):
-    """The append: where ``appends`` (one program of each sequence and kv head), the step's new keys and values
-    (``new_src``: (k row pointer, v row pointer, row stride) of the first new token) into the cache rows from
-    ``new_dst`` (the same for the caches). Other programs of the launch read those cache rows only in the masked
-    part of a block (keys past the cache's old length), so they never see the stores."""
+def _append_new_keys(new_src, new_dst, seqlen_new, appends, HEAD_DIM: gl.constexpr, NEW_KEYS: gl.constexpr,
+                     PAGED: gl.constexpr):
+    """The append: where ``appends`` (one program of each sequence and kv head), the step's ``seqlen_new`` new keys and
+    values (``new_src``: k and v pointers to the first new token's row of this head, and the token stride) into the
+    cache rows from the sequence's length on (``new_dst``: k and v pointers to this head's column of cache row 0,
+    the row stride, the first position and the ``_cache_row`` arguments). Other programs of the launch read those
+    cache rows only in the masked part of a block (keys past the cache's old length), so they never see the stores."""
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (HEAD_DIM // 8), HEAD_DIM // 8], [4, 1], [1, 0])
     tokens = gl.arange(0, NEW_KEYS, layout=gl.SliceLayout(1, layout))
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
-    mask = ((tokens < seqlen_new) & appends)[:, None]
+    ok = (tokens < seqlen_new) & appends
     k_src, v_src, stride_src = new_src
-    k_dst, v_dst, stride_dst = new_dst
+    k_dst, v_dst, stride_dst, first_position, kv_row, table_row, page_size, num_pages = new_dst
+    positions = first_position + tokens
+    if PAGED:
+        page = gl.load(table_row + positions // page_size, mask=ok, other=0)
+        ok = ok & (page >= 0) & (page < num_pages)
+        rows = gl.where(ok, page, 0).to(gl.int64) * page_size + positions % page_size
+    else:
+        rows = kv_row + positions.to(gl.int64)
+    mask = ok[:, None]
     src = tokens.to(gl.int64)[:, None] * stride_src + cols[None, :]
-    dst = tokens.to(gl.int64)[:, None] * stride_dst + cols[None, :]
+    dst = rows[:, None] * stride_dst + cols[None, :]
     gl.store(k_dst + dst, gl.load(k_src + src, mask=mask), mask=mask)
     gl.store(v_dst + dst, gl.load(v_src + src, mask=mask), mask=mask)
 
@@ -78,7 +104,7 @@ def _append_new_keys(new_src, new_dst, seqlen_new, appends, HEAD_DIM: gl.constex
 def _decode_consumer(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, Out, Lse,
                      out_offset, lse_offset, stride_oh, stride_lh, rows, seqlen_k, lo, full_hi, hi, has_new,
                      seqlen_new, appends, new_src, new_dst, qk_scale_log2, HEAD_DIM: gl.constexpr,
-                     BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NEW_KEYS: gl.constexpr):
+                     BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NEW_KEYS: gl.constexpr, PAGED: gl.constexpr):
     s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
     o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     row_ids = gl.arange(0, ROWS_PER_WARPGROUP, layout=gl.SliceLayout(1, s_layout))
@@ -100,7 +126,7 @@ def _decode_consumer(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, 
                                        hi - lo, m_i, l_i, acc, row_ids, new_blocks * 0, new_blocks, False, 1,
                                        seqlen_new, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, False, True, 0,
                                        False)
-        _append_new_keys(new_src, new_dst, seqlen_new, appends, HEAD_DIM, NEW_KEYS)
+        _append_new_keys(new_src, new_dst, seqlen_new, appends, HEAD_DIM, NEW_KEYS, PAGED)
     # -- normalize; a split that saw no key gives 0 and lse = +inf, as the Triton kernel --
     empty = l_i == 0.0
     l_safe = gl.where(empty, 1.0, l_i)
@@ -115,16 +141,18 @@ def _decode_consumer(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, 
 
 @gluon.jit
 def kvcache_decode_hopper_kernel(
-    q_desc, k_desc, v_desc, kn_desc, vn_desc, Out, Lse, CacheSeqlens, KCache, VCache, KNew, VNew,
+    q_desc, k_desc, v_desc, kn_desc, vn_desc, Out, Lse, CacheSeqlens, KCache, VCache, KNew, VNew, BlockTable,
     stride_os, stride_ob, stride_oh, stride_ls, stride_lb, stride_lh,
-    stride_kcb, stride_kcn, stride_kch, stride_knb, stride_knn, stride_knh,
-    nheads, nheads_k, capacity, num_splits, seqlen_new, qk_scale_log2,
+    stride_kcn, stride_kch, stride_knb, stride_knn, stride_knh, stride_btb,
+    nheads, nheads_k, capacity, num_splits, seqlen_new, page_size, num_pages, qk_scale_log2,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
-    NEW_KEYS: gl.constexpr,
+    NEW_KEYS: gl.constexpr, PAGED: gl.constexpr,
 ):
     """Grid (batch x kv heads, splits). q_desc: the queries as (batch x heads, HEAD_DIM) rows, 64 a block; k/v_desc:
-    the caches as (batch x capacity, kv heads x HEAD_DIM), BLOCK_N rows a block. Out/Lse: split s's output
-    (batch, 1, heads, HEAD_DIM) and lse (batch, heads, 1) at s x stride_os / stride_ls.
+    the caches as (batch x capacity, kv heads x HEAD_DIM), BLOCK_N rows a block, or with PAGED the page pool as
+    (num_pages x page_size, kv heads x HEAD_DIM) rows, sequence b's pages in BlockTable row b. Out/Lse: split s's
+    output (batch, 1, heads, HEAD_DIM) and lse (batch, heads, 1) at s x stride_os / stride_ls. stride_kcn: the
+    caches' row stride (K's and V's alike, whole rows), stride_kch their head stride.
 
     NEW_KEYS > 0: the step appends ``seqlen_new`` (<= NEW_KEYS, at most BLOCK_N) new keys and values at
     CacheSeqlens (KNew/VNew, (batch, seqlen_new, kv heads, HEAD_DIM), and kn/vn_desc over them as (batch x
@@ -143,8 +171,11 @@ def kvcache_decode_hopper_kernel(
     new_tokens = gl.minimum(seqlen_new, capacity - seqlen_k)
     new_src = (KNew + batch.to(gl.int64) * stride_knb + head_k.to(gl.int64) * stride_knh,
                VNew + batch.to(gl.int64) * stride_knb + head_k.to(gl.int64) * stride_knh, stride_knn)
-    cache_row = batch.to(gl.int64) * stride_kcb + seqlen_k.to(gl.int64) * stride_kcn + head_k.to(gl.int64) * stride_kch
-    new_dst = (KCache + cache_row, VCache + cache_row, stride_kcn)
+    kv_row = batch * capacity  # a contiguous cache's first row of this sequence
+    table_row = BlockTable + batch.to(gl.int64) * stride_btb
+    head_column = head_k.to(gl.int64) * stride_kch
+    new_dst = (KCache + head_column, VCache + head_column, stride_kcn, seqlen_k, kv_row, table_row, page_size,
+               num_pages)
     first_head = head_k * group_size
     out_offset = split.to(gl.int64) * stride_os + batch.to(gl.int64) * stride_ob + first_head.to(gl.int64) * stride_oh
     lse_offset = split.to(gl.int64) * stride_ls + batch.to(gl.int64) * stride_lb + first_head.to(gl.int64) * stride_lh
@@ -164,8 +195,8 @@ def kvcache_decode_hopper_kernel(
         (_decode_consumer, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, Out,
                             Lse, out_offset, lse_offset, stride_oh, stride_lh, group_size, seqlen_k, lo, full_hi, hi,
                             has_new, new_tokens, split == 0, new_src, new_dst, qk_scale_log2, HEAD_DIM, BLOCK_N,
-                            NUM_STAGES, NEW_KEYS)),
+                            NUM_STAGES, NEW_KEYS, PAGED)),
         (_decode_loader, (q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready,
-                          k_free, v_free, batch * nheads + first_head, batch * capacity, batch * seqlen_new,
-                          head_k * HEAD_DIM, lo, hi, has_new, BLOCK_N, NUM_STAGES)),
+                          k_free, v_free, batch * nheads + first_head, kv_row, table_row, page_size, num_pages,
+                          batch * seqlen_new, head_k * HEAD_DIM, lo, hi, has_new, BLOCK_N, NUM_STAGES, PAGED)),
     ], [1], [LOADER_REGISTERS])
