@@ -42,12 +42,13 @@ def _split_blocks(seqlen_k, split, num_splits, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _cache_row(position, kv_row, table_row, page_size, num_pages, PAGED: gl.constexpr):
+def _cache_row(position, valid, kv_row, table_row, page_size, num_pages, PAGED: gl.constexpr):
     """The cache row (of the descriptors' rows) of key ``position`` of the sequence: ``kv_row`` + position in a
-    contiguous cache; in a paged one, the row in its page of the pool (``table_row``: the sequence's block-table row).
-    A page index outside the pool (refused on the host unless the caller turned the check off) reads page 0."""
+    contiguous cache; in a paged one, the row in its page of the pool (``table_row``: the sequence's block-table row;
+    read only where ``valid``, a position inside the sequence). A page index outside the pool (refused on the host
+    unless the caller turned the check off) reads page 0."""
     if PAGED:
-        page = gl.load(table_row + position // page_size)
+        page = gl.load(table_row + position // page_size, mask=valid, other=0)
         page = gl.where((page >= 0) & (page < num_pages), page, 0)
         return page * page_size + position % page_size
     else:
@@ -63,10 +64,14 @@ def _decode_loader(q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_b
     tensors (rows from ``new_row``). A paged block lies in one page (BLOCK_N divides the page size)."""
     mbarrier.expect(q_ready, q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_ready, q_smem)
+    # each block's row is looked up one block ahead: a paged lookup (a load) then waits behind the block before's
+    # copies instead of in front of its own
+    row = _cache_row(lo * BLOCK_N, lo < hi, kv_row, table_row, page_size, num_pages, PAGED)
     for j in range(lo, hi):
-        row = _cache_row(j * BLOCK_N, kv_row, table_row, page_size, num_pages, PAGED)
+        next_row = _cache_row((j + 1) * BLOCK_N, j + 1 < hi, kv_row, table_row, page_size, num_pages, PAGED)
         load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, j - lo, row, column,
                        NUM_STAGES)
+        row = next_row
     if has_new:
         load_key_block(kn_desc, vn_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, hi - lo, new_row, column,
                        NUM_STAGES)
