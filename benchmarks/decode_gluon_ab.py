@@ -35,16 +35,19 @@ WRONG_DIFF = 2e-2  # bf16 outputs of the same attention differ by rounding only
 
 @contextlib.contextmanager
 def gluon(variant: str | None):
-    """The Gluon kernel with tile ``variant`` ("64x6"), or the Triton kernel (None); launch plans cleared around."""
-    saved = decode_ops.GLUON_DECODE, decode_ops.GLUON_DECODE_TILE
-    if variant is not None:
+    """The Gluon kernel (paged caches too) with tile ``variant`` ("64x4", "auto"), or the Triton kernel everywhere
+    (None); launch plans cleared around."""
+    saved = decode_ops.GLUON_DECODE, decode_ops.GLUON_DECODE_PAGED, decode_ops.GLUON_DECODE_TILE
+    if variant is None:
+        decode_ops.GLUON_DECODE = False
+    else:
         tile = None if variant == "auto" else tuple(int(part) for part in variant.split("x"))
-        decode_ops.GLUON_DECODE, decode_ops.GLUON_DECODE_TILE = True, tile
+        decode_ops.GLUON_DECODE, decode_ops.GLUON_DECODE_PAGED, decode_ops.GLUON_DECODE_TILE = True, True, tile
     launcher.clear_plans()
     try:
         yield
     finally:
-        decode_ops.GLUON_DECODE, decode_ops.GLUON_DECODE_TILE = saved
+        decode_ops.GLUON_DECODE, decode_ops.GLUON_DECODE_PAGED, decode_ops.GLUON_DECODE_TILE = saved
         launcher.clear_plans()
 
 

@@ -595,6 +595,7 @@ def test_gluon_decode_matches_reference_on_gpu(monkeypatch, problem, dtype):
         pytest.skip("the Gluon decode kernel is sm90's")
     monkeypatch.setenv("FLASHATTN_BACKEND", "triton")
     monkeypatch.setattr(decode_ops, "GLUON_DECODE", True)
+    monkeypatch.setattr(decode_ops, "GLUON_DECODE_PAGED", True)
     taken = []
     gluon_attention = decode_ops._gluon_attention
     monkeypatch.setattr(decode_ops, "_gluon_attention", lambda *args: taken.append(1) or gluon_attention(*args))

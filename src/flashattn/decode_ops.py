@@ -341,6 +341,10 @@ of the two (``_gluon_decode_fits``). H200, GQA 32/8, hdim 128, bf16, with the on
 version 24): 4k-64k batch 1 2.7-6% faster than the Triton kernel (8k: 16.9 against 17.8 us), 4k batch 16 4.4%
 (66.7 against 69.8), 1-3% on the other steps of up to 4.5 MB of cache an SM; on larger steps (64k batch 4-16) 1.4-2%
 slower. False: the Triton kernel everywhere."""
+GLUON_DECODE_PAGED = False
+"""Paged caches through the Gluon kernel too (one descriptor over the page pool, each block's page looked up by the
+loader a block ahead). Off: on the H200 (docs/perf-notes.md, version 24) its paged steps ran level with the Triton
+kernel's (0.98-1.02x at 4k-16k, batch 1-16, 256-key pages), 5% behind its own contiguous ones; the tests turn it on."""
 GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR = 1.0  # from one (batch, kv head) program per SM, the Triton kernel
 GLUON_DECODE_MAX_BYTES_PER_PROCESSOR = 4.5 * 2**20  # of K and V (at capacity) a step reads: beyond, Triton's
 GLUON_DECODE_TILE: tuple[int, int] | None = None  # (keys a block, stages) for every launch; None: gluon_decode_tile
@@ -396,8 +400,8 @@ def _gluon_decode_fits(q, k_cache, v_cache, cache_batch_idx, cache_leftpad, bloc
         return False
     if q.dtype not in (torch.bfloat16, torch.float16) or opts.softcap != 0.0 or opts.window_left >= 0:
         return False
-    if block_table is not None and (k_cache.shape[1] % 64 != 0 or block_table.stride(1) != 1
-                                    or k_cache.shape[0] * k_cache.shape[1] >= 2**31):
+    if block_table is not None and (not GLUON_DECODE_PAGED or k_cache.shape[1] % 64 != 0
+                                    or block_table.stride(1) != 1 or k_cache.shape[0] * k_cache.shape[1] >= 2**31):
         return False
     one_run = all(c.stride(3) == 1 and c.stride(2) == head_dim and c.stride(1) == nheads_k * head_dim
                   and c.stride(0) == c.shape[1] * c.stride(1) and c.data_ptr() % 16 == 0 for c in (k_cache, v_cache))
@@ -609,7 +613,8 @@ def kvcache_append_attention(
 
 def plan_switches() -> tuple:
     """The switches of this module that decide a decode step's launches: part of its launch plan's key."""
-    return (PROGRAMMATIC_LAUNCH, FUSED_APPEND_MAX_TOKENS, GLUON_DECODE, GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR,
+    return (PROGRAMMATIC_LAUNCH, FUSED_APPEND_MAX_TOKENS, GLUON_DECODE, GLUON_DECODE_PAGED,
+            GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR,
             GLUON_DECODE_MAX_BYTES_PER_PROCESSOR, GLUON_DECODE_TILE, MAX_SPLITS, STREAMING_PROGRAMS_PER_PROCESSOR,
             TABLE_CHUNK_ENTRIES, TABLE_CHUNK_MIN_BLOCKS)
 
