@@ -341,10 +341,11 @@ of the two (``_gluon_decode_fits``). H200, GQA 32/8, hdim 128, bf16, with the on
 version 24): 4k-64k batch 1 2.7-6% faster than the Triton kernel (8k: 16.9 against 17.8 us), 4k batch 16 4.4%
 (66.7 against 69.8), 1-3% on the other steps of up to 4.5 MB of cache an SM; on larger steps (64k batch 4-16) 1.4-2%
 slower. False: the Triton kernel everywhere."""
-GLUON_DECODE_PAGED = False
-"""Paged caches through the Gluon kernel too (one descriptor over the page pool, each block's page looked up by the
-loader a block ahead). Off: on the H200 (docs/perf-notes.md, version 24) its paged steps ran level with the Triton
-kernel's (0.98-1.02x at 4k-16k, batch 1-16, 256-key pages), 5% behind its own contiguous ones; the tests turn it on."""
+GLUON_DECODE_PAGED = True
+"""Paged caches through the Gluon kernel too: one descriptor over the page pool, each block's page looked up by the
+loader a block ahead. H200, GQA 32/8, hdim 128, bf16, 256-key pages, with the append (docs/perf-notes.md, version 24,
+call M): 4k-16k batch 2-16 2-7% faster than the Triton kernel (4k batch 16: 69.7 against 74.6 us; 16k batch 1: 25.4
+against 27.2), 4k batch 1 and 16k batch 8 1.5% slower. False: paged caches on the Triton kernel."""
 GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR = 1.0  # from one (batch, kv head) program per SM, the Triton kernel
 GLUON_DECODE_MAX_BYTES_PER_PROCESSOR = 4.5 * 2**20  # of K and V (at capacity) a step reads: beyond, Triton's
 GLUON_DECODE_TILE: tuple[int, int] | None = None  # (keys a block, stages) for every launch; None: gluon_decode_tile
