@@ -411,9 +411,9 @@ def _gluon_decode_fits(q, k_cache, v_cache, cache_batch_idx, cache_leftpad, bloc
 
 def _gluon_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_new: int, opts: AttentionOptions,
                      num_splits: int, k_new=None, v_new=None):
-    """(out, lse) of a decode step over a contiguous cache through the Gluon kernel (``_gluon_decode_fits``), which
-    also appends ``k_new``/``v_new`` when given; without them, keys up to cache_seqlens + ``seqlen_new`` (appended by
-    a launch before)."""
+    """(out, lse) of a decode step through the Gluon kernel (``_gluon_decode_fits``), which also appends
+    ``k_new``/``v_new`` when given; without them, over the keys up to cache_seqlens + ``seqlen_new`` (appended by a
+    launch before)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from .kernels.decode_hopper import kvcache_decode_hopper_kernel
@@ -445,17 +445,17 @@ def _gluon_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_new
     if k_new is not None:
         k_new, v_new = k_new.contiguous(), v_new.contiguous()  # whole rows for their descriptors
         kn_desc, vn_desc = _token_descriptor(k_new, block_n), _token_descriptor(v_new, block_n)
-        new_keys, seqlens = k_new.shape[1], cache_seqlens
+        new_keys, extra_keys = k_new.shape[1], 0
     else:
         k_new, v_new, kn_desc, vn_desc, new_keys = k_cache, v_cache, k_desc, v_desc, 0  # never read
-        seqlens = cache_seqlens if seqlen_new == 0 else cache_seqlens + seqlen_new
+        extra_keys = seqlen_new
     launch(
         kvcache_decode_hopper_kernel, (batch * nheads_k, num_splits),
-        q_desc, k_desc, v_desc, kn_desc, vn_desc, out_target, lse_target, seqlens, k_cache, v_cache, k_new, v_new,
-        block_table if block_table is not None else seqlens,
+        q_desc, k_desc, v_desc, kn_desc, vn_desc, out_target, lse_target, cache_seqlens, k_cache, v_cache, k_new,
+        v_new, block_table if block_table is not None else cache_seqlens,
         *out_strides, *lse_strides, *k_cache.stride()[1:3], *k_new.stride()[:3],
         block_table.stride(0) if block_table is not None else 0,
-        nheads, nheads_k, capacity, num_splits, new_keys, geometry["page_size"], geometry["num_blocks"],
+        nheads, nheads_k, capacity, num_splits, new_keys, extra_keys, geometry["page_size"], geometry["num_blocks"],
         opts.softmax_scale * LOG2E,
         HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_STAGES=stages, LOADER_REGISTERS=WS_LOADER_REGISTERS,
         NEW_KEYS=configs.next_power_of_2(new_keys) if new_keys else 0, PAGED=block_table is not None, num_warps=4,
@@ -615,9 +615,8 @@ def kvcache_append_attention(
 def plan_switches() -> tuple:
     """The switches of this module that decide a decode step's launches: part of its launch plan's key."""
     return (PROGRAMMATIC_LAUNCH, FUSED_APPEND_MAX_TOKENS, GLUON_DECODE, GLUON_DECODE_PAGED,
-            GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR,
-            GLUON_DECODE_MAX_BYTES_PER_PROCESSOR, GLUON_DECODE_TILE, MAX_SPLITS, STREAMING_PROGRAMS_PER_PROCESSOR,
-            TABLE_CHUNK_ENTRIES, TABLE_CHUNK_MIN_BLOCKS)
+            GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR, GLUON_DECODE_MAX_BYTES_PER_PROCESSOR, GLUON_DECODE_TILE,
+            MAX_SPLITS, STREAMING_PROGRAMS_PER_PROCESSOR, TABLE_CHUNK_ENTRIES, TABLE_CHUNK_MIN_BLOCKS)
 
 
 def _planned_attention(phase: str, inputs: tuple, scalars: tuple, call):

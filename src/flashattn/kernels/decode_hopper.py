@@ -149,7 +149,7 @@ def kvcache_decode_hopper_kernel(
     q_desc, k_desc, v_desc, kn_desc, vn_desc, Out, Lse, CacheSeqlens, KCache, VCache, KNew, VNew, BlockTable,
     stride_os, stride_ob, stride_oh, stride_ls, stride_lb, stride_lh,
     stride_kcn, stride_kch, stride_knb, stride_knn, stride_knh, stride_btb,
-    nheads, nheads_k, capacity, num_splits, seqlen_new, page_size, num_pages, qk_scale_log2,
+    nheads, nheads_k, capacity, num_splits, seqlen_new, extra_keys, page_size, num_pages, qk_scale_log2,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
     NEW_KEYS: gl.constexpr, PAGED: gl.constexpr,
 ):
@@ -168,8 +168,8 @@ def kvcache_decode_hopper_kernel(
     batch = batch_head // nheads_k
     head_k = batch_head % nheads_k
     group_size = nheads // nheads_k
-    cache_len = gl.load(CacheSeqlens + batch)
-    seqlen_k = gl.minimum(gl.maximum(cache_len, 0), capacity)
+    # the keys in the cache: CacheSeqlens, plus ``extra_keys`` that a launch before this one appended
+    seqlen_k = gl.minimum(gl.maximum(gl.load(CacheSeqlens + batch) + extra_keys, 0), capacity)
     lo, full_hi, hi = _split_blocks(seqlen_k, split, num_splits, BLOCK_N)
     has_new = (NEW_KEYS > 0) & (split == num_splits - 1)
     # the append's rows: the host refuses one past the cache; the store mask keeps a bad length inside it
