@@ -1,4 +1,4 @@
-"""Hopper decode attention in Gluon: one GQA group's query rows over a split of a contiguous KV cache.
+"""Hopper decode attention in Gluon: one GQA group's query rows over a split of a KV cache (contiguous or paged).
 
 The Triton decode kernel (``kernels/decode.py``) issues its own K/V loads from the warps that compute, in 16-row
 ``mma`` tiles whose softmax crosses the warps at every key block (nine barriers a block). Here, as in the Gluon
