@@ -339,8 +339,8 @@ GLUON_DECODE = True
 """Decode steps go through the Gluon kernel (``kernels/decode_hopper.py``) on sm90 where it fits and is the faster
 of the two (``_gluon_decode_fits``). H200, GQA 32/8, hdim 128, bf16, with the one-token append (docs/perf-notes.md,
 version 24): 4k-64k batch 1 2.7-6% faster than the Triton kernel (8k: 16.9 against 17.8 us), 4k batch 16 4.4%
-(66.7 against 69.8), 1-3% on the other steps of up to 4.5 MB of cache an SM; on larger steps (64k batch 4-16) 1.4-2%
-slower. False: the Triton kernel everywhere."""
+(66.7 against 69.8), -0.5% to +3% on the other steps of up to 4.5 MB of cache an SM; on larger steps (64k batch
+4-16) 1.4-2% slower. False: the Triton kernel everywhere."""
 GLUON_DECODE_PAGED = True
 """Paged caches through the Gluon kernel too: one descriptor over the page pool, each block's page looked up by the
 loader a block ahead. H200, GQA 32/8, hdim 128, bf16, 256-key pages, with the append (docs/perf-notes.md, version 24,
