@@ -559,7 +559,7 @@ def test_gluon_decode_tiles_and_splits(batch, tile, splits):
     assert decode_ops.gluon_decode_splits(8, 1024, 132) == 4  # 256 keys a split
 
 
-# the Gluon decode kernel (decode_ops.GLUON_DECODE, sm90): one query token, contiguous caches
+# the Gluon decode kernel (decode_ops.GLUON_DECODE, sm90): one query token, contiguous and paged caches
 GLUON_PROBLEMS = [
     KVProblem(batch=2, nheads=32, nheads_k=8, head_dim=128, capacity=8192, cache_seqlens=(8191, 4000)),
     KVProblem(batch=4, nheads=16, nheads_k=4, head_dim=64, capacity=1000, cache_seqlens=(0, 63, 64, 983),
@@ -596,6 +596,9 @@ def test_gluon_decode_matches_reference_on_gpu(monkeypatch, problem, dtype):
     monkeypatch.setenv("FLASHATTN_BACKEND", "triton")
     monkeypatch.setattr(decode_ops, "GLUON_DECODE", True)
     monkeypatch.setattr(decode_ops, "GLUON_DECODE_PAGED", True)
+    # the kernel, not the rule of when the table takes it (which depends on the GPU's SM count)
+    monkeypatch.setattr(decode_ops, "GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR", float("inf"))
+    monkeypatch.setattr(decode_ops, "GLUON_DECODE_MAX_BYTES_PER_PROCESSOR", float("inf"))
     taken = []
     gluon_attention = decode_ops._gluon_attention
     monkeypatch.setattr(decode_ops, "_gluon_attention", lambda *args: taken.append(1) or gluon_attention(*args))
