@@ -283,17 +283,16 @@ def ws_dq_report(head_dim: int, causal: bool, config, varlen: bool = False) -> d
                          ops.warp_specialized_dq_constexprs(config, head_dim, causal, varlen))
 
 
-def ws_decode_report(head_dim: int, block_n: int, num_stages: int, unsplit: bool = False, new_keys: int = 1,
-                     paged: bool = False) -> dict:
+def ws_decode_report(head_dim: int, block_n: int, num_stages: int, new_keys: int = 1, paged: bool = False) -> dict:
     """:func:`report` of the Gluon decode kernel (``kernels/decode_hopper.py``), as ``decode_ops._gluon_attention``
-    launches it for bf16 inputs (``unsplit``: writing the bf16 output itself, not float32 partials; ``new_keys``: the
-    appended tokens, a power of two, 0 for none; ``paged``: a paged cache)."""
+    launches it for bf16 inputs writing float32 partials (``new_keys``: the appended tokens, a power of two, 0 for none;
+    ``paged``: a paged cache)."""
     from flashattn import ops
     from flashattn.kernels.decode_hopper import kvcache_decode_hopper_kernel
 
     kv_desc = _bf16_descriptor(block_n, head_dim)
     signature = dict(q_desc=_bf16_descriptor(64, head_dim), k_desc=kv_desc, v_desc=kv_desc, kn_desc=kv_desc,
-                     vn_desc=kv_desc, Out="*bf16" if unsplit else "*fp32", Lse="*fp32", CacheSeqlens="*i32",
+                     vn_desc=kv_desc, Out="*fp32", Lse="*fp32", CacheSeqlens="*i32",
                      KCache="*bf16", VCache="*bf16", KNew="*bf16", VNew="*bf16", BlockTable="*i32",
                      stride_os="i32", stride_ob="i32", stride_oh="i32", stride_ls="i32", stride_lb="i32",
                      stride_lh="i32", stride_kcn="i32", stride_kch="i32", stride_knb="i32", stride_knn="i32",

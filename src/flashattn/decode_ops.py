@@ -335,6 +335,19 @@ def _triton_combine_backward(dout, dlse, out_partial, lse_partial):
     return dout_partial, dlse_partial
 
 
+def _split_targets(q: torch.Tensor, num_splits: int) -> tuple:
+    """(out, lse) of a decode step (``_decode_outputs_like``), where its attention launch writes (the outputs
+    themselves when unsplit, float32 partials per split to merge after it), and those targets' strides over (split,
+    batch, token, head) and (split, batch, head, token); split stride 0 when unsplit (no view of the outputs: a
+    launch plan could not make it)."""
+    out, lse = _decode_outputs_like(q)
+    if num_splits == 1:
+        return out, lse, out, lse, (0, *out.stride()[:3]), (0, *lse.stride())
+    out_target = torch.empty((num_splits, *q.shape), dtype=torch.float32, device=q.device)
+    lse_target = torch.empty((num_splits, *lse.shape), dtype=torch.float32, device=q.device)
+    return out, lse, out_target, lse_target, out_target.stride()[:4], lse_target.stride()
+
+
 GLUON_DECODE = True
 """Decode steps go through the Gluon kernel (``kernels/decode_hopper.py``) on sm90 where it fits and is the faster
 of the two (``_gluon_decode_fits``). H200, GQA 32/8, hdim 128, bf16, with the one-token append (docs/perf-notes.md,
@@ -401,8 +414,9 @@ def _gluon_decode_fits(q, k_cache, v_cache, cache_batch_idx, cache_leftpad, bloc
         return False
     if q.dtype not in (torch.bfloat16, torch.float16) or opts.softcap != 0.0 or opts.window_left >= 0:
         return False
-    if block_table is not None and (not GLUON_DECODE_PAGED or k_cache.shape[1] % 64 != 0
-                                    or block_table.stride(1) != 1 or k_cache.shape[0] * k_cache.shape[1] >= 2**31):
+    if block_table is not None and (not GLUON_DECODE_PAGED or k_cache.shape[1] % 64 != 0 or block_table.stride(1) != 1):
+        return False
+    if k_cache.shape[0] * k_cache.shape[1] >= 2**31:  # the descriptors' rows are TMA's int32 coordinates
         return False
     one_run = all(c.stride(3) == 1 and c.stride(2) == head_dim and c.stride(1) == nheads_k * head_dim
                   and c.stride(0) == c.shape[1] * c.stride(1) and c.data_ptr() % 16 == 0 for c in (k_cache, v_cache))
@@ -427,17 +441,8 @@ def _gluon_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_new
     if num_splits <= 0:
         num_splits = gluon_decode_splits(programs, capacity, processors)
     num_splits = min(num_splits, MAX_SPLITS)
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty(batch, nheads, 1, dtype=torch.float32, device=q.device)
-    if num_splits == 1:
-        out_target, lse_target = out, lse
-        out_strides = (0, out.stride(0), out.stride(2))
-        lse_strides = (0, lse.stride(0), lse.stride(1))
-    else:
-        out_target = torch.empty((num_splits, *q.shape), dtype=torch.float32, device=q.device)
-        lse_target = torch.empty((num_splits, batch, nheads, 1), dtype=torch.float32, device=q.device)
-        out_strides = (out_target.stride(0), out_target.stride(1), out_target.stride(3))
-        lse_strides = (lse_target.stride(0), lse_target.stride(1), lse_target.stride(2))
+    out, lse, out_target, lse_target, out_strides, lse_strides = _split_targets(q, num_splits)
+    out_strides, lse_strides = (out_strides[0], out_strides[1], out_strides[3]), lse_strides[:3]  # one token: no m
     # the queries as (batch x heads) rows: a GQA group's rows are consecutive
     q_desc = TensorDescriptor(q, [batch * nheads, head_dim], [head_dim, 1], [64, head_dim],
                               _tile_layout(64, head_dim, q.dtype))
@@ -469,7 +474,8 @@ def _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache
                       rotary_sin, alibi_slopes, seqlen_new: int, opts: AttentionOptions, rotary_interleaved: bool,
                       num_splits: int, k_new=None, v_new=None):
     """The attention over the caches, after appending ``k_new``/``v_new`` when given: in the same launch
-    (FUSE_APPEND) up to FUSED_APPEND_MAX_TOKENS new tokens per sequence, else in a launch before it."""
+    (FUSE_APPEND) up to FUSED_APPEND_MAX_TOKENS new tokens per sequence, else in a launch before it. Steps that the
+    Gluon kernel fits (``_gluon_decode_fits``) go there instead."""
     from .kernels.decode import kvcache_attention_kernel
 
     q = _last_dim_contiguous(q)
@@ -501,15 +507,7 @@ def _triton_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache
     if num_splits == 1 and streaming_launch(config, programs, processors):
         config = dataclasses.replace(config, num_stages=config.streaming_stages)
 
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty(batch, nheads, seqlen_q, dtype=torch.float32, device=q.device)
-    if num_splits == 1:  # straight into the outputs, as one split (no view of them: a launch plan could not make it)
-        out_target, lse_target = out, lse
-        out_strides, lse_strides = (0, *out.stride()[:3]), (0, *lse.stride())
-    else:  # float32 partials, merged below
-        out_target = torch.empty((num_splits, *q.shape), dtype=torch.float32, device=q.device)
-        lse_target = torch.empty((num_splits, batch, nheads, seqlen_q), dtype=torch.float32, device=q.device)
-        out_strides, lse_strides = out_target.stride()[:4], lse_target.stride()
+    out, lse, out_target, lse_target, out_strides, lse_strides = _split_targets(q, num_splits)
 
     rotary_dim, seqlen_ro = _rotary_args(rotary_cos)
     slopes, stride_alibi_b, has_alibi = _alibi_args(alibi_slopes, q)
