@@ -6,7 +6,8 @@ that alternate the providers. Each Gluon output is checked against the Triton ke
         --variants auto 64x4 128x3 --rounds 2 [--append]
 
 A variant is BLOCK_NxSTAGES of the Gluon kernel (``decode_ops.GLUON_DECODE_TILE``), or "auto" (its rule,
-``gluon_decode_tile``). ``--append``: steps that append the new key (the bench's flashattn column) for the Triton and
+``gluon_decode_tile``); a "+last" suffix takes the step's new keys after the cache's (``GLUON_DECODE_NEW_KEYS_FIRST``
+off). ``--append``: steps that append the new key (the bench's flashattn column) for the Triton and
 Gluon kernels; cuDNN's never does. Prints a Markdown table of microseconds per step (median over rounds) and the
 ratios to cuDNN.
 """
@@ -37,17 +38,21 @@ WRONG_DIFF = 2e-2  # bf16 outputs of the same attention differ by rounding only
 def gluon(variant: str | None):
     """The Gluon kernel (paged caches too) with tile ``variant`` ("64x4", "auto"), or the Triton kernel everywhere
     (None); launch plans cleared around."""
-    saved = decode_ops.GLUON_DECODE, decode_ops.GLUON_DECODE_PAGED, decode_ops.GLUON_DECODE_TILE
+    names = ("GLUON_DECODE", "GLUON_DECODE_PAGED", "GLUON_DECODE_TILE", "GLUON_DECODE_NEW_KEYS_FIRST")
+    saved = {name: getattr(decode_ops, name) for name in names}
     if variant is None:
         decode_ops.GLUON_DECODE = False
     else:
-        tile = None if variant == "auto" else tuple(int(part) for part in variant.split("x"))
-        decode_ops.GLUON_DECODE, decode_ops.GLUON_DECODE_PAGED, decode_ops.GLUON_DECODE_TILE = True, True, tile
+        tile, _, order = variant.partition("+")
+        decode_ops.GLUON_DECODE, decode_ops.GLUON_DECODE_PAGED = True, True
+        decode_ops.GLUON_DECODE_TILE = None if tile == "auto" else tuple(int(part) for part in tile.split("x"))
+        decode_ops.GLUON_DECODE_NEW_KEYS_FIRST = order != "last"
     launcher.clear_plans()
     try:
         yield
     finally:
-        decode_ops.GLUON_DECODE, decode_ops.GLUON_DECODE_PAGED, decode_ops.GLUON_DECODE_TILE = saved
+        for name, value in saved.items():
+            setattr(decode_ops, name, value)
         launcher.clear_plans()
 
 

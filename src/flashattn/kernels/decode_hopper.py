@@ -58,21 +58,27 @@ def _cache_row(position, valid, kv_row, table_row, page_size, num_pages, PAGED: 
 @gluon.jit
 def _decode_loader(q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready,
                    k_free, v_free, q_row, kv_row, table_row, page_size, num_pages, new_row, column, lo, hi, has_new,
-                   BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PAGED: gl.constexpr):
+                   BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PAGED: gl.constexpr, NEW_FIRST: gl.constexpr):
     """The group's 64 query rows (from ``q_row``), then the split's key blocks [lo, hi) of this kv head (``_cache_row``;
-    columns from ``column``) into the ring, then (``has_new``) a block of the step's new keys and values from their own
-    tensors (rows from ``new_row``). A paged block lies in one page (BLOCK_N divides the page size)."""
+    columns from ``column``) into the ring, and (``has_new``) a block of the step's new keys and values from their own
+    tensors (rows from ``new_row``): first with NEW_FIRST, else last. A paged block lies in one page (BLOCK_N divides
+    the page size)."""
     mbarrier.expect(q_ready, q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_ready, q_smem)
+    first = lo * 0  # the ring position of block lo
+    if NEW_FIRST and has_new:
+        load_key_block(kn_desc, vn_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, 0, new_row, column,
+                       NUM_STAGES)
+        first += 1
     # each block's row is looked up one block ahead: a paged lookup (a load) then waits behind the block before's
     # copies instead of in front of its own
     row = _cache_row(lo * BLOCK_N, lo < hi, kv_row, table_row, page_size, num_pages, PAGED)
     for j in range(lo, hi):
         next_row = _cache_row((j + 1) * BLOCK_N, j + 1 < hi, kv_row, table_row, page_size, num_pages, PAGED)
-        load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, j - lo, row, column,
+        load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, first + j - lo, row, column,
                        NUM_STAGES)
         row = next_row
-    if has_new:
+    if not NEW_FIRST and has_new:
         load_key_block(kn_desc, vn_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, hi - lo, new_row, column,
                        NUM_STAGES)
 
@@ -109,24 +115,37 @@ def _append_new_keys(new_src, new_dst, seqlen_new, appends, HEAD_DIM: gl.constex
 def _decode_consumer(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, Out, Lse,
                      out_offset, lse_offset, stride_oh, stride_lh, rows, seqlen_k, lo, full_hi, hi, has_new,
                      seqlen_new, appends, new_src, new_dst, qk_scale_log2, HEAD_DIM: gl.constexpr,
-                     BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NEW_KEYS: gl.constexpr, PAGED: gl.constexpr):
+                     BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NEW_KEYS: gl.constexpr, PAGED: gl.constexpr,
+                     NEW_FIRST: gl.constexpr):
     s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
     o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     row_ids = gl.arange(0, ROWS_PER_WARPGROUP, layout=gl.SliceLayout(1, s_layout))
     m_i = gl.full([ROWS_PER_WARPGROUP], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([ROWS_PER_WARPGROUP], gl.float32, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([ROWS_PER_WARPGROUP, HEAD_DIM], gl.float32, o_layout)
-    mbarrier.wait(q_ready, 0)
-    # the blocks of whole keys, then the sequence's last, partly filled one (ring positions count from lo); the
-    # count of product issues (ping-pong turns, unused with one consumer) starts as a run-time zero
-    m_i, l_i, acc, t = _key_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, turn, lo * 0, -lo,
-                                   m_i, l_i, acc, row_ids, lo, full_hi, False, 1, seqlen_k, qk_scale_log2, BLOCK_N,
-                                   HEAD_DIM, NUM_STAGES, False, False, 0, False)
-    m_i, l_i, acc, t = _key_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, turn, t, -lo,
-                                   m_i, l_i, acc, row_ids, full_hi, hi, False, 1, seqlen_k, qk_scale_log2, BLOCK_N,
-                                   HEAD_DIM, NUM_STAGES, False, True, 0, False)
-    if NEW_KEYS > 0:  # the step's new keys: their own block, after the cache's (order does not change the softmax)
-        new_blocks = gl.where(has_new, 1, 0)
+    new_blocks = gl.where(has_new, 1, 0)
+    # the count of product issues (ping-pong turns, unused with one consumer) starts as a run-time zero
+    t = lo * 0
+    first = lo * 0  # the ring position of block lo
+    if NEW_KEYS > 0 and NEW_FIRST:
+        # the step's new keys: their own block, first (the softmax does not depend on the order), so that its copy
+        # and the append's stores overlap the cache's stream instead of following it
+        _append_new_keys(new_src, new_dst, seqlen_new, appends, HEAD_DIM, NEW_KEYS, PAGED)
+        mbarrier.wait(q_ready, 0)
+        m_i, l_i, acc, t = _key_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, turn, t, 0,
+                                       m_i, l_i, acc, row_ids, new_blocks * 0, new_blocks, False, 1, seqlen_new,
+                                       qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, False, True, 0, False)
+        first = new_blocks
+    else:
+        mbarrier.wait(q_ready, 0)
+    # the blocks of whole keys, then the sequence's last, partly filled one
+    m_i, l_i, acc, t = _key_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, turn, t,
+                                   first - lo, m_i, l_i, acc, row_ids, lo, full_hi, False, 1, seqlen_k, qk_scale_log2,
+                                   BLOCK_N, HEAD_DIM, NUM_STAGES, False, False, 0, False)
+    m_i, l_i, acc, t = _key_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, turn, t,
+                                   first - lo, m_i, l_i, acc, row_ids, full_hi, hi, False, 1, seqlen_k, qk_scale_log2,
+                                   BLOCK_N, HEAD_DIM, NUM_STAGES, False, True, 0, False)
+    if NEW_KEYS > 0 and not NEW_FIRST:  # the new keys' block after the cache's
         m_i, l_i, acc, t = _key_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, turn, t,
                                        hi - lo, m_i, l_i, acc, row_ids, new_blocks * 0, new_blocks, False, 1,
                                        seqlen_new, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, False, True, 0,
@@ -151,7 +170,7 @@ def kvcache_decode_hopper_kernel(
     stride_kcn, stride_kch, stride_knb, stride_knn, stride_knh, stride_btb,
     nheads, nheads_k, capacity, num_splits, seqlen_new, extra_keys, page_size, num_pages, qk_scale_log2,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
-    NEW_KEYS: gl.constexpr, PAGED: gl.constexpr,
+    NEW_KEYS: gl.constexpr, PAGED: gl.constexpr, NEW_FIRST: gl.constexpr,
 ):
     """Grid (batch x kv heads, splits). q_desc: the queries as (batch x heads, HEAD_DIM) rows, 64 a block; k/v_desc:
     the caches as (batch x capacity, kv heads x HEAD_DIM), BLOCK_N rows a block, or with PAGED the page pool as
@@ -200,8 +219,9 @@ def kvcache_decode_hopper_kernel(
         (_decode_consumer, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, Out,
                             Lse, out_offset, lse_offset, stride_oh, stride_lh, group_size, seqlen_k, lo, full_hi, hi,
                             has_new, new_tokens, split == 0, new_src, new_dst, qk_scale_log2, HEAD_DIM, BLOCK_N,
-                            NUM_STAGES, NEW_KEYS, PAGED)),
+                            NUM_STAGES, NEW_KEYS, PAGED, NEW_FIRST)),
         (_decode_loader, (q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready,
                           k_free, v_free, batch * nheads + first_head, kv_row, table_row, page_size, num_pages,
-                          batch * seqlen_new, head_k * HEAD_DIM, lo, hi, has_new, BLOCK_N, NUM_STAGES, PAGED)),
+                          batch * seqlen_new, head_k * HEAD_DIM, lo, hi, has_new, BLOCK_N, NUM_STAGES, PAGED,
+                          NEW_FIRST)),
     ], [1], [LOADER_REGISTERS])
