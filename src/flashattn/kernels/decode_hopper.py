@@ -56,9 +56,21 @@ def _cache_row(position, valid, kv_row, table_row, page_size, num_pages, PAGED: 
 
 
 @gluon.jit
+def _block_at(i, lo, full_hi, rotation, ROTATE: gl.constexpr):
+    """The key block a split loads i-th (counting from lo): with ROTATE its whole blocks [lo, full_hi) start at
+    lo + ``rotation`` and wrap around, the masked ones after them keep their place. The consumer takes whole blocks
+    in any order (the softmax does not depend on it)."""
+    if ROTATE:
+        return gl.where(i < full_hi, lo + (i - lo + rotation) % gl.maximum(full_hi - lo, 1), i)
+    else:
+        return i
+
+
+@gluon.jit
 def _decode_loader(q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready,
-                   k_free, v_free, q_row, kv_row, table_row, page_size, num_pages, new_row, column, lo, hi, has_new,
-                   BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PAGED: gl.constexpr, NEW_FIRST: gl.constexpr):
+                   k_free, v_free, q_row, kv_row, table_row, page_size, num_pages, new_row, column, lo, full_hi, hi,
+                   has_new, rotation, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PAGED: gl.constexpr,
+                   NEW_FIRST: gl.constexpr, ROTATE: gl.constexpr):
     """The group's 64 query rows (from ``q_row``), then the split's key blocks [lo, hi) of this kv head (``_cache_row``;
     columns from ``column``) into the ring, and (``has_new``) a block of the step's new keys and values from their own
     tensors (rows from ``new_row``): first with NEW_FIRST, else last. A paged block lies in one page (BLOCK_N divides
@@ -72,9 +84,11 @@ def _decode_loader(q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_b
         first += 1
     # each block's row is looked up one block ahead: a paged lookup (a load) then waits behind the block before's
     # copies instead of in front of its own
-    row = _cache_row(lo * BLOCK_N, lo < hi, kv_row, table_row, page_size, num_pages, PAGED)
+    row = _cache_row(_block_at(lo, lo, full_hi, rotation, ROTATE) * BLOCK_N, lo < hi, kv_row, table_row, page_size,
+                     num_pages, PAGED)
     for j in range(lo, hi):
-        next_row = _cache_row((j + 1) * BLOCK_N, j + 1 < hi, kv_row, table_row, page_size, num_pages, PAGED)
+        next_row = _cache_row(_block_at(j + 1, lo, full_hi, rotation, ROTATE) * BLOCK_N, j + 1 < hi, kv_row,
+                              table_row, page_size, num_pages, PAGED)
         load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, first + j - lo, row, column,
                        NUM_STAGES)
         row = next_row
@@ -170,7 +184,7 @@ def kvcache_decode_hopper_kernel(
     stride_kcn, stride_kch, stride_knb, stride_knn, stride_knh, stride_btb,
     nheads, nheads_k, capacity, num_splits, seqlen_new, extra_keys, page_size, num_pages, qk_scale_log2,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
-    NEW_KEYS: gl.constexpr, PAGED: gl.constexpr, NEW_FIRST: gl.constexpr,
+    NEW_KEYS: gl.constexpr, PAGED: gl.constexpr, NEW_FIRST: gl.constexpr, ROTATE: gl.constexpr,
 ):
     """Grid (batch x kv heads, splits). q_desc: the queries as (batch x heads, HEAD_DIM) rows, 64 a block; k/v_desc:
     the caches as (batch x capacity, kv heads x HEAD_DIM), BLOCK_N rows a block, or with PAGED the page pool as
@@ -201,6 +215,8 @@ def kvcache_decode_hopper_kernel(
     new_dst = (KCache + head_column, VCache + head_column, stride_kcn, seqlen_k, kv_row, table_row, page_size,
                num_pages)
     first_head = head_k * group_size
+    # ROTATE: each (sequence, split) stream starts its whole blocks at its own offset (its heads together)
+    rotation = (batch * num_splits + split) * 37
     out_offset = split.to(gl.int64) * stride_os + batch.to(gl.int64) * stride_ob + first_head.to(gl.int64) * stride_oh
     lse_offset = split.to(gl.int64) * stride_ls + batch.to(gl.int64) * stride_lb + first_head.to(gl.int64) * stride_lh
 
@@ -222,6 +238,6 @@ def kvcache_decode_hopper_kernel(
                             NUM_STAGES, NEW_KEYS, PAGED, NEW_FIRST)),
         (_decode_loader, (q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready,
                           k_free, v_free, batch * nheads + first_head, kv_row, table_row, page_size, num_pages,
-                          batch * seqlen_new, head_k * HEAD_DIM, lo, hi, has_new, BLOCK_N, NUM_STAGES, PAGED,
-                          NEW_FIRST)),
+                          batch * seqlen_new, head_k * HEAD_DIM, lo, full_hi, hi, has_new, rotation, BLOCK_N,
+                          NUM_STAGES, PAGED, NEW_FIRST, ROTATE)),
     ], [1], [LOADER_REGISTERS])
