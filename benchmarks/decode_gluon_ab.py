@@ -6,11 +6,10 @@ that alternate the providers. Each Gluon output is checked against the Triton ke
         --variants auto 64x4 128x3 --rounds 2 [--append]
 
 A variant is BLOCK_NxSTAGES of the Gluon kernel (``decode_ops.GLUON_DECODE_TILE``), or "auto" (its rule,
-``gluon_decode_tile``); suffixes: "+last" takes the step's new keys after the cache's (``GLUON_DECODE_NEW_KEYS_FIRST``
-off), "+rotate" starts each split's stream at its own block (``GLUON_DECODE_ROTATE``), "+sN" runs N splits
-(``GLUON_DECODE_SPLITS``). ``--append``: steps that append the new key (the bench's flashattn column) for the Triton and
-Gluon kernels; cuDNN's never does. Prints a Markdown table of microseconds per step (median over rounds) and the
-ratios to cuDNN.
+``gluon_decode_tile``); suffixes: "+sN" runs N splits (``GLUON_DECODE_SPLITS``), "+everywhere" lifts the table's gates
+on programs and cache bytes per SM (``_gluon_decode_fits``). ``--append``: steps that append the new key (the bench's
+flashattn column) for the Triton and Gluon kernels; cuDNN's never does. Prints a Markdown table of microseconds per
+step (median over rounds) and the ratios to cuDNN.
 """
 
 from __future__ import annotations
@@ -39,8 +38,8 @@ WRONG_DIFF = 2e-2  # bf16 outputs of the same attention differ by rounding only
 def gluon(variant: str | None):
     """The Gluon kernel (paged caches too) with tile ``variant`` ("64x4", "auto"), or the Triton kernel everywhere
     (None); launch plans cleared around."""
-    names = ("GLUON_DECODE", "GLUON_DECODE_PAGED", "GLUON_DECODE_TILE", "GLUON_DECODE_NEW_KEYS_FIRST",
-             "GLUON_DECODE_ROTATE", "GLUON_DECODE_SPLITS")
+    names = ("GLUON_DECODE", "GLUON_DECODE_PAGED", "GLUON_DECODE_TILE", "GLUON_DECODE_SPLITS",
+             "GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR", "GLUON_DECODE_MAX_BYTES_PER_PROCESSOR")
     saved = {name: getattr(decode_ops, name) for name in names}
     if variant is None:
         decode_ops.GLUON_DECODE = False
@@ -48,8 +47,9 @@ def gluon(variant: str | None):
         tile, *flags = variant.split("+")
         decode_ops.GLUON_DECODE, decode_ops.GLUON_DECODE_PAGED = True, True
         decode_ops.GLUON_DECODE_TILE = None if tile == "auto" else tuple(int(part) for part in tile.split("x"))
-        decode_ops.GLUON_DECODE_NEW_KEYS_FIRST = "last" not in flags
-        decode_ops.GLUON_DECODE_ROTATE = "rotate" in flags
+        if "everywhere" in flags:  # past the table's gates on programs and bytes per SM
+            decode_ops.GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR = float("inf")
+            decode_ops.GLUON_DECODE_MAX_BYTES_PER_PROCESSOR = float("inf")
         splits = [int(flag[1:]) for flag in flags if flag.startswith("s")]
         decode_ops.GLUON_DECODE_SPLITS = splits[0] if splits else None
     launcher.clear_plans()

@@ -283,8 +283,7 @@ def ws_dq_report(head_dim: int, causal: bool, config, varlen: bool = False) -> d
                          ops.warp_specialized_dq_constexprs(config, head_dim, causal, varlen))
 
 
-def ws_decode_report(head_dim: int, block_n: int, num_stages: int, new_keys: int = 1, paged: bool = False,
-                     new_first: bool = True, rotate: bool = False) -> dict:
+def ws_decode_report(head_dim: int, block_n: int, num_stages: int, new_keys: int = 1, paged: bool = False) -> dict:
     """:func:`report` of the Gluon decode kernel (``kernels/decode_hopper.py``), as ``decode_ops._gluon_attention``
     launches it for bf16 inputs writing float32 partials (``new_keys``: the appended tokens, a power of two, 0 for none;
     ``paged``: a paged cache)."""
@@ -301,8 +300,7 @@ def ws_decode_report(head_dim: int, block_n: int, num_stages: int, new_keys: int
                      num_splits="i32", seqlen_new="i32", extra_keys="i32", page_size="i32", num_pages="i32",
                      qk_scale_log2="fp32")
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_STAGES=num_stages,
-                      LOADER_REGISTERS=ops.WS_LOADER_REGISTERS, NEW_KEYS=new_keys, PAGED=paged,
-                      NEW_FIRST=new_first, ROTATE=rotate)
+                      LOADER_REGISTERS=ops.WS_LOADER_REGISTERS, NEW_KEYS=new_keys, PAGED=paged)
     return _gluon_report(kvcache_decode_hopper_kernel, signature, constexprs)
 
 

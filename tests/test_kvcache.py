@@ -589,8 +589,8 @@ GLUON_PROBLEMS = [
 def test_gluon_decode_matches_reference_on_gpu(monkeypatch, problem, dtype):
     """The Gluon decode kernel against the float64 reference, and its append (1, 3, 5 and 16 new keys, into an empty
     cache too): split (automatic, 3, 5, 7) and unsplit, lengths that do not fill a key block, an empty sequence (out 0,
-    lse +inf), GQA groups of 1, 4 and 8, both of its tiles (64 and 128 keys), contiguous and paged (pages of 64, 128
-    and 256 keys)."""
+    lse +inf), GQA groups of 1, 4 and 8, both of its tiles (64 and 128 keys), contiguous (whole blocks read from each split's
+    own offset on) and paged (pages of 64, 128 and 256 keys)."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon decode kernel is sm90's")
     monkeypatch.setenv("FLASHATTN_BACKEND", "triton")

@@ -471,7 +471,7 @@ def _gluon_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_new
         opts.softmax_scale * LOG2E,
         HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_STAGES=stages, LOADER_REGISTERS=WS_LOADER_REGISTERS,
         NEW_KEYS=configs.next_power_of_2(new_keys) if new_keys else 0, PAGED=block_table is not None,
-        NEW_FIRST=GLUON_DECODE_NEW_KEYS_FIRST, ROTATE=GLUON_DECODE_ROTATE, num_warps=4,
+        num_warps=4,
     )
     if num_splits > 1:
         _triton_combine(out_target, lse_target, out, lse)
@@ -622,7 +622,7 @@ def plan_switches() -> tuple:
     """The switches of this module that decide a decode step's launches: part of its launch plan's key."""
     return (PROGRAMMATIC_LAUNCH, FUSED_APPEND_MAX_TOKENS, GLUON_DECODE, GLUON_DECODE_PAGED,
             GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR, GLUON_DECODE_MAX_BYTES_PER_PROCESSOR, GLUON_DECODE_TILE,
-            GLUON_DECODE_NEW_KEYS_FIRST, GLUON_DECODE_ROTATE, GLUON_DECODE_SPLITS,
+            GLUON_DECODE_SPLITS,
             MAX_SPLITS, STREAMING_PROGRAMS_PER_PROCESSOR, TABLE_CHUNK_ENTRIES, TABLE_CHUNK_MIN_BLOCKS)
 
 

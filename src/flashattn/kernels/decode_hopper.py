@@ -13,9 +13,11 @@ layout of the Triton kernel's partials (``decode_ops``: merged by ``kernels/comb
 into the output when unsplit.
 
 The step's new keys (up to 16 a sequence, without rotary) are appended by the same launch: the last split attends to
-them from the new k/v (a block of their own through the same ring), and split 0 writes them into the cache.
+them from the new k/v (a block of their own, the first through the ring), and split 0 writes them into the cache
+before its key loop.
 
-Paged caches are read through one descriptor over the page pool, a block's page looked up by the loader.
+Paged caches are read through one descriptor over the page pool, a block's page looked up by the loader. A contiguous
+cache's splits start their whole blocks at offsets of their own (``_block_at``).
 
 Limits, checked by the launcher (``decode_ops._gluon_decode_fits``): one query token, a cache of whole rows per
 token (paged: pages one after the other in the pool, their size a multiple of the key block), 16-bit inputs, head
@@ -57,9 +59,9 @@ def _cache_row(position, valid, kv_row, table_row, page_size, num_pages, PAGED: 
 
 @gluon.jit
 def _block_at(i, lo, full_hi, rotation, ROTATE: gl.constexpr):
-    """The key block a split loads i-th (counting from lo): with ROTATE its whole blocks [lo, full_hi) start at
-    lo + ``rotation`` and wrap around, the masked ones after them keep their place. The consumer takes whole blocks
-    in any order (the softmax does not depend on it)."""
+    """The key block a split loads i-th (i from lo): with ROTATE its whole blocks [lo, full_hi) from lo + ``rotation``
+    on, wrapping around; the masked blocks after them in place. The consumer takes whole blocks in any order (the
+    softmax does not depend on it)."""
     if ROTATE:
         return gl.where(i < full_hi, lo + (i - lo + rotation) % gl.maximum(full_hi - lo, 1), i)
     else:
@@ -69,32 +71,29 @@ def _block_at(i, lo, full_hi, rotation, ROTATE: gl.constexpr):
 @gluon.jit
 def _decode_loader(q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready,
                    k_free, v_free, q_row, kv_row, table_row, page_size, num_pages, new_row, column, lo, full_hi, hi,
-                   has_new, rotation, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PAGED: gl.constexpr,
-                   NEW_FIRST: gl.constexpr, ROTATE: gl.constexpr):
-    """The group's 64 query rows (from ``q_row``), then the split's key blocks [lo, hi) of this kv head (``_cache_row``;
-    columns from ``column``) into the ring, and (``has_new``) a block of the step's new keys and values from their own
-    tensors (rows from ``new_row``): first with NEW_FIRST, else last. A paged block lies in one page (BLOCK_N divides
-    the page size)."""
+                   has_new, rotation, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PAGED: gl.constexpr):
+    """The group's 64 query rows (from ``q_row``); with ``has_new`` a block of the step's new keys and values from
+    their own tensors (rows from ``new_row``), first, so that its copy overlaps the cache's stream instead of
+    following it; then the split's key blocks [lo, hi) of this kv head (``_cache_row``; columns from ``column``), a
+    contiguous cache's whole blocks from ``rotation`` on (``_block_at``). A paged block lies in one page (BLOCK_N
+    divides the page size)."""
     mbarrier.expect(q_ready, q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_ready, q_smem)
-    first = lo * 0  # the ring position of block lo
-    if NEW_FIRST and has_new:
+    first = lo * 0  # the ring position of the cache's first block
+    if has_new:
         load_key_block(kn_desc, vn_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, 0, new_row, column,
                        NUM_STAGES)
         first += 1
     # each block's row is looked up one block ahead: a paged lookup (a load) then waits behind the block before's
     # copies instead of in front of its own
-    row = _cache_row(_block_at(lo, lo, full_hi, rotation, ROTATE) * BLOCK_N, lo < hi, kv_row, table_row, page_size,
-                     num_pages, PAGED)
+    row = _cache_row(_block_at(lo, lo, full_hi, rotation, not PAGED) * BLOCK_N, lo < hi, kv_row, table_row,
+                     page_size, num_pages, PAGED)
     for j in range(lo, hi):
-        next_row = _cache_row(_block_at(j + 1, lo, full_hi, rotation, ROTATE) * BLOCK_N, j + 1 < hi, kv_row,
+        next_row = _cache_row(_block_at(j + 1, lo, full_hi, rotation, not PAGED) * BLOCK_N, j + 1 < hi, kv_row,
                               table_row, page_size, num_pages, PAGED)
         load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, first + j - lo, row, column,
                        NUM_STAGES)
         row = next_row
-    if not NEW_FIRST and has_new:
-        load_key_block(kn_desc, vn_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, hi - lo, new_row, column,
-                       NUM_STAGES)
 
 
 @gluon.jit
@@ -129,22 +128,21 @@ def _append_new_keys(new_src, new_dst, seqlen_new, appends, HEAD_DIM: gl.constex
 def _decode_consumer(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, Out, Lse,
                      out_offset, lse_offset, stride_oh, stride_lh, rows, seqlen_k, lo, full_hi, hi, has_new,
                      seqlen_new, appends, new_src, new_dst, qk_scale_log2, HEAD_DIM: gl.constexpr,
-                     BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NEW_KEYS: gl.constexpr, PAGED: gl.constexpr,
-                     NEW_FIRST: gl.constexpr):
+                     BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NEW_KEYS: gl.constexpr, PAGED: gl.constexpr):
     s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
     o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     row_ids = gl.arange(0, ROWS_PER_WARPGROUP, layout=gl.SliceLayout(1, s_layout))
     m_i = gl.full([ROWS_PER_WARPGROUP], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([ROWS_PER_WARPGROUP], gl.float32, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([ROWS_PER_WARPGROUP, HEAD_DIM], gl.float32, o_layout)
-    new_blocks = gl.where(has_new, 1, 0)
     # the count of product issues (ping-pong turns, unused with one consumer) starts as a run-time zero
     t = lo * 0
-    first = lo * 0  # the ring position of block lo
-    if NEW_KEYS > 0 and NEW_FIRST:
-        # the step's new keys: their own block, first (the softmax does not depend on the order), so that its copy
-        # and the append's stores overlap the cache's stream instead of following it
+    first = lo * 0  # the ring position of the cache's first block
+    if NEW_KEYS > 0:
+        # the append's stores before the key loop, where their loads' latency hides behind the loader's first copies;
+        # then the new keys' block, the ring's first (the loader's order)
         _append_new_keys(new_src, new_dst, seqlen_new, appends, HEAD_DIM, NEW_KEYS, PAGED)
+        new_blocks = gl.where(has_new, 1, 0)
         mbarrier.wait(q_ready, 0)
         m_i, l_i, acc, t = _key_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, turn, t, 0,
                                        m_i, l_i, acc, row_ids, new_blocks * 0, new_blocks, False, 1, seqlen_new,
@@ -152,19 +150,14 @@ def _decode_consumer(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, 
         first = new_blocks
     else:
         mbarrier.wait(q_ready, 0)
-    # the blocks of whole keys, then the sequence's last, partly filled one
+    # the blocks of whole keys (in the loader's order: only their count matters here), then the sequence's last,
+    # partly filled one
     m_i, l_i, acc, t = _key_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, turn, t,
                                    first - lo, m_i, l_i, acc, row_ids, lo, full_hi, False, 1, seqlen_k, qk_scale_log2,
                                    BLOCK_N, HEAD_DIM, NUM_STAGES, False, False, 0, False)
     m_i, l_i, acc, t = _key_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, turn, t,
                                    first - lo, m_i, l_i, acc, row_ids, full_hi, hi, False, 1, seqlen_k, qk_scale_log2,
                                    BLOCK_N, HEAD_DIM, NUM_STAGES, False, True, 0, False)
-    if NEW_KEYS > 0 and not NEW_FIRST:  # the new keys' block after the cache's
-        m_i, l_i, acc, t = _key_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, turn, t,
-                                       hi - lo, m_i, l_i, acc, row_ids, new_blocks * 0, new_blocks, False, 1,
-                                       seqlen_new, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, False, True, 0,
-                                       False)
-        _append_new_keys(new_src, new_dst, seqlen_new, appends, HEAD_DIM, NEW_KEYS, PAGED)
     # -- normalize; a split that saw no key gives 0 and lse = +inf, as the Triton kernel --
     empty = l_i == 0.0
     l_safe = gl.where(empty, 1.0, l_i)
@@ -184,7 +177,7 @@ def kvcache_decode_hopper_kernel(
     stride_kcn, stride_kch, stride_knb, stride_knn, stride_knh, stride_btb,
     nheads, nheads_k, capacity, num_splits, seqlen_new, extra_keys, page_size, num_pages, qk_scale_log2,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
-    NEW_KEYS: gl.constexpr, PAGED: gl.constexpr, NEW_FIRST: gl.constexpr, ROTATE: gl.constexpr,
+    NEW_KEYS: gl.constexpr, PAGED: gl.constexpr,
 ):
     """Grid (batch x kv heads, splits). q_desc: the queries as (batch x heads, HEAD_DIM) rows, 64 a block; k/v_desc:
     the caches as (batch x capacity, kv heads x HEAD_DIM), BLOCK_N rows a block, or with PAGED the page pool as
@@ -215,7 +208,9 @@ def kvcache_decode_hopper_kernel(
     new_dst = (KCache + head_column, VCache + head_column, stride_kcn, seqlen_k, kv_row, table_row, page_size,
                num_pages)
     first_head = head_k * group_size
-    # ROTATE: each (sequence, split) stream starts its whole blocks at its own offset (its heads together)
+    # a contiguous cache's (sequence, split) streams, each of its kv heads' programs alike, start their whole blocks
+    # at offsets of their own (a 2-4% shorter step at batch 2, whose 8 splits start 1 MB apart: docs/perf-notes.md,
+    # version 25)
     rotation = (batch * num_splits + split) * 37
     out_offset = split.to(gl.int64) * stride_os + batch.to(gl.int64) * stride_ob + first_head.to(gl.int64) * stride_oh
     lse_offset = split.to(gl.int64) * stride_ls + batch.to(gl.int64) * stride_lb + first_head.to(gl.int64) * stride_lh
@@ -235,9 +230,9 @@ def kvcache_decode_hopper_kernel(
         (_decode_consumer, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, Out,
                             Lse, out_offset, lse_offset, stride_oh, stride_lh, group_size, seqlen_k, lo, full_hi, hi,
                             has_new, new_tokens, split == 0, new_src, new_dst, qk_scale_log2, HEAD_DIM, BLOCK_N,
-                            NUM_STAGES, NEW_KEYS, PAGED, NEW_FIRST)),
+                            NUM_STAGES, NEW_KEYS, PAGED)),
         (_decode_loader, (q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready,
                           k_free, v_free, batch * nheads + first_head, kv_row, table_row, page_size, num_pages,
                           batch * seqlen_new, head_k * HEAD_DIM, lo, full_hi, hi, has_new, rotation, BLOCK_N,
-                          NUM_STAGES, PAGED, NEW_FIRST, ROTATE)),
+                          NUM_STAGES, PAGED)),
     ], [1], [LOADER_REGISTERS])
