@@ -39,7 +39,8 @@ def gluon(variant: str | None):
     """The Gluon kernel (paged caches too) with tile ``variant`` ("64x4", "auto"), or the Triton kernel everywhere
     (None); launch plans cleared around."""
     names = ("GLUON_DECODE", "GLUON_DECODE_PAGED", "GLUON_DECODE_TILE", "GLUON_DECODE_SPLITS",
-             "GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR", "GLUON_DECODE_MAX_BYTES_PER_PROCESSOR")
+             "GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR", "GLUON_DECODE_MAX_BYTES_PER_PROCESSOR",
+             "GLUON_DECODE_STREAM_ONLY")
     saved = {name: getattr(decode_ops, name) for name in names}
     if variant is None:
         decode_ops.GLUON_DECODE = False
@@ -50,7 +51,8 @@ def gluon(variant: str | None):
         if "everywhere" in flags:  # past the table's gates on programs and bytes per SM
             decode_ops.GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR = float("inf")
             decode_ops.GLUON_DECODE_MAX_BYTES_PER_PROCESSOR = float("inf")
-        splits = [int(flag[1:]) for flag in flags if flag.startswith("s")]
+        decode_ops.GLUON_DECODE_STREAM_ONLY = "streamonly" in flags
+        splits = [int(flag[1:]) for flag in flags if flag.startswith("s") and flag[1:].isdigit()]
         decode_ops.GLUON_DECODE_SPLITS = splits[0] if splits else None
     launcher.clear_plans()
     try:

@@ -364,6 +364,7 @@ GLUON_DECODE_MAX_BYTES_PER_PROCESSOR = 4.5 * 2**20  # of K and V (at capacity) a
 GLUON_DECODE_TILE: tuple[int, int] | None = None  # (keys a block, stages) for every launch; None: gluon_decode_tile
 GLUON_DECODE_NEW_KEYS_FIRST = True
 GLUON_DECODE_ROTATE = False  # each (sequence, split) stream starts at its own block (an experiment)
+GLUON_DECODE_STREAM_ONLY = False  # a probe: the consumer waits for and releases each block, no math
 GLUON_DECODE_SPLITS: int | None = None  # the split count of every automatic launch; None: gluon_decode_splits
 """The Gluon kernel's step attends to its new keys first (their block at the ring's head, the cache's append stored
 before the key loop); False: after the cache's blocks."""
@@ -471,7 +472,7 @@ def _gluon_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_new
         opts.softmax_scale * LOG2E,
         HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_STAGES=stages, LOADER_REGISTERS=WS_LOADER_REGISTERS,
         NEW_KEYS=configs.next_power_of_2(new_keys) if new_keys else 0, PAGED=block_table is not None,
-        num_warps=4,
+        STREAM_ONLY=GLUON_DECODE_STREAM_ONLY, num_warps=4,
     )
     if num_splits > 1:
         _triton_combine(out_target, lse_target, out, lse)
@@ -622,7 +623,7 @@ def plan_switches() -> tuple:
     """The switches of this module that decide a decode step's launches: part of its launch plan's key."""
     return (PROGRAMMATIC_LAUNCH, FUSED_APPEND_MAX_TOKENS, GLUON_DECODE, GLUON_DECODE_PAGED,
             GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR, GLUON_DECODE_MAX_BYTES_PER_PROCESSOR, GLUON_DECODE_TILE,
-            GLUON_DECODE_SPLITS,
+            GLUON_DECODE_SPLITS, GLUON_DECODE_STREAM_ONLY,
             MAX_SPLITS, STREAMING_PROGRAMS_PER_PROCESSOR, TABLE_CHUNK_ENTRIES, TABLE_CHUNK_MIN_BLOCKS)
 
 

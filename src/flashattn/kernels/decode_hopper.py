@@ -128,7 +128,18 @@ def _append_new_keys(new_src, new_dst, seqlen_new, appends, HEAD_DIM: gl.constex
 def _decode_consumer(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, Out, Lse,
                      out_offset, lse_offset, stride_oh, stride_lh, rows, seqlen_k, lo, full_hi, hi, has_new,
                      seqlen_new, appends, new_src, new_dst, qk_scale_log2, HEAD_DIM: gl.constexpr,
-                     BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NEW_KEYS: gl.constexpr, PAGED: gl.constexpr):
+                     BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NEW_KEYS: gl.constexpr, PAGED: gl.constexpr,
+                     STREAM_ONLY: gl.constexpr):
+    if STREAM_ONLY:  # a probe: every block waited for and released, no math (the loader's own rate)
+        mbarrier.wait(q_ready, 0)
+        for position in range(hi - lo + gl.where(has_new, 1, 0)):
+            stage = position % NUM_STAGES
+            phase = (position // NUM_STAGES) & 1
+            mbarrier.wait(k_ready.index(stage), phase)
+            mbarrier.arrive(k_free.index(stage), count=1)
+            mbarrier.wait(v_ready.index(stage), phase)
+            mbarrier.arrive(v_free.index(stage), count=1)
+        return
     s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
     o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     row_ids = gl.arange(0, ROWS_PER_WARPGROUP, layout=gl.SliceLayout(1, s_layout))
@@ -177,7 +188,7 @@ def kvcache_decode_hopper_kernel(
     stride_kcn, stride_kch, stride_knb, stride_knn, stride_knh, stride_btb,
     nheads, nheads_k, capacity, num_splits, seqlen_new, extra_keys, page_size, num_pages, qk_scale_log2,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
-    NEW_KEYS: gl.constexpr, PAGED: gl.constexpr,
+    NEW_KEYS: gl.constexpr, PAGED: gl.constexpr, STREAM_ONLY: gl.constexpr = False,
 ):
     """Grid (batch x kv heads, splits). q_desc: the queries as (batch x heads, HEAD_DIM) rows, 64 a block; k/v_desc:
     the caches as (batch x capacity, kv heads x HEAD_DIM), BLOCK_N rows a block, or with PAGED the page pool as
@@ -230,7 +241,7 @@ def kvcache_decode_hopper_kernel(
         (_decode_consumer, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, Out,
                             Lse, out_offset, lse_offset, stride_oh, stride_lh, group_size, seqlen_k, lo, full_hi, hi,
                             has_new, new_tokens, split == 0, new_src, new_dst, qk_scale_log2, HEAD_DIM, BLOCK_N,
-                            NUM_STAGES, NEW_KEYS, PAGED)),
+                            NUM_STAGES, NEW_KEYS, PAGED, STREAM_ONLY)),
         (_decode_loader, (q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready,
                           k_free, v_free, batch * nheads + first_head, kv_row, table_row, page_size, num_pages,
                           batch * seqlen_new, head_k * HEAD_DIM, lo, full_hi, hi, has_new, rotation, BLOCK_N,
