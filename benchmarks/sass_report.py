@@ -283,7 +283,8 @@ def ws_dq_report(head_dim: int, causal: bool, config, varlen: bool = False) -> d
                          ops.warp_specialized_dq_constexprs(config, head_dim, causal, varlen))
 
 
-def ws_decode_report(head_dim: int, block_n: int, num_stages: int, new_keys: int = 1, paged: bool = False) -> dict:
+def ws_decode_report(head_dim: int, block_n: int, num_stages: int, new_keys: int = 1, paged: bool = False,
+                     query_rows: int = 0) -> dict:
     """:func:`report` of the Gluon decode kernel (``kernels/decode_hopper.py``), as ``decode_ops._gluon_attention``
     launches it for bf16 inputs writing float32 partials (``new_keys``: the appended tokens, a power of two, 0 for none;
     ``paged``: a paged cache)."""
@@ -291,7 +292,7 @@ def ws_decode_report(head_dim: int, block_n: int, num_stages: int, new_keys: int
     from flashattn.kernels.decode_hopper import kvcache_decode_hopper_kernel
 
     kv_desc = _bf16_descriptor(block_n, head_dim)
-    signature = dict(q_desc=_bf16_descriptor(64, head_dim), k_desc=kv_desc, v_desc=kv_desc, kn_desc=kv_desc,
+    signature = dict(q_desc=_bf16_descriptor(query_rows or 64, head_dim), k_desc=kv_desc, v_desc=kv_desc, kn_desc=kv_desc,
                      vn_desc=kv_desc, Out="*fp32", Lse="*fp32", CacheSeqlens="*i32",
                      KCache="*bf16", VCache="*bf16", KNew="*bf16", VNew="*bf16", BlockTable="*i32",
                      stride_os="i32", stride_ob="i32", stride_oh="i32", stride_ls="i32", stride_lb="i32",
@@ -300,7 +301,8 @@ def ws_decode_report(head_dim: int, block_n: int, num_stages: int, new_keys: int
                      num_splits="i32", seqlen_new="i32", extra_keys="i32", page_size="i32", num_pages="i32",
                      qk_scale_log2="fp32")
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_STAGES=num_stages,
-                      LOADER_REGISTERS=ops.WS_LOADER_REGISTERS, NEW_KEYS=new_keys, PAGED=paged)
+                      LOADER_REGISTERS=ops.WS_LOADER_REGISTERS, NEW_KEYS=new_keys, PAGED=paged,
+                      QUERY_ROWS=query_rows)
     return _gluon_report(kvcache_decode_hopper_kernel, signature, constexprs)
 
 

@@ -580,6 +580,9 @@ GLUON_PROBLEMS = [
               seqlen_new=5, num_splits=3),
     KVProblem(batch=16, nheads=32, nheads_k=8, head_dim=128, capacity=2048, page_size=128,
               cache_seqlens=(2047,) * 15 + (100,)),
+    KVProblem(batch=2, nheads=32, nheads_k=2, head_dim=128, capacity=2048, cache_seqlens=(2000, 77), seqlen_new=2),
+    KVProblem(batch=2, nheads=32, nheads_k=1, head_dim=64, capacity=1500, cache_seqlens=(1499, 300), seqlen_new=1,
+              num_splits=3),
 ]
 
 
@@ -587,10 +590,11 @@ GLUON_PROBLEMS = [
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("problem", GLUON_PROBLEMS, ids=str)
 def test_gluon_decode_matches_reference_on_gpu(monkeypatch, problem, dtype):
-    """The Gluon decode kernel against the float64 reference, and its append (1, 3, 5 and 16 new keys, into an empty
-    cache too): split (automatic, 3, 5, 7) and unsplit, lengths that do not fill a key block, an empty sequence (out 0,
-    lse +inf), GQA groups of 1, 4 and 8, both of its tiles (64 and 128 keys), contiguous (whole blocks read from each split's
-    own offset on) and paged (pages of 64, 128 and 256 keys)."""
+    """The Gluon decode kernel against the float64 reference, and its append (1, 2, 3, 5 and 16 new keys, into an
+    empty cache too): split (automatic, 3, 5, 7) and unsplit, lengths that do not fill a key block, an empty sequence
+    (out 0, lse +inf), GQA groups of 1, 4, 8 and 16 (swapped products) and 32 (query rows along wgmma's 64), both of
+    its tiles (64 and 128 keys), contiguous (whole blocks read from each split's own offset on) and paged (pages of 64,
+    128 and 256 keys)."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon decode kernel is sm90's")
     monkeypatch.setenv("FLASHATTN_BACKEND", "triton")

@@ -364,6 +364,7 @@ GLUON_DECODE_MAX_BYTES_PER_PROCESSOR = 4.5 * 2**20  # of K and V (at capacity) a
 GLUON_DECODE_TILE: tuple[int, int] | None = None  # (keys a block, stages) for every launch; None: gluon_decode_tile
 GLUON_DECODE_NEW_KEYS_FIRST = True
 GLUON_DECODE_ROTATE = False  # each (sequence, split) stream starts at its own block (an experiment)
+GLUON_DECODE_SWAPPED = True  # the consumer's products swapped (keys along wgmma's rows, the group's queries along N)
 GLUON_DECODE_STREAM_ONLY = False  # a probe: the consumer waits for and releases each block, no math
 GLUON_DECODE_SPLITS: int | None = None  # the split count of every automatic launch; None: gluon_decode_splits
 """The Gluon kernel's step attends to its new keys first (their block at the ring's head, the cache's append stored
@@ -452,8 +453,12 @@ def _gluon_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_new
     out, lse, out_target, lse_target, out_strides, lse_strides = _split_targets(q, num_splits)
     out_strides, lse_strides = (out_strides[0], out_strides[1], out_strides[3]), lse_strides[:3]  # one token: no m
     # the queries as (batch x heads) rows: a GQA group's rows are consecutive
-    q_desc = TensorDescriptor(q, [batch * nheads, head_dim], [head_dim, 1], [64, head_dim],
-                              _tile_layout(64, head_dim, q.dtype))
+    # swapped products for groups of up to 16 query rows (their S^T, sums and O^T fit the registers); larger groups
+    # fill more of wgmma's 64 rows
+    group_size = nheads // nheads_k
+    query_rows = max(8, configs.next_power_of_2(group_size)) if GLUON_DECODE_SWAPPED and group_size <= 16 else 0
+    q_desc = TensorDescriptor(q, [batch * nheads, head_dim], [head_dim, 1], [query_rows or 64, head_dim],
+                              _tile_layout(query_rows or 64, head_dim, q.dtype))
     k_desc, v_desc = _token_descriptor(k_cache, block_n), _token_descriptor(v_cache, block_n)
     if k_new is not None:
         k_new, v_new = k_new.contiguous(), v_new.contiguous()  # whole rows for their descriptors
@@ -472,7 +477,7 @@ def _gluon_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_new
         opts.softmax_scale * LOG2E,
         HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_STAGES=stages, LOADER_REGISTERS=WS_LOADER_REGISTERS,
         NEW_KEYS=configs.next_power_of_2(new_keys) if new_keys else 0, PAGED=block_table is not None,
-        STREAM_ONLY=GLUON_DECODE_STREAM_ONLY, num_warps=4,
+        STREAM_ONLY=GLUON_DECODE_STREAM_ONLY, QUERY_ROWS=query_rows, num_warps=4,
     )
     if num_splits > 1:
         _triton_combine(out_target, lse_target, out, lse)
@@ -623,7 +628,7 @@ def plan_switches() -> tuple:
     """The switches of this module that decide a decode step's launches: part of its launch plan's key."""
     return (PROGRAMMATIC_LAUNCH, FUSED_APPEND_MAX_TOKENS, GLUON_DECODE, GLUON_DECODE_PAGED,
             GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR, GLUON_DECODE_MAX_BYTES_PER_PROCESSOR, GLUON_DECODE_TILE,
-            GLUON_DECODE_SPLITS, GLUON_DECODE_STREAM_ONLY,
+            GLUON_DECODE_SPLITS, GLUON_DECODE_STREAM_ONLY, GLUON_DECODE_SWAPPED,
             MAX_SPLITS, STREAMING_PROGRAMS_PER_PROCESSOR, TABLE_CHUNK_ENTRIES, TABLE_CHUNK_MIN_BLOCKS)
 
 

@@ -26,9 +26,22 @@ dims 64 and 128, no ALiBi, softcap, left window, rotary, left padding or batch i
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 from .forward_hopper import LOG2E, ROWS_PER_WARPGROUP, _key_blocks, key_ring, load_key_block, wgmma_layout
+
+
+@gluon.constexpr_function
+def swapped_layout(query_rows):
+    """A swapped product's result in the consumer warpgroup's registers: keys (S^T) or head dims (O^T) along the 4
+    warps' rows, the group's ``query_rows`` (8-64) along the columns."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, query_rows, 16])
 
 
 @gluon.jit
@@ -182,13 +195,133 @@ def _decode_consumer(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, 
 
 
 @gluon.jit
+def _swapped_softmax(s, m_i, l_acc, j, seqlen_k, qk_scale_log2, BLOCK_N: gl.constexpr, MASKED: gl.constexpr,
+                     st_layout: gl.constexpr):
+    """Online softmax of one S^T block (keys x query rows) in base 2, down the keys: (new max, the sums' partials
+    rescaled and grown by P, P^T, the old accumulator's factor). The sums stay per element until the epilogue, so
+    that a block crosses the warps once (its max), not twice."""
+    if MASKED:
+        keys = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
+        s = gl.where((keys < seqlen_k)[:, None], s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, axis=0) * qk_scale_log2)
+        # a query row that has seen no key keeps max -inf: subtract 0 instead, so that exp2 gives 0, not NaN
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new = gl.maximum(m_i, gl.max(s, axis=0) * qk_scale_log2)
+        m_use = m_new
+    p = gl.exp2(s * qk_scale_log2 - m_use[None, :])
+    alpha = gl.exp2(m_i - m_use)
+    l_acc = l_acc * alpha[None, :] + p
+    return m_new, l_acc, p, alpha
+
+
+@gluon.jit
+def _stage_probabilities(p, p_smem):
+    """P^T into shared memory, the B operand of the next O^T product: every warp's stores land (and are visible to
+    the tensor cores' reads) before any warp issues it."""
+    p_smem.store(p.to(p_smem.dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+
+
+@gluon.jit
+def _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_free, ring, m_i, l_acc, acc, lo, hi,
+                    seqlen_k, qk_scale_log2, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, QUERY_ROWS: gl.constexpr,
+                    NUM_STAGES: gl.constexpr, MASKED: gl.constexpr):
+    """Key blocks [lo, hi) (ring positions from ``ring`` + lo) as swapped products: S^T = K Q^T (BLOCK_N x
+    QUERY_ROWS) and O^T += V^T P^T (HEAD_DIM x QUERY_ROWS), P^T through shared memory. Block j's S^T runs while block
+    j-1's O^T product is in flight, as in the forward's loop."""
+    st_layout: gl.constexpr = swapped_layout(QUERY_ROWS)
+    ot_layout: gl.constexpr = swapped_layout(QUERY_ROWS)
+    s_zero = gl.zeros([BLOCK_N, QUERY_ROWS], gl.float32, st_layout)
+    q_t = q_smem.permute((1, 0))
+    if hi > lo:
+        stage = (ring + lo) % NUM_STAGES
+        phase = ((ring + lo) // NUM_STAGES) & 1
+        mbarrier.wait(k_ready.index(stage), phase)
+        s = warpgroup_mma(k_bufs.index(stage), q_t, s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+        mbarrier.arrive(k_free.index(stage), count=1)
+        m_i, l_acc, p, alpha = _swapped_softmax(s, m_i, l_acc, lo, seqlen_k, qk_scale_log2, BLOCK_N, MASKED, st_layout)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, ot_layout))[None, :]
+        _stage_probabilities(p, p_smem)
+        for j in range(lo + 1, hi):
+            prev_stage = stage
+            prev_phase = phase
+            stage = (ring + j) % NUM_STAGES
+            phase = ((ring + j) // NUM_STAGES) & 1
+            mbarrier.wait(k_ready.index(stage), phase)
+            mbarrier.wait(v_ready.index(prev_stage), prev_phase)
+            s = warpgroup_mma(k_bufs.index(stage), q_t, s_zero, use_acc=False, is_async=True)
+            acc = warpgroup_mma(v_bufs.index(prev_stage).permute((1, 0)), p_smem, acc, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
+            mbarrier.arrive(k_free.index(stage), count=1)
+            m_i, l_acc, p, alpha = _swapped_softmax(s, m_i, l_acc, j, seqlen_k, qk_scale_log2, BLOCK_N, MASKED,
+                                                    st_layout)
+            # P^T's buffer is free once the product before has read it
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            mbarrier.arrive(v_free.index(prev_stage), count=1)
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, ot_layout))[None, :]
+            _stage_probabilities(p, p_smem)
+        mbarrier.wait(v_ready.index(stage), phase)
+        acc = warpgroup_mma(v_bufs.index(stage).permute((1, 0)), p_smem, acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(v_free.index(stage), count=1)
+    return m_i, l_acc, acc
+
+
+@gluon.jit
+def _swapped_consumer(q_smem, p_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, Out, Lse,
+                      out_offset, lse_offset, stride_oh, stride_lh, rows, seqlen_k, lo, full_hi, hi, has_new,
+                      seqlen_new, appends, new_src, new_dst, qk_scale_log2, HEAD_DIM: gl.constexpr,
+                      BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NEW_KEYS: gl.constexpr, PAGED: gl.constexpr,
+                      QUERY_ROWS: gl.constexpr):
+    """The consumer with the products swapped: the keys (and for O the head dims) along wgmma's 64-row side, the
+    group's few query rows along its 8-64 columns, so that no product or exponential is spent on rows of no query."""
+    st_layout: gl.constexpr = swapped_layout(QUERY_ROWS)
+    ot_layout: gl.constexpr = swapped_layout(QUERY_ROWS)
+    m_i = gl.full([QUERY_ROWS], float("-inf"), gl.float32, gl.SliceLayout(0, st_layout))
+    l_acc = gl.zeros([BLOCK_N, QUERY_ROWS], gl.float32, st_layout)
+    acc = gl.zeros([HEAD_DIM, QUERY_ROWS], gl.float32, ot_layout)
+    first = lo * 0  # the ring position of the cache's first block
+    if NEW_KEYS > 0:
+        _append_new_keys(new_src, new_dst, seqlen_new, appends, HEAD_DIM, NEW_KEYS, PAGED)
+        new_blocks = gl.where(has_new, 1, 0)
+        mbarrier.wait(q_ready, 0)
+        m_i, l_acc, acc = _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_free, 0, m_i,
+                                          l_acc, acc, new_blocks * 0, new_blocks, seqlen_new, qk_scale_log2, BLOCK_N,
+                                          HEAD_DIM, QUERY_ROWS, NUM_STAGES, True)
+        first = new_blocks
+    else:
+        mbarrier.wait(q_ready, 0)
+    m_i, l_acc, acc = _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_free, first - lo,
+                                      m_i, l_acc, acc, lo, full_hi, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM,
+                                      QUERY_ROWS, NUM_STAGES, False)
+    m_i, l_acc, acc = _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_free, first - lo,
+                                      m_i, l_acc, acc, full_hi, hi, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM,
+                                      QUERY_ROWS, NUM_STAGES, True)
+    # -- normalize; a split that saw no key gives 0 and lse = +inf, as the Triton kernel --
+    l_i = gl.sum(l_acc, axis=0)
+    empty = l_i == 0.0
+    l_safe = gl.where(empty, 1.0, l_i)
+    acc = acc / gl.convert_layout(l_safe, gl.SliceLayout(0, ot_layout))[None, :]
+    lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) / LOG2E)
+    query_ids = gl.arange(0, QUERY_ROWS, layout=gl.SliceLayout(0, st_layout))
+    gl.store(Lse + lse_offset + query_ids.to(gl.int64) * stride_lh, lse, mask=query_ids < rows)
+    out_queries = gl.arange(0, QUERY_ROWS, layout=gl.SliceLayout(0, ot_layout))
+    dims = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(1, ot_layout))
+    offsets = out_offset + out_queries.to(gl.int64)[None, :] * stride_oh + dims[:, None]
+    gl.store(Out + offsets, acc.to(Out.dtype.element_ty), mask=(out_queries < rows)[None, :])
+
+
+@gluon.jit
 def kvcache_decode_hopper_kernel(
     q_desc, k_desc, v_desc, kn_desc, vn_desc, Out, Lse, CacheSeqlens, KCache, VCache, KNew, VNew, BlockTable,
     stride_os, stride_ob, stride_oh, stride_ls, stride_lb, stride_lh,
     stride_kcn, stride_kch, stride_knb, stride_knn, stride_knh, stride_btb,
     nheads, nheads_k, capacity, num_splits, seqlen_new, extra_keys, page_size, num_pages, qk_scale_log2,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
-    NEW_KEYS: gl.constexpr, PAGED: gl.constexpr, STREAM_ONLY: gl.constexpr = False,
+    NEW_KEYS: gl.constexpr, PAGED: gl.constexpr, STREAM_ONLY: gl.constexpr = False, QUERY_ROWS: gl.constexpr = 0,
 ):
     """Grid (batch x kv heads, splits). q_desc: the queries as (batch x heads, HEAD_DIM) rows, 64 a block; k/v_desc:
     the caches as (batch x capacity, kv heads x HEAD_DIM), BLOCK_N rows a block, or with PAGED the page pool as
@@ -226,7 +359,7 @@ def kvcache_decode_hopper_kernel(
     out_offset = split.to(gl.int64) * stride_os + batch.to(gl.int64) * stride_ob + first_head.to(gl.int64) * stride_oh
     lse_offset = split.to(gl.int64) * stride_ls + batch.to(gl.int64) * stride_lb + first_head.to(gl.int64) * stride_lh
 
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [ROWS_PER_WARPGROUP, HEAD_DIM], q_desc.layout)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
     k_bufs, v_bufs, k_ready, v_ready, k_free, v_free = key_ring(k_desc, v_desc, HEAD_DIM, BLOCK_N, NUM_STAGES, 1)
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     # the forward's key loop takes a Q-release barrier and ping-pong turns: one consumer uses neither
@@ -237,13 +370,27 @@ def kvcache_decode_hopper_kernel(
     mbarrier.init(turn.index(0), count=1)
     mbarrier.init(turn.index(1), count=1)
 
-    gl.warp_specialize([
-        (_decode_consumer, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, Out,
-                            Lse, out_offset, lse_offset, stride_oh, stride_lh, group_size, seqlen_k, lo, full_hi, hi,
-                            has_new, new_tokens, split == 0, new_src, new_dst, qk_scale_log2, HEAD_DIM, BLOCK_N,
-                            NUM_STAGES, NEW_KEYS, PAGED, STREAM_ONLY)),
-        (_decode_loader, (q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready,
-                          k_free, v_free, batch * nheads + first_head, kv_row, table_row, page_size, num_pages,
-                          batch * seqlen_new, head_k * HEAD_DIM, lo, full_hi, hi, has_new, rotation, BLOCK_N,
-                          NUM_STAGES, PAGED)),
-    ], [1], [LOADER_REGISTERS])
+    if QUERY_ROWS > 0:
+        p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, QUERY_ROWS], q_desc.dtype)
+        p_smem = gl.allocate_shared_memory(q_desc.dtype, [BLOCK_N, QUERY_ROWS], p_layout)
+        gl.warp_specialize([
+            (_swapped_consumer, (q_smem, p_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, Out, Lse,
+                                 out_offset, lse_offset, stride_oh, stride_lh, group_size, seqlen_k, lo, full_hi, hi,
+                                 has_new, new_tokens, split == 0, new_src, new_dst, qk_scale_log2, HEAD_DIM, BLOCK_N,
+                                 NUM_STAGES, NEW_KEYS, PAGED, QUERY_ROWS)),
+            (_decode_loader, (q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready,
+                              v_ready, k_free, v_free, batch * nheads + first_head, kv_row, table_row, page_size,
+                              num_pages, batch * seqlen_new, head_k * HEAD_DIM, lo, full_hi, hi, has_new, rotation,
+                              BLOCK_N, NUM_STAGES, PAGED)),
+        ], [1], [LOADER_REGISTERS])
+    else:
+        gl.warp_specialize([
+            (_decode_consumer, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, Out,
+                                Lse, out_offset, lse_offset, stride_oh, stride_lh, group_size, seqlen_k, lo, full_hi, hi,
+                                has_new, new_tokens, split == 0, new_src, new_dst, qk_scale_log2, HEAD_DIM, BLOCK_N,
+                                NUM_STAGES, NEW_KEYS, PAGED, STREAM_ONLY)),
+            (_decode_loader, (q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready,
+                              k_free, v_free, batch * nheads + first_head, kv_row, table_row, page_size, num_pages,
+                              batch * seqlen_new, head_k * HEAD_DIM, lo, full_hi, hi, has_new, rotation, BLOCK_N,
+                              NUM_STAGES, PAGED)),
+        ], [1], [LOADER_REGISTERS])
