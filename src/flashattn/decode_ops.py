@@ -362,16 +362,13 @@ against 27.2), 4k batch 1 and 16k batch 8 1.5% slower. False: paged caches on th
 GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR = 1.0  # from one (batch, kv head) program per SM, the Triton kernel
 GLUON_DECODE_MAX_BYTES_PER_PROCESSOR = 4.5 * 2**20  # of K and V (at capacity) a step reads: beyond, Triton's
 GLUON_DECODE_TILE: tuple[int, int] | None = None  # (keys a block, stages) for every launch; None: gluon_decode_tile
-GLUON_DECODE_NEW_KEYS_FIRST = True
-GLUON_DECODE_ROTATE = False  # each (sequence, split) stream starts at its own block (an experiment)
 GLUON_DECODE_SWAPPED = True  # the consumer's products swapped (keys along wgmma's rows, the group's queries along N)
 GLUON_DECODE_STREAM_ONLY = False  # a probe: the consumer waits for and releases each block, no math
 GLUON_DECODE_SPLITS: int | None = None  # the split count of every automatic launch; None: gluon_decode_splits
-"""The Gluon kernel's step attends to its new keys first (their block at the ring's head, the cache's append stored
-before the key loop); False: after the cache's blocks."""
 
 
-def gluon_decode_tile(programs: int, processors: int, page_size: int | None = None) -> tuple[int, int]:
+def gluon_decode_tile(programs: int, processors: int, page_size: int | None = None, swapped: bool = False
+                      ) -> tuple[int, int]:
     """(keys a block, stages) of a Gluon decode launch of ``programs`` (batch x kv heads) programs before splits. Both
     hold one program an SM (a 16 KB Q tile beside 128-144 KB or 192 KB of K/V; Gluon sizes a warp-specialized
     program's registers for 8 warps): 64-key blocks on 4 stages up to a quarter program per processor, where the
@@ -381,6 +378,8 @@ def gluon_decode_tile(programs: int, processors: int, page_size: int | None = No
     multiple of 64 keys."""
     if GLUON_DECODE_TILE is not None:
         return GLUON_DECODE_TILE
+    if swapped:  # 64-key blocks only (128-key ones faulted on the GPU); shared memory for 6 stages
+        return (64, 4) if 4 * programs <= processors else (64, 6)
     if 4 * programs <= processors or (page_size is not None and page_size % 128 != 0):
         return 64, 4
     return 128, 3
@@ -446,17 +445,20 @@ def _gluon_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_new
     geometry = _paged_geometry(k_cache, block_table)
     capacity = geometry["capacity"]
     programs, processors = batch * nheads_k, processor_count(q.device)
-    block_n, stages = gluon_decode_tile(programs, processors, None if block_table is None else geometry["page_size"])
+    # swapped products for groups of up to 16 query rows (their S^T, sums and O^T fit the registers); larger groups
+    # fill more of wgmma's 64 rows
+    group_size = nheads // nheads_k
+    query_rows = max(8, configs.next_power_of_2(group_size)) if GLUON_DECODE_SWAPPED and group_size <= 16 else 0
+    block_n, stages = gluon_decode_tile(programs, processors, None if block_table is None else geometry["page_size"],
+                                        query_rows > 0)
+    if block_n != 64:  # the swapped products take 64-key blocks only (a tile forced by GLUON_DECODE_TILE)
+        query_rows = 0
     if num_splits <= 0:
         num_splits = gluon_decode_splits(programs, capacity, processors)
     num_splits = min(num_splits, MAX_SPLITS)
     out, lse, out_target, lse_target, out_strides, lse_strides = _split_targets(q, num_splits)
     out_strides, lse_strides = (out_strides[0], out_strides[1], out_strides[3]), lse_strides[:3]  # one token: no m
     # the queries as (batch x heads) rows: a GQA group's rows are consecutive
-    # swapped products for groups of up to 16 query rows (their S^T, sums and O^T fit the registers); larger groups
-    # fill more of wgmma's 64 rows
-    group_size = nheads // nheads_k
-    query_rows = max(8, configs.next_power_of_2(group_size)) if GLUON_DECODE_SWAPPED and group_size <= 16 else 0
     q_desc = TensorDescriptor(q, [batch * nheads, head_dim], [head_dim, 1], [query_rows or 64, head_dim],
                               _tile_layout(query_rows or 64, head_dim, q.dtype))
     k_desc, v_desc = _token_descriptor(k_cache, block_n), _token_descriptor(v_cache, block_n)

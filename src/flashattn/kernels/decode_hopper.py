@@ -278,6 +278,7 @@ def _swapped_consumer(q_smem, p_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready,
                       QUERY_ROWS: gl.constexpr):
     """The consumer with the products swapped: the keys (and for O the head dims) along wgmma's 64-row side, the
     group's few query rows along its 8-64 columns, so that no product or exponential is spent on rows of no query."""
+    gl.static_assert(BLOCK_N == 64, "64-key blocks: the swapped products of 128-key ones faulted on the GPU")
     st_layout: gl.constexpr = swapped_layout(QUERY_ROWS)
     ot_layout: gl.constexpr = swapped_layout(QUERY_ROWS)
     m_i = gl.full([QUERY_ROWS], float("-inf"), gl.float32, gl.SliceLayout(0, st_layout))
