@@ -378,8 +378,8 @@ def gluon_decode_tile(programs: int, processors: int, page_size: int | None = No
     multiple of 64 keys."""
     if GLUON_DECODE_TILE is not None:
         return GLUON_DECODE_TILE
-    if swapped:  # 64-key blocks only (128-key ones faulted on the GPU); shared memory for 6 stages
-        return (64, 4) if 4 * programs <= processors else (64, 6)
+    if swapped:  # 64-key blocks only (128-key ones faulted on the GPU); 6 stages were no faster than 4
+        return 64, 4
     if 4 * programs <= processors or (page_size is not None and page_size % 128 != 0):
         return 64, 4
     return 128, 3
