@@ -287,13 +287,13 @@ def ws_decode_report(head_dim: int, block_n: int, num_stages: int, new_keys: int
                      query_rows: int = 0) -> dict:
     """:func:`report` of the Gluon decode kernel (``kernels/decode_hopper.py``), as ``decode_ops._gluon_attention``
     launches it for bf16 inputs writing float32 partials (``new_keys``: the appended tokens, a power of two, 0 for none;
-    ``paged``: a paged cache)."""
+    ``paged``: a paged cache; ``query_rows``: swapped products over this many query rows, 0 for the padded rows)."""
     from flashattn import ops
     from flashattn.kernels.decode_hopper import kvcache_decode_hopper_kernel
 
     kv_desc = _bf16_descriptor(block_n, head_dim)
-    signature = dict(q_desc=_bf16_descriptor(query_rows or 64, head_dim), k_desc=kv_desc, v_desc=kv_desc, kn_desc=kv_desc,
-                     vn_desc=kv_desc, Out="*fp32", Lse="*fp32", CacheSeqlens="*i32",
+    signature = dict(q_desc=_bf16_descriptor(query_rows or 64, head_dim), k_desc=kv_desc, v_desc=kv_desc,
+                     kn_desc=kv_desc, vn_desc=kv_desc, Out="*fp32", Lse="*fp32", CacheSeqlens="*i32",
                      KCache="*bf16", VCache="*bf16", KNew="*bf16", VNew="*bf16", BlockTable="*i32",
                      stride_os="i32", stride_ob="i32", stride_oh="i32", stride_ls="i32", stride_lb="i32",
                      stride_lh="i32", stride_kcn="i32", stride_kch="i32", stride_knb="i32", stride_knn="i32",

@@ -550,13 +550,23 @@ def test_paged_programs_read_the_block_table_in_chunks_from_32_blocks():
 
 
 @pytest.mark.parametrize(("batch", "tile", "splits"), [(1, (64, 4), 16), (4, (64, 4), 4), (5, (128, 3), 3),
-                                                       (16, (128, 3), 1)])
+                                                       (16, (128, 3), 1), (64, (128, 3), 1)])
 def test_gluon_decode_tiles_and_splits(batch, tile, splits):
-    """The Gluon decode launch on an H200 (132 SMs), GQA 32/8, 8k keys: 64-key blocks on 4 stages up to a quarter
-    program per SM, 128 x 3 above; splits fill the SMs once (one program each), 256 keys a split at least."""
+    """The Gluon decode launch on an H200 (132 SMs), GQA 32/8, 8k keys: swapped products on 64-key blocks and 4
+    stages; padded rows on 64 x 4 up to a quarter program per SM, 128 x 3 above; splits fill the SMs once (one program
+    each), 256 keys a split at least."""
+    assert decode_ops.gluon_decode_tile(batch * 8, 132, swapped=True) == (64, 4)
     assert decode_ops.gluon_decode_tile(batch * 8, 132) == tile
     assert decode_ops.gluon_decode_splits(batch * 8, 8192, 132) == splits
     assert decode_ops.gluon_decode_splits(8, 1024, 132) == 4  # 256 keys a split
+
+
+def test_gluon_decode_swaps_the_products_of_groups_up_to_16(monkeypatch):
+    """wgmma's N for a swapped program: the group's query rows padded to a power of two, 8 at least; groups past
+    SWAPPED_MAX_GROUP (or the switch off) pad their rows to 64 instead (0)."""
+    assert [decode_ops.gluon_query_rows(g) for g in (1, 4, 8, 9, 16, 17, 32)] == [8, 8, 8, 16, 16, 0, 0]
+    monkeypatch.setattr(decode_ops, "GLUON_DECODE_SWAPPED", False)
+    assert decode_ops.gluon_query_rows(4) == 0
 
 
 # the Gluon decode kernel (decode_ops.GLUON_DECODE, sm90): one query token, contiguous and paged caches
@@ -587,19 +597,21 @@ GLUON_PROBLEMS = [
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("swapped", [True, False], ids=["swapped", "padded"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("problem", GLUON_PROBLEMS, ids=str)
-def test_gluon_decode_matches_reference_on_gpu(monkeypatch, problem, dtype):
+def test_gluon_decode_matches_reference_on_gpu(monkeypatch, problem, dtype, swapped):
     """The Gluon decode kernel against the float64 reference, and its append (1, 2, 3, 5 and 16 new keys, into an
     empty cache too): split (automatic, 3, 5, 7) and unsplit, lengths that do not fill a key block, an empty sequence
-    (out 0, lse +inf), GQA groups of 1, 4, 8 and 16 (swapped products) and 32 (query rows along wgmma's 64), both of
-    its tiles (64 and 128 keys), contiguous (whole blocks read from each split's own offset on) and paged (pages of 64,
-    128 and 256 keys)."""
+    (out 0, lse +inf), GQA groups of 1, 4, 8, 16 and 32, each consumer (swapped products for groups of up to 16;
+    padded rows, on both of their tiles, 64 and 128 keys), contiguous (whole blocks read from each split's own offset
+    on) and paged (pages of 64, 128 and 256 keys)."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon decode kernel is sm90's")
     monkeypatch.setenv("FLASHATTN_BACKEND", "triton")
     monkeypatch.setattr(decode_ops, "GLUON_DECODE", True)
     monkeypatch.setattr(decode_ops, "GLUON_DECODE_PAGED", True)
+    monkeypatch.setattr(decode_ops, "GLUON_DECODE_SWAPPED", swapped)
     # the kernel, not the rule of when the table takes it (which depends on the GPU's SM count)
     monkeypatch.setattr(decode_ops, "GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR", float("inf"))
     monkeypatch.setattr(decode_ops, "GLUON_DECODE_MAX_BYTES_PER_PROCESSOR", float("inf"))

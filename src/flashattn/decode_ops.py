@@ -349,36 +349,52 @@ def _split_targets(q: torch.Tensor, num_splits: int) -> tuple:
 
 
 GLUON_DECODE = True
-"""Decode steps go through the Gluon kernel (``kernels/decode_hopper.py``) on sm90 where it fits and is the faster
-of the two (``_gluon_decode_fits``). H200, GQA 32/8, hdim 128, bf16, with the one-token append (docs/perf-notes.md,
-version 24): 4k-64k batch 1 2.7-6% faster than the Triton kernel (8k: 16.9 against 17.8 us), 4k batch 16 4.4%
-(66.7 against 69.8), -0.5% to +3% on the other steps of up to 4.5 MB of cache an SM; on larger steps (64k batch
-4-16) 1.4-2% slower. False: the Triton kernel everywhere."""
+"""Decode steps go through the Gluon kernel (``kernels/decode_hopper.py``) on sm90 where it fits
+(``_gluon_decode_fits``). H200, GQA 32/8, hdim 128, bf16, with the one-token append (docs/perf-notes.md, version 25,
+calls H and I): 1-8% faster than the Triton kernel from 4k to 128k tokens and batch 1 to 64 (4k batch 16: 65.2
+against 69.9 us; 8k batch 64: 472.1 against 479.7). False: the Triton kernel everywhere."""
 GLUON_DECODE_PAGED = True
 """Paged caches through the Gluon kernel too: one descriptor over the page pool, each block's page looked up by the
-loader a block ahead. H200, GQA 32/8, hdim 128, bf16, 256-key pages, with the append (docs/perf-notes.md, version 24,
-call M): 4k-16k batch 2-16 2-7% faster than the Triton kernel (4k batch 16: 69.7 against 74.6 us; 16k batch 1: 25.4
-against 27.2), 4k batch 1 and 16k batch 8 1.5% slower. False: paged caches on the Triton kernel."""
-GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR = 1.0  # from one (batch, kv head) program per SM, the Triton kernel
-GLUON_DECODE_MAX_BYTES_PER_PROCESSOR = 4.5 * 2**20  # of K and V (at capacity) a step reads: beyond, Triton's
+loader a block ahead. H200, GQA 32/8, hdim 128, bf16, 256-key pages, with the append (docs/perf-notes.md, version 25,
+calls H and I): 2-12% faster than the Triton kernel (4k batch 16: 65.6 against 73.5 us; 16k batch 32: 476.3 against
+485.4). False: paged caches on the Triton kernel."""
+GLUON_DECODE_SWAPPED = True
+"""The Gluon kernel's products swapped for GQA groups of up to SWAPPED_MAX_GROUP query rows: S^T = K Q^T and O^T +=
+V^T P^T, the keys and head dims along wgmma's 64 rows and the group's rows along its N (8 or 16), instead of the
+group's rows padded to 64. H200, GQA 32/8, hdim 128, bf16 (docs/perf-notes.md, version 25, call H): 1.5-4% shorter
+steps than the padded rows (4k batch 2: 16.4 against 17.1 us; 8k batch 16: 122.5 against 124.4), which also lose
+1-2% to the Triton kernel past one program an SM (call E) and so keep the gates below. False: the padded rows."""
+SWAPPED_MAX_GROUP = 16  # larger groups' S^T, sums and O^T (query rows x 64 keys or head dims) outgrow the registers
+# padded rows only: from one (batch, kv head) program per SM, and past this much K and V (at capacity) a step reads
+# per SM, the Triton kernel
+GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR = 1.0
+GLUON_DECODE_MAX_BYTES_PER_PROCESSOR = 4.5 * 2**20
 GLUON_DECODE_TILE: tuple[int, int] | None = None  # (keys a block, stages) for every launch; None: gluon_decode_tile
-GLUON_DECODE_SWAPPED = True  # the consumer's products swapped (keys along wgmma's rows, the group's queries along N)
-GLUON_DECODE_STREAM_ONLY = False  # a probe: the consumer waits for and releases each block, no math
 GLUON_DECODE_SPLITS: int | None = None  # the split count of every automatic launch; None: gluon_decode_splits
+
+
+def gluon_query_rows(group_size: int) -> int:
+    """The query rows of a swapped Gluon decode program (wgmma's N: the group's rows padded to a power of two, 8 at
+    least), or 0: the group's rows padded to wgmma's 64 (GLUON_DECODE_SWAPPED off, or a group of more than
+    SWAPPED_MAX_GROUP)."""
+    if not GLUON_DECODE_SWAPPED or group_size > SWAPPED_MAX_GROUP:
+        return 0
+    return max(8, configs.next_power_of_2(group_size))
 
 
 def gluon_decode_tile(programs: int, processors: int, page_size: int | None = None, swapped: bool = False
                       ) -> tuple[int, int]:
-    """(keys a block, stages) of a Gluon decode launch of ``programs`` (batch x kv heads) programs before splits. Both
-    hold one program an SM (a 16 KB Q tile beside 128-144 KB or 192 KB of K/V; Gluon sizes a warp-specialized
-    program's registers for 8 warps): 64-key blocks on 4 stages up to a quarter program per processor, where the
-    splits are many and short, 128-key blocks on 3 stages above. H200, GQA 32/8, hdim 128, bf16 (docs/perf-notes.md,
-    version 24): batch 1-4 ran fastest on 64 x 4 (8k batch 1: 16.2 us, against 16.6 on 128 x 3), batch 8-16 on
-    128 x 3 (4k batch 16: 64.7 against 65.7). A paged cache's blocks must lie in a page: 64 x 4 for pages of an odd
-    multiple of 64 keys."""
+    """(keys a block, stages) of a Gluon decode launch of ``programs`` (batch x kv heads) programs before splits.
+    ``swapped`` (``gluon_query_rows``): 64-key blocks on 4 stages (H200, call H of version 25: 6 stages no faster;
+    128-key blocks faulted on the GPU). Padded rows: both tiles hold one program an SM (a 16 KB Q tile beside 128-144 KB
+    or 192 KB of K/V; Gluon sizes a warp-specialized program's registers for 8 warps): 64-key blocks on 4 stages up to a
+    quarter program per processor, where the splits are many and short, 128-key blocks on 3 stages above. H200, GQA
+    32/8, hdim 128, bf16 (docs/perf-notes.md, version 24): batch 1-4 ran fastest on 64 x 4 (8k batch 1: 16.2 us, against
+    16.6 on 128 x 3), batch 8-16 on 128 x 3 (4k batch 16: 64.7 against 65.7). A paged cache's blocks must lie in a page:
+    64 x 4 for pages of an odd multiple of 64 keys."""
     if GLUON_DECODE_TILE is not None:
         return GLUON_DECODE_TILE
-    if swapped:  # 64-key blocks only (128-key ones faulted on the GPU); 6 stages were no faster than 4
+    if swapped:
         return 64, 4
     if 4 * programs <= processors or (page_size is not None and page_size % 128 != 0):
         return 64, 4
@@ -397,12 +413,12 @@ def gluon_decode_splits(programs: int, capacity: int, processors: int) -> int:
 
 def _gluon_decode_fits(q, k_cache, v_cache, cache_batch_idx, cache_leftpad, block_table, rotary_cos, alibi_slopes,
                        opts: AttentionOptions, k_new) -> bool:
-    """Whether a step takes the Gluon kernel: GLUON_DECODE, an sm90 GPU, one query token, fewer programs than SMs
-    (GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR) and a cache of at most GLUON_DECODE_MAX_BYTES_PER_PROCESSOR an SM
-    (beyond, the Triton kernel's two programs an SM stream the long splits faster), caches of whole 16-byte-aligned
-    rows, one run of rows (a contiguous cache's sequences, or a paged pool's pages, one after the other; pages of a
-    multiple of 64 keys), 16-bit inputs, head dim 64 or 128, up to FUSED_APPEND_MAX_TOKENS new keys, and none of the
-    options it lacks (ALiBi, softcap, a left window, rotary, left padding, a batch index)."""
+    """Whether a step takes the Gluon kernel: GLUON_DECODE, an sm90 GPU, one query token (with padded rows, not swapped
+    ones: fewer programs than SMs, GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR, and a cache of at most
+    GLUON_DECODE_MAX_BYTES_PER_PROCESSOR an SM; beyond, the Triton kernel's two programs an SM stream faster), caches of
+    whole 16-byte-aligned rows, one run of rows (a contiguous cache's sequences, or a paged pool's pages, one after the
+    other; pages of a multiple of 64 keys), 16-bit inputs, head dim 64 or 128, up to FUSED_APPEND_MAX_TOKENS new keys,
+    and none of the options it lacks (ALiBi, softcap, a left window, rotary, left padding, a batch index)."""
     if not GLUON_DECODE or interpreting() or not q.is_cuda or _compute_capability(q.device.index)[0] != 9:
         return False
     batch, seqlen_q, nheads, head_dim = q.shape
@@ -411,10 +427,10 @@ def _gluon_decode_fits(q, k_cache, v_cache, cache_batch_idx, cache_leftpad, bloc
         return False
     capacity = _paged_geometry(k_cache, block_table)["capacity"]
     processors = processor_count(q.device)
-    if batch * nheads_k >= GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR * processors:
-        return False
-    if 2 * batch * capacity * nheads_k * head_dim * k_cache.element_size() \
-            > GLUON_DECODE_MAX_BYTES_PER_PROCESSOR * processors:
+    if not gluon_query_rows(nheads // nheads_k) and (
+            batch * nheads_k >= GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR * processors
+            or 2 * batch * capacity * nheads_k * head_dim * k_cache.element_size()
+            > GLUON_DECODE_MAX_BYTES_PER_PROCESSOR * processors):
         return False
     if k_new is not None and k_new.shape[1] > FUSED_APPEND_MAX_TOKENS:
         return False
@@ -445,10 +461,7 @@ def _gluon_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_new
     geometry = _paged_geometry(k_cache, block_table)
     capacity = geometry["capacity"]
     programs, processors = batch * nheads_k, processor_count(q.device)
-    # swapped products for groups of up to 16 query rows (their S^T, sums and O^T fit the registers); larger groups
-    # fill more of wgmma's 64 rows
-    group_size = nheads // nheads_k
-    query_rows = max(8, configs.next_power_of_2(group_size)) if GLUON_DECODE_SWAPPED and group_size <= 16 else 0
+    query_rows = gluon_query_rows(nheads // nheads_k)
     block_n, stages = gluon_decode_tile(programs, processors, None if block_table is None else geometry["page_size"],
                                         query_rows > 0)
     if block_n != 64:  # the swapped products take 64-key blocks only (a tile forced by GLUON_DECODE_TILE)
@@ -479,7 +492,7 @@ def _gluon_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_new
         opts.softmax_scale * LOG2E,
         HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_STAGES=stages, LOADER_REGISTERS=WS_LOADER_REGISTERS,
         NEW_KEYS=configs.next_power_of_2(new_keys) if new_keys else 0, PAGED=block_table is not None,
-        STREAM_ONLY=GLUON_DECODE_STREAM_ONLY, QUERY_ROWS=query_rows, num_warps=4,
+        QUERY_ROWS=query_rows, num_warps=4,
     )
     if num_splits > 1:
         _triton_combine(out_target, lse_target, out, lse)
@@ -630,7 +643,7 @@ def plan_switches() -> tuple:
     """The switches of this module that decide a decode step's launches: part of its launch plan's key."""
     return (PROGRAMMATIC_LAUNCH, FUSED_APPEND_MAX_TOKENS, GLUON_DECODE, GLUON_DECODE_PAGED,
             GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR, GLUON_DECODE_MAX_BYTES_PER_PROCESSOR, GLUON_DECODE_TILE,
-            GLUON_DECODE_SPLITS, GLUON_DECODE_STREAM_ONLY, GLUON_DECODE_SWAPPED,
+            GLUON_DECODE_SPLITS, GLUON_DECODE_SWAPPED, SWAPPED_MAX_GROUP,
             MAX_SPLITS, STREAMING_PROGRAMS_PER_PROCESSOR, TABLE_CHUNK_ENTRIES, TABLE_CHUNK_MIN_BLOCKS)
 
 

@@ -2,11 +2,14 @@
 
 The Triton decode kernel (``kernels/decode.py``) issues its own K/V loads from the warps that compute, in 16-row
 ``mma`` tiles whose softmax crosses the warps at every key block (nine barriers a block). Here, as in the Gluon
-forward (``forward_hopper.py``, whose key loop and K/V ring this kernel shares), a loader warp streams the split's
-K and V blocks through TMA into a ring of ``NUM_STAGES`` shared-memory stages, and one consumer warpgroup runs
-S = Q K^T and O += P V as 64-row wgmma products. A group has only ``group_size x seqlen_q`` real rows (4 for GQA
-32/8 at one token): the other rows of the 64 are computed and never stored. That work is free here: a decode
-step reads each K/V byte once, and its time is the time to stream the cache.
+forward (``forward_hopper.py``, whose K/V ring this kernel shares), a loader warp streams the split's K and V blocks
+through TMA into a ring of ``NUM_STAGES`` shared-memory stages, and one consumer warpgroup runs the products on wgmma.
+A GQA group has few query rows at one token (4 for GQA 32/8), and wgmma's rows come 64 at a time; so for groups of
+up to 16 rows the consumer swaps the products (``_swapped_consumer``): S^T = K Q^T and O^T += V^T P^T put the keys
+and the head dims along the 64 rows and the group's rows along wgmma's N (8 or 16), and the softmax runs down the
+keys. Padding the group's rows to 64 instead (``_padded_consumer``, the forward's key loop; larger groups) spends 8-16
+times the products and exponentials on rows never stored, and that work held the stream back: a probe whose consumer
+only released the blocks ran 4-8% faster than it (docs/perf-notes.md, version 25).
 
 Program (b x kv head, split) writes its split's normalized output and log-sum-exp for the group's rows, in the
 layout of the Triton kernel's partials (``decode_ops``: merged by ``kernels/combine.py`` when split), or straight
@@ -138,21 +141,12 @@ def _append_new_keys(new_src, new_dst, seqlen_new, appends, HEAD_DIM: gl.constex
 
 
 @gluon.jit
-def _decode_consumer(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, Out, Lse,
+def _padded_consumer(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, Out, Lse,
                      out_offset, lse_offset, stride_oh, stride_lh, rows, seqlen_k, lo, full_hi, hi, has_new,
                      seqlen_new, appends, new_src, new_dst, qk_scale_log2, HEAD_DIM: gl.constexpr,
-                     BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NEW_KEYS: gl.constexpr, PAGED: gl.constexpr,
-                     STREAM_ONLY: gl.constexpr):
-    if STREAM_ONLY:  # a probe: every block waited for and released, no math (the loader's own rate)
-        mbarrier.wait(q_ready, 0)
-        for position in range(hi - lo + gl.where(has_new, 1, 0)):
-            stage = position % NUM_STAGES
-            phase = (position // NUM_STAGES) & 1
-            mbarrier.wait(k_ready.index(stage), phase)
-            mbarrier.arrive(k_free.index(stage), count=1)
-            mbarrier.wait(v_ready.index(stage), phase)
-            mbarrier.arrive(v_free.index(stage), count=1)
-        return
+                     BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NEW_KEYS: gl.constexpr, PAGED: gl.constexpr):
+    """The consumer of groups of more than 16 query rows: the group's rows padded to wgmma's 64, the forward's key loop
+    (``_key_blocks``)."""
     s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
     o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     row_ids = gl.arange(0, ROWS_PER_WARPGROUP, layout=gl.SliceLayout(1, s_layout))
@@ -322,9 +316,10 @@ def kvcache_decode_hopper_kernel(
     stride_kcn, stride_kch, stride_knb, stride_knn, stride_knh, stride_btb,
     nheads, nheads_k, capacity, num_splits, seqlen_new, extra_keys, page_size, num_pages, qk_scale_log2,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
-    NEW_KEYS: gl.constexpr, PAGED: gl.constexpr, STREAM_ONLY: gl.constexpr = False, QUERY_ROWS: gl.constexpr = 0,
+    NEW_KEYS: gl.constexpr, PAGED: gl.constexpr, QUERY_ROWS: gl.constexpr,
 ):
-    """Grid (batch x kv heads, splits). q_desc: the queries as (batch x heads, HEAD_DIM) rows, 64 a block; k/v_desc:
+    """Grid (batch x kv heads, splits). q_desc: the queries as (batch x heads, HEAD_DIM) rows, QUERY_ROWS a block for
+    swapped products (``_swapped_consumer``), 64 with QUERY_ROWS = 0 (``_padded_consumer``); k/v_desc:
     the caches as (batch x capacity, kv heads x HEAD_DIM), BLOCK_N rows a block, or with PAGED the page pool as
     (num_pages x page_size, kv heads x HEAD_DIM) rows, sequence b's pages in BlockTable row b. Out/Lse: split s's
     output (batch, 1, heads, HEAD_DIM) and lse (batch, heads, 1) at s x stride_os / stride_ls. stride_kcn: the
@@ -371,6 +366,9 @@ def kvcache_decode_hopper_kernel(
     mbarrier.init(turn.index(0), count=1)
     mbarrier.init(turn.index(1), count=1)
 
+    loader_args = (q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free,
+                   v_free, batch * nheads + first_head, kv_row, table_row, page_size, num_pages, batch * seqlen_new,
+                   head_k * HEAD_DIM, lo, full_hi, hi, has_new, rotation, BLOCK_N, NUM_STAGES, PAGED)
     if QUERY_ROWS > 0:
         p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, QUERY_ROWS], q_desc.dtype)
         p_smem = gl.allocate_shared_memory(q_desc.dtype, [BLOCK_N, QUERY_ROWS], p_layout)
@@ -379,19 +377,13 @@ def kvcache_decode_hopper_kernel(
                                  out_offset, lse_offset, stride_oh, stride_lh, group_size, seqlen_k, lo, full_hi, hi,
                                  has_new, new_tokens, split == 0, new_src, new_dst, qk_scale_log2, HEAD_DIM, BLOCK_N,
                                  NUM_STAGES, NEW_KEYS, PAGED, QUERY_ROWS)),
-            (_decode_loader, (q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready,
-                              v_ready, k_free, v_free, batch * nheads + first_head, kv_row, table_row, page_size,
-                              num_pages, batch * seqlen_new, head_k * HEAD_DIM, lo, full_hi, hi, has_new, rotation,
-                              BLOCK_N, NUM_STAGES, PAGED)),
+            (_decode_loader, loader_args),
         ], [1], [LOADER_REGISTERS])
     else:
         gl.warp_specialize([
-            (_decode_consumer, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, Out,
-                                Lse, out_offset, lse_offset, stride_oh, stride_lh, group_size, seqlen_k, lo, full_hi, hi,
-                                has_new, new_tokens, split == 0, new_src, new_dst, qk_scale_log2, HEAD_DIM, BLOCK_N,
-                                NUM_STAGES, NEW_KEYS, PAGED, STREAM_ONLY)),
-            (_decode_loader, (q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready,
-                              k_free, v_free, batch * nheads + first_head, kv_row, table_row, page_size, num_pages,
-                              batch * seqlen_new, head_k * HEAD_DIM, lo, full_hi, hi, has_new, rotation, BLOCK_N,
-                              NUM_STAGES, PAGED)),
+            (_padded_consumer, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, Out,
+                                Lse, out_offset, lse_offset, stride_oh, stride_lh, group_size, seqlen_k, lo, full_hi,
+                                hi, has_new, new_tokens, split == 0, new_src, new_dst, qk_scale_log2, HEAD_DIM,
+                                BLOCK_N, NUM_STAGES, NEW_KEYS, PAGED)),
+            (_decode_loader, loader_args),
         ], [1], [LOADER_REGISTERS])
