@@ -369,7 +369,9 @@ STREAMING_PROBLEM = KVProblem(batch=40, nheads=32, nheads_k=8, head_dim=128, cap
 @pytest.mark.gpu
 @pytest.mark.parametrize("page_size", [None, 256])
 def test_streaming_launch_matches_reference_on_gpu(monkeypatch, page_size):
+    """The Triton kernel's unsplit streaming launch (the Gluon kernel, which takes such steps on sm90, pinned off)."""
     monkeypatch.setenv("FLASHATTN_BACKEND", "triton")
+    monkeypatch.setattr(decode_ops, "GLUON_DECODE", False)
     decide, taken = decode_ops.streaming_launch, []
     monkeypatch.setattr(decode_ops, "streaming_launch", lambda *args: taken.append(decide(*args)) or taken[-1])
     check(variant(STREAMING_PROBLEM, page_size=page_size), torch.bfloat16, "cuda")
