@@ -599,25 +599,21 @@ GLUON_PROBLEMS = [
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("form", ["swapped", "swapped-128x3", "padded"])
+@pytest.mark.parametrize("swapped", [True, False], ids=["swapped", "padded"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("problem", GLUON_PROBLEMS, ids=str)
-def test_gluon_decode_matches_reference_on_gpu(monkeypatch, problem, dtype, form):
-    """The Gluon decode kernel against the float64 reference, and its append (1, 2, 3, 5 and 16 new keys, into an empty
-    cache too): split (automatic, 3, 5, 7) and unsplit, lengths that do not fill a key block, an empty sequence (out 0,
-    lse +inf), GQA groups of 1, 4, 8, 16 and 32, each consumer (swapped products for groups of up to 16, on ring stages
-    of 64 and 128 keys; padded rows, on both of their tiles), contiguous (whole blocks read from each split's own offset
+def test_gluon_decode_matches_reference_on_gpu(monkeypatch, problem, dtype, swapped):
+    """The Gluon decode kernel against the float64 reference, and its append (1, 2, 3, 5 and 16 new keys, into an
+    empty cache too): split (automatic, 3, 5, 7) and unsplit, lengths that do not fill a key block, an empty sequence
+    (out 0, lse +inf), GQA groups of 1, 4, 8, 16 and 32, each consumer (swapped products for groups of up to 16;
+    padded rows, on both of their tiles, 64 and 128 keys), contiguous (whole blocks read from each split's own offset
     on) and paged (pages of 64, 128 and 256 keys)."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon decode kernel is sm90's")
     monkeypatch.setenv("FLASHATTN_BACKEND", "triton")
     monkeypatch.setattr(decode_ops, "GLUON_DECODE", True)
     monkeypatch.setattr(decode_ops, "GLUON_DECODE_PAGED", True)
-    monkeypatch.setattr(decode_ops, "GLUON_DECODE_SWAPPED", form != "padded")
-    if form == "swapped-128x3":  # the swapped products' other ring stage: 128 keys, two products each
-        if problem.page_size is not None and problem.page_size % 128 != 0:
-            pytest.skip("128-key blocks lie in pages of a multiple of 128 keys")
-        monkeypatch.setattr(decode_ops, "GLUON_DECODE_TILE", (128, 3))
+    monkeypatch.setattr(decode_ops, "GLUON_DECODE_SWAPPED", swapped)
     # the kernel, not the rule of when the table takes it (which depends on the GPU's SM count)
     monkeypatch.setattr(decode_ops, "GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR", float("inf"))
     monkeypatch.setattr(decode_ops, "GLUON_DECODE_MAX_BYTES_PER_PROCESSOR", float("inf"))

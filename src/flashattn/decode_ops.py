@@ -464,6 +464,8 @@ def _gluon_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_new
     query_rows = gluon_query_rows(nheads // nheads_k)
     block_n, stages = gluon_decode_tile(programs, processors, None if block_table is None else geometry["page_size"],
                                         query_rows > 0)
+    if block_n != 64:  # the swapped products take 64-key blocks only (a tile forced by GLUON_DECODE_TILE)
+        query_rows = 0
     if num_splits <= 0:
         num_splits = gluon_decode_splits(programs, capacity, processors)
     num_splits = min(num_splits, MAX_SPLITS)

@@ -188,65 +188,32 @@ def _padded_consumer(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, 
     gl.store(Out + offsets, acc.to(Out.dtype.element_ty), mask=(out_rows < rows)[:, None])
 
 
-PART_KEYS = gl.constexpr(64)  # the keys of one swapped product: a ring stage of 128 keys takes two
-
-
 @gluon.jit
-def _swapped_softmax(s0, s1, m_i, l_acc, j, seqlen_k, qk_scale_log2, BLOCK_N: gl.constexpr, MASKED: gl.constexpr,
+def _swapped_softmax(s, m_i, l_acc, j, seqlen_k, qk_scale_log2, BLOCK_N: gl.constexpr, MASKED: gl.constexpr,
                      st_layout: gl.constexpr):
-    """Online softmax of one key block's S^T (keys x query rows; ``s1``: its second 64 keys when BLOCK_N is 128) in
-    base 2, down the keys: (new max, the sums' partials rescaled and grown by P, each part's P^T, the old
-    accumulator's factor). The parts' maxima meet element by element and the sums stay per element until the
-    epilogue, so that a block crosses the warps once (its max)."""
+    """Online softmax of one S^T block (keys x query rows) in base 2, down the keys: (new max, the sums' partials
+    rescaled and grown by P, P^T, the old accumulator's factor). The sums stay per element until the epilogue, so
+    that a block crosses the warps once (its max), not twice."""
     if MASKED:
-        keys = j * BLOCK_N + gl.arange(0, PART_KEYS, layout=gl.SliceLayout(1, st_layout))
-        s0 = gl.where((keys < seqlen_k)[:, None], s0, float("-inf"))
-        if BLOCK_N > PART_KEYS:
-            s1 = gl.where((keys + PART_KEYS < seqlen_k)[:, None], s1, float("-inf"))
-    s_max = s0
-    if BLOCK_N > PART_KEYS:
-        s_max = gl.maximum(s0, s1)
-    m_new = gl.maximum(m_i, gl.max(s_max, axis=0) * qk_scale_log2)
-    m_use = m_new
-    if MASKED:  # a query row that has seen no key keeps max -inf: subtract 0 instead, so that exp2 gives 0, not NaN
+        keys = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
+        s = gl.where((keys < seqlen_k)[:, None], s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, axis=0) * qk_scale_log2)
+        # a query row that has seen no key keeps max -inf: subtract 0 instead, so that exp2 gives 0, not NaN
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new = gl.maximum(m_i, gl.max(s, axis=0) * qk_scale_log2)
+        m_use = m_new
+    p = gl.exp2(s * qk_scale_log2 - m_use[None, :])
     alpha = gl.exp2(m_i - m_use)
-    p0 = gl.exp2(s0 * qk_scale_log2 - m_use[None, :])
-    l_acc = l_acc * alpha[None, :] + p0
-    p1 = p0
-    if BLOCK_N > PART_KEYS:
-        p1 = gl.exp2(s1 * qk_scale_log2 - m_use[None, :])
-        l_acc = l_acc + p1
-    return m_new, l_acc, p0, p1, alpha
+    l_acc = l_acc * alpha[None, :] + p
+    return m_new, l_acc, p, alpha
 
 
 @gluon.jit
-def _issue_scores(k_stage, q_t, s_zero, BLOCK_N: gl.constexpr):
-    """S^T = K Q^T of a ring stage, one asynchronous product per 64 keys (the second is the first when BLOCK_N is
-    64)."""
-    s0 = warpgroup_mma(k_stage.slice(0, PART_KEYS), q_t, s_zero, use_acc=False, is_async=True)
-    s1 = s0
-    if BLOCK_N > PART_KEYS:
-        s1 = warpgroup_mma(k_stage.slice(PART_KEYS, PART_KEYS), q_t, s_zero, use_acc=False, is_async=True)
-    return s0, s1
-
-
-@gluon.jit
-def _issue_values(v_stage, p_smem, acc, BLOCK_N: gl.constexpr):
-    """O^T += V^T P^T of a ring stage, one asynchronous product per 64 keys (P^T's parts in ``p_smem``)."""
-    acc = warpgroup_mma(v_stage.slice(0, PART_KEYS).permute((1, 0)), p_smem.index(0), acc, is_async=True)
-    if BLOCK_N > PART_KEYS:
-        acc = warpgroup_mma(v_stage.slice(PART_KEYS, PART_KEYS).permute((1, 0)), p_smem.index(1), acc, is_async=True)
-    return acc
-
-
-@gluon.jit
-def _stage_probabilities(p0, p1, p_smem, BLOCK_N: gl.constexpr):
-    """P^T's parts into shared memory, the B operands of the next O^T products: every warp's stores land (and are
-    visible to the tensor cores' reads) before any warp issues them."""
-    p_smem.index(0).store(p0.to(p_smem.dtype))
-    if BLOCK_N > PART_KEYS:
-        p_smem.index(1).store(p1.to(p_smem.dtype))
+def _stage_probabilities(p, p_smem):
+    """P^T into shared memory, the B operand of the next O^T product: every warp's stores land (and are visible to
+    the tensor cores' reads) before any warp issues it."""
+    p_smem.store(p.to(p_smem.dtype))
     fence_async_shared()
     gl.thread_barrier()
 
@@ -255,25 +222,23 @@ def _stage_probabilities(p0, p1, p_smem, BLOCK_N: gl.constexpr):
 def _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_free, ring, m_i, l_acc, acc, lo, hi,
                     seqlen_k, qk_scale_log2, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, QUERY_ROWS: gl.constexpr,
                     NUM_STAGES: gl.constexpr, MASKED: gl.constexpr):
-    """Key blocks [lo, hi) (ring positions from ``ring`` + lo) as swapped products: S^T = K Q^T (keys x QUERY_ROWS)
-    and O^T += V^T P^T (HEAD_DIM x QUERY_ROWS), P^T through shared memory, 64 keys a product (128-key products faulted
-    on the GPU). Block j's S^T runs while block j-1's O^T products are in flight, as in the forward's loop."""
+    """Key blocks [lo, hi) (ring positions from ``ring`` + lo) as swapped products: S^T = K Q^T (BLOCK_N x
+    QUERY_ROWS) and O^T += V^T P^T (HEAD_DIM x QUERY_ROWS), P^T through shared memory. Block j's S^T runs while block
+    j-1's O^T product is in flight, as in the forward's loop."""
     st_layout: gl.constexpr = swapped_layout(QUERY_ROWS)
     ot_layout: gl.constexpr = swapped_layout(QUERY_ROWS)
-    PARTS: gl.constexpr = BLOCK_N // PART_KEYS
-    s_zero = gl.zeros([PART_KEYS, QUERY_ROWS], gl.float32, st_layout)
+    s_zero = gl.zeros([BLOCK_N, QUERY_ROWS], gl.float32, st_layout)
     q_t = q_smem.permute((1, 0))
     if hi > lo:
         stage = (ring + lo) % NUM_STAGES
         phase = ((ring + lo) // NUM_STAGES) & 1
         mbarrier.wait(k_ready.index(stage), phase)
-        s0, s1 = _issue_scores(k_bufs.index(stage), q_t, s_zero, BLOCK_N)
-        s0, s1 = warpgroup_mma_wait(num_outstanding=0, deps=(s0, s1))
+        s = warpgroup_mma(k_bufs.index(stage), q_t, s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
         mbarrier.arrive(k_free.index(stage), count=1)
-        m_i, l_acc, p0, p1, alpha = _swapped_softmax(s0, s1, m_i, l_acc, lo, seqlen_k, qk_scale_log2, BLOCK_N,
-                                                     MASKED, st_layout)
+        m_i, l_acc, p, alpha = _swapped_softmax(s, m_i, l_acc, lo, seqlen_k, qk_scale_log2, BLOCK_N, MASKED, st_layout)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, ot_layout))[None, :]
-        _stage_probabilities(p0, p1, p_smem, BLOCK_N)
+        _stage_probabilities(p, p_smem)
         for j in range(lo + 1, hi):
             prev_stage = stage
             prev_phase = phase
@@ -281,19 +246,19 @@ def _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_
             phase = ((ring + j) // NUM_STAGES) & 1
             mbarrier.wait(k_ready.index(stage), phase)
             mbarrier.wait(v_ready.index(prev_stage), prev_phase)
-            s0, s1 = _issue_scores(k_bufs.index(stage), q_t, s_zero, BLOCK_N)
-            acc = _issue_values(v_bufs.index(prev_stage), p_smem, acc, BLOCK_N)
-            s0, s1 = warpgroup_mma_wait(num_outstanding=PARTS, deps=(s0, s1))
+            s = warpgroup_mma(k_bufs.index(stage), q_t, s_zero, use_acc=False, is_async=True)
+            acc = warpgroup_mma(v_bufs.index(prev_stage).permute((1, 0)), p_smem, acc, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
             mbarrier.arrive(k_free.index(stage), count=1)
-            m_i, l_acc, p0, p1, alpha = _swapped_softmax(s0, s1, m_i, l_acc, j, seqlen_k, qk_scale_log2, BLOCK_N,
-                                                         MASKED, st_layout)
-            # P^T's buffers are free once the products before have read them
+            m_i, l_acc, p, alpha = _swapped_softmax(s, m_i, l_acc, j, seqlen_k, qk_scale_log2, BLOCK_N, MASKED,
+                                                    st_layout)
+            # P^T's buffer is free once the product before has read it
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             mbarrier.arrive(v_free.index(prev_stage), count=1)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, ot_layout))[None, :]
-            _stage_probabilities(p0, p1, p_smem, BLOCK_N)
+            _stage_probabilities(p, p_smem)
         mbarrier.wait(v_ready.index(stage), phase)
-        acc = _issue_values(v_bufs.index(stage), p_smem, acc, BLOCK_N)
+        acc = warpgroup_mma(v_bufs.index(stage).permute((1, 0)), p_smem, acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(v_free.index(stage), count=1)
     return m_i, l_acc, acc
@@ -307,11 +272,11 @@ def _swapped_consumer(q_smem, p_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready,
                       QUERY_ROWS: gl.constexpr):
     """The consumer with the products swapped: the keys (and for O the head dims) along wgmma's 64-row side, the
     group's few query rows along its 8-64 columns, so that no product or exponential is spent on rows of no query."""
-    gl.static_assert(BLOCK_N == 64 or BLOCK_N == 128, "ring stages of one or two 64-key products")
+    gl.static_assert(BLOCK_N == 64, "64-key blocks: the swapped products of 128-key ones faulted on the GPU")
     st_layout: gl.constexpr = swapped_layout(QUERY_ROWS)
     ot_layout: gl.constexpr = swapped_layout(QUERY_ROWS)
     m_i = gl.full([QUERY_ROWS], float("-inf"), gl.float32, gl.SliceLayout(0, st_layout))
-    l_acc = gl.zeros([PART_KEYS, QUERY_ROWS], gl.float32, st_layout)
+    l_acc = gl.zeros([BLOCK_N, QUERY_ROWS], gl.float32, st_layout)
     acc = gl.zeros([HEAD_DIM, QUERY_ROWS], gl.float32, ot_layout)
     first = lo * 0  # the ring position of the cache's first block
     if NEW_KEYS > 0:
@@ -405,8 +370,8 @@ def kvcache_decode_hopper_kernel(
                    v_free, batch * nheads + first_head, kv_row, table_row, page_size, num_pages, batch * seqlen_new,
                    head_k * HEAD_DIM, lo, full_hi, hi, has_new, rotation, BLOCK_N, NUM_STAGES, PAGED)
     if QUERY_ROWS > 0:
-        p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([PART_KEYS, QUERY_ROWS], q_desc.dtype)
-        p_smem = gl.allocate_shared_memory(q_desc.dtype, [BLOCK_N // PART_KEYS, PART_KEYS, QUERY_ROWS], p_layout)
+        p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, QUERY_ROWS], q_desc.dtype)
+        p_smem = gl.allocate_shared_memory(q_desc.dtype, [BLOCK_N, QUERY_ROWS], p_layout)
         gl.warp_specialize([
             (_swapped_consumer, (q_smem, p_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, Out, Lse,
                                  out_offset, lse_offset, stride_oh, stride_lh, group_size, seqlen_k, lo, full_hi, hi,
