@@ -6,11 +6,12 @@ that alternate the providers. Each Gluon output is checked against the Triton ke
         --variants auto 64x4 128x3 --rounds 2 [--append]
 
 A variant is BLOCK_NxSTAGES of the Gluon kernel (``decode_ops.GLUON_DECODE_TILE``), or "auto" (its rule,
-``gluon_decode_tile``); suffixes: "+sN" runs N splits (``GLUON_DECODE_SPLITS``), "+everywhere" lifts the table's gates
-on programs and cache bytes per SM (``_gluon_decode_fits``), "+rows" pads the group's query rows to wgmma's 64 instead
-of swapping the products (``GLUON_DECODE_SWAPPED`` off). ``--append``: steps that append the new key (the bench's
-flashattn column) for the Triton and Gluon kernels; cuDNN's never does. Prints a Markdown table of microseconds per
-step (median over rounds) and the ratios to cuDNN.
+``gluon_decode_tile``); suffixes: "+sN" runs N splits (``GLUON_DECODE_SPLITS``), "+everywhere" lifts the table's
+gates on programs and cache bytes per SM (``_gluon_decode_fits``), "+rows" pads the group's query rows to wgmma's 64
+instead of swapping the products (``GLUON_DECODE_SWAPPED`` off), "+c2" two swapped consumers
+(``GLUON_DECODE_CONSUMERS``). ``--append``: steps that append the new key (the bench's flashattn column) for the
+Triton and Gluon kernels; cuDNN's never does. Prints a Markdown table of microseconds per step (median over rounds)
+and the ratios to cuDNN.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def gluon(variant: str | None):
     (None); launch plans cleared around."""
     names = ("GLUON_DECODE", "GLUON_DECODE_PAGED", "GLUON_DECODE_TILE", "GLUON_DECODE_SPLITS",
              "GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR", "GLUON_DECODE_MAX_BYTES_PER_PROCESSOR",
-             "GLUON_DECODE_SWAPPED")
+             "GLUON_DECODE_SWAPPED", "GLUON_DECODE_CONSUMERS")
     saved = {name: getattr(decode_ops, name) for name in names}
     if variant is None:
         decode_ops.GLUON_DECODE = False
@@ -53,6 +54,7 @@ def gluon(variant: str | None):
             decode_ops.GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR = float("inf")
             decode_ops.GLUON_DECODE_MAX_BYTES_PER_PROCESSOR = float("inf")
         decode_ops.GLUON_DECODE_SWAPPED = "rows" not in flags
+        decode_ops.GLUON_DECODE_CONSUMERS = 2 if "c2" in flags else 1
         splits = [int(flag[1:]) for flag in flags if flag.startswith("s") and flag[1:].isdigit()]
         decode_ops.GLUON_DECODE_SPLITS = splits[0] if splits else None
     launcher.clear_plans()

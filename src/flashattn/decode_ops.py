@@ -17,6 +17,7 @@ import torch
 from . import configs, cpu_decode
 from .launcher import launch
 from .ops import (
+    DECODE_CONSUMER_REGISTERS,
     LOG2E,
     WS_LOADER_REGISTERS,
     _alibi_args,
@@ -364,6 +365,7 @@ V^T P^T, the keys and head dims along wgmma's 64 rows and the group's rows along
 group's rows padded to 64. H200, GQA 32/8, hdim 128, bf16 (docs/perf-notes.md, version 25, call H): 1.5-4% shorter
 steps than the padded rows (4k batch 2: 16.4 against 17.1 us; 8k batch 16: 122.5 against 124.4), which also lose
 1-2% to the Triton kernel past one program an SM (call E) and so keep the gates below. False: the padded rows."""
+GLUON_DECODE_CONSUMERS = 1  # swapped products: consumer warpgroups taking the ring's blocks in turn (1 or 2)
 SWAPPED_MAX_GROUP = 16  # larger groups' S^T, sums and O^T (query rows x 64 keys or head dims) outgrow the registers
 # padded rows only: from one (batch, kv head) program per SM, and past this much K and V (at capacity) a step reads
 # per SM, the Triton kernel
@@ -492,7 +494,8 @@ def _gluon_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_new
         opts.softmax_scale * LOG2E,
         HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_STAGES=stages, LOADER_REGISTERS=WS_LOADER_REGISTERS,
         NEW_KEYS=configs.next_power_of_2(new_keys) if new_keys else 0, PAGED=block_table is not None,
-        QUERY_ROWS=query_rows, num_warps=4,
+        QUERY_ROWS=query_rows, CONSUMERS=GLUON_DECODE_CONSUMERS if query_rows else 1,
+        CONSUMER_REGISTERS=DECODE_CONSUMER_REGISTERS, num_warps=4,
     )
     if num_splits > 1:
         _triton_combine(out_target, lse_target, out, lse)
@@ -643,7 +646,7 @@ def plan_switches() -> tuple:
     """The switches of this module that decide a decode step's launches: part of its launch plan's key."""
     return (PROGRAMMATIC_LAUNCH, FUSED_APPEND_MAX_TOKENS, GLUON_DECODE, GLUON_DECODE_PAGED,
             GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR, GLUON_DECODE_MAX_BYTES_PER_PROCESSOR, GLUON_DECODE_TILE,
-            GLUON_DECODE_SPLITS, GLUON_DECODE_SWAPPED, SWAPPED_MAX_GROUP,
+            GLUON_DECODE_SPLITS, GLUON_DECODE_SWAPPED, SWAPPED_MAX_GROUP, GLUON_DECODE_CONSUMERS,
             MAX_SPLITS, STREAMING_PROGRAMS_PER_PROCESSOR, TABLE_CHUNK_ENTRIES, TABLE_CHUNK_MIN_BLOCKS)
 
 

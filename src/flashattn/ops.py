@@ -269,6 +269,7 @@ def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, at
 # by the number of consumers (the SM's 65,536 registers over 3 or 4 warpgroups)
 WS_CONSUMER_REGISTERS = {2: 240, 3: 160}
 WS_LOADER_REGISTERS = 24
+DECODE_CONSUMER_REGISTERS = 152  # the second consumer warpgroup of a two-consumer Gluon decode program
 # the shared memory one program of an sm90 kernel may take (227 KB)
 WS_SHARED_BYTES = 227 * 1024
 # the K and V bytes that the Gluon forward's programs in flight read together: a section of heads that fits

@@ -221,10 +221,13 @@ def _stage_probabilities(p, p_smem):
 @gluon.jit
 def _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_free, ring, m_i, l_acc, acc, lo, hi,
                     seqlen_k, qk_scale_log2, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, QUERY_ROWS: gl.constexpr,
-                    NUM_STAGES: gl.constexpr, MASKED: gl.constexpr):
-    """Key blocks [lo, hi) (ring positions from ``ring`` + lo) as swapped products: S^T = K Q^T (BLOCK_N x
-    QUERY_ROWS) and O^T += V^T P^T (HEAD_DIM x QUERY_ROWS), P^T through shared memory. Block j's S^T runs while block
-    j-1's O^T product is in flight, as in the forward's loop."""
+                    NUM_STAGES: gl.constexpr, MASKED: gl.constexpr, CONSUMER: gl.constexpr,
+                    CONSUMERS: gl.constexpr):
+    """This consumer's key blocks of [lo, hi) (block j at ring position ``ring`` + j; with CONSUMERS consumers, those
+    at positions CONSUMER mod CONSUMERS) as swapped products: S^T = K Q^T (BLOCK_N x QUERY_ROWS) and O^T += V^T P^T
+    (HEAD_DIM x QUERY_ROWS), P^T through shared memory. A block's S^T runs while the block before's O^T product is in
+    flight, as in the forward's loop."""
+    lo = lo + (CONSUMER + CONSUMERS - (ring + lo) % CONSUMERS) % CONSUMERS
     st_layout: gl.constexpr = swapped_layout(QUERY_ROWS)
     ot_layout: gl.constexpr = swapped_layout(QUERY_ROWS)
     s_zero = gl.zeros([BLOCK_N, QUERY_ROWS], gl.float32, st_layout)
@@ -239,7 +242,7 @@ def _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_
         m_i, l_acc, p, alpha = _swapped_softmax(s, m_i, l_acc, lo, seqlen_k, qk_scale_log2, BLOCK_N, MASKED, st_layout)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, ot_layout))[None, :]
         _stage_probabilities(p, p_smem)
-        for j in range(lo + 1, hi):
+        for j in range(lo + CONSUMERS, hi, CONSUMERS):
             prev_stage = stage
             prev_phase = phase
             stage = (ring + j) % NUM_STAGES
@@ -265,13 +268,15 @@ def _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_
 
 
 @gluon.jit
-def _swapped_consumer(q_smem, p_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, Out, Lse,
+def _swapped_consumer(q_smem, p_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, merge, Out, Lse,
                       out_offset, lse_offset, stride_oh, stride_lh, rows, seqlen_k, lo, full_hi, hi, has_new,
                       seqlen_new, appends, new_src, new_dst, qk_scale_log2, HEAD_DIM: gl.constexpr,
                       BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NEW_KEYS: gl.constexpr, PAGED: gl.constexpr,
-                      QUERY_ROWS: gl.constexpr):
+                      QUERY_ROWS: gl.constexpr, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr):
     """The consumer with the products swapped: the keys (and for O the head dims) along wgmma's 64-row side, the
-    group's few query rows along its 8-64 columns, so that no product or exponential is spent on rows of no query."""
+    group's few query rows along its 8-64 columns, so that no product or exponential is spent on rows of no query.
+    With CONSUMERS = 2 two of them take the ring's blocks in turn; the second hands its max, sum and O^T to the
+    first through ``merge`` (shared buffers and a barrier), which merges them and writes the result."""
     gl.static_assert(BLOCK_N == 64, "64-key blocks: the swapped products of 128-key ones faulted on the GPU")
     st_layout: gl.constexpr = swapped_layout(QUERY_ROWS)
     ot_layout: gl.constexpr = swapped_layout(QUERY_ROWS)
@@ -280,23 +285,69 @@ def _swapped_consumer(q_smem, p_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready,
     acc = gl.zeros([HEAD_DIM, QUERY_ROWS], gl.float32, ot_layout)
     first = lo * 0  # the ring position of the cache's first block
     if NEW_KEYS > 0:
-        _append_new_keys(new_src, new_dst, seqlen_new, appends, HEAD_DIM, NEW_KEYS, PAGED)
+        if CONSUMER == 0:
+            _append_new_keys(new_src, new_dst, seqlen_new, appends, HEAD_DIM, NEW_KEYS, PAGED)
         new_blocks = gl.where(has_new, 1, 0)
         mbarrier.wait(q_ready, 0)
         m_i, l_acc, acc = _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_free, 0, m_i,
                                           l_acc, acc, new_blocks * 0, new_blocks, seqlen_new, qk_scale_log2, BLOCK_N,
-                                          HEAD_DIM, QUERY_ROWS, NUM_STAGES, True)
+                                          HEAD_DIM, QUERY_ROWS, NUM_STAGES, True, CONSUMER, CONSUMERS)
         first = new_blocks
     else:
         mbarrier.wait(q_ready, 0)
     m_i, l_acc, acc = _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_free, first - lo,
                                       m_i, l_acc, acc, lo, full_hi, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM,
-                                      QUERY_ROWS, NUM_STAGES, False)
+                                      QUERY_ROWS, NUM_STAGES, False, CONSUMER, CONSUMERS)
     m_i, l_acc, acc = _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_free, first - lo,
                                       m_i, l_acc, acc, full_hi, hi, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM,
-                                      QUERY_ROWS, NUM_STAGES, True)
-    # -- normalize; a split that saw no key gives 0 and lse = +inf, as the Triton kernel --
+                                      QUERY_ROWS, NUM_STAGES, True, CONSUMER, CONSUMERS)
     l_i = gl.sum(l_acc, axis=0)
+    if CONSUMER == 1:
+        _hand_over_state(m_i, l_i, acc, merge)
+    else:
+        if CONSUMERS == 2:
+            m_i, l_i, acc = _merge_state(m_i, l_i, acc, merge, HEAD_DIM, QUERY_ROWS)
+        _swapped_epilogue(m_i, l_i, acc, Out, Lse, out_offset, lse_offset, stride_oh, stride_lh, rows, HEAD_DIM,
+                          QUERY_ROWS)
+
+
+@gluon.jit
+def _hand_over_state(m_i, l_i, acc, merge):
+    """The second consumer's running max, sum and O^T into the merge buffers, every warp's stores before the
+    barrier's arrival (issued by the partition's first thread)."""
+    m_buf, l_buf, acc_buf, merged = merge
+    m_buf.store(m_i)
+    l_buf.store(l_i)
+    acc_buf.store(acc)
+    gl.thread_barrier()
+    mbarrier.arrive(merged, count=1)
+
+
+@gluon.jit
+def _merge_state(m_i, l_i, acc, merge, HEAD_DIM: gl.constexpr, QUERY_ROWS: gl.constexpr):
+    """This consumer's state merged with the other's (``_hand_over_state``) by their maxima, in base 2."""
+    st_layout: gl.constexpr = swapped_layout(QUERY_ROWS)
+    ot_layout: gl.constexpr = swapped_layout(QUERY_ROWS)
+    m_buf, l_buf, acc_buf, merged = merge
+    mbarrier.wait(merged, 0)
+    m_other = m_buf.load(gl.SliceLayout(0, st_layout))
+    l_other = l_buf.load(gl.SliceLayout(0, st_layout))
+    acc_other = acc_buf.load(ot_layout)
+    m_new = gl.maximum(m_i, m_other)
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # neither saw a key: both factors 0
+    own = gl.exp2(m_i - m_use)
+    other = gl.exp2(m_other - m_use)
+    acc = (acc * gl.convert_layout(own, gl.SliceLayout(0, ot_layout))[None, :]
+           + acc_other * gl.convert_layout(other, gl.SliceLayout(0, ot_layout))[None, :])
+    return m_new, l_i * own + l_other * other, acc
+
+
+@gluon.jit
+def _swapped_epilogue(m_i, l_i, acc, Out, Lse, out_offset, lse_offset, stride_oh, stride_lh, rows,
+                      HEAD_DIM: gl.constexpr, QUERY_ROWS: gl.constexpr):
+    """Normalize and store; a split that saw no key gives 0 and lse = +inf, as the Triton kernel."""
+    st_layout: gl.constexpr = swapped_layout(QUERY_ROWS)
+    ot_layout: gl.constexpr = swapped_layout(QUERY_ROWS)
     empty = l_i == 0.0
     l_safe = gl.where(empty, 1.0, l_i)
     acc = acc / gl.convert_layout(l_safe, gl.SliceLayout(0, ot_layout))[None, :]
@@ -316,7 +367,8 @@ def kvcache_decode_hopper_kernel(
     stride_kcn, stride_kch, stride_knb, stride_knn, stride_knh, stride_btb,
     nheads, nheads_k, capacity, num_splits, seqlen_new, extra_keys, page_size, num_pages, qk_scale_log2,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
-    NEW_KEYS: gl.constexpr, PAGED: gl.constexpr, QUERY_ROWS: gl.constexpr,
+    NEW_KEYS: gl.constexpr, PAGED: gl.constexpr, QUERY_ROWS: gl.constexpr, CONSUMERS: gl.constexpr = 1,
+    CONSUMER_REGISTERS: gl.constexpr = 0,
 ):
     """Grid (batch x kv heads, splits). q_desc: the queries as (batch x heads, HEAD_DIM) rows, QUERY_ROWS a block for
     swapped products (``_swapped_consumer``), 64 with QUERY_ROWS = 0 (``_padded_consumer``); k/v_desc:
@@ -371,14 +423,37 @@ def kvcache_decode_hopper_kernel(
                    head_k * HEAD_DIM, lo, full_hi, hi, has_new, rotation, BLOCK_N, NUM_STAGES, PAGED)
     if QUERY_ROWS > 0:
         p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, QUERY_ROWS], q_desc.dtype)
-        p_smem = gl.allocate_shared_memory(q_desc.dtype, [BLOCK_N, QUERY_ROWS], p_layout)
-        gl.warp_specialize([
-            (_swapped_consumer, (q_smem, p_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, Out, Lse,
-                                 out_offset, lse_offset, stride_oh, stride_lh, group_size, seqlen_k, lo, full_hi, hi,
-                                 has_new, new_tokens, split == 0, new_src, new_dst, qk_scale_log2, HEAD_DIM, BLOCK_N,
-                                 NUM_STAGES, NEW_KEYS, PAGED, QUERY_ROWS)),
-            (_decode_loader, loader_args),
-        ], [1], [LOADER_REGISTERS])
+        p_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, BLOCK_N, QUERY_ROWS], p_layout)
+        if CONSUMERS == 2:
+            vector_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+            merged = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+            mbarrier.init(merged, count=1)
+            merge = (gl.allocate_shared_memory(gl.float32, [QUERY_ROWS], vector_layout),
+                     gl.allocate_shared_memory(gl.float32, [QUERY_ROWS], vector_layout),
+                     gl.allocate_shared_memory(gl.float32, [HEAD_DIM, QUERY_ROWS],
+                                               gl.SwizzledSharedLayout(1, 1, 1, [1, 0])), merged)
+            gl.warp_specialize([
+                (_swapped_consumer, (q_smem, p_smem.index(0), k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free,
+                                     v_free, merge, Out, Lse, out_offset, lse_offset, stride_oh, stride_lh,
+                                     group_size, seqlen_k, lo, full_hi, hi, has_new, new_tokens, split == 0, new_src,
+                                     new_dst, qk_scale_log2, HEAD_DIM, BLOCK_N, NUM_STAGES, NEW_KEYS, PAGED,
+                                     QUERY_ROWS, 0, 2)),
+                (_swapped_consumer, (q_smem, p_smem.index(1), k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free,
+                                     v_free, merge, Out, Lse, out_offset, lse_offset, stride_oh, stride_lh,
+                                     group_size, seqlen_k, lo, full_hi, hi, has_new, new_tokens, split == 0, new_src,
+                                     new_dst, qk_scale_log2, HEAD_DIM, BLOCK_N, NUM_STAGES, NEW_KEYS, PAGED,
+                                     QUERY_ROWS, 1, 2)),
+                (_decode_loader, loader_args),
+            ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
+        else:
+            gl.warp_specialize([
+                (_swapped_consumer, (q_smem, p_smem.index(0), k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free,
+                                     v_free, 0, Out, Lse, out_offset, lse_offset, stride_oh, stride_lh,
+                                     group_size, seqlen_k, lo, full_hi, hi, has_new, new_tokens, split == 0, new_src,
+                                     new_dst, qk_scale_log2, HEAD_DIM, BLOCK_N, NUM_STAGES, NEW_KEYS, PAGED,
+                                     QUERY_ROWS, 0, 1)),
+                (_decode_loader, loader_args),
+            ], [1], [LOADER_REGISTERS])
     else:
         gl.warp_specialize([
             (_padded_consumer, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, Out,
