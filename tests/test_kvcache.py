@@ -599,22 +599,22 @@ GLUON_PROBLEMS = [
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("form", ["swapped", "swapped-2", "padded"])
+@pytest.mark.parametrize("form", ["swapped", "swapped-1", "padded"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("problem", GLUON_PROBLEMS, ids=str)
 def test_gluon_decode_matches_reference_on_gpu(monkeypatch, problem, dtype, form):
-    """The Gluon decode kernel against the float64 reference, and its append (1, 2, 3, 5 and 16 new keys, into an
-    empty cache too): split (automatic, 3, 5, 7) and unsplit, lengths that do not fill a key block, an empty sequence
-    (out 0, lse +inf), GQA groups of 1, 4, 8, 16 and 32, each consumer (swapped products for groups of up to 16;
-    padded rows, on both of their tiles, 64 and 128 keys), contiguous (whole blocks read from each split's own offset
-    on) and paged (pages of 64, 128 and 256 keys)."""
+    """The Gluon decode kernel against the float64 reference, and its append (1, 2, 3, 5 and 16 new keys, into an empty
+    cache too): split (automatic, 3, 5, 7) and unsplit, lengths that do not fill a key block, an empty sequence (out 0,
+    lse +inf), GQA groups of 1, 4, 8, 16 and 32, each consumer (swapped products for groups of up to 16, by one or two
+    warpgroups; padded rows, on both of their tiles, 64 and 128 keys), contiguous (whole blocks read from each split's
+    own offset on) and paged (pages of 64, 128 and 256 keys)."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon decode kernel is sm90's")
     monkeypatch.setenv("FLASHATTN_BACKEND", "triton")
     monkeypatch.setattr(decode_ops, "GLUON_DECODE", True)
     monkeypatch.setattr(decode_ops, "GLUON_DECODE_PAGED", True)
     monkeypatch.setattr(decode_ops, "GLUON_DECODE_SWAPPED", form != "padded")
-    monkeypatch.setattr(decode_ops, "GLUON_DECODE_CONSUMERS", 2 if form == "swapped-2" else 1)
+    monkeypatch.setattr(decode_ops, "GLUON_DECODE_CONSUMERS", 1 if form == "swapped-1" else 2)
     # the kernel, not the rule of when the table takes it (which depends on the GPU's SM count)
     monkeypatch.setattr(decode_ops, "GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR", float("inf"))
     monkeypatch.setattr(decode_ops, "GLUON_DECODE_MAX_BYTES_PER_PROCESSOR", float("inf"))

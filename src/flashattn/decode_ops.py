@@ -365,7 +365,10 @@ V^T P^T, the keys and head dims along wgmma's 64 rows and the group's rows along
 group's rows padded to 64. H200, GQA 32/8, hdim 128, bf16 (docs/perf-notes.md, version 25, call H): 1.5-4% shorter
 steps than the padded rows (4k batch 2: 16.4 against 17.1 us; 8k batch 16: 122.5 against 124.4), which also lose
 1-2% to the Triton kernel past one program an SM (call E) and so keep the gates below. False: the padded rows."""
-GLUON_DECODE_CONSUMERS = 1  # swapped products: consumer warpgroups taking the ring's blocks in turn (1 or 2)
+GLUON_DECODE_CONSUMERS = 2
+"""Swapped products: consumer warpgroups taking the ring's blocks in turn (1 or 2; the second hands its state to the
+first at the end). H200 (docs/perf-notes.md, version 25, call M): two 0.5-2.5% faster than one at batch 1-64 (4k
+batch 16: 65.3 against 66.1 us; 64k batch 64: 3770 against 3864)."""
 SWAPPED_MAX_GROUP = 16  # larger groups' S^T, sums and O^T (query rows x 64 keys or head dims) outgrow the registers
 # padded rows only: from one (batch, kv head) program per SM, and past this much K and V (at capacity) a step reads
 # per SM, the Triton kernel

@@ -9,7 +9,9 @@ up to 16 rows the consumer swaps the products (``_swapped_consumer``): S^T = K Q
 and the head dims along the 64 rows and the group's rows along wgmma's N (8 or 16), and the softmax runs down the
 keys. Padding the group's rows to 64 instead (``_padded_consumer``, the forward's key loop; larger groups) spends 8-16
 times the products and exponentials on rows never stored, and that work held the stream back: a probe whose consumer
-only released the blocks ran 4-8% faster than it (docs/perf-notes.md, version 25).
+only released the blocks ran 4-8% faster than it (docs/perf-notes.md, version 25). With ``CONSUMERS`` = 2 two swapped
+consumer warpgroups take the ring's blocks in turn, so that a block's math does not wait for the one before's, and
+the second hands its max, sum and O^T to the first at the end (``_merge_state``).
 
 Program (b x kv head, split) writes its split's normalized output and log-sum-exp for the group's rows, in the
 layout of the Triton kernel's partials (``decode_ops``: merged by ``kernels/combine.py`` when split), or straight
