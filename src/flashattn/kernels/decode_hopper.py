@@ -221,6 +221,12 @@ def _stage_probabilities(p, p_smem):
 
 
 @gluon.jit
+def _ring_slot(position, NUM_STAGES: gl.constexpr):
+    """The ring stage of key block ``position`` (the blocks loaded before it) and the phase of its barriers."""
+    return position % NUM_STAGES, (position // NUM_STAGES) & 1
+
+
+@gluon.jit
 def _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_free, ring, m_i, l_acc, acc, lo, hi,
                     seqlen_k, qk_scale_log2, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, QUERY_ROWS: gl.constexpr,
                     NUM_STAGES: gl.constexpr, MASKED: gl.constexpr, CONSUMER: gl.constexpr,
@@ -235,8 +241,7 @@ def _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_
     s_zero = gl.zeros([BLOCK_N, QUERY_ROWS], gl.float32, st_layout)
     q_t = q_smem.permute((1, 0))
     if hi > lo:
-        stage = (ring + lo) % NUM_STAGES
-        phase = ((ring + lo) // NUM_STAGES) & 1
+        stage, phase = _ring_slot(ring + lo, NUM_STAGES)
         mbarrier.wait(k_ready.index(stage), phase)
         s = warpgroup_mma(k_bufs.index(stage), q_t, s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
@@ -245,10 +250,8 @@ def _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, ot_layout))[None, :]
         _stage_probabilities(p, p_smem)
         for j in range(lo + CONSUMERS, hi, CONSUMERS):
-            prev_stage = stage
-            prev_phase = phase
-            stage = (ring + j) % NUM_STAGES
-            phase = ((ring + j) // NUM_STAGES) & 1
+            prev_stage, prev_phase = stage, phase
+            stage, phase = _ring_slot(ring + j, NUM_STAGES)
             mbarrier.wait(k_ready.index(stage), phase)
             mbarrier.wait(v_ready.index(prev_stage), prev_phase)
             s = warpgroup_mma(k_bufs.index(stage), q_t, s_zero, use_acc=False, is_async=True)
