@@ -372,8 +372,8 @@ def kvcache_decode_hopper_kernel(
     stride_kcn, stride_kch, stride_knb, stride_knn, stride_knh, stride_btb,
     nheads, nheads_k, capacity, num_splits, seqlen_new, extra_keys, page_size, num_pages, qk_scale_log2,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
-    NEW_KEYS: gl.constexpr, PAGED: gl.constexpr, QUERY_ROWS: gl.constexpr, CONSUMERS: gl.constexpr = 1,
-    CONSUMER_REGISTERS: gl.constexpr = 0,
+    NEW_KEYS: gl.constexpr, PAGED: gl.constexpr, QUERY_ROWS: gl.constexpr, CONSUMERS: gl.constexpr,
+    CONSUMER_REGISTERS: gl.constexpr,
 ):
     """Grid (batch x kv heads, splits). q_desc: the queries as (batch x heads, HEAD_DIM) rows, QUERY_ROWS a block for
     swapped products (``_swapped_consumer``), 64 with QUERY_ROWS = 0 (``_padded_consumer``); k/v_desc:
@@ -385,7 +385,9 @@ def kvcache_decode_hopper_kernel(
     NEW_KEYS > 0: the step appends ``seqlen_new`` (<= NEW_KEYS, at most BLOCK_N) new keys and values at
     CacheSeqlens (KNew/VNew, (batch, seqlen_new, kv heads, HEAD_DIM), and kn/vn_desc over them as (batch x
     seqlen_new, kv heads x HEAD_DIM)): the last split attends to them from KNew/VNew, split 0 writes them into the
-    caches (KCache/VCache, whose V strides are K's)."""
+    caches (KCache/VCache, whose V strides are K's).
+
+    CONSUMERS: swapped consumer warpgroups (1 or 2; CONSUMER_REGISTERS, the second one's registers a thread)."""
     batch_head = gl.program_id(0)
     split = gl.program_id(1)
     batch = batch_head // nheads_k
