@@ -245,8 +245,8 @@ def tma_decode_loads(config: DecodeConfig, k_cache: torch.Tensor, v_cache: torch
     return _tma_loads(True, k_cache, v_cache)
 
 
-def _chain_arguments(device: torch.device) -> dict:
-    chained = chained_launch(device)
+def _chain_arguments(device: torch.device, enabled: bool = True) -> dict:
+    chained = enabled and chained_launch(device)
     return dict(CHAINED=chained, launch_pdl=chained)
 
 
@@ -372,6 +372,14 @@ batch 16: 65.3 against 66.1 us; 64k batch 64: 3770 against 3864)."""
 SWAPPED_MAX_GROUP = 16  # larger groups' S^T, sums and O^T (query rows x 64 keys or head dims) outgrow the registers
 # padded rows only: from one (batch, kv head) program per SM, and past this much K and V (at capacity) a step reads
 # per SM, the Triton kernel
+GLUON_DECODE_CHAINED = True
+"""The Gluon kernel launched chained (programmatic dependent launch, as PROGRAMMATIC_LAUNCH chains the Triton kernels
+and the merge); False launches it plainly, for measuring what the chaining saves."""
+
+GLUON_DECODE_ROWS_AHEAD = 4
+"""Key blocks ahead of its copies that the Gluon kernel's loader looks up a block's cache row (a paged cache's
+block-table load): 1 or 4."""
+
 GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR = 1.0
 GLUON_DECODE_MAX_BYTES_PER_PROCESSOR = 4.5 * 2**20
 GLUON_DECODE_TILE: tuple[int, int] | None = None  # (keys a block, stages) for every launch; None: gluon_decode_tile
@@ -499,6 +507,7 @@ def _gluon_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_new
         NEW_KEYS=configs.next_power_of_2(new_keys) if new_keys else 0, PAGED=block_table is not None,
         QUERY_ROWS=query_rows, CONSUMERS=GLUON_DECODE_CONSUMERS if query_rows else 1,
         CONSUMER_REGISTERS=DECODE_CONSUMER_REGISTERS, num_warps=4,
+        ROWS_AHEAD=GLUON_DECODE_ROWS_AHEAD, **_chain_arguments(q.device, GLUON_DECODE_CHAINED),
     )
     if num_splits > 1:
         _triton_combine(out_target, lse_target, out, lse)
@@ -649,8 +658,9 @@ def plan_switches() -> tuple:
     """The switches of this module that decide a decode step's launches: part of its launch plan's key."""
     return (PROGRAMMATIC_LAUNCH, FUSED_APPEND_MAX_TOKENS, GLUON_DECODE, GLUON_DECODE_PAGED,
             GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR, GLUON_DECODE_MAX_BYTES_PER_PROCESSOR, GLUON_DECODE_TILE,
-            GLUON_DECODE_SPLITS, GLUON_DECODE_SWAPPED, SWAPPED_MAX_GROUP, GLUON_DECODE_CONSUMERS,
-            MAX_SPLITS, STREAMING_PROGRAMS_PER_PROCESSOR, TABLE_CHUNK_ENTRIES, TABLE_CHUNK_MIN_BLOCKS)
+            GLUON_DECODE_SPLITS, GLUON_DECODE_SWAPPED, SWAPPED_MAX_GROUP, GLUON_DECODE_CONSUMERS, GLUON_DECODE_CHAINED,
+            GLUON_DECODE_ROWS_AHEAD, MAX_SPLITS, STREAMING_PROGRAMS_PER_PROCESSOR, TABLE_CHUNK_ENTRIES,
+            TABLE_CHUNK_MIN_BLOCKS)
 
 
 def _planned_attention(phase: str, inputs: tuple, scalars: tuple, call):
