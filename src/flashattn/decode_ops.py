@@ -372,13 +372,19 @@ batch 16: 65.3 against 66.1 us; 64k batch 64: 3770 against 3864)."""
 SWAPPED_MAX_GROUP = 16  # larger groups' S^T, sums and O^T (query rows x 64 keys or head dims) outgrow the registers
 # padded rows only: from one (batch, kv head) program per SM, and past this much K and V (at capacity) a step reads
 # per SM, the Triton kernel
-GLUON_DECODE_CHAINED = True
+GLUON_DECODE_CHAINED = False
 """The Gluon kernel launched chained (programmatic dependent launch, as PROGRAMMATIC_LAUNCH chains the Triton kernels
 and the merge); False launches it plainly, for measuring what the chaining saves."""
 
 GLUON_DECODE_ROWS_AHEAD = 4
 """Key blocks ahead of its copies that the Gluon kernel's loader looks up a block's cache row (a paged cache's
 block-table load): 1 or 4."""
+
+GLUON_DECODE_PAIRED = False
+"""Swapped products: two programs an SM (3 ring stages, 80 registers a thread at launch: ``PAIRED_REGISTERS``) instead
+of one (4 stages, 168), so that one program's start and end overlap the other's stream."""
+PAIRED_REGISTERS = 80  # two programs of 12 warps in the SM's 65,536 registers
+PAIRED_CONSUMER_REGISTERS = 128  # the second consumer's, within what the loader's 24 leave of 12 warps x 80
 
 GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR = 1.0
 GLUON_DECODE_MAX_BYTES_PER_PROCESSOR = 4.5 * 2**20
@@ -408,7 +414,7 @@ def gluon_decode_tile(programs: int, processors: int, page_size: int | None = No
     if GLUON_DECODE_TILE is not None:
         return GLUON_DECODE_TILE
     if swapped:
-        return 64, 4
+        return (64, 3) if GLUON_DECODE_PAIRED else (64, 4)
     if 4 * programs <= processors or (page_size is not None and page_size % 128 != 0):
         return 64, 4
     return 128, 3
@@ -479,6 +485,7 @@ def _gluon_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_new
                                         query_rows > 0)
     if block_n != 64:  # the swapped products take 64-key blocks only (a tile forced by GLUON_DECODE_TILE)
         query_rows = 0
+    paired = GLUON_DECODE_PAIRED and query_rows > 0
     if num_splits <= 0:
         num_splits = gluon_decode_splits(programs, capacity, processors)
     num_splits = min(num_splits, MAX_SPLITS)
@@ -506,7 +513,8 @@ def _gluon_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_new
         HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_STAGES=stages, LOADER_REGISTERS=WS_LOADER_REGISTERS,
         NEW_KEYS=configs.next_power_of_2(new_keys) if new_keys else 0, PAGED=block_table is not None,
         QUERY_ROWS=query_rows, CONSUMERS=GLUON_DECODE_CONSUMERS if query_rows else 1,
-        CONSUMER_REGISTERS=DECODE_CONSUMER_REGISTERS, num_warps=4,
+        CONSUMER_REGISTERS=PAIRED_CONSUMER_REGISTERS if paired else DECODE_CONSUMER_REGISTERS, num_warps=4,
+        **({"maxnreg": PAIRED_REGISTERS} if paired else {}),
         ROWS_AHEAD=GLUON_DECODE_ROWS_AHEAD, **_chain_arguments(q.device, GLUON_DECODE_CHAINED),
     )
     if num_splits > 1:
@@ -659,8 +667,8 @@ def plan_switches() -> tuple:
     return (PROGRAMMATIC_LAUNCH, FUSED_APPEND_MAX_TOKENS, GLUON_DECODE, GLUON_DECODE_PAGED,
             GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR, GLUON_DECODE_MAX_BYTES_PER_PROCESSOR, GLUON_DECODE_TILE,
             GLUON_DECODE_SPLITS, GLUON_DECODE_SWAPPED, SWAPPED_MAX_GROUP, GLUON_DECODE_CONSUMERS, GLUON_DECODE_CHAINED,
-            GLUON_DECODE_ROWS_AHEAD, MAX_SPLITS, STREAMING_PROGRAMS_PER_PROCESSOR, TABLE_CHUNK_ENTRIES,
-            TABLE_CHUNK_MIN_BLOCKS)
+            GLUON_DECODE_ROWS_AHEAD, GLUON_DECODE_PAIRED, MAX_SPLITS, STREAMING_PROGRAMS_PER_PROCESSOR,
+            TABLE_CHUNK_ENTRIES, TABLE_CHUNK_MIN_BLOCKS)
 
 
 def _planned_attention(phase: str, inputs: tuple, scalars: tuple, call):
