@@ -59,7 +59,7 @@ def gluon(variant: str | None):
             decode_ops.GLUON_DECODE_MAX_BYTES_PER_PROCESSOR = float("inf")
         decode_ops.GLUON_DECODE_SWAPPED = "rows" not in flags
         decode_ops.GLUON_DECODE_CONSUMERS = 1 if "c1" in flags else 2
-        decode_ops.GLUON_DECODE_CHAINED = "chained" in flags and "unchained" not in flags
+        decode_ops.GLUON_DECODE_CHAINED = "chained" in flags
         decode_ops.GLUON_DECODE_ROWS_AHEAD = 1 if "ahead1" in flags else 4
         decode_ops.GLUON_DECODE_PAIRED = "pair" in flags
         splits = [int(flag[1:]) for flag in flags if flag.startswith("s") and flag[1:].isdigit()]
