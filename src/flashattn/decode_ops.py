@@ -381,10 +381,17 @@ GLUON_DECODE_ROWS_AHEAD = 4
 block-table load): 1 or 4."""
 
 GLUON_DECODE_PAIRED = False
-"""Swapped products: two programs an SM (3 ring stages, 80 registers a thread at launch: ``PAIRED_REGISTERS``) instead
-of one (4 stages, 168), so that one program's start and end overlap the other's stream."""
-PAIRED_REGISTERS = 80  # two programs of 12 warps in the SM's 65,536 registers
-PAIRED_CONSUMER_REGISTERS = 128  # the second consumer's, within what the loader's 24 leave of 12 warps x 80
+"""Swapped products: two programs an SM (3 ring stages, registers capped at launch: ``paired_registers``) instead of
+one (4 stages, 168 registers a thread), so that one program's start and end overlap the other's stream."""
+
+
+def paired_registers(consumers: int) -> tuple[int, int]:
+    """(registers a thread at launch, the second consumer's) of a Gluon decode program that shares its SM with another:
+    half the SM's 65,536 registers over its 12 warps (two consumers) or 8 (one). Gluon's warp specialization gives the
+    first consumer (the default partition) what the loader's 24 and the second consumer's leave of the launch's, and
+    must not raise it: with two consumers the second takes 136 and the first keeps 80."""
+    return (80, 136) if consumers == 2 else (128, DECODE_CONSUMER_REGISTERS)
+
 
 GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR = 1.0
 GLUON_DECODE_MAX_BYTES_PER_PROCESSOR = 4.5 * 2**20
@@ -486,6 +493,8 @@ def _gluon_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_new
     if block_n != 64:  # the swapped products take 64-key blocks only (a tile forced by GLUON_DECODE_TILE)
         query_rows = 0
     paired = GLUON_DECODE_PAIRED and query_rows > 0
+    consumers = GLUON_DECODE_CONSUMERS if query_rows else 1
+    launch_registers, consumer_registers = paired_registers(consumers) if paired else (0, DECODE_CONSUMER_REGISTERS)
     if num_splits <= 0:
         num_splits = gluon_decode_splits(programs, capacity, processors)
     num_splits = min(num_splits, MAX_SPLITS)
@@ -512,9 +521,8 @@ def _gluon_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_new
         opts.softmax_scale * LOG2E,
         HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_STAGES=stages, LOADER_REGISTERS=WS_LOADER_REGISTERS,
         NEW_KEYS=configs.next_power_of_2(new_keys) if new_keys else 0, PAGED=block_table is not None,
-        QUERY_ROWS=query_rows, CONSUMERS=GLUON_DECODE_CONSUMERS if query_rows else 1,
-        CONSUMER_REGISTERS=PAIRED_CONSUMER_REGISTERS if paired else DECODE_CONSUMER_REGISTERS, num_warps=4,
-        **({"maxnreg": PAIRED_REGISTERS} if paired else {}),
+        QUERY_ROWS=query_rows, CONSUMERS=consumers,
+        CONSUMER_REGISTERS=consumer_registers, num_warps=4, **({"maxnreg": launch_registers} if paired else {}),
         ROWS_AHEAD=GLUON_DECODE_ROWS_AHEAD, **_chain_arguments(q.device, GLUON_DECODE_CHAINED),
     )
     if num_splits > 1:
