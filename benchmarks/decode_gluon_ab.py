@@ -9,10 +9,7 @@ A variant is BLOCK_NxSTAGES of the Gluon kernel (``decode_ops.GLUON_DECODE_TILE`
 ``gluon_decode_tile``); suffixes: "+sN" runs N splits (``GLUON_DECODE_SPLITS``), "+everywhere" lifts the table's
 gates on programs and cache bytes per SM (``_gluon_decode_fits``), "+rows" pads the group's query rows to wgmma's 64
 instead of swapping the products (``GLUON_DECODE_SWAPPED`` off), "+c1" one swapped consumer instead of two
-(``GLUON_DECODE_CONSUMERS``), "+chained" a chained launch instead of a plain one (``GLUON_DECODE_CHAINED``),
-"+ahead1" a paged block's row looked up one block ahead instead of four (``GLUON_DECODE_ROWS_AHEAD``), "+pair"
-two programs an SM (``GLUON_DECODE_PAIRED``).
-``--append``: steps that append the new key (the bench's flashattn column) for the
+(``GLUON_DECODE_CONSUMERS``). ``--append``: steps that append the new key (the bench's flashattn column) for the
 Triton and Gluon kernels; cuDNN's never does. Prints a Markdown table of microseconds per step (median over rounds)
 and the ratios to cuDNN.
 """
@@ -45,8 +42,7 @@ def gluon(variant: str | None):
     (None); launch plans cleared around."""
     names = ("GLUON_DECODE", "GLUON_DECODE_PAGED", "GLUON_DECODE_TILE", "GLUON_DECODE_SPLITS",
              "GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR", "GLUON_DECODE_MAX_BYTES_PER_PROCESSOR",
-             "GLUON_DECODE_SWAPPED", "GLUON_DECODE_CONSUMERS", "GLUON_DECODE_CHAINED", "GLUON_DECODE_ROWS_AHEAD",
-             "GLUON_DECODE_PAIRED")
+             "GLUON_DECODE_SWAPPED", "GLUON_DECODE_CONSUMERS")
     saved = {name: getattr(decode_ops, name) for name in names}
     if variant is None:
         decode_ops.GLUON_DECODE = False
@@ -59,9 +55,6 @@ def gluon(variant: str | None):
             decode_ops.GLUON_DECODE_MAX_BYTES_PER_PROCESSOR = float("inf")
         decode_ops.GLUON_DECODE_SWAPPED = "rows" not in flags
         decode_ops.GLUON_DECODE_CONSUMERS = 1 if "c1" in flags else 2
-        decode_ops.GLUON_DECODE_CHAINED = "chained" in flags
-        decode_ops.GLUON_DECODE_ROWS_AHEAD = 1 if "ahead1" in flags else 4
-        decode_ops.GLUON_DECODE_PAIRED = "pair" in flags
         splits = [int(flag[1:]) for flag in flags if flag.startswith("s") and flag[1:].isdigit()]
         decode_ops.GLUON_DECODE_SPLITS = splits[0] if splits else None
     launcher.clear_plans()

@@ -288,7 +288,7 @@ def ws_decode_report(head_dim: int, block_n: int, num_stages: int, new_keys: int
     """:func:`report` of the Gluon decode kernel (``kernels/decode_hopper.py``), as ``decode_ops._gluon_attention``
     launches it for bf16 inputs writing float32 partials (``new_keys``: the appended tokens, a power of two, 0 for none;
     ``paged``: a paged cache; ``query_rows``: swapped products over this many query rows, 0 for the padded rows)."""
-    from flashattn import decode_ops, ops
+    from flashattn import ops
     from flashattn.kernels.decode_hopper import kvcache_decode_hopper_kernel
 
     kv_desc = _bf16_descriptor(block_n, head_dim)
@@ -303,8 +303,7 @@ def ws_decode_report(head_dim: int, block_n: int, num_stages: int, new_keys: int
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_STAGES=num_stages,
                       LOADER_REGISTERS=ops.WS_LOADER_REGISTERS, NEW_KEYS=new_keys, PAGED=paged,
                       QUERY_ROWS=query_rows, CONSUMERS=consumers,
-                      CONSUMER_REGISTERS=ops.DECODE_CONSUMER_REGISTERS, CHAINED=True,
-                      ROWS_AHEAD=decode_ops.GLUON_DECODE_ROWS_AHEAD)
+                      CONSUMER_REGISTERS=ops.DECODE_CONSUMER_REGISTERS)
     return _gluon_report(kvcache_decode_hopper_kernel, signature, constexprs)
 
 

@@ -245,8 +245,8 @@ def tma_decode_loads(config: DecodeConfig, k_cache: torch.Tensor, v_cache: torch
     return _tma_loads(True, k_cache, v_cache)
 
 
-def _chain_arguments(device: torch.device, enabled: bool = True) -> dict:
-    chained = enabled and chained_launch(device)
+def _chain_arguments(device: torch.device) -> dict:
+    chained = chained_launch(device)
     return dict(CHAINED=chained, launch_pdl=chained)
 
 
@@ -372,27 +372,6 @@ batch 16: 65.3 against 66.1 us; 64k batch 64: 3770 against 3864)."""
 SWAPPED_MAX_GROUP = 16  # larger groups' S^T, sums and O^T (query rows x 64 keys or head dims) outgrow the registers
 # padded rows only: from one (batch, kv head) program per SM, and past this much K and V (at capacity) a step reads
 # per SM, the Triton kernel
-GLUON_DECODE_CHAINED = False
-"""The Gluon kernel launched chained (programmatic dependent launch, as PROGRAMMATIC_LAUNCH chains the Triton kernels
-and the merge); False launches it plainly, for measuring what the chaining saves."""
-
-GLUON_DECODE_ROWS_AHEAD = 4
-"""Key blocks ahead of its copies that the Gluon kernel's loader looks up a block's cache row (a paged cache's
-block-table load): 1 or 4."""
-
-GLUON_DECODE_PAIRED = False
-"""Swapped products: two programs an SM (3 ring stages, registers capped at launch: ``paired_registers``) instead of
-one (4 stages, 168 registers a thread), so that one program's start and end overlap the other's stream."""
-
-
-def paired_registers(consumers: int) -> tuple[int, int]:
-    """(registers a thread at launch, the second consumer's) of a Gluon decode program that shares its SM with another:
-    half the SM's 65,536 registers over its 12 warps (two consumers) or 8 (one). Gluon's warp specialization gives the
-    first consumer (the default partition) what the loader's 24 and the second consumer's leave of the launch's, and
-    must not raise it: with two consumers the second takes 136 and the first keeps 80."""
-    return (80, 136) if consumers == 2 else (128, DECODE_CONSUMER_REGISTERS)
-
-
 GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR = 1.0
 GLUON_DECODE_MAX_BYTES_PER_PROCESSOR = 4.5 * 2**20
 GLUON_DECODE_TILE: tuple[int, int] | None = None  # (keys a block, stages) for every launch; None: gluon_decode_tile
@@ -421,7 +400,7 @@ def gluon_decode_tile(programs: int, processors: int, page_size: int | None = No
     if GLUON_DECODE_TILE is not None:
         return GLUON_DECODE_TILE
     if swapped:
-        return (64, 3) if GLUON_DECODE_PAIRED else (64, 4)
+        return 64, 4
     if 4 * programs <= processors or (page_size is not None and page_size % 128 != 0):
         return 64, 4
     return 128, 3
@@ -492,9 +471,6 @@ def _gluon_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_new
                                         query_rows > 0)
     if block_n != 64:  # the swapped products take 64-key blocks only (a tile forced by GLUON_DECODE_TILE)
         query_rows = 0
-    paired = GLUON_DECODE_PAIRED and query_rows > 0
-    consumers = GLUON_DECODE_CONSUMERS if query_rows else 1
-    launch_registers, consumer_registers = paired_registers(consumers) if paired else (0, DECODE_CONSUMER_REGISTERS)
     if num_splits <= 0:
         num_splits = gluon_decode_splits(programs, capacity, processors)
     num_splits = min(num_splits, MAX_SPLITS)
@@ -521,9 +497,8 @@ def _gluon_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_new
         opts.softmax_scale * LOG2E,
         HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_STAGES=stages, LOADER_REGISTERS=WS_LOADER_REGISTERS,
         NEW_KEYS=configs.next_power_of_2(new_keys) if new_keys else 0, PAGED=block_table is not None,
-        QUERY_ROWS=query_rows, CONSUMERS=consumers,
-        CONSUMER_REGISTERS=consumer_registers, num_warps=4, **({"maxnreg": launch_registers} if paired else {}),
-        ROWS_AHEAD=GLUON_DECODE_ROWS_AHEAD, **_chain_arguments(q.device, GLUON_DECODE_CHAINED),
+        QUERY_ROWS=query_rows, CONSUMERS=GLUON_DECODE_CONSUMERS if query_rows else 1,
+        CONSUMER_REGISTERS=DECODE_CONSUMER_REGISTERS, num_warps=4,
     )
     if num_splits > 1:
         _triton_combine(out_target, lse_target, out, lse)
@@ -674,9 +649,8 @@ def plan_switches() -> tuple:
     """The switches of this module that decide a decode step's launches: part of its launch plan's key."""
     return (PROGRAMMATIC_LAUNCH, FUSED_APPEND_MAX_TOKENS, GLUON_DECODE, GLUON_DECODE_PAGED,
             GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR, GLUON_DECODE_MAX_BYTES_PER_PROCESSOR, GLUON_DECODE_TILE,
-            GLUON_DECODE_SPLITS, GLUON_DECODE_SWAPPED, SWAPPED_MAX_GROUP, GLUON_DECODE_CONSUMERS, GLUON_DECODE_CHAINED,
-            GLUON_DECODE_ROWS_AHEAD, GLUON_DECODE_PAIRED, MAX_SPLITS, STREAMING_PROGRAMS_PER_PROCESSOR,
-            TABLE_CHUNK_ENTRIES, TABLE_CHUNK_MIN_BLOCKS)
+            GLUON_DECODE_SPLITS, GLUON_DECODE_SWAPPED, SWAPPED_MAX_GROUP, GLUON_DECODE_CONSUMERS,
+            MAX_SPLITS, STREAMING_PROGRAMS_PER_PROCESSOR, TABLE_CHUNK_ENTRIES, TABLE_CHUNK_MIN_BLOCKS)
 
 
 def _planned_attention(phase: str, inputs: tuple, scalars: tuple, call):

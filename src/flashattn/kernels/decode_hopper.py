@@ -62,19 +62,6 @@ def _split_blocks(seqlen_k, split, num_splits, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _chain_launch(ENABLED: gl.constexpr):
-    """Programmatic dependent launch, as ``common.chain_launch`` for Triton kernels: wait until the kernel before on
-    the stream has finished and its writes are visible, then let the next one launch (its programs take SMs as this
-    launch's retire). Called by the default warps before the warp-specialized region, so that no partition reads or
-    writes before it."""
-    if ENABLED:
-        gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False,
-                                  pack=1)
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
-                                  is_pure=False, pack=1)
-
-
-@gluon.jit
 def _cache_row(position, valid, kv_row, table_row, page_size, num_pages, PAGED: gl.constexpr):
     """The cache row (of the descriptors' rows) of key ``position`` of the sequence: ``kv_row`` + position in a
     contiguous cache; in a paged one, the row in its page of the pool (``table_row``: the sequence's block-table row;
@@ -102,8 +89,7 @@ def _block_at(i, lo, full_hi, rotation, ROTATE: gl.constexpr):
 @gluon.jit
 def _decode_loader(q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready,
                    k_free, v_free, q_row, kv_row, table_row, page_size, num_pages, new_row, column, lo, full_hi, hi,
-                   has_new, rotation, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PAGED: gl.constexpr,
-                   ROWS_AHEAD: gl.constexpr):
+                   has_new, rotation, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PAGED: gl.constexpr):
     """The group's 64 query rows (from ``q_row``); with ``has_new`` a block of the step's new keys and values from
     their own tensors (rows from ``new_row``), first, so that its copy overlaps the cache's stream instead of
     following it; then the split's key blocks [lo, hi) of this kv head (``_cache_row``; columns from ``column``), a
@@ -116,34 +102,16 @@ def _decode_loader(q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_b
         load_key_block(kn_desc, vn_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, 0, new_row, column,
                        NUM_STAGES)
         first += 1
-    if ROWS_AHEAD == 4:
-        # each block's row is looked up four blocks ahead: a paged lookup (a load) then waits behind four blocks'
-        # copies, and the first four lookups are issued together instead of one after another's answer
-        row = _cache_row(_block_at(lo, lo, full_hi, rotation, not PAGED) * BLOCK_N, lo < hi, kv_row, table_row,
-                         page_size, num_pages, PAGED)
-        row1 = _cache_row(_block_at(lo + 1, lo, full_hi, rotation, not PAGED) * BLOCK_N, lo + 1 < hi, kv_row,
-                          table_row, page_size, num_pages, PAGED)
-        row2 = _cache_row(_block_at(lo + 2, lo, full_hi, rotation, not PAGED) * BLOCK_N, lo + 2 < hi, kv_row,
-                          table_row, page_size, num_pages, PAGED)
-        row3 = _cache_row(_block_at(lo + 3, lo, full_hi, rotation, not PAGED) * BLOCK_N, lo + 3 < hi, kv_row,
-                          table_row, page_size, num_pages, PAGED)
-        for j in range(lo, hi):
-            row4 = _cache_row(_block_at(j + 4, lo, full_hi, rotation, not PAGED) * BLOCK_N, j + 4 < hi, kv_row,
+    # each block's row is looked up one block ahead: a paged lookup (a load) then waits behind the block before's
+    # copies instead of in front of its own
+    row = _cache_row(_block_at(lo, lo, full_hi, rotation, not PAGED) * BLOCK_N, lo < hi, kv_row, table_row,
+                     page_size, num_pages, PAGED)
+    for j in range(lo, hi):
+        next_row = _cache_row(_block_at(j + 1, lo, full_hi, rotation, not PAGED) * BLOCK_N, j + 1 < hi, kv_row,
                               table_row, page_size, num_pages, PAGED)
-            load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, first + j - lo, row,
-                           column, NUM_STAGES)
-            row, row1, row2, row3 = row1, row2, row3, row4
-    else:
-        # each block's row is looked up one block ahead: a paged lookup (a load) then waits behind the block before's
-        # copies instead of in front of its own
-        row = _cache_row(_block_at(lo, lo, full_hi, rotation, not PAGED) * BLOCK_N, lo < hi, kv_row, table_row,
-                         page_size, num_pages, PAGED)
-        for j in range(lo, hi):
-            next_row = _cache_row(_block_at(j + 1, lo, full_hi, rotation, not PAGED) * BLOCK_N, j + 1 < hi, kv_row,
-                                  table_row, page_size, num_pages, PAGED)
-            load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, first + j - lo, row,
-                           column, NUM_STAGES)
-            row = next_row
+        load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, first + j - lo, row, column,
+                       NUM_STAGES)
+        row = next_row
 
 
 @gluon.jit
@@ -405,7 +373,7 @@ def kvcache_decode_hopper_kernel(
     nheads, nheads_k, capacity, num_splits, seqlen_new, extra_keys, page_size, num_pages, qk_scale_log2,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
     NEW_KEYS: gl.constexpr, PAGED: gl.constexpr, QUERY_ROWS: gl.constexpr, CONSUMERS: gl.constexpr,
-    CONSUMER_REGISTERS: gl.constexpr, CHAINED: gl.constexpr, ROWS_AHEAD: gl.constexpr,
+    CONSUMER_REGISTERS: gl.constexpr,
 ):
     """Grid (batch x kv heads, splits). q_desc: the queries as (batch x heads, HEAD_DIM) rows, QUERY_ROWS a block for
     swapped products (``_swapped_consumer``), 64 with QUERY_ROWS = 0 (``_padded_consumer``); k/v_desc:
@@ -419,9 +387,7 @@ def kvcache_decode_hopper_kernel(
     seqlen_new, kv heads x HEAD_DIM)): the last split attends to them from KNew/VNew, split 0 writes them into the
     caches (KCache/VCache, whose V strides are K's).
 
-    CONSUMERS: swapped consumer warpgroups (1 or 2; CONSUMER_REGISTERS, the second one's registers a thread).
-    CHAINED: launched with programmatic dependent launch (``_chain_launch``)."""
-    _chain_launch(CHAINED)
+    CONSUMERS: swapped consumer warpgroups (1 or 2; CONSUMER_REGISTERS, the second one's registers a thread)."""
     batch_head = gl.program_id(0)
     split = gl.program_id(1)
     batch = batch_head // nheads_k
@@ -455,8 +421,7 @@ def kvcache_decode_hopper_kernel(
 
     loader_args = (q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free,
                    v_free, batch * nheads + first_head, kv_row, table_row, page_size, num_pages, batch * seqlen_new,
-                   head_k * HEAD_DIM, lo, full_hi, hi, has_new, rotation, BLOCK_N, NUM_STAGES, PAGED,
-                   ROWS_AHEAD)
+                   head_k * HEAD_DIM, lo, full_hi, hi, has_new, rotation, BLOCK_N, NUM_STAGES, PAGED)
     if QUERY_ROWS > 0:
         p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, QUERY_ROWS], q_desc.dtype)
         p_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, BLOCK_N, QUERY_ROWS], p_layout)
