@@ -99,7 +99,7 @@ def _block_at(i, lo, full_hi, rotation, ROTATE: gl.constexpr):
 def _decode_loader(q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready,
                    k_free, v_free, q_row, kv_row, table_row, page_size, num_pages, new_row, column, lo, full_hi, hi,
                    has_new, rotation, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PAGED: gl.constexpr, Times,
-                   TIMES: gl.constexpr):
+                   TIMES: gl.constexpr, ROTATE: gl.constexpr):
     """The group's 64 query rows (from ``q_row``); with ``has_new`` a block of the step's new keys and values from
     their own tensors (rows from ``new_row``), first, so that its copy overlaps the cache's stream instead of
     following it; then the split's key blocks [lo, hi) of this kv head (``_cache_row``; columns from ``column``), a
@@ -114,10 +114,10 @@ def _decode_loader(q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_b
         first += 1
     # each block's row is looked up one block ahead: a paged lookup (a load) then waits behind the block before's
     # copies instead of in front of its own
-    row = _cache_row(_block_at(lo, lo, full_hi, rotation, not PAGED) * BLOCK_N, lo < hi, kv_row, table_row,
+    row = _cache_row(_block_at(lo, lo, full_hi, rotation, ROTATE) * BLOCK_N, lo < hi, kv_row, table_row,
                      page_size, num_pages, PAGED)
     for j in range(lo, hi):
-        next_row = _cache_row(_block_at(j + 1, lo, full_hi, rotation, not PAGED) * BLOCK_N, j + 1 < hi, kv_row,
+        next_row = _cache_row(_block_at(j + 1, lo, full_hi, rotation, ROTATE) * BLOCK_N, j + 1 < hi, kv_row,
                               table_row, page_size, num_pages, PAGED)
         load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, first + j - lo, row, column,
                        NUM_STAGES)
@@ -394,7 +394,7 @@ def kvcache_decode_hopper_kernel(
     nheads, nheads_k, capacity, num_splits, seqlen_new, extra_keys, page_size, num_pages, qk_scale_log2,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
     NEW_KEYS: gl.constexpr, PAGED: gl.constexpr, QUERY_ROWS: gl.constexpr, CONSUMERS: gl.constexpr,
-    CONSUMER_REGISTERS: gl.constexpr, Times, TIMES: gl.constexpr,
+    CONSUMER_REGISTERS: gl.constexpr, Times, TIMES: gl.constexpr, ROTATE: gl.constexpr,
 ):
     """Grid (batch x kv heads, splits). q_desc: the queries as (batch x heads, HEAD_DIM) rows, QUERY_ROWS a block for
     swapped products (``_swapped_consumer``), 64 with QUERY_ROWS = 0 (``_padded_consumer``); k/v_desc:
@@ -443,7 +443,8 @@ def kvcache_decode_hopper_kernel(
 
     loader_args = (q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free,
                    v_free, batch * nheads + first_head, kv_row, table_row, page_size, num_pages, batch * seqlen_new,
-                   head_k * HEAD_DIM, lo, full_hi, hi, has_new, rotation, BLOCK_N, NUM_STAGES, PAGED, Times, TIMES)
+                   head_k * HEAD_DIM, lo, full_hi, hi, has_new, rotation, BLOCK_N, NUM_STAGES, PAGED, Times, TIMES,
+                   ROTATE)
     if QUERY_ROWS > 0:
         p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, QUERY_ROWS], q_desc.dtype)
         p_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, BLOCK_N, QUERY_ROWS], p_layout)
