@@ -42,7 +42,7 @@ def gluon(variant: str | None):
     (None); launch plans cleared around."""
     names = ("GLUON_DECODE", "GLUON_DECODE_PAGED", "GLUON_DECODE_TILE", "GLUON_DECODE_SPLITS",
              "GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR", "GLUON_DECODE_MAX_BYTES_PER_PROCESSOR",
-             "GLUON_DECODE_SWAPPED", "GLUON_DECODE_CONSUMERS", "GLUON_DECODE_ROTATE_PAGED")
+             "GLUON_DECODE_SWAPPED", "GLUON_DECODE_CONSUMERS")
     saved = {name: getattr(decode_ops, name) for name in names}
     if variant is None:
         decode_ops.GLUON_DECODE = False
@@ -55,7 +55,6 @@ def gluon(variant: str | None):
             decode_ops.GLUON_DECODE_MAX_BYTES_PER_PROCESSOR = float("inf")
         decode_ops.GLUON_DECODE_SWAPPED = "rows" not in flags
         decode_ops.GLUON_DECODE_CONSUMERS = 1 if "c1" in flags else 2
-        decode_ops.GLUON_DECODE_ROTATE_PAGED = "rotate" in flags
         splits = [int(flag[1:]) for flag in flags if flag.startswith("s") and flag[1:].isdigit()]
         decode_ops.GLUON_DECODE_SPLITS = splits[0] if splits else None
     launcher.clear_plans()

@@ -299,8 +299,8 @@ def ws_decode_report(head_dim: int, block_n: int, num_stages: int, new_keys: int
                      stride_lh="i32", stride_kcn="i32", stride_kch="i32", stride_knb="i32", stride_knn="i32",
                      stride_knh="i32", stride_btb="i32", nheads="i32", nheads_k="i32", capacity="i32",
                      num_splits="i32", seqlen_new="i32", extra_keys="i32", page_size="i32", num_pages="i32",
-                     qk_scale_log2="fp32", Times="*i32")
-    constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_STAGES=num_stages, TIMES=False, ROTATE=True,
+                     qk_scale_log2="fp32")
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_STAGES=num_stages,
                       LOADER_REGISTERS=ops.WS_LOADER_REGISTERS, NEW_KEYS=new_keys, PAGED=paged,
                       QUERY_ROWS=query_rows, CONSUMERS=consumers,
                       CONSUMER_REGISTERS=ops.DECODE_CONSUMER_REGISTERS)

@@ -62,15 +62,6 @@ def _split_blocks(seqlen_k, split, num_splits, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _stamp(Times, slot, TIMES: gl.constexpr):
-    """Probe: the global timer (ns) into this program's ``slot`` of Times (8 a program)."""
-    if TIMES:
-        now = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
-        program = gl.program_id(0) * gl.num_programs(1) + gl.program_id(1)
-        gl.store(Times + program.to(gl.int64) * 8 + slot, now)
-
-
-@gluon.jit
 def _cache_row(position, valid, kv_row, table_row, page_size, num_pages, PAGED: gl.constexpr):
     """The cache row (of the descriptors' rows) of key ``position`` of the sequence: ``kv_row`` + position in a
     contiguous cache; in a paged one, the row in its page of the pool (``table_row``: the sequence's block-table row;
@@ -98,8 +89,7 @@ def _block_at(i, lo, full_hi, rotation, ROTATE: gl.constexpr):
 @gluon.jit
 def _decode_loader(q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready,
                    k_free, v_free, q_row, kv_row, table_row, page_size, num_pages, new_row, column, lo, full_hi, hi,
-                   has_new, rotation, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PAGED: gl.constexpr, Times,
-                   TIMES: gl.constexpr, ROTATE: gl.constexpr):
+                   has_new, rotation, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PAGED: gl.constexpr):
     """The group's 64 query rows (from ``q_row``); with ``has_new`` a block of the step's new keys and values from
     their own tensors (rows from ``new_row``), first, so that its copy overlaps the cache's stream instead of
     following it; then the split's key blocks [lo, hi) of this kv head (``_cache_row``; columns from ``column``), a
@@ -114,15 +104,14 @@ def _decode_loader(q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_b
         first += 1
     # each block's row is looked up one block ahead: a paged lookup (a load) then waits behind the block before's
     # copies instead of in front of its own
-    row = _cache_row(_block_at(lo, lo, full_hi, rotation, ROTATE) * BLOCK_N, lo < hi, kv_row, table_row,
+    row = _cache_row(_block_at(lo, lo, full_hi, rotation, not PAGED) * BLOCK_N, lo < hi, kv_row, table_row,
                      page_size, num_pages, PAGED)
     for j in range(lo, hi):
-        next_row = _cache_row(_block_at(j + 1, lo, full_hi, rotation, ROTATE) * BLOCK_N, j + 1 < hi, kv_row,
+        next_row = _cache_row(_block_at(j + 1, lo, full_hi, rotation, not PAGED) * BLOCK_N, j + 1 < hi, kv_row,
                               table_row, page_size, num_pages, PAGED)
         load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, first + j - lo, row, column,
                        NUM_STAGES)
         row = next_row
-    _stamp(Times, 5, TIMES)
 
 
 @gluon.jit
@@ -288,8 +277,7 @@ def _swapped_consumer(q_smem, p_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready,
                       out_offset, lse_offset, stride_oh, stride_lh, rows, seqlen_k, lo, full_hi, hi, has_new,
                       seqlen_new, appends, new_src, new_dst, qk_scale_log2, HEAD_DIM: gl.constexpr,
                       BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NEW_KEYS: gl.constexpr, PAGED: gl.constexpr,
-                      QUERY_ROWS: gl.constexpr, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr, Times,
-                      TIMES: gl.constexpr):
+                      QUERY_ROWS: gl.constexpr, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr):
     """The consumer with the products swapped: the keys (and for O the head dims) along wgmma's 64-row side, the
     group's few query rows along its 8-64 columns, so that no product or exponential is spent on rows of no query.
     With CONSUMERS = 2 two of them take the ring's blocks in turn; the second hands its max, sum and O^T to the
@@ -312,17 +300,9 @@ def _swapped_consumer(q_smem, p_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready,
         first = new_blocks
     else:
         mbarrier.wait(q_ready, 0)
-    if CONSUMER == 0:
-        _stamp(Times, 1, TIMES)
-        if TIMES:
-            if hi > lo:
-                mbarrier.wait(k_ready.index(first % NUM_STAGES), 0)
-            _stamp(Times, 2, TIMES)
     m_i, l_acc, acc = _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_free, first - lo,
                                       m_i, l_acc, acc, lo, full_hi, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM,
                                       QUERY_ROWS, NUM_STAGES, False, CONSUMER, CONSUMERS)
-    if CONSUMER == 0:
-        _stamp(Times, 3, TIMES)
     m_i, l_acc, acc = _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_free, first - lo,
                                       m_i, l_acc, acc, full_hi, hi, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM,
                                       QUERY_ROWS, NUM_STAGES, True, CONSUMER, CONSUMERS)
@@ -334,7 +314,6 @@ def _swapped_consumer(q_smem, p_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready,
             m_i, l_i, acc = _merge_state(m_i, l_i, acc, merge, HEAD_DIM, QUERY_ROWS)
         _swapped_epilogue(m_i, l_i, acc, Out, Lse, out_offset, lse_offset, stride_oh, stride_lh, rows, HEAD_DIM,
                           QUERY_ROWS)
-        _stamp(Times, 4, TIMES)
 
 
 @gluon.jit
@@ -394,7 +373,7 @@ def kvcache_decode_hopper_kernel(
     nheads, nheads_k, capacity, num_splits, seqlen_new, extra_keys, page_size, num_pages, qk_scale_log2,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
     NEW_KEYS: gl.constexpr, PAGED: gl.constexpr, QUERY_ROWS: gl.constexpr, CONSUMERS: gl.constexpr,
-    CONSUMER_REGISTERS: gl.constexpr, Times, TIMES: gl.constexpr, ROTATE: gl.constexpr,
+    CONSUMER_REGISTERS: gl.constexpr,
 ):
     """Grid (batch x kv heads, splits). q_desc: the queries as (batch x heads, HEAD_DIM) rows, QUERY_ROWS a block for
     swapped products (``_swapped_consumer``), 64 with QUERY_ROWS = 0 (``_padded_consumer``); k/v_desc:
@@ -409,7 +388,6 @@ def kvcache_decode_hopper_kernel(
     caches (KCache/VCache, whose V strides are K's).
 
     CONSUMERS: swapped consumer warpgroups (1 or 2; CONSUMER_REGISTERS, the second one's registers a thread)."""
-    _stamp(Times, 0, TIMES)
     batch_head = gl.program_id(0)
     split = gl.program_id(1)
     batch = batch_head // nheads_k
@@ -443,8 +421,7 @@ def kvcache_decode_hopper_kernel(
 
     loader_args = (q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free,
                    v_free, batch * nheads + first_head, kv_row, table_row, page_size, num_pages, batch * seqlen_new,
-                   head_k * HEAD_DIM, lo, full_hi, hi, has_new, rotation, BLOCK_N, NUM_STAGES, PAGED, Times, TIMES,
-                   ROTATE)
+                   head_k * HEAD_DIM, lo, full_hi, hi, has_new, rotation, BLOCK_N, NUM_STAGES, PAGED)
     if QUERY_ROWS > 0:
         p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, QUERY_ROWS], q_desc.dtype)
         p_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, BLOCK_N, QUERY_ROWS], p_layout)
@@ -461,12 +438,12 @@ def kvcache_decode_hopper_kernel(
                                      v_free, merge, Out, Lse, out_offset, lse_offset, stride_oh, stride_lh,
                                      group_size, seqlen_k, lo, full_hi, hi, has_new, new_tokens, split == 0, new_src,
                                      new_dst, qk_scale_log2, HEAD_DIM, BLOCK_N, NUM_STAGES, NEW_KEYS, PAGED,
-                                     QUERY_ROWS, 0, 2, Times, TIMES)),
+                                     QUERY_ROWS, 0, 2)),
                 (_swapped_consumer, (q_smem, p_smem.index(1), k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free,
                                      v_free, merge, Out, Lse, out_offset, lse_offset, stride_oh, stride_lh,
                                      group_size, seqlen_k, lo, full_hi, hi, has_new, new_tokens, split == 0, new_src,
                                      new_dst, qk_scale_log2, HEAD_DIM, BLOCK_N, NUM_STAGES, NEW_KEYS, PAGED,
-                                     QUERY_ROWS, 1, 2, Times, TIMES)),
+                                     QUERY_ROWS, 1, 2)),
                 (_decode_loader, loader_args),
             ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
         else:
@@ -475,7 +452,7 @@ def kvcache_decode_hopper_kernel(
                                      v_free, 0, Out, Lse, out_offset, lse_offset, stride_oh, stride_lh,
                                      group_size, seqlen_k, lo, full_hi, hi, has_new, new_tokens, split == 0, new_src,
                                      new_dst, qk_scale_log2, HEAD_DIM, BLOCK_N, NUM_STAGES, NEW_KEYS, PAGED,
-                                     QUERY_ROWS, 0, 1, Times, TIMES)),
+                                     QUERY_ROWS, 0, 1)),
                 (_decode_loader, loader_args),
             ], [1], [LOADER_REGISTERS])
     else:
