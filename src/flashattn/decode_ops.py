@@ -372,6 +372,10 @@ batch 16: 65.3 against 66.1 us; 64k batch 64: 3770 against 3864)."""
 SWAPPED_MAX_GROUP = 16  # larger groups' S^T, sums and O^T (query rows x 64 keys or head dims) outgrow the registers
 # padded rows only: from one (batch, kv head) program per SM, and past this much K and V (at capacity) a step reads
 # per SM, the Triton kernel
+GLUON_DECODE_RELEASE_MERGE = True
+"""Split steps: the Gluon kernel releases the chained merge launch after it at its start (``_release_merge``), so that
+the merge's programs wait on idle SMs for it to finish instead of being launched after it."""
+
 GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR = 1.0
 GLUON_DECODE_MAX_BYTES_PER_PROCESSOR = 4.5 * 2**20
 GLUON_DECODE_TILE: tuple[int, int] | None = None  # (keys a block, stages) for every launch; None: gluon_decode_tile
@@ -499,6 +503,7 @@ def _gluon_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_new
         NEW_KEYS=configs.next_power_of_2(new_keys) if new_keys else 0, PAGED=block_table is not None,
         QUERY_ROWS=query_rows, CONSUMERS=GLUON_DECODE_CONSUMERS if query_rows else 1,
         CONSUMER_REGISTERS=DECODE_CONSUMER_REGISTERS, num_warps=4,
+        RELEASE_MERGE=num_splits > 1 and GLUON_DECODE_RELEASE_MERGE and chained_launch(q.device),
     )
     if num_splits > 1:
         _triton_combine(out_target, lse_target, out, lse)
@@ -650,7 +655,8 @@ def plan_switches() -> tuple:
     return (PROGRAMMATIC_LAUNCH, FUSED_APPEND_MAX_TOKENS, GLUON_DECODE, GLUON_DECODE_PAGED,
             GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR, GLUON_DECODE_MAX_BYTES_PER_PROCESSOR, GLUON_DECODE_TILE,
             GLUON_DECODE_SPLITS, GLUON_DECODE_SWAPPED, SWAPPED_MAX_GROUP, GLUON_DECODE_CONSUMERS,
-            MAX_SPLITS, STREAMING_PROGRAMS_PER_PROCESSOR, TABLE_CHUNK_ENTRIES, TABLE_CHUNK_MIN_BLOCKS)
+            MAX_SPLITS, STREAMING_PROGRAMS_PER_PROCESSOR, TABLE_CHUNK_ENTRIES, TABLE_CHUNK_MIN_BLOCKS,
+            GLUON_DECODE_RELEASE_MERGE)
 
 
 def _planned_attention(phase: str, inputs: tuple, scalars: tuple, call):
