@@ -303,7 +303,7 @@ def ws_decode_report(head_dim: int, block_n: int, num_stages: int, new_keys: int
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_STAGES=num_stages,
                       LOADER_REGISTERS=ops.WS_LOADER_REGISTERS, NEW_KEYS=new_keys, PAGED=paged,
                       QUERY_ROWS=query_rows, CONSUMERS=consumers,
-                      CONSUMER_REGISTERS=ops.DECODE_CONSUMER_REGISTERS, RELEASE_MERGE=True)
+                      CONSUMER_REGISTERS=ops.DECODE_CONSUMER_REGISTERS)
     return _gluon_report(kvcache_decode_hopper_kernel, signature, constexprs)
 
 

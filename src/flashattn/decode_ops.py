@@ -245,12 +245,14 @@ def tma_decode_loads(config: DecodeConfig, k_cache: torch.Tensor, v_cache: torch
     return _tma_loads(True, k_cache, v_cache)
 
 
-def _chain_arguments(device: torch.device) -> dict:
-    chained = chained_launch(device)
+def _chain_arguments(device: torch.device, enabled: bool = True) -> dict:
+    chained = enabled and chained_launch(device)
     return dict(CHAINED=chained, launch_pdl=chained)
 
 
-def _triton_combine(out_partial, lse_partial, out=None, lse=None):
+def _triton_combine(out_partial, lse_partial, out=None, lse=None, chained: bool = True):
+    """The merge of the splits' partials: chained (``chained_launch``) after the Triton attention kernel, plainly after
+    the Gluon one (GLUON_DECODE_MERGE_CHAINED)."""
     from .kernels.combine import combine_kernel
 
     out_partial = _last_dim_contiguous(out_partial)
@@ -270,7 +272,8 @@ def _triton_combine(out_partial, lse_partial, out=None, lse=None):
         *out.stride()[:3], *lse.stride(),
         num_splits, seqlen, nheads,
         HEAD_DIM=head_dim, CHUNK_D=tiles.chunk_d, BLOCK_M=tiles.block_m, SPLIT_BLOCK=tiles.split_block,
-        ROUND_TO_NEAREST=out.dtype == torch.float32, num_warps=tiles.num_warps, **_chain_arguments(out.device),
+        ROUND_TO_NEAREST=out.dtype == torch.float32, num_warps=tiles.num_warps,
+        **_chain_arguments(out.device, chained),
     )
     return out, lse
 
@@ -369,13 +372,14 @@ GLUON_DECODE_CONSUMERS = 2
 """Swapped products: consumer warpgroups taking the ring's blocks in turn (1 or 2; the second hands its state to the
 first at the end). H200 (docs/perf-notes.md, version 25, call M): two 0.5-2.5% faster than one at batch 1-64 (4k
 batch 16: 65.3 against 66.1 us; 64k batch 64: 3770 against 3864)."""
+GLUON_DECODE_MERGE_CHAINED = False
+"""The merge after a split Gluon step launched chained (programmatic dependent launch), as after the Triton kernel.
+H200 (docs/perf-notes.md, version 26, call K): plainly 0.1-0.3 us shorter at every split step timed (4k batch 1: 11.5
+against 11.7 us; 8k batch 4: 37.8 against 38.1). Releasing the merge at the attention's start was 1-1.4 us longer
+(call J), and the attention chained itself up to 7% (call A)."""
 SWAPPED_MAX_GROUP = 16  # larger groups' S^T, sums and O^T (query rows x 64 keys or head dims) outgrow the registers
 # padded rows only: from one (batch, kv head) program per SM, and past this much K and V (at capacity) a step reads
 # per SM, the Triton kernel
-GLUON_DECODE_RELEASE_MERGE = True
-"""Split steps: the Gluon kernel releases the chained merge launch after it at its start (``_release_merge``), so that
-the merge's programs wait on idle SMs for it to finish instead of being launched after it."""
-
 GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR = 1.0
 GLUON_DECODE_MAX_BYTES_PER_PROCESSOR = 4.5 * 2**20
 GLUON_DECODE_TILE: tuple[int, int] | None = None  # (keys a block, stages) for every launch; None: gluon_decode_tile
@@ -503,10 +507,9 @@ def _gluon_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_new
         NEW_KEYS=configs.next_power_of_2(new_keys) if new_keys else 0, PAGED=block_table is not None,
         QUERY_ROWS=query_rows, CONSUMERS=GLUON_DECODE_CONSUMERS if query_rows else 1,
         CONSUMER_REGISTERS=DECODE_CONSUMER_REGISTERS, num_warps=4,
-        RELEASE_MERGE=num_splits > 1 and GLUON_DECODE_RELEASE_MERGE and chained_launch(q.device),
     )
     if num_splits > 1:
-        _triton_combine(out_target, lse_target, out, lse)
+        _triton_combine(out_target, lse_target, out, lse, chained=GLUON_DECODE_MERGE_CHAINED)
     return out, lse
 
 
@@ -655,8 +658,8 @@ def plan_switches() -> tuple:
     return (PROGRAMMATIC_LAUNCH, FUSED_APPEND_MAX_TOKENS, GLUON_DECODE, GLUON_DECODE_PAGED,
             GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR, GLUON_DECODE_MAX_BYTES_PER_PROCESSOR, GLUON_DECODE_TILE,
             GLUON_DECODE_SPLITS, GLUON_DECODE_SWAPPED, SWAPPED_MAX_GROUP, GLUON_DECODE_CONSUMERS,
-            MAX_SPLITS, STREAMING_PROGRAMS_PER_PROCESSOR, TABLE_CHUNK_ENTRIES, TABLE_CHUNK_MIN_BLOCKS,
-            GLUON_DECODE_RELEASE_MERGE)
+            GLUON_DECODE_MERGE_CHAINED, MAX_SPLITS, STREAMING_PROGRAMS_PER_PROCESSOR, TABLE_CHUNK_ENTRIES,
+            TABLE_CHUNK_MIN_BLOCKS)
 
 
 def _planned_attention(phase: str, inputs: tuple, scalars: tuple, call):

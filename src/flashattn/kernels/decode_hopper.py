@@ -62,16 +62,6 @@ def _split_blocks(seqlen_k, split, num_splits, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _release_merge(ENABLED: gl.constexpr):
-    """Let the merge launched after this kernel (chained: ``decode_ops._triton_combine``) place its programs now, on the
-    SMs this launch leaves idle, where they wait for this launch to finish (griddepcontrol.wait) instead of being
-    launched after it."""
-    if ENABLED:
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
-                                  is_pure=False, pack=1)
-
-
-@gluon.jit
 def _cache_row(position, valid, kv_row, table_row, page_size, num_pages, PAGED: gl.constexpr):
     """The cache row (of the descriptors' rows) of key ``position`` of the sequence: ``kv_row`` + position in a
     contiguous cache; in a paged one, the row in its page of the pool (``table_row``: the sequence's block-table row;
@@ -383,7 +373,7 @@ def kvcache_decode_hopper_kernel(
     nheads, nheads_k, capacity, num_splits, seqlen_new, extra_keys, page_size, num_pages, qk_scale_log2,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
     NEW_KEYS: gl.constexpr, PAGED: gl.constexpr, QUERY_ROWS: gl.constexpr, CONSUMERS: gl.constexpr,
-    CONSUMER_REGISTERS: gl.constexpr, RELEASE_MERGE: gl.constexpr,
+    CONSUMER_REGISTERS: gl.constexpr,
 ):
     """Grid (batch x kv heads, splits). q_desc: the queries as (batch x heads, HEAD_DIM) rows, QUERY_ROWS a block for
     swapped products (``_swapped_consumer``), 64 with QUERY_ROWS = 0 (``_padded_consumer``); k/v_desc:
@@ -397,9 +387,7 @@ def kvcache_decode_hopper_kernel(
     seqlen_new, kv heads x HEAD_DIM)): the last split attends to them from KNew/VNew, split 0 writes them into the
     caches (KCache/VCache, whose V strides are K's).
 
-    CONSUMERS: swapped consumer warpgroups (1 or 2; CONSUMER_REGISTERS, the second one's registers a thread).
-    RELEASE_MERGE: a chained merge launch follows (``_release_merge``)."""
-    _release_merge(RELEASE_MERGE)
+    CONSUMERS: swapped consumer warpgroups (1 or 2; CONSUMER_REGISTERS, the second one's registers a thread)."""
     batch_head = gl.program_id(0)
     split = gl.program_id(1)
     batch = batch_head // nheads_k
