@@ -9,7 +9,7 @@ export PYTHONPATH=src
 timeout 200 python3 benchmarks/decode_gluon_ab.py --cache-lens 16384 65536 131072 --batches 16 \
   --variants auto auto+s2 auto+s3 --rounds 3 --append > "$OUT/ab-splits-16.log" 2>&1
 echo "ab 16 exit $?"
-timeout 150 python3 benchmarks/decode_gluon_ab.py --cache-lens 65536 --batches 32 8 \
+timeout 150 python3 benchmarks/decode_gluon_ab.py --cache-lens 65536 131072 --batches 32 \
   --variants auto auto+s2 --rounds 3 --append > "$OUT/ab-splits-32.log" 2>&1
 echo "ab 32 exit $?"
 grep -E "Error|Traceback" -A3 "$OUT"/ab-*.log | head -20
