@@ -563,6 +563,14 @@ def test_gluon_decode_tiles_and_splits(batch, tile, splits):
     assert decode_ops.gluon_decode_splits(8, 1024, 132) == 4  # 256 keys a split
 
 
+@pytest.mark.parametrize(("batch", "capacity", "splits"), [(16, 65536, 1), (32, 16384, 1), (32, 65536, 2),
+                                                           (64, 131072, 2), (64, 32768, 1)])
+def test_gluon_decode_splits_long_caches_past_one_wave(batch, capacity, splits):
+    """Past one wave of programs (132 SMs, GQA 32/8), caches of 64k keys or more take two splits; one wave, or
+    shorter caches, none."""
+    assert decode_ops.gluon_decode_splits(batch * 8, capacity, 132) == splits
+
+
 def test_gluon_decode_swaps_the_products_of_groups_up_to_16(monkeypatch):
     """wgmma's N for a swapped program: the group's query rows padded to a power of two, 8 at least; groups past
     SWAPPED_MAX_GROUP (or the switch off) pad their rows to 64 instead (0)."""

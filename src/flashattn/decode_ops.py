@@ -384,6 +384,7 @@ GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR = 1.0
 GLUON_DECODE_MAX_BYTES_PER_PROCESSOR = 4.5 * 2**20
 GLUON_DECODE_TILE: tuple[int, int] | None = None  # (keys a block, stages) for every launch; None: gluon_decode_tile
 GLUON_DECODE_SPLITS: int | None = None  # the split count of every automatic launch; None: gluon_decode_splits
+LONG_CACHE_TOKENS = 65536  # gluon_decode_splits: from this capacity, steps of more than one wave take two splits
 
 
 def gluon_query_rows(group_size: int) -> int:
@@ -416,11 +417,16 @@ def gluon_decode_tile(programs: int, processors: int, page_size: int | None = No
 
 def gluon_decode_splits(programs: int, capacity: int, processors: int) -> int:
     """Splits of a Gluon decode launch: one program an SM, so below one program per processor as many splits as
-    fill the processors once, each of 256 keys or more."""
+    fill the processors once, each of 256 keys or more. Past one wave, none; but two over caches of
+    LONG_CACHE_TOKENS or more, whose programs end far apart (their SMs draw unequal shares of the bandwidth): halved
+    programs let the SMs that finish first take more of the work. H200, GQA 32/8, hdim 128, bf16, with the append
+    (docs/perf-notes.md, version 26, calls M-N): 0.5-0.9% shorter at batch 32 on 64k / 128k caches (128k: 3773.6
+    against 3807.6 us), 0.1-0.3% at batch 64; 1-2% longer at one wave (batch 16) and on caches of 16k or less, whose
+    programs end closer together than the merge launch costs."""
     if GLUON_DECODE_SPLITS is not None:
         return GLUON_DECODE_SPLITS
     if programs >= processors:
-        return 1
+        return 2 if programs > processors and capacity >= LONG_CACHE_TOKENS else 1
     return max(1, min(processors // programs, capacity // 256, MAX_SPLITS))
 
 
@@ -658,8 +664,8 @@ def plan_switches() -> tuple:
     return (PROGRAMMATIC_LAUNCH, FUSED_APPEND_MAX_TOKENS, GLUON_DECODE, GLUON_DECODE_PAGED,
             GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR, GLUON_DECODE_MAX_BYTES_PER_PROCESSOR, GLUON_DECODE_TILE,
             GLUON_DECODE_SPLITS, GLUON_DECODE_SWAPPED, SWAPPED_MAX_GROUP, GLUON_DECODE_CONSUMERS,
-            GLUON_DECODE_MERGE_CHAINED, MAX_SPLITS, STREAMING_PROGRAMS_PER_PROCESSOR, TABLE_CHUNK_ENTRIES,
-            TABLE_CHUNK_MIN_BLOCKS)
+            GLUON_DECODE_MERGE_CHAINED, LONG_CACHE_TOKENS, MAX_SPLITS, STREAMING_PROGRAMS_PER_PROCESSOR,
+            TABLE_CHUNK_ENTRIES, TABLE_CHUNK_MIN_BLOCKS)
 
 
 def _planned_attention(phase: str, inputs: tuple, scalars: tuple, call):
