@@ -251,8 +251,8 @@ def _chain_arguments(device: torch.device, enabled: bool = True) -> dict:
 
 
 def _triton_combine(out_partial, lse_partial, out=None, lse=None, chained: bool = True):
-    """The merge of the splits' partials: chained (``chained_launch``) after the Triton attention kernel, plainly after
-    the Gluon one (GLUON_DECODE_MERGE_CHAINED)."""
+    """The merge of the splits' partials, launched chained (``chained_launch``) unless ``chained`` is False: after a
+    split Gluon decode step it is launched plainly (GLUON_DECODE_MERGE_CHAINED)."""
     from .kernels.combine import combine_kernel
 
     out_partial = _last_dim_contiguous(out_partial)
@@ -421,8 +421,8 @@ def gluon_decode_splits(programs: int, capacity: int, processors: int) -> int:
     LONG_CACHE_TOKENS or more, whose programs end far apart (their SMs draw unequal shares of the bandwidth): halved
     programs let the SMs that finish first take more of the work. H200, GQA 32/8, hdim 128, bf16, with the append
     (docs/perf-notes.md, version 26, calls M-N): 0.5-0.9% shorter at batch 32 on 64k / 128k caches (128k: 3773.6
-    against 3807.6 us), 0.1-0.3% at batch 64; 1-2% longer at one wave (batch 16) and on caches of 16k or less, whose
-    programs end closer together than the merge launch costs."""
+    against 3807.6 us), 0.1-0.3% at batch 64; 0.6-2.4% longer at one wave (batch 16), 0.5-5.8% on caches of 16k or
+    less, whose programs end closer together than the merge launch costs."""
     if GLUON_DECODE_SPLITS is not None:
         return GLUON_DECODE_SPLITS
     if programs >= processors:
