@@ -45,7 +45,8 @@ from .forward_hopper import LOG2E, ROWS_PER_WARPGROUP, _key_blocks, key_ring, lo
 @gluon.constexpr_function
 def swapped_layout(query_rows):
     """A swapped product's result in the consumer warpgroup's registers: keys (S^T) or head dims (O^T) along the 4
-    warps' rows, the group's ``query_rows`` (8-64) along the columns."""
+    warps' rows, the group's ``query_rows`` (8-64) along the columns. S^T and O^T share it, so that a per-query vector
+    (max, sum, rescale factor) of one serves the other without a conversion."""
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, query_rows, 16])
 
 
@@ -90,9 +91,9 @@ def _block_at(i, lo, full_hi, rotation, ROTATE: gl.constexpr):
 def _decode_loader(q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready,
                    k_free, v_free, q_row, kv_row, table_row, page_size, num_pages, new_row, column, lo, full_hi, hi,
                    has_new, rotation, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PAGED: gl.constexpr):
-    """The group's 64 query rows (from ``q_row``); with ``has_new`` a block of the step's new keys and values from
-    their own tensors (rows from ``new_row``), first, so that its copy overlaps the cache's stream instead of
-    following it; then the split's key blocks [lo, hi) of this kv head (``_cache_row``; columns from ``column``), a
+    """The group's query rows (a q_desc block from ``q_row``); with ``has_new`` a block of the step's new keys and
+    values from their own tensors (rows from ``new_row``), first, so that its copy overlaps the cache's stream instead
+    of following it; then the split's key blocks [lo, hi) of this kv head (``_cache_row``; columns from ``column``), a
     contiguous cache's whole blocks from ``rotation`` on (``_block_at``). A paged block lies in one page (BLOCK_N
     divides the page size)."""
     mbarrier.expect(q_ready, q_desc.block_type.nbytes)
@@ -192,12 +193,12 @@ def _padded_consumer(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, 
 
 @gluon.jit
 def _swapped_softmax(s, m_i, l_acc, j, seqlen_k, qk_scale_log2, BLOCK_N: gl.constexpr, MASKED: gl.constexpr,
-                     st_layout: gl.constexpr):
+                     layout: gl.constexpr):
     """Online softmax of one S^T block (keys x query rows) in base 2, down the keys: (new max, the sums' partials
     rescaled and grown by P, P^T, the old accumulator's factor). The sums stay per element until the epilogue, so
     that a block crosses the warps once (its max), not twice."""
     if MASKED:
-        keys = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
+        keys = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
         s = gl.where((keys < seqlen_k)[:, None], s, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, axis=0) * qk_scale_log2)
         # a query row that has seen no key keeps max -inf: subtract 0 instead, so that exp2 gives 0, not NaN
@@ -236,9 +237,8 @@ def _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_
     (HEAD_DIM x QUERY_ROWS), P^T through shared memory. A block's S^T runs while the block before's O^T product is in
     flight, as in the forward's loop."""
     lo = lo + (CONSUMER + CONSUMERS - (ring + lo) % CONSUMERS) % CONSUMERS
-    st_layout: gl.constexpr = swapped_layout(QUERY_ROWS)
-    ot_layout: gl.constexpr = swapped_layout(QUERY_ROWS)
-    s_zero = gl.zeros([BLOCK_N, QUERY_ROWS], gl.float32, st_layout)
+    layout: gl.constexpr = swapped_layout(QUERY_ROWS)
+    s_zero = gl.zeros([BLOCK_N, QUERY_ROWS], gl.float32, layout)
     q_t = q_smem.permute((1, 0))
     if hi > lo:
         stage, phase = _ring_slot(ring + lo, NUM_STAGES)
@@ -246,8 +246,8 @@ def _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_
         s = warpgroup_mma(k_bufs.index(stage), q_t, s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
         mbarrier.arrive(k_free.index(stage), count=1)
-        m_i, l_acc, p, alpha = _swapped_softmax(s, m_i, l_acc, lo, seqlen_k, qk_scale_log2, BLOCK_N, MASKED, st_layout)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, ot_layout))[None, :]
+        m_i, l_acc, p, alpha = _swapped_softmax(s, m_i, l_acc, lo, seqlen_k, qk_scale_log2, BLOCK_N, MASKED, layout)
+        acc = acc * alpha[None, :]
         _stage_probabilities(p, p_smem)
         for j in range(lo + CONSUMERS, hi, CONSUMERS):
             prev_stage, prev_phase = stage, phase
@@ -259,11 +259,11 @@ def _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_
             s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
             mbarrier.arrive(k_free.index(stage), count=1)
             m_i, l_acc, p, alpha = _swapped_softmax(s, m_i, l_acc, j, seqlen_k, qk_scale_log2, BLOCK_N, MASKED,
-                                                    st_layout)
+                                                    layout)
             # P^T's buffer is free once the product before has read it
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             mbarrier.arrive(v_free.index(prev_stage), count=1)
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, ot_layout))[None, :]
+            acc = acc * alpha[None, :]
             _stage_probabilities(p, p_smem)
         mbarrier.wait(v_ready.index(stage), phase)
         acc = warpgroup_mma(v_bufs.index(stage).permute((1, 0)), p_smem, acc, is_async=True)
@@ -273,21 +273,21 @@ def _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_
 
 
 @gluon.jit
-def _swapped_consumer(q_smem, p_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, merge, Out, Lse,
-                      out_offset, lse_offset, stride_oh, stride_lh, rows, seqlen_k, lo, full_hi, hi, has_new,
-                      seqlen_new, appends, new_src, new_dst, qk_scale_log2, HEAD_DIM: gl.constexpr,
-                      BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NEW_KEYS: gl.constexpr, PAGED: gl.constexpr,
-                      QUERY_ROWS: gl.constexpr, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr):
+def _swapped_consumer(step, p_smem, merge, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                      NEW_KEYS: gl.constexpr, PAGED: gl.constexpr, QUERY_ROWS: gl.constexpr, CONSUMER: gl.constexpr,
+                      CONSUMERS: gl.constexpr):
     """The consumer with the products swapped: the keys (and for O the head dims) along wgmma's 64-row side, the
     group's few query rows along its 8-64 columns, so that no product or exponential is spent on rows of no query.
     With CONSUMERS = 2 two of them take the ring's blocks in turn; the second hands its max, sum and O^T to the
-    first through ``merge`` (shared buffers and a barrier), which merges them and writes the result."""
+    first through ``merge`` (shared buffers and a barrier), which merges them and writes the result. ``step``: what
+    every consumer of the program shares (the kernel's ``consumer_step``); ``p_smem``: this consumer's P^T buffer."""
+    (q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, Out, Lse, out_offset, lse_offset, stride_oh,
+     stride_lh, rows, seqlen_k, lo, full_hi, hi, has_new, seqlen_new, appends, new_src, new_dst, qk_scale_log2) = step
     gl.static_assert(BLOCK_N == 64, "64-key blocks: the swapped products of 128-key ones faulted on the GPU")
-    st_layout: gl.constexpr = swapped_layout(QUERY_ROWS)
-    ot_layout: gl.constexpr = swapped_layout(QUERY_ROWS)
-    m_i = gl.full([QUERY_ROWS], float("-inf"), gl.float32, gl.SliceLayout(0, st_layout))
-    l_acc = gl.zeros([BLOCK_N, QUERY_ROWS], gl.float32, st_layout)
-    acc = gl.zeros([HEAD_DIM, QUERY_ROWS], gl.float32, ot_layout)
+    layout: gl.constexpr = swapped_layout(QUERY_ROWS)
+    m_i = gl.full([QUERY_ROWS], float("-inf"), gl.float32, gl.SliceLayout(0, layout))
+    l_acc = gl.zeros([BLOCK_N, QUERY_ROWS], gl.float32, layout)
+    acc = gl.zeros([HEAD_DIM, QUERY_ROWS], gl.float32, layout)
     first = lo * 0  # the ring position of the cache's first block
     if NEW_KEYS > 0:
         if CONSUMER == 0:
@@ -331,19 +331,17 @@ def _hand_over_state(m_i, l_i, acc, merge):
 @gluon.jit
 def _merge_state(m_i, l_i, acc, merge, HEAD_DIM: gl.constexpr, QUERY_ROWS: gl.constexpr):
     """This consumer's state merged with the other's (``_hand_over_state``) by their maxima, in base 2."""
-    st_layout: gl.constexpr = swapped_layout(QUERY_ROWS)
-    ot_layout: gl.constexpr = swapped_layout(QUERY_ROWS)
+    layout: gl.constexpr = swapped_layout(QUERY_ROWS)
     m_buf, l_buf, acc_buf, merged = merge
     mbarrier.wait(merged, 0)
-    m_other = m_buf.load(gl.SliceLayout(0, st_layout))
-    l_other = l_buf.load(gl.SliceLayout(0, st_layout))
-    acc_other = acc_buf.load(ot_layout)
+    m_other = m_buf.load(gl.SliceLayout(0, layout))
+    l_other = l_buf.load(gl.SliceLayout(0, layout))
+    acc_other = acc_buf.load(layout)
     m_new = gl.maximum(m_i, m_other)
     m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # neither saw a key: both factors 0
     own = gl.exp2(m_i - m_use)
     other = gl.exp2(m_other - m_use)
-    acc = (acc * gl.convert_layout(own, gl.SliceLayout(0, ot_layout))[None, :]
-           + acc_other * gl.convert_layout(other, gl.SliceLayout(0, ot_layout))[None, :])
+    acc = acc * own[None, :] + acc_other * other[None, :]
     return m_new, l_i * own + l_other * other, acc
 
 
@@ -351,18 +349,16 @@ def _merge_state(m_i, l_i, acc, merge, HEAD_DIM: gl.constexpr, QUERY_ROWS: gl.co
 def _swapped_epilogue(m_i, l_i, acc, Out, Lse, out_offset, lse_offset, stride_oh, stride_lh, rows,
                       HEAD_DIM: gl.constexpr, QUERY_ROWS: gl.constexpr):
     """Normalize and store; a split that saw no key gives 0 and lse = +inf, as the Triton kernel."""
-    st_layout: gl.constexpr = swapped_layout(QUERY_ROWS)
-    ot_layout: gl.constexpr = swapped_layout(QUERY_ROWS)
+    layout: gl.constexpr = swapped_layout(QUERY_ROWS)
     empty = l_i == 0.0
     l_safe = gl.where(empty, 1.0, l_i)
-    acc = acc / gl.convert_layout(l_safe, gl.SliceLayout(0, ot_layout))[None, :]
+    acc = acc / l_safe[None, :]
     lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) / LOG2E)
-    query_ids = gl.arange(0, QUERY_ROWS, layout=gl.SliceLayout(0, st_layout))
-    gl.store(Lse + lse_offset + query_ids.to(gl.int64) * stride_lh, lse, mask=query_ids < rows)
-    out_queries = gl.arange(0, QUERY_ROWS, layout=gl.SliceLayout(0, ot_layout))
-    dims = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(1, ot_layout))
-    offsets = out_offset + out_queries.to(gl.int64)[None, :] * stride_oh + dims[:, None]
-    gl.store(Out + offsets, acc.to(Out.dtype.element_ty), mask=(out_queries < rows)[None, :])
+    queries = gl.arange(0, QUERY_ROWS, layout=gl.SliceLayout(0, layout))
+    gl.store(Lse + lse_offset + queries.to(gl.int64) * stride_lh, lse, mask=queries < rows)
+    dims = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(1, layout))
+    offsets = out_offset + queries.to(gl.int64)[None, :] * stride_oh + dims[:, None]
+    gl.store(Out + offsets, acc.to(Out.dtype.element_ty), mask=(queries < rows)[None, :])
 
 
 @gluon.jit
@@ -423,6 +419,9 @@ def kvcache_decode_hopper_kernel(
                    v_free, batch * nheads + first_head, kv_row, table_row, page_size, num_pages, batch * seqlen_new,
                    head_k * HEAD_DIM, lo, full_hi, hi, has_new, rotation, BLOCK_N, NUM_STAGES, PAGED)
     if QUERY_ROWS > 0:
+        consumer_step = (q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, Out, Lse, out_offset,
+                         lse_offset, stride_oh, stride_lh, group_size, seqlen_k, lo, full_hi, hi, has_new, new_tokens,
+                         split == 0, new_src, new_dst, qk_scale_log2)
         p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, QUERY_ROWS], q_desc.dtype)
         p_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, BLOCK_N, QUERY_ROWS], p_layout)
         if CONSUMERS == 2:
@@ -434,24 +433,15 @@ def kvcache_decode_hopper_kernel(
                      gl.allocate_shared_memory(gl.float32, [HEAD_DIM, QUERY_ROWS],
                                                gl.SwizzledSharedLayout(1, 1, 1, [1, 0])), merged)
             gl.warp_specialize([
-                (_swapped_consumer, (q_smem, p_smem.index(0), k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free,
-                                     v_free, merge, Out, Lse, out_offset, lse_offset, stride_oh, stride_lh,
-                                     group_size, seqlen_k, lo, full_hi, hi, has_new, new_tokens, split == 0, new_src,
-                                     new_dst, qk_scale_log2, HEAD_DIM, BLOCK_N, NUM_STAGES, NEW_KEYS, PAGED,
-                                     QUERY_ROWS, 0, 2)),
-                (_swapped_consumer, (q_smem, p_smem.index(1), k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free,
-                                     v_free, merge, Out, Lse, out_offset, lse_offset, stride_oh, stride_lh,
-                                     group_size, seqlen_k, lo, full_hi, hi, has_new, new_tokens, split == 0, new_src,
-                                     new_dst, qk_scale_log2, HEAD_DIM, BLOCK_N, NUM_STAGES, NEW_KEYS, PAGED,
-                                     QUERY_ROWS, 1, 2)),
+                (_swapped_consumer, (consumer_step, p_smem.index(0), merge, HEAD_DIM, BLOCK_N, NUM_STAGES, NEW_KEYS,
+                                     PAGED, QUERY_ROWS, 0, 2)),
+                (_swapped_consumer, (consumer_step, p_smem.index(1), merge, HEAD_DIM, BLOCK_N, NUM_STAGES, NEW_KEYS,
+                                     PAGED, QUERY_ROWS, 1, 2)),
                 (_decode_loader, loader_args),
             ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
         else:
             gl.warp_specialize([
-                (_swapped_consumer, (q_smem, p_smem.index(0), k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free,
-                                     v_free, 0, Out, Lse, out_offset, lse_offset, stride_oh, stride_lh,
-                                     group_size, seqlen_k, lo, full_hi, hi, has_new, new_tokens, split == 0, new_src,
-                                     new_dst, qk_scale_log2, HEAD_DIM, BLOCK_N, NUM_STAGES, NEW_KEYS, PAGED,
+                (_swapped_consumer, (consumer_step, p_smem.index(0), 0, HEAD_DIM, BLOCK_N, NUM_STAGES, NEW_KEYS, PAGED,
                                      QUERY_ROWS, 0, 1)),
                 (_decode_loader, loader_args),
             ], [1], [LOADER_REGISTERS])
