@@ -67,9 +67,10 @@ def gluon(variant: str | None):
         launcher.clear_plans()
 
 
-def time_case(case: DecodeCase, variants: list[str], rounds: int, device: torch.device, append: bool) -> dict:
+def time_case(case: DecodeCase, variants: list[str], rounds: int, device: torch.device, append: bool,
+              scatter_pages: bool = True) -> dict:
     copies = choose_grid_copies(case.kv_bytes(), l2_bytes(device))
-    inputs = make_inputs(case, device, copies)
+    inputs = make_inputs(case, device, copies, scatter_pages)
     reference = flashattn_step(0, append=append)(inputs)(0).float()
     # SDPA has no paged cache: cuDNN runs on a contiguous cache of the same shape
     sdpa_inputs = make_inputs(DecodeCase(batch=case.batch, cache_len=case.cache_len), device, copies) \
@@ -103,18 +104,23 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--append", action="store_true", help="steps that append the new key and value")
     parser.add_argument("--page-size", type=int, default=0, help="a paged cache of these pages (0: contiguous)")
+    parser.add_argument("--pages-in-order", action="store_true",
+                        help="a sequence's pages one after the other in the pool (default: scattered at random)")
     args = parser.parse_args()
     device = torch.device("cuda")
     names = ["triton", *args.variants, "cudnn"]
     print("| cache | batch | " + " | ".join(f"{n} us" for n in names) + " | "
-          + " | ".join(f"{n} / cudnn" for n in names[:-1]) + " |")
-    print("|---" * (2 + 2 * len(names) - 1) + "|")
+          + " | ".join(f"{n} / cudnn" for n in names[:-1]) + f" | {names[1]} / cudnn, rounds |")
+    print("|---" * (2 + 2 * len(names)) + "|")
     for cache_len in args.cache_lens:
         for batch in args.batches:
             case = DecodeCase(batch=batch, cache_len=cache_len, page_size=args.page_size or None)
-            result = time_case(case, args.variants, args.rounds, device, args.append)
-            us = result["us"]
+            result = time_case(case, args.variants, args.rounds, device, args.append, not args.pages_in_order)
+            us, runs = result["us"], result["runs"]
             ratios = [f"{us['cudnn'] / us[n]:.3f}" for n in names[:-1]]  # > 1: faster than cuDNN
+            # the first variant's ratio round by round (each round times every provider once, in turn)
+            per_round = [cudnn / ours for cudnn, ours in zip(runs["cudnn"], runs[names[1]], strict=True)]
+            ratios.append(f"{min(per_round):.3f}-{max(per_round):.3f}")
             flag = f" WRONG {result['wrong']}" if result["wrong"] else ""
             print(f"| {cache_len} | {batch} | " + " | ".join(f"{us[n]:.1f}" for n in names) + " | "
                   + " | ".join(ratios) + f" |{flag}", flush=True)

@@ -71,7 +71,9 @@ class DecodeInputs:
     block_table: torch.Tensor | None
 
 
-def make_inputs(case: DecodeCase, device: torch.device, copies: int) -> DecodeInputs:
+def make_inputs(case: DecodeCase, device: torch.device, copies: int, scatter_pages: bool = True) -> DecodeInputs:
+    """``copies`` copies of the cache; a paged one's pages scattered over the pool in a random order, or with
+    ``scatter_pages`` off one sequence's pages after the other (the layout of a contiguous cache)."""
     dtype = getattr(torch, case.dtype)
     generator = torch.Generator(device=device).manual_seed(0)
 
@@ -87,8 +89,9 @@ def make_inputs(case: DecodeCase, device: torch.device, copies: int) -> DecodeIn
     else:
         pages = -(-case.cache_len // case.page_size)
         shape = (case.batch * pages, case.page_size, case.nheads_k, case.head_dim)
-        order = torch.randperm(case.batch * pages, device=device, generator=generator)
-        block_table = order.view(case.batch, pages).to(torch.int32)  # pages scattered over the pool
+        order = torch.randperm(case.batch * pages, device=device, generator=generator) if scatter_pages else \
+            torch.arange(case.batch * pages, device=device)
+        block_table = order.view(case.batch, pages).to(torch.int32)
     k_caches = [randn(*shape) for _ in range(copies)]
     v_caches = [randn(*shape) for _ in range(copies)]
     # the step appends at position cache_len - 1: write the same key there now, so that every call (and

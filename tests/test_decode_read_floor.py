@@ -1,0 +1,32 @@
+"""benchmarks/decode_read_floor.py: its read-only kernel reads every element of K and V once (under Triton's
+interpreter on the CPU), whatever the chunking, including a partial last block."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "decode_read_floor.py"
+
+
+@pytest.fixture(scope="module")
+def script():
+    spec = importlib.util.spec_from_file_location("decode_read_floor", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("elements, programs, block", [(4096, 4, 256), (3000, 3, 256), (1000, 8, 64), (77, 2, 128)])
+def test_read_once_sums_every_element_once(script, elements, programs, block):
+    generator = torch.Generator().manual_seed(elements)
+    k = torch.randn(elements, generator=generator)
+    v = torch.rand(elements, generator=generator) + 0.5  # an element read twice or skipped moves the sum
+    expected = (k.double().sum() + v.double().sum()).item()
+    got = script.read_sum(k, v, programs=programs, block=block)
+    assert got == pytest.approx(expected, rel=1e-5, abs=1e-3)
