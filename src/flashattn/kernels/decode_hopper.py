@@ -278,15 +278,16 @@ def _ring_slot(position, NUM_STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_free, ring, m_i, l_acc, acc, lo, hi,
-                    seqlen_k, qk_scale_log2, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, QUERY_ROWS: gl.constexpr,
-                    NUM_STAGES: gl.constexpr, MASKED: gl.constexpr, CONSUMER: gl.constexpr,
+def _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_free, ring, unit_start, m_i, l_acc, acc,
+                    lo, hi, seqlen_k, qk_scale_log2, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                    QUERY_ROWS: gl.constexpr, NUM_STAGES: gl.constexpr, MASKED: gl.constexpr, CONSUMER: gl.constexpr,
                     CONSUMERS: gl.constexpr):
     """This consumer's key blocks of [lo, hi) (block j at ring position ``ring`` + j; with CONSUMERS consumers, those
-    at positions CONSUMER mod CONSUMERS) as swapped products: S^T = K Q^T (BLOCK_N x QUERY_ROWS) and O^T += V^T P^T
-    (HEAD_DIM x QUERY_ROWS), P^T through shared memory. A block's S^T runs while the block before's O^T product is in
-    flight, as in the forward's loop."""
-    lo = lo + (CONSUMER + CONSUMERS - (ring + lo) % CONSUMERS) % CONSUMERS
+    CONSUMER mod CONSUMERS positions after the unit's first, ``unit_start``, so that the first consumer takes each
+    unit's first block) as swapped products: S^T = K Q^T (BLOCK_N x QUERY_ROWS) and O^T += V^T P^T (HEAD_DIM x
+    QUERY_ROWS), P^T through shared memory. A block's S^T runs while the block before's O^T product is in flight, as
+    in the forward's loop."""
+    lo = lo + (CONSUMER + CONSUMERS - (ring + lo - unit_start) % CONSUMERS) % CONSUMERS
     layout: gl.constexpr = swapped_layout(QUERY_ROWS)
     s_zero = gl.zeros([BLOCK_N, QUERY_ROWS], gl.float32, layout)
     q_t = q_smem.permute((1, 0))
@@ -352,18 +353,18 @@ def _swapped_consumer(ring, outputs, shape, split, p_smem, merge, HEAD_DIM: gl.c
             new_blocks = gl.where(has_new, 1, 0)
             mbarrier.wait(q_ready.index(u % 2), (u // 2) & 1)
             m_i, l_acc, acc = _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_free,
-                                              position, m_i, l_acc, acc, new_blocks * 0, new_blocks, new_tokens,
-                                              qk_scale_log2, BLOCK_N, HEAD_DIM, QUERY_ROWS, NUM_STAGES, True, CONSUMER,
-                                              CONSUMERS)
+                                              position, position, m_i, l_acc, acc, new_blocks * 0, new_blocks,
+                                              new_tokens, qk_scale_log2, BLOCK_N, HEAD_DIM, QUERY_ROWS, NUM_STAGES,
+                                              True, CONSUMER, CONSUMERS)
             first = position + new_blocks
         else:
             mbarrier.wait(q_ready.index(u % 2), (u // 2) & 1)
         m_i, l_acc, acc = _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_free, first - lo,
-                                          m_i, l_acc, acc, lo, full_hi, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM,
-                                          QUERY_ROWS, NUM_STAGES, False, CONSUMER, CONSUMERS)
+                                          position, m_i, l_acc, acc, lo, full_hi, seqlen_k, qk_scale_log2, BLOCK_N,
+                                          HEAD_DIM, QUERY_ROWS, NUM_STAGES, False, CONSUMER, CONSUMERS)
         m_i, l_acc, acc = _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_free, first - lo,
-                                          m_i, l_acc, acc, full_hi, hi, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM,
-                                          QUERY_ROWS, NUM_STAGES, True, CONSUMER, CONSUMERS)
+                                          position, m_i, l_acc, acc, full_hi, hi, seqlen_k, qk_scale_log2, BLOCK_N,
+                                          HEAD_DIM, QUERY_ROWS, NUM_STAGES, True, CONSUMER, CONSUMERS)
         position = first + hi - lo
         if u + 2 < UNITS:  # the unit two on loads its Q into this buffer
             mbarrier.arrive(q_free.index(u % 2), count=1)
