@@ -386,6 +386,9 @@ GLUON_DECODE_TILE: tuple[int, int] | None = None  # (keys a block, stages) for e
 GLUON_DECODE_SPLITS: int | None = None  # the split count of every automatic launch; None: gluon_decode_splits
 LONG_CACHE_TOKENS = 65536  # gluon_decode_splits: from this capacity, steps of more than one wave take two splits
 GLUON_DECODE_UNITS: int | None = None  # work units a program streams, for every unsplit swapped launch; None: the rule
+# programs of several units take one swapped consumer: with two, steps faulted or gave wrong rows (H200, session 26,
+# calls C-D; not isolated)
+GLUON_DECODE_UNITS_TWO_CONSUMERS = False
 
 
 def gluon_query_rows(group_size: int) -> int:
@@ -504,6 +507,7 @@ def _gluon_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_new
         num_splits = gluon_decode_splits(programs, capacity, processors)
     num_splits = min(num_splits, MAX_SPLITS)
     units = gluon_decode_units(programs, capacity, processors, num_splits, query_rows > 0)
+    consumers = GLUON_DECODE_CONSUMERS if query_rows and (units == 1 or GLUON_DECODE_UNITS_TWO_CONSUMERS) else 1
     out, lse, out_target, lse_target, out_strides, lse_strides = _split_targets(q, num_splits)
     out_strides, lse_strides = (out_strides[0], out_strides[1], out_strides[3]), lse_strides[:3]  # one token: no m
     # the queries as (batch x heads) rows: a GQA group's rows are consecutive
@@ -527,7 +531,7 @@ def _gluon_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_new
         programs, opts.softmax_scale * LOG2E,
         HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_STAGES=stages, LOADER_REGISTERS=WS_LOADER_REGISTERS,
         NEW_KEYS=configs.next_power_of_2(new_keys) if new_keys else 0, PAGED=block_table is not None,
-        QUERY_ROWS=query_rows, CONSUMERS=GLUON_DECODE_CONSUMERS if query_rows else 1,
+        QUERY_ROWS=query_rows, CONSUMERS=consumers,
         CONSUMER_REGISTERS=DECODE_CONSUMER_REGISTERS, UNITS=units, num_warps=4,
     )
     if num_splits > 1:
@@ -680,8 +684,8 @@ def plan_switches() -> tuple:
     return (PROGRAMMATIC_LAUNCH, FUSED_APPEND_MAX_TOKENS, GLUON_DECODE, GLUON_DECODE_PAGED,
             GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR, GLUON_DECODE_MAX_BYTES_PER_PROCESSOR, GLUON_DECODE_TILE,
             GLUON_DECODE_SPLITS, GLUON_DECODE_SWAPPED, SWAPPED_MAX_GROUP, GLUON_DECODE_CONSUMERS,
-            GLUON_DECODE_MERGE_CHAINED, LONG_CACHE_TOKENS, GLUON_DECODE_UNITS, MAX_SPLITS,
-            STREAMING_PROGRAMS_PER_PROCESSOR, TABLE_CHUNK_ENTRIES, TABLE_CHUNK_MIN_BLOCKS)
+            GLUON_DECODE_MERGE_CHAINED, LONG_CACHE_TOKENS, GLUON_DECODE_UNITS, GLUON_DECODE_UNITS_TWO_CONSUMERS,
+            MAX_SPLITS, STREAMING_PROGRAMS_PER_PROCESSOR, TABLE_CHUNK_ENTRIES, TABLE_CHUNK_MIN_BLOCKS)
 
 
 def _planned_attention(phase: str, inputs: tuple, scalars: tuple, call):

@@ -12,7 +12,7 @@ from kvcache_cases import KVProblem, build, expected, to_paged  # noqa: E402
 from flashattn import decode_ops  # noqa: E402
 from flashattn.kvcache import flash_attn_with_kvcache  # noqa: E402
 
-PROBLEMS = [
+PROBLEMS = [  # the first faulted with two consumers
     KVProblem(batch=3, nheads=32, nheads_k=8, head_dim=128, capacity=4200, cache_seqlens=(4097, 1, 1000), seqlen_new=0),
     KVProblem(batch=2, nheads=32, nheads_k=8, head_dim=128, capacity=8192, cache_seqlens=(8191, 4000)),
     KVProblem(batch=2, nheads=16, nheads_k=16, head_dim=128, capacity=700, cache_seqlens=(700, 64), seqlen_new=0),
@@ -21,14 +21,17 @@ PROBLEMS = [
 ]
 
 decode_ops.GLUON_DECODE_SPLITS = 1
+decode_ops.GLUON_DECODE_UNITS_TWO_CONSUMERS = True
+ONLY = sys.argv[1:]  # "2 2": consumers and units of one run on the first problem (the sanitizer's)
+PROBLEMS = PROBLEMS[:1] if ONLY else PROBLEMS
 decode_ops.GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR = float("inf")
 decode_ops.GLUON_DECODE_MAX_BYTES_PER_PROCESSOR = float("inf")
 for problem in PROBLEMS:
     inputs = build(problem, torch.bfloat16, "cuda", 0)
     oracle = expected(inputs, upcast=True)
     call_inputs = to_paged(inputs, problem.page_size) if problem.page_size else inputs
-    for consumers in (1, 2):
-        for units in (2, 3):
+    for consumers in ((int(ONLY[0]),) if ONLY else (1, 2)):
+        for units in ((int(ONLY[1]),) if ONLY else (2, 3)):
             decode_ops.GLUON_DECODE_CONSUMERS, decode_ops.GLUON_DECODE_UNITS = consumers, units
             arguments = dict(call_inputs)
             arguments["k_cache"], arguments["v_cache"] = arguments["k_cache"].clone(), arguments["v_cache"].clone()
