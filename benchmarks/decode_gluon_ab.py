@@ -9,9 +9,7 @@ A variant is BLOCK_NxSTAGES of the Gluon kernel (``decode_ops.GLUON_DECODE_TILE`
 ``gluon_decode_tile``); suffixes: "+sN" runs N splits (``GLUON_DECODE_SPLITS``), "+everywhere" lifts the table's
 gates on programs and cache bytes per SM (``_gluon_decode_fits``), "+rows" pads the group's query rows to wgmma's 64
 instead of swapping the products (``GLUON_DECODE_SWAPPED`` off), "+c1" one swapped consumer instead of two
-(``GLUON_DECODE_CONSUMERS``), "+chainedmerge" a split step's merge launched chained (``GLUON_DECODE_MERGE_CHAINED``),
-"+uN" N work units a program in unsplit launches (``GLUON_DECODE_UNITS``; "+u1": one, waves of programs), "+u2c"
-two consumers in programs of several units (``GLUON_DECODE_UNITS_TWO_CONSUMERS``).
+(``GLUON_DECODE_CONSUMERS``), "+chainedmerge" a split step's merge launched chained (``GLUON_DECODE_MERGE_CHAINED``).
 ``--append``: steps that append the new key (the bench's flashattn column) for the Triton and Gluon kernels; cuDNN's
 never does. Prints a Markdown table of microseconds per step (median over rounds) and the ratios to cuDNN.
 """
@@ -44,8 +42,7 @@ def gluon(variant: str | None):
     (None); launch plans cleared around."""
     names = ("GLUON_DECODE", "GLUON_DECODE_PAGED", "GLUON_DECODE_TILE", "GLUON_DECODE_SPLITS",
              "GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR", "GLUON_DECODE_MAX_BYTES_PER_PROCESSOR",
-             "GLUON_DECODE_SWAPPED", "GLUON_DECODE_CONSUMERS", "GLUON_DECODE_MERGE_CHAINED", "GLUON_DECODE_UNITS",
-             "GLUON_DECODE_UNITS_TWO_CONSUMERS")
+             "GLUON_DECODE_SWAPPED", "GLUON_DECODE_CONSUMERS", "GLUON_DECODE_MERGE_CHAINED")
     saved = {name: getattr(decode_ops, name) for name in names}
     if variant is None:
         decode_ops.GLUON_DECODE = False
@@ -61,9 +58,6 @@ def gluon(variant: str | None):
         decode_ops.GLUON_DECODE_MERGE_CHAINED = "chainedmerge" in flags
         splits = [int(flag[1:]) for flag in flags if flag.startswith("s") and flag[1:].isdigit()]
         decode_ops.GLUON_DECODE_SPLITS = splits[0] if splits else None
-        units = [int(flag[1:]) for flag in flags if flag.startswith("u") and flag[1:].isdigit()]
-        decode_ops.GLUON_DECODE_UNITS = units[0] if units else None
-        decode_ops.GLUON_DECODE_UNITS_TWO_CONSUMERS = "u2c" in flags
     launcher.clear_plans()
     try:
         yield

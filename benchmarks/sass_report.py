@@ -284,11 +284,10 @@ def ws_dq_report(head_dim: int, causal: bool, config, varlen: bool = False) -> d
 
 
 def ws_decode_report(head_dim: int, block_n: int, num_stages: int, new_keys: int = 1, paged: bool = False,
-                     query_rows: int = 0, consumers: int = 1, units: int = 1) -> dict:
+                     query_rows: int = 0, consumers: int = 1) -> dict:
     """:func:`report` of the Gluon decode kernel (``kernels/decode_hopper.py``), as ``decode_ops._gluon_attention``
     launches it for bf16 inputs writing float32 partials (``new_keys``: the appended tokens, a power of two, 0 for none;
-    ``paged``: a paged cache; ``query_rows``: swapped products over this many query rows, 0 for the padded rows;
-    ``units``: the work units a program streams one after the other)."""
+    ``paged``: a paged cache; ``query_rows``: swapped products over this many query rows, 0 for the padded rows)."""
     from flashattn import ops
     from flashattn.kernels.decode_hopper import kvcache_decode_hopper_kernel
 
@@ -300,11 +299,11 @@ def ws_decode_report(head_dim: int, block_n: int, num_stages: int, new_keys: int
                      stride_lh="i32", stride_kcn="i32", stride_kch="i32", stride_knb="i32", stride_knn="i32",
                      stride_knh="i32", stride_btb="i32", nheads="i32", nheads_k="i32", capacity="i32",
                      num_splits="i32", seqlen_new="i32", extra_keys="i32", page_size="i32", num_pages="i32",
-                     units="i32", qk_scale_log2="fp32")
+                     qk_scale_log2="fp32")
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_STAGES=num_stages,
                       LOADER_REGISTERS=ops.WS_LOADER_REGISTERS, NEW_KEYS=new_keys, PAGED=paged,
                       QUERY_ROWS=query_rows, CONSUMERS=consumers,
-                      CONSUMER_REGISTERS=ops.DECODE_CONSUMER_REGISTERS, UNITS=units)
+                      CONSUMER_REGISTERS=ops.DECODE_CONSUMER_REGISTERS)
     return _gluon_report(kvcache_decode_hopper_kernel, signature, constexprs)
 
 

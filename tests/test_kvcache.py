@@ -571,16 +571,6 @@ def test_gluon_decode_splits_long_caches_past_one_wave(batch, capacity, splits):
     assert decode_ops.gluon_decode_splits(batch * 8, capacity, 132) == splits
 
 
-@pytest.mark.parametrize(("batch", "capacity", "units"), [(16, 4096, 1), (17, 4096, 2), (32, 4096, 2), (64, 8192, 4),
-                                                          (48, 16384, 3), (32, 65536, 1)])
-def test_gluon_decode_units_fill_the_sms_once(batch, capacity, units):
-    """Unsplit swapped launches of more programs than SMs (132, GQA 32/8) deal each program as many units as fill the
-    SMs once; one wave or less, caches of 64k keys or more (two splits there), split or padded launches: one."""
-    assert decode_ops.gluon_decode_units(batch * 8, capacity, 132, 1, True) == units
-    assert decode_ops.gluon_decode_units(batch * 8, capacity, 132, 2, True) == 1
-    assert decode_ops.gluon_decode_units(batch * 8, capacity, 132, 1, False) == 1
-
-
 def test_gluon_decode_swaps_the_products_of_groups_up_to_16(monkeypatch):
     """wgmma's N for a swapped program: the group's query rows padded to a power of two, 8 at least; groups past
     SWAPPED_MAX_GROUP (or the switch off) pad their rows to 64 instead (0)."""
@@ -617,7 +607,7 @@ GLUON_PROBLEMS = [
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("form", ["swapped", "swapped-1", "swapped-units", "padded"])
+@pytest.mark.parametrize("form", ["swapped", "swapped-1", "padded"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("problem", GLUON_PROBLEMS, ids=str)
 def test_gluon_decode_matches_reference_on_gpu(monkeypatch, problem, dtype, form):
@@ -625,19 +615,14 @@ def test_gluon_decode_matches_reference_on_gpu(monkeypatch, problem, dtype, form
     cache too): split (automatic, 3, 5, 7) and unsplit, lengths that do not fill a key block, an empty sequence (out 0,
     lse +inf), GQA groups of 1, 4, 8, 16 and 32, each consumer (swapped products for groups of up to 16, by one or two
     warpgroups; padded rows, on both of their tiles, 64 and 128 keys), contiguous (whole blocks read from each split's
-    own offset on) and paged (pages of 64, 128 and 256 keys). The "units" form runs the automatic split counts unsplit,
-    three units a program (``GLUON_DECODE_UNITS``: programs that stream units of different lengths one after the
-    other, and empty units past the step's), on the one consumer such programs take."""
+    own offset on) and paged (pages of 64, 128 and 256 keys)."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon decode kernel is sm90's")
     monkeypatch.setenv("FLASHATTN_BACKEND", "triton")
     monkeypatch.setattr(decode_ops, "GLUON_DECODE", True)
     monkeypatch.setattr(decode_ops, "GLUON_DECODE_PAGED", True)
     monkeypatch.setattr(decode_ops, "GLUON_DECODE_SWAPPED", form != "padded")
-    monkeypatch.setattr(decode_ops, "GLUON_DECODE_CONSUMERS", 1 if form.startswith("swapped-1") else 2)
-    if form.endswith("units"):
-        monkeypatch.setattr(decode_ops, "GLUON_DECODE_SPLITS", 1)
-        monkeypatch.setattr(decode_ops, "GLUON_DECODE_UNITS", 3)
+    monkeypatch.setattr(decode_ops, "GLUON_DECODE_CONSUMERS", 1 if form == "swapped-1" else 2)
     # the kernel, not the rule of when the table takes it (which depends on the GPU's SM count)
     monkeypatch.setattr(decode_ops, "GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR", float("inf"))
     monkeypatch.setattr(decode_ops, "GLUON_DECODE_MAX_BYTES_PER_PROCESSOR", float("inf"))

@@ -385,10 +385,6 @@ GLUON_DECODE_MAX_BYTES_PER_PROCESSOR = 4.5 * 2**20
 GLUON_DECODE_TILE: tuple[int, int] | None = None  # (keys a block, stages) for every launch; None: gluon_decode_tile
 GLUON_DECODE_SPLITS: int | None = None  # the split count of every automatic launch; None: gluon_decode_splits
 LONG_CACHE_TOKENS = 65536  # gluon_decode_splits: from this capacity, steps of more than one wave take two splits
-GLUON_DECODE_UNITS: int | None = None  # work units a program streams, for every unsplit swapped launch; None: the rule
-# programs of several units take one swapped consumer: with two, steps faulted or gave wrong rows (H200, session 26,
-# calls C-D; not isolated)
-GLUON_DECODE_UNITS_TWO_CONSUMERS = False
 
 
 def gluon_query_rows(group_size: int) -> int:
@@ -432,20 +428,6 @@ def gluon_decode_splits(programs: int, capacity: int, processors: int) -> int:
     if programs >= processors:
         return 2 if programs > processors and capacity >= LONG_CACHE_TOKENS else 1
     return max(1, min(processors // programs, capacity // 256, MAX_SPLITS))
-
-
-def gluon_decode_units(programs: int, capacity: int, processors: int, num_splits: int, swapped: bool) -> int:
-    """Work units (a sequence's kv head) each program of an unsplit Gluon decode launch streams one after the other
-    through its ring. A step of more units than SMs otherwise runs in waves of one program an SM, each program's start
-    (its Q, the ring's first blocks) and end (the last blocks, the epilogue) exposed once a wave; with the units
-    dealt out so that the programs fill the SMs once, the next unit's first blocks load while this one's last are
-    consumed. Over caches of LONG_CACHE_TOKENS or more such steps take two splits instead (gluon_decode_splits):
-    there the programs' unequal shares of the bandwidth outweigh the waves' starts and ends."""
-    if not swapped or num_splits != 1:
-        return 1
-    if GLUON_DECODE_UNITS is not None:
-        return GLUON_DECODE_UNITS
-    return 1 if programs <= processors or capacity >= LONG_CACHE_TOKENS else _cdiv(programs, processors)
 
 
 def _gluon_decode_fits(q, k_cache, v_cache, cache_batch_idx, cache_leftpad, block_table, rotary_cos, alibi_slopes,
@@ -506,8 +488,6 @@ def _gluon_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_new
     if num_splits <= 0:
         num_splits = gluon_decode_splits(programs, capacity, processors)
     num_splits = min(num_splits, MAX_SPLITS)
-    units = gluon_decode_units(programs, capacity, processors, num_splits, query_rows > 0)
-    consumers = GLUON_DECODE_CONSUMERS if query_rows and (units == 1 or GLUON_DECODE_UNITS_TWO_CONSUMERS) else 1
     out, lse, out_target, lse_target, out_strides, lse_strides = _split_targets(q, num_splits)
     out_strides, lse_strides = (out_strides[0], out_strides[1], out_strides[3]), lse_strides[:3]  # one token: no m
     # the queries as (batch x heads) rows: a GQA group's rows are consecutive
@@ -522,17 +502,17 @@ def _gluon_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_new
         k_new, v_new, kn_desc, vn_desc, new_keys = k_cache, v_cache, k_desc, v_desc, 0  # never read
         extra_keys = seqlen_new
     launch(
-        kvcache_decode_hopper_kernel, (_cdiv(programs, units), num_splits),
+        kvcache_decode_hopper_kernel, (batch * nheads_k, num_splits),
         q_desc, k_desc, v_desc, kn_desc, vn_desc, out_target, lse_target, cache_seqlens, k_cache, v_cache, k_new,
         v_new, block_table if block_table is not None else cache_seqlens,
         *out_strides, *lse_strides, *k_cache.stride()[1:3], *k_new.stride()[:3],
         block_table.stride(0) if block_table is not None else 0,
         nheads, nheads_k, capacity, num_splits, new_keys, extra_keys, geometry["page_size"], geometry["num_blocks"],
-        programs, opts.softmax_scale * LOG2E,
+        opts.softmax_scale * LOG2E,
         HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_STAGES=stages, LOADER_REGISTERS=WS_LOADER_REGISTERS,
         NEW_KEYS=configs.next_power_of_2(new_keys) if new_keys else 0, PAGED=block_table is not None,
-        QUERY_ROWS=query_rows, CONSUMERS=consumers,
-        CONSUMER_REGISTERS=DECODE_CONSUMER_REGISTERS, UNITS=units, num_warps=4,
+        QUERY_ROWS=query_rows, CONSUMERS=GLUON_DECODE_CONSUMERS if query_rows else 1,
+        CONSUMER_REGISTERS=DECODE_CONSUMER_REGISTERS, num_warps=4,
     )
     if num_splits > 1:
         _triton_combine(out_target, lse_target, out, lse, chained=GLUON_DECODE_MERGE_CHAINED)
@@ -684,8 +664,8 @@ def plan_switches() -> tuple:
     return (PROGRAMMATIC_LAUNCH, FUSED_APPEND_MAX_TOKENS, GLUON_DECODE, GLUON_DECODE_PAGED,
             GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR, GLUON_DECODE_MAX_BYTES_PER_PROCESSOR, GLUON_DECODE_TILE,
             GLUON_DECODE_SPLITS, GLUON_DECODE_SWAPPED, SWAPPED_MAX_GROUP, GLUON_DECODE_CONSUMERS,
-            GLUON_DECODE_MERGE_CHAINED, LONG_CACHE_TOKENS, GLUON_DECODE_UNITS, GLUON_DECODE_UNITS_TWO_CONSUMERS,
-            MAX_SPLITS, STREAMING_PROGRAMS_PER_PROCESSOR, TABLE_CHUNK_ENTRIES, TABLE_CHUNK_MIN_BLOCKS)
+            GLUON_DECODE_MERGE_CHAINED, LONG_CACHE_TOKENS, MAX_SPLITS, STREAMING_PROGRAMS_PER_PROCESSOR,
+            TABLE_CHUNK_ENTRIES, TABLE_CHUNK_MIN_BLOCKS)
 
 
 def _planned_attention(phase: str, inputs: tuple, scalars: tuple, call):

@@ -88,81 +88,32 @@ def _block_at(i, lo, full_hi, rotation, ROTATE: gl.constexpr):
 
 
 @gluon.jit
-def _decode_unit(shape, unit, split, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NEW_KEYS: gl.constexpr):
-    """What the loader (``loads``) and the consumers (``step``) need of work unit ``unit`` (a sequence's kv head:
-    unit = batch x kv heads + kv head) and ``split``; a unit past the launch's (``shape``'s ``units``) is empty: no
-    key, no append, no store. ``shape``: the kernel's arguments that describe the step, in its order."""
-    (CacheSeqlens, KCache, VCache, KNew, VNew, BlockTable, stride_os, stride_ob, stride_oh, stride_ls, stride_lb,
-     stride_lh, stride_kcn, stride_kch, stride_knb, stride_knn, stride_knh, stride_btb, nheads, nheads_k, capacity,
-     num_splits, seqlen_new, extra_keys, page_size, num_pages, units) = shape
-    valid = unit < units
-    batch_head = gl.minimum(unit, units - 1)
-    batch = batch_head // nheads_k
-    head_k = batch_head % nheads_k
-    group_size = nheads // nheads_k
-    # the keys in the cache: CacheSeqlens, plus ``extra_keys`` that a launch before this one appended
-    seqlen_k = gl.minimum(gl.maximum(gl.load(CacheSeqlens + batch) + extra_keys, 0), capacity)
-    lo, full_hi, hi = _split_blocks(seqlen_k, split, num_splits, BLOCK_N)
-    lo, full_hi, hi = gl.where(valid, lo, 0), gl.where(valid, full_hi, 0), gl.where(valid, hi, 0)
-    has_new = (NEW_KEYS > 0) & (split == num_splits - 1) & valid
-    # the append's rows: the host refuses one past the cache; the store mask keeps a bad length inside it
-    new_tokens = gl.minimum(seqlen_new, capacity - seqlen_k)
-    new_src = (KNew + batch.to(gl.int64) * stride_knb + head_k.to(gl.int64) * stride_knh,
-               VNew + batch.to(gl.int64) * stride_knb + head_k.to(gl.int64) * stride_knh, stride_knn)
-    kv_row = batch * capacity  # a contiguous cache's first row of this sequence
-    table_row = BlockTable + batch.to(gl.int64) * stride_btb
-    head_column = head_k.to(gl.int64) * stride_kch
-    new_dst = (KCache + head_column, VCache + head_column, stride_kcn, seqlen_k, kv_row, table_row, page_size,
-               num_pages)
-    first_head = head_k * group_size
-    # a contiguous cache's (sequence, split) streams, each of its kv heads' programs alike, start their whole blocks
-    # at offsets of their own (a 2-4% shorter step at batch 2, whose 8 splits start 1 MB apart: docs/perf-notes.md,
-    # version 25)
-    rotation = (batch * num_splits + split) * 37
-    out_offset = split.to(gl.int64) * stride_os + batch.to(gl.int64) * stride_ob + first_head.to(gl.int64) * stride_oh
-    lse_offset = split.to(gl.int64) * stride_ls + batch.to(gl.int64) * stride_lb + first_head.to(gl.int64) * stride_lh
-    loads = (batch * nheads + first_head, kv_row, table_row, batch * seqlen_new, head_k * HEAD_DIM, lo, full_hi, hi,
-             has_new, rotation, page_size, num_pages)
-    step = (out_offset, lse_offset, stride_oh, stride_lh, gl.where(valid, group_size, 0), seqlen_k, lo, full_hi, hi,
-            has_new, new_tokens, valid & (split == 0), new_src, new_dst)
-    return loads, step
-
-
-@gluon.jit
-def _decode_loader(descs, q_bufs, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, shape, split,
-                   HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NEW_KEYS: gl.constexpr,
-                   PAGED: gl.constexpr, UNITS: gl.constexpr):
-    """For each of the program's UNITS units (``_decode_unit``) in turn: the group's query rows (a q_desc block) into
-    the unit's Q buffer (two, taken in turn, each refilled once the consumers release it); with ``has_new`` a block of
-    the step's new keys and values from their own tensors, first, so that its copy overlaps the cache's stream instead
-    of following it; then the split's key blocks [lo, hi) of this kv head (``_cache_row``), a contiguous cache's whole
-    blocks from ``rotation`` on (``_block_at``). A paged block lies in one page (BLOCK_N divides the page size). The
-    ring's positions run on from unit to unit, so that the next unit's first blocks load while the consumers finish
-    this one's."""
-    q_desc, k_desc, v_desc, kn_desc, vn_desc = descs
-    position = split * 0  # the ring position of the next block
-    for u in range(UNITS):
-        loads, _ = _decode_unit(shape, gl.program_id(0) + u * gl.num_programs(0), split, HEAD_DIM, BLOCK_N, NEW_KEYS)
-        q_row, kv_row, table_row, new_row, column, lo, full_hi, hi, has_new, rotation, page_size, num_pages = loads
-        if u >= 2:
-            mbarrier.wait(q_free.index(u % 2), (u // 2 - 1) & 1)
-        mbarrier.expect(q_ready.index(u % 2), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_ready.index(u % 2), q_bufs.index(u % 2))
-        if has_new:
-            load_key_block(kn_desc, vn_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, position, new_row,
-                           column, NUM_STAGES)
-            position += 1
-        # each block's row is looked up one block ahead: a paged lookup (a load) then waits behind the block before's
-        # copies instead of in front of its own
-        row = _cache_row(_block_at(lo, lo, full_hi, rotation, not PAGED) * BLOCK_N, lo < hi, kv_row, table_row,
-                         page_size, num_pages, PAGED)
-        for j in range(lo, hi):
-            next_row = _cache_row(_block_at(j + 1, lo, full_hi, rotation, not PAGED) * BLOCK_N, j + 1 < hi, kv_row,
-                                  table_row, page_size, num_pages, PAGED)
-            load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, position + j - lo, row,
-                           column, NUM_STAGES)
-            row = next_row
-        position += hi - lo
+def _decode_loader(loads, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PAGED: gl.constexpr):
+    """The group's query rows (a q_desc block from ``q_row``); with ``has_new`` a block of the step's new keys and
+    values from their own tensors (rows from ``new_row``), first, so that its copy overlaps the cache's stream instead
+    of following it; then the split's key blocks [lo, hi) of this kv head (``_cache_row``; columns from ``column``), a
+    contiguous cache's whole blocks from ``rotation`` on (``_block_at``). A paged block lies in one page (BLOCK_N
+    divides the page size). ``loads``: the descriptors, buffers, barriers and this program's rows and blocks, in the
+    kernel's order."""
+    (q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, q_row,
+     kv_row, table_row, page_size, num_pages, new_row, column, lo, full_hi, hi, has_new, rotation) = loads
+    mbarrier.expect(q_ready, q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_ready, q_smem)
+    first = lo * 0  # the ring position of the cache's first block
+    if has_new:
+        load_key_block(kn_desc, vn_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, 0, new_row, column,
+                       NUM_STAGES)
+        first += 1
+    # each block's row is looked up one block ahead: a paged lookup (a load) then waits behind the block before's
+    # copies instead of in front of its own
+    row = _cache_row(_block_at(lo, lo, full_hi, rotation, not PAGED) * BLOCK_N, lo < hi, kv_row, table_row,
+                     page_size, num_pages, PAGED)
+    for j in range(lo, hi):
+        next_row = _cache_row(_block_at(j + 1, lo, full_hi, rotation, not PAGED) * BLOCK_N, j + 1 < hi, kv_row,
+                              table_row, page_size, num_pages, PAGED)
+        load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, first + j - lo, row, column,
+                       NUM_STAGES)
+        row = next_row
 
 
 @gluon.jit
@@ -278,16 +229,15 @@ def _ring_slot(position, NUM_STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_free, ring, unit_start, m_i, l_acc, acc,
-                    lo, hi, seqlen_k, qk_scale_log2, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                    QUERY_ROWS: gl.constexpr, NUM_STAGES: gl.constexpr, MASKED: gl.constexpr, CONSUMER: gl.constexpr,
+def _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_free, ring, m_i, l_acc, acc, lo, hi,
+                    seqlen_k, qk_scale_log2, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, QUERY_ROWS: gl.constexpr,
+                    NUM_STAGES: gl.constexpr, MASKED: gl.constexpr, CONSUMER: gl.constexpr,
                     CONSUMERS: gl.constexpr):
     """This consumer's key blocks of [lo, hi) (block j at ring position ``ring`` + j; with CONSUMERS consumers, those
-    CONSUMER mod CONSUMERS positions after the unit's first, ``unit_start``, so that the first consumer takes each
-    unit's first block) as swapped products: S^T = K Q^T (BLOCK_N x QUERY_ROWS) and O^T += V^T P^T (HEAD_DIM x
-    QUERY_ROWS), P^T through shared memory. A block's S^T runs while the block before's O^T product is in flight, as
-    in the forward's loop."""
-    lo = lo + (CONSUMER + CONSUMERS - (ring + lo - unit_start) % CONSUMERS) % CONSUMERS
+    at positions CONSUMER mod CONSUMERS) as swapped products: S^T = K Q^T (BLOCK_N x QUERY_ROWS) and O^T += V^T P^T
+    (HEAD_DIM x QUERY_ROWS), P^T through shared memory. A block's S^T runs while the block before's O^T product is in
+    flight, as in the forward's loop."""
+    lo = lo + (CONSUMER + CONSUMERS - (ring + lo) % CONSUMERS) % CONSUMERS
     layout: gl.constexpr = swapped_layout(QUERY_ROWS)
     s_zero = gl.zeros([BLOCK_N, QUERY_ROWS], gl.float32, layout)
     q_t = q_smem.permute((1, 0))
@@ -324,68 +274,54 @@ def _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_
 
 
 @gluon.jit
-def _swapped_consumer(ring, outputs, shape, split, p_smem, merge, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                      NUM_STAGES: gl.constexpr, NEW_KEYS: gl.constexpr, PAGED: gl.constexpr, QUERY_ROWS: gl.constexpr,
-                      CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr, UNITS: gl.constexpr):
+def _swapped_consumer(step, p_smem, merge, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                      NEW_KEYS: gl.constexpr, PAGED: gl.constexpr, QUERY_ROWS: gl.constexpr, CONSUMER: gl.constexpr,
+                      CONSUMERS: gl.constexpr):
     """The consumer with the products swapped: the keys (and for O the head dims) along wgmma's 64-row side, the
     group's few query rows along its 8-64 columns, so that no product or exponential is spent on rows of no query.
     With CONSUMERS = 2 two of them take the ring's blocks in turn; the second hands its max, sum and O^T to the
-    first through ``merge`` (shared buffers and two barriers), which merges them and writes the result. The program's
-    UNITS units (``_decode_unit``) one after the other, in the loader's order. ``ring``: the Q buffers, the K/V ring and
-    their barriers; ``outputs``: Out, Lse and the scale; ``p_smem``: this consumer's P^T buffer."""
-    q_bufs, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free = ring
-    Out, Lse, qk_scale_log2 = outputs
+    first through ``merge`` (shared buffers and a barrier), which merges them and writes the result. ``step``: what
+    every consumer of the program shares (the kernel's ``consumer_step``); ``p_smem``: this consumer's P^T buffer."""
+    (q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, Out, Lse, out_offset, lse_offset, stride_oh,
+     stride_lh, rows, seqlen_k, lo, full_hi, hi, has_new, seqlen_new, appends, new_src, new_dst, qk_scale_log2) = step
     gl.static_assert(BLOCK_N == 64, "64-key blocks: the swapped products of 128-key ones faulted on the GPU")
     layout: gl.constexpr = swapped_layout(QUERY_ROWS)
-    position = split * 0  # the ring position of the unit's first block
-    for u in range(UNITS):
-        _, unit = _decode_unit(shape, gl.program_id(0) + u * gl.num_programs(0), split, HEAD_DIM, BLOCK_N, NEW_KEYS)
-        (out_offset, lse_offset, stride_oh, stride_lh, rows, seqlen_k, lo, full_hi, hi, has_new, new_tokens, appends,
-         new_src, new_dst) = unit
-        q_smem = q_bufs.index(u % 2)  # the unit's Q buffer: two, taken in turn
-        m_i = gl.full([QUERY_ROWS], float("-inf"), gl.float32, gl.SliceLayout(0, layout))
-        l_acc = gl.zeros([BLOCK_N, QUERY_ROWS], gl.float32, layout)
-        acc = gl.zeros([HEAD_DIM, QUERY_ROWS], gl.float32, layout)
-        first = position  # the ring position of the cache's first block
-        if NEW_KEYS > 0:
-            if CONSUMER == 0:
-                _append_new_keys(new_src, new_dst, new_tokens, appends, HEAD_DIM, NEW_KEYS, PAGED)
-            new_blocks = gl.where(has_new, 1, 0)
-            mbarrier.wait(q_ready.index(u % 2), (u // 2) & 1)
-            m_i, l_acc, acc = _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_free,
-                                              position, position, m_i, l_acc, acc, new_blocks * 0, new_blocks,
-                                              new_tokens, qk_scale_log2, BLOCK_N, HEAD_DIM, QUERY_ROWS, NUM_STAGES,
-                                              True, CONSUMER, CONSUMERS)
-            first = position + new_blocks
-        else:
-            mbarrier.wait(q_ready.index(u % 2), (u // 2) & 1)
-        m_i, l_acc, acc = _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_free, first - lo,
-                                          position, m_i, l_acc, acc, lo, full_hi, seqlen_k, qk_scale_log2, BLOCK_N,
-                                          HEAD_DIM, QUERY_ROWS, NUM_STAGES, False, CONSUMER, CONSUMERS)
-        m_i, l_acc, acc = _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_free, first - lo,
-                                          position, m_i, l_acc, acc, full_hi, hi, seqlen_k, qk_scale_log2, BLOCK_N,
+    m_i = gl.full([QUERY_ROWS], float("-inf"), gl.float32, gl.SliceLayout(0, layout))
+    l_acc = gl.zeros([BLOCK_N, QUERY_ROWS], gl.float32, layout)
+    acc = gl.zeros([HEAD_DIM, QUERY_ROWS], gl.float32, layout)
+    first = lo * 0  # the ring position of the cache's first block
+    if NEW_KEYS > 0:
+        if CONSUMER == 0:
+            _append_new_keys(new_src, new_dst, seqlen_new, appends, HEAD_DIM, NEW_KEYS, PAGED)
+        new_blocks = gl.where(has_new, 1, 0)
+        mbarrier.wait(q_ready, 0)
+        m_i, l_acc, acc = _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_free, 0, m_i,
+                                          l_acc, acc, new_blocks * 0, new_blocks, seqlen_new, qk_scale_log2, BLOCK_N,
                                           HEAD_DIM, QUERY_ROWS, NUM_STAGES, True, CONSUMER, CONSUMERS)
-        position = first + hi - lo
-        if u + 2 < UNITS:  # the unit two on loads its Q into this buffer
-            mbarrier.arrive(q_free.index(u % 2), count=1)
-        l_i = gl.sum(l_acc, axis=0)
-        if CONSUMER == 1:
-            _hand_over_state(m_i, l_i, acc, merge, u)
-        else:
-            if CONSUMERS == 2:
-                m_i, l_i, acc = _merge_state(m_i, l_i, acc, merge, HEAD_DIM, QUERY_ROWS, u, UNITS)
-            _swapped_epilogue(m_i, l_i, acc, Out, Lse, out_offset, lse_offset, stride_oh, stride_lh, rows, HEAD_DIM,
-                              QUERY_ROWS)
+        first = new_blocks
+    else:
+        mbarrier.wait(q_ready, 0)
+    m_i, l_acc, acc = _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_free, first - lo,
+                                      m_i, l_acc, acc, lo, full_hi, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM,
+                                      QUERY_ROWS, NUM_STAGES, False, CONSUMER, CONSUMERS)
+    m_i, l_acc, acc = _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_free, first - lo,
+                                      m_i, l_acc, acc, full_hi, hi, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM,
+                                      QUERY_ROWS, NUM_STAGES, True, CONSUMER, CONSUMERS)
+    l_i = gl.sum(l_acc, axis=0)
+    if CONSUMER == 1:
+        _hand_over_state(m_i, l_i, acc, merge)
+    else:
+        if CONSUMERS == 2:
+            m_i, l_i, acc = _merge_state(m_i, l_i, acc, merge, HEAD_DIM, QUERY_ROWS)
+        _swapped_epilogue(m_i, l_i, acc, Out, Lse, out_offset, lse_offset, stride_oh, stride_lh, rows, HEAD_DIM,
+                          QUERY_ROWS)
 
 
 @gluon.jit
-def _hand_over_state(m_i, l_i, acc, merge, u):
-    """The second consumer's running max, sum and O^T of the program's unit ``u`` into the merge buffers (once the
-    first consumer has read unit u - 1's out of them), every warp's stores before the barrier's arrival (issued by the
-    partition's first thread)."""
-    m_buf, l_buf, acc_buf, merged, merge_free = merge
-    if u >= 1:
-        mbarrier.wait(merge_free, (u - 1) & 1)
+def _hand_over_state(m_i, l_i, acc, merge):
+    """The second consumer's running max, sum and O^T into the merge buffers, every warp's stores before the
+    barrier's arrival (issued by the partition's first thread)."""
+    m_buf, l_buf, acc_buf, merged = merge
     m_buf.store(m_i)
     l_buf.store(l_i)
     acc_buf.store(acc)
@@ -394,18 +330,14 @@ def _hand_over_state(m_i, l_i, acc, merge, u):
 
 
 @gluon.jit
-def _merge_state(m_i, l_i, acc, merge, HEAD_DIM: gl.constexpr, QUERY_ROWS: gl.constexpr, u, UNITS: gl.constexpr):
-    """This consumer's state of unit ``u`` merged with the other's (``_hand_over_state``) by their maxima, in base 2;
-    the buffers handed back for the next unit."""
+def _merge_state(m_i, l_i, acc, merge, HEAD_DIM: gl.constexpr, QUERY_ROWS: gl.constexpr):
+    """This consumer's state merged with the other's (``_hand_over_state``) by their maxima, in base 2."""
     layout: gl.constexpr = swapped_layout(QUERY_ROWS)
-    m_buf, l_buf, acc_buf, merged, merge_free = merge
-    mbarrier.wait(merged, u & 1)
+    m_buf, l_buf, acc_buf, merged = merge
+    mbarrier.wait(merged, 0)
     m_other = m_buf.load(gl.SliceLayout(0, layout))
     l_other = l_buf.load(gl.SliceLayout(0, layout))
     acc_other = acc_buf.load(layout)
-    if u + 1 < UNITS:
-        gl.thread_barrier()  # every warp's loads before the other consumer may store the next unit's
-        mbarrier.arrive(merge_free, count=1)
     m_new = gl.maximum(m_i, m_other)
     m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # neither saw a key: both factors 0
     own = gl.exp2(m_i - m_use)
@@ -435,80 +367,88 @@ def kvcache_decode_hopper_kernel(
     q_desc, k_desc, v_desc, kn_desc, vn_desc, Out, Lse, CacheSeqlens, KCache, VCache, KNew, VNew, BlockTable,
     stride_os, stride_ob, stride_oh, stride_ls, stride_lb, stride_lh,
     stride_kcn, stride_kch, stride_knb, stride_knn, stride_knh, stride_btb,
-    nheads, nheads_k, capacity, num_splits, seqlen_new, extra_keys, page_size, num_pages, units, qk_scale_log2,
+    nheads, nheads_k, capacity, num_splits, seqlen_new, extra_keys, page_size, num_pages, qk_scale_log2,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
     NEW_KEYS: gl.constexpr, PAGED: gl.constexpr, QUERY_ROWS: gl.constexpr, CONSUMERS: gl.constexpr,
-    CONSUMER_REGISTERS: gl.constexpr, UNITS: gl.constexpr,
+    CONSUMER_REGISTERS: gl.constexpr,
 ):
-    """Grid (programs, splits): program p takes the work units (a sequence's kv head: batch x kv heads + kv head) p,
-    p + programs, ... (UNITS of them; the ``units`` of the step, past which a unit is empty). q_desc: the queries as
-    (batch x heads, HEAD_DIM) rows, QUERY_ROWS a block for swapped products (``_swapped_consumer``), 64 with
-    QUERY_ROWS = 0 (``_padded_consumer``, one unit a program); k/v_desc: the caches as (batch x capacity, kv heads x
-    HEAD_DIM), BLOCK_N rows a block, or with PAGED the page pool as (num_pages x page_size, kv heads x HEAD_DIM) rows,
-    sequence b's pages in BlockTable row b. Out/Lse: split s's output (batch, 1, heads, HEAD_DIM) and lse
-    (batch, heads, 1) at s x stride_os / stride_ls. stride_kcn: the caches' row stride (K's and V's alike, whole rows),
-    stride_kch their head stride.
+    """Grid (batch x kv heads, splits). q_desc: the queries as (batch x heads, HEAD_DIM) rows, QUERY_ROWS a block for
+    swapped products (``_swapped_consumer``), 64 with QUERY_ROWS = 0 (``_padded_consumer``); k/v_desc:
+    the caches as (batch x capacity, kv heads x HEAD_DIM), BLOCK_N rows a block, or with PAGED the page pool as
+    (num_pages x page_size, kv heads x HEAD_DIM) rows, sequence b's pages in BlockTable row b. Out/Lse: split s's
+    output (batch, 1, heads, HEAD_DIM) and lse (batch, heads, 1) at s x stride_os / stride_ls. stride_kcn: the
+    caches' row stride (K's and V's alike, whole rows), stride_kch their head stride.
 
     NEW_KEYS > 0: the step appends ``seqlen_new`` (<= NEW_KEYS, at most BLOCK_N) new keys and values at
     CacheSeqlens (KNew/VNew, (batch, seqlen_new, kv heads, HEAD_DIM), and kn/vn_desc over them as (batch x
     seqlen_new, kv heads x HEAD_DIM)): the last split attends to them from KNew/VNew, split 0 writes them into the
     caches (KCache/VCache, whose V strides are K's).
 
-    CONSUMERS: swapped consumer warpgroups (1 or 2; CONSUMER_REGISTERS, the second one's registers a thread). UNITS > 1
-    (swapped products, one split): a program streams its units one after the other through one ring, so that a
-    step of more units than SMs runs as one wave whose units follow each other without a launch's start and end."""
+    CONSUMERS: swapped consumer warpgroups (1 or 2; CONSUMER_REGISTERS, the second one's registers a thread)."""
+    batch_head = gl.program_id(0)
     split = gl.program_id(1)
-    shape = (CacheSeqlens, KCache, VCache, KNew, VNew, BlockTable, stride_os, stride_ob, stride_oh, stride_ls,
-             stride_lb, stride_lh, stride_kcn, stride_kch, stride_knb, stride_knn, stride_knh, stride_btb, nheads,
-             nheads_k, capacity, num_splits, seqlen_new, extra_keys, page_size, num_pages, units)
-    descs = (q_desc, k_desc, v_desc, kn_desc, vn_desc)
-    Q_SLOTS: gl.constexpr = 2 if UNITS > 1 else 1
-    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [Q_SLOTS, q_desc.block_type.shape[0], q_desc.block_type.shape[1]],
-                                    q_desc.layout)
-    k_bufs, v_bufs, k_ready, v_ready, k_free, v_free = key_ring(k_desc, v_desc, HEAD_DIM, BLOCK_N, NUM_STAGES, 1)
-    q_ready = gl.allocate_shared_memory(gl.int64, [Q_SLOTS, 1], mbarrier.MBarrierLayout())
-    q_released = gl.allocate_shared_memory(gl.int64, [Q_SLOTS, 1], mbarrier.MBarrierLayout())
-    for slot in gl.static_range(Q_SLOTS):
-        mbarrier.init(q_ready.index(slot), count=1)
-        mbarrier.init(q_released.index(slot), count=CONSUMERS)
+    batch = batch_head // nheads_k
+    head_k = batch_head % nheads_k
+    group_size = nheads // nheads_k
+    # the keys in the cache: CacheSeqlens, plus ``extra_keys`` that a launch before this one appended
+    seqlen_k = gl.minimum(gl.maximum(gl.load(CacheSeqlens + batch) + extra_keys, 0), capacity)
+    lo, full_hi, hi = _split_blocks(seqlen_k, split, num_splits, BLOCK_N)
+    has_new = (NEW_KEYS > 0) & (split == num_splits - 1)
+    # the append's rows: the host refuses one past the cache; the store mask keeps a bad length inside it
+    new_tokens = gl.minimum(seqlen_new, capacity - seqlen_k)
+    new_src = (KNew + batch.to(gl.int64) * stride_knb + head_k.to(gl.int64) * stride_knh,
+               VNew + batch.to(gl.int64) * stride_knb + head_k.to(gl.int64) * stride_knh, stride_knn)
+    kv_row = batch * capacity  # a contiguous cache's first row of this sequence
+    table_row = BlockTable + batch.to(gl.int64) * stride_btb
+    head_column = head_k.to(gl.int64) * stride_kch
+    new_dst = (KCache + head_column, VCache + head_column, stride_kcn, seqlen_k, kv_row, table_row, page_size,
+               num_pages)
+    first_head = head_k * group_size
+    # a contiguous cache's (sequence, split) streams, each of its kv heads' programs alike, start their whole blocks
+    # at offsets of their own (a 2-4% shorter step at batch 2, whose 8 splits start 1 MB apart: docs/perf-notes.md,
+    # version 25)
+    rotation = (batch * num_splits + split) * 37
+    out_offset = split.to(gl.int64) * stride_os + batch.to(gl.int64) * stride_ob + first_head.to(gl.int64) * stride_oh
+    lse_offset = split.to(gl.int64) * stride_ls + batch.to(gl.int64) * stride_lb + first_head.to(gl.int64) * stride_lh
 
-    # the loader's arguments are written out in each launch below: a tuple of them held in a variable loses its
-    # constexprs (Triton 3.6's Gluon passes them on as run-time values)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
+    k_bufs, v_bufs, k_ready, v_ready, k_free, v_free = key_ring(k_desc, v_desc, HEAD_DIM, BLOCK_N, NUM_STAGES, 1)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=1)
+
+    # the loader's constexprs are written out in each launch below: held in a variable's tuple, Triton 3.6's Gluon
+    # passes them to the partition as run-time values (the compiler folded these back; a static_range over one fails)
+    loads = (q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free,
+             v_free, batch * nheads + first_head, kv_row, table_row, page_size, num_pages, batch * seqlen_new,
+             head_k * HEAD_DIM, lo, full_hi, hi, has_new, rotation)
     if QUERY_ROWS > 0:
-        ring = (q_bufs, k_bufs, v_bufs, q_ready, q_released, k_ready, v_ready, k_free, v_free)
-        outputs = (Out, Lse, qk_scale_log2)
+        consumer_step = (q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, Out, Lse, out_offset,
+                         lse_offset, stride_oh, stride_lh, group_size, seqlen_k, lo, full_hi, hi, has_new, new_tokens,
+                         split == 0, new_src, new_dst, qk_scale_log2)
         p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, QUERY_ROWS], q_desc.dtype)
         p_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, BLOCK_N, QUERY_ROWS], p_layout)
         if CONSUMERS == 2:
             vector_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
             merged = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-            merge_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
             mbarrier.init(merged, count=1)
-            mbarrier.init(merge_free, count=1)
             merge = (gl.allocate_shared_memory(gl.float32, [QUERY_ROWS], vector_layout),
                      gl.allocate_shared_memory(gl.float32, [QUERY_ROWS], vector_layout),
                      gl.allocate_shared_memory(gl.float32, [HEAD_DIM, QUERY_ROWS],
-                                               gl.SwizzledSharedLayout(1, 1, 1, [1, 0])), merged, merge_free)
+                                               gl.SwizzledSharedLayout(1, 1, 1, [1, 0])), merged)
             gl.warp_specialize([
-                (_swapped_consumer, (ring, outputs, shape, split, p_smem.index(0), merge, HEAD_DIM, BLOCK_N,
-                                     NUM_STAGES, NEW_KEYS, PAGED, QUERY_ROWS, 0, 2, UNITS)),
-                (_swapped_consumer, (ring, outputs, shape, split, p_smem.index(1), merge, HEAD_DIM, BLOCK_N,
-                                     NUM_STAGES, NEW_KEYS, PAGED, QUERY_ROWS, 1, 2, UNITS)),
-                (_decode_loader, (descs, q_bufs, k_bufs, v_bufs, q_ready, q_released, k_ready, v_ready, k_free, v_free,
-                                  shape, split, HEAD_DIM, BLOCK_N, NUM_STAGES, NEW_KEYS, PAGED, UNITS)),
+                (_swapped_consumer, (consumer_step, p_smem.index(0), merge, HEAD_DIM, BLOCK_N, NUM_STAGES, NEW_KEYS,
+                                     PAGED, QUERY_ROWS, 0, 2)),
+                (_swapped_consumer, (consumer_step, p_smem.index(1), merge, HEAD_DIM, BLOCK_N, NUM_STAGES, NEW_KEYS,
+                                     PAGED, QUERY_ROWS, 1, 2)),
+                (_decode_loader, (loads, BLOCK_N, NUM_STAGES, PAGED)),
             ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
         else:
             gl.warp_specialize([
-                (_swapped_consumer, (ring, outputs, shape, split, p_smem.index(0), 0, HEAD_DIM, BLOCK_N, NUM_STAGES,
-                                     NEW_KEYS, PAGED, QUERY_ROWS, 0, 1, UNITS)),
-                (_decode_loader, (descs, q_bufs, k_bufs, v_bufs, q_ready, q_released, k_ready, v_ready, k_free, v_free,
-                                  shape, split, HEAD_DIM, BLOCK_N, NUM_STAGES, NEW_KEYS, PAGED, UNITS)),
+                (_swapped_consumer, (consumer_step, p_smem.index(0), 0, HEAD_DIM, BLOCK_N, NUM_STAGES, NEW_KEYS, PAGED,
+                                     QUERY_ROWS, 0, 1)),
+                (_decode_loader, (loads, BLOCK_N, NUM_STAGES, PAGED)),
             ], [1], [LOADER_REGISTERS])
     else:
-        gl.static_assert(UNITS == 1, "padded rows: one unit a program")
-        _, unit = _decode_unit(shape, gl.program_id(0), split, HEAD_DIM, BLOCK_N, NEW_KEYS)
-        (out_offset, lse_offset, _, _, rows, seqlen_k, lo, full_hi, hi, has_new, new_tokens, appends, new_src,
-         new_dst) = unit
         # the forward's key loop takes a Q-release barrier and ping-pong turns: one consumer uses neither
         q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -516,10 +456,9 @@ def kvcache_decode_hopper_kernel(
         mbarrier.init(turn.index(0), count=1)
         mbarrier.init(turn.index(1), count=1)
         gl.warp_specialize([
-            (_padded_consumer, (q_bufs.index(0), k_bufs, v_bufs, q_ready.index(0), q_free, k_ready, v_ready, k_free,
-                                v_free, turn, Out, Lse, out_offset, lse_offset, stride_oh, stride_lh, rows, seqlen_k,
-                                lo, full_hi, hi, has_new, new_tokens, appends, new_src, new_dst, qk_scale_log2,
-                                HEAD_DIM, BLOCK_N, NUM_STAGES, NEW_KEYS, PAGED)),
-            (_decode_loader, (descs, q_bufs, k_bufs, v_bufs, q_ready, q_released, k_ready, v_ready, k_free, v_free,
-                              shape, split, HEAD_DIM, BLOCK_N, NUM_STAGES, NEW_KEYS, PAGED, UNITS)),
+            (_padded_consumer, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, Out,
+                                Lse, out_offset, lse_offset, stride_oh, stride_lh, group_size, seqlen_k, lo, full_hi,
+                                hi, has_new, new_tokens, split == 0, new_src, new_dst, qk_scale_log2, HEAD_DIM,
+                                BLOCK_N, NUM_STAGES, NEW_KEYS, PAGED)),
+            (_decode_loader, (loads, BLOCK_N, NUM_STAGES, PAGED)),
         ], [1], [LOADER_REGISTERS])
