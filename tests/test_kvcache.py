@@ -571,6 +571,32 @@ def test_gluon_decode_splits_long_caches_past_one_wave(batch, capacity, splits):
     assert decode_ops.gluon_decode_splits(batch * 8, capacity, 132) == splits
 
 
+@pytest.mark.parametrize(("batch", "peak", "splits"), [(8, 3.35e12, 1), (8, 4.8e12, 2), (4, 3.35e12, 4),
+                                                     (7, 3.35e12, 1), (6, 3.35e12, 2), (8, None, 2)])
+def test_gluon_decode_splits_only_programs_short_of_the_peak_bandwidth(batch, peak, splits):
+    """Below one wave (132 SMs, GQA 32/8, 8k keys) a launch splits only where its unsplit programs, at
+    GLUON_DECODE_PROGRAM_BYTES_PER_S each (60 GB/s), fall short of the GPU's peak memory bandwidth: on an H100
+    (3.35 TB/s) from 56 programs (batch 7) on, not on an H200 (4.8 TB/s) below 80; unknown bandwidth splits."""
+    assert decode_ops.gluon_decode_splits(batch * 8, 8192, 132, peak) == splits
+
+
+def test_peak_memory_bandwidth_from_the_memory_clock_and_bus(monkeypatch):
+    """2 x memory clock x bus width: an H100 SXM's 2619 MHz over 5120 bits is 3.35 TB/s; no figures, None."""
+    class Properties:
+        memory_clock_rate, memory_bus_width = 2_619_000, 5120  # kHz, bits
+
+    decode_ops._peak_memory_bandwidth.cache_clear()
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: Properties())
+    try:
+        assert decode_ops._peak_memory_bandwidth(0) == pytest.approx(3.352e12, rel=1e-3)
+        Properties.memory_clock_rate = 0
+        decode_ops._peak_memory_bandwidth.cache_clear()
+        assert decode_ops._peak_memory_bandwidth(0) is None
+    finally:
+        decode_ops._peak_memory_bandwidth.cache_clear()
+    assert decode_ops.peak_memory_bandwidth(torch.device("cpu")) is None
+
+
 def test_gluon_decode_swaps_the_products_of_groups_up_to_16(monkeypatch):
     """wgmma's N for a swapped program: the group's query rows padded to a power of two, 8 at least; groups past
     SWAPPED_MAX_GROUP (or the switch off) pad their rows to 64 instead (0)."""

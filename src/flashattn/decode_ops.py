@@ -141,6 +141,21 @@ def processor_count(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def peak_memory_bandwidth(device: torch.device) -> float | None:
+    """The GPU's peak memory bandwidth in bytes/s (double data rate: 2 x memory clock x bus width), or None where torch
+    does not report the two (and off the GPU)."""
+    if device.type != "cuda":
+        return None
+    return _peak_memory_bandwidth(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _peak_memory_bandwidth(index: int) -> float | None:
+    properties = torch.cuda.get_device_properties(index)
+    clock_khz, bus_bits = getattr(properties, "memory_clock_rate", 0), getattr(properties, "memory_bus_width", 0)
+    return 2 * clock_khz * 1e3 * bus_bits / 8 if clock_khz and bus_bits else None
+
+
 def choose_num_splits(programs: int, key_blocks: int, processors: int, streaming: bool = False) -> int:
     """How many chunks to split each program's keys into (flash-decoding).
 
@@ -385,6 +400,11 @@ GLUON_DECODE_MAX_BYTES_PER_PROCESSOR = 4.5 * 2**20
 GLUON_DECODE_TILE: tuple[int, int] | None = None  # (keys a block, stages) for every launch; None: gluon_decode_tile
 GLUON_DECODE_SPLITS: int | None = None  # the split count of every automatic launch; None: gluon_decode_splits
 LONG_CACHE_TOKENS = 65536  # gluon_decode_splits: from this capacity, steps of more than one wave take two splits
+GLUON_DECODE_PROGRAM_BYTES_PER_S = 60e9
+"""What one unsplit Gluon decode program streams (H200: 64 of them read 3.86 TB/s at 16k batch 8, docs/perf-notes.md,
+version 27). gluon_decode_splits splits a launch of fewer programs than SMs only where its programs at this rate fall
+short of the GPU's peak memory bandwidth: on an H100 (3.35 TB/s) batch 8's 64 programs (GQA 32/8) are not split,
+2-5.5% faster than in two splits with their merge (call H); on an H200 (4.8 TB/s) they are."""
 
 
 def gluon_query_rows(group_size: int) -> int:
@@ -415,18 +435,21 @@ def gluon_decode_tile(programs: int, processors: int, page_size: int | None = No
     return 128, 3
 
 
-def gluon_decode_splits(programs: int, capacity: int, processors: int) -> int:
-    """Splits of a Gluon decode launch: one program an SM, so below one program per processor as many splits as
-    fill the processors once, each of 256 keys or more. Past one wave, none; but two over caches of
+def gluon_decode_splits(programs: int, capacity: int, processors: int, peak_bandwidth: float | None = None) -> int:
+    """Splits of a Gluon decode launch: one program an SM, so below one program per processor as many splits as fill the
+    processors once, each of 256 keys or more, unless the unsplit programs already draw the GPU's ``peak_bandwidth``
+    (bytes/s; None: unknown) at GLUON_DECODE_PROGRAM_BYTES_PER_S each. Past one wave, none; but two over caches of
     LONG_CACHE_TOKENS or more, whose programs end far apart (their SMs draw unequal shares of the bandwidth): halved
     programs let the SMs that finish first take more of the work. H200, GQA 32/8, hdim 128, bf16, with the append
-    (docs/perf-notes.md, version 26, calls M-N): 0.5-0.9% shorter at batch 32 on 64k / 128k caches (128k: 3773.6
-    against 3807.6 us), 0.1-0.3% at batch 64; 0.6-2.4% longer at one wave (batch 16), 0.5-5.8% on caches of 16k or
-    less, whose programs end closer together than the merge launch costs."""
+    (docs/perf-notes.md, version 26, calls M-N): 0.5-0.9% shorter at batch 32 on 64k / 128k caches (128k: 3773.6 against
+    3807.6 us), 0.1-0.3% at batch 64; 0.6-2.4% longer at one wave (batch 16), 0.5-5.8% on caches of 16k or less, whose
+    programs end closer together than the merge launch costs."""
     if GLUON_DECODE_SPLITS is not None:
         return GLUON_DECODE_SPLITS
     if programs >= processors:
         return 2 if programs > processors and capacity >= LONG_CACHE_TOKENS else 1
+    if peak_bandwidth is not None and programs * GLUON_DECODE_PROGRAM_BYTES_PER_S >= peak_bandwidth:
+        return 1
     return max(1, min(processors // programs, capacity // 256, MAX_SPLITS))
 
 
@@ -486,7 +509,7 @@ def _gluon_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_new
     if block_n != 64:  # the swapped products take 64-key blocks only (a tile forced by GLUON_DECODE_TILE)
         query_rows = 0
     if num_splits <= 0:
-        num_splits = gluon_decode_splits(programs, capacity, processors)
+        num_splits = gluon_decode_splits(programs, capacity, processors, peak_memory_bandwidth(q.device))
     num_splits = min(num_splits, MAX_SPLITS)
     out, lse, out_target, lse_target, out_strides, lse_strides = _split_targets(q, num_splits)
     out_strides, lse_strides = (out_strides[0], out_strides[1], out_strides[3]), lse_strides[:3]  # one token: no m
@@ -664,8 +687,8 @@ def plan_switches() -> tuple:
     return (PROGRAMMATIC_LAUNCH, FUSED_APPEND_MAX_TOKENS, GLUON_DECODE, GLUON_DECODE_PAGED,
             GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR, GLUON_DECODE_MAX_BYTES_PER_PROCESSOR, GLUON_DECODE_TILE,
             GLUON_DECODE_SPLITS, GLUON_DECODE_SWAPPED, SWAPPED_MAX_GROUP, GLUON_DECODE_CONSUMERS,
-            GLUON_DECODE_MERGE_CHAINED, LONG_CACHE_TOKENS, MAX_SPLITS, STREAMING_PROGRAMS_PER_PROCESSOR,
-            TABLE_CHUNK_ENTRIES, TABLE_CHUNK_MIN_BLOCKS)
+            GLUON_DECODE_MERGE_CHAINED, LONG_CACHE_TOKENS, GLUON_DECODE_PROGRAM_BYTES_PER_S, MAX_SPLITS,
+            STREAMING_PROGRAMS_PER_PROCESSOR, TABLE_CHUNK_ENTRIES, TABLE_CHUNK_MIN_BLOCKS)
 
 
 def _planned_attention(phase: str, inputs: tuple, scalars: tuple, call):
