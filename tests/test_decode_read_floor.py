@@ -3,23 +3,14 @@ interpreter on the CPU), whatever the chunking, including a partial last block."
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
+import benchmark_scripts
 import pytest
 import torch
-
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "decode_read_floor.py"
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("decode_read_floor", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_scripts.load("decode_read_floor")
 
 
 @pytest.mark.parametrize("elements, programs, block", [(4096, 4, 256), (3000, 3, 256), (1000, 8, 64), (77, 2, 128)])

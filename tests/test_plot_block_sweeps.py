@@ -3,22 +3,13 @@ and the tables of docs/block-size.md come out."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
+import benchmark_scripts
 import pytest
-
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "plot_block_sweeps.py"
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("plot_block_sweeps", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_scripts.load("plot_block_sweeps")
 
 
 def test_the_sweeps_load_with_the_model_columns(script):

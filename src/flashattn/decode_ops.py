@@ -126,11 +126,16 @@ def _compute_capability(device_index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device_index)
 
 
+def _cuda_index(device: torch.device) -> int:
+    """The CUDA device's index (the current device for a bare "cuda")."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def chained_launch(device: torch.device) -> bool:
     """Whether the decode kernels on ``device`` launch chained (``kernels/common.chain_launch``)."""
     if not PROGRAMMATIC_LAUNCH or device.type != "cuda" or interpreting():
         return False
-    return _compute_capability(device.index if device.index is not None else torch.cuda.current_device())[0] >= 9
+    return _compute_capability(_cuda_index(device))[0] >= 9
 
 
 def processor_count(device: torch.device) -> int:
@@ -138,7 +143,7 @@ def processor_count(device: torch.device) -> int:
     default heuristic splits there too and the tests exercise it."""
     if device.type != "cuda":
         return 4
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return _sm_count(_cuda_index(device))
 
 
 def peak_memory_bandwidth(device: torch.device) -> float | None:
@@ -146,7 +151,7 @@ def peak_memory_bandwidth(device: torch.device) -> float | None:
     does not report the two (and off the GPU)."""
     if device.type != "cuda":
         return None
-    return _peak_memory_bandwidth(device.index if device.index is not None else torch.cuda.current_device())
+    return _peak_memory_bandwidth(_cuda_index(device))
 
 
 @functools.cache
