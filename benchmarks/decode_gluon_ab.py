@@ -9,7 +9,9 @@ A variant is BLOCK_NxSTAGES of the Gluon kernel (``decode_ops.GLUON_DECODE_TILE`
 ``gluon_decode_tile``); suffixes: "+sN" runs N splits (``GLUON_DECODE_SPLITS``), "+everywhere" lifts the table's
 gates on programs and cache bytes per SM (``_gluon_decode_fits``), "+rows" pads the group's query rows to wgmma's 64
 instead of swapping the products (``GLUON_DECODE_SWAPPED`` off), "+c1" one swapped consumer instead of two
-(``GLUON_DECODE_CONSUMERS``), "+chainedmerge" a split step's merge launched chained (``GLUON_DECODE_MERGE_CHAINED``).
+(``GLUON_DECODE_CONSUMERS``), "+chainedmerge" a split step's merge launched chained (``GLUON_DECODE_MERGE_CHAINED``),
+"+base" the kernel of ``--base-kernel`` (another version of ``kernels/decode_hopper.py``, with the same arguments: an
+earlier commit's, ``git show COMMIT:src/flashattn/kernels/decode_hopper.py > FILE``) instead of the tree's.
 ``--append``: steps that append the new key (the bench's flashattn column) for the Triton and Gluon kernels; cuDNN's
 never does. Prints a Markdown table of microseconds per step (median over rounds) and the ratios to cuDNN.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import statistics
 
 import torch
@@ -32,8 +35,19 @@ from flashattn.bench_decode import (
     l2_bytes,
     make_inputs,
 )
+from flashattn.kernels import decode_hopper
 
 WRONG_DIFF = 2e-2  # bf16 outputs of the same attention differ by rounding only
+BASE_KERNELS = {}  # "+base": the kernel of --base-kernel
+
+
+def load_base_kernel(path: str) -> None:
+    """The Gluon decode kernel of the file ``path`` (a version of ``kernels/decode_hopper.py``), for "+base" variants:
+    loaded as a module of ``flashattn.kernels``, so that its relative imports resolve."""
+    spec = importlib.util.spec_from_file_location("flashattn.kernels.decode_hopper_base", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    BASE_KERNELS["kernel"] = module.kvcache_decode_hopper_kernel
 
 
 @contextlib.contextmanager
@@ -44,6 +58,7 @@ def gluon(variant: str | None):
              "GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR", "GLUON_DECODE_MAX_BYTES_PER_PROCESSOR",
              "GLUON_DECODE_SWAPPED", "GLUON_DECODE_CONSUMERS", "GLUON_DECODE_MERGE_CHAINED")
     saved = {name: getattr(decode_ops, name) for name in names}
+    tree_kernel = decode_hopper.kvcache_decode_hopper_kernel
     if variant is None:
         decode_ops.GLUON_DECODE = False
     else:
@@ -58,12 +73,15 @@ def gluon(variant: str | None):
         decode_ops.GLUON_DECODE_MERGE_CHAINED = "chainedmerge" in flags
         splits = [int(flag[1:]) for flag in flags if flag.startswith("s") and flag[1:].isdigit()]
         decode_ops.GLUON_DECODE_SPLITS = splits[0] if splits else None
+        if "base" in flags:  # decode_ops imports the kernel from its module at each launch
+            decode_hopper.kvcache_decode_hopper_kernel = BASE_KERNELS["kernel"]
     launcher.clear_plans()
     try:
         yield
     finally:
         for name, value in saved.items():
             setattr(decode_ops, name, value)
+        decode_hopper.kvcache_decode_hopper_kernel = tree_kernel
         launcher.clear_plans()
 
 
@@ -106,7 +124,10 @@ def main() -> None:
     parser.add_argument("--page-size", type=int, default=0, help="a paged cache of these pages (0: contiguous)")
     parser.add_argument("--pages-in-order", action="store_true",
                         help="a sequence's pages one after the other in the pool (default: scattered at random)")
+    parser.add_argument("--base-kernel", default=None, help="the kernel file of \"+base\" variants")
     args = parser.parse_args()
+    if args.base_kernel:
+        load_base_kernel(args.base_kernel)
     device = torch.device("cuda")
     names = ["triton", *args.variants, "cudnn"]
     print("| cache | batch | " + " | ".join(f"{n} us" for n in names) + " | "

@@ -63,6 +63,19 @@ def _split_blocks(seqlen_k, split, num_splits, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
+def _sequence_span(span, BLOCK_N: gl.constexpr):
+    """This program's keys: (seqlen_k, lo, full_hi, hi, the new tokens that fit the cache). ``span``: the sequence's
+    CacheSeqlens entry, the keys a launch before this one appended, the capacity, this split, the splits and the
+    step's new tokens. Each partition computes it itself: values computed before ``warp_specialize`` reach the worker
+    partitions only once all are ready, which would hold the loader's first copies behind this load."""
+    seqlens, extra_keys, capacity, split, num_splits, seqlen_new = span
+    seqlen_k = gl.minimum(gl.maximum(gl.load(seqlens) + extra_keys, 0), capacity)
+    lo, full_hi, hi = _split_blocks(seqlen_k, split, num_splits, BLOCK_N)
+    # the append's rows: the host refuses one past the cache; the store mask keeps a bad length inside it
+    return seqlen_k, lo, full_hi, hi, gl.minimum(seqlen_new, capacity - seqlen_k)
+
+
+@gluon.jit
 def _cache_row(position, valid, kv_row, table_row, page_size, num_pages, PAGED: gl.constexpr):
     """The cache row (of the descriptors' rows) of key ``position`` of the sequence: ``kv_row`` + position in a
     contiguous cache; in a paged one, the row in its page of the pool (``table_row``: the sequence's block-table row;
@@ -78,11 +91,13 @@ def _cache_row(position, valid, kv_row, table_row, page_size, num_pages, PAGED: 
 
 @gluon.jit
 def _block_at(i, lo, full_hi, rotation, ROTATE: gl.constexpr):
-    """The key block a split loads i-th (i from lo): with ROTATE its whole blocks [lo, full_hi) from lo + ``rotation``
-    on, wrapping around; the masked blocks after them in place. The consumer takes whole blocks in any order (the
-    softmax does not depend on it)."""
+    """The key block a split loads i-th (i from lo): with ROTATE its whole blocks after the first, [lo + 1, full_hi),
+    from lo + 1 + ``rotation`` on, wrapping around; the first block and the masked ones in place. The consumer takes
+    whole blocks in any order (the softmax does not depend on it); the first stays first so that split 0's loader
+    can copy block 0 before it knows the sequence's length (``_decode_loader``)."""
     if ROTATE:
-        return gl.where(i < full_hi, lo + (i - lo + rotation) % gl.maximum(full_hi - lo, 1), i)
+        rotated = lo + 1 + (i - lo - 1 + rotation) % gl.maximum(full_hi - lo - 1, 1)
+        return gl.where((i > lo) & (i < full_hi), rotated, i)
     else:
         return i
 
@@ -92,23 +107,37 @@ def _decode_loader(loads, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PAGED
     """The group's query rows (a q_desc block from ``q_row``); with ``has_new`` a block of the step's new keys and
     values from their own tensors (rows from ``new_row``), first, so that its copy overlaps the cache's stream instead
     of following it; then the split's key blocks [lo, hi) of this kv head (``_cache_row``; columns from ``column``), a
-    contiguous cache's whole blocks from ``rotation`` on (``_block_at``). A paged block lies in one page (BLOCK_N
-    divides the page size). ``loads``: the descriptors, buffers, barriers and this program's rows and blocks, in the
-    kernel's order."""
+    contiguous cache's whole blocks after the first from ``rotation`` on (``_block_at``). A paged block lies in one
+    page (BLOCK_N divides the page size). ``loads``: the descriptors, buffers, barriers and this program's rows and
+    blocks (``span``, ``_sequence_span``), in the kernel's order.
+
+    Split 0's first block is block 0 whatever the sequence's length: its copy (and a paged cache's lookup of its
+    page) is issued before the length arrives, which every other copy of the program waits for."""
     (q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, q_row,
-     kv_row, table_row, page_size, num_pages, new_row, column, lo, full_hi, hi, has_new, rotation) = loads
+     kv_row, table_row, page_size, num_pages, new_row, column, span, has_new, rotation) = loads
     mbarrier.expect(q_ready, q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_ready, q_smem)
-    first = lo * 0  # the ring position of the cache's first block
+    split = span[3]
+    first = split * 0  # the ring position of the cache's first block
     if has_new:
         load_key_block(kn_desc, vn_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, 0, new_row, column,
                        NUM_STAGES)
         first += 1
+    early = split == 0
+    if early:
+        load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, first,
+                       _cache_row(0, early, kv_row, table_row, page_size, num_pages, PAGED), column, NUM_STAGES)
+    _, lo, full_hi, hi, _ = _sequence_span(span, BLOCK_N)
+    if early & (hi == 0):
+        # an empty sequence: no consumer takes block 0, whose copies land before the program ends
+        mbarrier.wait(k_ready.index(first % NUM_STAGES), 0)
+        mbarrier.wait(v_ready.index(first % NUM_STAGES), 0)
+    start = lo + gl.where(early & (hi > lo), 1, 0)
     # each block's row is looked up one block ahead: a paged lookup (a load) then waits behind the block before's
     # copies instead of in front of its own
-    row = _cache_row(_block_at(lo, lo, full_hi, rotation, not PAGED) * BLOCK_N, lo < hi, kv_row, table_row,
+    row = _cache_row(_block_at(start, lo, full_hi, rotation, not PAGED) * BLOCK_N, start < hi, kv_row, table_row,
                      page_size, num_pages, PAGED)
-    for j in range(lo, hi):
+    for j in range(start, hi):
         next_row = _cache_row(_block_at(j + 1, lo, full_hi, rotation, not PAGED) * BLOCK_N, j + 1 < hi, kv_row,
                               table_row, page_size, num_pages, PAGED)
         load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, first + j - lo, row, column,
@@ -117,19 +146,19 @@ def _decode_loader(loads, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PAGED
 
 
 @gluon.jit
-def _append_new_keys(new_src, new_dst, seqlen_new, appends, HEAD_DIM: gl.constexpr, NEW_KEYS: gl.constexpr,
-                     PAGED: gl.constexpr):
+def _append_new_keys(new_src, new_dst, first_position, seqlen_new, appends, HEAD_DIM: gl.constexpr,
+                     NEW_KEYS: gl.constexpr, PAGED: gl.constexpr):
     """The append: where ``appends`` (one program of each sequence and kv head), the step's ``seqlen_new`` new keys and
     values (``new_src``: k and v pointers to the first new token's row of this head, and the token stride) into the
-    cache rows from the sequence's length on (``new_dst``: k and v pointers to this head's column of cache row 0,
-    the row stride, the first position and the ``_cache_row`` arguments). Other programs of the launch read those
+    cache rows from ``first_position``, the sequence's length, on (``new_dst``: k and v pointers to this head's
+    column of cache row 0, the row stride and the ``_cache_row`` arguments). Other programs of the launch read those
     cache rows only in the masked part of a block (keys past the cache's old length), so they never see the stores."""
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (HEAD_DIM // 8), HEAD_DIM // 8], [4, 1], [1, 0])
     tokens = gl.arange(0, NEW_KEYS, layout=gl.SliceLayout(1, layout))
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
     ok = (tokens < seqlen_new) & appends
     k_src, v_src, stride_src = new_src
-    k_dst, v_dst, stride_dst, first_position, kv_row, table_row, page_size, num_pages = new_dst
+    k_dst, v_dst, stride_dst, kv_row, table_row, page_size, num_pages = new_dst
     positions = first_position + tokens
     if PAGED:
         page = gl.load(table_row + positions // page_size, mask=ok, other=0)
@@ -146,11 +175,12 @@ def _append_new_keys(new_src, new_dst, seqlen_new, appends, HEAD_DIM: gl.constex
 
 @gluon.jit
 def _padded_consumer(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, Out, Lse,
-                     out_offset, lse_offset, stride_oh, stride_lh, rows, seqlen_k, lo, full_hi, hi, has_new,
-                     seqlen_new, appends, new_src, new_dst, qk_scale_log2, HEAD_DIM: gl.constexpr,
+                     out_offset, lse_offset, stride_oh, stride_lh, rows, span, has_new, appends, new_src, new_dst,
+                     qk_scale_log2, HEAD_DIM: gl.constexpr,
                      BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NEW_KEYS: gl.constexpr, PAGED: gl.constexpr):
     """The consumer of groups of more than 16 query rows: the group's rows padded to wgmma's 64, the forward's key loop
     (``_key_blocks``)."""
+    seqlen_k, lo, full_hi, hi, seqlen_new = _sequence_span(span, BLOCK_N)
     s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
     o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     row_ids = gl.arange(0, ROWS_PER_WARPGROUP, layout=gl.SliceLayout(1, s_layout))
@@ -163,7 +193,7 @@ def _padded_consumer(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, 
     if NEW_KEYS > 0:
         # the append's stores before the key loop, where their loads' latency hides behind the loader's first copies;
         # then the new keys' block, the ring's first (the loader's order)
-        _append_new_keys(new_src, new_dst, seqlen_new, appends, HEAD_DIM, NEW_KEYS, PAGED)
+        _append_new_keys(new_src, new_dst, seqlen_k, seqlen_new, appends, HEAD_DIM, NEW_KEYS, PAGED)
         new_blocks = gl.where(has_new, 1, 0)
         mbarrier.wait(q_ready, 0)
         m_i, l_i, acc, t = _key_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, turn, t, 0,
@@ -283,8 +313,9 @@ def _swapped_consumer(step, p_smem, merge, HEAD_DIM: gl.constexpr, BLOCK_N: gl.c
     first through ``merge`` (shared buffers and a barrier), which merges them and writes the result. ``step``: what
     every consumer of the program shares (the kernel's ``consumer_step``); ``p_smem``: this consumer's P^T buffer."""
     (q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, Out, Lse, out_offset, lse_offset, stride_oh,
-     stride_lh, rows, seqlen_k, lo, full_hi, hi, has_new, seqlen_new, appends, new_src, new_dst, qk_scale_log2) = step
+     stride_lh, rows, span, has_new, appends, new_src, new_dst, qk_scale_log2) = step
     gl.static_assert(BLOCK_N == 64, "64-key blocks: the swapped products of 128-key ones faulted on the GPU")
+    seqlen_k, lo, full_hi, hi, seqlen_new = _sequence_span(span, BLOCK_N)
     layout: gl.constexpr = swapped_layout(QUERY_ROWS)
     m_i = gl.full([QUERY_ROWS], float("-inf"), gl.float32, gl.SliceLayout(0, layout))
     l_acc = gl.zeros([BLOCK_N, QUERY_ROWS], gl.float32, layout)
@@ -292,7 +323,7 @@ def _swapped_consumer(step, p_smem, merge, HEAD_DIM: gl.constexpr, BLOCK_N: gl.c
     first = lo * 0  # the ring position of the cache's first block
     if NEW_KEYS > 0:
         if CONSUMER == 0:
-            _append_new_keys(new_src, new_dst, seqlen_new, appends, HEAD_DIM, NEW_KEYS, PAGED)
+            _append_new_keys(new_src, new_dst, seqlen_k, seqlen_new, appends, HEAD_DIM, NEW_KEYS, PAGED)
         new_blocks = gl.where(has_new, 1, 0)
         mbarrier.wait(q_ready, 0)
         m_i, l_acc, acc = _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_free, 0, m_i,
@@ -391,18 +422,14 @@ def kvcache_decode_hopper_kernel(
     head_k = batch_head % nheads_k
     group_size = nheads // nheads_k
     # the keys in the cache: CacheSeqlens, plus ``extra_keys`` that a launch before this one appended
-    seqlen_k = gl.minimum(gl.maximum(gl.load(CacheSeqlens + batch) + extra_keys, 0), capacity)
-    lo, full_hi, hi = _split_blocks(seqlen_k, split, num_splits, BLOCK_N)
+    span = (CacheSeqlens + batch, extra_keys, capacity, split, num_splits, seqlen_new)
     has_new = (NEW_KEYS > 0) & (split == num_splits - 1)
-    # the append's rows: the host refuses one past the cache; the store mask keeps a bad length inside it
-    new_tokens = gl.minimum(seqlen_new, capacity - seqlen_k)
     new_src = (KNew + batch.to(gl.int64) * stride_knb + head_k.to(gl.int64) * stride_knh,
                VNew + batch.to(gl.int64) * stride_knb + head_k.to(gl.int64) * stride_knh, stride_knn)
     kv_row = batch * capacity  # a contiguous cache's first row of this sequence
     table_row = BlockTable + batch.to(gl.int64) * stride_btb
     head_column = head_k.to(gl.int64) * stride_kch
-    new_dst = (KCache + head_column, VCache + head_column, stride_kcn, seqlen_k, kv_row, table_row, page_size,
-               num_pages)
+    new_dst = (KCache + head_column, VCache + head_column, stride_kcn, kv_row, table_row, page_size, num_pages)
     first_head = head_k * group_size
     # a contiguous cache's (sequence, split) streams, each of its kv heads' programs alike, start their whole blocks
     # at offsets of their own (a 2-4% shorter step at batch 2, whose 8 splits start 1 MB apart: docs/perf-notes.md,
@@ -420,11 +447,11 @@ def kvcache_decode_hopper_kernel(
     # passes them to the partition as run-time values (the compiler folded these back; a static_range over one fails)
     loads = (q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free,
              v_free, batch * nheads + first_head, kv_row, table_row, page_size, num_pages, batch * seqlen_new,
-             head_k * HEAD_DIM, lo, full_hi, hi, has_new, rotation)
+             head_k * HEAD_DIM, span, has_new, rotation)
     if QUERY_ROWS > 0:
         consumer_step = (q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, Out, Lse, out_offset,
-                         lse_offset, stride_oh, stride_lh, group_size, seqlen_k, lo, full_hi, hi, has_new, new_tokens,
-                         split == 0, new_src, new_dst, qk_scale_log2)
+                         lse_offset, stride_oh, stride_lh, group_size, span, has_new, split == 0, new_src, new_dst,
+                         qk_scale_log2)
         p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, QUERY_ROWS], q_desc.dtype)
         p_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, BLOCK_N, QUERY_ROWS], p_layout)
         if CONSUMERS == 2:
@@ -457,8 +484,8 @@ def kvcache_decode_hopper_kernel(
         mbarrier.init(turn.index(1), count=1)
         gl.warp_specialize([
             (_padded_consumer, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, Out,
-                                Lse, out_offset, lse_offset, stride_oh, stride_lh, group_size, seqlen_k, lo, full_hi,
-                                hi, has_new, new_tokens, split == 0, new_src, new_dst, qk_scale_log2, HEAD_DIM,
-                                BLOCK_N, NUM_STAGES, NEW_KEYS, PAGED)),
+                                Lse, out_offset, lse_offset, stride_oh, stride_lh, group_size, span, has_new,
+                                split == 0, new_src, new_dst, qk_scale_log2, HEAD_DIM, BLOCK_N, NUM_STAGES, NEW_KEYS,
+                                PAGED)),
             (_decode_loader, (loads, BLOCK_N, NUM_STAGES, PAGED)),
         ], [1], [LOADER_REGISTERS])
