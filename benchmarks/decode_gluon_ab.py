@@ -10,7 +10,9 @@ A variant is BLOCK_NxSTAGES of the Gluon kernel (``decode_ops.GLUON_DECODE_TILE`
 gates on programs and cache bytes per SM (``_gluon_decode_fits``), "+rows" pads the group's query rows to wgmma's 64
 instead of swapping the products (``GLUON_DECODE_SWAPPED`` off), "+c1" one swapped consumer instead of two
 (``GLUON_DECODE_CONSUMERS``), "+chainedmerge" a split step's merge launched chained (``GLUON_DECODE_MERGE_CHAINED``),
-"+base" the kernel of ``--base-kernel`` (another version of ``kernels/decode_hopper.py``, with the same arguments: an
+"+early" / "+late" the sequence's length read in the partitions, split 0's first block copied before it arrives,
+or read before them (``GLUON_DECODE_EARLY_FIRST_BLOCK``; by default early in unsplit launches only), "+base" the
+kernel of ``--base-kernel`` (another version of ``kernels/decode_hopper.py`` that takes the same arguments: an
 earlier commit's, ``git show COMMIT:src/flashattn/kernels/decode_hopper.py > FILE``) instead of the tree's.
 ``--append``: steps that append the new key (the bench's flashattn column) for the Triton and Gluon kernels; cuDNN's
 never does. Prints a Markdown table of microseconds per step (median over rounds) and the ratios to cuDNN.
@@ -56,7 +58,8 @@ def gluon(variant: str | None):
     (None); launch plans cleared around."""
     names = ("GLUON_DECODE", "GLUON_DECODE_PAGED", "GLUON_DECODE_TILE", "GLUON_DECODE_SPLITS",
              "GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR", "GLUON_DECODE_MAX_BYTES_PER_PROCESSOR",
-             "GLUON_DECODE_SWAPPED", "GLUON_DECODE_CONSUMERS", "GLUON_DECODE_MERGE_CHAINED")
+             "GLUON_DECODE_SWAPPED", "GLUON_DECODE_CONSUMERS", "GLUON_DECODE_MERGE_CHAINED",
+             "GLUON_DECODE_EARLY_FIRST_BLOCK")
     saved = {name: getattr(decode_ops, name) for name in names}
     tree_kernel = decode_hopper.kvcache_decode_hopper_kernel
     if variant is None:
@@ -71,6 +74,7 @@ def gluon(variant: str | None):
         decode_ops.GLUON_DECODE_SWAPPED = "rows" not in flags
         decode_ops.GLUON_DECODE_CONSUMERS = 1 if "c1" in flags else 2
         decode_ops.GLUON_DECODE_MERGE_CHAINED = "chainedmerge" in flags
+        decode_ops.GLUON_DECODE_EARLY_FIRST_BLOCK = True if "early" in flags else False if "late" in flags else None
         splits = [int(flag[1:]) for flag in flags if flag.startswith("s") and flag[1:].isdigit()]
         decode_ops.GLUON_DECODE_SPLITS = splits[0] if splits else None
         if "base" in flags:  # decode_ops imports the kernel from its module at each launch

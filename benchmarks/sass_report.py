@@ -284,10 +284,11 @@ def ws_dq_report(head_dim: int, causal: bool, config, varlen: bool = False) -> d
 
 
 def ws_decode_report(head_dim: int, block_n: int, num_stages: int, new_keys: int = 1, paged: bool = False,
-                     query_rows: int = 0, consumers: int = 1) -> dict:
+                     query_rows: int = 0, consumers: int = 1, early_first_block: bool = False) -> dict:
     """:func:`report` of the Gluon decode kernel (``kernels/decode_hopper.py``), as ``decode_ops._gluon_attention``
     launches it for bf16 inputs writing float32 partials (``new_keys``: the appended tokens, a power of two, 0 for none;
-    ``paged``: a paged cache; ``query_rows``: swapped products over this many query rows, 0 for the padded rows)."""
+    ``paged``: a paged cache; ``query_rows``: swapped products over this many query rows, 0 for the padded rows;
+    ``early_first_block``: the partitions read the sequence's length, an unsplit launch's build)."""
     from flashattn import ops
     from flashattn.kernels.decode_hopper import kvcache_decode_hopper_kernel
 
@@ -303,7 +304,7 @@ def ws_decode_report(head_dim: int, block_n: int, num_stages: int, new_keys: int
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_STAGES=num_stages,
                       LOADER_REGISTERS=ops.WS_LOADER_REGISTERS, NEW_KEYS=new_keys, PAGED=paged,
                       QUERY_ROWS=query_rows, CONSUMERS=consumers,
-                      CONSUMER_REGISTERS=ops.DECODE_CONSUMER_REGISTERS)
+                      CONSUMER_REGISTERS=ops.DECODE_CONSUMER_REGISTERS, EARLY_FIRST_BLOCK=early_first_block)
     return _gluon_report(kvcache_decode_hopper_kernel, signature, constexprs)
 
 

@@ -633,15 +633,17 @@ GLUON_PROBLEMS = [
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("early", [None, True], ids=["early-by-rule", "early-always"])
 @pytest.mark.parametrize("form", ["swapped", "swapped-1", "padded"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("problem", GLUON_PROBLEMS, ids=str)
-def test_gluon_decode_matches_reference_on_gpu(monkeypatch, problem, dtype, form):
+def test_gluon_decode_matches_reference_on_gpu(monkeypatch, problem, dtype, form, early):
     """The Gluon decode kernel against the float64 reference, and its append (1, 2, 3, 5 and 16 new keys, into an empty
     cache too): split (automatic, 3, 5, 7) and unsplit, lengths that do not fill a key block, an empty sequence (out 0,
     lse +inf), GQA groups of 1, 4, 8, 16 and 32, each consumer (swapped products for groups of up to 16, by one or two
     warpgroups; padded rows, on both of their tiles, 64 and 128 keys), contiguous (whole blocks read from each split's
-    own offset on) and paged (pages of 64, 128 and 256 keys)."""
+    own offset on) and paged (pages of 64, 128 and 256 keys); the partitions reading the sequence's length (split 0's
+    first block copied before it arrives) in unsplit launches only, the rule, or in every launch."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon decode kernel is sm90's")
     monkeypatch.setenv("FLASHATTN_BACKEND", "triton")
@@ -649,6 +651,7 @@ def test_gluon_decode_matches_reference_on_gpu(monkeypatch, problem, dtype, form
     monkeypatch.setattr(decode_ops, "GLUON_DECODE_PAGED", True)
     monkeypatch.setattr(decode_ops, "GLUON_DECODE_SWAPPED", form != "padded")
     monkeypatch.setattr(decode_ops, "GLUON_DECODE_CONSUMERS", 1 if form == "swapped-1" else 2)
+    monkeypatch.setattr(decode_ops, "GLUON_DECODE_EARLY_FIRST_BLOCK", early)
     # the kernel, not the rule of when the table takes it (which depends on the GPU's SM count)
     monkeypatch.setattr(decode_ops, "GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR", float("inf"))
     monkeypatch.setattr(decode_ops, "GLUON_DECODE_MAX_BYTES_PER_PROCESSOR", float("inf"))

@@ -168,20 +168,24 @@ def test_packed_short_forward_tiles_fit_as_many_programs_as_dense_ones():
             assert result["loop_STL"] == 0 and result["loop_LDL"] == 0, f"{name}: the packed build spills in its loop"
 
 
-@pytest.mark.parametrize(("head_dim", "block_n", "stages", "new_keys", "paged", "query_rows", "consumers"),
-                         [(128, 64, 4, 1, False, 8, 2), (128, 64, 4, 16, True, 16, 2), (64, 64, 4, 0, False, 8, 2),
-                          (128, 64, 4, 1, False, 8, 1), (128, 64, 4, 1, False, 0, 1), (128, 128, 3, 16, True, 0, 1),
-                          (64, 64, 4, 0, False, 0, 1), (128, 64, 4, 1, True, 0, 1)])
-def test_gluon_decode_tiles_compile_without_spills(head_dim, block_n, stages, new_keys, paged, query_rows, consumers):
+@pytest.mark.parametrize(("head_dim", "block_n", "stages", "new_keys", "paged", "query_rows", "consumers", "early"),
+                         [(128, 64, 4, 1, False, 8, 2, True), (128, 64, 4, 16, True, 16, 2, False),
+                          (128, 64, 4, 16, True, 16, 2, True), (64, 64, 4, 0, False, 8, 2, True),
+                          (128, 64, 4, 1, False, 8, 1, False), (128, 64, 4, 1, False, 0, 1, True),
+                          (128, 128, 3, 16, True, 0, 1, False), (64, 64, 4, 0, False, 0, 1, False),
+                          (128, 64, 4, 1, True, 0, 1, True)])
+def test_gluon_decode_tiles_compile_without_spills(head_dim, block_n, stages, new_keys, paged, query_rows, consumers,
+                                                   early):
     """The Gluon decode kernel's tiles (decode_ops.gluon_decode_tile) compile for sm90 with no local-memory spills and
     within one program's shared memory, with swapped products (8 or 16 query rows; one or two consumers) and padded
-    rows (0): the interpreter cannot run Gluon."""
+    rows (0), the partitions reading the sequence's length or not (``early``): the interpreter cannot run Gluon."""
     script = f"""
 import json, sys
 sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
 import sass_report
 print(json.dumps([sass_report.ws_decode_report({head_dim}, {block_n}, {stages}, new_keys={new_keys}, paged={paged},
-                                                query_rows={query_rows}, consumers={consumers})]), flush=True)
+                                                query_rows={query_rows}, consumers={consumers},
+                                                early_first_block={early})]), flush=True)
 """
     (result,) = _compiled(script)[0]
     assert result["STL"] == 0 and result["LDL"] == 0, result

@@ -400,6 +400,11 @@ against 11.7 us; 8k batch 4: 37.8 against 38.1). Releasing the merge at the atte
 SWAPPED_MAX_GROUP = 16  # larger groups' S^T, sums and O^T (query rows x 64 keys or head dims) outgrow the registers
 # padded rows only: from one (batch, kv head) program per SM, and past this much K and V (at capacity) a step reads
 # per SM, the Triton kernel
+GLUON_DECODE_EARLY_FIRST_BLOCK: bool | None = None
+"""The Gluon kernel's partitions read the sequence's length themselves, and split 0 copies block 0 before it arrives
+(``kernels/decode_hopper.py``, EARLY_FIRST_BLOCK); None: in unsplit launches only, where every program is a split 0.
+H200 (docs/perf-notes.md, version 28, call A): 0.4-0.6% shorter paged steps at batch 16-32; split steps lost up to
+0.3 us (4k batch 1: 11.8 against 11.5), their other splits waiting for the length behind the barriers' setup."""
 GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR = 1.0
 GLUON_DECODE_MAX_BYTES_PER_PROCESSOR = 4.5 * 2**20
 GLUON_DECODE_TILE: tuple[int, int] | None = None  # (keys a block, stages) for every launch; None: gluon_decode_tile
@@ -540,7 +545,9 @@ def _gluon_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_new
         HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_STAGES=stages, LOADER_REGISTERS=WS_LOADER_REGISTERS,
         NEW_KEYS=configs.next_power_of_2(new_keys) if new_keys else 0, PAGED=block_table is not None,
         QUERY_ROWS=query_rows, CONSUMERS=GLUON_DECODE_CONSUMERS if query_rows else 1,
-        CONSUMER_REGISTERS=DECODE_CONSUMER_REGISTERS, num_warps=4,
+        CONSUMER_REGISTERS=DECODE_CONSUMER_REGISTERS,
+        EARLY_FIRST_BLOCK=num_splits == 1 if GLUON_DECODE_EARLY_FIRST_BLOCK is None else GLUON_DECODE_EARLY_FIRST_BLOCK,
+        num_warps=4,
     )
     if num_splits > 1:
         _triton_combine(out_target, lse_target, out, lse, chained=GLUON_DECODE_MERGE_CHAINED)

@@ -66,13 +66,22 @@ def _split_blocks(seqlen_k, split, num_splits, BLOCK_N: gl.constexpr):
 def _sequence_span(span, BLOCK_N: gl.constexpr):
     """This program's keys: (seqlen_k, lo, full_hi, hi, the new tokens that fit the cache). ``span``: the sequence's
     CacheSeqlens entry, the keys a launch before this one appended, the capacity, this split, the splits and the
-    step's new tokens. Each partition computes it itself: values computed before ``warp_specialize`` reach the worker
-    partitions only once all are ready, which would hold the loader's first copies behind this load."""
+    step's new tokens."""
     seqlens, extra_keys, capacity, split, num_splits, seqlen_new = span
     seqlen_k = gl.minimum(gl.maximum(gl.load(seqlens) + extra_keys, 0), capacity)
     lo, full_hi, hi = _split_blocks(seqlen_k, split, num_splits, BLOCK_N)
     # the append's rows: the host refuses one past the cache; the store mask keeps a bad length inside it
     return seqlen_k, lo, full_hi, hi, gl.minimum(seqlen_new, capacity - seqlen_k)
+
+
+@gluon.jit
+def _program_keys(span, EARLY_FIRST_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr):
+    """``_sequence_span`` in a partition: computed there with EARLY_FIRST_BLOCK (``span`` its arguments), else
+    computed before the partitions (``span`` its result)."""
+    if EARLY_FIRST_BLOCK:
+        return _sequence_span(span, BLOCK_N)
+    else:
+        return span
 
 
 @gluon.jit
@@ -90,44 +99,47 @@ def _cache_row(position, valid, kv_row, table_row, page_size, num_pages, PAGED: 
 
 
 @gluon.jit
-def _block_at(i, lo, full_hi, rotation, ROTATE: gl.constexpr):
-    """The key block a split loads i-th (i from lo): with ROTATE its whole blocks after the first, [lo + 1, full_hi),
-    from lo + 1 + ``rotation`` on, wrapping around; the first block and the masked ones in place. The consumer takes
-    whole blocks in any order (the softmax does not depend on it); the first stays first so that split 0's loader
-    can copy block 0 before it knows the sequence's length (``_decode_loader``)."""
+def _block_at(i, first, full_hi, rotation, ROTATE: gl.constexpr):
+    """The key block a split loads i-th (i from its first block): with ROTATE its whole blocks from ``first`` on,
+    [first, full_hi), from first + ``rotation`` on, wrapping around; the blocks before ``first`` and the masked ones
+    in place. The consumer takes whole blocks in any order (the softmax does not depend on it)."""
     if ROTATE:
-        rotated = lo + 1 + (i - lo - 1 + rotation) % gl.maximum(full_hi - lo - 1, 1)
-        return gl.where((i > lo) & (i < full_hi), rotated, i)
+        rotated = first + (i - first + rotation) % gl.maximum(full_hi - first, 1)
+        return gl.where((i >= first) & (i < full_hi), rotated, i)
     else:
         return i
 
 
 @gluon.jit
-def _decode_loader(loads, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PAGED: gl.constexpr):
+def _decode_loader(loads, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PAGED: gl.constexpr,
+                   EARLY_FIRST_BLOCK: gl.constexpr):
     """The group's query rows (a q_desc block from ``q_row``); with ``has_new`` a block of the step's new keys and
     values from their own tensors (rows from ``new_row``), first, so that its copy overlaps the cache's stream instead
     of following it; then the split's key blocks [lo, hi) of this kv head (``_cache_row``; columns from ``column``), a
-    contiguous cache's whole blocks after the first from ``rotation`` on (``_block_at``). A paged block lies in one
-    page (BLOCK_N divides the page size). ``loads``: the descriptors, buffers, barriers and this program's rows and
-    blocks (``span``, ``_sequence_span``), in the kernel's order.
+    contiguous cache's whole blocks from ``rotation`` on (``_block_at``). A paged block lies in one page (BLOCK_N
+    divides the page size). ``loads``: the descriptors, buffers, barriers and this program's rows, split and keys
+    (``span``, ``_program_keys``), in the kernel's order.
 
-    Split 0's first block is block 0 whatever the sequence's length: its copy (and a paged cache's lookup of its
-    page) is issued before the length arrives, which every other copy of the program waits for."""
+    With EARLY_FIRST_BLOCK split 0's first block is block 0 whatever the sequence's length: its copy (and a paged
+    cache's lookup of its page) is issued before the length arrives, which the other copies wait for; the whole
+    blocks after it rotate."""
     (q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, q_row,
-     kv_row, table_row, page_size, num_pages, new_row, column, span, has_new, rotation) = loads
+     kv_row, table_row, page_size, num_pages, new_row, column, split, span, has_new, rotation) = loads
     mbarrier.expect(q_ready, q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_ready, q_smem)
-    split = span[3]
     first = split * 0  # the ring position of the cache's first block
     if has_new:
         load_key_block(kn_desc, vn_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, 0, new_row, column,
                        NUM_STAGES)
         first += 1
-    early = split == 0
-    if early:
-        load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, first,
-                       _cache_row(0, early, kv_row, table_row, page_size, num_pages, PAGED), column, NUM_STAGES)
-    _, lo, full_hi, hi, _ = _sequence_span(span, BLOCK_N)
+    if EARLY_FIRST_BLOCK:
+        early = split == 0
+        if early:
+            load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, first,
+                           _cache_row(0, early, kv_row, table_row, page_size, num_pages, PAGED), column, NUM_STAGES)
+    else:
+        early = split < 0  # never: the partitions start once the length has arrived
+    _, lo, full_hi, hi, _ = _program_keys(span, EARLY_FIRST_BLOCK, BLOCK_N)
     if early & (hi == 0):
         # an empty sequence: no consumer takes block 0, whose copies land before the program ends
         mbarrier.wait(k_ready.index(first % NUM_STAGES), 0)
@@ -135,10 +147,10 @@ def _decode_loader(loads, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PAGED
     start = lo + gl.where(early & (hi > lo), 1, 0)
     # each block's row is looked up one block ahead: a paged lookup (a load) then waits behind the block before's
     # copies instead of in front of its own
-    row = _cache_row(_block_at(start, lo, full_hi, rotation, not PAGED) * BLOCK_N, start < hi, kv_row, table_row,
+    row = _cache_row(_block_at(start, start, full_hi, rotation, not PAGED) * BLOCK_N, start < hi, kv_row, table_row,
                      page_size, num_pages, PAGED)
     for j in range(start, hi):
-        next_row = _cache_row(_block_at(j + 1, lo, full_hi, rotation, not PAGED) * BLOCK_N, j + 1 < hi, kv_row,
+        next_row = _cache_row(_block_at(j + 1, start, full_hi, rotation, not PAGED) * BLOCK_N, j + 1 < hi, kv_row,
                               table_row, page_size, num_pages, PAGED)
         load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, first + j - lo, row, column,
                        NUM_STAGES)
@@ -177,10 +189,11 @@ def _append_new_keys(new_src, new_dst, first_position, seqlen_new, appends, HEAD
 def _padded_consumer(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, Out, Lse,
                      out_offset, lse_offset, stride_oh, stride_lh, rows, span, has_new, appends, new_src, new_dst,
                      qk_scale_log2, HEAD_DIM: gl.constexpr,
-                     BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NEW_KEYS: gl.constexpr, PAGED: gl.constexpr):
+                     BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NEW_KEYS: gl.constexpr, PAGED: gl.constexpr,
+                     EARLY_FIRST_BLOCK: gl.constexpr):
     """The consumer of groups of more than 16 query rows: the group's rows padded to wgmma's 64, the forward's key loop
     (``_key_blocks``)."""
-    seqlen_k, lo, full_hi, hi, seqlen_new = _sequence_span(span, BLOCK_N)
+    seqlen_k, lo, full_hi, hi, seqlen_new = _program_keys(span, EARLY_FIRST_BLOCK, BLOCK_N)
     s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
     o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     row_ids = gl.arange(0, ROWS_PER_WARPGROUP, layout=gl.SliceLayout(1, s_layout))
@@ -306,7 +319,7 @@ def _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_
 @gluon.jit
 def _swapped_consumer(step, p_smem, merge, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                       NEW_KEYS: gl.constexpr, PAGED: gl.constexpr, QUERY_ROWS: gl.constexpr, CONSUMER: gl.constexpr,
-                      CONSUMERS: gl.constexpr):
+                      CONSUMERS: gl.constexpr, EARLY_FIRST_BLOCK: gl.constexpr):
     """The consumer with the products swapped: the keys (and for O the head dims) along wgmma's 64-row side, the
     group's few query rows along its 8-64 columns, so that no product or exponential is spent on rows of no query.
     With CONSUMERS = 2 two of them take the ring's blocks in turn; the second hands its max, sum and O^T to the
@@ -315,7 +328,7 @@ def _swapped_consumer(step, p_smem, merge, HEAD_DIM: gl.constexpr, BLOCK_N: gl.c
     (q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, Out, Lse, out_offset, lse_offset, stride_oh,
      stride_lh, rows, span, has_new, appends, new_src, new_dst, qk_scale_log2) = step
     gl.static_assert(BLOCK_N == 64, "64-key blocks: the swapped products of 128-key ones faulted on the GPU")
-    seqlen_k, lo, full_hi, hi, seqlen_new = _sequence_span(span, BLOCK_N)
+    seqlen_k, lo, full_hi, hi, seqlen_new = _program_keys(span, EARLY_FIRST_BLOCK, BLOCK_N)
     layout: gl.constexpr = swapped_layout(QUERY_ROWS)
     m_i = gl.full([QUERY_ROWS], float("-inf"), gl.float32, gl.SliceLayout(0, layout))
     l_acc = gl.zeros([BLOCK_N, QUERY_ROWS], gl.float32, layout)
@@ -401,7 +414,7 @@ def kvcache_decode_hopper_kernel(
     nheads, nheads_k, capacity, num_splits, seqlen_new, extra_keys, page_size, num_pages, qk_scale_log2,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
     NEW_KEYS: gl.constexpr, PAGED: gl.constexpr, QUERY_ROWS: gl.constexpr, CONSUMERS: gl.constexpr,
-    CONSUMER_REGISTERS: gl.constexpr,
+    CONSUMER_REGISTERS: gl.constexpr, EARLY_FIRST_BLOCK: gl.constexpr,
 ):
     """Grid (batch x kv heads, splits). q_desc: the queries as (batch x heads, HEAD_DIM) rows, QUERY_ROWS a block for
     swapped products (``_swapped_consumer``), 64 with QUERY_ROWS = 0 (``_padded_consumer``); k/v_desc:
@@ -415,7 +428,12 @@ def kvcache_decode_hopper_kernel(
     seqlen_new, kv heads x HEAD_DIM)): the last split attends to them from KNew/VNew, split 0 writes them into the
     caches (KCache/VCache, whose V strides are K's).
 
-    CONSUMERS: swapped consumer warpgroups (1 or 2; CONSUMER_REGISTERS, the second one's registers a thread)."""
+    CONSUMERS: swapped consumer warpgroups (1 or 2; CONSUMER_REGISTERS, the second one's registers a thread).
+
+    EARLY_FIRST_BLOCK: each partition reads the sequence's length itself, and split 0's loader copies block 0 before
+    it arrives (``_decode_loader``). Values computed before ``warp_specialize`` reach the worker partitions only
+    once all are ready: read here, the length holds every copy of the program behind it, but its latency overlaps
+    the setup of the barriers, which a partition's own read follows (one launch's splits each wait for it anyway)."""
     batch_head = gl.program_id(0)
     split = gl.program_id(1)
     batch = batch_head // nheads_k
@@ -423,6 +441,8 @@ def kvcache_decode_hopper_kernel(
     group_size = nheads // nheads_k
     # the keys in the cache: CacheSeqlens, plus ``extra_keys`` that a launch before this one appended
     span = (CacheSeqlens + batch, extra_keys, capacity, split, num_splits, seqlen_new)
+    if not EARLY_FIRST_BLOCK:
+        span = _sequence_span(span, BLOCK_N)
     has_new = (NEW_KEYS > 0) & (split == num_splits - 1)
     new_src = (KNew + batch.to(gl.int64) * stride_knb + head_k.to(gl.int64) * stride_knh,
                VNew + batch.to(gl.int64) * stride_knb + head_k.to(gl.int64) * stride_knh, stride_knn)
@@ -447,7 +467,7 @@ def kvcache_decode_hopper_kernel(
     # passes them to the partition as run-time values (the compiler folded these back; a static_range over one fails)
     loads = (q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free,
              v_free, batch * nheads + first_head, kv_row, table_row, page_size, num_pages, batch * seqlen_new,
-             head_k * HEAD_DIM, span, has_new, rotation)
+             head_k * HEAD_DIM, split, span, has_new, rotation)
     if QUERY_ROWS > 0:
         consumer_step = (q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, Out, Lse, out_offset,
                          lse_offset, stride_oh, stride_lh, group_size, span, has_new, split == 0, new_src, new_dst,
@@ -464,16 +484,16 @@ def kvcache_decode_hopper_kernel(
                                                gl.SwizzledSharedLayout(1, 1, 1, [1, 0])), merged)
             gl.warp_specialize([
                 (_swapped_consumer, (consumer_step, p_smem.index(0), merge, HEAD_DIM, BLOCK_N, NUM_STAGES, NEW_KEYS,
-                                     PAGED, QUERY_ROWS, 0, 2)),
+                                     PAGED, QUERY_ROWS, 0, 2, EARLY_FIRST_BLOCK)),
                 (_swapped_consumer, (consumer_step, p_smem.index(1), merge, HEAD_DIM, BLOCK_N, NUM_STAGES, NEW_KEYS,
-                                     PAGED, QUERY_ROWS, 1, 2)),
-                (_decode_loader, (loads, BLOCK_N, NUM_STAGES, PAGED)),
+                                     PAGED, QUERY_ROWS, 1, 2, EARLY_FIRST_BLOCK)),
+                (_decode_loader, (loads, BLOCK_N, NUM_STAGES, PAGED, EARLY_FIRST_BLOCK)),
             ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
         else:
             gl.warp_specialize([
                 (_swapped_consumer, (consumer_step, p_smem.index(0), 0, HEAD_DIM, BLOCK_N, NUM_STAGES, NEW_KEYS, PAGED,
-                                     QUERY_ROWS, 0, 1)),
-                (_decode_loader, (loads, BLOCK_N, NUM_STAGES, PAGED)),
+                                     QUERY_ROWS, 0, 1, EARLY_FIRST_BLOCK)),
+                (_decode_loader, (loads, BLOCK_N, NUM_STAGES, PAGED, EARLY_FIRST_BLOCK)),
             ], [1], [LOADER_REGISTERS])
     else:
         # the forward's key loop takes a Q-release barrier and ping-pong turns: one consumer uses neither
@@ -486,6 +506,6 @@ def kvcache_decode_hopper_kernel(
             (_padded_consumer, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, Out,
                                 Lse, out_offset, lse_offset, stride_oh, stride_lh, group_size, span, has_new,
                                 split == 0, new_src, new_dst, qk_scale_log2, HEAD_DIM, BLOCK_N, NUM_STAGES, NEW_KEYS,
-                                PAGED)),
-            (_decode_loader, (loads, BLOCK_N, NUM_STAGES, PAGED)),
+                                PAGED, EARLY_FIRST_BLOCK)),
+            (_decode_loader, (loads, BLOCK_N, NUM_STAGES, PAGED, EARLY_FIRST_BLOCK)),
         ], [1], [LOADER_REGISTERS])
