@@ -11,7 +11,7 @@ gates on programs and cache bytes per SM (``_gluon_decode_fits``), "+rows" pads 
 instead of swapping the products (``GLUON_DECODE_SWAPPED`` off), "+c1" one swapped consumer instead of two
 (``GLUON_DECODE_CONSUMERS``), "+chainedmerge" a split step's merge launched chained (``GLUON_DECODE_MERGE_CHAINED``),
 "+early" / "+late" the sequence's length read in the partitions, split 0's first block copied before it arrives,
-or read before them (``GLUON_DECODE_EARLY_FIRST_BLOCK``; by default early in unsplit launches only), "+base" the
+or read before them (``GLUON_DECODE_EARLY_FIRST_BLOCK``; by default ``gluon_decode_early_first_block``), "+base" the
 kernel of ``--base-kernel`` (another version of ``kernels/decode_hopper.py`` that takes the same arguments: an
 earlier commit's, ``git show COMMIT:src/flashattn/kernels/decode_hopper.py > FILE``) instead of the tree's.
 ``--append``: steps that append the new key (the bench's flashattn column) for the Triton and Gluon kernels; cuDNN's

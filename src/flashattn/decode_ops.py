@@ -402,9 +402,12 @@ SWAPPED_MAX_GROUP = 16  # larger groups' S^T, sums and O^T (query rows x 64 keys
 # per SM, the Triton kernel
 GLUON_DECODE_EARLY_FIRST_BLOCK: bool | None = None
 """The Gluon kernel's partitions read the sequence's length themselves, and split 0 copies block 0 before it arrives
-(``kernels/decode_hopper.py``, EARLY_FIRST_BLOCK); None: in unsplit launches only, where every program is a split 0.
-H200 (docs/perf-notes.md, version 28, call A): 0.4-0.6% shorter paged steps at batch 16-32; split steps lost up to
-0.3 us (4k batch 1: 11.8 against 11.5), their other splits waiting for the length behind the barriers' setup."""
+(``kernels/decode_hopper.py``, EARLY_FIRST_BLOCK); None: by ``gluon_decode_early_first_block``."""
+GLUON_DECODE_EARLY_MAX_SPLITS = 4
+"""The most splits of a launch whose partitions read the length themselves. H200, GQA 32/8 (docs/perf-notes.md,
+version 28, call B): 0.3-1.3% shorter steps at 1-4 splits (paged 4k batch 32: 126.4 against 127.1 us; 4k batch 4:
+23.3 against 23.6), 0.1-0.2 us longer at 8 and 16 (4k batch 2: 16.1 against 15.9), where many short splits each wait
+for the length behind the barriers' setup instead of during it."""
 GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR = 1.0
 GLUON_DECODE_MAX_BYTES_PER_PROCESSOR = 4.5 * 2**20
 GLUON_DECODE_TILE: tuple[int, int] | None = None  # (keys a block, stages) for every launch; None: gluon_decode_tile
@@ -499,6 +502,14 @@ def _gluon_decode_fits(q, k_cache, v_cache, cache_batch_idx, cache_leftpad, bloc
     return one_run and q.is_contiguous() and q.data_ptr() % 16 == 0
 
 
+def gluon_decode_early_first_block(num_splits: int) -> bool:
+    """Whether a Gluon decode launch of ``num_splits`` splits reads the sequence's length in its partitions, its split
+    0 copying block 0 before the length arrives (GLUON_DECODE_EARLY_FIRST_BLOCK, else GLUON_DECODE_EARLY_MAX_SPLITS)."""
+    if GLUON_DECODE_EARLY_FIRST_BLOCK is not None:
+        return GLUON_DECODE_EARLY_FIRST_BLOCK
+    return num_splits <= GLUON_DECODE_EARLY_MAX_SPLITS
+
+
 def _gluon_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_new: int, opts: AttentionOptions,
                      num_splits: int, k_new=None, v_new=None):
     """(out, lse) of a decode step through the Gluon kernel (``_gluon_decode_fits``), which also appends
@@ -546,7 +557,7 @@ def _gluon_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_new
         NEW_KEYS=configs.next_power_of_2(new_keys) if new_keys else 0, PAGED=block_table is not None,
         QUERY_ROWS=query_rows, CONSUMERS=GLUON_DECODE_CONSUMERS if query_rows else 1,
         CONSUMER_REGISTERS=DECODE_CONSUMER_REGISTERS,
-        EARLY_FIRST_BLOCK=num_splits == 1 if GLUON_DECODE_EARLY_FIRST_BLOCK is None else GLUON_DECODE_EARLY_FIRST_BLOCK,
+        EARLY_FIRST_BLOCK=gluon_decode_early_first_block(num_splits),
         num_warps=4,
     )
     if num_splits > 1:
