@@ -597,9 +597,9 @@ def test_peak_memory_bandwidth_from_the_memory_clock_and_bus(monkeypatch):
     assert decode_ops.peak_memory_bandwidth(torch.device("cpu")) is None
 
 
-def test_gluon_decode_reads_the_length_in_its_partitions_up_to_4_splits(monkeypatch):
+def test_gluon_decode_reads_the_length_in_its_partitions_up_to_5_splits(monkeypatch):
     """EARLY_FIRST_BLOCK by the split count (GLUON_DECODE_EARLY_MAX_SPLITS), unless the switch forces it."""
-    assert [decode_ops.gluon_decode_early_first_block(n) for n in (1, 2, 4, 5, 8, 16)] == [True] * 3 + [False] * 3
+    assert [decode_ops.gluon_decode_early_first_block(n) for n in (1, 2, 5, 6, 8, 16)] == [True] * 3 + [False] * 3
     monkeypatch.setattr(decode_ops, "GLUON_DECODE_EARLY_FIRST_BLOCK", False)
     assert not decode_ops.gluon_decode_early_first_block(1)
     monkeypatch.setattr(decode_ops, "GLUON_DECODE_EARLY_FIRST_BLOCK", True)
@@ -652,7 +652,7 @@ def test_gluon_decode_matches_reference_on_gpu(monkeypatch, problem, dtype, form
     lse +inf), GQA groups of 1, 4, 8, 16 and 32, each consumer (swapped products for groups of up to 16, by one or two
     warpgroups; padded rows, on both of their tiles, 64 and 128 keys), contiguous (whole blocks read from each split's
     own offset on) and paged (pages of 64, 128 and 256 keys); the partitions reading the sequence's length (split 0's
-    first block copied before it arrives) by the rule (launches of up to 4 splits) or in every launch."""
+    first block copied before it arrives) by the rule (launches of up to 5 splits) or in every launch."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon decode kernel is sm90's")
     monkeypatch.setenv("FLASHATTN_BACKEND", "triton")

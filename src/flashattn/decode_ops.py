@@ -403,11 +403,11 @@ SWAPPED_MAX_GROUP = 16  # larger groups' S^T, sums and O^T (query rows x 64 keys
 GLUON_DECODE_EARLY_FIRST_BLOCK: bool | None = None
 """The Gluon kernel's partitions read the sequence's length themselves, and split 0 copies block 0 before it arrives
 (``kernels/decode_hopper.py``, EARLY_FIRST_BLOCK); None: by ``gluon_decode_early_first_block``."""
-GLUON_DECODE_EARLY_MAX_SPLITS = 4
+GLUON_DECODE_EARLY_MAX_SPLITS = 5
 """The most splits of a launch whose partitions read the length themselves. H200, GQA 32/8 (docs/perf-notes.md,
-version 28, call B): 0.3-1.3% shorter steps at 1-4 splits (paged 4k batch 32: 126.4 against 127.1 us; 4k batch 4:
-23.3 against 23.6), 0.1-0.2 us longer at 8 and 16 (4k batch 2: 16.1 against 15.9), where many short splits each wait
-for the length behind the barriers' setup instead of during it."""
+version 28, calls B-C): 0.3-1.3% shorter steps at 1-5 splits (paged 4k batch 32: 126.4 against 127.1 us; 4k batch 4:
+23.3 against 23.6; 4k batch 3, 5 splits: 19.9 against 20.1), 0.1-0.2 us longer at 8 and 16 (4k batch 2: 16.1
+against 15.9), where many short splits each wait for the length behind the barriers' setup instead of during it."""
 GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR = 1.0
 GLUON_DECODE_MAX_BYTES_PER_PROCESSOR = 4.5 * 2**20
 GLUON_DECODE_TILE: tuple[int, int] | None = None  # (keys a block, stages) for every launch; None: gluon_decode_tile
