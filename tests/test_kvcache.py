@@ -606,6 +606,12 @@ def test_gluon_decode_reads_the_length_in_its_partitions_up_to_5_splits(monkeypa
     assert decode_ops.gluon_decode_early_first_block(16)
 
 
+def test_gluon_decode_consumers_keep_their_own_stages():
+    """Two swapped consumers only on a ring of an even stage count (5 stages with two faulted); padded rows, one."""
+    assert [decode_ops.gluon_decode_consumers(8, stages) for stages in (2, 3, 4, 5, 6)] == [2, 1, 2, 1, 2]
+    assert decode_ops.gluon_decode_consumers(0, 4) == 1
+
+
 def test_gluon_decode_swaps_the_products_of_groups_up_to_16(monkeypatch):
     """wgmma's N for a swapped program: the group's query rows padded to a power of two, 8 at least; groups past
     SWAPPED_MAX_GROUP (or the switch off) pad their rows to 64 instead (0)."""

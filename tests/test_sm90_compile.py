@@ -190,3 +190,20 @@ print(json.dumps([sass_report.ws_decode_report({head_dim}, {block_n}, {stages}, 
     (result,) = _compiled(script)[0]
     assert result["STL"] == 0 and result["LDL"] == 0, result
     assert result["shared_bytes"] <= 227 * 1024, result
+
+
+def test_gluon_decode_refuses_a_ring_its_consumers_share():
+    """Two swapped consumers on a 5-stage ring would take its stages in turn (a fault on the GPU): the kernel's
+    assertion stops the compile."""
+    script = f"""
+import json, sys, traceback
+sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
+import sass_report
+try:
+    sass_report.ws_decode_report(128, 64, 5, query_rows=8, consumers=2)
+    print(json.dumps(["compiled"]))
+except Exception as error:  # the assertion's message is in the chain of causes
+    print(json.dumps(["".join(traceback.format_exception(error))]))
+"""
+    (message,) = _compiled(script)[0]
+    assert "each consumer keeps its own stages" in message

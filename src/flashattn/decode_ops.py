@@ -502,6 +502,12 @@ def _gluon_decode_fits(q, k_cache, v_cache, cache_batch_idx, cache_leftpad, bloc
     return one_run and q.is_contiguous() and q.data_ptr() % 16 == 0
 
 
+def gluon_decode_consumers(query_rows: int, stages: int) -> int:
+    """Consumer warpgroups of a Gluon decode launch: GLUON_DECODE_CONSUMERS for swapped products (``query_rows`` > 0)
+    on a ring whose stages they divide, so that each keeps its own (the kernel's assertion says why), else one."""
+    return GLUON_DECODE_CONSUMERS if query_rows and stages % GLUON_DECODE_CONSUMERS == 0 else 1
+
+
 def gluon_decode_early_first_block(num_splits: int) -> bool:
     """Whether a Gluon decode launch of ``num_splits`` splits reads the sequence's length in its partitions, its split
     0 copying block 0 before the length arrives (GLUON_DECODE_EARLY_FIRST_BLOCK, else GLUON_DECODE_EARLY_MAX_SPLITS)."""
@@ -555,7 +561,7 @@ def _gluon_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_new
         opts.softmax_scale * LOG2E,
         HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_STAGES=stages, LOADER_REGISTERS=WS_LOADER_REGISTERS,
         NEW_KEYS=configs.next_power_of_2(new_keys) if new_keys else 0, PAGED=block_table is not None,
-        QUERY_ROWS=query_rows, CONSUMERS=GLUON_DECODE_CONSUMERS if query_rows else 1,
+        QUERY_ROWS=query_rows, CONSUMERS=gluon_decode_consumers(query_rows, stages),
         CONSUMER_REGISTERS=DECODE_CONSUMER_REGISTERS,
         EARLY_FIRST_BLOCK=gluon_decode_early_first_block(num_splits),
         num_warps=4,

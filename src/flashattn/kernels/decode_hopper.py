@@ -328,6 +328,11 @@ def _swapped_consumer(step, p_smem, merge, HEAD_DIM: gl.constexpr, BLOCK_N: gl.c
     (q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, Out, Lse, out_offset, lse_offset, stride_oh,
      stride_lh, rows, span, has_new, appends, new_src, new_dst, qk_scale_log2) = step
     gl.static_assert(BLOCK_N == 64, "64-key blocks: the swapped products of 128-key ones faulted on the GPU")
+    # consumer c takes ring positions c mod CONSUMERS; a stage count that they do not divide hands a stage to each in
+    # turn, and a consumer ahead of the other may then pass its parity wait on a stage whose copy for the other's block
+    # has not landed (the phase before looks complete): a 5-stage ring faulted on the GPU (docs/perf-notes.md,
+    # version 28, calls E-G)
+    gl.static_assert(NUM_STAGES % CONSUMERS == 0, "each consumer keeps its own stages")
     seqlen_k, lo, full_hi, hi, seqlen_new = _program_keys(span, EARLY_FIRST_BLOCK, BLOCK_N)
     layout: gl.constexpr = swapped_layout(QUERY_ROWS)
     m_i = gl.full([QUERY_ROWS], float("-inf"), gl.float32, gl.SliceLayout(0, layout))
