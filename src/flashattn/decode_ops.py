@@ -390,16 +390,14 @@ steps than the padded rows (4k batch 2: 16.4 against 17.1 us; 8k batch 16: 122.5
 1-2% to the Triton kernel past one program an SM (call E) and so keep the gates below. False: the padded rows."""
 GLUON_DECODE_CONSUMERS = 2
 """Swapped products: consumer warpgroups taking the ring's blocks in turn (1 or 2; the second hands its state to the
-first at the end). H200 (docs/perf-notes.md, version 25, call M): two 0.5-2.5% faster than one at batch 1-64 (4k
-batch 16: 65.3 against 66.1 us; 64k batch 64: 3770 against 3864)."""
+first at the end; two only on a ring of an even stage count, ``gluon_decode_consumers``). H200 (docs/perf-notes.md,
+version 25, call M): two 0.5-2.5% faster than one at batch 1-64 (4k batch 16: 65.3 against 66.1 us; 64k batch 64:
+3770 against 3864)."""
 GLUON_DECODE_MERGE_CHAINED = False
 """The merge after a split Gluon step launched chained (programmatic dependent launch), as after the Triton kernel.
 H200 (docs/perf-notes.md, version 26, call K): plainly 0.1-0.3 us shorter at every split step timed (4k batch 1: 11.5
 against 11.7 us; 8k batch 4: 37.8 against 38.1). Releasing the merge at the attention's start was 1-1.4 us longer
 (call J), and the attention chained itself up to 7% (call A)."""
-SWAPPED_MAX_GROUP = 16  # larger groups' S^T, sums and O^T (query rows x 64 keys or head dims) outgrow the registers
-# padded rows only: from one (batch, kv head) program per SM, and past this much K and V (at capacity) a step reads
-# per SM, the Triton kernel
 GLUON_DECODE_EARLY_FIRST_BLOCK: bool | None = None
 """The Gluon kernel's partitions read the sequence's length themselves, and split 0 copies block 0 before it arrives
 (``kernels/decode_hopper.py``, EARLY_FIRST_BLOCK); None: by ``gluon_decode_early_first_block``."""
@@ -408,6 +406,9 @@ GLUON_DECODE_EARLY_MAX_SPLITS = 5
 version 28, calls B-C): 0.3-1.3% shorter steps at 1-5 splits (paged 4k batch 32: 126.4 against 127.1 us; 4k batch 4:
 23.3 against 23.6; 4k batch 3, 5 splits: 19.9 against 20.1), 0.1-0.2 us longer at 8 and 16 (4k batch 2: 16.1
 against 15.9), where many short splits each wait for the length behind the barriers' setup instead of during it."""
+SWAPPED_MAX_GROUP = 16  # larger groups' S^T, sums and O^T (query rows x 64 keys or head dims) outgrow the registers
+# padded rows only: from one (batch, kv head) program per SM, and past this much K and V (at capacity) a step reads
+# per SM, the Triton kernel
 GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR = 1.0
 GLUON_DECODE_MAX_BYTES_PER_PROCESSOR = 4.5 * 2**20
 GLUON_DECODE_TILE: tuple[int, int] | None = None  # (keys a block, stages) for every launch; None: gluon_decode_tile

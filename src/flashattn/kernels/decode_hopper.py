@@ -22,7 +22,9 @@ them from the new k/v (a block of their own, the first through the ring), and sp
 before its key loop.
 
 Paged caches are read through one descriptor over the page pool, a block's page looked up by the loader. A contiguous
-cache's splits start their whole blocks at offsets of their own (``_block_at``).
+cache's splits start their whole blocks at offsets of their own (``_block_at``). In launches of few splits each
+partition reads the sequence's length itself, and split 0's loader copies block 0 before it arrives
+(``EARLY_FIRST_BLOCK``).
 
 Limits, checked by the launcher (``decode_ops._gluon_decode_fits``): one query token, a cache of whole rows per
 token (paged: pages one after the other in the pool, their size a multiple of the key block), 16-bit inputs, head
@@ -188,9 +190,8 @@ def _append_new_keys(new_src, new_dst, first_position, seqlen_new, appends, HEAD
 @gluon.jit
 def _padded_consumer(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, Out, Lse,
                      out_offset, lse_offset, stride_oh, stride_lh, rows, span, has_new, appends, new_src, new_dst,
-                     qk_scale_log2, HEAD_DIM: gl.constexpr,
-                     BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NEW_KEYS: gl.constexpr, PAGED: gl.constexpr,
-                     EARLY_FIRST_BLOCK: gl.constexpr):
+                     qk_scale_log2, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                     NEW_KEYS: gl.constexpr, PAGED: gl.constexpr, EARLY_FIRST_BLOCK: gl.constexpr):
     """The consumer of groups of more than 16 query rows: the group's rows padded to wgmma's 64, the forward's key loop
     (``_key_blocks``)."""
     seqlen_k, lo, full_hi, hi, seqlen_new = _program_keys(span, EARLY_FIRST_BLOCK, BLOCK_N)
@@ -438,7 +439,8 @@ def kvcache_decode_hopper_kernel(
     EARLY_FIRST_BLOCK: each partition reads the sequence's length itself, and split 0's loader copies block 0 before
     it arrives (``_decode_loader``). Values computed before ``warp_specialize`` reach the worker partitions only
     once all are ready: read here, the length holds every copy of the program behind it, but its latency overlaps
-    the setup of the barriers, which a partition's own read follows (one launch's splits each wait for it anyway)."""
+    the setup of the barriers, which a partition's own read follows. Launches of many short splits, whose splits but
+    the first gain nothing from the early copy, read it here (``decode_ops.gluon_decode_early_first_block``)."""
     batch_head = gl.program_id(0)
     split = gl.program_id(1)
     batch = batch_head // nheads_k
