@@ -147,20 +147,16 @@ def _decode_loader(loads, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PAGED
         mbarrier.wait(k_ready.index(first % NUM_STAGES), 0)
         mbarrier.wait(v_ready.index(first % NUM_STAGES), 0)
     start = lo + gl.where(early & (hi > lo), 1, 0)
-    # each block's row is looked up three blocks ahead: a paged lookup (a load, from HBM when the block table's line
-    # has left the caches) then waits behind three blocks' copies instead of in front of its own
+    # each block's row is looked up one block ahead: a paged lookup (a load) then waits behind the block before's
+    # copies instead of in front of its own
     row = _cache_row(_block_at(start, start, full_hi, rotation, not PAGED) * BLOCK_N, start < hi, kv_row, table_row,
                      page_size, num_pages, PAGED)
-    row_1 = _cache_row(_block_at(start + 1, start, full_hi, rotation, not PAGED) * BLOCK_N, start + 1 < hi, kv_row,
-                       table_row, page_size, num_pages, PAGED)
-    row_2 = _cache_row(_block_at(start + 2, start, full_hi, rotation, not PAGED) * BLOCK_N, start + 2 < hi, kv_row,
-                       table_row, page_size, num_pages, PAGED)
     for j in range(start, hi):
-        row_3 = _cache_row(_block_at(j + 3, start, full_hi, rotation, not PAGED) * BLOCK_N, j + 3 < hi, kv_row,
-                           table_row, page_size, num_pages, PAGED)
+        next_row = _cache_row(_block_at(j + 1, start, full_hi, rotation, not PAGED) * BLOCK_N, j + 1 < hi, kv_row,
+                              table_row, page_size, num_pages, PAGED)
         load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, first + j - lo, row, column,
                        NUM_STAGES)
-        row, row_1, row_2 = row_1, row_2, row_3
+        row = next_row
 
 
 @gluon.jit
