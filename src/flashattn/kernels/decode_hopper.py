@@ -93,9 +93,7 @@ def _cache_row(position, valid, kv_row, table_row, page_size, num_pages, PAGED: 
     read only where ``valid``, a position inside the sequence). A page index outside the pool (refused on the host
     unless the caller turned the check off) reads page 0."""
     if PAGED:
-        # kept in L2 past the step's stream of K/V, which evicts a plain line within a wave: a program of the next
-        # wave finds its first page there, not in HBM
-        page = gl.load(table_row + position // page_size, mask=valid, other=0, eviction_policy="evict_last")
+        page = gl.load(table_row + position // page_size, mask=valid, other=0)
         page = gl.where((page >= 0) & (page < num_pages), page, 0)
         return page * page_size + position % page_size
     else:
