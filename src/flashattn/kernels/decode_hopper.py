@@ -134,19 +134,19 @@ def _decode_loader(loads, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PAGED
         load_key_block(kn_desc, vn_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, 0, new_row, column,
                        NUM_STAGES)
         first += 1
-    if EARLY_FIRST_BLOCK:
-        early = split == 0
-        if early:
+    if EARLY_FIRST_BLOCK:  # noqa: SIM102 - a build's choice (constexpr) around a program's (run time)
+        if split == 0:
             load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, first,
-                           _cache_row(0, early, kv_row, table_row, page_size, num_pages, PAGED), column, NUM_STAGES)
-    else:
-        early = split < 0  # never: the partitions start once the length has arrived
+                           _cache_row(0, split == 0, kv_row, table_row, page_size, num_pages, PAGED), column,
+                           NUM_STAGES)
     _, lo, full_hi, hi, _ = _program_keys(span, EARLY_FIRST_BLOCK, BLOCK_N)
-    if early & (hi == 0):
-        # an empty sequence: no consumer takes block 0, whose copies land before the program ends
-        mbarrier.wait(k_ready.index(first % NUM_STAGES), 0)
-        mbarrier.wait(v_ready.index(first % NUM_STAGES), 0)
-    start = lo + gl.where(early & (hi > lo), 1, 0)
+    start = lo
+    if EARLY_FIRST_BLOCK:
+        if (split == 0) & (hi == 0):
+            # an empty sequence: no consumer takes block 0, whose copies land before the program ends
+            mbarrier.wait(k_ready.index(first % NUM_STAGES), 0)
+            mbarrier.wait(v_ready.index(first % NUM_STAGES), 0)
+        start += gl.where((split == 0) & (hi > lo), 1, 0)
     # each block's row is looked up one block ahead: a paged lookup (a load) then waits behind the block before's
     # copies instead of in front of its own
     row = _cache_row(_block_at(start, start, full_hi, rotation, not PAGED) * BLOCK_N, start < hi, kv_row, table_row,
