@@ -150,11 +150,23 @@ def _tile_plan(tile_id, row_tiles, batch_heads, heads_per_section, nheads, group
         # bottom-right aligned: query i sees keys up to i + seqlen_k - seqlen_q
         key_end = gl.minimum(seqlen_k, tile_row + tile_rows + seqlen_k - seqlen_q)
         full_end = gl.minimum(seqlen_k, tile_row + 1 + seqlen_k - seqlen_q)
-    # a tile with no row in its sequence (varlen: a shorter sequence) loads Q and computes nothing
+    # a tile with no row in its sequence (varlen: a shorter sequence) computes nothing (the forward's loader skips it)
     has_rows = (tile_row < seqlen_q) & (tile_row + tile_rows > 0)
     n_blocks = gl.where(has_rows, gl.cdiv(gl.maximum(key_end, 0), BLOCK_N), 0)
     n_full = gl.minimum(gl.maximum(full_end, 0) // BLOCK_N, n_blocks)
     return head, head // group_size, q_start, k_start, seqlen_q, seqlen_k, lse_row, tile_row, n_full, n_blocks
+
+
+@gluon.jit
+def tile_has_rows(tile_row, seqlen_q, NUM_CONSUMERS: gl.constexpr, IS_VARLEN: gl.constexpr):
+    """Whether a tile holds a row of its sequence. Only packed calls have tiles without (a grid sized by the longest
+    sequence leaves the shorter ones' last row tiles empty: 44% of the tiles at the bench's 512-token mean, docs/
+    perf-notes.md version 29); the loader skips them, so that they cost no Q copy, hand-off or epilogue."""
+    if IS_VARLEN:
+        tile_rows = NUM_CONSUMERS * ROWS_PER_WARPGROUP
+        return (tile_row < seqlen_q) & (tile_row + tile_rows > 0)
+    else:
+        return True
 
 
 @gluon.jit
@@ -220,22 +232,24 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_f
     while tile_id < total_tiles:
         # taken now, read after this tile's loads are issued: the counter's round trip hides behind them
         next_tile = _next_tile(tile_id, TileCounter, DYNAMIC_TILES)
-        head, head_k, q_start, k_start, _, _, _, tile_row, _, n_blocks = _tile_plan(
+        head, head_k, q_start, k_start, tile_seqlen_q, _, _, tile_row, _, n_blocks = _tile_plan(
             tile_id, row_tiles, batch_heads, heads_per_section, nheads, group_size, CuSeqlensQ, CuSeqlensK, seqlen_q,
             seqlen_k, 0, 0, BLOCK_N, CAUSAL, IS_VARLEN, NUM_CONSUMERS)
-        # a fresh barrier passes a wait on the phase before its first: the first tiles do not wait
-        slot = rounds % Q_BUFFERS
-        mbarrier.wait(q_free.index(slot), ((rounds // Q_BUFFERS) & 1) ^ 1)
-        _publish_tile(tile_slot.index(slot), tile_id)
-        mbarrier.expect(q_ready.index(slot), NUM_CONSUMERS * q_desc.block_type.nbytes)
-        for c in gl.static_range(NUM_CONSUMERS):
-            tma.async_copy_global_to_shared(q_desc, [q_start + tile_row + c * ROWS_PER_WARPGROUP, head * HEAD_DIM],
-                                            q_ready.index(slot), q_smem.index(slot * NUM_CONSUMERS + c))
-        for j in range(n_blocks):
-            load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, ring + j,
-                           k_start + j * BLOCK_N, head_k * HEAD_DIM, NUM_STAGES)
-        ring += n_blocks
-        rounds += 1
+        if tile_has_rows(tile_row, tile_seqlen_q, NUM_CONSUMERS, IS_VARLEN):
+            # a fresh barrier passes a wait on the phase before its first: the first tiles do not wait
+            slot = rounds % Q_BUFFERS
+            mbarrier.wait(q_free.index(slot), ((rounds // Q_BUFFERS) & 1) ^ 1)
+            _publish_tile(tile_slot.index(slot), tile_id)
+            mbarrier.expect(q_ready.index(slot), NUM_CONSUMERS * q_desc.block_type.nbytes)
+            for c in gl.static_range(NUM_CONSUMERS):
+                tma.async_copy_global_to_shared(q_desc,
+                                                [q_start + tile_row + c * ROWS_PER_WARPGROUP, head * HEAD_DIM],
+                                                q_ready.index(slot), q_smem.index(slot * NUM_CONSUMERS + c))
+            for j in range(n_blocks):
+                load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, ring + j,
+                               k_start + j * BLOCK_N, head_k * HEAD_DIM, NUM_STAGES)
+            ring += n_blocks
+            rounds += 1
         tile_id = next_tile
     # no tile left: the consumers read a number past the last one and stop
     slot = rounds % Q_BUFFERS

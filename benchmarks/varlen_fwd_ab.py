@@ -1,0 +1,134 @@
+"""Kernel-only A/B of the Gluon forward on packed (varlen) calls (GPU machine), against the dense call on the same
+tokens, as `flashattn bench --varlen` lays them out (16k tokens, heads x hdim = 2048, bf16; mixed lengths from
+`bench.mixed_lengths`). Variants (argv, first is the baseline of the ratios):
+
+    new            the tree's kernel and rules
+    NAME=PATH      a copy of kernels/forward_hopper.py (same arguments), swapped in under the launcher
+    +qb2           suffix: packed calls get two Q tiles where the dense rule gives them (ops._forward_q_buffers)
+
+Each variant's output is checked against a float32 reference per sequence: the largest error, and the (sequence,
+head) pairs whose error is over 8x the first variant's largest (a wrong tile). Rounds interleave the variants in
+ABBA order. CASES: "hdim causal mean mixed; ...". CHECK_ONLY=1: the checks, no timing (for compute-sanitizer);
+TOKENS: the packed tokens (16384).
+
+    CASES="128 0 512 1;128 1 512 1" ROUNDS=3 PYTHONPATH=src python3 benchmarks/varlen_fwd_ab.py new new+qb2
+"""
+import functools
+import importlib.util
+import os
+import sys
+
+import torch
+import triton
+
+import flashattn.kernels.forward_hopper as current
+from flashattn import bench, flash_attn_func, flash_attn_varlen_func, launcher, ops
+
+TOKENS = int(os.environ.get("TOKENS", "16384"))
+tree_kernel = current.attention_forward_hopper_kernel
+tree_q_buffers = ops._forward_q_buffers
+
+
+def load_variant(spec: str):
+    """(kernel, q-buffer rule) of a variant spec."""
+    base, _, suffix = spec.partition("+")
+    kernel = tree_kernel
+    if "=" in base:
+        name, path = base.split("=", 1)
+        module_spec = importlib.util.spec_from_file_location(f"variant_{name}", path)
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+        kernel = module.attention_forward_hopper_kernel
+    rule = tree_q_buffers
+    if suffix == "qb2":
+        def rule(config, head_dim, is_varlen):
+            return tree_q_buffers(config, head_dim, False)
+    return kernel, rule
+
+
+def use_variant(variant) -> None:
+    current.attention_forward_hopper_kernel, ops._forward_q_buffers = variant
+    launcher.clear_plans()
+
+
+def reference(q, k, v, lengths, causal):
+    out = torch.empty_like(q, dtype=torch.float32)
+    start = 0
+    for n in lengths:
+        rows = slice(start, start + n)
+        qs, ks, vs = (x[rows].transpose(0, 1).float() for x in (q, k, v))
+        out[rows] = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=causal).transpose(0, 1)
+        start += n
+    return out
+
+
+def wrong_pairs(error, lengths, limit):
+    """(sequence, head, rows) whose largest error exceeds ``limit``."""
+    found, start = [], 0
+    for index, n in enumerate(lengths):
+        per_head = error[start:start + n].amax(dim=(0, 2)) if n else error.new_zeros(error.shape[1])
+        for head in torch.nonzero(per_head > limit).flatten().tolist():
+            bad_rows = torch.nonzero(error[start:start + n, head].amax(-1) > limit).flatten()
+            found.append((index, n, head, bad_rows.min().item(), bad_rows.max().item()))
+        start += n
+    return found
+
+
+def main() -> None:
+    specs = sys.argv[1:] or ["new"]
+    variants = {spec: load_variant(spec) for spec in specs}
+    rounds = int(os.environ.get("ROUNDS", "3"))
+    check_only = os.environ.get("CHECK_ONLY") == "1"
+    cases = [line.split() for line in os.environ["CASES"].split(";")]
+    print("hdim causal mean mixed | dense TFLOP/s |", " | ".join(f"{s} TFLOP/s" for s in specs), "|",
+          " ".join(f"{s}/dense" for s in specs), "| max error each (wrong pairs)", flush=True)
+    for head_dim, causal, mean, mixed in cases:
+        head_dim, causal, mean, mixed = int(head_dim), causal == "1", int(mean), mixed == "1"
+        heads = 2048 // head_dim
+        lengths = bench.mixed_lengths(TOKENS, mean) if mixed else [mean] * (TOKENS // mean)
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(TOKENS, heads, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        cu_seqlens = torch.tensor([0, *lengths], device="cuda").cumsum(0).to(torch.int32)
+        longest = max(lengths)
+        flops = sum(4.0 * heads * n * n * head_dim for n in lengths) / (2 if causal else 1)
+        packed_call = functools.partial(flash_attn_varlen_func, q, k, v, cu_seqlens, cu_seqlens, longest, longest,
+                                        causal=causal)
+        expected = reference(q, k, v, lengths, causal)
+        checks = {}
+        for spec, variant in variants.items():
+            use_variant(variant)
+            out = packed_call()
+            torch.cuda.synchronize()
+            checks[spec] = (out.float() - expected).abs()
+        limit = 8 * checks[specs[0]].max().item()
+        notes = [f"{checks[s].max().item():.2e} ({len(wrong_pairs(checks[s], lengths, limit))})" for s in specs]
+        for spec in specs:
+            for pair in wrong_pairs(checks[spec], lengths, limit)[:6]:
+                print(f"  {spec}: sequence {pair[0]} (length {pair[1]}) head {pair[2]} rows {pair[3]}-{pair[4]} "
+                      "wrong", flush=True)
+        if check_only:
+            print(head_dim, int(causal), mean, int(mixed), "| checks only |", " | ".join(notes), flush=True)
+            continue
+        use_variant(variants[specs[0]])
+        batch = TOKENS // mean
+        dense = [x.view(batch, mean, heads, head_dim) for x in (q, k, v)]
+        dense_flops = 4.0 * heads * batch * mean * mean * head_dim / (2 if causal else 1)
+        dense_ms = triton.testing.do_bench(functools.partial(flash_attn_func, *dense, causal=causal), warmup=100,
+                                           rep=400)
+        times = {spec: [] for spec in specs}
+        for round_ in range(rounds):
+            for spec in (specs if round_ % 2 == 0 else specs[::-1]):  # ABBA: drift cancels
+                use_variant(variants[spec])
+                packed_call()  # records the plan
+                ms = triton.testing.do_bench(packed_call, warmup=100, rep=400)
+                times[spec].append(flops / ms / 1e9)
+        dense_tflops = dense_flops / dense_ms / 1e9
+        means = {s: sum(t) / len(t) for s, t in times.items()}
+        print(head_dim, int(causal), mean, int(mixed), f"| {dense_tflops:.1f} |",
+              " | ".join(" ".join(f"{t:.1f}" for t in times[s]) for s in specs), "|",
+              " ".join(f"{means[s] / dense_tflops:.3f}" for s in specs), "|", " ".join(notes), flush=True)
+    use_variant((tree_kernel, tree_q_buffers))
+
+
+if __name__ == "__main__":
+    main()
