@@ -245,7 +245,7 @@ def ws_forward_report(head_dim: int, causal: bool, config, varlen: bool = False)
                      group_size="i32", row_tiles="i32", batch_heads="i32", heads_per_section="i32",
                      qk_scale_log2="fp32")
     # keys of the bench grid's lengths: whole blocks, where a persistent dense grid holds two Q tiles
-    constexprs = ops.warp_specialized_constexprs(config, head_dim, causal, varlen, seqlen_q=4096, seqlen_k=4096)
+    constexprs = ops.warp_specialized_constexprs(config, head_dim, causal, varlen, seqlen_k=4096)
     if not constexprs["DYNAMIC_TILES"]:
         del signature["TileCounter"]
         constexprs["TileCounter"] = None  # the launcher passes None

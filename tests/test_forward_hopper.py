@@ -74,8 +74,7 @@ def test_persistent_grid_hands_out_tiles_by_a_counter():
 
 def test_persistent_grid_holds_a_second_q_tile_where_shared_memory_has_room():
     def constexprs(tile, head_dim):
-        return ops.warp_specialized_constexprs(tile, head_dim, causal=True, is_varlen=False, seqlen_q=4096,
-                                               seqlen_k=4096)
+        return ops.warp_specialized_constexprs(tile, head_dim, causal=True, is_varlen=False, seqlen_k=4096)
 
     # hdim 128, two stages of 128 keys: two Q tiles (64 KB), the ring (128 KB) and the 16-byte store's staging (32 KB)
     assert constexprs(WS_TILES["n128-s2-persistent"], 128)["Q_BUFFERS"] == 2
@@ -89,19 +88,14 @@ def test_persistent_grid_holds_a_second_q_tile_where_shared_memory_has_room():
 
 
 @pytest.mark.parametrize("causal", [True, False])
-def test_tiles_that_may_see_no_whole_block_take_one_q_tile(causal):
-    # two Q tiles went wrong where a tile's keys may all lie in one masked block (ops._forward_q_buffers)
+def test_keys_shorter_than_a_block_take_one_q_tile(causal):
+    # two Q tiles went wrong where a tile's keys all lie in one masked block (ops._forward_q_buffers)
     persistent = WS_TILES["n128-s2-persistent"]
-
-    def q_buffers(seqlen_q, seqlen_k):
-        return ops.warp_specialized_constexprs(persistent, 128, causal=causal, is_varlen=False, seqlen_q=seqlen_q,
-                                               seqlen_k=seqlen_k)["Q_BUFFERS"]
-
     for seqlen_k, expected in ((1, 1), (89, 1), (127, 1), (128, 2), (200, 2)):
-        assert q_buffers(seqlen_k, seqlen_k) == expected, seqlen_k
-    assert q_buffers(1024, 200) == (1 if causal else 2)  # causal rows before the keys see none
-    assert q_buffers(200, 1024) == 2
-    assert ops.warp_specialized_constexprs(persistent, 128, causal=causal, is_varlen=False)["Q_BUFFERS"] == 1
+        constexprs = ops.warp_specialized_constexprs(persistent, 128, causal=causal, is_varlen=False, seqlen_k=seqlen_k)
+        assert constexprs["Q_BUFFERS"] == expected, seqlen_k
+    unknown = ops.warp_specialized_constexprs(persistent, 128, causal=causal, is_varlen=False)
+    assert unknown["Q_BUFFERS"] == 1
 
 
 @pytest.mark.gpu
@@ -170,8 +164,8 @@ def test_ws_forward_matches_reference(shape, option, tile, monkeypatch):
 @pytest.mark.parametrize("tile", ["n128-s2-persistent", "n128-s3-consumers3-persistent"])
 @pytest.mark.parametrize("option", ["plain", "causal"])
 # tiles that may see no whole key block, on grids of 4-8 tiles a program: with two Q tiles the first two shapes
-# came out wrong (docs/perf-notes.md version 29); the second is a cross-attention of 77 keys, the third has causal
-# rows that see no key
+# came out wrong when not causal (docs/perf-notes.md version 29); the second is a cross-attention of 77 keys, the
+# third (two Q tiles) has causal rows that see no key
 @pytest.mark.parametrize("shape", [(64, 89, 89, 16, 16), (4, 1024, 77, 16, 4), (4, 1024, 200, 16, 4)],
                          ids=["89x89", "1024x77", "1024x200"])
 def test_ws_forward_tiles_that_may_see_no_whole_block(shape, option, tile, monkeypatch):
