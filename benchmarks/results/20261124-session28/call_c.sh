@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Call C: one Q tile where keys fill no block (ops._forward_q_buffers). The new GPU test under the old rule (it must
+# Call C (H200): one Q tile where keys fill no block (ops._forward_q_buffers). The new GPU test under the old rule (it must
 # fail); the forward's and varlen's GPU tests; the varlen bench (issue 3's prefill target) on the final kernel.
 set -u
 export PYTHONUNBUFFERED=1 FLASHATTN_COMMIT=${FLASHATTN_COMMIT:-unknown}
