@@ -8,6 +8,8 @@ import sys
 import torch
 
 sys.path.insert(0, "benchmarks")
+from varlen_fwd_ab import reference  # noqa: E402  (the same per-sequence float32 reference as the A/B)
+
 from flashattn import bench, configs, flash_attn_func, flash_attn_varlen_func, launcher, ops  # noqa: E402
 
 HEADS, HDIM = 16, 128
@@ -20,16 +22,6 @@ def two_q(config, head_dim, is_varlen):
 
 def patched_constexprs(overrides, *args, **kwargs):
     return dict(tree_constexprs(*args, **kwargs), **overrides)
-
-
-def reference(q, k, v, lengths, causal):
-    out, start = torch.empty_like(q, dtype=torch.float32), 0
-    for n in lengths:
-        rows = slice(start, start + n)
-        qs, ks, vs = (x[rows].transpose(0, 1).float() for x in (q, k, v))
-        out[rows] = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=causal).transpose(0, 1)
-        start += n
-    return out
 
 
 def check(name, lengths, causal=False, dense=False, overrides=None, q_buffers=2):
