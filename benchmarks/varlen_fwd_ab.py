@@ -4,7 +4,8 @@ tokens, as `flashattn bench --varlen` lays them out (16k tokens, heads x hdim = 
 
     new            the tree's kernel and rules
     NAME=PATH      a copy of kernels/forward_hopper.py (same arguments), swapped in under the launcher
-    +qb2           suffix: packed calls get two Q tiles where the dense rule gives them (ops._forward_q_buffers)
+    +qb2           suffix: packed calls get two Q tiles where the dense rule gives them (ops._forward_q_buffers,
+                   on their longest sequence)
 
 Each variant's output is checked against a float32 reference per sequence: the largest error, and the (sequence,
 head) pairs whose error is over 8x the first variant's largest (a wrong tile). Rounds interleave the variants in
@@ -41,8 +42,8 @@ def load_variant(spec: str):
         kernel = module.attention_forward_hopper_kernel
     rule = tree_q_buffers
     if suffix == "qb2":
-        def rule(config, head_dim, is_varlen):
-            return tree_q_buffers(config, head_dim, False)
+        def rule(config, head_dim, is_varlen, seqlen_k):
+            return tree_q_buffers(config, head_dim, False, seqlen_k)
     return kernel, rule
 
 

@@ -1,7 +1,8 @@
 """Call B: where packed non-causal calls with two Q tiles go wrong (session 22's fault, seen again in call A on
 sequences of 89-91 tokens). Each case forces two Q tiles on packed calls and reports the wrong (sequence, head)
 pairs, and for each: whether its rows were never written (NaN: the output's memory is NaN-filled first), or equal
-another pair's reference (a tile computed with another tile's plan or Q)."""
+another pair's reference (a tile computed with another tile's plan or Q). Ran on a242334, whose
+ops._forward_q_buffers took three arguments (the rule after it takes the key length too)."""
 import functools
 import sys
 
