@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import statistics
 
 import torch
+from module_file import load_module_file
 
 from flashattn import flash_attn_func, launcher
 from flashattn.demo import median_seconds
@@ -62,9 +62,7 @@ def main() -> None:
     module = importlib.import_module(module_name)
     settings = {True: True, False: False}
     if args.off_from:
-        spec = importlib.util.spec_from_file_location(module_name + "_off", args.off_from)
-        earlier = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(earlier)
+        earlier = load_module_file(args.off_from, module_name + "_off")
         settings = {True: getattr(module, name), False: getattr(earlier, name)}
     device = torch.device("cuda")
     print(f"| hdim | seqlen | causal | {name} on, TFLOP/s | off | on / off |\n|---|---|---|---|---|---|")

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import statistics
 
 import torch
+from module_file import load_module_file
 
 from flashattn import decode_ops, launcher
 from flashattn.bench_decode import (
@@ -46,9 +46,7 @@ BASE_KERNELS = {}  # "+base": the kernel of --base-kernel
 def load_base_kernel(path: str) -> None:
     """The Gluon decode kernel of the file ``path`` (a version of ``kernels/decode_hopper.py``), for "+base" variants:
     loaded as a module of ``flashattn.kernels``, so that its relative imports resolve."""
-    spec = importlib.util.spec_from_file_location("flashattn.kernels.decode_hopper_base", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_module_file(path, "flashattn.kernels.decode_hopper_base")
     BASE_KERNELS["kernel"] = module.kvcache_decode_hopper_kernel
 
 

@@ -7,12 +7,12 @@ variant and the outputs' largest difference from "new". A variant must take the 
     CASES="128 1 1024 128x64x8x3+ws+persistent;64 0 4096 128x128x8x3+ws+consumers3" REPEAT=4 \
         PYTHONPATH=src python3 benchmarks/fwd_ab.py wide=path/to/variant.py
 """
-import importlib.util
 import os
 import sys
 
 import torch
 import triton
+from module_file import load_module_file
 
 import flashattn.kernels.forward_hopper as current
 from flashattn import blocks, configs, flash_attn_func, launcher
@@ -20,10 +20,7 @@ from flashattn import blocks, configs, flash_attn_func, launcher
 kernels = {"new": current.attention_forward_hopper_kernel}
 for argument in sys.argv[1:]:  # NAME=PATH: a kernel file to load as variant NAME
     name, path = argument.split("=", 1)
-    spec = importlib.util.spec_from_file_location(f"variant_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    kernels[name] = module.attention_forward_hopper_kernel
+    kernels[name] = load_module_file(path, f"variant_{name}").attention_forward_hopper_kernel
 repeat = int(os.environ.get("REPEAT", "3"))
 cases = [line.split() for line in os.environ["CASES"].split(";")]  # "hdim causal seqlen tile; ..."
 print("hdim causal seqlen tile |", " | ".join(f"{name} TFLOP/s (each)" for name in kernels), "|",

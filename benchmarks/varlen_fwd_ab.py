@@ -15,12 +15,12 @@ TOKENS: the packed tokens (16384).
     CASES="128 0 512 1;128 1 512 1" ROUNDS=3 PYTHONPATH=src python3 benchmarks/varlen_fwd_ab.py new new+qb2
 """
 import functools
-import importlib.util
 import os
 import sys
 
 import torch
 import triton
+from module_file import load_module_file
 
 import flashattn.kernels.forward_hopper as current
 from flashattn import bench, flash_attn_func, flash_attn_varlen_func, launcher, ops
@@ -36,10 +36,7 @@ def load_variant(spec: str):
     kernel = tree_kernel
     if "=" in base:
         name, path = base.split("=", 1)
-        module_spec = importlib.util.spec_from_file_location(f"variant_{name}", path)
-        module = importlib.util.module_from_spec(module_spec)
-        module_spec.loader.exec_module(module)
-        kernel = module.attention_forward_hopper_kernel
+        kernel = load_module_file(path, f"variant_{name}").attention_forward_hopper_kernel
     rule = tree_q_buffers
     if suffix == "qb2":
         def rule(config, head_dim, is_varlen, seqlen_k):
