@@ -6,6 +6,8 @@ tokens, as `flashattn bench --varlen` lays them out (16k tokens, heads x hdim = 
     NAME=PATH      a copy of kernels/forward_hopper.py (same arguments), swapped in under the launcher
     +qb2           suffix: packed calls get two Q tiles where the dense rule gives them (ops._forward_q_buffers,
                    on their longest sequence)
+    +p2, +p3, +t3  suffix: packed calls forced onto the 128 x 128 tile with 2 or 3 stages, on a persistent grid
+                   (p) or one program a tile (t); the dense call keeps the table's
 
 Each variant's output is checked against a float32 reference per sequence: the largest error, and the (sequence,
 head) pairs whose error is over 8x the first variant's largest (a wrong tile). Rounds interleave the variants in
@@ -14,6 +16,7 @@ TOKENS: the packed tokens (16384).
 
     CASES="128 0 512 1;128 1 512 1" ROUNDS=3 PYTHONPATH=src python3 benchmarks/varlen_fwd_ab.py new new+qb2
 """
+import contextlib
 import functools
 import os
 import sys
@@ -23,29 +26,40 @@ import triton
 from module_file import load_module_file
 
 import flashattn.kernels.forward_hopper as current
-from flashattn import bench, flash_attn_func, flash_attn_varlen_func, launcher, ops
+from flashattn import bench, configs, flash_attn_func, flash_attn_varlen_func, launcher, ops
 
 TOKENS = int(os.environ.get("TOKENS", "16384"))
 tree_kernel = current.attention_forward_hopper_kernel
 tree_q_buffers = ops._forward_q_buffers
+_TILE = dict(block_m=128, block_n=128, num_warps=8, warp_specialized=True)
+FORCED_TILES = {"p2": configs.TileConfig(num_stages=2, persistent=True, **_TILE),
+                "p3": configs.TileConfig(num_stages=3, persistent=True, **_TILE),
+                "t3": configs.TileConfig(num_stages=3, **_TILE)}
+_forced = contextlib.ExitStack()  # the forced tile of the variant in use
 
 
 def load_variant(spec: str):
-    """(kernel, q-buffer rule) of a variant spec."""
-    base, _, suffix = spec.partition("+")
+    """(kernel, q-buffer rule, forced tile or None) of a variant spec."""
+    base, *suffixes = spec.split("+")
     kernel = tree_kernel
     if "=" in base:
         name, path = base.split("=", 1)
         kernel = load_module_file(path, f"variant_{name}").attention_forward_hopper_kernel
     rule = tree_q_buffers
-    if suffix == "qb2":
+    if "qb2" in suffixes:
         def rule(config, head_dim, is_varlen, seqlen_k):
             return tree_q_buffers(config, head_dim, False, seqlen_k)
-    return kernel, rule
+    tiles = [FORCED_TILES[s] for s in suffixes if s in FORCED_TILES]
+    return kernel, rule, (tiles[0] if tiles else None)
 
 
-def use_variant(variant) -> None:
-    current.attention_forward_hopper_kernel, ops._forward_q_buffers = variant
+def use_variant(variant, packed: bool = True) -> None:
+    """Swap ``variant`` in; its forced tile only for packed calls (``packed``)."""
+    kernel, rule, tile = variant
+    current.attention_forward_hopper_kernel, ops._forward_q_buffers = kernel, rule
+    _forced.close()
+    if tile is not None and packed:
+        _forced.enter_context(configs.use_config("forward", tile))
     launcher.clear_plans()
 
 
@@ -107,7 +121,7 @@ def main() -> None:
         if check_only:
             print(head_dim, int(causal), mean, int(mixed), "| checks only |", " | ".join(notes), flush=True)
             continue
-        use_variant(variants[specs[0]])
+        use_variant(variants[specs[0]], packed=False)
         batch = TOKENS // mean
         dense = [x.view(batch, mean, heads, head_dim) for x in (q, k, v)]
         dense_flops = 4.0 * heads * batch * mean * mean * head_dim / (2 if causal else 1)
@@ -125,7 +139,7 @@ def main() -> None:
         print(head_dim, int(causal), mean, int(mixed), f"| {dense_tflops:.1f} |",
               " | ".join(" ".join(f"{t:.1f}" for t in times[s]) for s in specs), "|",
               " ".join(f"{means[s] / dense_tflops:.3f}" for s in specs), "|", " ".join(notes), flush=True)
-    use_variant((tree_kernel, tree_q_buffers))
+    use_variant((tree_kernel, tree_q_buffers, None))
 
 
 if __name__ == "__main__":
