@@ -86,6 +86,25 @@ def wrong_pairs(error, lengths, limit):
     return found
 
 
+# the dense calls on a packed call's own lengths are timed only where they are few: each is a launch of its own, so
+# many short ones would time the host, not the GPU
+MAX_LENGTH_GROUPS = 4
+
+
+def dense_same_lengths_ms(lengths, heads, head_dim, causal) -> float:
+    """The dense kernel's time over the same sequences: one call per distinct length (its sequences as the batch),
+    summed. Against this a packed call's ratio is the cost of packing alone; against the bench's dense call on all
+    tokens at the mean length it also carries how the kernel's rate depends on the length (causal: a tile's start and
+    end weigh more on shorter rows)."""
+    total = 0.0
+    for n in sorted(set(lengths)):
+        batch = lengths.count(n)
+        q, k, v = (torch.randn(batch, n, heads, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        total += triton.testing.do_bench(functools.partial(flash_attn_func, q, k, v, causal=causal), warmup=100,
+                                         rep=400)
+    return total
+
+
 def main() -> None:
     specs = sys.argv[1:] or ["new"]
     variants = {spec: load_variant(spec) for spec in specs}
@@ -139,6 +158,10 @@ def main() -> None:
         print(head_dim, int(causal), mean, int(mixed), f"| {dense_tflops:.1f} |",
               " | ".join(" ".join(f"{t:.1f}" for t in times[s]) for s in specs), "|",
               " ".join(f"{means[s] / dense_tflops:.3f}" for s in specs), "|", " ".join(notes), flush=True)
+        if len(set(lengths)) <= MAX_LENGTH_GROUPS:
+            same_tflops = flops / dense_same_lengths_ms(lengths, heads, head_dim, causal) / 1e9
+            print(f"  dense calls on the same lengths ({len(set(lengths))}): {same_tflops:.1f} TFLOP/s;",
+                  " ".join(f"{s}/those {means[s] / same_tflops:.3f}" for s in specs), flush=True)
     use_variant((tree_kernel, tree_q_buffers, None))
 
 

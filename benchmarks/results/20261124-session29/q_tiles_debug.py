@@ -1,0 +1,93 @@
+"""Call B: q_tiles_check.py's call (two Q tiles, 64 x 89 tokens, 4 heads) through the debug kernel that
+make_debug_kernel.py writes: compares what each consumer saw at each of its program's tiles (tile number, Q slot,
+ring position, checksums of the Q, K and V tiles) with what the loader copied and with the inputs. argv: "one" for
+one Q tile (control)."""
+import sys
+from collections import Counter
+
+import torch
+
+sys.path.insert(0, "benchmarks")
+from module_file import load_module_file  # noqa: E402
+
+import flashattn.kernels.forward_hopper as current  # noqa: E402
+from flashattn import flash_attn_func, launcher, ops  # noqa: E402
+
+BATCH, SEQLEN, HEADS, HDIM, ROUNDS = 64, 89, 4, 128, 32
+debug_kernel = load_module_file("scratch/forward_hopper_debug.py", "debug").attention_forward_hopper_kernel
+if "one" not in sys.argv[1:]:
+    tree_rule = ops._forward_q_buffers
+    ops._forward_q_buffers = lambda config, head_dim, is_varlen, seqlen_k: tree_rule(config, head_dim, False, 4096)
+programs = torch.cuda.get_device_properties(0).multi_processor_count
+debug = torch.full((programs, ROUNDS, 3, 16), -1.0, device="cuda")
+
+
+class WithDebug:
+    """The debug kernel launched with the buffer as its one extra argument."""
+
+    def __getitem__(self, grid):
+        assert grid[0] <= programs
+        return lambda *args, **kwargs: debug_kernel[grid](*args, Debug=debug, **kwargs)
+
+
+current.attention_forward_hopper_kernel = WithDebug()
+launcher.clear_plans()
+torch.manual_seed(1)
+q, k, v = (torch.randn(BATCH, SEQLEN, HEADS, HDIM, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+expected = torch.nn.functional.scaled_dot_product_attention(*(x.transpose(1, 2).float() for x in (q, k, v)))
+out = flash_attn_func(q, k, v)
+torch.cuda.synchronize()
+error = (out.float() - expected.transpose(1, 2)).abs()
+wrong = ((error.amax(dim=(1, 3)) > 0.05) | error.isnan().any(dim=3).any(dim=1)).sum().item()
+print(f"{' '.join(sys.argv[1:]) or 'two Q tiles'}: {wrong} wrong pairs of {BATCH * HEADS}")
+
+rows_q, rows_k = (x.reshape(BATCH * SEQLEN, HEADS * HDIM).float() for x in (q, k))
+rows_v = v.reshape(BATCH * SEQLEN, HEADS * HDIM).float()
+
+
+def tile_sum(matrix, first, count, head):
+    block = matrix[max(first, 0):max(min(first + count, matrix.shape[0]), 0), head * HDIM:(head + 1) * HDIM]
+    return block.sum().item()
+
+
+records = debug.cpu()
+plans = {}  # tile -> the loader's (q_start, tile_row, head, head_k)
+for program in range(programs):
+    for round_ in range(ROUNDS):
+        tile, slot, ring, n_blocks, q_start, tile_row, head, head_k = records[program, round_, 2, :8].tolist()
+        if tile >= 0:
+            plans[int(tile)] = (int(q_start), int(tile_row), int(head), int(head_k))
+print(f"loader records: {len(plans)} tiles")
+problems = Counter()
+shown = 0
+for program in range(programs):
+    for round_ in range(ROUNDS):
+        loader = records[program, round_, 2].tolist()
+        for consumer in range(2):
+            tile, slot, ring, n_blocks, own_full, own_blocks, q_sum, k_sum, v_sum, first_row = \
+                records[program, round_, consumer, :10].tolist()
+            if tile < 0:
+                continue
+            notes = []
+            if loader[0] < 0 or int(loader[0]) != int(tile) or loader[1] != slot or loader[2] != ring:
+                notes.append(f"loader had tile {loader[0]:.0f} slot {loader[1]:.0f} ring {loader[2]:.0f}")
+            plan = plans.get(int(tile))
+            if plan is None:
+                notes.append("no loader record of this tile")
+            else:
+                q_start, tile_row, head, head_k = plan
+                k_start = q_start  # dense, seqlen_q == seqlen_k
+                want = (tile_sum(rows_q, q_start + tile_row + 64 * consumer, 64, head),
+                        tile_sum(rows_k, k_start, 128, head_k), tile_sum(rows_v, k_start, 128, head_k))
+                for name, got, exp in zip("QKV", (q_sum, k_sum, v_sum), want, strict=True):
+                    if abs(got - exp) > 0.05 + 1e-3 * abs(exp):
+                        notes.append(f"{name} sum {got:.3f} expected {exp:.3f}")
+            for note in notes:
+                problems[note.split(" ")[0]] += 1
+            if notes and shown < 30:
+                shown += 1
+                print(f"program {program} round {round_} consumer {consumer} tile {tile:.0f} slot {slot:.0f} "
+                      f"ring {ring:.0f} blocks {n_blocks:.0f}/{own_full:.0f}/{own_blocks:.0f}: " + "; ".join(notes))
+print("problems by kind:", dict(problems))
+rounds_done = (records[:, :, 0, 0] >= 0).sum(dim=1)
+print("tiles a program:", Counter(rounds_done.tolist()))
