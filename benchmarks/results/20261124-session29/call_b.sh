@@ -6,7 +6,7 @@ set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=src
 mkdir -p "$OUT"
 S=benchmarks/results/20261124-session29
-python3 $S/make_debug_kernel.py
+mkdir -p scratch; python3 $S/make_debug_kernel.py
 for args in one ""; do
   timeout 120 python3 $S/q_tiles_debug.py $args > "$OUT/debug-${args:-two}.log" 2>&1
   echo "debug ${args:-two} exit $?"; head -40 "$OUT/debug-${args:-two}.log"; tail -3 "$OUT/debug-${args:-two}.log"
