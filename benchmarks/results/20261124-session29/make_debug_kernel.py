@@ -1,7 +1,9 @@
 """Writes scratch/forward_hopper_debug.py: the tree's Gluon forward with a ``Debug`` float32 buffer (programs x
-ROUNDS x 3 partitions x 16) in which every consumer records, for each of its program's tiles, the tile number, Q
-slot, ring position, key blocks and a checksum of the Q, K and V tiles it sees before its first block, and the
-loader what it copied where. q_tiles_debug.py compares them with the inputs (call B)."""
+ROUNDS x 5 records x 16) in which every consumer records, for each of its program's tiles, the tile number, Q
+slot, ring position, key blocks and a checksum of the Q, K and V tiles it sees before its first block (records 0,
+1), the loader what it copied where (record 2), and each consumer what it computed before its store: the sums of
+its normalized output and of l, the largest m (records 3, 4). q_tiles_debug.py compares them with the inputs
+(calls B-D)."""
 from pathlib import Path
 
 ROUNDS = 32
@@ -34,7 +36,7 @@ HELPERS = f'''
 def _debug_record(Debug, rounds, partition, values):
     """values: a [16] float32 tensor in _DEBUG_LAYOUT, stored at (program, rounds, partition)."""
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-    offsets = ((gl.program_id(0) * {ROUNDS} + rounds) * 3 + partition) * 16 + gl.arange(0, 16, layout=layout)
+    offsets = ((gl.program_id(0) * {ROUNDS} + rounds) * 5 + partition) * 16 + gl.arange(0, 16, layout=layout)
     gl.store(Debug + offsets, gl.convert_layout(values, layout), mask=rounds < {ROUNDS})
 
 
@@ -79,11 +81,21 @@ swap('''        own_full, own_blocks = _consumer_key_blocks(first_row, tile_seql
         _debug_record(Debug, rounds, WARP_GROUP, _debug_values(tile_id, slot, ring, n_blocks, own_full, own_blocks,
                                                                q_sum, k_sum, v_sum, first_row))
 ''')
+# the consumer: what it computed, before its store
+swap('''        acc = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout))[:, None]
+''', '''        acc = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout))[:, None]
+        o_sum = gl.sum(gl.sum(acc, axis=1), axis=0)
+        o_abs = gl.sum(gl.sum(gl.abs(acc), axis=1), axis=0)
+        _debug_record(Debug, rounds, 3 + WARP_GROUP,
+                      _debug_values(o_sum, o_abs, gl.sum(l_i, axis=0), gl.max(m_i, axis=0), q_start, head, first_row,
+                                    tile_seqlen_q, tile_seqlen_k, tile_id))
+''')
 # the loader: what it copied where
 swap('''            ring += n_blocks
             rounds += 1
         tile_id = next_tile''', '''            _debug_record(Debug, rounds, 2,
-                          _debug_values(tile_id, slot, ring, n_blocks, q_start, tile_row, head, head_k, ring * 0, ring * 0))
+                          _debug_values(tile_id, slot, ring, n_blocks, q_start, tile_row, head, head_k, ring * 0,
+                                        ring * 0))
             ring += n_blocks
             rounds += 1
         tile_id = next_tile''')

@@ -1,7 +1,8 @@
 """Call B: q_tiles_check.py's call (two Q tiles, 64 x 89 tokens, 4 heads) through the debug kernel that
 make_debug_kernel.py writes: compares what each consumer saw at each of its program's tiles (tile number, Q slot,
-ring position, checksums of the Q, K and V tiles) with what the loader copied and with the inputs. argv: "one" for
-one Q tile (control)."""
+ring position, checksums of the Q, K and V tiles) with what the loader copied and with the inputs, and what it
+computed (its normalized output's sum, before the store) with a float64 reference and with what the output holds.
+argv: "one" for one Q tile (control)."""
 import sys
 from collections import Counter
 
@@ -19,7 +20,7 @@ if "one" not in sys.argv[1:]:
     tree_rule = ops._forward_q_buffers
     ops._forward_q_buffers = lambda config, head_dim, is_varlen, seqlen_k: tree_rule(config, head_dim, False, 4096)
 programs = torch.cuda.get_device_properties(0).multi_processor_count
-debug = torch.full((programs, ROUNDS, 3, 16), -1.0, device="cuda")
+debug = torch.full((programs, ROUNDS, 5, 16), -1.0, device="cuda")
 
 
 class WithDebug:
@@ -41,8 +42,7 @@ error = (out.float() - expected.transpose(1, 2)).abs()
 wrong = ((error.amax(dim=(1, 3)) > 0.05) | error.isnan().any(dim=3).any(dim=1)).sum().item()
 print(f"{' '.join(sys.argv[1:]) or 'two Q tiles'}: {wrong} wrong pairs of {BATCH * HEADS}")
 
-rows_q, rows_k = (x.reshape(BATCH * SEQLEN, HEADS * HDIM).float() for x in (q, k))
-rows_v = v.reshape(BATCH * SEQLEN, HEADS * HDIM).float()
+rows_q, rows_k, rows_v, out_rows = (x.reshape(BATCH * SEQLEN, HEADS * HDIM).float().cpu() for x in (q, k, v, out))
 
 
 def tile_sum(matrix, first, count, head):
@@ -82,6 +82,26 @@ for program in range(programs):
                 for name, got, exp in zip("QKV", (q_sum, k_sum, v_sum), want, strict=True):
                     if abs(got - exp) > 0.05 + 1e-3 * abs(exp):
                         notes.append(f"{name} sum {got:.3f} expected {exp:.3f}")
+            computed = records[program, round_, 3 + consumer, :7].tolist()
+            o_sum, o_abs, l_sum, m_max, c_q_start, c_head, c_first_row = computed
+            if plan is not None:
+                rows = q_start + tile_row + 64 * consumer + torch.arange(64)
+                queries = torch.zeros(64, HDIM, dtype=torch.float64)
+                inside = rows < BATCH * SEQLEN
+                queries[inside] = rows_q[rows[inside], head * HDIM:(head + 1) * HDIM].double()
+                keys = rows_k[k_start:k_start + SEQLEN, head_k * HDIM:(head_k + 1) * HDIM].double()
+                values = rows_v[k_start:k_start + SEQLEN, head_k * HDIM:(head_k + 1) * HDIM].double()
+                reference = torch.softmax(queries @ keys.T / HDIM ** 0.5, dim=-1) @ values
+                if abs(o_sum - reference.sum().item()) > 0.05 or abs(o_abs - reference.abs().sum().item()) > 0.5:
+                    notes.append(f"O sums {o_sum:.3f} / {o_abs:.3f} expected {reference.sum().item():.3f} / "
+                                 f"{reference.abs().sum().item():.3f} (l sum {l_sum:.2f}, max m {m_max:.2f})")
+                stored_rows = rows[(rows >= q_start) & (rows < q_start + SEQLEN)]
+                stored = out_rows[stored_rows, head * HDIM:(head + 1) * HDIM]
+                local = stored_rows - rows[0]
+                if (stored.double() - reference[local]).abs().max() > 0.05:
+                    notes.append("output rows differ from the reference")
+                if (c_q_start, c_head, c_first_row) != (q_start, head, tile_row + 64 * consumer):
+                    notes.append(f"stored with q_start {c_q_start:.0f} head {c_head:.0f} first row {c_first_row:.0f}")
             for note in notes:
                 problems[note.split(" ")[0]] += 1
             if notes and shown < 30:
