@@ -2,7 +2,8 @@
 ROUNDS x 5 records x 16) in which every consumer records, for each of its program's tiles, the tile number, Q
 slot, ring position, key blocks and a checksum of the Q, K and V tiles it sees before its first block (records 0,
 1), the loader what it copied where (record 2), and each consumer what it computed before its store: the sums of
-its normalized output and of l, the largest m (records 3, 4). q_tiles_debug.py compares them with the inputs
+its normalized output and of l, the largest m, its product issues before and after each key-block call, the
+lengths it used (records 3, 4). q_tiles_debug.py compares them with the inputs
 (calls B-D)."""
 from pathlib import Path
 
@@ -87,9 +88,18 @@ swap('''        acc = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout
         o_sum = gl.sum(gl.sum(acc, axis=1), axis=0)
         o_abs = gl.sum(gl.sum(gl.abs(acc), axis=1), axis=0)
         _debug_record(Debug, rounds, 3 + WARP_GROUP,
-                      _debug_values(o_sum, o_abs, gl.sum(l_i, axis=0), gl.max(m_i, axis=0), q_start, head, first_row,
+                      _debug_values(o_sum, o_abs, gl.sum(l_i, axis=0), gl.max(m_i, axis=0), t_before, t_first, t,
                                     tile_seqlen_q, tile_seqlen_k, tile_id))
 ''')
+# the consumer: its product issues before and after each key-block call (which path ran)
+swap('''        q_release = q_free.index(slot)
+        m_i, l_i, acc, t = _key_blocks(''', '''        q_release = q_free.index(slot)
+        t_before = t
+        m_i, l_i, acc, t = _key_blocks(''')
+swap('''                                       WARP_GROUP, PINGPONG)
+        m_i, l_i, acc, t = _key_blocks(''', '''                                       WARP_GROUP, PINGPONG)
+        t_first = t
+        m_i, l_i, acc, t = _key_blocks(''')
 # the loader: what it copied where
 swap('''            ring += n_blocks
             rounds += 1

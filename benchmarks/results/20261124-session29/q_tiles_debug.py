@@ -83,7 +83,8 @@ for program in range(programs):
                     if abs(got - exp) > 0.05 + 1e-3 * abs(exp):
                         notes.append(f"{name} sum {got:.3f} expected {exp:.3f}")
             computed = records[program, round_, 3 + consumer, :7].tolist()
-            o_sum, o_abs, l_sum, m_max, c_q_start, c_head, c_first_row = computed
+            o_sum, o_abs, l_sum, m_max, t_before, t_first, t_after = computed
+            seqlens_used = records[program, round_, 3 + consumer, 7:9].tolist()
             if plan is not None:
                 rows = q_start + tile_row + 64 * consumer + torch.arange(64)
                 queries = torch.zeros(64, HDIM, dtype=torch.float64)
@@ -100,8 +101,11 @@ for program in range(programs):
                 local = stored_rows - rows[0]
                 if (stored.double() - reference[local]).abs().max() > 0.05:
                     notes.append("output rows differ from the reference")
-                if (c_q_start, c_head, c_first_row) != (q_start, head, tile_row + 64 * consumer):
-                    notes.append(f"stored with q_start {c_q_start:.0f} head {c_head:.0f} first row {c_first_row:.0f}")
+                if seqlens_used != [SEQLEN, SEQLEN]:
+                    notes.append(f"lengths used {seqlens_used}")
+            if program < 2:
+                print(f"program {program} round {round_} consumer {consumer}: product issues {t_before:.0f} -> "
+                      f"{t_first:.0f} (first call) -> {t_after:.0f} (second), lengths {seqlens_used}")
             for note in notes:
                 problems[note.split(" ")[0]] += 1
             if notes and shown < 30:
