@@ -93,6 +93,23 @@ for program in range(programs):
                 keys = rows_k[k_start:k_start + SEQLEN, head_k * HDIM:(head_k + 1) * HDIM].double()
                 values = rows_v[k_start:k_start + SEQLEN, head_k * HDIM:(head_k + 1) * HDIM].double()
                 reference = torch.softmax(queries @ keys.T / HDIM ** 0.5, dim=-1) @ values
+                scores = queries @ keys.T / HDIM ** 0.5
+                l_masked = torch.exp(scores - scores.amax(-1, keepdim=True)).sum().item()
+                # the whole 128-key block, its rows past this sequence (the next one's, or zeros past the tensor) unmasked
+                block_rows = torch.arange(k_start, k_start + 128)
+                block_keys = torch.zeros(128, HDIM, dtype=torch.float64)
+                block_values = torch.zeros(128, HDIM, dtype=torch.float64)
+                kept = block_rows < BATCH * SEQLEN
+                block_keys[kept] = rows_k[block_rows[kept], head_k * HDIM:(head_k + 1) * HDIM].double()
+                block_values[kept] = rows_v[block_rows[kept], head_k * HDIM:(head_k + 1) * HDIM].double()
+                block_scores = queries @ block_keys.T / HDIM ** 0.5
+                l_unmasked = torch.exp(block_scores - block_scores.amax(-1, keepdim=True)).sum().item()
+                unmasked = torch.softmax(block_scores, dim=-1) @ block_values
+                if program < 2:
+                    print(f"  l sum {l_sum:.2f} (masked reference {l_masked:.2f}, unmasked {l_unmasked:.2f}); O sums "
+                          f"{o_sum:.3f} / {o_abs:.3f} (masked {reference.sum().item():.3f} / "
+                          f"{reference.abs().sum().item():.3f}, unmasked {unmasked.sum().item():.3f} / "
+                          f"{unmasked.abs().sum().item():.3f})")
                 if abs(o_sum - reference.sum().item()) > 0.05 or abs(o_abs - reference.abs().sum().item()) > 0.5:
                     notes.append(f"O sums {o_sum:.3f} / {o_abs:.3f} expected {reference.sum().item():.3f} / "
                                  f"{reference.abs().sum().item():.3f} (l sum {l_sum:.2f}, max m {m_max:.2f})")
