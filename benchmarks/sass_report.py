@@ -36,6 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import sass_uniform_reads
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -149,6 +150,9 @@ def report_cubin(cubin_bytes: bytes, shared_bytes: int | None = None, warps: int
         **{op: len(re.findall(r"\b" + re.escape(op) + r"\b", sass)) for op in COUNTED_OPS},
         **hot_loop_spills(sass),
         "loops": hot_loops(sass),
+        # ptxas reading a uniform register (a wgmma descriptor) that a path leaves unwritten: wrong results, with no
+        # other sign (docs/perf-notes.md, version 30)
+        "unwritten_uniform_reads": len(sass_uniform_reads.unwritten_reads(sass)),
     }
 
 
@@ -244,8 +248,7 @@ def ws_forward_report(head_dim: int, causal: bool, config, varlen: bool = False)
                      stride_lb="i32", stride_lh="i32", seqlen_q="i32", seqlen_k="i32", nheads="i32",
                      group_size="i32", row_tiles="i32", batch_heads="i32", heads_per_section="i32",
                      qk_scale_log2="fp32")
-    # keys of the bench grid's lengths: whole blocks, where a persistent dense grid holds two Q tiles
-    constexprs = ops.warp_specialized_constexprs(config, head_dim, causal, varlen, seqlen_k=4096)
+    constexprs = ops.warp_specialized_constexprs(config, head_dim, causal, varlen)
     if not constexprs["DYNAMIC_TILES"]:
         del signature["TileCounter"]
         constexprs["TileCounter"] = None  # the launcher passes None

@@ -4,8 +4,7 @@ tokens, as `flashattn bench --varlen` lays them out (16k tokens, heads x hdim = 
 
     new            the tree's kernel and rules
     NAME=PATH      a copy of kernels/forward_hopper.py (same arguments), swapped in under the launcher
-    +qb2           suffix: packed calls get two Q tiles where the dense rule gives them (ops._forward_q_buffers,
-                   on their longest sequence)
+    +qb1           suffix: one Q tile a program (ops._forward_q_buffers), packed calls' rule until version 30
     +p2, +p3, +t3  suffix: packed calls forced onto the 128 x 128 tile with 2 or 3 stages, on a persistent grid
                    (p) or one program a tile (t); the dense call keeps the table's
 
@@ -14,7 +13,7 @@ head) pairs whose error is over 8x the first variant's largest (a wrong tile). R
 ABBA order. CASES: "hdim causal mean mixed; ...". CHECK_ONLY=1: the checks, no timing (for compute-sanitizer);
 TOKENS: the packed tokens (16384).
 
-    CASES="128 0 512 1;128 1 512 1" ROUNDS=3 PYTHONPATH=src python3 benchmarks/varlen_fwd_ab.py new new+qb2
+    CASES="128 0 512 1;128 1 512 1" ROUNDS=3 PYTHONPATH=src python3 benchmarks/varlen_fwd_ab.py new new+qb1
 """
 import contextlib
 import functools
@@ -46,9 +45,9 @@ def load_variant(spec: str):
         name, path = base.split("=", 1)
         kernel = load_module_file(path, f"variant_{name}").attention_forward_hopper_kernel
     rule = tree_q_buffers
-    if "qb2" in suffixes:
-        def rule(config, head_dim, is_varlen, seqlen_k):
-            return tree_q_buffers(config, head_dim, False, seqlen_k)
+    if "qb1" in suffixes:
+        def rule(config, head_dim):
+            return 1
     tiles = [FORCED_TILES[s] for s in suffixes if s in FORCED_TILES]
     return kernel, rule, (tiles[0] if tiles else None)
 

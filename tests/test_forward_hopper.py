@@ -74,7 +74,7 @@ def test_persistent_grid_hands_out_tiles_by_a_counter():
 
 def test_persistent_grid_holds_a_second_q_tile_where_shared_memory_has_room():
     def constexprs(tile, head_dim):
-        return ops.warp_specialized_constexprs(tile, head_dim, causal=True, is_varlen=False, seqlen_k=4096)
+        return ops.warp_specialized_constexprs(tile, head_dim, causal=True, is_varlen=False)
 
     # hdim 128, two stages of 128 keys: two Q tiles (64 KB), the ring (128 KB) and the 16-byte store's staging (32 KB)
     assert constexprs(WS_TILES["n128-s2-persistent"], 128)["Q_BUFFERS"] == 2
@@ -82,20 +82,9 @@ def test_persistent_grid_holds_a_second_q_tile_where_shared_memory_has_room():
     assert constexprs(WS_TILES["n128-s3-consumers3-persistent"], 64)["Q_BUFFERS"] == 2
     assert constexprs(WS_TILES["n128-s2"], 128)["Q_BUFFERS"] == 1  # one tile a program: nothing to copy ahead
     packed = ops.warp_specialized_constexprs(WS_TILES["n128-s2-persistent"], 128, causal=False, is_varlen=True)
-    assert packed["Q_BUFFERS"] == 1  # ops._forward_q_buffers says why
+    assert packed["Q_BUFFERS"] == 2  # packed calls too, since version 30 (ops._forward_q_buffers)
     hdim_256 = configs.TileConfig(128, 64, 8, 2, warp_specialized=True, persistent=True)
     assert constexprs(hdim_256, 256)["Q_BUFFERS"] == 1  # 64 KB of Q beside a 128 KB ring
-
-
-@pytest.mark.parametrize("causal", [True, False])
-def test_keys_shorter_than_a_block_take_one_q_tile(causal):
-    # two Q tiles went wrong where a tile's keys all lie in one masked block (ops._forward_q_buffers)
-    persistent = WS_TILES["n128-s2-persistent"]
-    for seqlen_k, expected in ((1, 1), (89, 1), (127, 1), (128, 2), (200, 2)):
-        constexprs = ops.warp_specialized_constexprs(persistent, 128, causal=causal, is_varlen=False, seqlen_k=seqlen_k)
-        assert constexprs["Q_BUFFERS"] == expected, seqlen_k
-    unknown = ops.warp_specialized_constexprs(persistent, 128, causal=causal, is_varlen=False)
-    assert unknown["Q_BUFFERS"] == 1
 
 
 @pytest.mark.gpu
@@ -163,9 +152,10 @@ def test_ws_forward_matches_reference(shape, option, tile, monkeypatch):
 @hopper
 @pytest.mark.parametrize("tile", ["n128-s2-persistent", "n128-s3-consumers3-persistent"])
 @pytest.mark.parametrize("option", ["plain", "causal"])
-# tiles that may see no whole key block, on grids of 4-8 tiles a program: with two Q tiles the first two shapes
-# came out wrong when not causal (docs/perf-notes.md version 29); the second is a cross-attention of 77 keys, the
-# third (two Q tiles) has causal rows that see no key
+# tiles that may see no whole key block, on grids of 4-8 tiles a program, two Q tiles: the first two shapes came out
+# wrong when not causal until version 30 (ptxas reused Q descriptors across the kernel's two key-block runs,
+# forward_hopper._tile_key_blocks); the second is a cross-attention of 77 keys, the third has causal rows that see
+# no key
 @pytest.mark.parametrize("shape", [(64, 89, 89, 16, 16), (4, 1024, 77, 16, 4), (4, 1024, 200, 16, 4)],
                          ids=["89x89", "1024x77", "1024x200"])
 def test_ws_forward_tiles_that_may_see_no_whole_block(shape, option, tile, monkeypatch):

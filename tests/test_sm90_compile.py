@@ -5,7 +5,9 @@ no other sign: the causal hdim-128 dK/dV kernel did (docs/perf-notes.md, version
 
 The compiles also check the table's TMA builds (forward; dK/dV at hdim 128 and 256 causal; dQ at hdim 256)
 and the Gluon kernels' entries ("forward_ws", "dkdv_ws", "dq_ws"), which the interpreter cannot run: a descriptor
-path that Triton fails to compile runs fine there, and Gluon has no interpreter.
+path that Triton fails to compile runs fine there, and Gluon has no interpreter. And no build may read a uniform
+register that some path leaves unwritten (benchmarks/sass_uniform_reads.py): a ptxas fault that made the two-Q-tile
+Gluon forward read another tile's Q.
 """
 
 from __future__ import annotations
@@ -74,6 +76,11 @@ for name, (head_dim, causal, fields) in {SWEPT_DQ_TILES!r}.items():
 """
 
 
+# sass_report's count of reads of a uniform register that a path leaves unwritten (benchmarks/sass_uniform_reads.py):
+# ptxas 12.8 built the two-Q-tile Gluon forward that way, and it read another tile's Q (docs/perf-notes.md, version 30)
+UNWRITTEN_READS = "ptxas reads a uniform register (a wgmma descriptor?) that a path leaves unwritten"
+
+
 def _compiled(script: str) -> list:
     """The JSON lines ``script`` prints, run in a child process without the interpreter."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
@@ -97,6 +104,7 @@ def test_table_kernels_keep_wgmma_asynchronous(reports, phase, head_dim, causal)
         pytest.skip(f"no Gluon {phase[:-3]} entry at hdim {head_dim}")
     assert result["HGMMA"] > 0, f"{phase} hdim {head_dim}: no wgmma at all (HMMA {result['HMMA']})"
     assert result["wgmma_serialized"] is None, f"ptxas serialized the wgmma: {result['wgmma_serialized']}"
+    assert result["unwritten_uniform_reads"] == 0, UNWRITTEN_READS
 
 
 # One query: Triton makes seqlen_q = 1 a constant, and ptxas died (SIGSEGV) on the peeled causal hdim-64 dK/dV kernel
@@ -125,6 +133,7 @@ def test_swept_gluon_tiles_keep_wgmma_asynchronous():
     for name, result in results.items():
         assert result["HGMMA"] > 0, f"{name}: no wgmma at all"
         assert result["wgmma_serialized"] is None, f"{name}: ptxas serialized the wgmma: {result['wgmma_serialized']}"
+        assert result["unwritten_uniform_reads"] == 0, f"{name}: {UNWRITTEN_READS}"
     for name in SWEPT_DQ_TILES:  # 160 registers a consumer thread hold the three-consumer dQ without spills
         assert results[name]["STL"] == 0 and results[name]["LDL"] == 0, f"{name}: spills"
 
@@ -166,6 +175,8 @@ def test_packed_short_forward_tiles_fit_as_many_programs_as_dense_ones():
             assert programs_per_sm(result) >= programs_per_sm(dense), (
                 f"{name}: packed build {result['registers']} registers, dense {dense['registers']}")
             assert result["loop_STL"] == 0 and result["loop_LDL"] == 0, f"{name}: the packed build spills in its loop"
+        name = f"forward {seqlen} hdim {head_dim} causal {causal} varlen {varlen}"
+        assert result["unwritten_uniform_reads"] == 0, f"{name}: {UNWRITTEN_READS}"
 
 
 @pytest.mark.parametrize(("head_dim", "block_n", "stages", "new_keys", "paged", "query_rows", "consumers", "early"),
@@ -190,6 +201,7 @@ print(json.dumps([sass_report.ws_decode_report({head_dim}, {block_n}, {stages}, 
     (result,) = _compiled(script)[0]
     assert result["STL"] == 0 and result["LDL"] == 0, result
     assert result["shared_bytes"] <= 227 * 1024, result
+    assert result["unwritten_uniform_reads"] == 0, UNWRITTEN_READS
 
 
 def test_gluon_decode_refuses_a_ring_its_consumers_share():

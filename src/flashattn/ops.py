@@ -343,8 +343,7 @@ def _warp_specialized_forward(q, k, v, out, lse, layout: _Layout, config: config
     # persistent: one program per SM walks the tiles, its loader fetching the next tile's Q, K and V while the
     # consumers finish the last one
     programs = min(tiles, _sm_count(q.device.index)) if config.persistent else tiles
-    constexprs = warp_specialized_constexprs(config, head_dim, opts.window_right == 0, layout.is_varlen,
-                                             seqlen_k=layout.grid_k)
+    constexprs = warp_specialized_constexprs(config, head_dim, opts.window_right == 0, layout.is_varlen)
     # the tiles taken beyond each program's first (forward_hopper._next_tile): a fresh zero for every call, so that
     # calls on different streams never share it
     tile_counter = launcher.zeros(1, torch.int32, q.device) if constexprs["DYNAMIC_TILES"] else None
@@ -380,12 +379,10 @@ def _heads_per_section(batch_heads: int, group_size: int, kv_head_bytes: int) ->
     return max(1, min(batch_heads, int(WS_L2_SECTION_BYTES // max(kv_bytes_per_query_head, 1))))
 
 
-def warp_specialized_constexprs(config: configs.TileConfig, head_dim: int, causal: bool, is_varlen: bool,
-                                seqlen_k: int = 0) -> dict:
-    """The Gluon forward's compile-time arguments for ``config`` (also what benchmarks/sass_report.py compiles).
-    ``seqlen_k``: the (longest) key length, 0 where unknown."""
+def warp_specialized_constexprs(config: configs.TileConfig, head_dim: int, causal: bool, is_varlen: bool) -> dict:
+    """The Gluon forward's compile-time arguments for ``config`` (also what benchmarks/sass_report.py compiles)."""
     consumers = _consumer_warpgroups(config)
-    q_buffers = _forward_q_buffers(config, head_dim, is_varlen, seqlen_k)
+    q_buffers = _forward_q_buffers(config, head_dim)
     return dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, NUM_STAGES=config.num_stages, CAUSAL=causal,
                 IS_VARLEN=is_varlen, PINGPONG=config.pingpong, NUM_CONSUMERS=consumers,
                 CONSUMER_REGISTERS=WS_CONSUMER_REGISTERS[consumers], LOADER_REGISTERS=WS_LOADER_REGISTERS,
@@ -396,19 +393,15 @@ def warp_specialized_constexprs(config: configs.TileConfig, head_dim: int, causa
                 Q_BUFFERS=q_buffers)
 
 
-def _forward_q_buffers(config: configs.TileConfig, head_dim: int, is_varlen: bool, seqlen_k: int) -> int:
+def _forward_q_buffers(config: configs.TileConfig, head_dim: int) -> int:
     """The Gluon forward's Q tiles a program holds: two on a persistent grid where shared memory has room for them
     beside the K/V ring (the next tile's Q is copied while this one is computed: +2-15% at 512-4k tokens, H200,
     docs/perf-notes.md version 23), else one. hdim 256 has no room for a second.
 
-    One where a tile may see fewer keys than one block (``seqlen_k`` below ``config.block_n``; and packed calls, whose
-    shortest sequence the host does not know). There, non-causal, two Q tiles gave wrong rows and unwritten ones in
-    whole consumers' row ranges, and with three consumers an illegal address, on grids of several tiles a program
-    (64 dense or packed sequences of 89 tokens: every (sequence, head) wrong; 1024 queries over 77 keys; session 22's
-    packed fault). 128 or 200 keys passed, and the causal forms of the same shapes. The cause is not found
-    (docs/perf-notes.md, version 29)."""
-    keys_fill_a_block = not is_varlen and seqlen_k >= config.block_n
-    return 2 if config.persistent and keys_fill_a_block and _fits_shared_memory(config, head_dim, 2) else 1
+    Packed calls and keys shorter than one block took one from session 22 to version 29 for a fault found in version
+    30: ptxas's, in the kernel's two key-block runs (forward_hopper._tile_key_blocks says which); with two Q tiles it
+    read another tile's Q."""
+    return 2 if config.persistent and _fits_shared_memory(config, head_dim, 2) else 1
 
 
 def _room_for_wide_stores(config: configs.TileConfig, head_dim: int, row_tiles_held: int) -> bool:

@@ -95,7 +95,7 @@ for program in range(programs):
                 reference = torch.softmax(queries @ keys.T / HDIM ** 0.5, dim=-1) @ values
                 scores = queries @ keys.T / HDIM ** 0.5
                 l_masked = torch.exp(scores - scores.amax(-1, keepdim=True)).sum().item()
-                # the whole 128-key block, its rows past this sequence (the next one's, or zeros past the tensor) unmasked
+                # the whole 128-key block unmasked: its rows past this sequence (the next one's; zeros past the tensor)
                 block_rows = torch.arange(k_start, k_start + 128)
                 block_keys = torch.zeros(128, HDIM, dtype=torch.float64)
                 block_values = torch.zeros(128, HDIM, dtype=torch.float64)

@@ -335,66 +335,138 @@ def _pass_turn(turn, WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
+def _first_block(q, k_bufs, k_ready, k_free, turn, t, position, j, m_i, l_i, acc, rows, seqlen_q, seqlen_k,
+                 qk_scale_log2, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
+                 CAUSAL: gl.constexpr, MASKED: gl.constexpr, WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr):
+    """Key block ``j`` (the ring's block ``position``) as a run's first: its scores and softmax, with no P V to
+    overlap. Returns the ring stage and phase it read, the softmax state, P as the next P V's operand, and ``t``."""
+    s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
+    o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
+    stage = position % NUM_STAGES
+    phase = (position // NUM_STAGES) & 1
+    mbarrier.wait(k_ready.index(stage), phase)
+    _take_turn(turn, t, WARP_GROUP, PINGPONG)
+    s = warpgroup_mma(q, k_bufs.index(stage).permute((1, 0)), gl.zeros([ROWS_PER_WARPGROUP, BLOCK_N], gl.float32,
+                                                                       s_layout), use_acc=False, is_async=True)
+    _pass_turn(turn, WARP_GROUP, PINGPONG)
+    t += 1
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+    mbarrier.arrive(k_free.index(stage), count=1)
+    m_i, l_i, p, alpha = _softmax_step(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, CAUSAL,
+                                       MASKED, s_layout)
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    p_op = gl.convert_layout(to_16_bits(p, q.dtype), register_operand_layout(HEAD_DIM))
+    return stage, phase, m_i, l_i, acc, p_op, t
+
+
+@gluon.jit
+def _next_block(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, position, j, stage, phase, m_i, l_i,
+                acc, p_op, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr, WARP_GROUP: gl.constexpr,
+                PINGPONG: gl.constexpr):
+    """Key block ``j`` (the ring's block ``position``) after another: its Q K^T and the block before's P V (``p_op``,
+    V in ``stage``) in flight together, then its softmax (FA3's intra-warpgroup overlap). Returns as
+    ``_first_block``."""
+    s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
+    o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
+    prev_stage = stage
+    prev_phase = phase
+    stage = position % NUM_STAGES
+    phase = (position // NUM_STAGES) & 1
+    mbarrier.wait(k_ready.index(stage), phase)
+    mbarrier.wait(v_ready.index(prev_stage), prev_phase)
+    _take_turn(turn, t, WARP_GROUP, PINGPONG)
+    s = warpgroup_mma(q, k_bufs.index(stage).permute((1, 0)), gl.zeros([ROWS_PER_WARPGROUP, BLOCK_N], gl.float32,
+                                                                       s_layout), use_acc=False, is_async=True)
+    acc = warpgroup_mma(p_op, v_bufs.index(prev_stage), acc, is_async=True)
+    _pass_turn(turn, WARP_GROUP, PINGPONG)
+    t += 1
+    s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
+    mbarrier.arrive(k_free.index(stage), count=1)  # K is read by Q K^T alone: the loader may refill it
+    m_i, l_i, p, alpha = _softmax_step(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, CAUSAL,
+                                       MASKED, s_layout)
+    # P V reads p_op from registers until it completes: keep it alive to here
+    acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
+    mbarrier.arrive(v_free.index(prev_stage), count=1)
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    p_op = gl.convert_layout(to_16_bits(p, q.dtype), register_operand_layout(HEAD_DIM))
+    return stage, phase, m_i, l_i, acc, p_op, t
+
+
+@gluon.jit
+def _last_product(v_bufs, v_ready, v_free, turn, t, stage, phase, acc, p_op, WARP_GROUP: gl.constexpr,
+                  PINGPONG: gl.constexpr):
+    """A run's last P V (V in ``stage``), with no Q K^T to overlap."""
+    mbarrier.wait(v_ready.index(stage), phase)
+    _take_turn(turn, t, WARP_GROUP, PINGPONG)
+    acc = warpgroup_mma(p_op, v_bufs.index(stage), acc, is_async=True)
+    _pass_turn(turn, WARP_GROUP, PINGPONG)
+    t += 1
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    mbarrier.arrive(v_free.index(stage), count=1)
+    return acc, t
+
+
+@gluon.jit
 def _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, turn, t, ring, m_i, l_i, acc, rows,
                 lo, hi, release_q, seqlen_q, seqlen_k, qk_scale_log2,
                 BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                 MASKED: gl.constexpr, WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr):
-    """Key blocks [lo, hi) of one consumer's 64 rows. ``ring``: the blocks of earlier tiles (the ring's
-    position), ``t``: the consumer's product issues so far (ping-pong turns). ``release_q``: these are the tile's
-    last blocks for this consumer, so it releases Q once their last Q K^T has completed, before the last P V: the
-    loader's copy of the next tile's Q overlaps that product and the epilogue."""
-    s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
-    o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
-    p_layout: gl.constexpr = register_operand_layout(HEAD_DIM)
-    s_zero = gl.zeros([ROWS_PER_WARPGROUP, BLOCK_N], gl.float32, s_layout)
+    """Key blocks [lo, hi) of one consumer's 64 rows as one run (the decode kernel's loop). ``ring``: the blocks of
+    earlier runs (the ring's position), ``t``: the consumer's product issues so far (ping-pong turns). ``release_q``:
+    these are the consumer's last blocks, so it releases Q once their last Q K^T has completed, before the last P V."""
     if hi > lo:
-        # -- prologue: block lo's scores and softmax --
-        stage = (ring + lo) % NUM_STAGES
-        phase = ((ring + lo) // NUM_STAGES) & 1
-        mbarrier.wait(k_ready.index(stage), phase)
-        _take_turn(turn, t, WARP_GROUP, PINGPONG)
-        s = warpgroup_mma(q, k_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        _pass_turn(turn, WARP_GROUP, PINGPONG)
-        t += 1
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-        mbarrier.arrive(k_free.index(stage), count=1)
-        m_i, l_i, p, alpha = _softmax_step(s, m_i, l_i, lo, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N,
-                                           CAUSAL, MASKED, s_layout)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-        p_op = gl.convert_layout(to_16_bits(p, q.dtype), p_layout)
+        stage, phase, m_i, l_i, acc, p_op, t = _first_block(
+            q, k_bufs, k_ready, k_free, turn, t, ring + lo, lo, m_i, l_i, acc, rows, seqlen_q, seqlen_k,
+            qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, MASKED, WARP_GROUP, PINGPONG)
         for j in range(lo + 1, hi):
-            prev_stage = stage
-            prev_phase = phase
-            stage = (ring + j) % NUM_STAGES
-            phase = ((ring + j) // NUM_STAGES) & 1
-            mbarrier.wait(k_ready.index(stage), phase)
-            mbarrier.wait(v_ready.index(prev_stage), prev_phase)
-            # -- block j's Q K^T and block j-1's P V in flight together --
-            _take_turn(turn, t, WARP_GROUP, PINGPONG)
-            s = warpgroup_mma(q, k_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            acc = warpgroup_mma(p_op, v_bufs.index(prev_stage), acc, is_async=True)
-            _pass_turn(turn, WARP_GROUP, PINGPONG)
-            t += 1
-            s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
-            mbarrier.arrive(k_free.index(stage), count=1)  # K is read by Q K^T alone: the loader may refill it
-            m_i, l_i, p, alpha = _softmax_step(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2,
-                                               BLOCK_N, CAUSAL, MASKED, s_layout)
-            # P V reads p_op from registers until it completes: keep it alive to here
-            acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
-            mbarrier.arrive(v_free.index(prev_stage), count=1)
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-            p_op = gl.convert_layout(to_16_bits(p, q.dtype), p_layout)
+            stage, phase, m_i, l_i, acc, p_op, t = _next_block(
+                q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ring + j, j, stage, phase, m_i, l_i,
+                acc, p_op, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, MASKED,
+                WARP_GROUP, PINGPONG)
         if release_q:
             mbarrier.arrive(q_free, count=1)
-        # -- epilogue: the last block's P V --
-        mbarrier.wait(v_ready.index(stage), phase)
-        _take_turn(turn, t, WARP_GROUP, PINGPONG)
-        acc = warpgroup_mma(p_op, v_bufs.index(stage), acc, is_async=True)
-        _pass_turn(turn, WARP_GROUP, PINGPONG)
-        t += 1
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        mbarrier.arrive(v_free.index(stage), count=1)
+        acc, t = _last_product(v_bufs, v_ready, v_free, turn, t, stage, phase, acc, p_op, WARP_GROUP, PINGPONG)
     elif release_q:
+        mbarrier.arrive(q_free, count=1)  # no block at all: Q was never read
+    return m_i, l_i, acc, t
+
+
+@gluon.jit
+def _tile_key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, turn, t, ring, m_i, l_i, acc,
+                     rows, n_full, n_blocks, seqlen_q, seqlen_k, qk_scale_log2,
+                     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                     WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr):
+    """A forward tile's key blocks for one consumer's 64 rows, as one run: [0, n_full) seen whole, then
+    [n_full, n_blocks) through the mask (the diagonal, the sequence's end); Q released after the last Q K^T.
+
+    One run, not a run of whole blocks and a run of masked ones: the second run's first Q K^T would wait for nothing
+    to overlap, as would the first run's last P V; and with two runs ptxas 12.x (Triton 3.6) reused, in the masked
+    run's first product, Q descriptors that it had computed only inside the whole-block run's first product, so that
+    a tile with no whole block (fewer keys than one block, non-causal) read Q through another tile's descriptors:
+    wrong rows wherever a program's Q tile moves between tiles (two Q buffers; docs/perf-notes.md, version 30)."""
+    if n_blocks > 0:
+        if n_full > 0:
+            stage, phase, m_i, l_i, acc, p_op, t = _first_block(
+                q, k_bufs, k_ready, k_free, turn, t, ring, 0, m_i, l_i, acc, rows, seqlen_q, seqlen_k, qk_scale_log2,
+                BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, False, WARP_GROUP, PINGPONG)
+        else:
+            stage, phase, m_i, l_i, acc, p_op, t = _first_block(
+                q, k_bufs, k_ready, k_free, turn, t, ring, 0, m_i, l_i, acc, rows, seqlen_q, seqlen_k, qk_scale_log2,
+                BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, True, WARP_GROUP, PINGPONG)
+        for j in range(1, n_full):
+            stage, phase, m_i, l_i, acc, p_op, t = _next_block(
+                q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ring + j, j, stage, phase, m_i, l_i,
+                acc, p_op, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, False,
+                WARP_GROUP, PINGPONG)
+        for j in range(gl.maximum(n_full, 1), n_blocks):
+            stage, phase, m_i, l_i, acc, p_op, t = _next_block(
+                q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ring + j, j, stage, phase, m_i, l_i,
+                acc, p_op, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, True,
+                WARP_GROUP, PINGPONG)
+        mbarrier.arrive(q_free, count=1)
+        acc, t = _last_product(v_bufs, v_ready, v_free, turn, t, stage, phase, acc, p_op, WARP_GROUP, PINGPONG)
+    else:
         mbarrier.arrive(q_free, count=1)  # no block at all: Q was never read
     return m_i, l_i, acc, t
 
@@ -428,17 +500,11 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
         acc = gl.zeros([ROWS_PER_WARPGROUP, HEAD_DIM], gl.float32, o_layout)
         own_full, own_blocks = _consumer_key_blocks(first_row, tile_seqlen_q, tile_seqlen_k, n_full, n_blocks,
                                                     BLOCK_N, CAUSAL, PINGPONG)
-        # -- blocks every row of this consumer sees whole, then the masked ones (diagonal, sequence end); the
-        # call holding its last block releases Q (exactly one: the first when the second has none) --
-        q_release = q_free.index(slot)
-        m_i, l_i, acc, t = _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_release, turn, t, ring,
-                                       m_i, l_i, acc, rows, 0, own_full, own_blocks == own_full, tile_seqlen_q,
-                                       tile_seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, False,
-                                       WARP_GROUP, PINGPONG)
-        m_i, l_i, acc, t = _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_release, turn, t, ring,
-                                       m_i, l_i, acc, rows, own_full, own_blocks, own_blocks > own_full, tile_seqlen_q,
-                                       tile_seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, True,
-                                       WARP_GROUP, PINGPONG)
+        # -- blocks every row of this consumer sees whole, then the masked ones (diagonal, sequence end) --
+        m_i, l_i, acc, t = _tile_key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free.index(slot),
+                                            turn, t, ring, m_i, l_i, acc, rows, own_full, own_blocks, tile_seqlen_q,
+                                            tile_seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL,
+                                            WARP_GROUP, PINGPONG)
         # -- the tile's blocks past this consumer's last row: released as they arrive, never read --
         for j in range(own_blocks, n_blocks):
             stage = (ring + j) % NUM_STAGES
