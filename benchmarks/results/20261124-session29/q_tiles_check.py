@@ -1,7 +1,8 @@
 """Two Q tiles forced on a small dense non-causal call whose keys fill no 128-key block (64 x 89 tokens, 4 heads:
 256 tiles, so that persistent programs reuse a Q buffer): wrong (sequence, head) pairs against a float32
 reference. Small enough for compute-sanitizer's racecheck and synccheck. argv: an optional kernel file to swap in
-(benchmarks/varlen_fwd_ab.py's NAME=PATH), and "one" for the tree's rule (one Q tile there) as a control."""
+(benchmarks/varlen_fwd_ab.py's NAME=PATH), and "one" for one Q tile as a control (calls A-G ran before 8283a10, whose
+rule gave one Q tile there; the script then forced two unless "one" was given; from call H the rule gives two)."""
 import sys
 
 import torch
@@ -14,9 +15,8 @@ from flashattn import flash_attn_func, launcher, ops  # noqa: E402
 
 BATCH, SEQLEN, HEADS, HDIM = 64, 89, 4, 128
 args = sys.argv[1:]
-if "one" not in args:
-    tree_rule = ops._forward_q_buffers
-    ops._forward_q_buffers = lambda config, head_dim, is_varlen, seqlen_k: tree_rule(config, head_dim, False, 4096)
+if "one" in args:
+    ops._forward_q_buffers = lambda config, head_dim: 1
 for path in (a for a in args if a.endswith(".py")):
     current.attention_forward_hopper_kernel = load_module_file(path, "variant").attention_forward_hopper_kernel
 launcher.clear_plans()
