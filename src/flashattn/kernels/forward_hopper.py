@@ -335,7 +335,7 @@ def _pass_turn(turn, WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _first_block(q, k_bufs, k_ready, k_free, turn, t, position, j, m_i, l_i, acc, rows, seqlen_q, seqlen_k,
+def _first_block(q, k_bufs, k_ready, k_free, turn, t, position, j, m_i, l_i, acc, s_zero, rows, seqlen_q, seqlen_k,
                  qk_scale_log2, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
                  CAUSAL: gl.constexpr, MASKED: gl.constexpr, WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr):
     """Key block ``j`` (the ring's block ``position``) as a run's first: its scores and softmax, with no P V to
@@ -346,8 +346,7 @@ def _first_block(q, k_bufs, k_ready, k_free, turn, t, position, j, m_i, l_i, acc
     phase = (position // NUM_STAGES) & 1
     mbarrier.wait(k_ready.index(stage), phase)
     _take_turn(turn, t, WARP_GROUP, PINGPONG)
-    s = warpgroup_mma(q, k_bufs.index(stage).permute((1, 0)), gl.zeros([ROWS_PER_WARPGROUP, BLOCK_N], gl.float32,
-                                                                       s_layout), use_acc=False, is_async=True)
+    s = warpgroup_mma(q, k_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     _pass_turn(turn, WARP_GROUP, PINGPONG)
     t += 1
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
@@ -361,9 +360,9 @@ def _first_block(q, k_bufs, k_ready, k_free, turn, t, position, j, m_i, l_i, acc
 
 @gluon.jit
 def _next_block(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, position, j, stage, phase, m_i, l_i,
-                acc, p_op, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr, WARP_GROUP: gl.constexpr,
-                PINGPONG: gl.constexpr):
+                acc, p_op, s_zero, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N: gl.constexpr,
+                HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr,
+                WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr):
     """Key block ``j`` (the ring's block ``position``) after another: its Q K^T and the block before's P V (``p_op``,
     V in ``stage``) in flight together, then its softmax (FA3's intra-warpgroup overlap). Returns as
     ``_first_block``."""
@@ -376,8 +375,7 @@ def _next_block(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, po
     mbarrier.wait(k_ready.index(stage), phase)
     mbarrier.wait(v_ready.index(prev_stage), prev_phase)
     _take_turn(turn, t, WARP_GROUP, PINGPONG)
-    s = warpgroup_mma(q, k_bufs.index(stage).permute((1, 0)), gl.zeros([ROWS_PER_WARPGROUP, BLOCK_N], gl.float32,
-                                                                       s_layout), use_acc=False, is_async=True)
+    s = warpgroup_mma(q, k_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     acc = warpgroup_mma(p_op, v_bufs.index(prev_stage), acc, is_async=True)
     _pass_turn(turn, WARP_GROUP, PINGPONG)
     t += 1
@@ -415,15 +413,16 @@ def _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, tur
     """Key blocks [lo, hi) of one consumer's 64 rows as one run (the decode kernel's loop). ``ring``: the blocks of
     earlier runs (the ring's position), ``t``: the consumer's product issues so far (ping-pong turns). ``release_q``:
     these are the consumer's last blocks, so it releases Q once their last Q K^T has completed, before the last P V."""
+    s_zero = gl.zeros([ROWS_PER_WARPGROUP, BLOCK_N], gl.float32, wgmma_layout(BLOCK_N))
     if hi > lo:
         stage, phase, m_i, l_i, acc, p_op, t = _first_block(
-            q, k_bufs, k_ready, k_free, turn, t, ring + lo, lo, m_i, l_i, acc, rows, seqlen_q, seqlen_k,
+            q, k_bufs, k_ready, k_free, turn, t, ring + lo, lo, m_i, l_i, acc, s_zero, rows, seqlen_q, seqlen_k,
             qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, MASKED, WARP_GROUP, PINGPONG)
         for j in range(lo + 1, hi):
             stage, phase, m_i, l_i, acc, p_op, t = _next_block(
                 q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ring + j, j, stage, phase, m_i, l_i,
-                acc, p_op, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, MASKED,
-                WARP_GROUP, PINGPONG)
+                acc, p_op, s_zero, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL,
+                MASKED, WARP_GROUP, PINGPONG)
         if release_q:
             mbarrier.arrive(q_free, count=1)
         acc, t = _last_product(v_bufs, v_ready, v_free, turn, t, stage, phase, acc, p_op, WARP_GROUP, PINGPONG)
@@ -445,25 +444,24 @@ def _tile_key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free
     run's first product, Q descriptors that it had computed only inside the whole-block run's first product, so that
     a tile with no whole block (fewer keys than one block, non-causal) read Q through another tile's descriptors:
     wrong rows wherever a program's Q tile moves between tiles (two Q buffers; docs/perf-notes.md, version 30)."""
+    s_zero = gl.zeros([ROWS_PER_WARPGROUP, BLOCK_N], gl.float32, wgmma_layout(BLOCK_N))
     if n_blocks > 0:
-        if n_full > 0:
-            stage, phase, m_i, l_i, acc, p_op, t = _first_block(
-                q, k_bufs, k_ready, k_free, turn, t, ring, 0, m_i, l_i, acc, rows, seqlen_q, seqlen_k, qk_scale_log2,
-                BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, False, WARP_GROUP, PINGPONG)
-        else:
-            stage, phase, m_i, l_i, acc, p_op, t = _first_block(
-                q, k_bufs, k_ready, k_free, turn, t, ring, 0, m_i, l_i, acc, rows, seqlen_q, seqlen_k, qk_scale_log2,
-                BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, True, WARP_GROUP, PINGPONG)
+        # the first block through the mask whether or not it needs it: once a tile, and a branch between the two
+        # forms would carry the loop's state in another order (the frontend sorts an if's names), which ptxas
+        # scheduled 3-4% slower in the hdim-64 loop (docs/perf-notes.md, version 30)
+        stage, phase, m_i, l_i, acc, p_op, t = _first_block(
+            q, k_bufs, k_ready, k_free, turn, t, ring, 0, m_i, l_i, acc, s_zero, rows, seqlen_q, seqlen_k,
+            qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, True, WARP_GROUP, PINGPONG)
         for j in range(1, n_full):
             stage, phase, m_i, l_i, acc, p_op, t = _next_block(
                 q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ring + j, j, stage, phase, m_i, l_i,
-                acc, p_op, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, False,
-                WARP_GROUP, PINGPONG)
+                acc, p_op, s_zero, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL,
+                False, WARP_GROUP, PINGPONG)
         for j in range(gl.maximum(n_full, 1), n_blocks):
             stage, phase, m_i, l_i, acc, p_op, t = _next_block(
                 q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ring + j, j, stage, phase, m_i, l_i,
-                acc, p_op, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, True,
-                WARP_GROUP, PINGPONG)
+                acc, p_op, s_zero, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL,
+                True, WARP_GROUP, PINGPONG)
         mbarrier.arrive(q_free, count=1)
         acc, t = _last_product(v_bufs, v_ready, v_free, turn, t, stage, phase, acc, p_op, WARP_GROUP, PINGPONG)
     else:
