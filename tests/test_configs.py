@@ -125,4 +125,9 @@ def test_gluon_forward_entries_only_where_the_call_fits():
             config = lookup("hopper", "forward", head_dim, causal, torch.bfloat16, seqlen=seqlen,
                             warp_specialized=True)
             assert config.warp_specialized and config.persistent == persistent, (head_dim, causal, seqlen)
+    # packed calls keep the persistent grid past LONG_SEQLEN: their sequences are shorter than the longest
+    for head_dim, causal in ((64, False), (128, False), (128, True)):
+        config = lookup("hopper", "forward", head_dim, causal, torch.bfloat16, seqlen=16384, warp_specialized=True,
+                        packed=True)
+        assert config.warp_specialized and config.persistent, (head_dim, causal)
     assert not lookup("portable", "forward", 128, False, torch.bfloat16, warp_specialized=True).warp_specialized

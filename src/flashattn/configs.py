@@ -312,6 +312,13 @@ _HOPPER_DQ_WS_SHORT = {
 # 16k; at 2k it lost, 321.9 / 322.4 against 346.5 / 348.6. Persistent or 4 stages: no better (355-459, 390-456).
 _WS_FROM_SEQLEN = {("hopper", "forward"): {(64, True): 4096},
                    ("hopper", "dkdv"): {(64, False): 2048, (128, False): 2048}}
+# Packed (varlen) calls keep the Gluon forward's persistent grid (its tiles handed out by a counter) past LONG_SEQLEN:
+# the longest sequence sets the bucket, the others are shorter and their tiles unequal. Kernel-only A/B, H200
+# (docs/perf-notes.md version 30, calls B, C, I, J), TFLOP/s ratio to the dense call on the same 16k tokens, one
+# program a tile -> persistent 2 stages: mixed lengths causal 0.864 / 0.869 / 0.886 / 0.872 -> 0.904 / 0.902 / 0.885,
+# non-causal 0.922 -> 0.952; equal lengths (one sequence of 16k, two of 8k) causal 0.950 / 0.978 -> 0.951 / 0.985,
+# non-causal 0.952 / 0.974 -> 0.968 / 0.994.
+_PACKED_KEEP_PERSISTENT = {("hopper", "forward")}
 # (family, phase) -> the Gluon kernel's table, its short- and long-sequence entries (a None entry: the Triton table's)
 _WS_TABLES = {("hopper", "forward"): (_HOPPER_FORWARD_WS, _HOPPER_FORWARD_WS_SHORT, _HOPPER_FORWARD_WS_LONG),
               ("hopper", "dkdv"): (_HOPPER_DKDV_WS, {}, {}),
@@ -384,19 +391,22 @@ def forced_configs() -> tuple:
 
 
 def lookup(family: str, phase: str, head_dim: int, masked: bool, dtype: torch.dtype, attn_mask: bool = False,
-           seqlen: int = 0, warp_specialized: bool = False) -> TileConfig:
+           seqlen: int = 0, warp_specialized: bool = False, packed: bool = False) -> TileConfig:
     """The table's config for ``phase`` on a GPU ``family`` ("hopper" or "portable"), without a device.
 
     ``attn_mask``: an SDPA mask streams beside K and V. ``seqlen``: the shorter of the (longest) query
     and key lengths, which picks the long- and short-sequence entries (0: unknown, neither).
     ``warp_specialized``: the call fits the Gluon forward (``ops._warp_specialized_fits``), whose own table
-    then comes first.
+    then comes first. ``packed``: a varlen call, whose Gluon forward keeps the persistent grid past LONG_SEQLEN
+    (``_PACKED_KEEP_PERSISTENT``).
     """
     width = padded_head_dim(head_dim)
     bucket = min(b for b in (64, 128, 256) if b >= width)
     if warp_specialized and (family, phase) in _WS_TABLES:
         key = (bucket, masked)
         table, short, long = _WS_TABLES[(family, phase)]
+        if packed and (family, phase) in _PACKED_KEEP_PERSISTENT:
+            long = {}
         by_length = _for_length(seqlen, short, {}, long)
         if key in by_length:
             config = by_length[key]  # None: the Triton table's entry
@@ -449,11 +459,11 @@ def launch_options(config: TileConfig) -> dict:
 
 def tile_config(phase: str, head_dim: int, masked: bool, dtype: torch.dtype, device: torch.device,
                 interpret: bool, attn_mask: bool = False, seqlen: int = 0,
-                warp_specialized: bool = False) -> TileConfig:
+                warp_specialized: bool = False, packed: bool = False) -> TileConfig:
     """The config for ``phase`` in {"forward", "dkdv", "dq"} on ``device``: a forced one (``use_config``),
     the interpreter's, or the table's (:func:`lookup`)."""
     if phase in _OVERRIDES:
         return _OVERRIDES[phase]
     if interpret:
         return INTERPRETER
-    return lookup(gpu_family(device), phase, head_dim, masked, dtype, attn_mask, seqlen, warp_specialized)
+    return lookup(gpu_family(device), phase, head_dim, masked, dtype, attn_mask, seqlen, warp_specialized, packed)

@@ -233,7 +233,7 @@ def _triton_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, at
     fits_gluon = _warp_specialized_fits(q, k, v, opts, alibi_slopes, attn_mask, block_table)
     config = configs.tile_config("forward", head_dim, masked, q.dtype, q.device, interpreting(),
                                  attn_mask=attn_mask is not None, seqlen=min(layout.grid_q, layout.grid_k),
-                                 warp_specialized=fits_gluon)
+                                 warp_specialized=fits_gluon, packed=layout.is_varlen)
     if block_table is not None and config.tma:
         # a TMA descriptor spans one strided block of rows and cannot follow pages: paged K/V take pointer
         # loads, where a tile sized for TMA spills (hdim 128: 128 x 128 needs about 650 bytes of stack per
