@@ -314,10 +314,10 @@ _WS_FROM_SEQLEN = {("hopper", "forward"): {(64, True): 4096},
                    ("hopper", "dkdv"): {(64, False): 2048, (128, False): 2048}}
 # Packed (varlen) calls keep the Gluon forward's persistent grid (its tiles handed out by a counter) past LONG_SEQLEN:
 # the longest sequence sets the bucket, the others are shorter and their tiles unequal. Kernel-only A/B, H200
-# (docs/perf-notes.md version 30, calls B, C, I, J), TFLOP/s ratio to the dense call on the same 16k tokens, one
-# program a tile -> persistent 2 stages: mixed lengths causal 0.864 / 0.869 / 0.886 / 0.872 -> 0.904 / 0.902 / 0.885,
-# non-causal 0.922 -> 0.952; equal lengths (one sequence of 16k, two of 8k) causal 0.950 / 0.978 -> 0.951 / 0.985,
-# non-causal 0.952 / 0.974 -> 0.968 / 0.994.
+# (docs/perf-notes.md version 30, calls A-C, I, J, L), TFLOP/s ratio to the dense call on the same 16k tokens, one
+# program a tile -> persistent 2 stages: hdim 128 mixed lengths causal 0.868 / 0.864 / 0.886 / 0.872 -> 0.895 / 0.904 /
+# 0.902 / 0.885, non-causal 0.913 / 0.922 -> 0.935 / 0.952; equal lengths (one sequence of 16k, two of 8k) causal
+# 0.950 / 0.978 -> 0.951 / 0.985, non-causal 0.952 / 0.974 -> 0.968 / 0.994; hdim 64 mixed causal 0.879 -> 0.902.
 _PACKED_KEEP_PERSISTENT = {("hopper", "forward")}
 # (family, phase) -> the Gluon kernel's table, its short- and long-sequence entries (a None entry: the Triton table's)
 _WS_TABLES = {("hopper", "forward"): (_HOPPER_FORWARD_WS, _HOPPER_FORWARD_WS_SHORT, _HOPPER_FORWARD_WS_LONG),
