@@ -440,15 +440,15 @@ def _tile_key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free
     [n_full, n_blocks) through the mask (the diagonal, the sequence's end); Q released after the last Q K^T.
 
     One run, not a run of whole blocks and a run of masked ones: the second run's first Q K^T would wait for nothing
-    to overlap, as would the first run's last P V; and with two runs ptxas 12.x (Triton 3.6) reused, in the masked
+    to overlap, as would the first run's last P V; and with two runs ptxas 12.8 (Triton 3.6) reused, in the masked
     run's first product, Q descriptors that it had computed only inside the whole-block run's first product, so that
     a tile with no whole block (fewer keys than one block, non-causal) read Q through another tile's descriptors:
     wrong rows wherever a program's Q tile moves between tiles (two Q buffers; docs/perf-notes.md, version 30)."""
     s_zero = gl.zeros([ROWS_PER_WARPGROUP, BLOCK_N], gl.float32, wgmma_layout(BLOCK_N))
     if n_blocks > 0:
         # the first block through the mask whether or not it needs it: once a tile, and a branch between the two
-        # forms would carry the loop's state in another order (the frontend sorts an if's names), which ptxas
-        # scheduled 3-4% slower in the hdim-64 loop (docs/perf-notes.md, version 30)
+        # forms would carry the loop's state in another order (the frontend sorts an if's names), whose hdim-64
+        # loop ptxas scheduled 3-4% slower than the two-run kernel's (2-3% without it; docs/perf-notes.md, version 30)
         stage, phase, m_i, l_i, acc, p_op, t = _first_block(
             q, k_bufs, k_ready, k_free, turn, t, ring, 0, m_i, l_i, acc, s_zero, rows, seqlen_q, seqlen_k,
             qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, True, WARP_GROUP, PINGPONG)
