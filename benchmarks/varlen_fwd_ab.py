@@ -7,6 +7,7 @@ tokens, as `flashattn bench --varlen` lays them out (16k tokens, heads x hdim = 
     +qb1           suffix: one Q tile a program (ops._forward_q_buffers), packed calls' rule until version 30
     +p2, +p3, +t3  suffix: packed calls forced onto the 128 x 128 tile with 2 or 3 stages, on a persistent grid
     +t3c3          (p) or one program a tile (t), three consumers (c3, hdim 64); the dense call keeps the table's
+    +k64s3, +k64s4 suffix: packed calls forced onto a persistent 128-row tile of 64-key blocks, 3 or 4 stages
 
 Each variant's output is checked against a float32 reference per sequence: the largest error, and the (sequence,
 head) pairs whose error is over 8x the first variant's largest (a wrong tile). Rounds interleave the variants in
@@ -34,7 +35,9 @@ _TILE = dict(block_m=128, block_n=128, num_warps=8, warp_specialized=True)
 FORCED_TILES = {"p2": configs.TileConfig(num_stages=2, persistent=True, **_TILE),
                 "p3": configs.TileConfig(num_stages=3, persistent=True, **_TILE),
                 "t3": configs.TileConfig(num_stages=3, **_TILE),
-                "t3c3": configs.TileConfig(num_stages=3, three_consumers=True, **_TILE)}
+                "t3c3": configs.TileConfig(num_stages=3, three_consumers=True, **_TILE),
+                "k64s3": configs.TileConfig(**dict(_TILE, block_n=64), num_stages=3, persistent=True),
+                "k64s4": configs.TileConfig(**dict(_TILE, block_n=64), num_stages=4, persistent=True)}
 _forced = contextlib.ExitStack()  # the forced tile of the variant in use
 
 
