@@ -335,15 +335,16 @@ def _pass_turn(turn, WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _first_block(q, k_bufs, k_ready, k_free, turn, t, position, j, m_i, l_i, acc, s_zero, rows, seqlen_q, seqlen_k,
+def _first_block(q, k_bufs, k_ready, k_free, turn, t, ring, j, m_i, l_i, acc, s_zero, rows, seqlen_q, seqlen_k,
                  qk_scale_log2, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
                  CAUSAL: gl.constexpr, MASKED: gl.constexpr, WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr):
-    """Key block ``j`` (the ring's block ``position``) as a run's first: its scores and softmax, with no P V to
-    overlap. Returns the ring stage and phase it read, the softmax state, P as the next P V's operand, and ``t``."""
+    """Key block ``j`` (the ring's block ``ring + j``: ``ring`` counts earlier runs' blocks) as a run's first: its
+    scores and softmax, with no P V to overlap. Returns the ring stage and phase it read, the softmax state, P as the
+    next P V's operand, and ``t``."""
     s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
     o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
-    stage = position % NUM_STAGES
-    phase = (position // NUM_STAGES) & 1
+    stage = (ring + j) % NUM_STAGES
+    phase = ((ring + j) // NUM_STAGES) & 1
     mbarrier.wait(k_ready.index(stage), phase)
     _take_turn(turn, t, WARP_GROUP, PINGPONG)
     s = warpgroup_mma(q, k_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
@@ -359,19 +360,19 @@ def _first_block(q, k_bufs, k_ready, k_free, turn, t, position, j, m_i, l_i, acc
 
 
 @gluon.jit
-def _next_block(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, position, j, stage, phase, m_i, l_i,
+def _next_block(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ring, j, stage, phase, m_i, l_i,
                 acc, p_op, s_zero, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N: gl.constexpr,
                 HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr,
                 WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr):
-    """Key block ``j`` (the ring's block ``position``) after another: its Q K^T and the block before's P V (``p_op``,
-    V in ``stage``) in flight together, then its softmax (FA3's intra-warpgroup overlap). Returns as
+    """Key block ``j`` (the ring's block ``ring + j``) after another: its Q K^T and the block before's P V
+    (``p_op``, V in ``stage``) in flight together, then its softmax (FA3's intra-warpgroup overlap). Returns as
     ``_first_block``."""
     s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
     o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     prev_stage = stage
     prev_phase = phase
-    stage = position % NUM_STAGES
-    phase = (position // NUM_STAGES) & 1
+    stage = (ring + j) % NUM_STAGES
+    phase = ((ring + j) // NUM_STAGES) & 1
     mbarrier.wait(k_ready.index(stage), phase)
     mbarrier.wait(v_ready.index(prev_stage), prev_phase)
     _take_turn(turn, t, WARP_GROUP, PINGPONG)
@@ -416,11 +417,11 @@ def _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, tur
     s_zero = gl.zeros([ROWS_PER_WARPGROUP, BLOCK_N], gl.float32, wgmma_layout(BLOCK_N))
     if hi > lo:
         stage, phase, m_i, l_i, acc, p_op, t = _first_block(
-            q, k_bufs, k_ready, k_free, turn, t, ring + lo, lo, m_i, l_i, acc, s_zero, rows, seqlen_q, seqlen_k,
+            q, k_bufs, k_ready, k_free, turn, t, ring, lo, m_i, l_i, acc, s_zero, rows, seqlen_q, seqlen_k,
             qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, MASKED, WARP_GROUP, PINGPONG)
         for j in range(lo + 1, hi):
             stage, phase, m_i, l_i, acc, p_op, t = _next_block(
-                q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ring + j, j, stage, phase, m_i, l_i,
+                q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ring, j, stage, phase, m_i, l_i,
                 acc, p_op, s_zero, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL,
                 MASKED, WARP_GROUP, PINGPONG)
         if release_q:
@@ -454,12 +455,12 @@ def _tile_key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free
             qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, True, WARP_GROUP, PINGPONG)
         for j in range(1, n_full):
             stage, phase, m_i, l_i, acc, p_op, t = _next_block(
-                q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ring + j, j, stage, phase, m_i, l_i,
+                q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ring, j, stage, phase, m_i, l_i,
                 acc, p_op, s_zero, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL,
                 False, WARP_GROUP, PINGPONG)
         for j in range(gl.maximum(n_full, 1), n_blocks):
             stage, phase, m_i, l_i, acc, p_op, t = _next_block(
-                q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ring + j, j, stage, phase, m_i, l_i,
+                q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ring, j, stage, phase, m_i, l_i,
                 acc, p_op, s_zero, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL,
                 True, WARP_GROUP, PINGPONG)
         mbarrier.arrive(q_free, count=1)
