@@ -312,13 +312,13 @@ _HOPPER_DQ_WS_SHORT = {
 # 16k; at 2k it lost, 321.9 / 322.4 against 346.5 / 348.6. Persistent or 4 stages: no better (355-459, 390-456).
 _WS_FROM_SEQLEN = {("hopper", "forward"): {(64, True): 4096},
                    ("hopper", "dkdv"): {(64, False): 2048, (128, False): 2048}}
-# Packed (varlen) calls keep the Gluon forward's persistent grid (its tiles handed out by a counter) past LONG_SEQLEN:
-# the longest sequence sets the bucket, the others are shorter and their tiles unequal. Kernel-only A/B, H200
-# (docs/perf-notes.md version 30, calls A-C, I, J, L), TFLOP/s ratio to the dense call on the same 16k tokens, one
-# program a tile -> persistent 2 stages: hdim 128 mixed lengths causal 0.868 / 0.864 / 0.886 / 0.872 -> 0.895 / 0.904 /
-# 0.902 / 0.885, non-causal 0.913 / 0.922 -> 0.935 / 0.952; equal lengths (one sequence of 16k, two of 8k) causal
-# 0.950 / 0.978 -> 0.951 / 0.985, non-causal 0.952 / 0.974 -> 0.968 / 0.994; hdim 64 mixed causal 0.879 -> 0.902.
-_PACKED_KEEP_PERSISTENT = {("hopper", "forward")}
+# Packed (varlen) calls take no long-sequence Gluon entry (``lookup``): the forward keeps its persistent grid (tiles
+# handed out by a counter) past LONG_SEQLEN, as the longest sequence sets the bucket and the others are shorter, their
+# tiles unequal. Kernel-only A/B, H200 (docs/perf-notes.md version 30, calls A-C, I, J, L), TFLOP/s ratio to the dense
+# call on the same 16k tokens, one program a tile -> persistent 2 stages: hdim 128 mixed lengths causal 0.868 / 0.864 /
+# 0.886 / 0.872 -> 0.895 / 0.904 / 0.902 / 0.885, non-causal 0.913 / 0.922 -> 0.935 / 0.952; equal lengths (one sequence
+# of 16k, two of 8k) causal 0.950 / 0.978 -> 0.951 / 0.985, non-causal 0.952 / 0.974 -> 0.968 / 0.994; hdim 64 mixed
+# causal 0.879 -> 0.902.
 # (family, phase) -> the Gluon kernel's table, its short- and long-sequence entries (a None entry: the Triton table's)
 _WS_TABLES = {("hopper", "forward"): (_HOPPER_FORWARD_WS, _HOPPER_FORWARD_WS_SHORT, _HOPPER_FORWARD_WS_LONG),
               ("hopper", "dkdv"): (_HOPPER_DKDV_WS, {}, {}),
@@ -397,16 +397,16 @@ def lookup(family: str, phase: str, head_dim: int, masked: bool, dtype: torch.dt
     ``attn_mask``: an SDPA mask streams beside K and V. ``seqlen``: the shorter of the (longest) query
     and key lengths, which picks the long- and short-sequence entries (0: unknown, neither).
     ``warp_specialized``: the call fits the Gluon forward (``ops._warp_specialized_fits``), whose own table
-    then comes first. ``packed``: a varlen call, whose Gluon forward keeps the persistent grid past LONG_SEQLEN
-    (``_PACKED_KEEP_PERSISTENT``).
+    then comes first. ``packed``: a varlen call, which takes no long-sequence Gluon entry (the forward keeps its
+    persistent grid past LONG_SEQLEN; only the forward has such entries).
     """
     width = padded_head_dim(head_dim)
     bucket = min(b for b in (64, 128, 256) if b >= width)
     if warp_specialized and (family, phase) in _WS_TABLES:
         key = (bucket, masked)
         table, short, long = _WS_TABLES[(family, phase)]
-        if packed and (family, phase) in _PACKED_KEEP_PERSISTENT:
-            long = {}
+        if packed:
+            long = {}  # see the comment above _WS_TABLES
         by_length = _for_length(seqlen, short, {}, long)
         if key in by_length:
             config = by_length[key]  # None: the Triton table's entry
