@@ -5,16 +5,16 @@ tokens, as `flashattn bench --varlen` lays them out (16k tokens, heads x hdim = 
     new            the tree's kernel and rules
     NAME=PATH      a copy of kernels/forward_hopper.py (same arguments), swapped in under the launcher
     +qb1           suffix: one Q tile a program (ops._forward_q_buffers), packed calls' rule until version 30
-    +p2, +p3, +t3  suffix: packed calls forced onto the 128 x 128 tile with 2 or 3 stages, on a persistent grid
-    +t3c3          (p) or one program a tile (t), three consumers (c3, hdim 64); the dense call keeps the table's
-    +k64s3, +k64s4 suffix: packed calls forced onto a persistent 128-row tile of 64-key blocks, 3 or 4 stages
+    @TILE          suffix, last: packed calls forced onto TILE in `flashattn blocks` notation
+                   (128x128x8x2+ws+persistent); the dense call keeps the table's
 
 Each variant's output is checked against a float32 reference per sequence: the largest error, and the (sequence,
 head) pairs whose error is over 8x the first variant's largest (a wrong tile). Rounds interleave the variants in
 ABBA order. CASES: "hdim causal mean mixed; ...". CHECK_ONLY=1: the checks, no timing (for compute-sanitizer);
 TOKENS: the packed tokens (16384).
 
-    CASES="128 0 512 1;128 1 512 1" ROUNDS=3 PYTHONPATH=src python3 benchmarks/varlen_fwd_ab.py new new+qb1
+    CASES="128 0 512 1;128 1 512 1" ROUNDS=3 PYTHONPATH=src python3 benchmarks/varlen_fwd_ab.py \
+        new new+qb1 new@128x128x8x2+ws+persistent
 """
 import contextlib
 import functools
@@ -26,23 +26,17 @@ import triton
 from module_file import load_module_file
 
 import flashattn.kernels.forward_hopper as current
-from flashattn import bench, configs, flash_attn_func, flash_attn_varlen_func, launcher, ops
+from flashattn import bench, blocks, configs, flash_attn_func, flash_attn_varlen_func, launcher, ops
 
 TOKENS = int(os.environ.get("TOKENS", "16384"))
 tree_kernel = current.attention_forward_hopper_kernel
 tree_q_buffers = ops._forward_q_buffers
-_TILE = dict(block_m=128, block_n=128, num_warps=8, warp_specialized=True)
-FORCED_TILES = {"p2": configs.TileConfig(num_stages=2, persistent=True, **_TILE),
-                "p3": configs.TileConfig(num_stages=3, persistent=True, **_TILE),
-                "t3": configs.TileConfig(num_stages=3, **_TILE),
-                "t3c3": configs.TileConfig(num_stages=3, three_consumers=True, **_TILE),
-                "k64s3": configs.TileConfig(**dict(_TILE, block_n=64), num_stages=3, persistent=True),
-                "k64s4": configs.TileConfig(**dict(_TILE, block_n=64), num_stages=4, persistent=True)}
 _forced = contextlib.ExitStack()  # the forced tile of the variant in use
 
 
 def load_variant(spec: str):
     """(kernel, q-buffer rule, forced tile or None) of a variant spec."""
+    spec, _, tile = spec.partition("@")
     base, *suffixes = spec.split("+")
     kernel = tree_kernel
     if "=" in base:
@@ -52,8 +46,7 @@ def load_variant(spec: str):
     if "qb1" in suffixes:
         def rule(config, head_dim):
             return 1
-    tiles = [FORCED_TILES[s] for s in suffixes if s in FORCED_TILES]
-    return kernel, rule, (tiles[0] if tiles else None)
+    return kernel, rule, (configs.TileConfig(*blocks.parse_candidates(tile)[0]) if tile else None)
 
 
 def use_variant(variant, packed: bool = True) -> None:
