@@ -18,6 +18,7 @@ from pathlib import Path
 _LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _UNIFORM = re.compile(r"\bUR(\d+)\b")
 _DESCRIPTORS = re.compile(r"gdesc\[UR(\d+)\]")  # a wgmma's A and B descriptors: four uniform registers
+_GENERAL = re.compile(r"^R\d+$")
 _BRANCH_TARGET = re.compile(r"\b(?:BRA|JMP)\b.*?(0x[0-9a-f]+)")
 _PREDICATE = re.compile(r"^!?U?P(\d+|T)$")
 _ENDS_FLOW = re.compile(r"^(?:BRA|EXIT|RET|JMP)\b")  # unpredicated: nothing falls through
@@ -41,7 +42,10 @@ def _effects(text: str) -> tuple[set[int], set[int]]:
     first_register = next((i for i, operand in enumerate(operands) if not _PREDICATE.match(operand)), 0)
     for index, operand in enumerate(operands):
         for match in _DESCRIPTORS.finditer(operand):
-            read.update(range(int(match.group(1)), int(match.group(1)) + 4))
+            base = int(match.group(1))
+            # A from registers (HGMMA R88, R152, gdesc[UR8].tnspB): only B's half, UR10-11, is read
+            a_in_registers = index > 1 and _GENERAL.match(operands[index - 1])
+            read.update(range(base + 2 if a_in_registers else base, base + 4))
         registers = {int(n) for n in _UNIFORM.findall(_DESCRIPTORS.sub("", operand))}
         destination = _UNIFORM.match(operand) if index == first_register else None
         if destination:

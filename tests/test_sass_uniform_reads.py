@@ -48,3 +48,11 @@ def test_predicated_pairs_and_predicate_destinations():
 
 def test_wide_and_64_bit_writes_cover_two_registers():
     assert flagged("UIADD3.64 UR18, UR42, 0x2, URZ", "UMOV UR20, UR19", "EXIT") == [(0x00, [42])]
+
+
+def test_a_product_with_a_from_registers_reads_only_b_descriptor():
+    # P V: P in R152-R155, V's descriptor in UR10-11; UR8-9, A's half of the four, are never read
+    assert flagged("UMOV UR10, 0x20", "UMOV UR11, 0x40000040",
+                   "HGMMA.64x128x16.F32.BF16 R88, R152, gdesc[UR8].tnspB, R88", "EXIT") == []
+    assert flagged("UMOV UR10, 0x20", "HGMMA.64x128x16.F32.BF16 R88, R152, gdesc[UR8].tnspB, R88",
+                   "EXIT") == [(0x10, [11])]
