@@ -105,26 +105,23 @@ def to_16_bits(x, dtype: gl.constexpr):
 def _tile_plan(tile_id, row_tiles, batch_heads, heads_per_section, nheads, group_size, CuSeqlensQ, CuSeqlensK,
                seqlen_q, seqlen_k, stride_lb, stride_lh, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                IS_VARLEN: gl.constexpr, NUM_CONSUMERS: gl.constexpr):
-    """Where tile ``tile_id`` reads and writes, and its key blocks: every partition derives the same plan
-    (``_tile_place``, ``_sequence_bounds``, ``_tile_extent``)."""
-    batch, head, row_tile = _tile_place(tile_id, row_tiles, batch_heads, heads_per_section, nheads)
-    q_start, k_start, seqlen_q, seqlen_k = _sequence_bounds(batch, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k,
-                                                            IS_VARLEN)
-    lse_row = _lse_row(batch, head, q_start, stride_lb, stride_lh, IS_VARLEN)
-    tile_row, n_full, n_blocks = _tile_extent(row_tile, seqlen_q, seqlen_k, BLOCK_N, CAUSAL, NUM_CONSUMERS)
-    return head, head // group_size, q_start, k_start, seqlen_q, seqlen_k, lse_row, tile_row, n_full, n_blocks
-
-
-@gluon.jit
-def _tile_place(tile_id, row_tiles, batch_heads, heads_per_section, nheads):
-    """The (sequence, head, row tile) of tile ``tile_id``.
+    """Where tile ``tile_id`` reads and writes, and its key blocks: every partition derives the same plan.
 
     The (sequence, head) pairs are cut into sections of ``heads_per_section``, whose K and V fit in L2
     together (the launcher sizes them). Tiles run section by section, so the programs in flight read the K and
     V of a few heads, each from HBM about once; with the heads as the fastest index over the whole launch, the
     programs in flight would stream every head's K and V at once, more than L2 holds. Inside a section, tiles
     are numbered row tile major, so that causal calls run their longest rows first (no tail wave of
-    full-length tiles)."""
+    full-length tiles).
+
+    Causal tiles are counted back from the sequence's end (rounded up to a consumer's 64 rows), so the tile that
+    a length not divisible by the tile's rows leaves short is the first one, which sees the fewest keys; counted
+    from row 0 it would be the last one, which sees them all (4k rows in 192-row tiles: 5.7% of the consumers'
+    block products went to rows past the end). ``tile_row`` may then be negative: rows before 0 are not stored.
+    The rounding keeps every consumer's rows on a 64-row boundary, as counting from row 0 does: counted from the
+    end itself, a length that is not a multiple of 64 would give half the consumers two masked (diagonal) blocks of
+    128 keys instead of one (docs/perf-notes.md, version 21)."""
+    tile_rows = NUM_CONSUMERS * ROWS_PER_WARPGROUP
     section_tiles = heads_per_section * row_tiles
     section = tile_id // section_tiles
     first_head = section * heads_per_section
@@ -132,47 +129,18 @@ def _tile_place(tile_id, row_tiles, batch_heads, heads_per_section, nheads):
     in_section = tile_id - section * section_tiles
     row_tile = in_section // section_heads
     batch_head = first_head + in_section % section_heads
-    return batch_head // nheads, batch_head % nheads, row_tile
-
-
-@gluon.jit
-def _sequence_bounds(batch, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, IS_VARLEN: gl.constexpr):
-    """Sequence ``batch``'s first query and key token and its lengths: loads from the cumulative lengths when
-    packed."""
+    batch = batch_head // nheads
+    head = batch_head % nheads
     if IS_VARLEN:
         q_start = gl.load(CuSeqlensQ + batch)
         k_start = gl.load(CuSeqlensK + batch)
         seqlen_q = gl.load(CuSeqlensQ + batch + 1) - q_start
         seqlen_k = gl.load(CuSeqlensK + batch + 1) - k_start
+        lse_row = head.to(gl.int64) * stride_lh + q_start
     else:
         q_start = batch * seqlen_q
         k_start = batch * seqlen_k
-    return q_start, k_start, seqlen_q, seqlen_k
-
-
-@gluon.jit
-def _lse_row(batch, head, q_start, stride_lb, stride_lh, IS_VARLEN: gl.constexpr):
-    """Where the sequence's log-sum-exps of ``head`` start."""
-    if IS_VARLEN:
-        return head.to(gl.int64) * stride_lh + q_start
-    else:
-        return batch.to(gl.int64) * stride_lb + head.to(gl.int64) * stride_lh
-
-
-@gluon.jit
-def _tile_extent(row_tile, seqlen_q, seqlen_k, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-                 NUM_CONSUMERS: gl.constexpr):
-    """Row tile ``row_tile``'s first row within its sequence and its key blocks: ``n_full`` seen whole by every
-    row, ``n_blocks`` at all.
-
-    Causal tiles are counted back from the sequence's end (rounded up to a consumer's 64 rows), so the tile that
-    a length not divisible by the tile's rows leaves short is the first one, which sees the fewest keys; counted
-    from row 0 it would be the last one, which sees them all (4k rows in 192-row tiles: 5.7% of the consumers'
-    block products went to rows past the end). The first row may then be negative: rows before 0 are not stored.
-    The rounding keeps every consumer's rows on a 64-row boundary, as counting from row 0 does: counted from the
-    end itself, a length that is not a multiple of 64 would give half the consumers two masked (diagonal) blocks of
-    128 keys instead of one (docs/perf-notes.md, version 21)."""
-    tile_rows = NUM_CONSUMERS * ROWS_PER_WARPGROUP
+        lse_row = batch.to(gl.int64) * stride_lb + head.to(gl.int64) * stride_lh
     tile_row = row_tile * tile_rows
     key_end = seqlen_k
     full_end = seqlen_k
@@ -186,7 +154,7 @@ def _tile_extent(row_tile, seqlen_q, seqlen_k, BLOCK_N: gl.constexpr, CAUSAL: gl
     has_rows = (tile_row < seqlen_q) & (tile_row + tile_rows > 0)
     n_blocks = gl.where(has_rows, gl.cdiv(gl.maximum(key_end, 0), BLOCK_N), 0)
     n_full = gl.minimum(gl.maximum(full_end, 0) // BLOCK_N, n_blocks)
-    return tile_row, n_full, n_blocks
+    return head, head // group_size, q_start, k_start, seqlen_q, seqlen_k, lse_row, tile_row, n_full, n_blocks
 
 
 @gluon.jit
@@ -237,56 +205,19 @@ def _next_tile(tile_id, TileCounter, DYNAMIC_TILES: gl.constexpr):
         return tile_id + gl.num_programs(0)
 
 
-@gluon.constexpr_function
-def tile_slot_width(is_varlen):
-    """int32 words of a tile's hand-off (``_publish_tile``): the tile number, and for packed calls its sequence's
-    bounds (``_sequence_bounds``) after it."""
-    return 8 if is_varlen else 1
-
-
 @gluon.jit
-def _publish_tile(tile_slot, tile_id, q_start, k_start, seqlen_q, seqlen_k, IS_VARLEN: gl.constexpr):
+def _publish_tile(tile_slot, tile_id):
     """The loader's hand-off of its next tile (a number past the last: no more) to the consumers. The store
-    precedes the loader's arrival on ``q_ready``, which releases it to every consumer that waits on that phase.
-
-    A packed call's tile carries its sequence's bounds, which the loader has read for its own plan: a consumer that
-    loaded them from the cumulative lengths itself would wait that round trip at the start of each tile, with the
-    tensor cores idle (docs/perf-notes.md, version 31)."""
-    width: gl.constexpr = tile_slot_width(IS_VARLEN)
+    precedes the loader's arrival on ``q_ready``, which releases it to every consumer that waits on that phase."""
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-    word = gl.arange(0, width, layout=layout)
-    if IS_VARLEN:
-        values = gl.where(word == 0, tile_id, gl.where(word == 1, q_start, gl.where(
-            word == 2, k_start, gl.where(word == 3, seqlen_q, seqlen_k))))
-    else:
-        values = gl.full([width], tile_id, gl.int32, layout)
-    tile_slot.store(values)
+    tile_slot.store(gl.full([1], tile_id, gl.int32, layout))
 
 
 @gluon.jit
-def read_tile(tile_slot, IS_VARLEN: gl.constexpr):
+def read_tile(tile_slot):
     """The tile number ``_publish_tile`` left, read by a consumer after its wait on ``q_ready``."""
-    if IS_VARLEN:
-        return _read_word(tile_slot, 0)
-    else:
-        layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-        return gl.max(tile_slot.load(layout), axis=0)
-
-
-@gluon.jit
-def read_sequence_bounds(tile_slot):
-    """A packed call's tile's sequence bounds that ``_publish_tile`` left: first query and key token, lengths."""
-    return _read_word(tile_slot, 1), _read_word(tile_slot, 2), _read_word(tile_slot, 3), _read_word(tile_slot, 4)
-
-
-@gluon.jit
-def _read_word(tile_slot, word: gl.constexpr):
-    """Word ``word`` of a packed call's hand-off: every thread reads all of them, so the pick is its own (no
-    exchange between threads)."""
-    width: gl.constexpr = tile_slot_width(True)
-    layout: gl.constexpr = gl.BlockedLayout([width], [32], [gl.num_warps()], [0])
-    values = tile_slot.load(layout)
-    return gl.sum(gl.where(gl.arange(0, width, layout=layout) == word, values, 0), axis=0)
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    return gl.max(tile_slot.load(layout), axis=0)
 
 
 @gluon.jit
@@ -301,14 +232,14 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_f
     while tile_id < total_tiles:
         # taken now, read after this tile's loads are issued: the counter's round trip hides behind them
         next_tile = _next_tile(tile_id, TileCounter, DYNAMIC_TILES)
-        head, head_k, q_start, k_start, tile_seqlen_q, tile_seqlen_k, _, tile_row, _, n_blocks = _tile_plan(
+        head, head_k, q_start, k_start, tile_seqlen_q, _, _, tile_row, _, n_blocks = _tile_plan(
             tile_id, row_tiles, batch_heads, heads_per_section, nheads, group_size, CuSeqlensQ, CuSeqlensK, seqlen_q,
             seqlen_k, 0, 0, BLOCK_N, CAUSAL, IS_VARLEN, NUM_CONSUMERS)
         if tile_has_rows(tile_row, tile_seqlen_q, NUM_CONSUMERS, IS_VARLEN):
             # a fresh barrier passes a wait on the phase before its first: the first tiles do not wait
             slot = rounds % Q_BUFFERS
             mbarrier.wait(q_free.index(slot), ((rounds // Q_BUFFERS) & 1) ^ 1)
-            _publish_tile(tile_slot.index(slot), tile_id, q_start, k_start, tile_seqlen_q, tile_seqlen_k, IS_VARLEN)
+            _publish_tile(tile_slot.index(slot), tile_id)
             mbarrier.expect(q_ready.index(slot), NUM_CONSUMERS * q_desc.block_type.nbytes)
             for c in gl.static_range(NUM_CONSUMERS):
                 tma.async_copy_global_to_shared(q_desc,
@@ -323,7 +254,7 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_f
     # no tile left: the consumers read a number past the last one and stop
     slot = rounds % Q_BUFFERS
     mbarrier.wait(q_free.index(slot), ((rounds // Q_BUFFERS) & 1) ^ 1)
-    _publish_tile(tile_slot.index(slot), tile_id, 0, 0, 0, 0, IS_VARLEN)
+    _publish_tile(tile_slot.index(slot), tile_id)
     mbarrier.arrive(q_ready.index(slot), count=1)
 
 
@@ -554,19 +485,11 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
     ring = 0
     rounds = 0  # this program's tiles so far
     mbarrier.wait(q_ready.index(0), 0)
-    tile_id = read_tile(tile_slot.index(0), IS_VARLEN)
+    tile_id = read_tile(tile_slot.index(0))
     while tile_id < total_tiles:
-        if IS_VARLEN:
-            # the sequence's bounds came with the tile: no load before the first product
-            q_start, _, tile_seqlen_q, tile_seqlen_k = read_sequence_bounds(tile_slot.index(rounds % Q_BUFFERS))
-            batch, head, row_tile = _tile_place(tile_id, row_tiles, batch_heads, heads_per_section, nheads)
-            lse_row = _lse_row(batch, head, q_start, stride_lb, stride_lh, IS_VARLEN)
-            tile_row, n_full, n_blocks = _tile_extent(row_tile, tile_seqlen_q, tile_seqlen_k, BLOCK_N, CAUSAL,
-                                                      NUM_CONSUMERS)
-        else:
-            head, _, q_start, _, tile_seqlen_q, tile_seqlen_k, lse_row, tile_row, n_full, n_blocks = _tile_plan(
-                tile_id, row_tiles, batch_heads, heads_per_section, nheads, group_size, CuSeqlensQ, CuSeqlensK,
-                seqlen_q, seqlen_k, stride_lb, stride_lh, BLOCK_N, CAUSAL, IS_VARLEN, NUM_CONSUMERS)
+        head, _, q_start, _, tile_seqlen_q, tile_seqlen_k, lse_row, tile_row, n_full, n_blocks = _tile_plan(
+            tile_id, row_tiles, batch_heads, heads_per_section, nheads, group_size, CuSeqlensQ, CuSeqlensK, seqlen_q,
+            seqlen_k, stride_lb, stride_lh, BLOCK_N, CAUSAL, IS_VARLEN, NUM_CONSUMERS)
         slot = rounds % Q_BUFFERS
         q = q_smem.index(slot * NUM_CONSUMERS + WARP_GROUP)
         first_row = tile_row + WARP_GROUP * ROWS_PER_WARPGROUP  # within the sequence
@@ -600,7 +523,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
         store_rows(Out, acc, q_start, first_row, head * stride_oh, stride_om, tile_seqlen_q, HEAD_DIM, WIDE_STORES)
         rounds += 1
         mbarrier.wait(q_ready.index(rounds % Q_BUFFERS), (rounds // Q_BUFFERS) & 1)
-        tile_id = read_tile(tile_slot.index(rounds % Q_BUFFERS), IS_VARLEN)
+        tile_id = read_tile(tile_slot.index(rounds % Q_BUFFERS))
 
 
 @gluon.jit
@@ -633,8 +556,7 @@ def attention_forward_hopper_kernel(
     q_ready = gl.allocate_shared_memory(gl.int64, [Q_BUFFERS, 1], mbarrier.MBarrierLayout())
     q_free = gl.allocate_shared_memory(gl.int64, [Q_BUFFERS, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    tile_slot = gl.allocate_shared_memory(gl.int32, [Q_BUFFERS, tile_slot_width(IS_VARLEN)],
-                                          gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    tile_slot = gl.allocate_shared_memory(gl.int32, [Q_BUFFERS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     for i in gl.static_range(Q_BUFFERS):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_free.index(i), count=NUM_CONSUMERS)  # every consumer releases Q
