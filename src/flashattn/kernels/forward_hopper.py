@@ -406,6 +406,106 @@ def _last_product(v_bufs, v_ready, v_free, turn, t, stage, phase, acc, p_op, WAR
     return acc, t
 
 
+@gluon.constexpr_function
+def half_tails(is_varlen, causal, block_n):
+    """Whether a build computes a last key block that holds at most half a block of keys at half its width
+    (``_tile_key_blocks``): packed non-causal calls, whose sequences end anywhere in a block (the bench's mixed
+    lengths: 0.886 of the products useful at a 512 mean with whole last blocks, 0.921 with half ones; docs/
+    perf-notes.md, version 31)."""
+    return is_varlen and not causal and block_n == 128
+
+
+@gluon.jit
+def _half_block_scores(q, k_bufs, turn, t, stage, BLOCK_N: gl.constexpr, WARP_GROUP: gl.constexpr,
+                       PINGPONG: gl.constexpr):
+    """Issues Q K^T over the first half of key block ``j``'s stage (the keys past it lie outside the sequence)."""
+    half: gl.constexpr = BLOCK_N // 2
+    s_zero = gl.zeros([ROWS_PER_WARPGROUP, half], gl.float32, wgmma_layout(half))
+    _take_turn(turn, t, WARP_GROUP, PINGPONG)
+    s = warpgroup_mma(q, k_bufs.index(stage).slice(0, half, dim=0).permute((1, 0)), s_zero, use_acc=False,
+                      is_async=True)
+    return s
+
+
+@gluon.jit
+def _half_block_softmax(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2, q_dtype: gl.constexpr,
+                        BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """The online softmax of half block ``j``'s scores: the softmax state in the whole block's layout, P as a
+    half-width P V operand, and the accumulator's factor in its layout."""
+    half: gl.constexpr = BLOCK_N // 2
+    s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
+    half_layout: gl.constexpr = wgmma_layout(half)
+    # a half block's columns are numbered as block 2j of half-width blocks: keys j * BLOCK_N + c
+    m_i, l_i, p, alpha = _softmax_step(s, gl.convert_layout(m_i, gl.SliceLayout(1, half_layout)),
+                                       gl.convert_layout(l_i, gl.SliceLayout(1, half_layout)), j * 2, rows, seqlen_q,
+                                       seqlen_k, qk_scale_log2, half, False, True, half_layout)
+    p_op = gl.convert_layout(to_16_bits(p, q_dtype), register_operand_layout(HEAD_DIM))
+    alpha = gl.convert_layout(alpha, gl.SliceLayout(1, wgmma_layout(HEAD_DIM)))
+    return gl.convert_layout(m_i, gl.SliceLayout(1, s_layout)), gl.convert_layout(l_i, gl.SliceLayout(1, s_layout)), \
+        p_op, alpha
+
+
+@gluon.jit
+def _first_half_block(q, k_bufs, k_ready, k_free, turn, t, ring, j, m_i, l_i, acc, rows, seqlen_q, seqlen_k,
+                      qk_scale_log2, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
+                      WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr):
+    """``_first_block`` for a run's only block, at most half of it in the sequence: half-width scores and P."""
+    stage = (ring + j) % NUM_STAGES
+    phase = ((ring + j) // NUM_STAGES) & 1
+    mbarrier.wait(k_ready.index(stage), phase)
+    s = _half_block_scores(q, k_bufs, turn, t, stage, BLOCK_N, WARP_GROUP, PINGPONG)
+    _pass_turn(turn, WARP_GROUP, PINGPONG)
+    t += 1
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+    mbarrier.arrive(k_free.index(stage), count=1)
+    m_i, l_i, p_op, alpha = _half_block_softmax(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2, q.dtype,
+                                                BLOCK_N, HEAD_DIM)
+    acc = acc * alpha[:, None]
+    return stage, phase, m_i, l_i, acc, p_op, t
+
+
+@gluon.jit
+def _next_half_block(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ring, j, stage, phase, m_i, l_i,
+                     acc, p_op, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N: gl.constexpr,
+                     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, WARP_GROUP: gl.constexpr,
+                     PINGPONG: gl.constexpr):
+    """``_next_block`` for a run's last block, at most half of it in the sequence: half-width scores and P, the
+    block before's whole P V in flight beside them."""
+    prev_stage = stage
+    prev_phase = phase
+    stage = (ring + j) % NUM_STAGES
+    phase = ((ring + j) // NUM_STAGES) & 1
+    mbarrier.wait(k_ready.index(stage), phase)
+    mbarrier.wait(v_ready.index(prev_stage), prev_phase)
+    s = _half_block_scores(q, k_bufs, turn, t, stage, BLOCK_N, WARP_GROUP, PINGPONG)
+    acc = warpgroup_mma(p_op, v_bufs.index(prev_stage), acc, is_async=True)
+    _pass_turn(turn, WARP_GROUP, PINGPONG)
+    t += 1
+    s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
+    mbarrier.arrive(k_free.index(stage), count=1)
+    m_i, l_i, p_half, alpha = _half_block_softmax(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2, q.dtype,
+                                                  BLOCK_N, HEAD_DIM)
+    # P V reads p_op from registers until it completes: keep it alive to here
+    acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
+    mbarrier.arrive(v_free.index(prev_stage), count=1)
+    acc = acc * alpha[:, None]
+    return stage, phase, m_i, l_i, acc, p_half, t
+
+
+@gluon.jit
+def _last_half_product(v_bufs, v_ready, v_free, turn, t, stage, phase, acc, p_op, BLOCK_N: gl.constexpr,
+                       WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr):
+    """``_last_product`` of a half block: P V over the first half of the stage's values."""
+    mbarrier.wait(v_ready.index(stage), phase)
+    _take_turn(turn, t, WARP_GROUP, PINGPONG)
+    acc = warpgroup_mma(p_op, v_bufs.index(stage).slice(0, BLOCK_N // 2, dim=0), acc, is_async=True)
+    _pass_turn(turn, WARP_GROUP, PINGPONG)
+    t += 1
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    mbarrier.arrive(v_free.index(stage), count=1)
+    return acc, t
+
+
 @gluon.jit
 def _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, turn, t, ring, m_i, l_i, acc, rows,
                 lo, hi, release_q, seqlen_q, seqlen_k, qk_scale_log2,
@@ -436,7 +536,7 @@ def _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, tur
 def _tile_key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, turn, t, ring, m_i, l_i, acc,
                      rows, n_full, n_blocks, seqlen_q, seqlen_k, qk_scale_log2,
                      BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                     WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr):
+                     WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr, HALF_TAILS: gl.constexpr):
     """A forward tile's key blocks for one consumer's 64 rows, as one run: [0, n_full) seen whole, then
     [n_full, n_blocks) through the mask (the diagonal, the sequence's end); Q released after the last Q K^T.
 
@@ -446,7 +546,11 @@ def _tile_key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free
     a tile with no whole block (fewer keys than one block, non-causal) read Q through another tile's descriptors:
     wrong rows wherever a program's Q tile moves between tiles (two Q buffers; docs/perf-notes.md, version 30)."""
     s_zero = gl.zeros([ROWS_PER_WARPGROUP, BLOCK_N], gl.float32, wgmma_layout(BLOCK_N))
-    if n_blocks > 0:
+    n_wide = n_blocks
+    if HALF_TAILS:
+        # a last block with at most half its keys in the sequence: computed at half width
+        n_wide = n_blocks - ((n_blocks > n_full) & (seqlen_k - n_full * BLOCK_N <= BLOCK_N // 2)).to(gl.int32)
+    if n_wide > 0:
         # the first block through the mask whether or not it needs it: once a tile, and a branch between the two
         # forms would carry the loop's state in another order (the frontend sorts an if's names), whose hdim-64
         # loop ptxas scheduled 3-4% slower than the two-run kernel's (2-3% without it; docs/perf-notes.md, version 30)
@@ -458,13 +562,30 @@ def _tile_key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free
                 q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ring, j, stage, phase, m_i, l_i,
                 acc, p_op, s_zero, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL,
                 False, WARP_GROUP, PINGPONG)
-        for j in range(gl.maximum(n_full, 1), n_blocks):
+        for j in range(gl.maximum(n_full, 1), n_wide):
             stage, phase, m_i, l_i, acc, p_op, t = _next_block(
                 q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ring, j, stage, phase, m_i, l_i,
                 acc, p_op, s_zero, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL,
                 True, WARP_GROUP, PINGPONG)
+        if HALF_TAILS and n_wide < n_blocks:
+            stage, phase, m_i, l_i, acc, p_half, t = _next_half_block(
+                q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ring, n_wide, stage, phase, m_i, l_i,
+                acc, p_op, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, WARP_GROUP,
+                PINGPONG)
+            mbarrier.arrive(q_free, count=1)
+            acc, t = _last_half_product(v_bufs, v_ready, v_free, turn, t, stage, phase, acc, p_half, BLOCK_N,
+                                        WARP_GROUP, PINGPONG)
+        else:
+            mbarrier.arrive(q_free, count=1)
+            acc, t = _last_product(v_bufs, v_ready, v_free, turn, t, stage, phase, acc, p_op, WARP_GROUP, PINGPONG)
+    elif HALF_TAILS and n_blocks > 0:
+        # one block, at most half of it in the sequence
+        stage, phase, m_i, l_i, acc, p_half, t = _first_half_block(
+            q, k_bufs, k_ready, k_free, turn, t, ring, 0, m_i, l_i, acc, rows, seqlen_q, seqlen_k, qk_scale_log2,
+            BLOCK_N, HEAD_DIM, NUM_STAGES, WARP_GROUP, PINGPONG)
         mbarrier.arrive(q_free, count=1)
-        acc, t = _last_product(v_bufs, v_ready, v_free, turn, t, stage, phase, acc, p_op, WARP_GROUP, PINGPONG)
+        acc, t = _last_half_product(v_bufs, v_ready, v_free, turn, t, stage, phase, acc, p_half, BLOCK_N, WARP_GROUP,
+                                    PINGPONG)
     else:
         mbarrier.arrive(q_free, count=1)  # no block at all: Q was never read
     return m_i, l_i, acc, t
@@ -503,7 +624,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
         m_i, l_i, acc, t = _tile_key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free.index(slot),
                                             turn, t, ring, m_i, l_i, acc, rows, own_full, own_blocks, tile_seqlen_q,
                                             tile_seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL,
-                                            WARP_GROUP, PINGPONG)
+                                            WARP_GROUP, PINGPONG, half_tails(IS_VARLEN, CAUSAL, BLOCK_N))
         # -- the tile's blocks past this consumer's last row: released as they arrive, never read --
         for j in range(own_blocks, n_blocks):
             stage = (ring + j) % NUM_STAGES
