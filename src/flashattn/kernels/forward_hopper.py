@@ -407,12 +407,13 @@ def _last_product(v_bufs, v_ready, v_free, turn, t, stage, phase, acc, p_op, WAR
 
 
 @gluon.constexpr_function
-def half_tails(is_varlen, causal, block_n):
+def half_tails(is_varlen, causal, block_n, num_consumers):
     """Whether a build computes a last key block that holds at most half a block of keys at half its width
     (``_tile_key_blocks``): packed non-causal calls, whose sequences end anywhere in a block (the bench's mixed
-    lengths: 0.886 of the products useful at a 512 mean with whole last blocks, 0.921 with half ones; docs/
-    perf-notes.md, version 31)."""
-    return is_varlen and not causal and block_n == 128
+    lengths: 0.886 of the products useful at a 512 mean with whole last blocks, 0.921 with half ones), on two
+    consumers (hdim 128: +1.6% / +2.6% / +1.9% at a 512 / 1k / 2k mean; hdim 64's three consumers lost 3% at 512;
+    H200, docs/perf-notes.md, version 31)."""
+    return is_varlen and not causal and block_n == 128 and num_consumers == 2
 
 
 @gluon.jit
@@ -624,7 +625,8 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
         m_i, l_i, acc, t = _tile_key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free.index(slot),
                                             turn, t, ring, m_i, l_i, acc, rows, own_full, own_blocks, tile_seqlen_q,
                                             tile_seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL,
-                                            WARP_GROUP, PINGPONG, half_tails(IS_VARLEN, CAUSAL, BLOCK_N))
+                                            WARP_GROUP, PINGPONG,
+                                            half_tails(IS_VARLEN, CAUSAL, BLOCK_N, NUM_CONSUMERS))
         # -- the tile's blocks past this consumer's last row: released as they arrive, never read --
         for j in range(own_blocks, n_blocks):
             stage = (ring + j) % NUM_STAGES
