@@ -539,7 +539,8 @@ def _tile_key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free
                      BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                      WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr, HALF_TAILS: gl.constexpr):
     """A forward tile's key blocks for one consumer's 64 rows, as one run: [0, n_full) seen whole, then
-    [n_full, n_blocks) through the mask (the diagonal, the sequence's end); Q released after the last Q K^T.
+    [n_full, n_blocks) through the mask (the diagonal, the sequence's end); Q released after the last Q K^T. With
+    ``HALF_TAILS`` (``half_tails``) a last block with at most half its keys in the sequence runs at half width.
 
     One run, not a run of whole blocks and a run of masked ones: the second run's first Q K^T would wait for nothing
     to overlap, as would the first run's last P V; and with two runs ptxas 12.8 (Triton 3.6) reused, in the masked
