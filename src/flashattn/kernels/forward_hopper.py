@@ -335,25 +335,57 @@ def _pass_turn(turn, WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
+def _block_scores(q, k_bufs, stage, s_zero, HALF: gl.constexpr):
+    """Issues Q K^T over the stage's key block: all of it, or with ``HALF`` its first half (``s_zero``'s width; the
+    keys past it lie outside the sequence)."""
+    if HALF:
+        keys = k_bufs.index(stage).slice(0, s_zero.shape[1], dim=0)
+    else:
+        keys = k_bufs.index(stage)
+    return warpgroup_mma(q, keys.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _block_softmax(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N: gl.constexpr,
+                   CAUSAL: gl.constexpr, MASKED: gl.constexpr, HALF: gl.constexpr):
+    """``_softmax_step`` of key block ``j``'s scores; with ``HALF`` of its first half's (non-causal, masked), the
+    softmax state taken from and returned in the whole block's layout."""
+    s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
+    if HALF:
+        half_layout: gl.constexpr = wgmma_layout(BLOCK_N // 2)
+        # the half's columns numbered as block 2j of half-width blocks: keys j * BLOCK_N + c
+        m_half, l_half, p, alpha = _softmax_step(s, gl.convert_layout(m_i, gl.SliceLayout(1, half_layout)),
+                                                 gl.convert_layout(l_i, gl.SliceLayout(1, half_layout)), j * 2, rows,
+                                                 seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N // 2, False, True,
+                                                 half_layout)
+        m_i = gl.convert_layout(m_half, gl.SliceLayout(1, s_layout))
+        l_i = gl.convert_layout(l_half, gl.SliceLayout(1, s_layout))
+    else:
+        m_i, l_i, p, alpha = _softmax_step(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, CAUSAL,
+                                           MASKED, s_layout)
+    return m_i, l_i, p, alpha
+
+
+@gluon.jit
 def _first_block(q, k_bufs, k_ready, k_free, turn, t, ring, j, m_i, l_i, acc, s_zero, rows, seqlen_q, seqlen_k,
                  qk_scale_log2, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
-                 CAUSAL: gl.constexpr, MASKED: gl.constexpr, WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr):
+                 CAUSAL: gl.constexpr, MASKED: gl.constexpr, WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr,
+                 HALF: gl.constexpr):
     """Key block ``j`` (the ring's block ``ring + j``: ``ring`` counts earlier runs' blocks) as a run's first: its
     scores and softmax, with no P V to overlap. Returns the ring stage and phase it read, the softmax state, P as the
-    next P V's operand, and ``t``."""
-    s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
+    next P V's operand, and ``t``. ``HALF``: the block's first half only (``_block_scores``; P half as wide)."""
     o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     stage = (ring + j) % NUM_STAGES
     phase = ((ring + j) // NUM_STAGES) & 1
     mbarrier.wait(k_ready.index(stage), phase)
     _take_turn(turn, t, WARP_GROUP, PINGPONG)
-    s = warpgroup_mma(q, k_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s = _block_scores(q, k_bufs, stage, s_zero, HALF)
     _pass_turn(turn, WARP_GROUP, PINGPONG)
     t += 1
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
     mbarrier.arrive(k_free.index(stage), count=1)
-    m_i, l_i, p, alpha = _softmax_step(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, CAUSAL,
-                                       MASKED, s_layout)
+    m_i, l_i, p, alpha = _block_softmax(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, CAUSAL,
+                                        MASKED, HALF)
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
     p_op = gl.convert_layout(to_16_bits(p, q.dtype), register_operand_layout(HEAD_DIM))
     return stage, phase, m_i, l_i, acc, p_op, t
@@ -363,11 +395,10 @@ def _first_block(q, k_bufs, k_ready, k_free, turn, t, ring, j, m_i, l_i, acc, s_
 def _next_block(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ring, j, stage, phase, m_i, l_i,
                 acc, p_op, s_zero, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N: gl.constexpr,
                 HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr,
-                WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr):
+                WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr, HALF: gl.constexpr):
     """Key block ``j`` (the ring's block ``ring + j``) after another: its Q K^T and the block before's P V
-    (``p_op``, V in ``stage``) in flight together, then its softmax (FA3's intra-warpgroup overlap). Returns as
-    ``_first_block``."""
-    s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
+    (``p_op``, V in ``stage``; always a whole block) in flight together, then its softmax (FA3's intra-warpgroup
+    overlap). Returns as ``_first_block``."""
     o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     prev_stage = stage
     prev_phase = phase
@@ -376,14 +407,14 @@ def _next_block(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ri
     mbarrier.wait(k_ready.index(stage), phase)
     mbarrier.wait(v_ready.index(prev_stage), prev_phase)
     _take_turn(turn, t, WARP_GROUP, PINGPONG)
-    s = warpgroup_mma(q, k_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s = _block_scores(q, k_bufs, stage, s_zero, HALF)
     acc = warpgroup_mma(p_op, v_bufs.index(prev_stage), acc, is_async=True)
     _pass_turn(turn, WARP_GROUP, PINGPONG)
     t += 1
     s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
     mbarrier.arrive(k_free.index(stage), count=1)  # K is read by Q K^T alone: the loader may refill it
-    m_i, l_i, p, alpha = _softmax_step(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, CAUSAL,
-                                       MASKED, s_layout)
+    m_i, l_i, p, alpha = _block_softmax(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, CAUSAL,
+                                        MASKED, HALF)
     # P V reads p_op from registers until it completes: keep it alive to here
     acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
     mbarrier.arrive(v_free.index(prev_stage), count=1)
@@ -394,11 +425,16 @@ def _next_block(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ri
 
 @gluon.jit
 def _last_product(v_bufs, v_ready, v_free, turn, t, stage, phase, acc, p_op, WARP_GROUP: gl.constexpr,
-                  PINGPONG: gl.constexpr):
-    """A run's last P V (V in ``stage``), with no Q K^T to overlap."""
+                  PINGPONG: gl.constexpr, HALF: gl.constexpr):
+    """A run's last P V (V in ``stage``), with no Q K^T to overlap; with ``HALF`` over the first half of the stage's
+    values (``p_op`` half as wide)."""
     mbarrier.wait(v_ready.index(stage), phase)
     _take_turn(turn, t, WARP_GROUP, PINGPONG)
-    acc = warpgroup_mma(p_op, v_bufs.index(stage), acc, is_async=True)
+    if HALF:
+        values = v_bufs.index(stage).slice(0, p_op.shape[1], dim=0)
+    else:
+        values = v_bufs.index(stage)
+    acc = warpgroup_mma(p_op, values, acc, is_async=True)
     _pass_turn(turn, WARP_GROUP, PINGPONG)
     t += 1
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
@@ -417,97 +453,6 @@ def half_tails(is_varlen, causal, block_n, num_consumers):
 
 
 @gluon.jit
-def _half_block_scores(q, k_bufs, turn, t, stage, BLOCK_N: gl.constexpr, WARP_GROUP: gl.constexpr,
-                       PINGPONG: gl.constexpr):
-    """Issues Q K^T over the first half of key block ``j``'s stage (the keys past it lie outside the sequence)."""
-    half: gl.constexpr = BLOCK_N // 2
-    s_zero = gl.zeros([ROWS_PER_WARPGROUP, half], gl.float32, wgmma_layout(half))
-    _take_turn(turn, t, WARP_GROUP, PINGPONG)
-    s = warpgroup_mma(q, k_bufs.index(stage).slice(0, half, dim=0).permute((1, 0)), s_zero, use_acc=False,
-                      is_async=True)
-    return s
-
-
-@gluon.jit
-def _half_block_softmax(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2, q_dtype: gl.constexpr,
-                        BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
-    """The online softmax of half block ``j``'s scores: the softmax state in the whole block's layout, P as a
-    half-width P V operand, and the accumulator's factor in its layout."""
-    half: gl.constexpr = BLOCK_N // 2
-    s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
-    half_layout: gl.constexpr = wgmma_layout(half)
-    # a half block's columns are numbered as block 2j of half-width blocks: keys j * BLOCK_N + c
-    m_i, l_i, p, alpha = _softmax_step(s, gl.convert_layout(m_i, gl.SliceLayout(1, half_layout)),
-                                       gl.convert_layout(l_i, gl.SliceLayout(1, half_layout)), j * 2, rows, seqlen_q,
-                                       seqlen_k, qk_scale_log2, half, False, True, half_layout)
-    p_op = gl.convert_layout(to_16_bits(p, q_dtype), register_operand_layout(HEAD_DIM))
-    alpha = gl.convert_layout(alpha, gl.SliceLayout(1, wgmma_layout(HEAD_DIM)))
-    return gl.convert_layout(m_i, gl.SliceLayout(1, s_layout)), gl.convert_layout(l_i, gl.SliceLayout(1, s_layout)), \
-        p_op, alpha
-
-
-@gluon.jit
-def _first_half_block(q, k_bufs, k_ready, k_free, turn, t, ring, j, m_i, l_i, acc, rows, seqlen_q, seqlen_k,
-                      qk_scale_log2, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
-                      WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr):
-    """``_first_block`` for a run's only block, at most half of it in the sequence: half-width scores and P."""
-    stage = (ring + j) % NUM_STAGES
-    phase = ((ring + j) // NUM_STAGES) & 1
-    mbarrier.wait(k_ready.index(stage), phase)
-    s = _half_block_scores(q, k_bufs, turn, t, stage, BLOCK_N, WARP_GROUP, PINGPONG)
-    _pass_turn(turn, WARP_GROUP, PINGPONG)
-    t += 1
-    s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-    mbarrier.arrive(k_free.index(stage), count=1)
-    m_i, l_i, p_op, alpha = _half_block_softmax(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2, q.dtype,
-                                                BLOCK_N, HEAD_DIM)
-    acc = acc * alpha[:, None]
-    return stage, phase, m_i, l_i, acc, p_op, t
-
-
-@gluon.jit
-def _next_half_block(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ring, j, stage, phase, m_i, l_i,
-                     acc, p_op, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N: gl.constexpr,
-                     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, WARP_GROUP: gl.constexpr,
-                     PINGPONG: gl.constexpr):
-    """``_next_block`` for a run's last block, at most half of it in the sequence: half-width scores and P, the
-    block before's whole P V in flight beside them."""
-    prev_stage = stage
-    prev_phase = phase
-    stage = (ring + j) % NUM_STAGES
-    phase = ((ring + j) // NUM_STAGES) & 1
-    mbarrier.wait(k_ready.index(stage), phase)
-    mbarrier.wait(v_ready.index(prev_stage), prev_phase)
-    s = _half_block_scores(q, k_bufs, turn, t, stage, BLOCK_N, WARP_GROUP, PINGPONG)
-    acc = warpgroup_mma(p_op, v_bufs.index(prev_stage), acc, is_async=True)
-    _pass_turn(turn, WARP_GROUP, PINGPONG)
-    t += 1
-    s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
-    mbarrier.arrive(k_free.index(stage), count=1)
-    m_i, l_i, p_half, alpha = _half_block_softmax(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2, q.dtype,
-                                                  BLOCK_N, HEAD_DIM)
-    # P V reads p_op from registers until it completes: keep it alive to here
-    acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
-    mbarrier.arrive(v_free.index(prev_stage), count=1)
-    acc = acc * alpha[:, None]
-    return stage, phase, m_i, l_i, acc, p_half, t
-
-
-@gluon.jit
-def _last_half_product(v_bufs, v_ready, v_free, turn, t, stage, phase, acc, p_op, BLOCK_N: gl.constexpr,
-                       WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr):
-    """``_last_product`` of a half block: P V over the first half of the stage's values."""
-    mbarrier.wait(v_ready.index(stage), phase)
-    _take_turn(turn, t, WARP_GROUP, PINGPONG)
-    acc = warpgroup_mma(p_op, v_bufs.index(stage).slice(0, BLOCK_N // 2, dim=0), acc, is_async=True)
-    _pass_turn(turn, WARP_GROUP, PINGPONG)
-    t += 1
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-    mbarrier.arrive(v_free.index(stage), count=1)
-    return acc, t
-
-
-@gluon.jit
 def _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, turn, t, ring, m_i, l_i, acc, rows,
                 lo, hi, release_q, seqlen_q, seqlen_k, qk_scale_log2,
                 BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
@@ -519,15 +464,16 @@ def _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, tur
     if hi > lo:
         stage, phase, m_i, l_i, acc, p_op, t = _first_block(
             q, k_bufs, k_ready, k_free, turn, t, ring, lo, m_i, l_i, acc, s_zero, rows, seqlen_q, seqlen_k,
-            qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, MASKED, WARP_GROUP, PINGPONG)
+            qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, MASKED, WARP_GROUP, PINGPONG, False)
         for j in range(lo + 1, hi):
             stage, phase, m_i, l_i, acc, p_op, t = _next_block(
                 q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ring, j, stage, phase, m_i, l_i,
                 acc, p_op, s_zero, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL,
-                MASKED, WARP_GROUP, PINGPONG)
+                MASKED, WARP_GROUP, PINGPONG, False)
         if release_q:
             mbarrier.arrive(q_free, count=1)
-        acc, t = _last_product(v_bufs, v_ready, v_free, turn, t, stage, phase, acc, p_op, WARP_GROUP, PINGPONG)
+        acc, t = _last_product(v_bufs, v_ready, v_free, turn, t, stage, phase, acc, p_op, WARP_GROUP, PINGPONG,
+                               False)
     elif release_q:
         mbarrier.arrive(q_free, count=1)  # no block at all: Q was never read
     return m_i, l_i, acc, t
@@ -551,6 +497,7 @@ def _tile_key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free
     n_wide = n_blocks
     if HALF_TAILS:
         # a last block with at most half its keys in the sequence: computed at half width
+        half_zero = gl.zeros([ROWS_PER_WARPGROUP, BLOCK_N // 2], gl.float32, wgmma_layout(BLOCK_N // 2))
         n_wide = n_blocks - ((n_blocks > n_full) & (seqlen_k - n_full * BLOCK_N <= BLOCK_N // 2)).to(gl.int32)
     if n_wide > 0:
         # the first block through the mask whether or not it needs it: once a tile, and a branch between the two
@@ -558,36 +505,37 @@ def _tile_key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free
         # loop ptxas scheduled 3-4% slower than the two-run kernel's (2-3% without it; docs/perf-notes.md, version 30)
         stage, phase, m_i, l_i, acc, p_op, t = _first_block(
             q, k_bufs, k_ready, k_free, turn, t, ring, 0, m_i, l_i, acc, s_zero, rows, seqlen_q, seqlen_k,
-            qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, True, WARP_GROUP, PINGPONG)
+            qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, True, WARP_GROUP, PINGPONG, False)
         for j in range(1, n_full):
             stage, phase, m_i, l_i, acc, p_op, t = _next_block(
                 q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ring, j, stage, phase, m_i, l_i,
                 acc, p_op, s_zero, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL,
-                False, WARP_GROUP, PINGPONG)
+                False, WARP_GROUP, PINGPONG, False)
         for j in range(gl.maximum(n_full, 1), n_wide):
             stage, phase, m_i, l_i, acc, p_op, t = _next_block(
                 q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ring, j, stage, phase, m_i, l_i,
                 acc, p_op, s_zero, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL,
-                True, WARP_GROUP, PINGPONG)
+                True, WARP_GROUP, PINGPONG, False)
         if HALF_TAILS and n_wide < n_blocks:
-            stage, phase, m_i, l_i, acc, p_half, t = _next_half_block(
+            stage, phase, m_i, l_i, acc, p_half, t = _next_block(
                 q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ring, n_wide, stage, phase, m_i, l_i,
-                acc, p_op, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, WARP_GROUP,
-                PINGPONG)
+                acc, p_op, half_zero, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL,
+                True, WARP_GROUP, PINGPONG, True)
             mbarrier.arrive(q_free, count=1)
-            acc, t = _last_half_product(v_bufs, v_ready, v_free, turn, t, stage, phase, acc, p_half, BLOCK_N,
-                                        WARP_GROUP, PINGPONG)
+            acc, t = _last_product(v_bufs, v_ready, v_free, turn, t, stage, phase, acc, p_half, WARP_GROUP, PINGPONG,
+                                   True)
         else:
             mbarrier.arrive(q_free, count=1)
-            acc, t = _last_product(v_bufs, v_ready, v_free, turn, t, stage, phase, acc, p_op, WARP_GROUP, PINGPONG)
+            acc, t = _last_product(v_bufs, v_ready, v_free, turn, t, stage, phase, acc, p_op, WARP_GROUP, PINGPONG,
+                                   False)
     elif HALF_TAILS and n_blocks > 0:
         # one block, at most half of it in the sequence
-        stage, phase, m_i, l_i, acc, p_half, t = _first_half_block(
-            q, k_bufs, k_ready, k_free, turn, t, ring, 0, m_i, l_i, acc, rows, seqlen_q, seqlen_k, qk_scale_log2,
-            BLOCK_N, HEAD_DIM, NUM_STAGES, WARP_GROUP, PINGPONG)
+        stage, phase, m_i, l_i, acc, p_half, t = _first_block(
+            q, k_bufs, k_ready, k_free, turn, t, ring, 0, m_i, l_i, acc, half_zero, rows, seqlen_q, seqlen_k,
+            qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, True, WARP_GROUP, PINGPONG, True)
         mbarrier.arrive(q_free, count=1)
-        acc, t = _last_half_product(v_bufs, v_ready, v_free, turn, t, stage, phase, acc, p_half, BLOCK_N, WARP_GROUP,
-                                    PINGPONG)
+        acc, t = _last_product(v_bufs, v_ready, v_free, turn, t, stage, phase, acc, p_half, WARP_GROUP, PINGPONG,
+                               True)
     else:
         mbarrier.arrive(q_free, count=1)  # no block at all: Q was never read
     return m_i, l_i, acc, t
