@@ -1,12 +1,14 @@
 """Kernel-only A/B of the Gluon forward (GPU machine): kernel files (argv: NAME=PATH, each a copy of
 kernels/forward_hopper.py with a change) against the tree's ("new", first), swapped in under the launcher (plans
 cleared at each swap), interleaved REPEAT times in ABBA order so that drift cancels, each case on its forced tile
-(`flashattn blocks` notation), on the bench grid's shapes (16k tokens, heads x hdim = 2048, bf16). Prints TFLOP/s per
-variant and the outputs' largest difference from "new". A variant must take the launcher's arguments.
+(`flashattn blocks` notation; "table": the tile the table gives the call), on the bench grid's shapes (16k tokens,
+heads x hdim = 2048, bf16). Prints TFLOP/s per variant and the outputs' largest difference from "new". A variant must
+take the launcher's arguments.
 
     CASES="128 1 1024 128x64x8x3+ws+persistent;64 0 4096 128x128x8x3+ws+consumers3" REPEAT=4 \
         PYTHONPATH=src python3 benchmarks/fwd_ab.py wide=path/to/variant.py
 """
+import contextlib
 import os
 import sys
 
@@ -27,7 +29,7 @@ print("hdim causal seqlen tile |", " | ".join(f"{name} TFLOP/s (each)" for name 
       " ".join(f"{name}/new" for name in kernels if name != "new"), "| max |diff| against new", flush=True)
 for head_dim, causal, seqlen, tile in cases:
     head_dim, causal, seqlen = int(head_dim), causal == "1", int(seqlen)
-    config = configs.TileConfig(*blocks.parse_candidates(tile)[0])
+    config = None if tile == "table" else configs.TileConfig(*blocks.parse_candidates(tile)[0])
     heads, batch = 2048 // head_dim, max(1, 16384 // seqlen)
     torch.manual_seed(0)
     q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -38,7 +40,7 @@ for head_dim, causal, seqlen, tile in cases:
         for name in (list(kernels) if round_ % 2 == 0 else list(kernels)[::-1]):  # ABBA: drift cancels
             current.attention_forward_hopper_kernel = kernels[name]
             launcher.clear_plans()
-            with configs.use_config("forward", config):
+            with configs.use_config("forward", config) if config else contextlib.nullcontext():
                 flash_attn_func(q, k, v, causal=causal)  # records the plan
                 outs[name] = flash_attn_func(q, k, v, causal=causal)  # a replay
                 ms = triton.testing.do_bench(lambda q=q, k=k, v=v, c=causal: flash_attn_func(q, k, v, causal=c),
