@@ -75,7 +75,8 @@ def alignment_hints(types: dict, divisible: tuple[str, ...] = ()) -> dict:
             if kind.startswith("*") or name.startswith("stride_") or name in divisible}
 
 
-def _instructions(sass: str) -> list[tuple[int, str]]:
+def instructions(sass: str) -> list[tuple[int, str]]:
+    """(address, instruction text) of each instruction in cuobjdump's SASS listing."""
     found = []
     for line in sass.splitlines():
         match = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
@@ -94,9 +95,9 @@ def hot_loop_spills(sass: str) -> dict:
 def hot_loops(sass: str) -> list[dict]:
     """Per innermost tensor-core loop: its instruction count and the instructions that cost a tile's time
     (matrix, exponentials, spills, barriers, async copies, compares and selects of masks)."""
-    instructions = _instructions(sass)
+    listed = instructions(sass)
     loops = []
-    for address, text in instructions:
+    for address, text in listed:
         branch = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
         if branch and int(branch.group(1), 16) <= address:
             loops.append((int(branch.group(1), 16), address))
@@ -104,7 +105,7 @@ def hot_loops(sass: str) -> list[dict]:
                  if not any(other != loop and loop[0] <= other[0] and other[1] <= loop[1] for other in loops)]
     found = []
     for lo, hi in innermost:
-        body = [text for address, text in instructions if lo <= address <= hi]
+        body = [text for address, text in listed if lo <= address <= hi]
         counts = {op: sum(1 for text in body if re.search(r"\b" + re.escape(op) + r"\b", text))
                   for op in LOOP_OPS}
         if counts["HGMMA"] + counts["HMMA"]:
@@ -134,12 +135,17 @@ def wgmma_serialization(ptx: str) -> str | None:
     return found.group(1) if found else None
 
 
-def report_cubin(cubin_bytes: bytes, shared_bytes: int | None = None, warps: int | None = None) -> dict:
+def disassemble(cubin_bytes: bytes, what: str = "-sass") -> str:
+    """cuobjdump's listing of a cubin: its SASS ("-sass") or its resource usage ("-res-usage")."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(cubin_bytes)
         cubin.flush()
-        sass = subprocess.run([BIN + "cuobjdump", "-sass", cubin.name], capture_output=True, text=True).stdout
-        usage = subprocess.run([BIN + "cuobjdump", "-res-usage", cubin.name], capture_output=True, text=True).stdout
+        return subprocess.run([BIN + "cuobjdump", what, cubin.name], capture_output=True, text=True).stdout
+
+
+def report_cubin(cubin_bytes: bytes, shared_bytes: int | None = None, warps: int | None = None) -> dict:
+    sass = disassemble(cubin_bytes)
+    usage = disassemble(cubin_bytes, "-res-usage")
     registers = re.search(r"REG:(\d+)", usage)
     stack = re.search(r"STACK:(\d+)", usage)
     return {

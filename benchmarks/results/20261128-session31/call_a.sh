@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Call A: the half-width steps folded into the whole-block ones (38b6643: a HALF constexpr, same instructions in
-# another schedule on the packed non-causal hdim-128 build) against the unfolded kernel of 08f8add (scratch/,
+# Call A: the half-width steps folded into the whole-block ones (38b6643: a HALF constexpr; no step's arithmetic
+# changed) against the unfolded kernel of 08f8add (scratch/,
 # git-ignored, carried), kernel-only; the per-sequence check on lengths under 64 and 192; then the forward and
 # varlen GPU tests on the tree. (Session 30's call F, whose results were lost with that session.)
 set -u

@@ -1,5 +1,4 @@
 """Compare the SASS of the Gluon forward's builds between the tree's kernel file and another (argv[1])."""
-import re
 import sys
 
 sys.path.insert(0, "benchmarks")  # run from the repository root
@@ -17,13 +16,8 @@ original = sass_report.report_cubin
 
 
 def capture(cubin, *args, **kwargs):
-    import subprocess
-    import tempfile
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        sass = subprocess.run([sass_report.BIN + "cuobjdump", "-sass", f.name], capture_output=True, text=True).stdout
-    captured.append([m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(.*?);", sass)])
+    """report_cubin, keeping the build's instruction texts (addresses dropped) for the comparison."""
+    captured.append([text for _, text in sass_report.instructions(sass_report.disassemble(cubin))])
     return original(cubin, *args, **kwargs)
 
 
