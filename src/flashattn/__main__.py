@@ -1,5 +1,5 @@
 """``python -m flashattn``: the same command line as the ``flashattn`` script."""
 
-from .cli import main
+from .tools.cli import main
 
 raise SystemExit(main())

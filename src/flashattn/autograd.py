@@ -13,7 +13,7 @@ class FlashAttnFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, alibi_slopes, opts: AttentionOptions, attn_mask=None):
         rng_state = new_rng_state() if opts.dropout_p > 0 else None
         out, lse = ops.eager_call(ops.attention_forward, ops.attention_forward_cuda, q, k, v, alibi_slopes, rng_state,
-                                  *ops.op_arguments(opts), attn_mask)
+                                  *opts.op_arguments(), attn_mask)
         ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, rng_state, attn_mask)
         ctx.opts = opts
         ctx.mark_non_differentiable(lse)
@@ -28,7 +28,7 @@ class FlashAttnFunction(torch.autograd.Function):
         mask_needs_grad = attn_mask is not None and ctx.needs_input_grad[5]
         dq, dk, dv, dmask = ops.eager_call(
             ops.attention_backward, ops.attention_backward_cuda, dout, q, k, v, out, lse, alibi_slopes, rng_state,
-            *ops.op_arguments(ctx.opts), attn_mask, mask_needs_grad,
+            *ctx.opts.op_arguments(), attn_mask, mask_needs_grad,
         )
         return dq, dk, dv, None, None, dmask if mask_needs_grad else None
 
@@ -46,7 +46,7 @@ class FlashAttnVarlenFunction(torch.autograd.Function):
         cu_seqlens_k = cu_seqlens_q if cu_seqlens_k is None else cu_seqlens_k
         out, lse = ops.eager_call(ops.varlen_attention_forward, ops.varlen_attention_forward_cuda, q, k, v,
                                   cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, rng_state,
-                                  *ops.op_arguments(opts))
+                                  *opts.op_arguments())
         ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state)
         ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
         ctx.opts = opts
@@ -59,7 +59,7 @@ class FlashAttnVarlenFunction(torch.autograd.Function):
         q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state = ctx.saved_tensors
         dq, dk, dv = ops.eager_call(
             ops.varlen_attention_backward, ops.varlen_attention_backward_cuda, dout, q, k, v, out, lse, cu_seqlens_q,
-            cu_seqlens_k, *ctx.max_seqlens, alibi_slopes, rng_state, *ops.op_arguments(ctx.opts),
+            cu_seqlens_k, *ctx.max_seqlens, alibi_slopes, rng_state, *ctx.opts.op_arguments(),
         )
         # no gradient for cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, opts
         return dq, dk, dv, None, None, None, None, None, None
@@ -77,7 +77,7 @@ class FlashAttnVarlenPagedFunction(torch.autograd.Function):
         rng_state = new_rng_state() if opts.dropout_p > 0 else None
         out, lse = ops.eager_call(ops.varlen_attention_forward, ops.varlen_attention_forward_cuda, q, k, v,
                                   cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, rng_state,
-                                  *ops.op_arguments(opts), block_table)
+                                  *opts.op_arguments(), block_table)
         ctx.mark_non_differentiable(lse)
         return out, lse
 

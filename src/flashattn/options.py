@@ -40,6 +40,11 @@ class AttentionOptions:
         scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
         return cls(scale, left, right, float(softcap), float(dropout_p), bool(deterministic))
 
+    def op_arguments(self) -> tuple[float, int, int, float, float]:
+        """The scalars a custom op takes in this object's place (ops take only tensors and scalars), in their order:
+        ``ops`` rebuilds the object from them."""
+        return self.softmax_scale, self.window_left, self.window_right, self.softcap, self.dropout_p
+
     @property
     def masked(self) -> bool:
         """Whether a causal or window mask hides part of the scores (tile choices differ then)."""

@@ -39,8 +39,8 @@ import torch
 import torch.nn.functional as F
 
 from .autograd import FlashAttnFunction
-from .interface import MAX_HEAD_DIM, SUPPORTED_DTYPES
 from .options import AttentionOptions
+from .validation import MAX_HEAD_DIM, SUPPORTED_DTYPES
 
 
 def _check_inputs(query, key, value) -> None:

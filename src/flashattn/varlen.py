@@ -39,72 +39,8 @@ from __future__ import annotations
 import torch
 
 from .autograd import FlashAttnVarlenFunction, FlashAttnVarlenPagedFunction
-from .interface import _check_alibi, _check_kv_like_q, _check_options, _check_tensor
-from .kvcache import PAGE_MULTIPLE, _check_index
-from .ops import DERIVE_MAX_SEQLEN
 from .options import AttentionOptions
-
-PACKED = "(total_tokens, nheads, headdim)"
-PAGED = "(num_pages, page_size, nheads_k, headdim) with a block_table"
-
-
-def _check_cu_seqlens(name: str, cu_seqlens, device: torch.device) -> None:
-    if not isinstance(cu_seqlens, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of dtype int32, got {type(cu_seqlens).__name__}")
-    if cu_seqlens.dtype != torch.int32:
-        raise TypeError(f"{name} must have dtype torch.int32, got {cu_seqlens.dtype}")
-    if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 2:
-        raise ValueError(f"{name} must have shape (batch + 1,) with batch >= 1, got {tuple(cu_seqlens.shape)}")
-    if cu_seqlens.device != device:
-        raise ValueError(f"{name} must be on q's device {device}, got {cu_seqlens.device}")
-
-
-def _max_seqlen_argument(name: str, value) -> int:
-    """The op's integer: the value itself, or DERIVE_MAX_SEQLEN for a tensor (never read in the graph)."""
-    if isinstance(value, torch.Tensor):
-        if value.dim() != 0 or value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
-            raise TypeError(f"{name} must be an int or a 0-d integer tensor, got a {value.dtype} tensor of "
-                            f"shape {tuple(value.shape)}")
-        return DERIVE_MAX_SEQLEN
-    if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
-        raise TypeError(f"{name} must be an int or a 0-d integer tensor, got {type(value).__name__}")
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
-    return value
-
-
-def _check_paging(block_table, k, batch: int, max_seqlen_k: int, device: torch.device) -> None:
-    """block_table's dtype, shape and device, the page size, and a max_seqlen_k that the table can hold."""
-    _check_index("block_table", block_table, (batch, None), device)
-    page_size = k.shape[1]
-    if page_size == 0 or page_size % PAGE_MULTIPLE != 0:
-        raise ValueError(f"with a block_table, the page size k.shape[1] must be a positive multiple of "
-                         f"{PAGE_MULTIPLE}, got {page_size}")
-    capacity = block_table.shape[1] * page_size
-    if max_seqlen_k != DERIVE_MAX_SEQLEN and max_seqlen_k > capacity:
-        raise ValueError(f"max_seqlen_k must be at most the keys a block_table row can hold, block_table.shape[1] "
-                         f"* page_size = {block_table.shape[1]} * {page_size} = {capacity}, got {max_seqlen_k}")
-
-
-def _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, dropout_p, window_size, softcap, alibi_slopes,
-                     paged: bool = False) -> None:
-    """Everything that can be checked without reading cu_seqlens' values.
-
-    The values (non-decreasing, ending at the token counts, within max_seqlen) are checked by the op,
-    where reading them costs no GPU synchronization (see :func:`flashattn.ops.resolve_packing`).
-    """
-    _check_tensor("q", q, 3, PACKED)
-    for name, x in (("k", k), ("v", v)):
-        _check_tensor(name, x, 4 if paged else 3, PAGED if paged else PACKED)
-    _check_kv_like_q(q, k, v)
-    _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.device)
-    _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q.device)
-    batch = cu_seqlens_q.shape[0] - 1
-    if cu_seqlens_k.shape[0] != batch + 1:
-        raise ValueError(f"cu_seqlens_k must have cu_seqlens_q's length batch + 1 = {batch + 1}, "
-                         f"got {cu_seqlens_k.shape[0]}")
-    _check_options(dropout_p, window_size, softcap)
-    _check_alibi(alibi_slopes, batch, q.shape[1], q.device)
+from .validation import check_paging, check_tensor, check_varlen, max_seqlen_argument
 
 
 def flash_attn_varlen_func(
@@ -170,13 +106,13 @@ def flash_attn_varlen_func(
     capacity: a bad index gives a wrong answer, never a read outside k and v.
     """
     paged = block_table is not None
-    _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, dropout_p, window_size, softcap, alibi_slopes, paged)
-    max_q = _max_seqlen_argument("max_seqlen_q", max_seqlen_q)
-    max_k = _max_seqlen_argument("max_seqlen_k", max_seqlen_k)
+    check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, dropout_p, window_size, softcap, alibi_slopes, paged)
+    max_q = max_seqlen_argument("max_seqlen_q", max_seqlen_q)
+    max_k = max_seqlen_argument("max_seqlen_k", max_seqlen_k)
     opts = AttentionOptions.build(q.shape[-1], softmax_scale, causal, window_size, softcap, dropout_p,
                                   deterministic)
     if paged:
-        _check_paging(block_table, k, cu_seqlens_q.shape[0] - 1, max_k, q.device)
+        check_paging(block_table, k, cu_seqlens_q.shape[0] - 1, max_k, q.device)
         out, lse = FlashAttnVarlenPagedFunction.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k,
                                                       alibi_slopes, block_table, opts)
         return (out, lse, None) if return_attn_probs else out
@@ -202,7 +138,7 @@ def flash_attn_varlen_qkvpacked_func(
     return_attn_probs: bool = False,
 ):
     """:func:`flash_attn_varlen_func` on qkv of shape (total, 3, nheads, headdim); no copies are made."""
-    _check_tensor("qkv", qkv, 4, "(total_tokens, 3, nheads, headdim)")
+    check_tensor("qkv", qkv, 4, "(total_tokens, 3, nheads, headdim)")
     if qkv.shape[1] != 3:
         raise ValueError(f"qkv must have shape (total_tokens, 3, nheads, headdim), got {tuple(qkv.shape)}")
     q, k, v = qkv.unbind(dim=1)
@@ -227,7 +163,7 @@ def flash_attn_varlen_kvpacked_func(
     return_attn_probs: bool = False,
 ):
     """:func:`flash_attn_varlen_func` on q and kv of shape (total_k, 2, nheads_k, headdim)."""
-    _check_tensor("kv", kv, 4, "(total_tokens, 2, nheads_k, headdim)")
+    check_tensor("kv", kv, 4, "(total_tokens, 2, nheads_k, headdim)")
     if kv.shape[1] != 2:
         raise ValueError(f"kv must have shape (total_tokens, 2, nheads_k, headdim), got {tuple(kv.shape)}")
     k, v = kv.unbind(dim=1)

@@ -25,7 +25,7 @@ import math
 
 import torch
 
-from . import configs
+from .. import configs
 from .launcher import launch
 
 
@@ -76,7 +76,7 @@ def block_map(summary: torch.Tensor, rows: int, columns: int, transpose: bool = 
     blocks in increasing order starts at ``columns + 1``, and the hidden blocks follow it (never read).
     One launch of ``kernels/block_map.py`` per map.
     """
-    from .kernels.block_map import block_map_kernel  # triton is imported only where kernels run
+    from ..kernels.block_map import block_map_kernel  # triton is imported only where kernels run
 
     tiles = summary.transpose(2, 3) if transpose else summary
     # a tile dim of size 1 stands for every block: it is read with stride 0

@@ -23,8 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .cli import EXIT_USAGE, positive_int_list
-from .units import format_bytes, positive_float, positive_int
+from .units import EXIT_USAGE, format_bytes, positive_float, positive_int, positive_int_list
 
 KIB = 1024
 MIB = 1024**2
@@ -523,7 +522,7 @@ def detected_gpu() -> tuple[int, str] | None:
     return int(properties.total_memory), properties.name
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, measure=None) -> int:
     """``flashattn memory``: print the table (or JSON), optionally save the plot; 2 on a bad argument."""
     seqlens = list(DEFAULT_SEQLENS) if args.seqlens is None else [n for group in args.seqlens for n in group]
     try:
@@ -542,9 +541,9 @@ def run(args: argparse.Namespace) -> int:
         gpu_memory_bytes, gpu_label = gpu if gpu is not None else (None, None)
 
     if args.measure is not None:
-        from .measure import run_memory_measure
-
-        status = run_memory_measure(config, seqlens, args)
+        if measure is None:
+            return _usage_error("--measure: run it through `flashattn memory` (flashattn.tools.measure.run)")
+        status = measure(config, seqlens, args)
         if status:
             return status
     elif args.json:

@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..kvcache import flash_attn_with_kvcache
 from .demo import median_seconds
-from .kvcache import flash_attn_with_kvcache
 
 Runner = Callable[[int], object]  # runs one decode step on cache copy i
 

@@ -40,6 +40,7 @@ import sys
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
+from .. import flops
 from .units import positive_float, positive_int
 
 EXIT_USAGE = 2  # the exit status of argparse for bad arguments; ``run`` uses it for bad values too
@@ -126,7 +127,7 @@ def hopper_block_shape(phase: str, head_dim: int, masked: bool, dtype_bytes: int
     """
     import torch
 
-    from . import configs
+    from .. import configs
 
     width = configs.padded_head_dim(head_dim)
     if width > MAX_TABLE_HEAD_DIM:
@@ -368,14 +369,15 @@ def _full_forward_flops(problem: AttentionProblem) -> int:
 
 
 def forward_flops(problem: AttentionProblem) -> int:
-    """The convention: two matmuls of 2 * Sq * Sk * D each per head, halved when causal."""
-    full = _full_forward_flops(problem)
-    return full // 2 if problem.causal else full
+    """The convention (``flashattn.flops``)."""
+    p = problem
+    return flops.forward_flops(p.batch, p.seqlen_q, p.seqlen_k, p.heads, p.head_dim, p.causal)
 
 
 def backward_flops(problem: AttentionProblem) -> int:
-    """The convention: 2.5x the forward (dV, dP, dQ, dK and a recomputed Q K^T: 5 matmuls for 2)."""
-    return forward_flops(problem) * 5 // 2
+    """The convention (``flashattn.flops``): 2.5x the forward."""
+    p = problem
+    return flops.backward_flops(p.batch, p.seqlen_q, p.seqlen_k, p.heads, p.head_dim, p.causal)
 
 
 def flashattn_backward_flops_executed(problem: AttentionProblem, tiling: Tiling | None = None) -> int:
@@ -756,7 +758,7 @@ def gpu_from_args(args: argparse.Namespace, default: str = "h200") -> Gpu:
               preset.bandwidth if args.bandwidth_tbs is None else args.bandwidth_tbs * 1e12)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, measure=None) -> int:
     """Print the table (or JSON); bad values exit 2 naming the flag, as argparse does for bad types."""
     try:
         report = report_from_args(args)
@@ -772,9 +774,9 @@ def run(args: argparse.Namespace) -> int:
             flag = "--block-m" if args.block_m is not None else "--block-n"
             return _usage_error(flag, "--measure runs the tiles of flashattn's table on this GPU and models "
                                       "those: drop --block-m and --block-n")
-        from .iomeasure import run_measure
-
-        return run_measure(args, report)
+        if measure is None:
+            return _usage_error("--measure", "run it through `flashattn io` (flashattn.tools.iomeasure.run)")
+        return measure(args, report)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:

@@ -42,3 +42,11 @@ def positive_float(text: str) -> float:
     if not value > 0 or math.isinf(value):
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
     return value
+
+
+EXIT_USAGE = 2  # argparse's exit status for bad arguments; the commands' run functions use it for bad values too
+
+
+def positive_int_list(text: str) -> list[int]:
+    """An argparse type for ``--seqlens 256 512`` and ``--seqlens 256,512`` alike."""
+    return [positive_int(part) for part in text.split(",") if part.strip()] or [positive_int(text)]

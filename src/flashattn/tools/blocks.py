@@ -79,7 +79,7 @@ GRAD_TOLERANCE_FACTOR = 2  # gradients round once more (dS = P * (dP - delta)) t
 
 def candidates_for(phase: str, head_dim: int) -> list[Candidate]:
     """The default candidates of one kernel: the 256-wide head dims get smaller tiles (shared memory)."""
-    from .configs import padded_head_dim
+    from ..configs import padded_head_dim
 
     return list((CANDIDATES_256 if padded_head_dim(head_dim) > 128 else CANDIDATES)[phase])
 
@@ -203,7 +203,7 @@ def shared_memory_bytes(phase: str, candidate: Candidate, head_dim: int, dtype_b
     K and V. Triton software-pipelines the streamed loads ``num_stages`` deep, so those count that
     many times. The score tile and the accumulators live in registers and are not counted.
     """
-    from .configs import padded_head_dim
+    from ..configs import padded_head_dim
 
     block_m, block_n, _, num_stages = candidate[:4]
     width = padded_head_dim(head_dim)
@@ -238,7 +238,7 @@ def accumulator_registers(phase: str, candidate: Candidate, head_dim: int, dtype
     a Kahan compensation tile per accumulator. Operand tiles, pointers and masks come on top and are not
     counted.
     """
-    from .configs import padded_head_dim
+    from ..configs import padded_head_dim
 
     block_m, block_n, num_warps = candidate[:3]
     width = padded_head_dim(head_dim)
@@ -344,8 +344,8 @@ def run_candidate(phase: str, candidate: Candidate, case: _Case, timed: bool) ->
     """
     import torch
 
-    from .configs import TileConfig, use_config
-    from .interface import flash_attn_func
+    from ..configs import TileConfig, use_config
+    from ..interface import flash_attn_func
 
     shape = case.shape
     q, k, v, dout = case.q, case.k, case.v, case.dout
@@ -509,7 +509,7 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from .ops import backend_override, interpreting
+    from ..backend import backend_override, interpreting
 
     try:
         backend = backend_override()

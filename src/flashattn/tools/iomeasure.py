@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from . import iomodel
 from .iomodel import (
     GPU_PRESETS,
     IoReport,
@@ -641,7 +642,7 @@ def _usage_error(message: str) -> int:
 
 def device_tiling(problem, dtype, device) -> Tiling:
     """The tiles flashattn's kernels run for ``problem`` in ``dtype`` on ``device`` (configs' table)."""
-    from . import configs
+    from .. import configs
 
     return Tiling(*(block_shape(config) for config in (
         configs.tile_config(phase, problem.head_dim, problem.causal, dtype, device, interpret=False,
@@ -658,8 +659,8 @@ def run_measure(args: argparse.Namespace, model: IoReport) -> int:
     """``flashattn io --measure``: the model for the tiles this GPU runs, then the measurement beside it."""
     import torch
 
+    from ..backend import backend_override
     from .measure import LayerShape, device_label
-    from .ops import backend_override
 
     if not torch.cuda.is_available():
         return _usage_error("needs a CUDA GPU, and torch sees none (the model alone needs none: drop --measure)")
@@ -707,6 +708,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as error:
         parser.error(str(error))
     return child_main(args.child, phase)
+
+
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    iomodel.add_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``flashattn io``: the model's report, and with ``--measure`` the kernels' real DRAM bytes beside it."""
+    return iomodel.run(args, measure=run_measure)
 
 
 if __name__ == "__main__":

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .interface import flash_attn_func
-from .reference import attention_ref
-from .testing import error_bound, rounding_error
+from ..interface import flash_attn_func
+from ..reference import attention_ref
+from ..testing import error_bound, rounding_error
 from .units import format_bytes
 
 GIB = 1024**3
@@ -620,7 +620,7 @@ def _verdict(rows: Sequence[DemoRow]) -> str:
 
 
 def _backend_name(device: torch.device) -> str:
-    from .ops import backend_override
+    from ..backend import backend_override
 
     override = backend_override()
     if override is not None:

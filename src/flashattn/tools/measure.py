@@ -24,9 +24,11 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from .. import backend
+from . import memory
 from .demo import allocation_window, free_cached_memory, is_out_of_memory
-from .memory import EXIT_USAGE, ModelConfig, attention_memory, canonical_dtype
-from .units import format_bytes
+from .memory import ModelConfig, attention_memory, canonical_dtype
+from .units import EXIT_USAGE, format_bytes
 
 IMPLEMENTATIONS = ("standard", "flashattn")
 DIRECTIONS = ("forward", "backward")
@@ -113,10 +115,8 @@ def measurement_device(name: str) -> torch.device:
 
 def device_label(device: torch.device) -> str:
     """The GPU's name, or 'cpu', with the backend flashattn runs there."""
-    from .cli import backend_description
-
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return f"{name} (flashattn: {backend_description(device.type)})"
+    return f"{name} (flashattn: {backend.description(device.type)})"
 
 
 def _storage_bytes(x: torch.Tensor) -> int:
@@ -345,3 +345,11 @@ def run_memory_measure(config: ModelConfig, seqlens: Sequence[int], args: argpar
     else:
         print(render_memory_table(config, args.batch, args.dtype, label, cells, notes).rstrip("\n"))
     return 0
+
+
+add_arguments = memory.add_arguments
+
+
+def run(args: argparse.Namespace) -> int:
+    """``flashattn memory``: the model's table, and with ``--measure`` one layer run for real beside it."""
+    return memory.run(args, measure=run_memory_measure)

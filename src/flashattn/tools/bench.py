@@ -31,11 +31,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import __version__
+from .. import __version__
+from ..interface import flash_attn_func
+from ..varlen import flash_attn_varlen_func
 from .clocks import ClockMonitor
 from .demo import median_seconds
-from .interface import flash_attn_func
-from .varlen import flash_attn_varlen_func
 
 Runner = Callable[[], torch.Tensor]
 

@@ -1,83 +1,62 @@
-"""Kernel launches with less host time per call than ``kernel[grid](...)``.
+"""Launch plans: every launch of one call, recorded the first time a call signature comes and replayed after.
 
-Triton's ``JITFunction.run`` does, on every call: bind the arguments and specialize each one (its generated binder),
-turn the specialization and the options into a string cache key, check the kernel's global values, query the
-device and stream, and build the launch metadata. For this library's kernels (20 to 45 arguments) that is tens of
-microseconds of host time a launch, which short calls pay in full: at 512-1k tokens the forward's GPU time is
-45-200 us, and a training step's backward makes three launches (docs/perf-notes.md, version 13.1).
-
-:func:`launch` keeps the part that decides which compiled kernel runs, Triton's own binder, so the specialization
-(each tensor's dtype and 16-byte alignment, each integer's divisibility by 16 and whether it is 1, the constexprs)
-is Triton's, not a copy of its rules. It keys the compiled kernel on that specialization and the launch options,
-and calls the compiled kernel's launcher directly. A key seen for the first time, and any call while Triton's
-launch hooks are set (a profiler), go through ``kernel[grid](...)`` unchanged.
+A short call spends most of its host time choosing kernels, tiles and streams, building descriptors and binding
+launch arguments; a replay skips all of it. The key (:func:`planned`) is what decides every launch: the options, the
+inputs' shapes, strides, dtypes, devices and 16-byte alignment, and the tiles ``configs.use_config`` forces. It does
+not see the tables or other module constants: after patching one, call :func:`clear_plans`.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import NamedTuple
 
 import torch
 
-# (kernel, device, specialization, options, debug flags) -> the compiled kernel
-_COMPILED: dict = {}
-
-
-def launch(kernel, grid: tuple[int, ...], *args, **kwargs):
-    """``kernel[grid](*args, **kwargs)`` on the current CUDA stream, through the compiled kernel's launcher once
-    this specialization has been launched before. Returns what ``kernel[grid]`` returns the first time (the compiled
-    kernel; None under the interpreter)."""
-    from triton import knobs
-    from triton.runtime.jit import JITFunction
-
-    recording = getattr(_RECORDING, "active", None)
-    if not isinstance(kernel, JITFunction) or kernel.pre_run_hooks or _hooked_launches():
-        if recording is not None:
-            recording.complete = False
-        return kernel[grid](*args, **kwargs)  # the interpreter, or someone watching each launch
-    device = torch.cuda.current_device()
-    binder = kernel.device_caches[device][4]
-    bound, specialization, options = binder(*args, **kwargs)
-    key = (kernel, device, tuple(specialization), tuple(options.items()), knobs.runtime.debug,
-           knobs.compilation.instrumentation_mode)
-    compiled = _COMPILED.get(key)
-    if compiled is None:
-        compiled = kernel[grid](*args, **kwargs)  # compiles (or loads) and launches it
-        _COMPILED[key] = compiled
-    else:
-        grid_x, grid_y, grid_z = (*grid, 1, 1)[:3]
-        compiled.run(grid_x, grid_y, grid_z, torch.cuda.current_stream(device).cuda_stream, compiled.function,
-                     compiled.packed_metadata, None, None, None, *bound.values())
-    if recording is not None:
-        recording.add(compiled, grid, bound.values())
-    return compiled
-
-
-def zeros(size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A new tensor of zeros that a kernel reads (a counter): a plan's replay allocates its own tensors
-    uninitialized, except these, which it zeroes too."""
-    tensor = torch.zeros(size, dtype=dtype, device=device)
-    recording = getattr(_RECORDING, "active", None)
-    if recording is not None:
-        recording.zeroed.add(id(tensor))
-    return tensor
-
-
-def _hooked(hook) -> bool:
-    """Whether a launch hook is set: Triton 3.6 keeps each as a chain of calls (empty: none), older ones as None."""
-    return hook is not None and bool(getattr(hook, "calls", True))
-
-
-# ---------------------------------------------------------------------------------------------
-# Launch plans: every launch of one call, recorded once per call signature and replayed.
-# ---------------------------------------------------------------------------------------------
+from .. import configs
+from ..validation import DERIVE_MAX_SEQLEN
+from . import launcher
+from .backward import GradientStreams
+from .common import tma_workspace
+from .launcher import hooked_launches
 
 # signature key -> LaunchPlan, or None for a call that cannot be replayed (it then always takes its own path)
 _PLANS: dict = {}
 # a bound on the plans kept: one per (shapes, strides, dtype, alignment, options) seen; a training run has a few
 MAX_PLANS = 512
-_RECORDING = threading.local()
+
+
+def plannable(inputs: tuple, alibi_slopes=None, rng_state=None, attn_mask=None) -> bool:
+    """Whether a CUDA call may take a launch plan: no ALiBi, dropout or SDPA mask (their values or random state
+    are not in the key), and inputs the kernels read in place (a last dimension of stride 1: otherwise the call
+    copies them, which a replay would not). None stands for an absent optional input."""
+    return (alibi_slopes is None and rng_state is None and attn_mask is None
+            and all(x is None or x.stride(-1) == 1 for x in inputs))
+
+
+def varlen_plannable(inputs: tuple, max_seqlen_q: int, max_seqlen_k: int, alibi_slopes, rng_state) -> bool:
+    """Whether a packed call may take a launch plan (``plannable``): only with both max lengths given as ints and
+    cu_seqlens on the GPU. A length to derive, like cu_seqlens on the CPU, is read on the host (and checked), and it
+    sizes the grid, so it cannot be keyed."""
+    return (DERIVE_MAX_SEQLEN not in (max_seqlen_q, max_seqlen_k) and all(x is None or x.is_cuda for x in inputs)
+            and plannable(inputs, alibi_slopes, rng_state))
+
+
+def planned(phase: str, inputs: tuple, options, call):
+    """``call()`` (the ``phase`` op's own path on ``inputs``) through its launch plan, keyed on what decides every
+    launch of the call: the options (the op's scalars), the inputs' shapes, strides, dtypes, devices and 16-byte
+    alignment (None for an absent one), the current device and the forced tiles."""
+    from triton import knobs
+
+    key = (phase, options, *(None if x is None else (x.shape, x.stride(), x.dtype, x.get_device(),
+                                                     x.data_ptr() % 16 == 0) for x in inputs),
+           torch.cuda.current_device(), configs.forced_configs(), knobs.runtime.debug,
+           knobs.compilation.instrumentation_mode)
+    return record_or_replay(key, inputs, call, GradientStreams, tma_workspace)
+
+
+_PLANS: dict = {}
+# a bound on the plans kept: one per (shapes, strides, dtype, alignment, options) seen; a training run has a few
+MAX_PLANS = 512
 
 
 class _HostDescriptor(NamedTuple):
@@ -107,7 +86,7 @@ class LaunchPlan:
     """A call's launches as templates: the tensors are slots (the call's inputs first, then what the call allocated),
     everything else is the recorded value. ``replay(inputs)`` allocates the call's new tensors, launches each step on
     the stream it was recorded on (the current one, or the second stream that ``fork`` makes) and returns the result's
-    tensors. Valid only for calls whose key fixes every value but the tensors (:func:`planned`)."""
+    tensors. Valid only for calls whose key fixes every value but the tensors (:func:`record_or_replay`)."""
 
     def __init__(self, allocations: list, steps: list, result_slots: tuple, fork, allocator, device_index: int):
         self.device_index = device_index
@@ -155,9 +134,9 @@ def _run(step: _Step, values: list, stream: int) -> None:
     compiled.run(*step.grid, stream, compiled.function, compiled.packed_metadata, None, None, None, *values)
 
 
-def planned(key, inputs: tuple, call, fork=None, allocator=None):
+def record_or_replay(key, inputs: tuple, call, fork=None, allocator=None):
     """``call()``, which launches kernels on ``inputs`` only (``launch``) and returns a tuple of tensors, through its
-    plan for ``key`` once recorded.
+    plan for ``key`` once recorded (:func:`planned` builds the key).
 
     The caller's contract: ``key`` fixes every value the call computes except the tensors' contents and addresses,
     that is, the inputs' shapes, strides, dtypes, device and 16-byte alignment, the options, and every switch the
@@ -168,7 +147,7 @@ def planned(key, inputs: tuple, call, fork=None, allocator=None):
 
     Which inputs are one tensor is part of the key: a plan maps each argument to the slot of the input it was, so a
     plan recorded on ``(x, x, x)`` would pass the last input three times to a call with three tensors."""
-    if _hooked_launches() or getattr(_RECORDING, "active", None) is not None:
+    if hooked_launches() or getattr(launcher.RECORDING, "active", None) is not None:
         return call()  # a call inside another's recording (a whole decode step around its op) is part of that plan
     key = (key, _same_tensors(inputs))
     plan = _PLANS.get(key, _UNSEEN)
@@ -177,11 +156,11 @@ def planned(key, inputs: tuple, call, fork=None, allocator=None):
     if plan is not _UNSEEN:
         return plan.replay(inputs)
     recording = _Recording(torch.cuda.current_stream(), torch.cuda.current_device())
-    _RECORDING.active = recording
+    launcher.RECORDING.active = recording
     try:
         result = call()
     finally:
-        _RECORDING.active = None
+        launcher.RECORDING.active = None
     if len(_PLANS) >= MAX_PLANS:
         _PLANS.clear()
     _PLANS[key] = recording.plan(inputs, result, fork, allocator)
@@ -257,9 +236,3 @@ class _Recording:
         needs_allocator = any(compiled.metadata.global_scratch_size > 0 for compiled, *_ in self.launches)
         return LaunchPlan(allocations, steps, result_slots, fork, allocator if needs_allocator else None,
                           self.device_index)
-
-
-def _hooked_launches() -> bool:
-    from triton import knobs
-
-    return _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook)

@@ -17,9 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .units import positive_int
-
-EXIT_USAGE = 2  # argparse's exit status for bad arguments; the run functions use it for bad values too
+from .units import EXIT_USAGE, positive_int, positive_int_list
 
 
 @dataclass(frozen=True)
@@ -34,11 +32,6 @@ class Subcommand:
 # ---------------------------------------------------------------------------------------------
 # Argument types
 # ---------------------------------------------------------------------------------------------
-
-
-def positive_int_list(text: str) -> list[int]:
-    """An argparse type for ``--seqlens 256 512`` and ``--seqlens 256,512`` alike."""
-    return [positive_int(part) for part in text.split(",") if part.strip()] or [positive_int(text)]
 
 
 def device_name(text: str) -> str:
@@ -107,34 +100,10 @@ def triton_version() -> str:
     return getattr(triton, "__version__", "unknown version")
 
 
-def backend_description(device_type: str) -> str:
-    """Which implementation flash_attn_func would run on tensors of this device type, and why."""
-    from .ops import backend_override, interpreting
-
-    override = backend_override()  # raises ValueError on a bad FLASHATTN_BACKEND
-    if override == "torch":
-        return "torch (blocked PyTorch), forced by FLASHATTN_BACKEND=torch"
-    if override == "triton":
-        if device_type == "cpu" and not interpreting():
-            return "triton, forced by FLASHATTN_BACKEND=triton (CPU tensors also need TRITON_INTERPRET=1)"
-        return "triton, forced by FLASHATTN_BACKEND=triton"
-    if device_type == "cuda":
-        import torch
-
-        from .configs import gpu_family
-
-        if gpu_family(torch.device("cuda")) == "hopper":
-            return ("triton (default on CUDA); on this sm90 GPU the forward at head dim 128 / 256 and non-causal 64 "
-                    "from 2k tokens, the dQ at head dim 128 / 256 and the dK/dV at head dim 256 (16-bit, causal or "
-                    "no mask) run the warp-specialized Gluon kernels")
-        return "triton (default on CUDA)"
-    return "torch (blocked PyTorch, default on CPU)"
-
-
 def run_info_command(args: argparse.Namespace) -> int:
     import torch
 
-    from . import __version__
+    from .. import __version__, backend
 
     if torch.cuda.is_available():
         device_type = "cuda"
@@ -143,7 +112,7 @@ def run_info_command(args: argparse.Namespace) -> int:
         device_type = "cpu"
         device = f"cpu ({torch.get_num_threads()} threads; no CUDA GPU visible)"
     try:
-        backend = backend_description(device_type)
+        runs = backend.description(device_type)
     except ValueError as error:
         print(f"flashattn info: error: {error}", file=sys.stderr)
         return EXIT_USAGE
@@ -154,7 +123,7 @@ def run_info_command(args: argparse.Namespace) -> int:
         ("torch", f"{torch.__version__} (CUDA {cuda})"),
         ("triton", triton_version()),
         ("device", device),
-        ("backend", backend),
+        ("backend", runs),
     ]
     if os.environ.get("FLASHATTN_BACKEND"):
         lines.append(("FLASHATTN_BACKEND", os.environ["FLASHATTN_BACKEND"]))
@@ -184,7 +153,8 @@ def builtin_subcommands() -> dict[str, Subcommand]:
 
 
 # subcommand -> the module that holds its ``add_arguments(parser)`` and ``run(args)``
-MODULE_SUBCOMMANDS = {"bench": "bench", "memory": "memory", "io": "iomodel", "blocks": "blocks"}
+# (memory and io: the modules that add --measure to the models)
+MODULE_SUBCOMMANDS = {"bench": "bench", "memory": "measure", "io": "iomeasure", "blocks": "blocks"}
 
 
 def optional_subcommands() -> dict[str, Subcommand]:
@@ -230,7 +200,7 @@ def all_subcommands() -> dict[str, Subcommand]:
 
 
 def build_parser(subcommands: dict[str, Subcommand] | None = None) -> argparse.ArgumentParser:
-    from . import __version__
+    from .. import __version__
 
     subcommands = all_subcommands() if subcommands is None else subcommands
     parser = argparse.ArgumentParser(prog="flashattn", description="FlashAttention in pure Python.")

@@ -1,0 +1,218 @@
+"""What the launchers share: kernel scalars, strides, the dense or packed layout, TMA descriptors, the GPU's size."""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..backend import interpreting
+from ..options import AttentionOptions
+from ..validation import Packing
+from . import mask_blocks
+
+LOG2E = math.log2(math.e)
+
+
+def kernel_scalars(opts: AttentionOptions, rng_state: torch.Tensor | None) -> dict:
+    """Runtime scalars and constexpr flags shared by every kernel of one call."""
+    if opts.softcap > 0:
+        qk_scale, softcap_log2 = opts.softmax_scale / opts.softcap, opts.softcap * LOG2E
+    else:
+        qk_scale, softcap_log2 = opts.softmax_scale * LOG2E, 0.0
+    seed, offset = (int(x) for x in rng_state.tolist()) if rng_state is not None else (0, 0)
+    return dict(
+        qk_scale=qk_scale,
+        softcap_log2=softcap_log2,
+        window_left=opts.window_left,
+        window_right=opts.window_right,
+        dropout_p=opts.dropout_p,
+        rng_seed=seed,
+        rng_offset=offset,
+        WINDOW_LEFT=opts.window_left >= 0,
+        WINDOW_RIGHT=opts.window_right >= 0,
+        HAS_SOFTCAP=opts.softcap > 0,
+        HAS_DROPOUT=opts.dropout_p > 0,
+    )
+
+
+def dot_flags(dtype: torch.dtype) -> dict:
+    # fp32 inputs get exact fp32 products (not tf32) and compensated accumulators, to stay within
+    # 2x of PyTorch's fp32 error. The interpreter's bf16 dot is wrong: there tiles are upcast first.
+    return dict(
+        UPCAST_DOT=interpreting() and dtype == torch.bfloat16,
+        DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
+        COMPENSATED=dtype == torch.float32,
+    )
+
+
+def alibi_arguments(alibi_slopes: torch.Tensor | None, q: torch.Tensor) -> tuple[torch.Tensor, int, bool]:
+    if alibi_slopes is None:
+        return q, 0, False  # any pointer will do: the kernel never reads it
+    return alibi_slopes, (alibi_slopes.stride(0) if alibi_slopes.dim() == 2 else 0), True
+
+
+def mask_arguments(attn_mask: torch.Tensor | None, q: torch.Tensor, seqlen_k: int) -> dict:
+    """The SDPA mask as the kernels read it: broadcast to (B, Hq, Sq, Sk) by stride-0 views, no copy."""
+    if attn_mask is None:
+        return dict(Mask=q, stride_mask_b=0, stride_mask_h=0, stride_mask_m=0, stride_mask_n=0,
+                    HAS_MASK=False, MASK_IS_BOOL=False)
+    batch, seqlen_q, nheads, _ = q.shape
+    mask = attn_mask.expand(batch, nheads, seqlen_q, seqlen_k)
+    is_bool = mask.dtype == torch.bool
+    if is_bool:
+        mask = mask.view(torch.uint8)  # same bytes; Triton loads it as integers
+    return dict(Mask=mask, stride_mask_b=mask.stride(0), stride_mask_h=mask.stride(1),
+                stride_mask_m=mask.stride(2), stride_mask_n=mask.stride(3), HAS_MASK=True, MASK_IS_BOOL=is_bool)
+
+
+def block_map_arguments(attn_mask: torch.Tensor | None, q: torch.Tensor, seqlen_k: int,
+                         *tiles: tuple[int, int, bool]) -> list[dict]:
+    """Per kernel tiled ``(block_m, block_n, rows_are_keys)``: its block map of the mask's hidden tiles
+    (``mask_blocks.py``), broadcast to (B, Hq, rows, 2 * columns + 1) by stride-0 views, no copy."""
+    if attn_mask is None:
+        return [dict(BlockMap=q, stride_map_b=0, stride_map_h=0, stride_map_row=0, HAS_BLOCK_MAP=False)
+                for _ in tiles]
+    batch, seqlen_q, nheads, _ = q.shape
+    arguments = []
+    for block_map in mask_blocks.block_maps(attn_mask, seqlen_q, seqlen_k, *tiles):
+        block_map = block_map.expand(batch, nheads, *block_map.shape[2:])
+        arguments.append(dict(BlockMap=block_map, stride_map_b=block_map.stride(0),
+                              stride_map_h=block_map.stride(1), stride_map_row=block_map.stride(2),
+                              HAS_BLOCK_MAP=True))
+    return arguments
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def strides(x: torch.Tensor) -> tuple[int, int, int]:
+    """(batch, token, head) strides; a packed (total, heads, dim) tensor has no batch stride (0)."""
+    return (x.stride(0), x.stride(1), x.stride(2)) if x.dim() == 4 else (0, x.stride(0), x.stride(1))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What the launchers need to know of dense (B, S, H, D) or packed (total, H, D) inputs.
+
+    ``lengths`` go to the kernels' seqlen_q/seqlen_k arguments (the packed totals for varlen); ``grid_q``
+    and ``grid_k`` are the longest sequences, which size the grids; ``cu_seqlens`` are the kernels'
+    CuSeqlensQ/CuSeqlensK (any pointer when dense: never read).
+    """
+
+    batch: int
+    lengths: tuple[int, int]
+    grid_q: int
+    grid_k: int
+    cu_seqlens: tuple[torch.Tensor, torch.Tensor]
+    lse_shape: tuple[int, ...]
+    is_varlen: bool
+
+    @classmethod
+    def of(cls, q: torch.Tensor, k: torch.Tensor, packing: Packing | None) -> Layout:
+        if packing is None:
+            batch, seqlen_q = q.shape[:2]
+            seqlen_k = k.shape[1]
+            return cls(batch, (seqlen_q, seqlen_k), seqlen_q, seqlen_k, (q, q), (batch, q.shape[2], seqlen_q), False)
+        total_q, total_k = q.shape[0], k.shape[0]
+        return cls(packing.batch, (total_q, total_k), packing.max_seqlen_q, packing.max_seqlen_k,
+                   (packing.cu_seqlens_q, packing.cu_seqlens_k), (q.shape[1], total_q), True)
+
+
+def tma_compatible(*tensors: torch.Tensor) -> bool:
+    """TMA descriptors need 16-byte aligned base addresses and 16-byte multiples as leading strides."""
+    return all(x.data_ptr() % 16 == 0 and all(s * x.element_size() % 16 == 0 for s in x.stride()[:-1])
+               for x in tensors)
+
+
+def tma_workspace(size: int, alignment: int, stream) -> torch.Tensor:
+    # device-side tensor descriptors (tl.make_tensor_descriptor) live in a global-memory workspace
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def tma_loads(wanted: bool, *tensors: torch.Tensor) -> bool:
+    """Whether a kernel that asks for TMA loads (``wanted``) of ``tensors`` gets them: the tensors must suit
+    descriptors. On a GPU this installs the descriptors' workspace allocator."""
+    use = wanted and tma_compatible(*tensors)
+    if use and tensors[0].is_cuda:
+        import triton
+
+        triton.set_allocator(tma_workspace)
+    return use
+
+
+def token_rows(x: torch.Tensor) -> int | None:
+    """The stride between consecutive tokens when ``x`` (dense (B, S, H, D) or packed (total, H, D)) reads as
+    one (tokens, H * D) matrix, heads side by side in each row; None when it does not."""
+    head_dim = x.shape[-1]
+    token_stride = x.stride(-3)
+    if x.stride(-2) != head_dim and x.shape[-2] > 1:
+        return None
+    if token_stride < x.shape[-2] * head_dim and x.shape[-3] > 1:
+        return None  # tokens overlap (a broadcast view): not rows of one matrix
+    if x.dim() == 4 and x.stride(0) != x.shape[1] * token_stride and x.shape[0] > 1:
+        return None
+    return token_stride
+
+
+@functools.cache
+def tile_layout(block_rows: int, head_dim: int, dtype: torch.dtype):
+    """The shared-memory layout of one (block_rows, head_dim) tile: built once, as it costs about 6 us of host
+    time, a third of a short forward call's descriptor work."""
+    from triton.experimental.gluon import language as gl
+
+    element = gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
+    return gl.NVMMASharedLayout.get_default_for([block_rows, head_dim], element)
+
+
+def token_descriptor(x: torch.Tensor, block_rows: int):
+    """A host-side TMA descriptor of ``x`` as (tokens, heads * head_dim), one head's columns per block. The token
+    stride is ``token_rows(x)``, which ``hopper_forward_fits`` checked before the call took the Gluon kernel."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    head_dim = x.shape[-1]
+    tokens = x.shape[0] * x.shape[1] if x.dim() == 4 else x.shape[0]
+    return TensorDescriptor(x, [tokens, x.shape[-2] * head_dim], [x.stride(-3), 1], [block_rows, head_dim],
+                            tile_layout(block_rows, head_dim, x.dtype))
+
+
+@functools.cache
+def sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+
+def cuda_index(device: torch.device) -> int:
+    """The CUDA device's index (the current device for a bare "cuda")."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def processor_count(device: torch.device) -> int:
+    """Streaming multiprocessors of the GPU; under the interpreter a small stand-in, so that the
+    default heuristic splits there too and the tests exercise it."""
+    if device.type != "cuda":
+        return 4
+    return sm_count(cuda_index(device))
+
+
+def peak_memory_bandwidth(device: torch.device) -> float | None:
+    """The GPU's peak memory bandwidth in bytes/s (double data rate: 2 x memory clock x bus width), or None where torch
+    does not report the two (and off the GPU)."""
+    if device.type != "cuda":
+        return None
+    return _peak_memory_bandwidth(cuda_index(device))
+
+
+@functools.cache
+def _peak_memory_bandwidth(index: int) -> float | None:
+    properties = torch.cuda.get_device_properties(index)
+    clock_khz, bus_bits = getattr(properties, "memory_clock_rate", 0), getattr(properties, "memory_bus_width", 0)
+    return 2 * clock_khz * 1e3 * bus_bits / 8 if clock_khz and bus_bits else None
+

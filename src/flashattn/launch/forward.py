@@ -1,0 +1,192 @@
+"""The forward's launches: the Triton kernel for every call, the Hopper kernel for the calls it covers on sm90."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from .. import configs
+from ..backend import interpreting
+from ..options import AttentionOptions
+from ..validation import Packing
+from . import launcher
+from .common import (
+    LOG2E,
+    Layout,
+    alibi_arguments,
+    block_map_arguments,
+    cdiv,
+    dot_flags,
+    kernel_scalars,
+    last_dim_contiguous,
+    mask_arguments,
+    sm_count,
+    strides,
+    tma_compatible,
+    tma_loads,
+    token_descriptor,
+    token_rows,
+)
+from .launcher import launch
+
+
+def _paging_arguments(block_table: torch.Tensor | None, k: torch.Tensor, block_n: int) -> dict:
+    """The paged-KV arguments of the forward kernel: none without a block table (the kernel's defaults)."""
+    if block_table is None:
+        return {}
+    table = last_dim_contiguous(block_table)
+    num_pages, page_size = k.shape[:2]
+    # the kernel cuts every sequence at pages_per_seq * page_size keys: an empty pool has room for none
+    pages_per_seq = table.shape[1] if num_pages > 0 else 0
+    return dict(BlockTable=table, stride_btb=table.stride(0), page_size=page_size, pages_per_seq=pages_per_seq,
+                PAGED_KV=True, ONE_PAGE=page_size % block_n == 0)
+
+
+def launch_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, attn_mask=None,
+                    packing: Packing | None = None, block_table: torch.Tensor | None = None):
+    """``block_table`` (varlen only): k and v are page pools (num_pages, page_size, Hk, D)."""
+    from ..kernels.forward import attention_forward_kernel
+
+    q, k, v = (last_dim_contiguous(x) for x in (q, k, v))
+    nheads, head_dim = q.shape[-2:]
+    nheads_k = k.shape[-2]
+    layout = Layout.of(q, k, packing)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty(layout.lse_shape, dtype=torch.float32, device=q.device)
+    masked = opts.masked or attn_mask is not None
+    fits_hopper = hopper_forward_fits(q, k, v, opts, alibi_slopes, attn_mask, block_table)
+    config = configs.tile_config("forward", head_dim, masked, q.dtype, q.device, interpreting(),
+                                 attn_mask=attn_mask is not None, seqlen=min(layout.grid_q, layout.grid_k),
+                                 hopper=fits_hopper, packed=layout.is_varlen)
+    if block_table is not None and config.tma:
+        # a TMA descriptor spans one strided block of rows and cannot follow pages: paged K/V take pointer
+        # loads, where a tile sized for TMA spills (hdim 128: 128 x 128 needs about 650 bytes of stack per
+        # thread, ptxas for sm90; 128 x 64, the causal entry, 24)
+        config = dataclasses.replace(config, block_n=min(config.block_n, 64), tma=False)
+    if layout.grid_q == 0:
+        return out, lse  # only empty sequences: nothing to compute, nothing to store
+    if config.hopper and fits_hopper:
+        _hopper_forward(q, k, v, out, lse, layout, config, opts)
+        return out, lse
+    use_tma = tma_loads(config.tma, q, k, v, out)
+    slopes, stride_alibi_b, has_alibi = alibi_arguments(alibi_slopes, q)
+    grid = (cdiv(layout.grid_q, config.block_m), layout.batch * nheads)
+    launch(
+        attention_forward_kernel, grid,
+        q, k, v, out, lse, slopes, *layout.cu_seqlens,
+        *strides(q), *strides(k), *strides(v), *strides(out),
+        stride_alibi_b,
+        *layout.lengths, nheads, nheads // nheads_k,
+        HEAD_DIM=head_dim, BLOCK_D=configs.padded_head_dim(head_dim),
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, HAS_ALIBI=has_alibi, IS_VARLEN=layout.is_varlen,
+        USE_TMA=use_tma,
+        DEFER_SCALE=opts.softcap == 0 and alibi_slopes is None and attn_mask is None and opts.softmax_scale > 0,
+        **configs.launch_options(config),
+        **kernel_scalars(opts, rng_state), **dot_flags(q.dtype), **mask_arguments(attn_mask, q, layout.lengths[1]),
+        **block_map_arguments(attn_mask, q, layout.lengths[1], (config.block_m, config.block_n, False))[0],
+        **_paging_arguments(block_table, k, config.block_n),
+    )
+    return out, lse
+
+
+def hopper_forward_fits(q, k, v, opts: AttentionOptions, alibi_slopes, attn_mask, block_table) -> bool:
+    """Whether the Hopper forward (``kernels/forward_hopper.py``) computes this call: a causal
+    or unmasked softmax of 16-bit inputs at head dim 64, 128 or 256 on an sm90 GPU, with each tensor readable as
+    (tokens, heads * head_dim) rows by TMA. Everything else takes the Triton kernel."""
+    head_dim = q.shape[-1]
+    return (q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
+            and head_dim in (64, 128, 256) and opts.dropout_p == 0 and opts.softcap == 0
+            and opts.softmax_scale > 0  # the running max is taken over unscaled scores
+            and opts.window_left < 0 and opts.window_right in (-1, 0)
+            and alibi_slopes is None and attn_mask is None and block_table is None
+            and k.numel() > 0  # a descriptor needs at least one row
+            and configs.gpu_family(q.device) == "hopper" and not interpreting()
+            and all(token_rows(x) is not None for x in (q, k, v)) and tma_compatible(q, k, v))
+
+
+def _hopper_forward(q, k, v, out, lse, layout: Layout, config: configs.TileConfig, opts: AttentionOptions) -> None:
+    from ..kernels.forward_hopper import attention_forward_hopper_kernel
+
+    head_dim = q.shape[-1]
+    # a consumer warpgroup's 64 rows each
+    tiles, plan = tile_plan_arguments(q, k, lse, layout, 64 * consumer_warpgroups(config))
+    # persistent: one program per SM walks the tiles, its loader fetching the next tile's Q, K and V while the
+    # consumers finish the last one
+    programs = min(tiles, sm_count(q.device.index)) if config.persistent else tiles
+    constexprs = hopper_forward_constexprs(config, head_dim, opts.window_right == 0, layout.is_varlen)
+    # the tiles taken beyond each program's first (forward_hopper._next_tile): a fresh zero for every call, so that
+    # calls on different streams never share it
+    tile_counter = launcher.zeros(1, torch.int32, q.device) if constexprs["DYNAMIC_TILES"] else None
+    _, stride_om, stride_oh = strides(out)
+    launch(
+        attention_forward_hopper_kernel, (programs,),
+        token_descriptor(q, 64), token_descriptor(k, config.block_n),
+        token_descriptor(v, config.block_n), out, lse, *layout.cu_seqlens, tile_counter,
+        stride_om, stride_oh, *plan, opts.softmax_scale * LOG2E, **constexprs, num_warps=4,
+    )
+
+
+def tile_plan_arguments(q, k, lse, layout: Layout, rows_per_tile: int) -> tuple[int, tuple]:
+    """The tiles of the Hopper forward or dQ (``rows_per_tile`` query rows each) and the arguments from which both
+    kernels' ``forward_hopper._tile_plan`` derives each tile: the LSE's (batch, head) strides ((batch, nheads,
+    seqlen_q) dense, (nheads, total_q) varlen with no batch stride), the lengths, nheads, the GQA group size, the
+    row tiles per (sequence, head), the (sequence, head) pairs and the pairs per L2 section."""
+    nheads, head_dim = q.shape[-2:]
+    row_tiles = cdiv(layout.grid_q, rows_per_tile)
+    batch_heads = layout.batch * nheads
+    group_size = nheads // k.shape[-2]
+    lse_strides = (lse.stride(0), lse.stride(1)) if lse.dim() == 3 else (0, lse.stride(0))
+    sections = _heads_per_section(batch_heads, group_size, layout.grid_k * head_dim * k.element_size())
+    return row_tiles * batch_heads, (*lse_strides, *layout.lengths, nheads, group_size, row_tiles, batch_heads,
+                                     sections)
+
+
+def _heads_per_section(batch_heads: int, group_size: int, kv_head_bytes: int) -> int:
+    """How many (sequence, head) pairs the Hopper forward walks together (``_tile_plan``): as many as have K and V
+    within ``configs.HOPPER_L2_SECTION_BYTES``, where ``kv_head_bytes`` is one K (or V) head of the longest sequence.
+    The query heads of a GQA group are consecutive and share one K/V head."""
+    kv_bytes_per_query_head = 2 * kv_head_bytes / group_size
+    return max(1, min(batch_heads, int(configs.HOPPER_L2_SECTION_BYTES // max(kv_bytes_per_query_head, 1))))
+
+
+def hopper_forward_constexprs(config: configs.TileConfig, head_dim: int, causal: bool, is_varlen: bool) -> dict:
+    """The Hopper forward's compile-time arguments for ``config`` (also what benchmarks/sass_report.py compiles)."""
+    consumers = consumer_warpgroups(config)
+    q_buffers = _forward_q_buffers(config, head_dim)
+    return dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, NUM_STAGES=config.num_stages, CAUSAL=causal,
+                IS_VARLEN=is_varlen, NUM_CONSUMERS=consumers,
+                CONSUMER_REGISTERS=configs.HOPPER_CONSUMER_REGISTERS[consumers],
+                LOADER_REGISTERS=configs.HOPPER_LOADER_REGISTERS,
+                # a persistent grid hands out its tiles as programs free up (causal and packed tiles are unequal work)
+                DYNAMIC_TILES=config.persistent,
+                WIDE_STORES=room_for_wide_stores(config, head_dim, q_buffers),
+                Q_BUFFERS=q_buffers)
+
+
+def _forward_q_buffers(config: configs.TileConfig, head_dim: int) -> int:
+    """The Hopper forward's Q tiles a program holds: two on a persistent grid where shared memory has room for them
+    beside the K/V ring (the next tile's Q is copied while this one is computed), else one. hdim 256 has no room for
+    a second."""
+    return 2 if config.persistent and _fits_shared_memory(config, head_dim, 2) else 1
+
+
+def room_for_wide_stores(config: configs.TileConfig, head_dim: int, row_tiles_held: int) -> bool:
+    """Whether a Hopper forward or dQ program's shared memory leaves room to stage its result for 16-byte stores (at
+    most a 64-row tile of each consumer) beside the K/V ring and the consumers' ``row_tiles_held`` 64-row tiles (the
+    forward's Q buffers; the dQ's Q and dO). The forward's 3-stage 128-key tile at hdim 128 (224 KB) and its hdim-256
+    tile (192 KB) leave none; they store from the wgmma layout."""
+    return _fits_shared_memory(config, head_dim, row_tiles_held + 1)
+
+
+def _fits_shared_memory(config: configs.TileConfig, head_dim: int, row_tiles: int) -> bool:
+    """Whether ``row_tiles`` 64-row, 16-bit tiles of each consumer fit in a program's shared memory beside the K/V
+    ring."""
+    tile_bytes = 64 * head_dim * 2
+    ring_bytes = config.num_stages * 2 * config.block_n * head_dim * 2
+    return row_tiles * consumer_warpgroups(config) * tile_bytes + ring_bytes <= configs.HOPPER_SHARED_BYTES
+
+
+def consumer_warpgroups(config: configs.TileConfig) -> int:
+    return 3 if config.three_consumers else 2
+
