@@ -10,6 +10,8 @@ import zlib
 import pytest
 import torch
 
+from flashattn.launch import plans
+
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -80,8 +82,7 @@ def torch_backend(monkeypatch):
 def fresh_launch_plans():
     """Each test records its own launch plans (``flashattn.launcher.planned``): one recorded by an earlier test would
     replay past a function, flag or table that this test patches."""
-    from flashattn import launcher
 
-    launcher.clear_plans()
+    plans.clear_plans()
     yield
-    launcher.clear_plans()
+    plans.clear_plans()

@@ -6,7 +6,9 @@ Each test runs on both backends: the torch path, and the Triton kernels (interpr
 import pytest
 import torch
 
-from flashattn import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
+from flashattn import configs, flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
+from flashattn.launch import backward as launch_backward
+from flashattn.launch import common
 from flashattn.reference import attention_ref
 from flashattn.testing import Case, check_against_reference
 
@@ -180,7 +182,7 @@ def test_direct_eager_calls_match_the_registered_ops_bitwise(monkeypatch, varlen
         return [out, *(x.grad for x in leaves)]
 
     direct = grads()
-    monkeypatch.setattr(ops, "DIRECT_EAGER_CALLS", False)
+    monkeypatch.setattr(ops, "eager_call", lambda op, cuda_impl, *args: op(*args))
     registered = grads()
     for a, b in zip(direct, registered, strict=True):
         assert torch.equal(a, b)
@@ -225,15 +227,14 @@ def _gradients(q, k, v, dout, **options):
 @pytest.mark.parametrize("head_dim, seqlen, causal", [(64, 1023, False), (128, 2048, True), (256, 113, False)],
                          ids=["hdim64-triton-dq", "hdim128-gluon-dq", "hdim256-short"])
 def test_concurrent_gradient_kernels_match_the_serial_order_bitwise(monkeypatch, head_dim, seqlen, causal):
-    """The dQ kernel on a second stream beside the dK/dV kernel (ops.CONCURRENT_GRADIENTS) computes what the two
+    """The dQ kernel on a second stream beside the dK/dV kernel (``GradientStreams``) computes what the two
     kernels compute one after the other: neither kernel reads the other's output, and neither uses atomics."""
-    from flashattn import ops
 
     joins = _count_gradient_stream_joins(monkeypatch)
     q, k, v, dout = (torch.randn(2, seqlen, 4, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     concurrent = _gradients(q, k, v, dout, causal=causal)
     assert joins == [1]  # these shapes are below the FLOP rule, which the fixture lifts
-    monkeypatch.setattr(ops, "CONCURRENT_GRADIENTS", False)
+    monkeypatch.setattr(launch_backward, "_gradient_streams_pay", lambda *args: False)
     serial = _gradients(q, k, v, dout, causal=causal)
     for a, b in zip(concurrent, serial, strict=True):
         assert torch.equal(a, b)
@@ -270,26 +271,27 @@ def _count_gradient_stream_joins(monkeypatch) -> list[int]:
 
     monkeypatch.setattr(ops, "CONCURRENT_GRADIENTS_MIN_FLOPS", 0)
     joins = [0]
-    original = ops._GradientStreams.join
+    original = launch_backward.GradientStreams.join
 
     def join(self):
         joins[0] += 1
         original(self)
 
-    monkeypatch.setattr(ops._GradientStreams, "join", join)
+    monkeypatch.setattr(launch_backward.GradientStreams, "join", join)
     return joins
 
 
 def test_gradient_streams_are_kept_for_long_calls():
     """The FLOP rule: the bench's hdim-64 backward at 2k tokens (batch 8, 32 heads: 6.9e11 FLOPs) takes the two
     streams, the causal one at 512 tokens (batch 32: 8.6e10) does not; CPU tensors never do."""
-    from flashattn import iomodel, ops
+    from flashattn import flops as convention
+    from flashattn.options import AttentionOptions
 
     def flops(batch, seqlen, causal):
-        return iomodel.backward_flops(iomodel.AttentionProblem(batch, seqlen, seqlen, 32, 32, 64, 2, causal))
+        return convention.backward_flops(batch, seqlen, seqlen, 32, 64, causal)
 
-    assert flops(8, 2048, False) >= ops.CONCURRENT_GRADIENTS_MIN_FLOPS > flops(32, 512, True)
+    assert flops(8, 2048, False) >= configs.CONCURRENT_GRADIENTS_MIN_FLOPS > flops(32, 512, True)
     q = torch.empty(8, 2048, 32, 64, dtype=torch.bfloat16)
-    layout = ops._Layout.of(q, q, None)
-    full = ops._options(1.0, -1, -1, 0.0, 0.0)
-    assert not ops._gradient_streams_pay(q, layout, 32, full)  # a CPU tensor
+    layout = common.Layout.of(q, q, None)
+    full = AttentionOptions(1.0, -1, -1, 0.0, 0.0)
+    assert not launch_backward._gradient_streams_pay(q, layout, 32, full)  # a CPU tensor

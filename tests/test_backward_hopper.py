@@ -13,11 +13,12 @@ import torch
 from cases import make_case
 from hopper_kernels import forced_launch, hopper
 
-from flashattn import configs, flash_attn_func, ops
+from flashattn import configs, flash_attn_func
+from flashattn.launch import backward as launch_backward
 from flashattn.options import AttentionOptions
 from flashattn.testing import check_against_reference
 
-WS_DKDV = configs.TileConfig(64, 64, 8, 2, warp_specialized=True)
+WS_DKDV = configs.TileConfig(64, 64, 8, 2, hopper=True)
 
 
 def forced_ws_dkdv(tile: configs.TileConfig | None, monkeypatch, expect_launch: bool = True):
@@ -27,20 +28,20 @@ def forced_ws_dkdv(tile: configs.TileConfig | None, monkeypatch, expect_launch: 
 def test_backward_fits_only_on_the_gpu():
     q = torch.randn(1, 4, 2, 256, dtype=torch.bfloat16)
     lse = torch.randn(1, 2, 4)
-    assert not ops._warp_specialized_dq_fits(q, q, q, q, lse, AttentionOptions(0.0625), None, None)
+    assert not launch_backward.hopper_dq_fits(q, q, q, q, lse, AttentionOptions(0.0625), None, None)
 
 
 def test_table_has_gluon_dkdv_from_2k():
     for causal in (False, True):
-        entry = configs.lookup("hopper", "dkdv", 256, causal, torch.bfloat16, seqlen=4096, warp_specialized=True)
-        assert entry.warp_specialized and entry.block_m == 64 and not entry.key_slices
+        entry = configs.lookup("hopper", "dkdv", 256, causal, torch.bfloat16, seqlen=4096, hopper=True)
+        assert entry.hopper and entry.block_m == 64 and not entry.key_slices
         for head_dim in (64, 128):  # the key-slice kernel from 2k without a mask, the Triton tiles otherwise
             entry = configs.lookup("hopper", "dkdv", head_dim, causal, torch.bfloat16, seqlen=2048,
-                                   warp_specialized=True)
-            assert entry.warp_specialized == (not causal) and entry.key_slices == (not causal)
+                                   hopper=True)
+            assert entry.hopper == (not causal) and entry.key_slices == (not causal)
             assert not configs.lookup("hopper", "dkdv", head_dim, causal, torch.bfloat16, seqlen=1024,
-                                      warp_specialized=True).warp_specialized
-        assert not configs.lookup("hopper", "dkdv", 256, causal, torch.bfloat16, seqlen=4096).warp_specialized
+                                      hopper=True).hopper
+        assert not configs.lookup("hopper", "dkdv", 256, causal, torch.bfloat16, seqlen=4096).hopper
 
 
 GPU_SHAPES = [
@@ -66,11 +67,11 @@ def test_ws_dkdv_matches_reference(shape, option, monkeypatch):
 
 # 128 keys a program, the tiles swept at hdim 64 and 128: two wgmma row blocks per warpgroup (one gradient each),
 # or 64 keys per warpgroup with both gradients (key_slices)
-WIDE_KEY_TILES = [configs.TileConfig(32, 128, 8, 3, warp_specialized=True),
-                  configs.TileConfig(64, 128, 8, 2, warp_specialized=True),
-                  configs.TileConfig(32, 128, 8, 3, warp_specialized=True, key_slices=True),
-                  configs.TileConfig(64, 128, 8, 2, warp_specialized=True, key_slices=True),
-                  configs.TileConfig(64, 128, 8, 4, warp_specialized=True, key_slices=True)]
+WIDE_KEY_TILES = [configs.TileConfig(32, 128, 8, 3, hopper=True),
+                  configs.TileConfig(64, 128, 8, 2, hopper=True),
+                  configs.TileConfig(32, 128, 8, 3, hopper=True, key_slices=True),
+                  configs.TileConfig(64, 128, 8, 2, hopper=True, key_slices=True),
+                  configs.TileConfig(64, 128, 8, 4, hopper=True, key_slices=True)]
 WIDE_KEY_SHAPES = [(2, 1023, 1023, 4, 1, 128), (1, 113, 203, 4, 2, 128), (1, 1, 300, 2, 2, 64),
                    (1, 700, 300, 2, 2, 64), (2, 257, 1000, 2, 2, 128), (2, 1023, 777, 4, 2, 64)]
 
@@ -93,7 +94,7 @@ def test_ws_dkdv_128_keys_matches_reference(tile, shape, option, monkeypatch):
 def test_ws_dkdv_fp16_scale_and_stages(head_dim, stages, option, monkeypatch):
     case = make_case((2, 333, 517, 4, 2, head_dim), option, "cuda")
     case.options["softmax_scale"] = 0.05
-    with forced_ws_dkdv(configs.TileConfig(64, 64, 8, stages, warp_specialized=True), monkeypatch):
+    with forced_ws_dkdv(configs.TileConfig(64, 64, 8, stages, hopper=True), monkeypatch):
         check_against_reference(case, torch.float16, "cuda", flash_attn_func)
 
 

@@ -1,11 +1,11 @@
-"""The benchmark tool on the CPU: it runs its small CPU grid and writes JSON, CSV, Markdown and a plot."""
+"""The benchmark tool on the CPU: it runs its small CPU grid, writes its results file, a table and a plot."""
 
 import json
 
 import pytest
 import torch
 
-from flashattn import bench
+from flashattn.tools import bench
 
 
 def test_cpu_bench_writes_results_and_checks_providers_against_flashattn(tmp_path, monkeypatch):
@@ -16,6 +16,7 @@ def test_cpu_bench_writes_results_and_checks_providers_against_flashattn(tmp_pat
                        "--out", str(tmp_path), "--markdown", str(markdown)])
     assert code == 0
     (results_path,) = tmp_path.glob("*.json")
+    assert results_path.name == "cpu-dense.json"
     data = json.loads(results_path.read_text())
     assert data["environment"]["torch"] and data["environment"]["date"]
     rows = {r["provider"]: r for r in data["results"]}
@@ -24,7 +25,7 @@ def test_cpu_bench_writes_results_and_checks_providers_against_flashattn(tmp_pat
         assert rows[provider]["error"] is None
         assert rows[provider]["max_diff_vs_flashattn"] < 1e-5  # same function, float32
     assert all(r["fwd_ms"] > 0 and r["bwd_ms"] > 0 for r in rows.values())
-    assert results_path.with_suffix(".csv").read_text().startswith("provider,")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cpu-dense.json", "table.md"]  # JSON only
     assert "| 64 |" in markdown.read_text()
 
 
@@ -51,6 +52,7 @@ def test_varlen_providers_on_the_same_tokens(tmp_path):
     assert bench.main(["--seqlens", "64", "--causal", "yes", "--modes", "fwd", "--providers", "flashattn",
                        "--varlen", "--out", str(tmp_path)]) == 0
     (results_path,) = tmp_path.glob("*.json")
+    assert results_path.name == "cpu-varlen.json"
     rows = {r["provider"]: r for r in json.loads(results_path.read_text())["results"]}
     assert rows["flashattn_varlen"]["max_diff_vs_flashattn"] < 1e-5  # the dense batch, packed
     assert rows["flashattn_varlen_mixed"]["error"] is None
@@ -67,7 +69,7 @@ def test_host_microseconds_counts_the_time_to_issue_each_call():
     """The host time per call of a function that sleeps 2 ms on the host: at least that, and not the warm-up's."""
     import time
 
-    from flashattn.bench import host_microseconds
+    from flashattn.tools.bench import host_microseconds
 
     calls = []
 
@@ -78,3 +80,25 @@ def test_host_microseconds_counts_the_time_to_issue_each_call():
     us = host_microseconds(slow_call, torch.device("cpu"), calls=5)
     assert len(calls) == 6  # one warm-up call, then the five timed ones
     assert 2000 <= us < 20000
+
+
+def test_a_run_replaces_the_results_file_of_its_mode(tmp_path):
+    args = ["--seqlens", "64", "--causal", "no", "--modes", "fwd", "--providers", "flashattn", "--out", str(tmp_path)]
+    assert bench.main([*args, "--head-dims", "32"]) == 0
+    assert bench.main([*args, "--head-dims", "64"]) == 0
+    (results_path,) = tmp_path.iterdir()
+    rows = json.loads(results_path.read_text())["results"]
+    assert {r["case"]["head_dim"] for r in rows} == {64}  # the second run's rows only
+
+
+@pytest.mark.parametrize("device, kind", [
+    ("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA A100-SXM4-80GB", "a100"),
+    ("NVIDIA GeForce RTX 4090", "rtx4090"), ("NVIDIA L40S", "l40s"), ("AMD Instinct MI300X", "mi300x"),
+])
+def test_machine_kind_from_the_gpu_name(device, kind):
+    assert bench.machine_kind({"device": device, "capability": "9.0"}) == kind
+
+
+def test_machine_kind_without_a_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bench.machine_kind(bench.environment()) == "cpu"

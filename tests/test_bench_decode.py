@@ -1,12 +1,12 @@
 """The decode mode of ``flashattn bench`` on the CPU: it runs its small grid, checks SDPA against
-flashattn on the same cache, and writes JSON, CSV and a Markdown table."""
+flashattn on the same cache, and writes its results file and a Markdown table."""
 
 import json
 
 import torch
 
-from flashattn import bench
-from flashattn.bench_decode import DecodeCase, choose_grid_copies
+from flashattn.tools import bench
+from flashattn.tools.bench_decode import DecodeCase, choose_grid_copies
 
 
 def test_decode_mode_writes_results_and_agrees_with_sdpa(tmp_path, monkeypatch):
@@ -16,7 +16,8 @@ def test_decode_mode_writes_results_and_agrees_with_sdpa(tmp_path, monkeypatch):
     code = bench.main(["--mode", "decode", "--batches", "2", "--cache-lens", "48", "--page-sizes", "16",
                        "--out", str(tmp_path), "--markdown", str(markdown)])
     assert code == 0
-    (results_path,) = tmp_path.glob("*-decode.json")
+    (results_path,) = tmp_path.glob("*.json")
+    assert results_path.name == "cpu-decode.json"
     rows = json.loads(results_path.read_text())["results"]
     by_key = {(r["provider"], r["case"]["page_size"]): r for r in rows}
     assert set(by_key) == {("flashattn", None), ("flashattn_nosplit", None), ("flashattn_noappend", None),
@@ -28,7 +29,7 @@ def test_decode_mode_writes_results_and_agrees_with_sdpa(tmp_path, monkeypatch):
     for key in (("flashattn_nosplit", None), ("sdpa_math", None), ("flashattn_nosplit", 16),
                 ("flashattn_noappend", None), ("flashattn_noappend", 16)):
         assert by_key[key]["extra"]["max_diff_vs_flashattn"] < 1e-5  # same attention, float32
-    assert results_path.with_suffix(".csv").read_text().startswith("provider,")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cpu-decode.json", "decode.md"]  # JSON only
     assert "| 48 | 2 | paged 16 |" in markdown.read_text()
 
 

@@ -11,8 +11,8 @@ import json
 import pytest
 import torch
 
-from flashattn import blocks, cli
 from flashattn.configs import TileConfig
+from flashattn.tools import blocks, cli
 
 HAS_CUDA = torch.cuda.is_available()
 TINY = ["blocks", "--seqlen", "64", "--head-dim", "16", "--heads", "2", "--batch", "1"]
@@ -145,12 +145,12 @@ def test_plot_draws_a_png(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_candidates_take_the_tma_and_split_flags():
-    parsed = blocks.parse_candidates("128x64x4x3+tma, 64x64x4x2, 32x128x8x2+split")
-    assert [c[:6] for c in parsed] == [(128, 64, 4, 3, True, False), (64, 64, 4, 2, False, False),
-                                       (32, 128, 8, 2, False, True)]
-    assert [blocks.candidate_label(c) for c in parsed] == ["128x64x4x3+tma", "64x64x4x2", "32x128x8x2+split"]
-    assert TileConfig(*parsed[2]) == TileConfig(32, 128, 8, 2, split_dkdv=True)
+def test_candidates_take_the_tma_and_hopper_flags():
+    parsed = blocks.parse_candidates("128x64x4x3+tma, 64x64x4x2, 128x128x8x2+hopper+persistent")
+    assert [c[:5] for c in parsed] == [(128, 64, 4, 3, True), (64, 64, 4, 2, False), (128, 128, 8, 2, False)]
+    assert [blocks.candidate_label(c) for c in parsed] == ["128x64x4x3+tma", "64x64x4x2",
+                                                           "128x128x8x2+hopper+persistent"]
+    assert TileConfig(*parsed[2]) == TileConfig(128, 128, 8, 2, hopper=True, persistent=True)
     assert all(TileConfig(*blocks.parse_candidates(blocks.candidate_label(c))[0]) == TileConfig(*c)
                for c in blocks.CANDIDATES_256["dkdv"])
 
@@ -165,20 +165,15 @@ def test_dkdv_candidates_take_the_loop_flags():
         "64x64x4x2+every", "64x64x4x3+every+keyrows", "64x64x4x2+r200+keyrows"]
 
 
-def test_a_split_dkdv_candidate_holds_one_accumulator_and_streams_twice():
-    split, one_pass = (32, 128, 8, 2, False, True), (32, 128, 8, 2)
-    # dk 128 x 256 (the dK pass's only accumulator), scores and dP 32 x 128, over 256 threads
-    assert blocks.accumulator_registers("dkdv", split, 256, 2) == (128 * 256 + 2 * 32 * 128) // 256 == 160
-    assert blocks.accumulator_registers("dkdv", one_pass, 256, 2) == (2 * 128 * 256 + 2 * 32 * 128) // 256
-    shape = blocks.Shape(batch=1, seqlen=1024, heads=8, head_dim=256, dtype="bf16", causal=False)
-    two, one = blocks.estimate("dkdv", split, shape, sms=132), blocks.estimate("dkdv", one_pass, shape, sms=132)
-    assert two.smem_bytes == one.smem_bytes and two.programs == one.programs
-    assert two.reread_bytes > 2 * one.reread_bytes  # q, dO, lse twice, and K's second read
+def test_a_dkdv_candidate_holds_two_accumulators():
+    candidate = (32, 128, 8, 2)
+    # dK and dV 128 x 256, scores and dP 32 x 128, over 256 threads
+    assert blocks.accumulator_registers("dkdv", candidate, 256, 2) == (2 * 128 * 256 + 2 * 32 * 128) // 256
 
 
 def test_a_candidate_takes_a_register_cap():
     parsed = blocks.parse_candidates("128x64x8x3+r128, 128x64x8x3+tma+r96")
-    assert [c[:7] for c in parsed] == [(128, 64, 8, 3, False, False, 128), (128, 64, 8, 3, True, False, 96)]
+    assert [c[:6] for c in parsed] == [(128, 64, 8, 3, False, 128), (128, 64, 8, 3, True, 96)]
     assert [blocks.candidate_label(c) for c in parsed] == ["128x64x8x3+r128", "128x64x8x3+tma+r96"]
     assert TileConfig(*parsed[0]) == TileConfig(128, 64, 8, 3, max_registers=128)
     with pytest.raises(Exception, match=r"register cap"):

@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from flashattn import clocks
+from flashattn.tools import clocks
 
 
 def test_parse_sample_reads_clock_and_power_and_skips_the_rest():

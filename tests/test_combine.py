@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from flashattn import flash_attn_combine, flash_attn_func
-from flashattn.decode_ops import COMBINE_TILE_ELEMENTS, attention_combine, attention_combine_backward, combine_tiles
+from flashattn.configs import COMBINE_TILE_ELEMENTS, combine_tiles
+from flashattn.ops import attention_combine, attention_combine_backward
 from flashattn.reference import attention_ref
 from flashattn.testing import assert_lse_close, assert_within_rule
 

@@ -13,7 +13,7 @@ def test_causal_hdim128_forward_takes_the_large_tma_tile_only_on_long_sequences(
     assert short == TileConfig(128, 64, 8, 3)
     assert long == TileConfig(128, 128, 8, 3, tma=True)
     # entries without a long-sequence variant are the same at any length
-    assert lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=16384) == configs._HOPPER_FORWARD[(64, True)]
+    assert lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=16384) == configs.HOPPER_FORWARD.base[(64, True)]
 
 
 def test_short_non_causal_forward_drops_tma_only_when_the_length_is_known_and_short():
@@ -27,9 +27,9 @@ def test_short_non_causal_forward_drops_tma_only_when_the_length_is_known_and_sh
     for head_dim in (64, 128):
         short = lookup("hopper", "forward", head_dim, True, torch.bfloat16, seqlen=SHORT_SEQLEN)
         medium = lookup("hopper", "forward", head_dim, True, torch.bfloat16, seqlen=SHORT_SEQLEN + 1)
-        assert short == TileConfig(64, 64, 4, 3) and medium == configs._HOPPER_FORWARD[(head_dim, True)]
-    assert lookup("hopper", "forward", 256, True, torch.bfloat16, seqlen=512) == configs._HOPPER_FORWARD[(256, True)]
-    assert lookup("hopper", "dkdv", 128, False, torch.bfloat16, seqlen=512) == configs._HOPPER_DKDV[(128, False)]
+        assert short == TileConfig(64, 64, 4, 3) and medium == configs.HOPPER_FORWARD.base[(head_dim, True)]
+    assert lookup("hopper", "forward", 256, True, torch.bfloat16, seqlen=512) == configs.HOPPER_FORWARD.base[(256, True)]
+    assert lookup("hopper", "dkdv", 128, False, torch.bfloat16, seqlen=512) == configs.HOPPER_DKDV.base[(128, False)]
 
 
 def test_shortest_causal_hdim128_forward_takes_32_key_blocks():
@@ -38,7 +38,7 @@ def test_shortest_causal_hdim128_forward_takes_32_key_blocks():
     assert shortest == TileConfig(64, 32, 4, 3, max_registers=168) and short == TileConfig(64, 64, 4, 3)
     # for a call that fits it, the Gluon kernel's persistent grid (version 22)
     assert lookup("hopper", "forward", 128, True, torch.bfloat16, seqlen=SHORTEST_SEQLEN,
-                  warp_specialized=True) == configs._HOPPER_FORWARD_WS_SHORT[(128, True)]
+                  hopper=True) == configs.HOPPER_FORWARD.hopper_short[(128, True)]
     # other head dims keep their short entries
     assert lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=SHORTEST_SEQLEN) == TileConfig(64, 64, 4, 3)
 
@@ -51,14 +51,14 @@ def test_short_causal_hdim128_dkdv_drops_tma():
 
 
 def test_head_dims_fall_into_their_padded_bucket():
-    assert lookup("hopper", "dq", 96, False, torch.float16) == configs._HOPPER_DQ[(128, False)]
-    assert lookup("hopper", "dkdv", 200, True, torch.float16) == configs._HOPPER_DKDV[(256, True)]
-    assert lookup("portable", "forward", 3, False, torch.float16) == configs._PORTABLE_FORWARD[(64, False)]
+    assert lookup("hopper", "dq", 96, False, torch.float16) == configs.HOPPER_DQ.base[(128, False)]
+    assert lookup("hopper", "dkdv", 200, True, torch.float16) == configs.HOPPER_DKDV.base[(256, True)]
+    assert lookup("portable", "forward", 3, False, torch.float16) == configs.PORTABLE_FORWARD.base[(64, False)]
 
 
 def test_float32_halves_the_tiles_and_drops_a_stage():
     half = lookup("hopper", "forward", 128, False, torch.float32)
-    full = configs._HOPPER_FORWARD[(128, False)]
+    full = configs.HOPPER_FORWARD.base[(128, False)]
     assert (half.block_m, half.block_n, half.num_stages) == (full.block_m // 2, full.block_n // 2,
                                                              full.num_stages - 1)
 
@@ -97,37 +97,37 @@ def test_short_non_causal_hdim256_dq_keeps_the_one_stage_tile_without_tma():
 
 
 def test_gluon_forward_entries_only_where_the_call_fits():
-    ws = lookup("hopper", "forward", 128, False, torch.bfloat16, seqlen=4096, warp_specialized=True)
-    assert ws.warp_specialized and ws == configs._HOPPER_FORWARD_WS[(128, False)]
+    ws = lookup("hopper", "forward", 128, False, torch.bfloat16, seqlen=4096, hopper=True)
+    assert ws.hopper and ws == configs.HOPPER_FORWARD.hopper[(128, False)]
     # a call the Gluon kernel does not cover keeps the Triton table
-    assert lookup("hopper", "forward", 128, False, torch.bfloat16, seqlen=4096) == configs._HOPPER_FORWARD[(128, False)]
+    assert lookup("hopper", "forward", 128, False, torch.bfloat16, seqlen=4096) == configs.HOPPER_FORWARD.base[(128, False)]
     # hdim 64: three consumers from 2k non-causal and from 4k causal; the Triton entries for shorter calls, as for
     # short causal hdim 128
-    assert lookup("hopper", "forward", 64, False, torch.bfloat16, seqlen=4096, warp_specialized=True).three_consumers
+    assert lookup("hopper", "forward", 64, False, torch.bfloat16, seqlen=4096, hopper=True).three_consumers
     for seqlen in (4096, 0):  # 0: a length not known, as for the other buckets
-        assert lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=seqlen, warp_specialized=True) == \
-            configs._HOPPER_FORWARD_WS[(64, True)]
-    assert lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=16384, warp_specialized=True) == \
-        configs._HOPPER_FORWARD_WS_LONG[(64, True)]
+        assert lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=seqlen, hopper=True) == \
+            configs.HOPPER_FORWARD.hopper[(64, True)]
+    assert lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=16384, hopper=True) == \
+        configs.HOPPER_FORWARD.hopper_long[(64, True)]
     for seqlen in (2048, 4095, SHORT_SEQLEN):
-        assert lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=seqlen, warp_specialized=True) == \
+        assert lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=seqlen, hopper=True) == \
             lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=seqlen)
-    assert not lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=2048).warp_specialized
+    assert not lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=2048).hopper
     # up to 1k tokens every other Gluon entry is a persistent grid
     for head_dim, causal in ((64, False), (128, False), (128, True), (256, False), (256, True)):
         for seqlen in (SHORTEST_SEQLEN, SHORT_SEQLEN):
             short = lookup("hopper", "forward", head_dim, causal, torch.bfloat16, seqlen=seqlen,
-                           warp_specialized=True)
-            assert short.warp_specialized and short.persistent, (head_dim, causal, seqlen)
+                           hopper=True)
+            assert short.hopper and short.persistent, (head_dim, causal, seqlen)
     # hdim 64 / 128 (and causal hdim 128): persistent up to 8k, one program a tile from there
     for head_dim, causal in ((64, False), (128, False), (128, True)):
         for seqlen, persistent in ((2048, True), (LONG_SEQLEN - 1, True), (LONG_SEQLEN, False), (16384, False)):
             config = lookup("hopper", "forward", head_dim, causal, torch.bfloat16, seqlen=seqlen,
-                            warp_specialized=True)
-            assert config.warp_specialized and config.persistent == persistent, (head_dim, causal, seqlen)
+                            hopper=True)
+            assert config.hopper and config.persistent == persistent, (head_dim, causal, seqlen)
     # packed calls keep the persistent grid past LONG_SEQLEN: their sequences are shorter than the longest
     for head_dim, causal in ((64, False), (128, False), (128, True)):
-        config = lookup("hopper", "forward", head_dim, causal, torch.bfloat16, seqlen=16384, warp_specialized=True,
+        config = lookup("hopper", "forward", head_dim, causal, torch.bfloat16, seqlen=16384, hopper=True,
                         packed=True)
-        assert config.warp_specialized and config.persistent, (head_dim, causal)
-    assert not lookup("portable", "forward", 128, False, torch.bfloat16, warp_specialized=True).warp_specialized
+        assert config.hopper and config.persistent, (head_dim, causal)
+    assert not lookup("portable", "forward", 128, False, torch.bfloat16, hopper=True).hopper

@@ -13,8 +13,8 @@ import types
 import pytest
 
 import flashattn
-from flashattn import cli
-from flashattn.demo import run_demo, settled_median
+from flashattn.tools import cli
+from flashattn.tools.demo import run_demo, settled_median
 
 
 def run_module(*args: str) -> subprocess.CompletedProcess[str]:
@@ -91,17 +91,17 @@ def test_bad_arguments_exit_with_code_2_from_the_command_line():
 
 def test_bench_is_registered_when_its_module_has_the_hooks(monkeypatch):
     ran: list[argparse.Namespace] = []
-    bench = types.ModuleType("flashattn.bench")
+    bench = types.ModuleType("flashattn.tools.bench")
     bench.__doc__ = "Benchmark the kernels."
     bench.add_arguments = lambda parser: parser.add_argument("--repeats", type=int, default=1)
     bench.run = lambda args: ran.append(args) or 0
-    monkeypatch.setitem(sys.modules, "flashattn.bench", bench)
+    monkeypatch.setitem(sys.modules, "flashattn.tools.bench", bench)
     assert cli.main(["bench", "--repeats", "3"]) == 0
     assert ran[0].repeats == 3
 
 
 def test_bench_is_skipped_when_its_module_lacks_the_hooks(monkeypatch):
-    monkeypatch.setitem(sys.modules, "flashattn.bench", types.ModuleType("flashattn.bench"))
+    monkeypatch.setitem(sys.modules, "flashattn.tools.bench", types.ModuleType("flashattn.tools.bench"))
     assert "bench" not in cli.all_subcommands()
 
 

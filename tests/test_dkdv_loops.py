@@ -14,7 +14,7 @@ import torch
 from cases import DTYPES, GPU_SHAPES, INTERPRETER_SHAPES, has_tma, make_case, make_varlen_case
 from test_sdpa import check_sdpa, sdpa_inputs
 
-from flashattn import configs, flash_attn_func, ops
+from flashattn import configs, flash_attn_func
 from flashattn.testing import check_against_reference, check_varlen_against_reference
 
 FORMS = {
@@ -76,7 +76,6 @@ def test_forms_varlen_match_reference(triton_backend, form):
 def test_forms_with_an_sdpa_mask(triton_backend, monkeypatch, form):
     from test_mask_skip import structured_mask
 
-    monkeypatch.setattr(ops, "SKIP_HIDDEN_TILES", True)
     shape = (2, 2, 1, 45, 70, 24)
     batch, nheads, _, seqlen_q, seqlen_k, _ = shape
     inputs = sdpa_inputs(*shape, torch.float32, triton_backend)
@@ -84,15 +83,6 @@ def test_forms_with_an_sdpa_mask(triton_backend, monkeypatch, form):
     with ExitStack() as stack:
         force(stack, form, triton_backend, torch.float32, shape[-1], attn_mask=True)
         check_sdpa(*inputs, mask, is_causal=True, enable_gqa=True)
-
-
-def test_the_forms_reach_the_kernel():
-    every = configs.TileConfig(64, 64, 4, 2, mask_every_block=True, key_rows=True)
-    assert ops._dkdv_passes(every) == ({"MASK_EVERY_BLOCK": True, "PEEL_DIAGONAL": False, "KEY_ROWS": True},)
-    dv_pass, dk_pass = ops._dkdv_passes(dataclasses.replace(every, split_dkdv=True))
-    assert dv_pass["MASK_EVERY_BLOCK"] and dk_pass["MASK_EVERY_BLOCK"] and dk_pass["KEY_ROWS"]
-    peeled = dataclasses.replace(every, split_dkdv=True, peel_diagonal=True)
-    assert all(gradients["PEEL_DIAGONAL"] and gradients["MASK_EVERY_BLOCK"] for gradients in ops._dkdv_passes(peeled))
 
 
 # -- the GPU: each form on large shapes --

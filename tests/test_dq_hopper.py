@@ -13,15 +13,17 @@ import torch
 from cases import make_case, make_varlen_case
 from hopper_kernels import forced_launch, hopper
 
-from flashattn import configs, flash_attn_func, ops
+from flashattn import configs, flash_attn_func, validation
+from flashattn.launch import common
+from flashattn.launch import forward as launch_forward
 from flashattn.testing import check_against_reference, check_varlen_against_reference
 
 # (keys a block, stages): 3 stages fetch K a block ahead; hdim 256 fits 3 stages of 32 keys (224 KB); c3: three
 # consumer warpgroups (192 query rows a program)
-WS_DQ_TILES = {"n64-s3": configs.TileConfig(128, 64, 8, 3, warp_specialized=True),
-               "n64-s2": configs.TileConfig(128, 64, 8, 2, warp_specialized=True),
-               "n32-s3": configs.TileConfig(128, 32, 8, 3, warp_specialized=True),
-               "n64-s3-c3": configs.TileConfig(128, 64, 8, 3, warp_specialized=True, three_consumers=True)}
+WS_DQ_TILES = {"n64-s3": configs.TileConfig(128, 64, 8, 3, hopper=True),
+               "n64-s2": configs.TileConfig(128, 64, 8, 2, hopper=True),
+               "n32-s3": configs.TileConfig(128, 32, 8, 3, hopper=True),
+               "n64-s3-c3": configs.TileConfig(128, 64, 8, 3, hopper=True, three_consumers=True)}
 
 
 def forced_ws_dq(tile: configs.TileConfig | None, monkeypatch, expect_launch: bool = True):
@@ -30,13 +32,13 @@ def forced_ws_dq(tile: configs.TileConfig | None, monkeypatch, expect_launch: bo
 
 def test_tile_plan_arguments_dense_and_varlen():
     q, k = torch.empty(2, 300, 8, 128), torch.empty(2, 300, 2, 128)
-    dense = ops._Layout.of(q, k, None)
-    tiles, plan = ops._tile_plan_arguments(q, k, torch.empty(2, 8, 300), dense, 128)
+    dense = common.Layout.of(q, k, None)
+    tiles, plan = launch_forward.tile_plan_arguments(q, k, torch.empty(2, 8, 300), dense, 128)
     # lse strides, lengths, nheads, group size, row tiles, (sequence, head) pairs, pairs per L2 section (all fit)
     assert (tiles, plan) == (3 * 16, (2400, 300, 300, 300, 8, 4, 3, 16, 16))
-    packing = ops.Packing(torch.tensor([0, 100, 300]), torch.tensor([0, 50, 300]), 200, 250)
-    packed = ops._Layout.of(q[0], k[0], packing)
-    tiles, plan = ops._tile_plan_arguments(q[0], k[0], torch.empty(8, 300), packed, 128)
+    packing = validation.Packing(torch.tensor([0, 100, 300]), torch.tensor([0, 50, 300]), 200, 250)
+    packed = common.Layout.of(q[0], k[0], packing)
+    tiles, plan = launch_forward.tile_plan_arguments(q[0], k[0], torch.empty(8, 300), packed, 128)
     assert (tiles, plan[:4]) == (2 * 16, (0, 300, 300, 300))  # (nheads, total_q): no batch stride
 
 
@@ -106,16 +108,16 @@ def test_table_has_gluon_dq_at_hdim_128_and_256():
     for causal in (False, True):
         for head_dim, keys in ((128, 64), (256, 32)):
             entry = configs.lookup("hopper", "dq", head_dim, causal, torch.bfloat16, seqlen=4096,
-                                   warp_specialized=True)
-            assert entry.warp_specialized and entry.block_n == keys and entry.num_stages == 3
-            assert not configs.lookup("hopper", "dq", head_dim, causal, torch.bfloat16, seqlen=4096).warp_specialized
+                                   hopper=True)
+            assert entry.hopper and entry.block_n == keys and entry.num_stages == 3
+            assert not configs.lookup("hopper", "dq", head_dim, causal, torch.bfloat16, seqlen=4096).hopper
         assert not configs.lookup("hopper", "dq", 64, causal, torch.bfloat16, seqlen=4096,
-                                  warp_specialized=True).warp_specialized
+                                  hopper=True).hopper
         # short sequences: the Gluon dQ but at causal hdim 256
         for head_dim in (128, 256):
             short = configs.lookup("hopper", "dq", head_dim, causal, torch.bfloat16, seqlen=1024,
-                                   warp_specialized=True)
-            assert short.warp_specialized == (head_dim == 128 or not causal)
+                                   hopper=True)
+            assert short.hopper == (head_dim == 128 or not causal)
 
 
 @pytest.mark.gpu

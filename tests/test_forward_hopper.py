@@ -16,18 +16,19 @@ from cases import make_case, make_varlen_case
 from hopper_kernels import forced_launch, hopper
 
 from flashattn import configs, flash_attn_func, flash_attn_qkvpacked_func, ops
+from flashattn.launch import common
+from flashattn.launch import forward as launch_forward
 from flashattn.options import AttentionOptions
 from flashattn.testing import check_against_reference, check_varlen_against_reference
 
 WS_TILES = {
-    "n128-s2": configs.TileConfig(128, 128, 8, 2, warp_specialized=True),
-    "n128-s3": configs.TileConfig(128, 128, 8, 3, warp_specialized=True),
-    "n32-s4": configs.TileConfig(128, 32, 8, 4, warp_specialized=True),
-    "n128-s2-pingpong": configs.TileConfig(128, 128, 8, 2, warp_specialized=True, pingpong=True),
-    "n64-s2": configs.TileConfig(128, 64, 8, 2, warp_specialized=True),
-    "n128-s2-persistent": configs.TileConfig(128, 128, 8, 2, warp_specialized=True, persistent=True),
-    "n128-s3-consumers3": configs.TileConfig(128, 128, 8, 3, warp_specialized=True, three_consumers=True),
-    "n128-s3-consumers3-persistent": configs.TileConfig(128, 128, 8, 3, warp_specialized=True, three_consumers=True,
+    "n128-s2": configs.TileConfig(128, 128, 8, 2, hopper=True),
+    "n128-s3": configs.TileConfig(128, 128, 8, 3, hopper=True),
+    "n32-s4": configs.TileConfig(128, 32, 8, 4, hopper=True),
+    "n64-s2": configs.TileConfig(128, 64, 8, 2, hopper=True),
+    "n128-s2-persistent": configs.TileConfig(128, 128, 8, 2, hopper=True, persistent=True),
+    "n128-s3-consumers3": configs.TileConfig(128, 128, 8, 3, hopper=True, three_consumers=True),
+    "n128-s3-consumers3-persistent": configs.TileConfig(128, 128, 8, 3, hopper=True, three_consumers=True,
                                                         persistent=True),
 }
 
@@ -38,52 +39,52 @@ def forced_ws(tile: configs.TileConfig | None, monkeypatch, expect_launch: bool 
 
 def test_token_rows_reads_heads_side_by_side():
     x = torch.randn(2, 5, 3, 8)
-    assert ops._token_rows(x) == 24
+    assert common.token_rows(x) == 24
     packed = torch.randn(2, 5, 3, 3, 8)[:, :, 1]  # q of a qkv-packed tensor
-    assert ops._token_rows(packed) == 72
-    assert ops._token_rows(x.transpose(1, 2)) is None  # (B, H, S, D) viewed as (B, S, H, D)
-    assert ops._token_rows(torch.randn(7, 3, 8)) == 24
-    assert ops._token_rows(torch.randn(3, 5, 3, 8)[::2]) is None  # a batch stride that skips rows
-    assert ops._token_rows(torch.randn(2, 1, 3, 8).expand(2, 5, 3, 8)) is None  # every token the same row
+    assert common.token_rows(packed) == 72
+    assert common.token_rows(x.transpose(1, 2)) is None  # (B, H, S, D) viewed as (B, S, H, D)
+    assert common.token_rows(torch.randn(7, 3, 8)) == 24
+    assert common.token_rows(torch.randn(3, 5, 3, 8)[::2]) is None  # a batch stride that skips rows
+    assert common.token_rows(torch.randn(2, 1, 3, 8).expand(2, 5, 3, 8)) is None  # every token the same row
 
 
 def test_token_descriptor_spans_every_token_and_one_head_per_block():
     packed = torch.randn(2, 300, 3, 4, 64, dtype=torch.float16)[:, :, 2]  # v of a qkv-packed tensor
-    descriptor = ops._token_descriptor(packed, 128)
+    descriptor = common.token_descriptor(packed, 128)
     assert descriptor.base.data_ptr() == packed.data_ptr()
     assert list(descriptor.shape) == [600, 256] and list(descriptor.strides) == [768, 1]
     assert list(descriptor.block_shape) == [128, 64]
     assert descriptor.layout.element_bitwidth == 16 and descriptor.layout.swizzle_byte_width == 128
     # the layout is built once per tile shape and dtype
-    assert ops._token_descriptor(packed, 128).layout is descriptor.layout
+    assert common.token_descriptor(packed, 128).layout is descriptor.layout
 
 
 def test_warp_specialized_fits_only_gpu_plain_softmax():
     q = torch.randn(1, 4, 2, 64, dtype=torch.bfloat16)
     opts = AttentionOptions(0.125)
-    assert not ops._warp_specialized_fits(q, q, q, opts, None, None, None)  # a CPU tensor
+    assert not launch_forward.hopper_forward_fits(q, q, q, opts, None, None, None)  # a CPU tensor
 
 
 def test_persistent_grid_hands_out_tiles_by_a_counter():
     persistent = WS_TILES["n128-s2-persistent"]
     for causal, is_varlen in ((True, False), (False, True), (False, False)):
-        assert ops.warp_specialized_constexprs(persistent, 128, causal=causal, is_varlen=is_varlen)["DYNAMIC_TILES"]
+        assert launch_forward.hopper_forward_constexprs(persistent, 128, causal=causal, is_varlen=is_varlen)["DYNAMIC_TILES"]
     # one tile a program: nothing to hand out
-    assert not ops.warp_specialized_constexprs(WS_TILES["n128-s2"], 128, causal=True, is_varlen=True)["DYNAMIC_TILES"]
+    assert not launch_forward.hopper_forward_constexprs(WS_TILES["n128-s2"], 128, causal=True, is_varlen=True)["DYNAMIC_TILES"]
 
 
 def test_persistent_grid_holds_a_second_q_tile_where_shared_memory_has_room():
     def constexprs(tile, head_dim):
-        return ops.warp_specialized_constexprs(tile, head_dim, causal=True, is_varlen=False)
+        return launch_forward.hopper_forward_constexprs(tile, head_dim, causal=True, is_varlen=False)
 
     # hdim 128, two stages of 128 keys: two Q tiles (64 KB), the ring (128 KB) and the 16-byte store's staging (32 KB)
     assert constexprs(WS_TILES["n128-s2-persistent"], 128)["Q_BUFFERS"] == 2
     assert constexprs(WS_TILES["n128-s2-persistent"], 128)["WIDE_STORES"]
     assert constexprs(WS_TILES["n128-s3-consumers3-persistent"], 64)["Q_BUFFERS"] == 2
     assert constexprs(WS_TILES["n128-s2"], 128)["Q_BUFFERS"] == 1  # one tile a program: nothing to copy ahead
-    packed = ops.warp_specialized_constexprs(WS_TILES["n128-s2-persistent"], 128, causal=False, is_varlen=True)
-    assert packed["Q_BUFFERS"] == 2  # packed calls too, since version 30 (ops._forward_q_buffers)
-    hdim_256 = configs.TileConfig(128, 64, 8, 2, warp_specialized=True, persistent=True)
+    packed = launch_forward.hopper_forward_constexprs(WS_TILES["n128-s2-persistent"], 128, causal=False, is_varlen=True)
+    assert packed["Q_BUFFERS"] == 2  # packed calls too, since version 30 (launch_forward._forward_q_buffers)
+    hdim_256 = configs.TileConfig(128, 64, 8, 2, hopper=True, persistent=True)
     assert constexprs(hdim_256, 256)["Q_BUFFERS"] == 1  # 64 KB of Q beside a 128 KB ring
 
 
@@ -111,10 +112,10 @@ def test_persistent_forward_repeats_and_leaves_no_tile_out(tile, causal, monkeyp
 def test_heads_per_section_fits_the_l2_budget(monkeypatch):
     monkeypatch.setattr(ops, "WS_L2_SECTION_BYTES", 8 << 20)
     # 4k keys at hdim 128 in bf16: K and V of one head take 2 MiB, so 4 heads a section
-    assert ops._heads_per_section(64, 1, 4096 * 128 * 2) == 4
-    assert ops._heads_per_section(64, 4, 4096 * 128 * 2) == 16  # four query heads share one K/V head
-    assert ops._heads_per_section(3, 1, 512 * 128 * 2) == 3  # never more than the launch has
-    assert ops._heads_per_section(64, 1, 1 << 30) == 1  # one head past the budget still runs
+    assert launch_forward._heads_per_section(64, 1, 4096 * 128 * 2) == 4
+    assert launch_forward._heads_per_section(64, 4, 4096 * 128 * 2) == 16  # four query heads share one K/V head
+    assert launch_forward._heads_per_section(3, 1, 512 * 128 * 2) == 3  # never more than the launch has
+    assert launch_forward._heads_per_section(64, 1, 1 << 30) == 1  # one head past the budget still runs
 
 
 GPU_SHAPES = [
@@ -173,7 +174,7 @@ def test_ws_forward_walks_heads_in_sections(option, tile, monkeypatch):
     # 8 (sequence, head) pairs in sections of 3, 3 and 2: every tile computed once, the short last section too
     shape = (2, 1023, 1023, 4, 2, 128)
     monkeypatch.setattr(ops, "WS_L2_SECTION_BYTES", 3 * 1023 * 128 * 2)
-    assert ops._heads_per_section(8, 2, 1023 * 128 * 2) == 3
+    assert launch_forward._heads_per_section(8, 2, 1023 * 128 * 2) == 3
     with forced_ws(WS_TILES[tile], monkeypatch):
         check_against_reference(make_case(shape, option, "cuda"), torch.bfloat16, "cuda", flash_attn_func)
 

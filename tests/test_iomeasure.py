@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from flashattn import iomeasure, iomodel
-from flashattn.iomeasure import (
+from flashattn.tools import iomeasure, iomodel
+from flashattn.tools.iomeasure import (
     PHASES,
     KernelTime,
     NcuUnavailable,
@@ -38,7 +38,7 @@ from flashattn.iomeasure import (
     parse_phase,
     run_phases,
 )
-from flashattn.measure import LayerShape
+from flashattn.tools.measure import LayerShape
 
 DATA = Path(__file__).parent / "data"
 LABELS = [f"{implementation} {direction}" for implementation, direction in PHASES]
@@ -393,7 +393,7 @@ def test_run_phases_runs_every_pass_in_its_range(torch_backend):
 
 
 def test_run_phases_reports_out_of_memory_per_implementation(torch_backend, monkeypatch):
-    from flashattn import bench
+    from flashattn.tools import bench
 
     def out_of_memory(*args):
         def run():
@@ -409,7 +409,7 @@ def test_run_phases_reports_out_of_memory_per_implementation(torch_backend, monk
 
 def test_the_child_profiles_only_its_pass_between_profiler_start_and_stop(torch_backend, monkeypatch):
     """One pass: the warm-up and the graph's forward before cudaProfilerStart, the measured call inside."""
-    from flashattn import measure as layer
+    from flashattn.tools import measure as layer
 
     events = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: events.append("synchronize"))
@@ -442,19 +442,19 @@ def parse(*argv: str) -> argparse.Namespace:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
 def test_measure_without_a_gpu_is_a_usage_error(capsys):
-    assert iomodel.run(parse("--seqlen", "1024", "--measure")) == 2
+    assert iomeasure.run(parse("--seqlen", "1024", "--measure")) == 2
     err = capsys.readouterr().err
     assert err.startswith("flashattn io: error: argument --measure:") and "CUDA GPU" in err
 
 
 @pytest.mark.parametrize("flag", ["--block-m", "--block-n"])
 def test_measure_refuses_tile_overrides(flag, capsys):
-    assert iomodel.run(parse("--seqlen", "1024", "--measure", flag, "64")) == 2
+    assert iomeasure.run(parse("--seqlen", "1024", "--measure", flag, "64")) == 2
     assert f"argument {flag}: --measure runs the tiles" in capsys.readouterr().err
 
 
 def test_measure_validates_the_shape_first(capsys):
-    assert iomodel.run(parse("--measure")) == 2
+    assert iomeasure.run(parse("--measure")) == 2
     assert "argument --seqlen" in capsys.readouterr().err
 
 
@@ -466,7 +466,8 @@ def test_bad_measure_with_is_a_usage_error(capsys):
 
 def test_measure_plumbing_with_the_gpu_faked(monkeypatch, capsys):
     """On a (faked) H100 without ncu: the H100 preset, the device's tiles, and the fallback in the JSON."""
-    from flashattn import configs, measure
+    from flashattn import configs
+    from flashattn.tools import measure
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
@@ -475,14 +476,14 @@ def test_measure_plumbing_with_the_gpu_faked(monkeypatch, capsys):
     monkeypatch.setattr(iomeasure, "find_ncu", lambda explicit=None: None)
     monkeypatch.setattr(iomeasure, "measure_with_profiler", profiler_times)
     monkeypatch.delenv("FLASHATTN_BACKEND", raising=False)
-    assert iomodel.run(parse("--seqlen", "1024", "--heads", "4", "--head-dim", "64", "--measure", "--json")) == 0
+    assert iomeasure.run(parse("--seqlen", "1024", "--heads", "4", "--head-dim", "64", "--measure", "--json")) == 0
     captured = capsys.readouterr()
     data = json.loads(captured.out)
     assert data["gpu"]["name"] == "H100 (measured)"  # picked from the device's name
     assert data["tiling"]["forward"] == {"block_m": 128, "block_n": 64, "passes": 1}  # configs' Hopper table, hdim 64
     assert data["measured"]["method"] == "profiler" and "not on PATH" in data["measured"]["fallback_reason"]
     assert "measuring on NVIDIA H100 80GB HBM3 (faked)" in captured.err
-    assert iomodel.run(parse("--seqlen", "1024", "--heads", "4", "--head-dim", "64", "--measure")) == 0
+    assert iomeasure.run(parse("--seqlen", "1024", "--heads", "4", "--head-dim", "64", "--measure")) == 0
     text = capsys.readouterr().out
     assert text.index("Attention IO:") < text.index("NOT A BYTE MEASUREMENT")
 
@@ -490,7 +491,7 @@ def test_measure_plumbing_with_the_gpu_faked(monkeypatch, capsys):
 def test_measure_refuses_the_torch_backend(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setenv("FLASHATTN_BACKEND", "torch")
-    assert iomodel.run(parse("--seqlen", "1024", "--measure")) == 2
+    assert iomeasure.run(parse("--seqlen", "1024", "--measure")) == 2
     assert "FLASHATTN_BACKEND=torch" in capsys.readouterr().err
 
 
@@ -507,7 +508,7 @@ def test_the_model_alone_keeps_its_json_shape(capsys):
 
 @pytest.mark.gpu
 def test_gpu_profiler_measure_times_every_pass(capsys):
-    assert iomodel.run(parse("--seqlen", "512", "--heads", "4", "--head-dim", "64", "--measure",
+    assert iomeasure.run(parse("--seqlen", "512", "--heads", "4", "--head-dim", "64", "--measure",
                              "--measure-with", "profiler", "--json")) == 0
     data = json.loads(capsys.readouterr().out)
     measured = data["measured"]
@@ -530,7 +531,7 @@ def test_gpu_child_runs_each_pass_without_ncu(capsys):
 @pytest.mark.skipif(iomeasure.find_ncu() is None, reason="needs Nsight Compute (ncu)")
 def test_gpu_ncu_measure_reads_dram_bytes_of_every_pass(capsys):
     started = time.monotonic()
-    assert iomodel.run(parse("--seqlen", "1024", "--heads", "4", "--head-dim", "64", "--measure", "--json")) == 0
+    assert iomeasure.run(parse("--seqlen", "1024", "--heads", "4", "--head-dim", "64", "--measure", "--json")) == 0
     seconds = time.monotonic() - started
     measured = json.loads(capsys.readouterr().out)["measured"]
     if measured["method"] == "profiler":  # only a missing permission excuses the fallback: the rest are bugs

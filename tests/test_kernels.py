@@ -49,7 +49,7 @@ def test_tma_forward_matches_reference(triton_backend, shape, option_name, dtype
 
 
 # The dQ kernel's K and V through TMA descriptors (the table's hdim-256 entries; `+tma` in sweeps). 16-bit
-# only: fp32 keeps pointer loads in the backward (ops._triton_backward). The dK/dV kernel's TMA forms are in
+# only: fp32 keeps pointer loads in the backward (launch_backward.launch_backward). The dK/dV kernel's TMA forms are in
 # test_dkdv_loops.
 @pytest.mark.interpreter
 @pytest.mark.parametrize("option_name", ["plain", "causal", "window", "dropout", "causal-alibi-softcap"])
@@ -67,6 +67,6 @@ def test_tma_dq_matches_reference(triton_backend, shape, option_name):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_one_query_causal_backward_at_hdim_64():
     """One query row, causal: Triton makes seqlen_q a constant, on which ptxas died compiling the peeled hdim-64
-    dK/dV kernel (ops.dkdv_compilable)."""
+    dK/dV kernel (launch_backward.dkdv_compilable)."""
     check_against_reference(make_case((1, 1, 700, 4, 4, 64), "causal", "cuda"), torch.bfloat16, "cuda",
                             flash_attn_func)

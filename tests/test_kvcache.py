@@ -10,8 +10,10 @@ import pytest
 import torch
 from kvcache_cases import KVProblem, build, expected, gather_paged, rotary_ref, to_paged, variant
 
-from flashattn import decode_ops, flash_attn_with_kvcache
+from flashattn import configs, flash_attn_with_kvcache
 from flashattn.cpu_decode import rotate
+from flashattn.launch import common
+from flashattn.launch import decode as launch_decode
 from flashattn.testing import assert_lse_close, assert_within_rule, rounding_error
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -299,37 +301,24 @@ def test_matches_reference_on_gpu(monkeypatch, problem, dtype):
     torch.cuda.synchronize()
 
 
-# Forms of the decode kernel that the table may or may not take, forced, and held to the rule wherever they
-# can run: TMA loads of the interior key blocks; the paged loop that reads the block table a chunk at a time
-# (with pointer or TMA loads)
-DECODE_FORMS = {"tma": dict(tma=True), "tma-table-chunk": dict(tma=True, table_chunk=4),
-                "table-chunk": dict(table_chunk=4), "page-by-page": dict(table_chunk=0)}
+# Forms of the Triton decode kernel's paged loop that the rule may or may not take, forced, and held to the rule
+# wherever they can run: the block table read a chunk of entries at a time, or page by page
+DECODE_FORMS = {"table-chunk": 4, "page-by-page": 0}
 
 
-def force_decode_loads(monkeypatch, fields: dict) -> list[bool]:
-    """Route the Triton kernel's decode_config through ``fields`` (and every step to the Triton kernel: the Gluon one
-    has no such forms); returns the list to which every launch appends whether it took TMA loads."""
-    table, decide = decode_ops.decode_config, decode_ops.tma_decode_loads
-    monkeypatch.setattr(decode_ops, "GLUON_DECODE", False)
-    taken = []
-
-    def spy(*args):
-        taken.append(decide(*args))
-        return taken[-1]
-
-    monkeypatch.setattr(decode_ops, "decode_config", lambda *args: dataclasses.replace(table(*args), **fields))
-    monkeypatch.setattr(decode_ops, "tma_decode_loads", spy)
-    return taken
+def force_decode_loads(monkeypatch, table_chunk: int) -> None:
+    """Every step to the Triton kernel (the Hopper one has no such forms), its paged loop in the given form."""
+    monkeypatch.setattr(launch_decode, "hopper_decode_fits", lambda *args: False)
+    monkeypatch.setattr(configs, "paged_table_chunk", lambda blocks_per_split: table_chunk)
 
 
 @pytest.mark.parametrize("form", list(DECODE_FORMS))
 @pytest.mark.parametrize("name", ["decode", "split", "batch-idx", "leftpad", "head-dim-96", "split-window",
                                   "paged", "paged-large-pages-split", "paged-all-options", "empty-cache"])
 def test_decode_forms_match_reference(triton_backend, monkeypatch, form, name):
-    """The forms on the interpreter's shapes; a left pad in a paged cache keeps the pointer loads."""
-    taken = force_decode_loads(monkeypatch, DECODE_FORMS[form])
+    """The forms on the interpreter's shapes."""
+    force_decode_loads(monkeypatch, DECODE_FORMS[form])
     check(PROBLEMS[name], torch.float16, triton_backend)
-    assert taken == [DECODE_FORMS[form].get("tma", False) and name != "paged-all-options"]
 
 
 @pytest.mark.gpu
@@ -338,11 +327,9 @@ def test_decode_forms_match_reference(triton_backend, monkeypatch, form, name):
 @pytest.mark.parametrize("problem", GPU_PROBLEMS, ids=str)
 def test_decode_forms_match_reference_on_gpu(monkeypatch, problem, dtype, form):
     monkeypatch.setenv("FLASHATTN_BACKEND", "triton")
-    taken = force_decode_loads(monkeypatch, DECODE_FORMS[form])
+    force_decode_loads(monkeypatch, DECODE_FORMS[form])
     check(problem, dtype, "cuda")
     torch.cuda.synchronize()
-    # pages of 16 keys hold no whole 64-key block (32 at hdim 256): those keep the pointer loads
-    assert taken == [DECODE_FORMS[form].get("tma", False) and (problem.page_size is None or problem.page_size >= 64)]
 
 
 @pytest.mark.gpu
@@ -359,7 +346,7 @@ def test_decode_forms_paged_match_contiguous_on_gpu(monkeypatch, form):
         assert torch.equal(paged[0], contiguous[0]) and torch.equal(paged[1], contiguous[1])
 
 
-# Batches of about two programs per SM or more run unsplit with the streaming stages (decode_ops.streaming_launch):
+# Batches of about two programs per SM or more run unsplit with the streaming stages (configs.streaming_launch):
 # 40 sequences x 8 kv heads = 320 programs, with unequal lengths, contiguous and in 256-key pages (whose splits of 16
 # blocks or more read the block table in chunks)
 STREAMING_PROBLEM = KVProblem(batch=40, nheads=32, nheads_k=8, head_dim=128, capacity=2048,
@@ -369,11 +356,11 @@ STREAMING_PROBLEM = KVProblem(batch=40, nheads=32, nheads_k=8, head_dim=128, cap
 @pytest.mark.gpu
 @pytest.mark.parametrize("page_size", [None, 256])
 def test_streaming_launch_matches_reference_on_gpu(monkeypatch, page_size):
-    """The Triton kernel's unsplit streaming launch (the Gluon kernel, which takes such steps on sm90, pinned off)."""
+    """The Triton kernel's unsplit streaming launch (the Hopper kernel, which takes such steps on sm90, pinned off)."""
     monkeypatch.setenv("FLASHATTN_BACKEND", "triton")
-    monkeypatch.setattr(decode_ops, "GLUON_DECODE", False)
-    decide, taken = decode_ops.streaming_launch, []
-    monkeypatch.setattr(decode_ops, "streaming_launch", lambda *args: taken.append(decide(*args)) or taken[-1])
+    monkeypatch.setattr(launch_decode, "hopper_decode_fits", lambda *args: False)
+    decide, taken = configs.streaming_launch, []
+    monkeypatch.setattr(configs, "streaming_launch", lambda *args: taken.append(decide(*args)) or taken[-1])
     check(variant(STREAMING_PROBLEM, page_size=page_size), torch.bfloat16, "cuda")
     torch.cuda.synchronize()
     assert taken == [True]
@@ -394,7 +381,7 @@ def test_paged_matches_contiguous_on_gpu(monkeypatch, page_size):
 
 def test_custom_ops_pass_opcheck(backend):
     """Schema, fake (torch.compile), mutation and dispatch checks of the append-and-attend and attention ops."""
-    from flashattn.decode_ops import kvcache_append_attention, kvcache_attention
+    from flashattn.ops import kvcache_append_attention, kvcache_attention
 
     inputs = build(variant(PAGED, rotary_dim=16, batch_cache=3, leftpad=(1, 2)), torch.float16, DEVICE)
     paged = to_paged(inputs, 16)
@@ -438,7 +425,7 @@ def test_decode_step_compiles_fullgraph(torch_backend):
 
 
 def test_chained_launch_only_on_hopper_gpus():
-    assert not decode_ops.chained_launch(torch.device("cpu"))
+    assert not launch_decode.chained_launch(torch.device("cpu"))
 
 
 @pytest.mark.gpu
@@ -471,7 +458,8 @@ def test_chained_launch_changes_nothing_on_gpu(monkeypatch, paged):
 
     results = {}
     for chained in (False, True):
-        monkeypatch.setattr(decode_ops, "PROGRAMMATIC_LAUNCH", chained)
+        chain = launch_decode.chained_launch if chained else (lambda device: False)
+        monkeypatch.setattr(launch_decode, "chained_launch", chain)
         results[chained] = [run(call_inputs), graph_step()]
     for eager_or_graph in range(2):
         for name, a, b in zip(("out", "lse", "k_cache", "v_cache"), results[False][eager_or_graph],
@@ -493,7 +481,7 @@ def assert_fused_matches_separate(problem: KVProblem, dtype: torch.dtype, device
     inputs = build(problem, dtype, device)
     call_inputs = to_paged(inputs, problem.page_size) if problem.page_size else inputs
     fused = run(call_inputs)
-    monkeypatch.setattr(decode_ops, "FUSED_APPEND_MAX_TOKENS", 0)
+    monkeypatch.setattr(configs, "FUSED_APPEND_MAX_TOKENS", 0)
     separate = run(call_inputs)
     assert torch.equal(fused[2], separate[2]) and torch.equal(fused[3], separate[3]), "the appended caches differ"
     oracle, baseline = expected(inputs, upcast=True), expected(inputs, upcast=False)
@@ -527,57 +515,57 @@ def test_split_count_follows_the_h200_sweep(batch, expected):
     """The automatic split count on an H200 (132 SMs), GQA 32/8, 64k keys (see choose_num_splits):
     below one program per SM two programs per SM, rounded down; 3 splits up to 4 programs per SM. In
     benchmarks/decode_splits.py's sweep these won or came within 3.3% of the winner."""
-    assert decode_ops.choose_num_splits(batch * 8, 65536 // 64, 132) == expected
+    assert configs.choose_num_splits(batch * 8, 65536 // 64, 132) == expected
 
 
 @pytest.mark.parametrize(("batch", "expected"), [(1, 33), (16, 2), (17, 3), (31, 3), (32, 1), (64, 1)])
 def test_streaming_tiles_run_unsplit_from_two_programs_per_sm(batch, expected):
     """Tiles with streaming stages (bf16, hdim 128) are not split from 1.9 programs per SM on (batch 32 of
     GQA 32/8 on 132 SMs: 256 programs), and the launch then takes those stages."""
-    config = decode_ops.decode_config(4, 128, torch.bfloat16, False)
+    config = configs.decode_config(4, 128, torch.bfloat16, False)
     assert config.streaming_stages == 4 and config.num_stages == 3
-    assert decode_ops.choose_num_splits(batch * 8, 65536 // 64, 132, streaming=True) == expected
-    assert decode_ops.streaming_launch(config, batch * 8, 132) == (expected == 1)
-    assert decode_ops.decode_config(4, 128, torch.float32, False).streaming_stages == 0
-    assert decode_ops.decode_config(4, 256, torch.bfloat16, False).streaming_stages == 0
+    assert configs.choose_num_splits(batch * 8, 65536 // 64, 132, streaming=True) == expected
+    assert configs.streaming_launch(config, batch * 8, 132) == (expected == 1)
+    assert configs.decode_config(4, 128, torch.float32, False).streaming_stages == 0
+    assert configs.decode_config(4, 256, torch.bfloat16, False).streaming_stages == 0
 
 
 def test_paged_programs_read_the_block_table_in_chunks_from_32_blocks():
     """Splits of 32 key blocks or more loop over 16 pages at a time; shorter ones page by page (the H200
     sweep in paged_table_chunk). A config's own table_chunk overrides the rule."""
-    config = decode_ops.decode_config(4, 128, torch.bfloat16, False)
+    config = configs.decode_config(4, 128, torch.bfloat16, False)
     assert config.table_chunk is None
-    assert decode_ops.paged_table_chunk(config, 31) == 0 and decode_ops.paged_table_chunk(config, 32) == 16
-    assert decode_ops.paged_table_chunk(dataclasses.replace(config, table_chunk=0), 128) == 0
+    assert configs.paged_table_chunk(config, 31) == 0 and configs.paged_table_chunk(config, 32) == 16
+    assert configs.paged_table_chunk(dataclasses.replace(config, table_chunk=0), 128) == 0
 
 
 @pytest.mark.parametrize(("batch", "tile", "splits"), [(1, (64, 4), 16), (4, (64, 4), 4), (5, (128, 3), 3),
                                                        (16, (128, 3), 1), (64, (128, 3), 1)])
-def test_gluon_decode_tiles_and_splits(batch, tile, splits):
+def test_hopper_decode_tiles_and_splits(batch, tile, splits):
     """The Gluon decode launch on an H200 (132 SMs), GQA 32/8, 8k keys: swapped products on 64-key blocks and 4
     stages; padded rows on 64 x 4 up to a quarter program per SM, 128 x 3 above; splits fill the SMs once (one program
     each), 256 keys a split at least."""
-    assert decode_ops.gluon_decode_tile(batch * 8, 132, swapped=True) == (64, 4)
-    assert decode_ops.gluon_decode_tile(batch * 8, 132) == tile
-    assert decode_ops.gluon_decode_splits(batch * 8, 8192, 132) == splits
-    assert decode_ops.gluon_decode_splits(8, 1024, 132) == 4  # 256 keys a split
+    assert configs.hopper_decode_tile(batch * 8, 132, swapped=True) == (64, 4)
+    assert configs.hopper_decode_tile(batch * 8, 132) == tile
+    assert configs.hopper_decode_splits(batch * 8, 8192, 132) == splits
+    assert configs.hopper_decode_splits(8, 1024, 132) == 4  # 256 keys a split
 
 
 @pytest.mark.parametrize(("batch", "capacity", "splits"), [(16, 65536, 1), (32, 16384, 1), (32, 65536, 2),
                                                            (64, 131072, 2), (64, 32768, 1)])
-def test_gluon_decode_splits_long_caches_past_one_wave(batch, capacity, splits):
+def test_hopper_decode_splits_long_caches_past_one_wave(batch, capacity, splits):
     """Past one wave of programs (132 SMs, GQA 32/8), caches of 64k keys or more take two splits; one wave, or
     shorter caches, none."""
-    assert decode_ops.gluon_decode_splits(batch * 8, capacity, 132) == splits
+    assert configs.hopper_decode_splits(batch * 8, capacity, 132) == splits
 
 
 @pytest.mark.parametrize(("batch", "peak", "splits"), [(8, 3.35e12, 1), (8, 4.8e12, 2), (4, 3.35e12, 4),
                                                      (7, 3.35e12, 1), (6, 3.35e12, 2), (8, None, 2)])
-def test_gluon_decode_splits_only_programs_short_of_the_peak_bandwidth(batch, peak, splits):
+def test_hopper_decode_splits_only_programs_short_of_the_peak_bandwidth(batch, peak, splits):
     """Below one wave (132 SMs, GQA 32/8, 8k keys) a launch splits only where its unsplit programs, at
-    GLUON_DECODE_PROGRAM_BYTES_PER_S each (60 GB/s), fall short of the GPU's peak memory bandwidth: on an H100
+    HOPPER_DECODE_PROGRAM_BYTES_PER_S each (60 GB/s), fall short of the GPU's peak memory bandwidth: on an H100
     (3.35 TB/s) from 56 programs (batch 7) on, not on an H200 (4.8 TB/s) below 80; unknown bandwidth splits."""
-    assert decode_ops.gluon_decode_splits(batch * 8, 8192, 132, peak) == splits
+    assert configs.hopper_decode_splits(batch * 8, 8192, 132, peak) == splits
 
 
 def test_peak_memory_bandwidth_from_the_memory_clock_and_bus(monkeypatch):
@@ -585,43 +573,37 @@ def test_peak_memory_bandwidth_from_the_memory_clock_and_bus(monkeypatch):
     class Properties:
         memory_clock_rate, memory_bus_width = 2_619_000, 5120  # kHz, bits
 
-    decode_ops._peak_memory_bandwidth.cache_clear()
+    common._peak_memory_bandwidth.cache_clear()
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: Properties())
     try:
-        assert decode_ops._peak_memory_bandwidth(0) == pytest.approx(3.352e12, rel=1e-3)
+        assert common._peak_memory_bandwidth(0) == pytest.approx(3.352e12, rel=1e-3)
         Properties.memory_clock_rate = 0
-        decode_ops._peak_memory_bandwidth.cache_clear()
-        assert decode_ops._peak_memory_bandwidth(0) is None
+        common._peak_memory_bandwidth.cache_clear()
+        assert common._peak_memory_bandwidth(0) is None
     finally:
-        decode_ops._peak_memory_bandwidth.cache_clear()
-    assert decode_ops.peak_memory_bandwidth(torch.device("cpu")) is None
+        common._peak_memory_bandwidth.cache_clear()
+    assert common.peak_memory_bandwidth(torch.device("cpu")) is None
 
 
-def test_gluon_decode_reads_the_length_in_its_partitions_up_to_5_splits(monkeypatch):
-    """EARLY_FIRST_BLOCK by the split count (GLUON_DECODE_EARLY_MAX_SPLITS), unless the switch forces it."""
-    assert [decode_ops.gluon_decode_early_first_block(n) for n in (1, 2, 5, 6, 8, 16)] == [True] * 3 + [False] * 3
-    monkeypatch.setattr(decode_ops, "GLUON_DECODE_EARLY_FIRST_BLOCK", False)
-    assert not decode_ops.gluon_decode_early_first_block(1)
-    monkeypatch.setattr(decode_ops, "GLUON_DECODE_EARLY_FIRST_BLOCK", True)
-    assert decode_ops.gluon_decode_early_first_block(16)
+def test_hopper_decode_reads_the_length_in_its_partitions_up_to_5_splits():
+    """EARLY_FIRST_BLOCK by the split count (HOPPER_DECODE_EARLY_MAX_SPLITS)."""
+    assert [configs.hopper_decode_early_first_block(n) for n in (1, 2, 5, 6, 8, 16)] == [True] * 3 + [False] * 3
 
 
-def test_gluon_decode_consumers_keep_their_own_stages():
+def test_hopper_decode_consumers_keep_their_own_stages():
     """Two swapped consumers only on a ring of an even stage count (5 stages with two faulted); padded rows, one."""
-    assert [decode_ops.gluon_decode_consumers(8, stages) for stages in (2, 3, 4, 5, 6)] == [2, 1, 2, 1, 2]
-    assert decode_ops.gluon_decode_consumers(0, 4) == 1
+    assert [configs.hopper_decode_consumers(8, stages) for stages in (2, 3, 4, 5, 6)] == [2, 1, 2, 1, 2]
+    assert configs.hopper_decode_consumers(0, 4) == 1
 
 
-def test_gluon_decode_swaps_the_products_of_groups_up_to_16(monkeypatch):
+def test_hopper_decode_swaps_the_products_of_groups_up_to_16():
     """wgmma's N for a swapped program: the group's query rows padded to a power of two, 8 at least; groups past
-    SWAPPED_MAX_GROUP (or the switch off) pad their rows to 64 instead (0)."""
-    assert [decode_ops.gluon_query_rows(g) for g in (1, 4, 8, 9, 16, 17, 32)] == [8, 8, 8, 16, 16, 0, 0]
-    monkeypatch.setattr(decode_ops, "GLUON_DECODE_SWAPPED", False)
-    assert decode_ops.gluon_query_rows(4) == 0
+    HOPPER_DECODE_SWAPPED_MAX_GROUP pad their rows to 64 instead (0)."""
+    assert [configs.hopper_decode_query_rows(g) for g in (1, 4, 8, 9, 16, 17, 32)] == [8, 8, 8, 16, 16, 0, 0]
 
 
-# the Gluon decode kernel (decode_ops.GLUON_DECODE, sm90): one query token, contiguous and paged caches
-GLUON_PROBLEMS = [
+# the Hopper decode kernel (sm90): one query token, contiguous and paged caches
+HOPPER_PROBLEMS = [
     KVProblem(batch=2, nheads=32, nheads_k=8, head_dim=128, capacity=8192, cache_seqlens=(8191, 4000)),
     KVProblem(batch=4, nheads=16, nheads_k=4, head_dim=64, capacity=1000, cache_seqlens=(0, 63, 64, 983),
               seqlen_new=16, options={"causal": True}),
@@ -651,28 +633,28 @@ GLUON_PROBLEMS = [
 @pytest.mark.parametrize("early", [None, True], ids=["early-by-rule", "early-always"])
 @pytest.mark.parametrize("form", ["swapped", "swapped-1", "padded"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("problem", GLUON_PROBLEMS, ids=str)
-def test_gluon_decode_matches_reference_on_gpu(monkeypatch, problem, dtype, form, early):
-    """The Gluon decode kernel against the float64 reference, and its append (1, 2, 3, 5 and 16 new keys, into an empty
+@pytest.mark.parametrize("problem", HOPPER_PROBLEMS, ids=str)
+def test_hopper_decode_matches_reference_on_gpu(monkeypatch, problem, dtype, form, early):
+    """The Hopper decode kernel against the float64 reference, and its append (1, 2, 3, 5 and 16 new keys, into an empty
     cache too): split (automatic, 3, 5, 7) and unsplit, lengths that do not fill a key block, an empty sequence (out 0,
     lse +inf), GQA groups of 1, 4, 8, 16 and 32, each consumer (swapped products for groups of up to 16, by one or two
     warpgroups; padded rows, on both of their tiles, 64 and 128 keys), contiguous (whole blocks read from each split's
     own offset on) and paged (pages of 64, 128 and 256 keys); the partitions reading the sequence's length (split 0's
     first block copied before it arrives) by the rule (launches of up to 5 splits) or in every launch."""
     if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the Gluon decode kernel is sm90's")
+        pytest.skip("the Hopper decode kernel is sm90's")
     monkeypatch.setenv("FLASHATTN_BACKEND", "triton")
-    monkeypatch.setattr(decode_ops, "GLUON_DECODE", True)
-    monkeypatch.setattr(decode_ops, "GLUON_DECODE_PAGED", True)
-    monkeypatch.setattr(decode_ops, "GLUON_DECODE_SWAPPED", form != "padded")
-    monkeypatch.setattr(decode_ops, "GLUON_DECODE_CONSUMERS", 1 if form == "swapped-1" else 2)
-    monkeypatch.setattr(decode_ops, "GLUON_DECODE_EARLY_FIRST_BLOCK", early)
+    if form == "padded":
+        monkeypatch.setattr(configs, "hopper_decode_query_rows", lambda group_size: 0)
+    monkeypatch.setattr(configs, "HOPPER_DECODE_CONSUMERS", 1 if form == "swapped-1" else 2)
+    if early:
+        monkeypatch.setattr(configs, "hopper_decode_early_first_block", lambda num_splits: True)
     # the kernel, not the rule of when the table takes it (which depends on the GPU's SM count)
-    monkeypatch.setattr(decode_ops, "GLUON_DECODE_MAX_PROGRAMS_PER_PROCESSOR", float("inf"))
-    monkeypatch.setattr(decode_ops, "GLUON_DECODE_MAX_BYTES_PER_PROCESSOR", float("inf"))
+    monkeypatch.setattr(configs, "HOPPER_DECODE_MAX_PROGRAMS_PER_PROCESSOR", float("inf"))
+    monkeypatch.setattr(configs, "HOPPER_DECODE_MAX_BYTES_PER_PROCESSOR", float("inf"))
     taken = []
-    gluon_attention = decode_ops._gluon_attention
-    monkeypatch.setattr(decode_ops, "_gluon_attention", lambda *args: taken.append(1) or gluon_attention(*args))
+    hopper_attention = launch_decode._hopper_attention
+    monkeypatch.setattr(launch_decode, "_hopper_attention", lambda *args: taken.append(1) or hopper_attention(*args))
     check(problem, dtype, "cuda")
     torch.cuda.synchronize()
-    assert taken, "the step did not take the Gluon kernel"
+    assert taken, "the step did not take the Hopper kernel"

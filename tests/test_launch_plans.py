@@ -1,15 +1,19 @@
-"""Launch plans on the GPU (``ops.LAUNCH_PLANS``, ``launcher.planned``): a call replayed from the plan of an earlier
+"""Launch plans on the GPU (``plans.record_or_replay``): a call replayed from the plan of an earlier
 call of the same signature must compute exactly what the call computes on its own path, on new inputs, with its
 outputs in memory that held NaNs; and calls whose launches a plan cannot fix must not get one. Dense, packed
 (varlen) and KV-cache calls."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from hopper_kernels import hopper
 
-from flashattn import configs, flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, launcher, ops
+from flashattn import configs, flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, ops
+from flashattn.launch import backward as launch_backward
+from flashattn.launch import plans
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -24,6 +28,14 @@ CASES = [
     (torch.float32, 1, 77, 77, 2, 1, 40, True, (-1, -1)),
     (torch.bfloat16, 1, 300, 300, 4, 4, 128, False, (64, 0)),
 ]
+
+
+@contextlib.contextmanager
+def own_path(monkeypatch):
+    """Inside the block every call takes its own path, as if no plan had been recorded."""
+    with monkeypatch.context() as patch:
+        patch.setattr(plans, "record_or_replay", lambda key, inputs, call, *args: call())
+        yield
 
 
 def _inputs(dtype, batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, seed):
@@ -54,13 +66,13 @@ def _poison_allocator(tensors) -> None:
 def replays(monkeypatch):
     """How many calls a plan replayed."""
     count = []
-    original = launcher.LaunchPlan.replay
+    original = plans.LaunchPlan.replay
 
     def counting(self, inputs):
         count.append(len(inputs))
         return original(self, inputs)
 
-    monkeypatch.setattr(launcher.LaunchPlan, "replay", counting)
+    monkeypatch.setattr(plans.LaunchPlan, "replay", counting)
     return count
 
 
@@ -69,9 +81,8 @@ def test_a_replayed_call_computes_exactly_what_the_call_computes(case, monkeypat
     dtype, batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, causal, window = case
     first = _inputs(dtype, batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, seed=1)
     second = _inputs(dtype, batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, seed=2)
-    monkeypatch.setattr(ops, "LAUNCH_PLANS", False)
-    expected = _forward_backward(*second, causal, window)
-    monkeypatch.setattr(ops, "LAUNCH_PLANS", True)
+    with own_path(monkeypatch):
+        expected = _forward_backward(*second, causal, window)
     _forward_backward(*first, causal, window)  # records the forward's and the backward's plans
     assert not replays
     _poison_allocator(expected)
@@ -89,15 +100,14 @@ def test_calls_with_dropout_alibi_or_a_strided_last_dimension_take_their_own_pat
         flash_attn_func(q, k, v, dropout_p=0.1)
         flash_attn_func(q, k, v, alibi_slopes=slopes)
         flash_attn_func(strided, k, v)
-    assert not launcher._PLANS and not replays
+    assert not plans._PLANS and not replays
 
 
 def test_a_call_on_one_tensor_as_q_k_and_v_does_not_replay_for_three(monkeypatch):
     x, k, v, dout = _inputs(torch.bfloat16, 2, 128, 128, 4, 4, 128, seed=7)
     q = torch.randn_like(x)
-    monkeypatch.setattr(ops, "LAUNCH_PLANS", False)
-    expected = _forward_backward(q, k, v, dout, True, (-1, -1))
-    monkeypatch.setattr(ops, "LAUNCH_PLANS", True)
+    with own_path(monkeypatch):
+        expected = _forward_backward(q, k, v, dout, True, (-1, -1))
     for _ in range(2):
         flash_attn_func(x, x, x, causal=True)  # records (and then replays) the plan of one tensor thrice
         got = _forward_backward(q, k, v, dout, True, (-1, -1))
@@ -112,9 +122,8 @@ def test_an_unaligned_input_gets_its_own_plan(monkeypatch):
     shifted = buffer[1:].view_as(q)
     shifted.copy_(q)
     assert shifted.data_ptr() % 16 != 0
-    monkeypatch.setattr(ops, "LAUNCH_PLANS", False)
-    expected = _forward_backward(shifted, k, v, dout, True, (-1, -1))
-    monkeypatch.setattr(ops, "LAUNCH_PLANS", True)
+    with own_path(monkeypatch):
+        expected = _forward_backward(shifted, k, v, dout, True, (-1, -1))
     for _ in range(2):
         _forward_backward(q, k, v, dout, True, (-1, -1))
         got = _forward_backward(shifted, k, v, dout, True, (-1, -1))
@@ -124,13 +133,12 @@ def test_an_unaligned_input_gets_its_own_plan(monkeypatch):
 
 def test_a_replay_takes_the_two_gradient_streams(monkeypatch, replays):
     joins = []
-    original_join = ops._GradientStreams.join
-    monkeypatch.setattr(ops._GradientStreams, "join", lambda self: (joins.append(1), original_join(self))[1])
+    original_join = launch_backward.GradientStreams.join
+    monkeypatch.setattr(launch_backward.GradientStreams, "join", lambda self: (joins.append(1), original_join(self))[1])
     monkeypatch.setattr(ops, "CONCURRENT_GRADIENTS_MIN_FLOPS", 0)
     q, k, v, dout = _inputs(torch.bfloat16, 2, 256, 256, 4, 4, 128, seed=5)
-    monkeypatch.setattr(ops, "LAUNCH_PLANS", False)
-    expected = _forward_backward(q, k, v, dout, True, (-1, -1))
-    monkeypatch.setattr(ops, "LAUNCH_PLANS", True)
+    with own_path(monkeypatch):
+        expected = _forward_backward(q, k, v, dout, True, (-1, -1))
     joins.clear()
     for _ in range(3):
         got = _forward_backward(q, k, v, dout, True, (-1, -1))
@@ -143,12 +151,11 @@ def test_a_replay_takes_the_two_gradient_streams(monkeypatch, replays):
 def test_a_replayed_persistent_forward_starts_from_a_zero_tile_counter(monkeypatch, replays):
     # the causal persistent Gluon forward takes its tiles from a counter that every call zeroes (launcher.zeros);
     # a replay that left it as the last call did would compute each program's first tile only
-    persistent = configs.TileConfig(128, 128, 8, 2, warp_specialized=True, persistent=True)
+    persistent = configs.TileConfig(128, 128, 8, 2, hopper=True, persistent=True)
     q, k, v, _ = _inputs(torch.bfloat16, 2, 1500, 1500, 8, 8, 128, seed=3)
     with configs.use_config("forward", persistent):
-        monkeypatch.setattr(ops, "LAUNCH_PLANS", False)
-        expected = flash_attn_func(q, k, v, causal=True)
-        monkeypatch.setattr(ops, "LAUNCH_PLANS", True)
+        with own_path(monkeypatch):
+            expected = flash_attn_func(q, k, v, causal=True)
         flash_attn_func(q, k, v, causal=True)  # records the plan
         _poison_allocator([expected])
         replayed = [flash_attn_func(q, k, v, causal=True) for _ in range(2)]
@@ -159,9 +166,8 @@ def test_a_replayed_persistent_forward_starts_from_a_zero_tile_counter(monkeypat
 
 def test_replays_are_captured_by_a_cuda_graph(monkeypatch):
     q, k, v, dout = _inputs(torch.bfloat16, 2, 512, 512, 4, 4, 128, seed=6)
-    monkeypatch.setattr(ops, "LAUNCH_PLANS", False)
-    expected = _forward_backward(q, k, v, dout, True, (-1, -1))
-    monkeypatch.setattr(ops, "LAUNCH_PLANS", True)
+    with own_path(monkeypatch):
+        expected = _forward_backward(q, k, v, dout, True, (-1, -1))
     static = [x.clone() for x in _inputs(torch.bfloat16, 2, 512, 512, 4, 4, 128, seed=7)]
     static_q, static_k, static_v = (x.requires_grad_() for x in static[:3])
     warmup = torch.cuda.Stream()
@@ -210,9 +216,8 @@ def test_a_replayed_varlen_call_follows_its_own_cu_seqlens(head_dim, causal, mon
     cu_seqlens are read on the GPU, so the replay must follow the new cut (empty and one-token sequences, GQA)."""
     first = _packed([100, 0, 1, 155], [90, 3, 1, 162], 8, 2, head_dim, seed=8)
     second = _packed([155, 1, 100, 0], [162, 90, 1, 3], 8, 2, head_dim, seed=9)
-    monkeypatch.setattr(ops, "LAUNCH_PLANS", False)
-    expected = _varlen_forward_backward(*second, 155, 162, causal)
-    monkeypatch.setattr(ops, "LAUNCH_PLANS", True)
+    with own_path(monkeypatch):
+        expected = _varlen_forward_backward(*second, 155, 162, causal)
     _varlen_forward_backward(*first, 155, 162, causal)
     assert not replays
     _poison_allocator(expected)
@@ -227,9 +232,8 @@ def test_varlen_calls_with_other_maxima_or_derived_ones_take_their_own_path(monk
     maximum = torch.tensor(64, device="cuda")  # a tensor: the maximum is derived on the host, never planned
     # longer maxima than the sequences need: larger grids (and maybe other tiles), each recorded on its own
     for max_q, max_k in ((64, 64), (128, 64), (64, 128), (maximum, maximum)):
-        monkeypatch.setattr(ops, "LAUNCH_PLANS", False)
-        expected = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k)
-        monkeypatch.setattr(ops, "LAUNCH_PLANS", True)
+        with own_path(monkeypatch):
+            expected = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k)
         for _ in range(2):
             assert torch.equal(flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k), expected)
     assert len(replays) == 3
@@ -270,9 +274,8 @@ def _decode_step(inputs, check_indices=False):
 def test_a_replayed_decode_step_follows_its_own_cache_seqlens(batch, page_size, check_indices, monkeypatch,
                                                               replays):
     first, second = (_decode_step_inputs(batch, 2048, page_size, seed) for seed in (11, 12))
-    monkeypatch.setattr(ops, "LAUNCH_PLANS", False)
-    expected = _decode_step(second, check_indices)
-    monkeypatch.setattr(ops, "LAUNCH_PLANS", True)
+    with own_path(monkeypatch):
+        expected = _decode_step(second, check_indices)
     _decode_step(first, check_indices)
     assert not replays
     _poison_allocator(expected)

@@ -13,8 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from flashattn import launcher
-from flashattn.launcher import launch
+from flashattn.launch import launcher, plans
+from flashattn.launch.launcher import launch
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -86,7 +86,7 @@ def test_launches_on_the_current_stream():
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# Launch plans (launcher.planned): what a recorded call's replay launches, checked without a GPU on a fake compiled
+# Launch plans (plans.record_or_replay): what a recorded call's replay launches, checked without a GPU on a fake compiled
 # kernel; tests/test_launch_plans.py runs the real calls on the GPU.
 # ------------------------------------------------------------------------------------------------------------------
 
@@ -116,8 +116,8 @@ def replayed_launches(monkeypatch):
     return runs
 
 
-def _recorded(*launches, complete: bool = True) -> launcher._Recording:
-    recording = launcher._Recording(stream=None, device_index=0)
+def _recorded(*launches, complete: bool = True) -> plans._Recording:
+    recording = plans._Recording(stream=None, device_index=0)
     recording.launches.extend(launches)
     recording.complete = complete
     return recording
@@ -217,7 +217,7 @@ def test_inputs_that_are_one_tensor_get_their_own_plan(monkeypatch):
 
     x, a, b = torch.randn(4), torch.randn(4), torch.randn(4)
     for inputs in ((x, x), (a, b), (a, a), (b, a)):
-        launcher.planned("same key", inputs, call)
+        plans.record_or_replay("same key", inputs, call)
     # (x, x) and (a, a) share a plan key, as do (a, b) and (b, a): two recordings (no launch: no plan, so the
     # later calls of a key run their own path too)
-    assert len(calls) == 4 and len(launcher._PLANS) == 2
+    assert len(calls) == 4 and len(plans._PLANS) == 2

@@ -13,8 +13,11 @@ import torch
 import torch.nn.functional as F
 from test_sdpa import check_sdpa, sdpa_inputs
 
-from flashattn import configs, ops, scaled_dot_product_attention
-from flashattn.mask_blocks import block_map, block_maps, block_summary
+from flashattn import configs, scaled_dot_product_attention
+from flashattn.launch import backward as launch_backward
+from flashattn.launch import common
+from flashattn.launch import forward as launch_forward
+from flashattn.launch.mask_blocks import block_map, block_maps, block_summary
 from flashattn.options import new_rng_state
 from flashattn.reference import attention_ref
 from flashattn.sdpa import attention_bhle
@@ -170,15 +173,24 @@ def test_block_maps_from_one_summary_match_per_kernel_summaries():
         assert torch.equal(result, block_map(direct, *shape, transpose=rows_are_keys))
 
 
-def test_block_map_arguments_without_skipping(monkeypatch):
+def test_block_map_arguments():
     q = torch.randn(2, 45, 2, 16, device=DEVICE)
     mask = structured_mask("block-diagonal", 2, 2, 45, 70, DEVICE)[None, None]  # as the op gets it: 4 dims
-    (arguments,) = ops._block_map_arguments(mask, q, 70, (16, 16, False))
+    (arguments,) = common.block_map_arguments(mask, q, 70, (16, 16, False))
     assert arguments["HAS_BLOCK_MAP"] and arguments["BlockMap"].shape == (2, 2, 3, 11)
     assert arguments["stride_map_b"] == 0 and arguments["stride_map_h"] == 0  # a (Lq, Lk) mask broadcasts
-    monkeypatch.setattr(ops, "SKIP_HIDDEN_TILES", False)
-    (arguments,) = ops._block_map_arguments(mask, q, 70, (16, 16, False))
+    (arguments,) = common.block_map_arguments(None, q, 70, (16, 16, False))
     assert not arguments["HAS_BLOCK_MAP"]
+
+
+def compute_every_tile(monkeypatch) -> None:
+    """The launchers without block maps: every tile computed, as without skipping."""
+
+    def no_maps(attn_mask, q, seqlen_k, *tiles):
+        return common.block_map_arguments(None, q, seqlen_k, *tiles)
+
+    monkeypatch.setattr(launch_forward, "block_map_arguments", no_maps)
+    monkeypatch.setattr(launch_backward, "block_map_arguments", no_maps)
 
 
 # -- the kernels on masks with hidden tiles: torch's SDPA in float64 is the oracle --
@@ -313,7 +325,7 @@ def assert_skipped(batch, nheads, seqlen, head_dim, granularity, dtype, device, 
         assert torch.equal(result[:, :, even], reference[:, :, even]), f"{name}: a hidden tile was computed"
         assert torch.isnan(result[:, :, ~even]).any(), f"{name}: the odd blocks should see the NaN"
     # control: computing every tile lets NaN x 0 through, so the check above does see skipping
-    monkeypatch.setattr(ops, "SKIP_HIDDEN_TILES", False)
+    compute_every_tile(monkeypatch)
     unskipped = run_with_grads(*poisoned, mask)
     assert all(torch.isnan(x[:, :, even]).any() for x in unskipped)
 

@@ -16,8 +16,9 @@ import json
 import pytest
 import torch
 
-from flashattn import bench, memory
-from flashattn.measure import (
+from flashattn.tools import bench, memory
+from flashattn.tools import measure as layer
+from flashattn.tools.measure import (
     CPU_MEASURE_LIMIT_BYTES,
     LayerShape,
     MemoryCell,
@@ -41,7 +42,7 @@ def cells_by_key(cells):
 
 
 def test_cpu_measure_matches_the_model_where_it_must(capsys, torch_backend):
-    assert memory.run(parse(*SMALL, "--seqlens", "128", "384", "--measure", "cpu", "--json")) == 0
+    assert layer.run(parse(*SMALL, "--seqlens", "128", "384", "--measure", "cpu", "--json")) == 0
     captured = capsys.readouterr()
     data = json.loads(captured.out)
     assert "measuring on cpu" in captured.err
@@ -67,7 +68,7 @@ def test_cpu_measure_matches_the_model_where_it_must(capsys, torch_backend):
 
 
 def test_cpu_measure_prints_the_table(capsys, torch_backend):
-    assert memory.run(parse(*SMALL, "--kv-heads", "1", "--seqlens", "64", "--measure", "cpu")) == 0
+    assert layer.run(parse(*SMALL, "--kv-heads", "1", "--seqlens", "64", "--measure", "cpu")) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert lines[0].startswith("Attention memory of one layer, model against measurement on cpu")
@@ -106,26 +107,26 @@ def test_a_backward_out_of_memory_keeps_the_forward_measurement():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
 def test_measure_without_a_gpu_is_a_usage_error(capsys):
-    assert memory.run(parse("--model", "llama-2-7b", "--measure")) == 2
+    assert layer.run(parse("--model", "llama-2-7b", "--measure")) == 2
     err = capsys.readouterr().err
     assert err.startswith("flashattn memory: error: argument --measure: needs a CUDA GPU")
     assert "--measure cpu" in err
 
 
 def test_measure_cpu_refuses_shapes_too_large_for_the_cpu(capsys):
-    assert memory.run(parse("--model", "llama-2-7b", "--seqlens", "1024", "8192", "--measure", "cpu")) == 2
+    assert layer.run(parse("--model", "llama-2-7b", "--seqlens", "1024", "8192", "--measure", "cpu")) == 2
     err = capsys.readouterr().err
     assert "argument --measure: seqlen 8192 needs 8.00 GiB" in err and "--seqlens" in err
     assert CPU_MEASURE_LIMIT_BYTES == 2 * 1024**3
 
 
 def test_measure_refuses_dropout(capsys):
-    assert memory.run(parse("--model", "llama-2-7b", "--dropout", "--measure", "cpu")) == 2
+    assert layer.run(parse("--model", "llama-2-7b", "--dropout", "--measure", "cpu")) == 2
     assert "flashattn memory: error: --dropout: not measured" in capsys.readouterr().err
 
 
 def test_measure_still_validates_the_model_flags(capsys):
-    assert memory.run(parse("--model", "gpt-5", "--measure", "cpu")) == 2
+    assert layer.run(parse("--model", "gpt-5", "--measure", "cpu")) == 2
     assert "--model" in capsys.readouterr().err
 
 

@@ -12,8 +12,8 @@ import json
 
 import pytest
 
-from flashattn import memory
-from flashattn.memory import GIB, KIB, MIB, ModelConfig, attention_memory, get_preset
+from flashattn.tools import memory
+from flashattn.tools.memory import GIB, KIB, MIB, ModelConfig, attention_memory, get_preset
 
 LLAMA_2_70B = get_preset("llama-2-70b")
 

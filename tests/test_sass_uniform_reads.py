@@ -1,6 +1,6 @@
 """benchmarks/sass_uniform_reads.py on small hand-written SASS: the shapes it must flag (a uniform register written
-in one branch and read after the branches join, ptxas 12.8's fault in the Gluon forward, docs/perf-notes.md version
-30) and those it must not (written before the branch, on both sides, by a predicated pair, beside a predicate)."""
+on one side of a fork and read after the two paths join, ptxas 12.8's fault in the Hopper forward) and those it must
+not (written before the fork, on both sides, by a predicated pair, beside a predicate)."""
 import sys
 from pathlib import Path
 

@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from flashattn import ops, scaled_dot_product_attention
+from flashattn.launch import common
+from flashattn.launch import forward as launch_forward
 from flashattn.options import new_rng_state
 from flashattn.reference import attention_ref
 from flashattn.testing import assert_within_rule, score_grad_floor
@@ -186,10 +188,10 @@ def test_transposed_views_are_not_copied(monkeypatch):
     """(B, H, L, E) inputs reach the kernels as (B, L, H, E) views of the same storage."""
     monkeypatch.setenv("FLASHATTN_BACKEND", "triton")
     seen = {}
-    launch = ops._triton_forward
+    launch = launch_forward.launch_forward
 
     def spy(q, k, v, *args, **kwargs):
-        seen.update(q=q, k=k, v=v, reused=[ops._last_dim_contiguous(x) is x for x in (q, k, v)])
+        seen.update(q=q, k=k, v=v, reused=[common.last_dim_contiguous(x) is x for x in (q, k, v)])
         return launch(q, k, v, *args, **kwargs)
 
     monkeypatch.setattr(ops, "_triton_forward", spy)

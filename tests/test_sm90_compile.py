@@ -1,13 +1,13 @@
 """The tile table's kernels compiled for sm90 on the CPU (Triton's MLIR pipeline and the ptxas it ships),
 as the launcher specializes them for the benchmark grid's shapes: ptxas must keep every kernel's wgmma
 instructions asynchronous. When it serializes them (its info C7515) a kernel loses up to half its speed with
-no other sign: the causal hdim-128 dK/dV kernel did (docs/perf-notes.md, version 8).
+no other sign: the causal hdim-128 dK/dV kernel did (docs/perf-notes.md).
 
 The compiles also check the table's TMA builds (forward; dK/dV at hdim 128 and 256 causal; dQ at hdim 256)
-and the Gluon kernels' entries ("forward_ws", "dkdv_ws", "dq_ws"), which the interpreter cannot run: a descriptor
-path that Triton fails to compile runs fine there, and Gluon has no interpreter. And no build may read a uniform
-register that some path leaves unwritten (benchmarks/sass_uniform_reads.py): a ptxas fault that made the two-Q-tile
-Gluon forward read another tile's Q.
+and the Hopper kernels' entries ("forward_hopper", "dkdv_hopper", "dq_hopper"), which the interpreter cannot run: a
+descriptor path that Triton fails to compile runs fine there, and Gluon has no interpreter. And no build may read a
+uniform register that some path leaves unwritten (benchmarks/sass_uniform_reads.py): a ptxas fault that made the
+two-Q-tile Hopper forward read another tile's Q.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PHASES = ("forward", "forward_ws", "dkdv", "dkdv_ws", "dq", "dq_ws")
+PHASES = ("forward", "forward_hopper", "dkdv", "dkdv_hopper", "dq", "dq_hopper")
 HEAD_DIMS = (64, 128, 256)
 # the compiles run in a child process: under TRITON_INTERPRET=1 the kernels are interpreter functions
 COMPILE_ALL = f"""
@@ -36,25 +36,25 @@ for phase in {PHASES!r}:
 """
 
 
-# Gluon dK/dV tiles outside the table that the sweeps and the GPU tests use: 128 keys a program in both of the
-# kernel's forms (docs/perf-notes.md, version 13.1), so that a change that breaks their compile shows in CI
-_TILE_128_KEYS = dict(block_n=128, num_warps=8, warp_specialized=True)
+# Hopper dK/dV tiles outside the table that the sweeps and the GPU tests use: 128 keys a program in both of the
+# kernel's forms (gradient split and key slices), so that a change that breaks their compile shows in CI
+_TILE_128_KEYS = dict(block_n=128, num_warps=8, hopper=True)
 SWEPT_DKDV_TILES = {  # name -> (head dim, causal, TileConfig fields)
     "gradient-split 32x128x8x3, hdim 128": (128, False, dict(_TILE_128_KEYS, block_m=32, num_stages=3)),
     "key slices 64x128x8x2, hdim 64 causal": (64, True,
                                               dict(_TILE_128_KEYS, block_m=64, num_stages=2, key_slices=True)),
     "key slices 32x128x8x3, hdim 128": (128, False, dict(_TILE_128_KEYS, block_m=32, num_stages=3, key_slices=True)),
 }
-# and Gluon dQ tiles outside the table: three consumer warpgroups (192 query rows a program), swept at hdim 64
+# and Hopper dQ tiles outside the table: three consumer warpgroups (192 query rows a program), swept at hdim 64
 SWEPT_DQ_TILES = {
     "three consumers 128x64x8x3, hdim 64": (64, False, dict(block_m=128, block_n=64, num_warps=8, num_stages=3,
-                                                            warp_specialized=True, three_consumers=True)),
+                                                            hopper=True, three_consumers=True)),
     "three consumers 128x64x8x3, hdim 64 causal": (64, True, dict(block_m=128, block_n=64, num_warps=8,
-                                                                  num_stages=3, warp_specialized=True,
+                                                                  num_stages=3, hopper=True,
                                                                   three_consumers=True)),
 }
-# and the persistent Gluon forward with tiles handed out by a counter (causal, varlen: forward_hopper._next_tile)
-_PERSISTENT = dict(block_m=128, block_n=128, num_warps=8, num_stages=2, warp_specialized=True, persistent=True)
+# and the persistent Hopper forward with tiles handed out by a counter (causal, varlen: forward_hopper._next_tile)
+_PERSISTENT = dict(block_m=128, block_n=128, num_warps=8, num_stages=2, hopper=True, persistent=True)
 SWEPT_FORWARD_TILES = {  # name -> (head dim, causal, varlen, TileConfig fields)
     "persistent 128x128x8x2, hdim 128 causal": (128, True, False, _PERSISTENT),
     "persistent 128x128x8x2, hdim 128 varlen": (128, False, True, _PERSISTENT),
@@ -67,17 +67,17 @@ sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
 import sass_report
 from flashattn.configs import TileConfig
 for name, (head_dim, causal, fields) in {SWEPT_DKDV_TILES!r}.items():
-    print(json.dumps([name, sass_report.ws_dkdv_report(head_dim, causal, TileConfig(**fields))]), flush=True)
+    print(json.dumps([name, sass_report.hopper_dkdv_report(head_dim, causal, TileConfig(**fields))]), flush=True)
 for name, (head_dim, causal, varlen, fields) in {SWEPT_FORWARD_TILES!r}.items():
-    result = sass_report.ws_forward_report(head_dim, causal, TileConfig(**fields), varlen=varlen)
+    result = sass_report.hopper_forward_report(head_dim, causal, TileConfig(**fields), varlen=varlen)
     print(json.dumps([name, result]), flush=True)
 for name, (head_dim, causal, fields) in {SWEPT_DQ_TILES!r}.items():
-    print(json.dumps([name, sass_report.ws_dq_report(head_dim, causal, TileConfig(**fields))]), flush=True)
+    print(json.dumps([name, sass_report.hopper_dq_report(head_dim, causal, TileConfig(**fields))]), flush=True)
 """
 
 
 # sass_report's count of reads of a uniform register that a path leaves unwritten (benchmarks/sass_uniform_reads.py):
-# ptxas 12.8 built the two-Q-tile Gluon forward that way, and it read another tile's Q (docs/perf-notes.md, version 30)
+# ptxas 12.8 built the two-Q-tile Hopper forward that way, and it read another tile's Q (docs/perf-notes.md)
 UNWRITTEN_READS = "ptxas reads a uniform register (a wgmma descriptor?) that a path leaves unwritten"
 
 
@@ -101,14 +101,14 @@ def reports() -> dict:
 def test_table_kernels_keep_wgmma_asynchronous(reports, phase, head_dim, causal):
     result = reports[(phase, head_dim, causal)]
     if result is None:
-        pytest.skip(f"no Gluon {phase[:-3]} entry at hdim {head_dim}")
+        pytest.skip(f"no Hopper {phase.removesuffix('_hopper')} entry at hdim {head_dim}")
     assert result["HGMMA"] > 0, f"{phase} hdim {head_dim}: no wgmma at all (HMMA {result['HMMA']})"
     assert result["wgmma_serialized"] is None, f"ptxas serialized the wgmma: {result['wgmma_serialized']}"
     assert result["unwritten_uniform_reads"] == 0, UNWRITTEN_READS
 
 
 # One query: Triton makes seqlen_q = 1 a constant, and ptxas died (SIGSEGV) on the peeled causal hdim-64 dK/dV kernel
-# built that way, so the launcher takes its one-loop form there (ops.dkdv_compilable)
+# built that way, so the launcher takes its one-loop form there (launch.backward.dkdv_compilable)
 COMPILE_ONE_QUERY = f"""
 import json, sys
 sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
@@ -127,7 +127,7 @@ def test_table_backward_kernels_compile_for_one_query():
         assert result["HGMMA"] + result["HMMA"] > 0, f"{name}: no matrix instruction"
 
 
-def test_swept_gluon_tiles_keep_wgmma_asynchronous():
+def test_swept_hopper_tiles_keep_wgmma_asynchronous():
     results = dict(_compiled(COMPILE_SWEPT))
     assert set(results) == set(SWEPT_DKDV_TILES) | set(SWEPT_DQ_TILES) | set(SWEPT_FORWARD_TILES)
     for name, result in results.items():
@@ -140,7 +140,7 @@ def test_swept_gluon_tiles_keep_wgmma_asynchronous():
 
 # The short-sequence forward tiles, dense and packed: the packed build reads cu_seqlens and may hold more registers,
 # and at 512-1k tokens a program fewer on an SM is what the packed call loses (the causal hdim-128 tile at 512: 186
-# registers against 153, two programs an SM against three, 12% slower; docs/perf-notes.md, version 18)
+# registers against 153, two programs an SM against three, 12% slower; docs/perf-notes.md)
 COMPILE_SHORT_FORWARD = f"""
 import json, sys
 sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
@@ -185,16 +185,16 @@ def test_packed_short_forward_tiles_fit_as_many_programs_as_dense_ones():
                           (128, 64, 4, 1, False, 8, 1, False), (128, 64, 4, 1, False, 0, 1, True),
                           (128, 128, 3, 16, True, 0, 1, False), (64, 64, 4, 0, False, 0, 1, False),
                           (128, 64, 4, 1, True, 0, 1, True)])
-def test_gluon_decode_tiles_compile_without_spills(head_dim, block_n, stages, new_keys, paged, query_rows, consumers,
+def test_hopper_decode_tiles_compile_without_spills(head_dim, block_n, stages, new_keys, paged, query_rows, consumers,
                                                    early):
-    """The Gluon decode kernel's tiles (decode_ops.gluon_decode_tile) compile for sm90 with no local-memory spills and
+    """The Hopper decode kernel's tiles (configs.hopper_decode_tile) compile for sm90 with no local-memory spills and
     within one program's shared memory, with swapped products (8 or 16 query rows; one or two consumers) and padded
     rows (0), the partitions reading the sequence's length or not (``early``): the interpreter cannot run Gluon."""
     script = f"""
 import json, sys
 sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
 import sass_report
-print(json.dumps([sass_report.ws_decode_report({head_dim}, {block_n}, {stages}, new_keys={new_keys}, paged={paged},
+print(json.dumps([sass_report.hopper_decode_report({head_dim}, {block_n}, {stages}, new_keys={new_keys}, paged={paged},
                                                 query_rows={query_rows}, consumers={consumers},
                                                 early_first_block={early})]), flush=True)
 """
@@ -204,7 +204,7 @@ print(json.dumps([sass_report.ws_decode_report({head_dim}, {block_n}, {stages}, 
     assert result["unwritten_uniform_reads"] == 0, UNWRITTEN_READS
 
 
-def test_gluon_decode_refuses_a_ring_its_consumers_share():
+def test_hopper_decode_refuses_a_ring_its_consumers_share():
     """Two swapped consumers on a 5-stage ring would take its stages in turn (a fault on the GPU): the kernel's
     assertion stops the compile."""
     script = f"""
@@ -212,7 +212,7 @@ import json, sys, traceback
 sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
 import sass_report
 try:
-    sass_report.ws_decode_report(128, 64, 5, query_rows=8, consumers=2)
+    sass_report.hopper_decode_report(128, 64, 5, query_rows=8, consumers=2)
     print(json.dumps(["compiled"]))
 except Exception as error:  # the assertion's message is in the chain of causes
     print(json.dumps(["".join(traceback.format_exception(error))]))

@@ -13,7 +13,8 @@ import pytest
 import torch
 from cases import DTYPES, make_varlen_case
 
-from flashattn import configs, flash_attn_varlen_func, ops
+from flashattn import configs, flash_attn_varlen_func, ops, validation
+from flashattn.launch import forward as launch_forward
 from flashattn.options import AttentionOptions
 from flashattn.testing import VarlenCase, check_varlen_against_reference, page_keys
 
@@ -240,8 +241,8 @@ def test_unchecked_bad_entries_never_read_outside_the_pools(triton_backend):
     opts = AttentionOptions.build(16, None, True, (-1, -1), 0.0, 0.0, False)
 
     def run(pool_k, pool_v, block_table, cu_seqlens_k):
-        packing = ops.Packing(cu_q, cu_seqlens_k, 9, 48)
-        return ops._triton_forward(q, pool_k, pool_v, None, None, opts, packing=packing, block_table=block_table)
+        packing = validation.Packing(cu_q, cu_seqlens_k, 9, 48)
+        return launch_forward.launch_forward(q, pool_k, pool_v, None, None, opts, packing=packing, block_table=block_table)
 
     # page 1 of sequence 0 (an interior block) and page 2 of sequence 1 (its masked last block)
     bad, zeroed = table.clone(), table.clone()

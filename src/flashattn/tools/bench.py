@@ -6,8 +6,10 @@ backward is timed as ``torch.autograd.grad(out, (q, k, v), dout, retain_graph=Tr
 convention of every FlashAttention benchmark. FLOPs: 4 * B * H * Sq * Sk * D forward, halved when
 causal; backward = 2.5 x forward.
 
-Results go to ``benchmarks/results/`` as JSON (GPU name, versions, commit, date) and to a Markdown
-table; a provider that is missing or fails on a case is reported, not fatal.
+A run writes ``benchmarks/results/<machine>-<mode>.json`` (``h200-dense.json``; modes ``dense``, ``varlen`` and
+``decode``), replacing the previous run of that mode on that kind of machine: the GPU name, versions, commit and date,
+then one row per provider and case. ``python benchmarks/report.py`` turns those files into BENCHMARKS.md. The table
+is printed; a provider that is missing or fails on a case is reported, not fatal.
 
 ``--varlen`` adds two packed providers on the same tokens (batch * seqlen): ``flashattn_varlen``
 (the batch packed, equal lengths: the cost of the varlen path against the dense one, same FLOPs) and
@@ -22,10 +24,11 @@ import datetime
 import json
 import os
 import platform
+import re
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -316,20 +319,35 @@ def measured_matmul_tflops(device: torch.device) -> float | None:
     return 2 * 8192**3 / ms / 1e9
 
 
-def write_csv(path: Path, measurements: list[Measurement], env: dict) -> None:
-    """One row per (provider, case), each tagged with the GPU, versions, commit and date."""
-    import csv
+RESULTS_FOLDER = Path("benchmarks/results")
+VENDOR_WORDS = {"nvidia", "geforce", "tesla", "quadro", "amd", "instinct", "radeon"}
 
-    case_fields = [f.name for f in fields(BenchCase)]
-    result_fields = ["fwd_ms", "bwd_ms", "fwd_tflops", "bwd_tflops", "peak_extra_mib", "max_diff_vs_flashattn",
-                     "fwd_host_us", "bwd_host_us", "fwd_sm_mhz", "bwd_sm_mhz", "fwd_power_w", "bwd_power_w", "error"]
-    env_fields = ["device", "torch", "triton", "commit", "date"]
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["provider", *case_fields, *result_fields, *env_fields])
-        for m in measurements:
-            writer.writerow([m.provider, *(getattr(m.case, k) for k in case_fields),
-                             *(getattr(m, k) for k in result_fields), *(env.get(k) for k in env_fields)])
+
+def machine_kind(env: dict) -> str:
+    """The machine part of a results file's name: the GPU's model in lower case, up to its first word with a digit
+    ("NVIDIA H200" -> "h200", "NVIDIA H100 80GB HBM3" -> "h100", "NVIDIA GeForce RTX 4090" -> "rtx4090"); "cpu" when
+    the run had no GPU (``environment`` records a capability for GPUs only)."""
+    if not env.get("capability"):
+        return "cpu"
+    kind = ""
+    for word in re.split(r"[\s_-]+", env.get("device") or ""):
+        if not word or word.lower() in VENDOR_WORDS:
+            continue
+        kind += re.sub(r"[^a-z0-9]", "", word.lower())
+        if any(c.isdigit() for c in word):
+            break
+    return kind or "gpu"
+
+
+def write_results(folder: Path, env: dict, mode: str, rows: list[dict]) -> Path:
+    """``folder``/<machine>-<mode>.json: the environment and the rows, replacing the file (written whole, then
+    renamed, so that a reader never sees half of it)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{machine_kind(env)}-{mode}.json"
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps({"environment": env, "results": rows}, indent=1) + "\n")
+    os.replace(partial, path)
+    return path
 
 
 def markdown_table(measurements: list[Measurement], providers: list[str]) -> str:
@@ -432,8 +450,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--modes", nargs="+", choices=("fwd", "bwd"), default=["fwd", "bwd"])
     parser.add_argument("--varlen", action="store_true",
                         help="add the packed providers flashattn_varlen and flashattn_varlen_mixed")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"),
-                        help="folder for the JSON results (default benchmarks/results)")
+    parser.add_argument("--out", type=Path, default=RESULTS_FOLDER,
+                        help="folder of the results file <machine>-<mode>.json, which a run replaces "
+                             "(default benchmarks/results)")
     parser.add_argument("--markdown", type=Path, default=None, help="also write the table to this file")
     parser.add_argument("--plot", type=Path, default=None,
                         help="also draw TFLOP/s against seqlen to this PNG (needs matplotlib)")
@@ -480,10 +499,7 @@ def run(args: argparse.Namespace) -> int:
           f"  matmul {env['matmul_tflops'] and round(env['matmul_tflops'])} TFLOP/s", flush=True)
     measurements: list[Measurement] = []
     modes = tuple(args.modes)
-    args.out.mkdir(parents=True, exist_ok=True)
-    stamp = env["date"].replace(":", "").replace("-", "")[:15]
-    name = f"{stamp}-{(env.get('device') or 'cpu').replace(' ', '_')}-{env.get('commit')}.json"
-    path = args.out / name
+    mode = "varlen" if any(p in VARLEN_PROVIDERS for p in providers) else "dense"
     with ClockMonitor(device) as clocks:
         for case in grid:
             reference_out = None
@@ -498,11 +514,11 @@ def run(args: argparse.Namespace) -> int:
                 print(f"d{case.head_dim:<4} causal={int(case.causal)} n={case.seqlen:<6} {provider:<15} "
                       f"{_progress_line(m)}", flush=True)
             # rewritten after every case, so that a run cut short by a time limit keeps what it measured
-            path.write_text(json.dumps({"environment": env, "results": [asdict(m) for m in measurements]}, indent=1))
-    write_csv(path.with_suffix(".csv"), measurements, env)
+            write_results(args.out, env, mode, [asdict(m) for m in measurements])
+    path = write_results(args.out, env, mode, [asdict(m) for m in measurements])
     table = markdown_table(measurements, providers)
     print(table)
-    print(f"results: {path} and {path.with_suffix('.csv').name}")
+    print(f"results: {path}")
     if args.markdown:
         args.markdown.write_text(table)
     if args.plot:

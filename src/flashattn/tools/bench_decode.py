@@ -17,7 +17,6 @@ from HBM. Without a GPU a small grid runs with plain wall-clock timing, to exerc
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -303,27 +302,15 @@ def run(args: argparse.Namespace, env: dict) -> int:
     table = markdown_table(measurements, env["copy_bytes_per_s"])
     path = write_results(args.out, env, measurements)
     print(table)
-    print(f"results: {path} and {path.with_suffix('.csv').name}")
+    print(f"results: {path}")
     if args.markdown:
         args.markdown.write_text(table)
     return 0
 
 
 def write_results(folder: Path, env: dict, measurements: list[DecodeMeasurement]) -> Path:
-    """JSON (environment + rows) and CSV (one row per provider and case, tagged with GPU and commit)."""
-    import csv
+    """``folder``/<machine>-decode.json (``bench.write_results``): the environment and one row per provider and case,
+    replacing the previous decode run of this kind of machine."""
+    from .bench import write_results as write_json
 
-    folder.mkdir(parents=True, exist_ok=True)
-    stamp = env["date"].replace(":", "").replace("-", "")[:15]
-    path = folder / f"{stamp}-{(env.get('device') or 'cpu').replace(' ', '_')}-{env.get('commit')}-decode.json"
-    path.write_text(json.dumps({"environment": env, "results": [asdict(m) for m in measurements]}, indent=1))
-    case_fields = list(DecodeCase.__dataclass_fields__)
-    result_fields = ["us", "gbytes_per_s", "fraction_of_copy", "error"]
-    with open(path.with_suffix(".csv"), "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["provider", *case_fields, "kv_bytes", *result_fields, "device", "commit", "date"])
-        for m in measurements:
-            writer.writerow([m.provider, *(getattr(m.case, k) for k in case_fields), m.case.kv_bytes(),
-                             *(getattr(m, k) for k in result_fields), env.get("device"), env.get("commit"),
-                             env.get("date")])
-    return path
+    return write_json(folder, env, "decode", [asdict(m) for m in measurements])

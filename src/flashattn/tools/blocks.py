@@ -43,15 +43,14 @@ HOPPER_SMS = 132  # H100/H200 SXM: the SM count the model assumes when no GPU is
 HOPPER_SMEM_PER_BLOCK = 227 * 1024  # Hopper's opt-in shared memory per block, when no GPU is visible
 MAX_REGISTERS_PER_THREAD = 255  # since Volta
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages[, tma[, split]]) per kernel: padded head dims up to 128, then 256;
-# the flags are TileConfig's (tma: forward only; split: dK/dV only, split_dkdv). The single source:
-# benchmarks/sweep_blocks.py imports these.
+# (BLOCK_M, BLOCK_N, num_warps, num_stages[, flags]) per kernel: padded head dims up to 128, then 256; the flags are
+# TileConfig's, in its field order. The single source: benchmarks/sweep_blocks.py imports these.
 Candidate = tuple
 CANDIDATES: dict[str, list[Candidate]] = {
     "forward": [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 4, 4),
                 (64, 64, 4, 3), (128, 32, 4, 3), (128, 128, 4, 2), (64, 128, 4, 3), (128, 64, 8, 2)],
     # 128 x 64 on 8 warps: the hdim-256 winner, and in the sm90 SASS free of spills at hdim 64 and 128,
-    # where the table's 64 x 64 x 4 x 2 spills in its loop at hdim 128 (docs/perf-notes.md, version 4)
+    # where the table's 64 x 64 x 4 x 2 spills in its loop at hdim 128
     "dkdv": [(32, 128, 4, 2), (64, 128, 8, 2), (32, 64, 4, 3), (64, 64, 4, 2), (64, 128, 4, 3),
              (32, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 1), (128, 64, 8, 2)],
     "dq": [(128, 64, 8, 2), (64, 64, 4, 2), (128, 32, 4, 3), (64, 128, 8, 2), (128, 128, 8, 2),
@@ -59,12 +58,8 @@ CANDIDATES: dict[str, list[Candidate]] = {
 }
 CANDIDATES_256: dict[str, list[Candidate]] = {
     "forward": [(64, 64, 4, 2), (128, 64, 8, 2), (128, 32, 8, 2), (64, 32, 4, 2), (128, 64, 8, 1), (64, 64, 4, 3)],
-    # the split passes whose loops are free of spills in the sm90 SASS (docs/perf-notes.md, version 3; the
-    # first is the table's), 64 x 128 split clean only without a causal mask; then the one-pass kernel:
-    # the old table's entries and 128 x 64, whose loops spill least without computing S twice
-    "dkdv": [(32, 128, 8, 2, False, True), (16, 128, 8, 2, False, True), (32, 128, 8, 3, False, True),
-             (64, 128, 8, 1, False, True), (32, 64, 4, 2, False, True), (16, 64, 4, 2, False, True),
-             (64, 64, 8, 2), (32, 32, 4, 2), (128, 64, 8, 1)],
+    # the table's 128 x 64, whose loop spills least, and smaller tiles
+    "dkdv": [(64, 64, 8, 2), (32, 32, 4, 2), (128, 64, 8, 1), (64, 64, 8, 1)],
     "dq": [(64, 32, 4, 2), (64, 64, 8, 2), (128, 32, 8, 2), (128, 64, 8, 1), (64, 64, 4, 2), (128, 64, 8, 2)],
 }
 KERNEL_PHASES = ("forward", "dkdv", "dq")
@@ -86,10 +81,10 @@ def candidates_for(phase: str, head_dim: int) -> list[Candidate]:
 
 # label suffix -> the position of TileConfig's flag in a candidate (TileConfig(*candidate)); the register
 # cap (+rN) sits at REGISTER_CAP, between the flags, in TileConfig's field order
-FLAG_POSITIONS = {"tma": 4, "split": 5, "every": 7, "keyrows": 8, "peel": 9, "ws": 10, "pingpong": 11, "persistent": 12,
-                  "consumers3": 13, "slices": 14}
+FLAG_POSITIONS = {"tma": 4, "every": 6, "keyrows": 7, "peel": 8, "hopper": 9, "persistent": 10, "consumers3": 11,
+                  "slices": 12}
 FLAG_NAMES = tuple(FLAG_POSITIONS)
-REGISTER_CAP = 6
+REGISTER_CAP = 5
 
 
 def candidate_label(candidate: Candidate) -> str:
@@ -103,14 +98,13 @@ def candidate_label(candidate: Candidate) -> str:
 
 def parse_candidates(text: str) -> list[Candidate]:
     """An argparse type: ``BMxBNxWARPSxSTAGES`` configs, comma separated (``16x16x1x1,32x16x1x1``);
-    any config may end in ``+tma`` (TMA tensor descriptors; sm90), a dK/dV config in ``+split`` (a dV
-    pass and a dK pass, ``TileConfig.split_dkdv``), ``+every`` (one masked loop,
+    any config may end in ``+tma`` (TMA tensor descriptors; sm90), a dK/dV config in ``+every`` (one masked loop,
     ``TileConfig.mask_every_block``), ``+keyrows`` (``TileConfig.key_rows``) or ``+peel``
-    (``TileConfig.peel_diagonal``), any config in ``+ws`` (the warp-specialized Gluon kernels,
-    ``TileConfig.warp_specialized``; forward and dQ 128 x BLOCK_N x 8 x STAGES, dK/dV BLOCK_M query rows x BLOCK_N
-    (64 or 128) keys x 8 x STAGES), a forward one with ``+pingpong`` and ``+persistent``, a forward or dQ one with
-    ``+consumers3`` (``TileConfig.pingpong``, ``TileConfig.persistent``, ``TileConfig.three_consumers``), a dK/dV
-    one with ``+slices`` (``TileConfig.key_slices``: 128 keys, 64 a warpgroup with both gradients),
+    (``TileConfig.peel_diagonal``), any config in ``+hopper`` (the Hopper kernels, ``TileConfig.hopper``; forward
+    and dQ 128 x BLOCK_N x 8 x STAGES, dK/dV BLOCK_M query rows x BLOCK_N (64 or 128) keys x 8 x STAGES), a forward
+    one with ``+persistent``, a forward or dQ one with ``+consumers3`` (``TileConfig.persistent``,
+    ``TileConfig.three_consumers``), a dK/dV one with ``+slices`` (``TileConfig.key_slices``: 128 keys, 64 a
+    warpgroup with both gradients),
     any config in ``+rN`` (at most N registers a thread, ``TileConfig.max_registers``)."""
     found: list[Candidate] = []
     for part in (p.strip() for p in text.split(",")):
@@ -222,18 +216,13 @@ def grid_programs(phase: str, candidate: Candidate, shape: Shape) -> int:
     return -(-shape.seqlen // rows) * shape.batch * shape.heads
 
 
-def is_split(phase: str, candidate: Candidate) -> bool:
-    """A dK/dV candidate with the split flag: a dV pass and a dK pass."""
-    return phase == "dkdv" and len(candidate) > 5 and bool(candidate[5])
-
-
 def accumulator_registers(phase: str, candidate: Candidate, head_dim: int, dtype_bytes: int) -> int:
     """32-bit registers per thread that one program's fp32 tiles take, at least: a lower bound on its
     register use, to read against the 255 a thread may have (above it, certain spills; near it, likely).
 
     The tiles live in the registers of the program's ``32 * num_warps`` threads: the forward's output
     accumulator (BLOCK_M x d) and score tile (BLOCK_M x BLOCK_N); dK/dV's two accumulators
-    (2 x BLOCK_N x d, one when split: the dK pass holds the most) and its score and dP tiles
+    (2 x BLOCK_N x d) and its score and dP tiles
     (2 x BLOCK_M x BLOCK_N); dQ's accumulator (BLOCK_M x d) and its score and dP tiles. float32 inputs add
     a Kahan compensation tile per accumulator. Operand tiles, pointers and masks come on top and are not
     counted.
@@ -244,7 +233,7 @@ def accumulator_registers(phase: str, candidate: Candidate, head_dim: int, dtype
     width = padded_head_dim(head_dim)
     accumulators, scores = {
         "forward": (block_m * width, block_m * block_n),
-        "dkdv": ((1 if is_split(phase, candidate) else 2) * block_n * width, 2 * block_m * block_n),
+        "dkdv": (2 * block_n * width, 2 * block_m * block_n),
         "dq": (block_m * width, 2 * block_m * block_n),
     }[phase]
     if dtype_bytes == 4:
@@ -256,8 +245,6 @@ def estimate(phase: str, candidate: Candidate, shape: Shape, sms: int) -> Estima
     """Shared memory, re-reads (from ``iomodel``'s byte counts for this tiling) and programs per SM."""
     problem = shape.problem()
     tiling = Tiling.uniform(candidate[0], candidate[1])
-    if is_split(phase, candidate):
-        tiling = replace(tiling, dkdv=replace(tiling.dkdv, passes=2))
     transfers = (flashattn_forward_bytes(problem, tiling) if phase == "forward"
                  else flashattn_backward_bytes(problem, tiling))
     rereads = [t for t in transfers if t.kernel == phase and t.term == "reread"]
@@ -479,9 +466,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "as the whole backward (dkdv or dq: one of them); both all three (default forward)")
     parser.add_argument("--candidates", type=parse_candidates, default=None, metavar="BMxBNxWxS[,...]",
                         help="sweep these configs for every swept kernel instead of the built-in lists; "
-                             "+tma (forward), +split (dK/dV in two passes), +every (dK/dV in one masked loop), "
+                             "+tma, +every (dK/dV in one masked loop), "
                              "+keyrows (dK/dV products with the keys along the rows), +peel (the causal "
-                             "diagonal out of the dK/dV loop), +ws (the Gluon kernels; forward +pingpong, "
+                             "diagonal out of the dK/dV loop), +hopper (the Hopper kernels; forward "
                              "+persistent; forward and dQ +consumers3; dK/dV +slices) set TileConfig's flags, "
                              "+rN a register cap")
     parser.add_argument("--interpret-check", action="store_true",
