@@ -1,4 +1,4 @@
-"""What the tests of the Gluon kernels share: the sm90 guard, and a forced config whose launches are counted."""
+"""What the tests of the Hopper kernels share: the sm90 guard, and a forced config whose launches are counted."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def _on_hopper() -> bool:
     return torch.cuda.is_available() and configs.gpu_family(torch.device("cuda")) == "hopper"
 
 
-hopper = pytest.mark.skipif(not _on_hopper(), reason="the Gluon kernels are built for sm90")
+hopper = pytest.mark.skipif(not _on_hopper(), reason="the Hopper kernels are built for sm90")
 
 
 @contextlib.contextmanager

@@ -225,7 +225,7 @@ def _gradients(q, k, v, dout, **options):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("head_dim, seqlen, causal", [(64, 1023, False), (128, 2048, True), (256, 113, False)],
-                         ids=["hdim64-triton-dq", "hdim128-gluon-dq", "hdim256-short"])
+                         ids=["hdim64-triton-dq", "hdim128-hopper-dq", "hdim256-short"])
 def test_concurrent_gradient_kernels_match_the_serial_order_bitwise(monkeypatch, head_dim, seqlen, causal):
     """The dQ kernel on a second stream beside the dK/dV kernel (``GradientStreams``) computes what the two
     kernels compute one after the other: neither kernel reads the other's output, and neither uses atomics."""

@@ -1,4 +1,4 @@
-"""The warp-specialized Gluon dK/dV kernel (kernels/backward_hopper.py): which backward calls take it, and their
+"""The warp-specialized Hopper dK/dV kernel (kernels/backward_hopper.py): which backward calls take it, and their
 gradients against the float64 reference under the flash-attn rule (3x PyTorch's error in the same precision).
 
 The GPU tests force its config with ``configs.use_config`` and count the launches, so they test it at every head
@@ -31,7 +31,7 @@ def test_backward_fits_only_on_the_gpu():
     assert not launch_backward.hopper_dq_fits(q, q, q, q, lse, AttentionOptions(0.0625), None, None)
 
 
-def test_table_has_gluon_dkdv_from_2k():
+def test_table_has_hopper_dkdv_from_2k():
     for causal in (False, True):
         entry = configs.lookup("hopper", "dkdv", 256, causal, torch.bfloat16, seqlen=4096, hopper=True)
         assert entry.hopper and entry.block_m == 64 and not entry.key_slices
@@ -111,7 +111,7 @@ def test_other_options_take_the_triton_dkdv(option, monkeypatch):
 @hopper
 @pytest.mark.parametrize(("head_dim", "dtype", "expect_launch"), [
     (256, torch.bfloat16, True), (128, torch.bfloat16, True), (64, torch.float16, True), (256, torch.float32, False)])
-def test_table_takes_the_gluon_dkdv_where_it_fits(head_dim, dtype, expect_launch, monkeypatch):
+def test_table_takes_the_hopper_dkdv_where_it_fits(head_dim, dtype, expect_launch, monkeypatch):
     case = make_case((1, 2048, 2048, 2, 2, head_dim), "causal" if head_dim == 256 else "plain", "cuda")
     with forced_ws_dkdv(None, monkeypatch, expect_launch=expect_launch):
         check_against_reference(case, dtype, "cuda", flash_attn_func)

@@ -13,7 +13,8 @@ def test_causal_hdim128_forward_takes_the_large_tma_tile_only_on_long_sequences(
     assert short == TileConfig(128, 64, 8, 3)
     assert long == TileConfig(128, 128, 8, 3, tma=True)
     # entries without a long-sequence variant are the same at any length
-    assert lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=16384) == configs.HOPPER_FORWARD.base[(64, True)]
+    assert lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=16384) == (
+        configs.HOPPER_FORWARD.base[(64, True)])
 
 
 def test_short_non_causal_forward_drops_tma_only_when_the_length_is_known_and_short():
@@ -28,7 +29,8 @@ def test_short_non_causal_forward_drops_tma_only_when_the_length_is_known_and_sh
         short = lookup("hopper", "forward", head_dim, True, torch.bfloat16, seqlen=SHORT_SEQLEN)
         medium = lookup("hopper", "forward", head_dim, True, torch.bfloat16, seqlen=SHORT_SEQLEN + 1)
         assert short == TileConfig(64, 64, 4, 3) and medium == configs.HOPPER_FORWARD.base[(head_dim, True)]
-    assert lookup("hopper", "forward", 256, True, torch.bfloat16, seqlen=512) == configs.HOPPER_FORWARD.base[(256, True)]
+    assert lookup("hopper", "forward", 256, True, torch.bfloat16, seqlen=512) == (
+        configs.HOPPER_FORWARD.base[(256, True)])
     assert lookup("hopper", "dkdv", 128, False, torch.bfloat16, seqlen=512) == configs.HOPPER_DKDV.base[(128, False)]
 
 
@@ -36,7 +38,7 @@ def test_shortest_causal_hdim128_forward_takes_32_key_blocks():
     shortest = lookup("hopper", "forward", 128, True, torch.bfloat16, seqlen=SHORTEST_SEQLEN)
     short = lookup("hopper", "forward", 128, True, torch.bfloat16, seqlen=SHORTEST_SEQLEN + 1)
     assert shortest == TileConfig(64, 32, 4, 3, max_registers=168) and short == TileConfig(64, 64, 4, 3)
-    # for a call that fits it, the Gluon kernel's persistent grid (version 22)
+    # for a call that fits it, the Hopper kernel's persistent grid
     assert lookup("hopper", "forward", 128, True, torch.bfloat16, seqlen=SHORTEST_SEQLEN,
                   hopper=True) == configs.HOPPER_FORWARD.hopper_short[(128, True)]
     # other head dims keep their short entries
@@ -96,11 +98,12 @@ def test_short_non_causal_hdim256_dq_keeps_the_one_stage_tile_without_tma():
     assert lookup("hopper", "dq", 256, True, torch.bfloat16, seqlen=512).tma
 
 
-def test_gluon_forward_entries_only_where_the_call_fits():
+def test_hopper_forward_entries_only_where_the_call_fits():
     ws = lookup("hopper", "forward", 128, False, torch.bfloat16, seqlen=4096, hopper=True)
     assert ws.hopper and ws == configs.HOPPER_FORWARD.hopper[(128, False)]
-    # a call the Gluon kernel does not cover keeps the Triton table
-    assert lookup("hopper", "forward", 128, False, torch.bfloat16, seqlen=4096) == configs.HOPPER_FORWARD.base[(128, False)]
+    # a call the Hopper kernel does not cover keeps the Triton table
+    assert lookup("hopper", "forward", 128, False, torch.bfloat16, seqlen=4096) == (
+        configs.HOPPER_FORWARD.base[(128, False)])
     # hdim 64: three consumers from 2k non-causal and from 4k causal; the Triton entries for shorter calls, as for
     # short causal hdim 128
     assert lookup("hopper", "forward", 64, False, torch.bfloat16, seqlen=4096, hopper=True).three_consumers
@@ -113,7 +116,7 @@ def test_gluon_forward_entries_only_where_the_call_fits():
         assert lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=seqlen, hopper=True) == \
             lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=seqlen)
     assert not lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=2048).hopper
-    # up to 1k tokens every other Gluon entry is a persistent grid
+    # up to 1k tokens every other Hopper entry is a persistent grid
     for head_dim, causal in ((64, False), (128, False), (128, True), (256, False), (256, True)):
         for seqlen in (SHORTEST_SEQLEN, SHORT_SEQLEN):
             short = lookup("hopper", "forward", head_dim, causal, torch.bfloat16, seqlen=seqlen,

@@ -2,8 +2,8 @@
 (``TileConfig.mask_every_block``), the causal diagonal peeled out of the loop (``TileConfig.peel_diagonal``),
 and S and dP computed with the keys along the rows (``TileConfig.key_rows``).
 
-The table takes them where ptxas serialized the wgmma instructions of the plain form (causal hdim 64 and 128,
-docs/perf-notes.md, version 8); these tests force each form on every head dim, against the float64 reference.
+The table takes them where ptxas serialized the wgmma instructions of the plain form (causal hdim 64 and 128);
+these tests force each form on every head dim, against the float64 reference.
 """
 
 import dataclasses

@@ -1,4 +1,4 @@
-"""The warp-specialized Gluon dQ kernel (kernels/dq_hopper.py): which backward calls take it, and their gradients
+"""The warp-specialized Hopper dQ kernel (kernels/dq_hopper.py): which backward calls take it, and their gradients
 against the float64 reference under the flash-attn rule (3x PyTorch's error in the same precision).
 
 The GPU tests force its config with ``configs.use_config`` and count the launches, so they test every head dim and
@@ -104,7 +104,7 @@ def test_other_options_take_the_triton_dq(option, monkeypatch):
                                 flash_attn_func)
 
 
-def test_table_has_gluon_dq_at_hdim_128_and_256():
+def test_table_has_hopper_dq_at_hdim_128_and_256():
     for causal in (False, True):
         for head_dim, keys in ((128, 64), (256, 32)):
             entry = configs.lookup("hopper", "dq", head_dim, causal, torch.bfloat16, seqlen=4096,
@@ -113,7 +113,7 @@ def test_table_has_gluon_dq_at_hdim_128_and_256():
             assert not configs.lookup("hopper", "dq", head_dim, causal, torch.bfloat16, seqlen=4096).hopper
         assert not configs.lookup("hopper", "dq", 64, causal, torch.bfloat16, seqlen=4096,
                                   hopper=True).hopper
-        # short sequences: the Gluon dQ but at causal hdim 256
+        # short sequences: the Hopper dQ but at causal hdim 256
         for head_dim in (128, 256):
             short = configs.lookup("hopper", "dq", head_dim, causal, torch.bfloat16, seqlen=1024,
                                    hopper=True)
@@ -125,7 +125,7 @@ def test_table_has_gluon_dq_at_hdim_128_and_256():
 @pytest.mark.parametrize(("head_dim", "dtype", "expect_launch"), [
     (256, torch.bfloat16, True), (128, torch.float16, True), (64, torch.bfloat16, False),
     (128, torch.float32, False)])
-def test_table_takes_the_gluon_dq_where_it_fits(head_dim, dtype, expect_launch, monkeypatch):
+def test_table_takes_the_hopper_dq_where_it_fits(head_dim, dtype, expect_launch, monkeypatch):
     case = make_case((1, 2048, 2048, 2, 2, head_dim), "causal", "cuda")
     with forced_ws_dq(None, monkeypatch, expect_launch=expect_launch):
         check_against_reference(case, dtype, "cuda", flash_attn_func)

@@ -1,4 +1,4 @@
-"""The warp-specialized Gluon forward (kernels/forward_hopper.py): which calls take it, and its results
+"""The warp-specialized Hopper forward (kernels/forward_hopper.py): which calls take it, and its results
 against the float64 reference under the flash-attn rule, with gradients through its saved LSE.
 
 The GPU tests force its config with ``configs.use_config`` and count the launches, so they test it even
@@ -21,7 +21,7 @@ from flashattn.launch import forward as launch_forward
 from flashattn.options import AttentionOptions
 from flashattn.testing import check_against_reference, check_varlen_against_reference
 
-WS_TILES = {
+HOPPER_TILES = {
     "n128-s2": configs.TileConfig(128, 128, 8, 2, hopper=True),
     "n128-s3": configs.TileConfig(128, 128, 8, 3, hopper=True),
     "n32-s4": configs.TileConfig(128, 32, 8, 4, hopper=True),
@@ -66,11 +66,13 @@ def test_warp_specialized_fits_only_gpu_plain_softmax():
 
 
 def test_persistent_grid_hands_out_tiles_by_a_counter():
-    persistent = WS_TILES["n128-s2-persistent"]
+    persistent = HOPPER_TILES["n128-s2-persistent"]
     for causal, is_varlen in ((True, False), (False, True), (False, False)):
-        assert launch_forward.hopper_forward_constexprs(persistent, 128, causal=causal, is_varlen=is_varlen)["DYNAMIC_TILES"]
+        constexprs = launch_forward.hopper_forward_constexprs(persistent, 128, causal=causal, is_varlen=is_varlen)
+        assert constexprs["DYNAMIC_TILES"]
     # one tile a program: nothing to hand out
-    assert not launch_forward.hopper_forward_constexprs(WS_TILES["n128-s2"], 128, causal=True, is_varlen=True)["DYNAMIC_TILES"]
+    one_tile = launch_forward.hopper_forward_constexprs(HOPPER_TILES["n128-s2"], 128, causal=True, is_varlen=True)
+    assert not one_tile["DYNAMIC_TILES"]
 
 
 def test_persistent_grid_holds_a_second_q_tile_where_shared_memory_has_room():
@@ -78,12 +80,13 @@ def test_persistent_grid_holds_a_second_q_tile_where_shared_memory_has_room():
         return launch_forward.hopper_forward_constexprs(tile, head_dim, causal=True, is_varlen=False)
 
     # hdim 128, two stages of 128 keys: two Q tiles (64 KB), the ring (128 KB) and the 16-byte store's staging (32 KB)
-    assert constexprs(WS_TILES["n128-s2-persistent"], 128)["Q_BUFFERS"] == 2
-    assert constexprs(WS_TILES["n128-s2-persistent"], 128)["WIDE_STORES"]
-    assert constexprs(WS_TILES["n128-s3-consumers3-persistent"], 64)["Q_BUFFERS"] == 2
-    assert constexprs(WS_TILES["n128-s2"], 128)["Q_BUFFERS"] == 1  # one tile a program: nothing to copy ahead
-    packed = launch_forward.hopper_forward_constexprs(WS_TILES["n128-s2-persistent"], 128, causal=False, is_varlen=True)
-    assert packed["Q_BUFFERS"] == 2  # packed calls too, since version 30 (launch_forward._forward_q_buffers)
+    assert constexprs(HOPPER_TILES["n128-s2-persistent"], 128)["Q_BUFFERS"] == 2
+    assert constexprs(HOPPER_TILES["n128-s2-persistent"], 128)["WIDE_STORES"]
+    assert constexprs(HOPPER_TILES["n128-s3-consumers3-persistent"], 64)["Q_BUFFERS"] == 2
+    assert constexprs(HOPPER_TILES["n128-s2"], 128)["Q_BUFFERS"] == 1  # one tile a program: nothing to copy ahead
+    packed = launch_forward.hopper_forward_constexprs(HOPPER_TILES["n128-s2-persistent"], 128, causal=False,
+                                                      is_varlen=True)
+    assert packed["Q_BUFFERS"] == 2  # packed calls too (launch_forward._forward_q_buffers)
     hdim_256 = configs.TileConfig(128, 64, 8, 2, hopper=True, persistent=True)
     assert constexprs(hdim_256, 256)["Q_BUFFERS"] == 1  # 64 KB of Q beside a 128 KB ring
 
@@ -97,7 +100,7 @@ def test_persistent_forward_repeats_and_leaves_no_tile_out(tile, causal, monkeyp
     # arithmetic, so back-to-back calls and a grid of one program a tile give the same bits; a tile taken twice
     # would give them too, but a tile left out would leave its rows unwritten. 16 heads: 3-6 tiles a program, so
     # that each of the two Q buffers is refilled more than once
-    persistent = WS_TILES[tile]
+    persistent = HOPPER_TILES[tile]
     head_dim = 64 if persistent.three_consumers else 128
     q, k, v = (torch.randn(3, 1500, 16, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     with forced_ws(persistent, monkeypatch):
@@ -136,15 +139,15 @@ GPU_SHAPES = [
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize("tile", list(WS_TILES), ids=list(WS_TILES))
+@pytest.mark.parametrize("tile", list(HOPPER_TILES), ids=list(HOPPER_TILES))
 @pytest.mark.parametrize("option", ["plain", "causal"])
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_ws_forward_matches_reference(shape, option, tile, monkeypatch):
-    if WS_TILES[tile].block_n == 128 and shape[-1] == 256:
+    if HOPPER_TILES[tile].block_n == 128 and shape[-1] == 256:
         pytest.skip("hdim 256 with 128-key blocks does not fit in registers")
-    if WS_TILES[tile].three_consumers and shape[-1] != 64:
+    if HOPPER_TILES[tile].three_consumers and shape[-1] != 64:
         pytest.skip("three consumers are for hdim 64 (160 registers a thread)")
-    with forced_ws(WS_TILES[tile], monkeypatch):
+    with forced_ws(HOPPER_TILES[tile], monkeypatch):
         check_against_reference(make_case(shape, option, "cuda"), torch.bfloat16, "cuda", flash_attn_func,
                                 backward=shape[1] <= 1024)
 
@@ -153,15 +156,15 @@ def test_ws_forward_matches_reference(shape, option, tile, monkeypatch):
 @hopper
 @pytest.mark.parametrize("tile", ["n128-s2-persistent", "n128-s3-consumers3-persistent"])
 @pytest.mark.parametrize("option", ["plain", "causal"])
-# tiles that may see no whole key block, on grids of 4-8 tiles a program, two Q tiles: the first two shapes came out
-# wrong when not causal until version 30 (ptxas reused Q descriptors across the kernel's two key-block runs,
+# tiles that may see no whole key block, on grids of 4-8 tiles a program, two Q tiles: the first two shapes are the
+# ones that ptxas once compiled wrong when not causal (it reused Q descriptors across the kernel's two key-block runs,
 # forward_hopper._tile_key_blocks); the second is a cross-attention of 77 keys, the third has causal rows that see
 # no key
 @pytest.mark.parametrize("shape", [(64, 89, 89, 16, 16), (4, 1024, 77, 16, 4), (4, 1024, 200, 16, 4)],
                          ids=["89x89", "1024x77", "1024x200"])
 def test_ws_forward_tiles_that_may_see_no_whole_block(shape, option, tile, monkeypatch):
-    head_dim = 64 if WS_TILES[tile].three_consumers else 128
-    with forced_ws(WS_TILES[tile], monkeypatch):
+    head_dim = 64 if HOPPER_TILES[tile].three_consumers else 128
+    with forced_ws(HOPPER_TILES[tile], monkeypatch):
         check_against_reference(make_case((*shape, head_dim), option, "cuda"), torch.bfloat16, "cuda",
                                 flash_attn_func, backward=False)
 
@@ -175,7 +178,7 @@ def test_ws_forward_walks_heads_in_sections(option, tile, monkeypatch):
     shape = (2, 1023, 1023, 4, 2, 128)
     monkeypatch.setattr(ops, "WS_L2_SECTION_BYTES", 3 * 1023 * 128 * 2)
     assert launch_forward._heads_per_section(8, 2, 1023 * 128 * 2) == 3
-    with forced_ws(WS_TILES[tile], monkeypatch):
+    with forced_ws(HOPPER_TILES[tile], monkeypatch):
         check_against_reference(make_case(shape, option, "cuda"), torch.bfloat16, "cuda", flash_attn_func)
 
 
@@ -185,7 +188,7 @@ def test_ws_forward_walks_heads_in_sections(option, tile, monkeypatch):
 def test_ws_forward_fp16_and_scale(option, monkeypatch):
     case = make_case((2, 333, 517, 4, 2, 128), option, "cuda")
     case.options["softmax_scale"] = 0.05
-    with forced_ws(WS_TILES["n128-s2"], monkeypatch):
+    with forced_ws(HOPPER_TILES["n128-s2"], monkeypatch):
         check_against_reference(case, torch.float16, "cuda", flash_attn_func)
 
 
@@ -194,7 +197,7 @@ def test_ws_forward_fp16_and_scale(option, monkeypatch):
 @pytest.mark.parametrize("causal", [False, True])
 def test_ws_forward_qkvpacked_view(causal, monkeypatch):
     qkv = torch.randn(2, 600, 3, 4, 128, device="cuda", dtype=torch.bfloat16)
-    with forced_ws(WS_TILES["n128-s2"], monkeypatch):
+    with forced_ws(HOPPER_TILES["n128-s2"], monkeypatch):
         out = flash_attn_qkvpacked_func(qkv, causal=causal)
     with configs.use_config("forward", configs.TileConfig(128, 64, 8, 3)):
         expected = flash_attn_qkvpacked_func(qkv, causal=causal)
@@ -212,7 +215,7 @@ def test_ws_forward_qkvpacked_view(causal, monkeypatch):
                                                ("n128-s2-persistent", 128), ("n128-s3-consumers3-persistent", 64)])
 def test_ws_varlen_matches_reference(seqlens, option, tile, head_dim, monkeypatch):
     case = make_varlen_case((*seqlens, 4, 2, head_dim), option, "cuda")
-    with forced_ws(WS_TILES[tile], monkeypatch):
+    with forced_ws(HOPPER_TILES[tile], monkeypatch):
         check_varlen_against_reference(case, torch.bfloat16, "cuda")
 
 
@@ -220,7 +223,7 @@ def test_ws_varlen_matches_reference(seqlens, option, tile, head_dim, monkeypatc
 @hopper
 @pytest.mark.parametrize("option", ["window", "softcap", "alibi", "dropout"])
 def test_other_options_take_the_triton_kernel(option, monkeypatch):
-    with forced_ws(WS_TILES["n128-s2"], monkeypatch, expect_launch=False):
+    with forced_ws(HOPPER_TILES["n128-s2"], monkeypatch, expect_launch=False):
         check_against_reference(make_case((1, 300, 300, 2, 2, 128), option, "cuda"), torch.bfloat16, "cuda",
                                 flash_attn_func, backward=False)
 
@@ -231,7 +234,7 @@ def test_other_options_take_the_triton_kernel(option, monkeypatch):
     (128, "causal", torch.bfloat16, True), (256, "causal", torch.float16, True),
     (64, "plain", torch.bfloat16, True), (64, "causal", torch.bfloat16, False),
     (96, "causal", torch.bfloat16, False), (128, "causal", torch.float32, False)])
-def test_table_takes_the_gluon_kernel_where_it_fits(head_dim, option, dtype, expect_launch, monkeypatch):
+def test_table_takes_the_hopper_kernel_where_it_fits(head_dim, option, dtype, expect_launch, monkeypatch):
     case = make_case((1, 2048, 2048, 2, 2, head_dim), option, "cuda")
     with forced_ws(None, monkeypatch, expect_launch=expect_launch):
         check_against_reference(case, dtype, "cuda", flash_attn_func, backward=False)

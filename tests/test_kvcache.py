@@ -542,7 +542,7 @@ def test_paged_programs_read_the_block_table_in_chunks_from_32_blocks():
 @pytest.mark.parametrize(("batch", "tile", "splits"), [(1, (64, 4), 16), (4, (64, 4), 4), (5, (128, 3), 3),
                                                        (16, (128, 3), 1), (64, (128, 3), 1)])
 def test_hopper_decode_tiles_and_splits(batch, tile, splits):
-    """The Gluon decode launch on an H200 (132 SMs), GQA 32/8, 8k keys: swapped products on 64-key blocks and 4
+    """The Hopper decode launch on an H200 (132 SMs), GQA 32/8, 8k keys: swapped products on 64-key blocks and 4
     stages; padded rows on 64 x 4 up to a quarter program per SM, 128 x 3 above; splits fill the SMs once (one program
     each), 256 keys a split at least."""
     assert configs.hopper_decode_tile(batch * 8, 132, swapped=True) == (64, 4)

@@ -18,7 +18,7 @@ from flashattn.launch import plans
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-# (dtype, batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, causal, window): the Gluon kernels (head dims 64,
+# (dtype, batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, causal, window): the Hopper kernels (head dims 64,
 # 128 and 256 in 16 bits), the Triton ones (96, 40, float32), GQA, unequal lengths and a sliding window
 CASES = [
     (torch.bfloat16, 2, 128, 128, 4, 4, 64, False, (-1, -1)),
@@ -149,7 +149,7 @@ def test_a_replay_takes_the_two_gradient_streams(monkeypatch, replays):
 
 @hopper
 def test_a_replayed_persistent_forward_starts_from_a_zero_tile_counter(monkeypatch, replays):
-    # the causal persistent Gluon forward takes its tiles from a counter that every call zeroes (launcher.zeros);
+    # the causal persistent Hopper forward takes its tiles from a counter that every call zeroes (launcher.zeros);
     # a replay that left it as the last call did would compute each program's first tile only
     persistent = configs.TileConfig(128, 128, 8, 2, hopper=True, persistent=True)
     q, k, v, _ = _inputs(torch.bfloat16, 2, 1500, 1500, 8, 8, 128, seed=3)

@@ -86,8 +86,8 @@ def test_launches_on_the_current_stream():
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# Launch plans (plans.record_or_replay): what a recorded call's replay launches, checked without a GPU on a fake compiled
-# kernel; tests/test_launch_plans.py runs the real calls on the GPU.
+# Launch plans (plans.record_or_replay): what a recorded call's replay launches, checked without a GPU on a fake
+# compiled kernel; tests/test_launch_plans.py runs the real calls on the GPU.
 # ------------------------------------------------------------------------------------------------------------------
 
 

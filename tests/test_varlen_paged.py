@@ -242,7 +242,8 @@ def test_unchecked_bad_entries_never_read_outside_the_pools(triton_backend):
 
     def run(pool_k, pool_v, block_table, cu_seqlens_k):
         packing = validation.Packing(cu_q, cu_seqlens_k, 9, 48)
-        return launch_forward.launch_forward(q, pool_k, pool_v, None, None, opts, packing=packing, block_table=block_table)
+        return launch_forward.launch_forward(q, pool_k, pool_v, None, None, opts, packing=packing,
+                                             block_table=block_table)
 
     # page 1 of sequence 0 (an interior block) and page 2 of sequence 1 (its masked last block)
     bad, zeroed = table.clone(), table.clone()

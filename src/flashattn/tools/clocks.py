@@ -1,7 +1,7 @@
 """The GPU's SM clock and board power while a benchmark runs, sampled by ``nvidia-smi`` in the background.
 
 On the H200 the heavy kernels run the board at its power limit, and the driver then lowers the SM clock (1680-1980
-MHz within one short run; docs/perf-notes.md, version 21), so a cell's time depends on the clock it ran at, which a
+MHz within one short run), so a cell's time depends on the clock it ran at, which a
 long grid's later cells see lower. ``flashattn bench`` records, for each timing, the median clock and the highest
 power sampled while it ran.
 
