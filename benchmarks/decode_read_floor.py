@@ -1,7 +1,7 @@
 """The floor of a decode step: what a kernel that only reads the step's K/V bytes once takes, timed as the bench times
 a step (a CUDA graph over enough cache copies to miss L2), next to flashattn's step and cuDNN's in the same process.
 
-Issue 3 asks for 80% of the measured copy bandwidth from 8k-key caches. A step cannot read its bytes faster than a
+The decode target is 80% of the measured copy bandwidth from 8k-key caches. A step cannot read its bytes faster than a
 launch that does nothing else; so where the best read-only launch falls short of 80%, no attention kernel reaches it.
 The read kernel streams K and V in programs of equal contiguous chunks (16-byte loads, a float sum kept so that the
 loads are not dropped), over a sweep of programs per SM, block sizes, warps and pipeline stages; the fastest
@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashattn.bench_decode import (
+from flashattn.tools.bench_decode import (
     DECODE_PROVIDERS,
     DecodeCase,
     choose_grid_copies,

@@ -1,9 +1,12 @@
-"""Sweep the split count of a decode step (GPU): the data behind ``decode_ops.choose_num_splits``.
+"""Sweep the split count of a decode step (GPU): the data behind ``flashattn.configs.choose_num_splits`` and
+``flashattn.configs.hopper_decode_splits``.
 
 For each case (cache length, batch, contiguous or paged) the whole step of ``flash_attn_with_kvcache``
 is timed as the bench times it (a CUDA graph over enough cache copies to miss the L2), once per split
-count, and the automatic choice is marked; with --configs, also for other key tiles, warps and stages,
-each output checked against the table's. Prints a Markdown row per case and config, JSON to --out.
+count, and the automatic choice is marked; with --configs, also for other key tiles, warps and stages of
+the Triton decode kernel (``flashattn.configs.decode_config``), each output checked against the table's.
+Steps that the Hopper kernels take (``flashattn.launch.decode.hopper_decode_fits``) choose their own tiles:
+there --configs changes nothing. Prints a Markdown row per case and config, JSON to --out.
 
     PYTHONPATH=src python3 benchmarks/decode_splits.py --cache-lens 8192 65536 --batches 1 4 16 \\
         [--page-size 256] --out splits.json
@@ -18,8 +21,19 @@ import json
 
 import torch
 
-from flashattn import decode_ops, launcher
-from flashattn.bench_decode import DecodeCase, choose_grid_copies, flashattn_step, graph_seconds, l2_bytes, make_inputs
+from flashattn import configs
+from flashattn.launch import clear_plans
+from flashattn.launch.common import peak_memory_bandwidth
+from flashattn.launch.decode import _paged_geometry, hopper_decode_fits
+from flashattn.options import AttentionOptions
+from flashattn.tools.bench_decode import (
+    DecodeCase,
+    choose_grid_copies,
+    flashattn_step,
+    graph_seconds,
+    l2_bytes,
+    make_inputs,
+)
 
 WRONG_DIFF = 2e-2  # bf16 outputs of the same attention differ by rounding only (~1e-3)
 SPLIT_CANDIDATES = (1, 2, 3, 4, 5, 6, 8, 9, 11, 12, 16, 17, 22, 24, 32, 33, 48, 64)
@@ -37,43 +51,51 @@ def candidate_splits(case: DecodeCase, processors: int, key_block: int = 64) -> 
 
 
 def parse_config(text: str) -> dict:
-    """"64x4x3" -> the DecodeConfig fields block_n, num_warps, num_stages; flags after it: "+tma" (TMA
-    loads), "+ptr" (pointer loads, page by page), "+c16" (paged: 16 block-table entries a chunk; "+c0":
-    page by page) and "+nostream" (no streaming stages: unsplit launches keep num_stages). The query tile
-    stays the table's."""
+    """"64x4x3" -> the DecodeConfig fields block_n, num_warps, num_stages; the flag "+nostream" after it: no
+    streaming stages (unsplit launches keep num_stages). The query tile stays the table's."""
     tiles, *flags = text.split("+")
     block_n, warps, stages = (int(part) for part in tiles.split("x"))
     fields = dict(block_n=block_n, num_warps=warps, num_stages=stages)
     for flag in flags:
-        if flag == "tma":
-            fields["tma"] = True
-        elif flag == "ptr":
-            fields.update(tma=False, table_chunk=0)
-        elif flag == "nostream":
+        if flag == "nostream":
             fields["streaming_stages"] = 0
-        elif flag.startswith("c"):
-            fields["table_chunk"] = int(flag[1:])
         else:
-            raise ValueError(f"config {text!r}: unknown flag {flag!r} (expected tma, ptr or cN)")
+            raise ValueError(f"config {text!r}: unknown flag {flag!r} (expected nostream)")
     return fields
 
 
 @contextlib.contextmanager
 def decode_tiles(config: dict | None):
-    """decode_ops.decode_config with the fields of ``config`` replaced; None: the table's. The launch plans are
+    """configs.decode_config with the fields of ``config`` replaced; None: the table's. The launch plans are
     cleared on the way in and out: their key does not see the patched function."""
-    table = decode_ops.decode_config
+    table = configs.decode_config
     if config is not None:
-        decode_ops.decode_config = lambda *args: dataclasses.replace(table(*args), **config)
-    launcher.clear_plans()
+        configs.decode_config = lambda *args: dataclasses.replace(table(*args), **config)
+    clear_plans()
     try:
         yield
     finally:
-        decode_ops.decode_config = table
-        launcher.clear_plans()
+        configs.decode_config = table
+        clear_plans()
 
 
-def sweep(case: DecodeCase, device: torch.device, configs: list[str | None], only_splits: list[int] | str = ()) -> dict:
+def automatic_splits(case: DecodeCase, inputs, device: torch.device, processors: int) -> tuple[int, str]:
+    """The split count that ``flash_attn_with_kvcache`` chooses for ``case`` (num_splits=0), and the kernel that
+    runs the step: "hopper" or "triton"."""
+    k_cache, v_cache = inputs.k_caches[0], inputs.v_caches[0]
+    options = AttentionOptions.build(case.head_dim, None, True, (-1, -1), 0.0, 0.0, False)
+    programs = case.batch * case.nheads_k
+    if hopper_decode_fits(inputs.q, k_cache, v_cache, None, None, inputs.block_table, None, None, options,
+                          inputs.k_new):
+        capacity = _paged_geometry(k_cache, inputs.block_table)["capacity"]
+        return configs.hopper_decode_splits(programs, capacity, processors, peak_memory_bandwidth(device)), "hopper"
+    config = configs.decode_config(case.nheads // case.nheads_k, case.head_dim, getattr(torch, case.dtype), False)
+    key_blocks = -(-case.cache_len // config.block_n)
+    return configs.choose_num_splits(programs, key_blocks, processors, config.streaming_stages > 0), "triton"
+
+
+def sweep(case: DecodeCase, device: torch.device, tile_configs: list[str | None],
+          only_splits: list[int] | str = ()) -> dict:
     """Step times over split counts for each tile config, and each output's largest difference from
     the table config's output with the automatic split count (a wrong config shows there). ``only_splits``:
     time these split counts (and the automatic one) instead of :func:`candidate_splits`; "auto": the automatic one
@@ -81,12 +103,10 @@ def sweep(case: DecodeCase, device: torch.device, configs: list[str | None], onl
     processors = torch.cuda.get_device_properties(device).multi_processor_count
     copies = choose_grid_copies(case.kv_bytes(), l2_bytes(device))
     inputs = make_inputs(case, device, copies)
-    streaming = decode_ops.decode_config(case.nheads // case.nheads_k, case.head_dim, getattr(torch, case.dtype),
-                                         False).streaming_stages > 0
-    auto = decode_ops.choose_num_splits(case.batch * case.nheads_k, -(-case.cache_len // 64), processors, streaming)
+    auto, kernel = automatic_splits(case, inputs, device, processors)
     reference = flashattn_step(auto)(inputs)(0).float()
     results = {}
-    for name in configs:
+    for name in tile_configs:
         config = parse_config(name) if name else None
         times, diffs = {}, {}
         with decode_tiles(config):
@@ -103,7 +123,7 @@ def sweep(case: DecodeCase, device: torch.device, configs: list[str | None], onl
         results[name or "table"] = {"us": times, "max_diff": diffs}
     del inputs
     torch.cuda.empty_cache()
-    return {"case": vars(case), "auto": auto, "configs": results}
+    return {"case": vars(case), "kernel": kernel, "auto": auto, "configs": results}
 
 
 def main() -> None:
@@ -112,8 +132,8 @@ def main() -> None:
     parser.add_argument("--cache-lens", nargs="+", type=int, default=[8192, 65536])
     parser.add_argument("--page-size", type=int, default=0, help="0: a contiguous cache")
     parser.add_argument("--configs", nargs="+", default=[],
-                        help="tile configs BLOCK_NxWARPSxSTAGES[+tma|+ptr|+cN|+nostream] to sweep besides "
-                             "the table's, e.g. 128x4x2+tma")
+                        help="Triton decode tile configs BLOCK_NxWARPSxSTAGES[+nostream] to sweep besides "
+                             "the table's, e.g. 128x4x2")
     parser.add_argument("--splits", nargs="+", type=int, default=[],
                         help="split counts to time (besides the automatic one) instead of the candidates")
     parser.add_argument("--auto-only", action="store_true", help="time the automatic split count only")
@@ -134,7 +154,8 @@ def main() -> None:
                 wrong = [s for s, diff in runs["max_diff"].items() if diff > WRONG_DIFF]
                 cells = " ".join(f"{s}{'*' if s == result['auto'] else ''}{'!' if s == best else ''}:{us:.1f}"
                                  for s, us in times.items())
-                print(f"| {cache_len} | {batch} | {args.page_size or 'contiguous'} | {name} | auto {result['auto']} "
+                layout = args.page_size or "contiguous"
+                print(f"| {cache_len} | {batch} | {layout} | {result['kernel']} {name} | auto {result['auto']} "
                       f"{times[result['auto']]:.1f} us | best {best} {times[best]:.1f} us | {cells} |"
                       f"{' WRONG at splits ' + str(wrong) if wrong else ''}", flush=True)
     if args.out:

@@ -1,32 +1,52 @@
 #!/usr/bin/env bash
-# The whole test suite on the GPU machine, in parts that each fit one device call (10 minutes, with the
-# kernels compiled from scratch on a fresh machine). Run parts 1-5 in turn:
-#     SHARD=1 bash benchmarks/gpu_suite.sh
-# Each part is a fifth of every test file (tests/conftest.py: FLASHATTN_TEST_SHARD, split by a hash of
-# the test id), so the slow kernel files spread evenly. test_transformers needs transformers: carry
-# .wheels (see README, "GPU machine") and each part installs them to /tmp/hf. The Nsight Compute tests
-# profile the GPU and run alone, after part 5's parallel run.
-# Logs go to $OUT/suite-<part>.log; the failures and the pytest summary are printed last.
+# The test suite on a GPU machine, whole or in parts, and the benchmarks.
+#     bash benchmarks/gpu_suite.sh                  # every test, then the benchmarks (dense, varlen, decode)
+#     SHARD=1 bash benchmarks/gpu_suite.sh ... SHARD=5   # one fifth of the tests, no benchmark
+# A part fits a 10-minute job with the kernels compiled from scratch: each is a fifth of every test file
+# (tests/conftest.py: FLASHATTN_TEST_SHARD, split by a hash of the test id), so the slow kernel files spread
+# evenly. TESTS picks test files or folders (default tests); WORKERS the pytest workers. test_transformers needs
+# transformers: wheels under .wheels/ are installed to /tmp/hf. The Nsight Compute tests profile the GPU and run
+# alone, after the whole run or part 5's.
+# The benchmarks write benchmarks/results/<gpu>-<mode>.json (BENCH_OUT: another folder; SKIP_BENCH=1: none);
+# `python benchmarks/report.py` then regenerates BENCHMARKS.md and the README's summary from them.
+# Logs go to $OUT (default gpu-out): suite[-<part>].log, bench-<mode>.log; failures and pytest's summary last.
 set -u -o pipefail
 OUT=${OUT:-gpu-out}
 PARTS=5
+TESTS=${TESTS:-tests}
 mkdir -p "$OUT"
 export PYTHONPATH=src:tests PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-case "${SHARD:?set SHARD=1..5}" in
-  [1-5]) ;;
-  *) echo "SHARD must be 1 to $PARTS" >&2; exit 2 ;;
+SHARD=${SHARD:-}
+case "$SHARD" in
+  "") LOG="$OUT/suite.log" ;;
+  [1-5]) LOG="$OUT/suite-$SHARD.log"; export FLASHATTN_TEST_SHARD="$SHARD/$PARTS" ;;
+  *) echo "SHARD must be 1 to $PARTS, or unset for the whole suite" >&2; exit 2 ;;
 esac
 if ls .wheels/*.whl > /dev/null 2>&1; then
   pip install -q --no-index --no-deps --target /tmp/hf $(ls .wheels/*.whl | grep -v numpy) > /dev/null 2>&1
   export PYTHONPATH=$PYTHONPATH:/tmp/hf
 fi
-LOG="$OUT/suite-$SHARD.log"
-FLASHATTN_TEST_SHARD="$SHARD/$PARTS" timeout -s INT "${SUITE_TIMEOUT:-530}" \
-  python3 -m pytest tests -n "${WORKERS:-14}" -q -p no:cacheprovider -k "not test_gpu_ncu" --durations=15 > "$LOG" 2>&1
+timeout -s INT "${SUITE_TIMEOUT:-530}" python3 -m pytest $TESTS -n "${WORKERS:-14}" -q -p no:cacheprovider \
+  -k "not test_gpu_ncu" --durations=15 > "$LOG" 2>&1
 echo "pytest exit $?" >> "$LOG"
-if [ "$SHARD" = "$PARTS" ]; then
+if [ "$SHARD" = "" ] || [ "$SHARD" = "$PARTS" ]; then
   timeout 120 python3 -m pytest tests/test_iomeasure.py -k test_gpu_ncu -q -p no:cacheprovider >> "$LOG" 2>&1
   echo "ncu tests exit $?" >> "$LOG"
 fi
 grep -E "^(FAILED|ERROR)" "$LOG" | head -30
 grep -E "passed|failed|exit" "$LOG" | tail -4
+
+if [ "$SHARD" = "" ] && [ "${SKIP_BENCH:-0}" != 1 ]; then
+  BENCH_OUT=${BENCH_OUT:-benchmarks/results}
+  # dense: the full grid, every provider; varlen: packed against dense calls on the same tokens; decode: the KV cache
+  declare -A BENCH_ARGS=(
+    [dense]=""
+    [varlen]="--providers flashattn --varlen --head-dims 128 --seqlens 512 1024 16384"
+    [decode]="--mode decode --cache-lens 4096 8192 16384 131072 --batches 1 4 8 16 64"
+  )
+  for mode in dense varlen decode; do
+    timeout "${BENCH_TIMEOUT:-900}" python3 -m flashattn.tools.bench ${BENCH_ARGS[$mode]} --out "$BENCH_OUT" \
+      > "$OUT/bench-$mode.log" 2>&1
+    echo "bench $mode exit $?: $(grep '^results:' "$OUT/bench-$mode.log")"
+  done
+fi

@@ -1,7 +1,7 @@
 """Nsight Compute on one flashattn kernel in two or more cases, side by side (GPU machine).
 
 Each case is a flash_attn_func (or, with ``varlen=1``, flash_attn_varlen_func over the same tokens packed)
-call on the ANCHORS grid's shapes (16k tokens, heads * headdim = 2048, bf16); the kernel named by
+call on the bench grid's shapes (16k tokens, heads * headdim = 2048, bf16); the kernel named by
 ``--kernel`` is profiled once per case, after two warm-up calls, with the same sections. Printed: the
 metrics that say why a kernel is slow (duration, registers, occupancy, stalls, per-SM balance), then the
 rows that differ most between the first two cases. Full CSVs under $OUT/ncu-compare.
@@ -12,10 +12,10 @@ rows that differ most between the first two cases. Full CSVs under $OUT/ncu-comp
 A phase's tile forced (``forward=``, ``dq=`` or ``dkdv=``, `flashattn blocks` notation), the kernel matched by a
 regular expression:
     --kernel regex:dkdv --case triton:hdim=64,seqlen=2048,mode=bwd,dkdv=64x64x4x3+keyrows \\
-        --case slices:hdim=64,seqlen=2048,mode=bwd,dkdv=64x128x8x3+ws+slices
+        --case slices:hdim=64,seqlen=2048,mode=bwd,dkdv=64x128x8x3+hopper+slices
 
-How the varlen hdim-64 forward's missing register was found (docs/perf-notes.md, version 7):
-    --kernel attention_forward_kernel --case dense:hdim=64,seqlen=4096,causal=1 \\
+A packed (varlen) forward against the dense one on the same tokens:
+    --kernel regex:attention_forward --case dense:hdim=64,seqlen=4096,causal=1 \\
         --case varlen:hdim=64,seqlen=4096,causal=1,varlen=1
 """
 
@@ -69,7 +69,8 @@ def run_case(fields: dict) -> None:
     """The profiled process: two warm-up calls and one more, all of the case's kernels launched."""
     import torch
 
-    from flashattn import blocks, configs
+    from flashattn import configs
+    from flashattn.tools import blocks
 
     head_dim, seqlen = int(fields.get("hdim", 128)), int(fields.get("seqlen", 4096))
     causal, varlen = fields.get("causal", "0") == "1", fields.get("varlen", "0") == "1"

@@ -1,9 +1,9 @@
 """Draw the H200 tile sweeps, with the IO model's reading of each candidate, for docs/block-size.md.
 
-Reads the sweeps in ``benchmarks/results/``: the full forward and backward sweeps of
+Reads ``benchmarks/results/h200-blocks.json``: the full forward and backward sweeps of
 ``benchmarks/sweep_blocks.py`` (seqlen 4096, batch 4, heads * head dim = 2048, bf16) and the forward
 TMA sweeps of ``flashattn blocks --json`` (hdim 128, seqlen 16384). Every candidate is labelled with
-what ``flashattn.blocks`` estimates for it: shared memory per program and the fp32 tile registers per
+what ``flashattn.tools.blocks`` estimates for it: shared memory per program and the fp32 tile registers per
 thread (a lower bound). ``--markdown`` prints the same as tables, with the model's derivation for an
 A100 (not measured: no A100 here).
 
@@ -18,19 +18,17 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from flashattn.blocks import HOPPER_SMEM_PER_BLOCK, MAX_REGISTERS_PER_THREAD, Shape, estimate
+from flashattn.tools.blocks import HOPPER_SMEM_PER_BLOCK, MAX_REGISTERS_PER_THREAD, Shape, estimate
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
-SWEEPS = ("20261121-sweep-forward-H200.json", "20261121-sweep-backward-H200.json")
-TMA_SWEEPS = ("20261121-blocks-H200-d128-s16384-tma.json", "20261121-blocks-H200-d128-causal-s16384-tma.json")
+RESULTS = ROOT / "benchmarks" / "results" / "h200-blocks.json"
 DEFAULT_PNG = ROOT / "docs" / "figures" / "block-size-h200.png"
 SWEEP_SEQLEN = 4096  # sweep_blocks.py's default, which these sweeps used
 HOPPER_SMS = 132
 
 # Per SM: shared memory (KB, of which each resident program reserves 1 KB more), warps, SMs,
 # bandwidth (TB/s) and dense bf16 matmul peak (TFLOP/s). H200 and H100: measured ceilings
-# (iomodel.GPU_PRESETS); A100: datasheet (40 GB / 80 GB bandwidth), for the derivation only.
+# (flashattn.tools.iomodel.GPU_PRESETS); A100: datasheet (40 GB / 80 GB bandwidth), for the derivation only.
 GPUS = {
     "H200": dict(smem_kb=228, block_smem_kb=227, sms=132, bandwidth=(4.23,), peak=788),
     "H100": dict(smem_kb=228, block_smem_kb=227, sms=132, bandwidth=(3.02,), peak=789),
@@ -65,17 +63,19 @@ def _point(phase, head_dim, causal, seqlen, batch, heads, candidate, label, tflo
 
 
 def load(results: Path = RESULTS) -> list[Point]:
+    """The points of a sweeps file: ``sweeps`` (forward, backward: sweep_blocks.py's rows) and ``tma_sweeps``
+    (``flashattn blocks --json`` outputs)."""
+    data = json.loads(Path(results).read_text())
     points = []
-    for name in SWEEPS:
-        for row in json.loads((results / name).read_text()):
+    for phase in ("forward", "backward"):
+        for row in data["sweeps"][phase]:
             candidate = tuple(row["config"])
             points.append(_point(row["phase"], row["head_dim"], row["causal"], SWEEP_SEQLEN,
                                  max(1, 16384 // SWEEP_SEQLEN), 2048 // row["head_dim"], candidate,
                                  "x".join(map(str, candidate)), row["tflops"], row["status"]))
-    for name in TMA_SWEEPS:
-        data = json.loads((results / name).read_text())
-        shape = data["shape"]
-        for row in data["results"]:
+    for sweep in data["tma_sweeps"]:
+        shape = sweep["shape"]
+        for row in sweep["results"]:
             flags = row["config"].split("+")[1:]
             candidate = (row["block_m"], row["block_n"], row["num_warps"], row["num_stages"], "tma" in flags)
             points.append(_point(row["phase"], shape["head_dim"], shape["causal"], shape["seqlen"], shape["batch"],
@@ -152,7 +152,7 @@ def plot(points: list[Point], path: Path) -> Path:
         _panel(axes[1, column], [p for p in sweep if p.phase == "dkdv" and p.head_dim == head_dim],
                f"dK/dV candidates, hdim {head_dim}, 4k (whole backward)")
     _panel(axes[0, 3], [p for p in points if p.seqlen == 16384], "forward, hdim 128, seqlen 16k: TMA (+tma)\n"
-                                                                  "and warp specialization (+ws, since dropped)")
+                                                                  "and warp specialization (+ws)")
     _panel(axes[1, 3], [p for p in sweep if p.phase == "dq" and p.head_dim == 256],
            "dQ candidates, hdim 256, 4k (whole backward)")
     for row in axes:
@@ -220,7 +220,7 @@ def markdown(points: list[Point]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results", type=Path, default=RESULTS, help="folder of the sweep JSON files")
+    parser.add_argument("--results", type=Path, default=RESULTS, help=f"the sweeps file (default {RESULTS.name})")
     parser.add_argument("--out", type=Path, default=DEFAULT_PNG, help=f"PNG to write (default {DEFAULT_PNG})")
     parser.add_argument("--markdown", action="store_true", help="print the tables instead of drawing")
     args = parser.parse_args(argv)

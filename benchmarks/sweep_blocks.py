@@ -1,9 +1,10 @@
 """Time flashattn's kernels over candidate tile configs on the local GPU, for the tile table's grid of cases.
 
-A thin loop over ``flashattn blocks`` (``src/flashattn/blocks.py`` holds the candidates, the check
+A thin loop over ``flashattn blocks`` (``src/flashattn/tools/blocks.py`` holds the candidates, the check
 against SDPA and the timing): every head dim, causal and not, at the shapes the table was measured on
 (16k tokens, heads * head dim = 2048). Winners go into ``src/flashattn/configs.py`` by hand, after the
-GPU test suite passes with them. For one shape, with the IO model's columns, use ``flashattn blocks``.
+GPU test suite passes with them. For one shape, with the IO model's columns, use ``flashattn blocks``. The sweeps
+that docs/block-size.md draws are kept in ``benchmarks/results/h200-blocks.json`` (``plot_block_sweeps.py``).
 
     PYTHONPATH=src python3 benchmarks/sweep_blocks.py --phase forward --head-dims 64 128
 """
@@ -16,7 +17,7 @@ from dataclasses import asdict
 
 import torch
 
-from flashattn.blocks import KERNEL_PHASES, Shape, candidates_for, sweep
+from flashattn.tools.blocks import KERNEL_PHASES, Shape, candidates_for, sweep
 
 
 def main() -> None:

@@ -1,9 +1,8 @@
 """Every tile, split and budget choice: one table per GPU family and phase, looked up per head dim, mask and length.
 
 Users never pay for autotuning: ``benchmarks/sweep_blocks.py`` (dense) and ``benchmarks/decode_splits.py`` (decode)
-time candidates on a GPU, and the winners are written here, each checked by the GPU test suite first. Each entry
-carries a one-line reason; docs/perf-notes.md holds the measurements behind it. ``use_config`` is the one way to
-force a tile (what the sweeps do).
+time candidates on a GPU; the winners are written here, each with a one-line reason (docs/perf-notes.md holds the
+measurements behind it). ``use_config`` is the one way to force a tile (what the sweeps do).
 """
 
 from __future__ import annotations
@@ -72,8 +71,10 @@ LONG_SEQLEN = 8192
 INTERPRETER = TileConfig(16, 16, 1, 1)
 
 
-def _both(config: TileConfig) -> dict:
-    return {False: config, True: config}
+def _buckets(hdim_64: TileConfig, hdim_128: TileConfig, hdim_256: TileConfig) -> dict:
+    """One tile per head-dim bucket, masked or not."""
+    return {(bucket, masked): config for bucket, config in ((64, hdim_64), (128, hdim_128), (256, hdim_256))
+            for masked in (False, True)}
 
 
 HOPPER_FORWARD = PhaseTable(
@@ -175,15 +176,9 @@ HOPPER_DQ = PhaseTable(
 )
 
 # Other GPUs (Ampere and older, or unknown): smaller tiles that fit 100 KB of shared memory.
-PORTABLE_FORWARD = PhaseTable({(64, m): c for m, c in _both(TileConfig(64, 64, 4, 2)).items()}
-                              | {(128, m): c for m, c in _both(TileConfig(64, 32, 4, 2)).items()}
-                              | {(256, m): c for m, c in _both(TileConfig(32, 32, 4, 1)).items()})
-PORTABLE_DKDV = PhaseTable({(64, m): c for m, c in _both(TileConfig(32, 64, 4, 1)).items()}
-                           | {(128, m): c for m, c in _both(TileConfig(32, 64, 4, 1)).items()}
-                           | {(256, m): c for m, c in _both(TileConfig(16, 32, 4, 1)).items()})
-PORTABLE_DQ = PhaseTable({(64, m): c for m, c in _both(TileConfig(64, 32, 4, 1)).items()}
-                         | {(128, m): c for m, c in _both(TileConfig(64, 32, 4, 1)).items()}
-                         | {(256, m): c for m, c in _both(TileConfig(32, 16, 4, 1)).items()})
+PORTABLE_FORWARD = PhaseTable(_buckets(TileConfig(64, 64, 4, 2), TileConfig(64, 32, 4, 2), TileConfig(32, 32, 4, 1)))
+PORTABLE_DKDV = PhaseTable(_buckets(TileConfig(32, 64, 4, 1), TileConfig(32, 64, 4, 1), TileConfig(16, 32, 4, 1)))
+PORTABLE_DQ = PhaseTable(_buckets(TileConfig(64, 32, 4, 1), TileConfig(64, 32, 4, 1), TileConfig(32, 16, 4, 1)))
 
 TABLES = {
     ("hopper", "forward"): HOPPER_FORWARD,
@@ -194,9 +189,21 @@ TABLES = {
     ("portable", "dq"): PORTABLE_DQ,
 }
 
-# ---------------------------------------------------------------------------------------------
-# Budgets of the Hopper kernels
-# ---------------------------------------------------------------------------------------------
+def delta_rows(interpret: bool) -> int:
+    """Rows a program of the backward's delta = rowsum(dO * O) kernel takes (a bandwidth-bound pass)."""
+    return 16 if interpret else 64
+
+
+def paged_forward(config: TileConfig) -> TileConfig:
+    """A forward tile for paged keys: a TMA descriptor spans one strided run of rows and cannot follow pages, so paged
+    K/V take pointer loads, where a tile sized for TMA spills (hdim 128: 128 x 128 needs about 650 bytes of stack a
+    thread); 64-key blocks at most."""
+    if not config.tma:
+        return config
+    return dataclasses.replace(config, block_n=min(config.block_n, 64), tma=False)
+
+
+# -- Budgets of the Hopper kernels --
 
 # registers per thread (setmaxnreg) of the consumer warpgroups, by their count: the SM's 65,536 over 3 or 4 warpgroups
 HOPPER_CONSUMER_REGISTERS = {2: 240, 3: 160}
@@ -209,9 +216,7 @@ HOPPER_L2_SECTION_BYTES = 8 << 20
 # host time that shorter calls do not win back
 CONCURRENT_GRADIENTS_MIN_FLOPS = 2e11
 
-# ---------------------------------------------------------------------------------------------
-# Decode: the attention over a KV cache, its splits, the merge
-# ---------------------------------------------------------------------------------------------
+# -- Decode: the attention over a KV cache, its splits, the merge --
 
 MAX_SPLITS = 128
 # up to this many new tokens a sequence (and without rotary) the attention launch also appends them
@@ -329,6 +334,11 @@ def hopper_decode_early_first_block(num_splits: int) -> bool:
     return num_splits <= HOPPER_DECODE_EARLY_MAX_SPLITS
 
 
+def append_keys(interpret: bool) -> int:
+    """New keys a program of the separate append kernel writes."""
+    return 16 if interpret else 32
+
+
 @dataclass(frozen=True)
 class CombineTiles:
     block_m: int  # (token, head) rows per program
@@ -363,9 +373,12 @@ def combine_tiles(num_splits: int, rows: int, block_d: int, processors: int, int
     return CombineTiles(block_m, split_block, chunk_d, 4 if elements >= 2048 else 2)
 
 
-# ---------------------------------------------------------------------------------------------
-# Lookup
-# ---------------------------------------------------------------------------------------------
+def combine_backward_tiles(num_splits: int, interpret: bool) -> tuple[int, int]:
+    """(rows a program, splits loaded at once) of the merge's backward."""
+    return (16 if interpret else 32), min(4 if interpret else 16, next_power_of_2(num_splits))
+
+
+# -- Lookup --
 
 
 def padded_head_dim(head_dim: int) -> int:

@@ -177,7 +177,7 @@ def launch_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Atte
 
     # delta = rowsum(dO * O) is per query row: packed tokens are one batch of total_q rows to it
     delta = torch.empty_like(lse)
-    delta_block = 16 if interpret else 64
+    delta_block = configs.delta_rows(interpret)
     delta_rows, delta_batch = (layout.lengths[0], 1) if packing is not None else (layout.grid_q, batch)
     launch(
         delta_kernel, (cdiv(delta_rows, delta_block), delta_batch * nheads),

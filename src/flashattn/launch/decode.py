@@ -59,7 +59,7 @@ def launch_append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_
     batch, seqlen_new, nheads_k, head_dim = k.shape
     geometry = _paged_geometry(k_cache, block_table)
     rotary_dim, seqlen_ro = _rotary_args(rotary_cos)
-    block_n = 16 if interpreting() else 32
+    block_n = configs.append_keys(interpreting())
     placeholder = cache_seqlens  # any pointer will do where a constexpr flag says it is never read
     cos = rotary_cos if rotary_cos is not None else k
     sin = rotary_sin if rotary_sin is not None else k
@@ -314,7 +314,7 @@ def launch_combine_backward(dout, dlse, out_partial, lse_partial):
     num_splits, batch, seqlen, nheads, head_dim = out_partial.shape
     dout_partial = torch.empty_like(out_partial, memory_format=torch.contiguous_format)
     dlse_partial = torch.empty_like(lse_partial, memory_format=torch.contiguous_format)
-    block_m = 16 if interpreting() else 32
+    block_m, split_block = configs.combine_backward_tiles(num_splits, interpreting())
     launch(
         combine_backward_kernel, (cdiv(seqlen * nheads, block_m), batch),
         dout, dlse, out_partial, lse_partial, dout_partial, dlse_partial,
@@ -323,7 +323,7 @@ def launch_combine_backward(dout, dlse, out_partial, lse_partial):
         *dout_partial.stride()[:4], *dlse_partial.stride(),
         num_splits, seqlen, nheads,
         HEAD_DIM=head_dim, BLOCK_D=configs.padded_head_dim(head_dim), BLOCK_M=block_m,
-        SPLIT_BLOCK=min(4 if interpreting() else 16, configs.next_power_of_2(num_splits)),
+        SPLIT_BLOCK=split_block,
     )
     return dout_partial, dlse_partial
 

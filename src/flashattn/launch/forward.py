@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from .. import configs
@@ -59,11 +57,8 @@ def launch_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, att
     config = configs.tile_config("forward", head_dim, masked, q.dtype, q.device, interpreting(),
                                  attn_mask=attn_mask is not None, seqlen=min(layout.grid_q, layout.grid_k),
                                  hopper=fits_hopper, packed=layout.is_varlen)
-    if block_table is not None and config.tma:
-        # a TMA descriptor spans one strided block of rows and cannot follow pages: paged K/V take pointer
-        # loads, where a tile sized for TMA spills (hdim 128: 128 x 128 needs about 650 bytes of stack per
-        # thread, ptxas for sm90; 128 x 64, the causal entry, 24)
-        config = dataclasses.replace(config, block_n=min(config.block_n, 64), tma=False)
+    if block_table is not None:
+        config = configs.paged_forward(config)
     if layout.grid_q == 0:
         return out, lse  # only empty sequences: nothing to compute, nothing to store
     if config.hopper and fits_hopper:

@@ -24,7 +24,6 @@ import datetime
 import json
 import os
 import platform
-import re
 import subprocess
 import time
 from collections.abc import Callable
@@ -39,6 +38,7 @@ from ..interface import flash_attn_func
 from ..varlen import flash_attn_varlen_func
 from .clocks import ClockMonitor
 from .demo import median_seconds
+from .results import RESULTS_FOLDER, machine_kind, write_results  # noqa: F401  (machine_kind: the bench's API)
 
 Runner = Callable[[], torch.Tensor]
 
@@ -192,8 +192,8 @@ def _time_ms(fn: Callable[[], object], device: torch.device) -> float:
 
 HOST_TIMING_MAX_MS = 2.0
 """GPU cases that time under this many milliseconds also get their host time per call (``host_microseconds``).
-Short cells moved by 15-60% between full grids of the same kernels while SDPA's did not (docs/perf-notes.md,
-version 16); a host time near the GPU time says the call was host-bound on that lease."""
+Short cells can move by 15-60% between full grids of the same kernels while SDPA's do not: a host time near the GPU
+time says the call was host-bound on that machine."""
 HOST_TIMING_CALLS = 20
 
 
@@ -317,37 +317,6 @@ def measured_matmul_tflops(device: torch.device) -> float | None:
     b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
     ms = _time_ms(lambda: a @ b, device)
     return 2 * 8192**3 / ms / 1e9
-
-
-RESULTS_FOLDER = Path("benchmarks/results")
-VENDOR_WORDS = {"nvidia", "geforce", "tesla", "quadro", "amd", "instinct", "radeon"}
-
-
-def machine_kind(env: dict) -> str:
-    """The machine part of a results file's name: the GPU's model in lower case, up to its first word with a digit
-    ("NVIDIA H200" -> "h200", "NVIDIA H100 80GB HBM3" -> "h100", "NVIDIA GeForce RTX 4090" -> "rtx4090"); "cpu" when
-    the run had no GPU (``environment`` records a capability for GPUs only)."""
-    if not env.get("capability"):
-        return "cpu"
-    kind = ""
-    for word in re.split(r"[\s_-]+", env.get("device") or ""):
-        if not word or word.lower() in VENDOR_WORDS:
-            continue
-        kind += re.sub(r"[^a-z0-9]", "", word.lower())
-        if any(c.isdigit() for c in word):
-            break
-    return kind or "gpu"
-
-
-def write_results(folder: Path, env: dict, mode: str, rows: list[dict]) -> Path:
-    """``folder``/<machine>-<mode>.json: the environment and the rows, replacing the file (written whole, then
-    renamed, so that a reader never sees half of it)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{machine_kind(env)}-{mode}.json"
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps({"environment": env, "results": rows}, indent=1) + "\n")
-    os.replace(partial, path)
-    return path
 
 
 def markdown_table(measurements: list[Measurement], providers: list[str]) -> str:
@@ -528,7 +497,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flashattn.bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="flashattn bench", description=__doc__.splitlines()[0])
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

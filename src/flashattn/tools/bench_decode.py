@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kvcache import flash_attn_with_kvcache
+from . import results
 from .demo import median_seconds
 
 Runner = Callable[[int], object]  # runs one decode step on cache copy i
@@ -309,8 +310,6 @@ def run(args: argparse.Namespace, env: dict) -> int:
 
 
 def write_results(folder: Path, env: dict, measurements: list[DecodeMeasurement]) -> Path:
-    """``folder``/<machine>-decode.json (``bench.write_results``): the environment and one row per provider and case,
+    """``folder``/<machine>-decode.json (``results.write_results``): the environment and one row per provider and case,
     replacing the previous decode run of this kind of machine."""
-    from .bench import write_results as write_json
-
-    return write_json(folder, env, "decode", [asdict(m) for m in measurements])
+    return results.write_results(folder, env, "decode", [asdict(m) for m in measurements])

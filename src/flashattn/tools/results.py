@@ -1,0 +1,39 @@
+"""Where benchmark results go: one file per machine kind and mode in ``benchmarks/results/``, replaced by the mode's
+next run (``benchmarks/report.py`` builds BENCHMARKS.md from them)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+RESULTS_FOLDER = Path("benchmarks/results")
+VENDOR_WORDS = {"nvidia", "geforce", "tesla", "quadro", "amd", "instinct", "radeon"}
+
+
+def machine_kind(env: dict) -> str:
+    """The machine part of a results file's name: the GPU's model in lower case, up to its first word with a digit
+    ("NVIDIA H200" -> "h200", "NVIDIA H100 80GB HBM3" -> "h100", "NVIDIA GeForce RTX 4090" -> "rtx4090"); "cpu" when
+    the run had no GPU (``environment`` records a capability for GPUs only)."""
+    if not env.get("capability"):
+        return "cpu"
+    kind = ""
+    for word in re.split(r"[\s_-]+", env.get("device") or ""):
+        if not word or word.lower() in VENDOR_WORDS:
+            continue
+        kind += re.sub(r"[^a-z0-9]", "", word.lower())
+        if any(c.isdigit() for c in word):
+            break
+    return kind or "gpu"
+
+
+def write_results(folder: Path, env: dict, mode: str, rows: list[dict]) -> Path:
+    """``folder``/<machine>-<mode>.json: the environment and the rows, replacing the file (written whole, then
+    renamed, so that a reader never sees half of it)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{machine_kind(env)}-{mode}.json"
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps({"environment": env, "results": rows}, indent=1) + "\n")
+    os.replace(partial, path)
+    return path
