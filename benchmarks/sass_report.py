@@ -20,7 +20,8 @@ around the loops.
 the launcher would see as multiples of 16) are options, not constexprs; a run-time argument given a value
 (``group_size=1``) is compiled as the launcher specializes a 1.
 On the GPU machine, ``--cache DIR KERNEL`` reports the kernels the launcher compiled into a Triton cache;
-``--table forward,dkdv,dq SEQLEN`` reports the tile table's kernels for a benchmark-grid shape.
+``--table forward,dkdv,dq SEQLEN`` reports the tile table's kernels for a benchmark-grid shape (the Hopper kernels'
+entries: ``forward_hopper``, ``dkdv_hopper``, ``dq_hopper``).
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def instructions(sass: str) -> list[tuple[int, str]]:
 
 
 def hot_loop_spills(sass: str) -> dict:
-    """STL/LDL inside the innermost loops (a backward branch's range) that hold HGMMA or HMMA."""
+    """STL/LDL inside the innermost loops (the range of a jump backwards) that hold HGMMA or HMMA."""
     loops = hot_loops(sass)
     return {"hot_loops": len(loops), "loop_STL": sum(loop["STL"] for loop in loops),
             "loop_LDL": sum(loop["LDL"] for loop in loops)}
@@ -98,9 +99,9 @@ def hot_loops(sass: str) -> list[dict]:
     listed = instructions(sass)
     loops = []
     for address, text in listed:
-        branch = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
-        if branch and int(branch.group(1), 16) <= address:
-            loops.append((int(branch.group(1), 16), address))
+        jump = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
+        if jump and int(jump.group(1), 16) <= address:
+            loops.append((int(jump.group(1), 16), address))
     innermost = [loop for loop in loops
                  if not any(other != loop and loop[0] <= other[0] and other[1] <= loop[1] for other in loops)]
     found = []
@@ -123,7 +124,7 @@ def wgmma_serialization(ptx: str) -> str | None:
 
     When ptxas cannot keep the asynchronous wgmma pipeline, it waits for each wgmma to finish before the
     next one issues, in the whole function: the hdim-128 causal dK/dV kernel ran 45% slower per tile for
-    it (docs/perf-notes.md, version 8). Triton does not show ptxas's log, so the PTX is assembled again.
+    it (docs/perf-notes.md). Triton does not show ptxas's log, so the PTX is assembled again.
     """
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as source, tempfile.NamedTemporaryFile(suffix=".cubin") as out:
         source.write(ptx)
@@ -157,7 +158,7 @@ def report_cubin(cubin_bytes: bytes, shared_bytes: int | None = None, warps: int
         **hot_loop_spills(sass),
         "loops": hot_loops(sass),
         # ptxas reading a uniform register (a wgmma descriptor) that a path leaves unwritten: wrong results, with no
-        # other sign (docs/perf-notes.md, version 30)
+        # other sign (benchmarks/sass_uniform_reads.py)
         "unwritten_uniform_reads": len(sass_uniform_reads.unwritten_reads(sass)),
     }
 
@@ -203,28 +204,32 @@ def report_cache(cache_dir: Path, kernel_name: str) -> None:
 # The launcher's specialization on the benchmark grid's shapes (dense, no GQA, lengths and heads multiples of 16,
 # causal as window_right = 0): the integer arguments it sees as multiples of 16, and group_size == 1.
 GRID_DIVISIBLE = ("seqlen_q", "seqlen_k", "nheads", "nheads_k", "rng_seed", "rng_offset")
+# the Hopper kernels' table entries: --table's and table_report's phase -> the table's phase
+HOPPER_PHASES = {"forward_hopper": "forward", "dkdv_hopper": "dkdv", "dq_hopper": "dq"}
 
 
 def table_report(phase: str, head_dim: int, causal: bool, seqlen: int, seqlen_q: int = 0,
                  varlen: bool = False) -> dict | None:
     """:func:`compile_report` of the Hopper tile table's ``phase`` kernel ("forward", "dkdv" or "dq") as
-    the launcher compiles it for a bf16 benchmark-grid shape; "forward_ws", "dkdv_ws" and "dq_ws": the Gluon
-    kernels' entries (None where the table has none). ``seqlen_q`` = 1: the Triton kernel as the launcher
+    the launcher compiles it for a bf16 benchmark-grid shape; "forward_hopper", "dkdv_hopper" and "dq_hopper": the
+    Hopper kernels' entries (None where the table has none). ``seqlen_q`` = 1: the Triton kernel as the launcher
     specializes it for one query (an integer argument equal to 1 becomes a constant). ``varlen``: the Triton
     kernel's packed build (IS_VARLEN)."""
     import torch
 
-    from flashattn import configs, ops
+    from flashattn import configs
     from flashattn.kernels import backward, forward
+    from flashattn.launch.backward import dkdv_compilable
 
-    if phase in ("forward_ws", "dkdv_ws", "dq_ws"):
-        config = configs.lookup("hopper", phase[:-3], head_dim, causal, torch.bfloat16, seqlen=seqlen,
-                                warp_specialized=True)
-        if not config.warp_specialized:
+    if phase in HOPPER_PHASES:
+        config = configs.lookup("hopper", HOPPER_PHASES[phase], head_dim, causal, torch.bfloat16, seqlen=seqlen,
+                                hopper=True)
+        if not config.hopper:
             return None
-        report_of = {"forward_ws": ws_forward_report, "dkdv_ws": ws_dkdv_report, "dq_ws": ws_dq_report}[phase]
+        report_of = {"forward_hopper": hopper_forward_report, "dkdv_hopper": hopper_dkdv_report,
+                     "dq_hopper": hopper_dq_report}[phase]
         return report_of(head_dim, causal, config)
-    config = configs.lookup("hopper", phase, head_dim, causal, torch.bfloat16, seqlen=seqlen)
+    config = configs.lookup("hopper", phase, head_dim, causal, torch.bfloat16, seqlen=seqlen, packed=varlen)
     kernel = {"forward": forward.attention_forward_kernel, "dkdv": backward.dkdv_kernel,
               "dq": backward.dq_kernel}[phase]
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
@@ -232,8 +237,9 @@ def table_report(phase: str, head_dim: int, causal: bool, seqlen: int, seqlen_q:
     if phase == "forward":
         constexprs.update(DEFER_SCALE=True)
     if phase == "dkdv":
-        config = ops.dkdv_compilable(config, seqlen_q)
-        constexprs.update(ops._dkdv_passes(config)[0])  # the first launch, where the table splits the pass
+        config = dkdv_compilable(config, seqlen_q)
+        constexprs.update(MASK_EVERY_BLOCK=config.mask_every_block, PEEL_DIAGONAL=config.peel_diagonal,
+                          KEY_ROWS=config.key_rows)
     if seqlen_q == 1:
         constexprs["seqlen_q"] = 1
     divisible = GRID_DIVISIBLE + (("window_right",) if causal else ())
@@ -241,11 +247,11 @@ def table_report(phase: str, head_dim: int, causal: bool, seqlen: int, seqlen_q:
                           divisible=divisible)
 
 
-def ws_forward_report(head_dim: int, causal: bool, config, varlen: bool = False) -> dict:
-    """:func:`report` of the warp-specialized Gluon forward (``kernels/forward_hopper.py``) with ``config``'s
-    tile, as ``ops._warp_specialized_forward`` launches it for bf16 inputs."""
-    from flashattn import ops
+def hopper_forward_report(head_dim: int, causal: bool, config, varlen: bool = False) -> dict:
+    """:func:`report` of the Hopper forward (``kernels/forward_hopper.py``) with ``config``'s tile, as
+    ``launch.forward._hopper_forward`` launches it for bf16 inputs."""
     from flashattn.kernels.forward_hopper import attention_forward_hopper_kernel
+    from flashattn.launch.forward import hopper_forward_constexprs
 
     seqlens = "*i32" if varlen else "*bf16"  # dense calls pass q there, never read
     signature = dict(q_desc=_bf16_descriptor(64, head_dim), k_desc=_bf16_descriptor(config.block_n, head_dim),
@@ -254,33 +260,33 @@ def ws_forward_report(head_dim: int, causal: bool, config, varlen: bool = False)
                      stride_lb="i32", stride_lh="i32", seqlen_q="i32", seqlen_k="i32", nheads="i32",
                      group_size="i32", row_tiles="i32", batch_heads="i32", heads_per_section="i32",
                      qk_scale_log2="fp32")
-    constexprs = ops.warp_specialized_constexprs(config, head_dim, causal, varlen)
+    constexprs = hopper_forward_constexprs(config, head_dim, causal, varlen)
     if not constexprs["DYNAMIC_TILES"]:
         del signature["TileCounter"]
         constexprs["TileCounter"] = None  # the launcher passes None
     return _gluon_report(attention_forward_hopper_kernel, signature, constexprs)
 
 
-def ws_dkdv_report(head_dim: int, causal: bool, config) -> dict:
-    """:func:`report` of the warp-specialized Gluon dK/dV kernel (``kernels/backward_hopper.py``) with ``config``'s
-    tile, as ``ops._warp_specialized_dkdv`` launches it for bf16 inputs."""
-    from flashattn import ops
+def hopper_dkdv_report(head_dim: int, causal: bool, config) -> dict:
+    """:func:`report` of the Hopper dK/dV kernel (``kernels/backward_hopper.py``) with ``config``'s tile, as
+    ``launch.backward._hopper_dkdv`` launches it for bf16 inputs."""
+    from flashattn.launch.backward import hopper_dkdv_constexprs, hopper_dkdv_kernel
 
-    kernel, keys = ops.warp_specialized_dkdv_kernel(config)
+    kernel, keys = hopper_dkdv_kernel(config)
     signature = dict(q_desc=_bf16_descriptor(config.block_m, head_dim),
                      k_desc=_bf16_descriptor(keys, head_dim),
                      v_desc=_bf16_descriptor(keys, head_dim),
                      do_desc=_bf16_descriptor(config.block_m, head_dim), Lse="*fp32", Delta="*fp32", DK="*bf16",
                      DV="*bf16", stride_gb="i32", stride_gm="i32", stride_gh="i32", seqlen_q="i32", seqlen_k="i32",
                      nheads="i32", nheads_k="i32", key_blocks="i32", softmax_scale="fp32", qk_scale_log2="fp32")
-    return _gluon_report(kernel, signature, ops.warp_specialized_dkdv_constexprs(config, head_dim, causal))
+    return _gluon_report(kernel, signature, hopper_dkdv_constexprs(config, head_dim, causal))
 
 
-def ws_dq_report(head_dim: int, causal: bool, config, varlen: bool = False) -> dict:
-    """:func:`report` of the warp-specialized Gluon dQ kernel (``kernels/dq_hopper.py``) with ``config``'s tile, as
-    ``ops._warp_specialized_dq`` launches it for bf16 inputs."""
-    from flashattn import ops
+def hopper_dq_report(head_dim: int, causal: bool, config, varlen: bool = False) -> dict:
+    """:func:`report` of the Hopper dQ kernel (``kernels/dq_hopper.py``) with ``config``'s tile, as
+    ``launch.backward._hopper_dq`` launches it for bf16 inputs."""
     from flashattn.kernels.dq_hopper import dq_hopper_kernel
+    from flashattn.launch.backward import hopper_dq_constexprs
 
     seqlens = "*i32" if varlen else "*bf16"  # dense calls pass q there, never read
     signature = dict(q_desc=_bf16_descriptor(64, head_dim), k_desc=_bf16_descriptor(config.block_n, head_dim),
@@ -289,17 +295,16 @@ def ws_dq_report(head_dim: int, causal: bool, config, varlen: bool = False) -> d
                      stride_dqm="i32", stride_dqh="i32", stride_lb="i32", stride_lh="i32", seqlen_q="i32",
                      seqlen_k="i32", nheads="i32", group_size="i32", row_tiles="i32", batch_heads="i32",
                      heads_per_section="i32", softmax_scale="fp32", qk_scale_log2="fp32")
-    return _gluon_report(dq_hopper_kernel, signature,
-                         ops.warp_specialized_dq_constexprs(config, head_dim, causal, varlen))
+    return _gluon_report(dq_hopper_kernel, signature, hopper_dq_constexprs(config, head_dim, causal, varlen))
 
 
-def ws_decode_report(head_dim: int, block_n: int, num_stages: int, new_keys: int = 1, paged: bool = False,
-                     query_rows: int = 0, consumers: int = 1, early_first_block: bool = False) -> dict:
-    """:func:`report` of the Gluon decode kernel (``kernels/decode_hopper.py``), as ``decode_ops._gluon_attention``
+def hopper_decode_report(head_dim: int, block_n: int, num_stages: int, new_keys: int = 1, paged: bool = False,
+                         query_rows: int = 0, consumers: int = 1, early_first_block: bool = False) -> dict:
+    """:func:`report` of the Hopper decode kernel (``kernels/decode_hopper.py``), as ``launch.decode._hopper_attention``
     launches it for bf16 inputs writing float32 partials (``new_keys``: the appended tokens, a power of two, 0 for none;
     ``paged``: a paged cache; ``query_rows``: swapped products over this many query rows, 0 for the padded rows;
     ``early_first_block``: the partitions read the sequence's length, an unsplit launch's build)."""
-    from flashattn import ops
+    from flashattn import configs
     from flashattn.kernels.decode_hopper import kvcache_decode_hopper_kernel
 
     kv_desc = _bf16_descriptor(block_n, head_dim)
@@ -312,24 +317,25 @@ def ws_decode_report(head_dim: int, block_n: int, num_stages: int, new_keys: int
                      num_splits="i32", seqlen_new="i32", extra_keys="i32", page_size="i32", num_pages="i32",
                      qk_scale_log2="fp32")
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_STAGES=num_stages,
-                      LOADER_REGISTERS=ops.WS_LOADER_REGISTERS, NEW_KEYS=new_keys, PAGED=paged,
+                      LOADER_REGISTERS=configs.HOPPER_LOADER_REGISTERS, NEW_KEYS=new_keys, PAGED=paged,
                       QUERY_ROWS=query_rows, CONSUMERS=consumers,
-                      CONSUMER_REGISTERS=ops.DECODE_CONSUMER_REGISTERS, EARLY_FIRST_BLOCK=early_first_block)
+                      CONSUMER_REGISTERS=configs.HOPPER_DECODE_CONSUMER_REGISTERS,
+                      EARLY_FIRST_BLOCK=early_first_block)
     return _gluon_report(kvcache_decode_hopper_kernel, signature, constexprs)
 
 
 def _bf16_descriptor(rows: int, head_dim: int) -> str:
-    """The signature type of a host-side TMA descriptor of (rows, head_dim) bf16 tiles, as ``ops._token_descriptor``
-    builds it."""
+    """The signature type of a host-side TMA descriptor of (rows, head_dim) bf16 tiles, as
+    ``launch.common.token_descriptor`` builds it."""
     import torch
 
-    from flashattn import ops
+    from flashattn.launch.common import tile_layout
 
-    return f"tensordesc<bf16[{rows}, {head_dim}],{ops._tile_layout(rows, head_dim, torch.bfloat16)!r}>"
+    return f"tensordesc<bf16[{rows}, {head_dim}],{tile_layout(rows, head_dim, torch.bfloat16)!r}>"
 
 
 def _gluon_report(kernel, signature: dict, constexprs: dict) -> dict:
-    """:func:`report` of a Gluon kernel compiled for sm90 with 4 warps in its default partition."""
+    """:func:`report` of a Hopper (Gluon) kernel compiled for sm90 with 4 warps in its default partition."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     signature = {**signature, **{name: "constexpr" for name in constexprs}}

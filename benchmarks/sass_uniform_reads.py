@@ -1,10 +1,10 @@
 """Reads of uniform registers that some path to them leaves unwritten, in a kernel's SASS (``cuobjdump -sass``): a
 must-be-written analysis over the control-flow graph from the function's entry.
 
-ptxas 12.8 (Triton 3.6) computed the Gluon forward's Q descriptors for the masked run of key blocks inside the
+ptxas 12.8 (Triton 3.6) computed the Hopper forward's Q descriptors for the masked run of key blocks inside the
 whole-block run's first product, and reused them when that run did not execute: a tile with no whole key block read
-Q through the descriptors of an earlier tile, another Q buffer (docs/perf-notes.md, version 30). Such a read shows
-here without running the kernel; tests/test_sm90_compile.py counts them for every Gluon build
+Q through the descriptors of an earlier tile, another Q buffer (docs/perf-notes.md). Such a read shows here without
+running the kernel; tests/test_sm90_compile.py counts them for every build of the Hopper kernels
 (``sass_report.report_cubin``).
 
     python3 benchmarks/sass_uniform_reads.py KERNEL.sass

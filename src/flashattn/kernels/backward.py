@@ -4,8 +4,6 @@
 2. ``dkdv_kernel``: one program per (block of keys, batch x kv head). It walks every query head of
    the GQA group and every query block that sees these keys, recomputes P from the saved
    log-sum-exp and accumulates dK and dV in registers; the group's sum is done in the program.
-   Large head dims may run it twice instead, a dV-only and a dK-only pass (``COMPUTE_DK``,
-   ``COMPUTE_DV``), so that each holds one fp32 accumulator.
 3. ``dq_kernel``: one program per (block of queries, batch x head), walking the key blocks as the
    forward does, and accumulating dQ.
 
@@ -152,13 +150,13 @@ def _dkdv_tile(
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
     mask_base, stride_mask_m, stride_mask_n, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
-    COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr, KEY_ROWS: tl.constexpr,
-    interior_lo, interior_hi, MASK_AT_RUN_TIME: tl.constexpr, row_limit, USE_TMA: tl.constexpr,
+    KEY_ROWS: tl.constexpr, interior_lo, interior_hi, MASK_AT_RUN_TIME: tl.constexpr, row_limit,
+    USE_TMA: tl.constexpr,
 ):
     """dK and dV of one (BLOCK_M queries from start_m) x (key block) tile, added to the accumulators.
 
     MASK_AT_RUN_TIME (with MASKED): the causal/window mask is computed only when the block lies outside
-    [interior_lo, interior_hi), behind a branch that is uniform across the program. With MASKED, the rows
+    [interior_lo, interior_hi), behind an if that is uniform across the program. With MASKED, the rows
     from ``row_limit`` on (seqlen_q, or less) take no part.
 
     q_source / do_source: base pointers, or (USE_TMA) tensor descriptors over the head's seqlen_q rows. A
@@ -172,12 +170,10 @@ def _dkdv_tile(
     if MASKED:
         # rows past the limit get lse = +inf, hence P = 0 and no contribution
         lse = tl.load(lse_base + offs_m, mask=offs_m < row_limit, other=float("inf"))
-        if COMPUTE_DK:
-            delta = tl.load(delta_base + offs_m, mask=offs_m < row_limit, other=0.0)
+        delta = tl.load(delta_base + offs_m, mask=offs_m < row_limit, other=0.0)
     else:
         lse = tl.load(lse_base + offs_m)
-        if COMPUTE_DK:
-            delta = tl.load(delta_base + offs_m)
+        delta = tl.load(delta_base + offs_m)
     p, capped = _probs(
         q, k, lse * LOG2E, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2,
         window_left, window_right, MASKED and not MASK_AT_RUN_TIME, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP,
@@ -191,17 +187,13 @@ def _dkdv_tile(
     keep = p  # read only with dropout
     if HAS_DROPOUT:
         keep = dropout_keep(rng_seed, rng_row_base, offs_m, offs_n, rng_row_stride, dropout_p)
-    # the products in the order the one-pass kernel was tuned with: S, dP, dV, dK
-    if COMPUTE_DK:
-        ds, _ = _dscores(p, capped, v, do, delta, keep, dropout_p, HAS_SOFTCAP, HAS_DROPOUT, UPCAST_DOT,
-                         DOT_PRECISION, KEY_ROWS)
-    if COMPUTE_DV:
-        p_kept = _dropped(p, keep, dropout_p, HAS_DROPOUT)
-        dv, dv_comp = accumulate(dv, dv_comp, dot(tl.trans(p_kept.to(do.dtype)), do, UPCAST_DOT, DOT_PRECISION),
-                                 COMPENSATED)
-    if COMPUTE_DK:
-        dk, dk_comp = accumulate(dk, dk_comp, dot(tl.trans(ds.to(q.dtype)), q, UPCAST_DOT, DOT_PRECISION),
-                                 COMPENSATED)
+    # the products in the order the kernel is tuned with: S, dP, dV, dK
+    ds, _ = _dscores(p, capped, v, do, delta, keep, dropout_p, HAS_SOFTCAP, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION,
+                     KEY_ROWS)
+    p_kept = _dropped(p, keep, dropout_p, HAS_DROPOUT)
+    dv, dv_comp = accumulate(dv, dv_comp, dot(tl.trans(p_kept.to(do.dtype)), do, UPCAST_DOT, DOT_PRECISION),
+                             COMPENSATED)
+    dk, dk_comp = accumulate(dk, dk_comp, dot(tl.trans(ds.to(q.dtype)), q, UPCAST_DOT, DOT_PRECISION), COMPENSATED)
     return dk, dv, dk_comp, dv_comp
 
 
@@ -216,8 +208,8 @@ def _dkdv_query_range(
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
     mask_base, stride_mask_m, stride_mask_n, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
-    block_list, HAS_BLOCK_MAP: tl.constexpr, COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr,
-    KEY_ROWS: tl.constexpr, interior_lo, interior_hi, MASK_AT_RUN_TIME: tl.constexpr, USE_TMA: tl.constexpr,
+    block_list, HAS_BLOCK_MAP: tl.constexpr, KEY_ROWS: tl.constexpr, interior_lo, interior_hi,
+    MASK_AT_RUN_TIME: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     """Query blocks lo, lo + BLOCK_M, ... < hi (with HAS_BLOCK_MAP, the blocks block_list[lo:hi]), each
     through :func:`_dkdv_tile`."""
@@ -231,8 +223,8 @@ def _dkdv_query_range(
             stride_dom, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left,
             window_right, dropout_p, rng_seed, rng_row_base, rng_row_stride, HEAD_DIM, BLOCK_D, BLOCK_M, MASKED,
             WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED,
-            mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL, COMPUTE_DK, COMPUTE_DV, KEY_ROWS,
-            interior_lo, interior_hi, MASK_AT_RUN_TIME, seqlen_q, USE_TMA)
+            mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL, KEY_ROWS, interior_lo, interior_hi,
+            MASK_AT_RUN_TIME, seqlen_q, USE_TMA)
     return dk, dv, dk_comp, dv_comp
 
 
@@ -257,28 +249,24 @@ def dkdv_kernel(
     Mask=None, stride_mask_b=0, stride_mask_h=0, stride_mask_m=0, stride_mask_n=0,
     HAS_MASK: tl.constexpr = False, MASK_IS_BOOL: tl.constexpr = False,
     BlockMap=None, stride_map_b=0, stride_map_h=0, stride_map_row=0, HAS_BLOCK_MAP: tl.constexpr = False,
-    COMPUTE_DK: tl.constexpr = True, COMPUTE_DV: tl.constexpr = True, KEY_ROWS: tl.constexpr = False,
-    MASK_EVERY_BLOCK: tl.constexpr = False, PEEL_DIAGONAL: tl.constexpr = False, USE_TMA: tl.constexpr = False,
+    KEY_ROWS: tl.constexpr = False, MASK_EVERY_BLOCK: tl.constexpr = False, PEEL_DIAGONAL: tl.constexpr = False,
+    USE_TMA: tl.constexpr = False,
 ):
     """Varlen: seqlen_q/seqlen_k arrive as the packed totals, Lse/Delta are (nheads, total_q).
 
-    COMPUTE_DK / COMPUTE_DV: which of the two gradients this launch computes and stores. Both is one
-    pass of 5 tile products with two fp32 accumulators; at large head dims those do not fit in the
-    registers (hdim 256: 128 per thread at 64 x 64 tiles and 8 warps), so ``ops.py`` may launch a
-    dV-only pass (S, dV: 2 products) and a dK-only pass (S, dP, dK: 3 products) instead, each holding
-    one accumulator (``TileConfig.split_dkdv``).
+    One pass computes both gradients: 5 tile products with two fp32 accumulators.
 
-    KEY_ROWS: S and dP are computed as K Q^T and V dO^T (see ``_probs``), for the one-gradient passes.
-    Triton gives a chained product's warps whole rows of its tile, so with 8 warps (two warpgroups of
-    64 rows) the (queries x keys) tile needs BLOCK_M >= 128 or each warpgroup computes all of S and dP;
-    with keys along the rows, BLOCK_N = 128 splits them between the warpgroups and BLOCK_M stays small
-    enough for double-buffered Q and dO tiles (docs/perf-notes.md, version 3).
+    KEY_ROWS: S and dP are computed as K Q^T and V dO^T (see ``_probs``). Triton gives a chained
+    product's warps whole rows of its tile, so with 8 warps (two warpgroups of 64 rows) the (queries x
+    keys) tile needs BLOCK_M >= 128 or each warpgroup computes all of S and dP; with keys along the rows,
+    BLOCK_N = 128 splits them between the warpgroups and BLOCK_M stays small enough for double-buffered
+    Q and dO tiles (docs/perf-notes.md).
 
     MASK_EVERY_BLOCK: one loop over the query blocks instead of masked boundary loops around an unmasked
     interior one; every tile's loads are bounds-checked, and the mask is computed for the boundary tiles
-    only, behind a branch uniform across the program. With a causal mask the three-loop form made ptxas
+    only, behind an if uniform across the program. With a causal mask the three-loop form makes ptxas
     serialize every wgmma of the kernel (info C7515): 46% more time per tile at hdim 128
-    (docs/perf-notes.md, version 8).
+    (docs/perf-notes.md).
 
     PEEL_DIAGONAL: with a causal band (no left window, no block map), its few masked blocks on the
     diagonal and the partial last block run as straight-line code around one unmasked loop, the other
@@ -311,10 +299,8 @@ def dkdv_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     k = _load_rows(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], offs_n, seqlen_k, offs_d,
                    HEAD_DIM, BLOCK_D, True)
-    v = k  # the dV-only pass never reads V
-    if COMPUTE_DK:
-        v = _load_rows(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, seqlen_k, offs_d,
-                       HEAD_DIM, BLOCK_D, True)
+    v = _load_rows(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, seqlen_k, offs_d,
+                   HEAD_DIM, BLOCK_D, True)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dk_comp = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -380,7 +366,7 @@ def dkdv_kernel(
         for stage in tl.static_range(3):
             if peeled and stage == 0:
                 # a causal band's masked blocks before the interior are the few on the diagonal
-                # ((BLOCK_N - 1) // BLOCK_M + 2 at most): straight-line code, each block behind a branch
+                # ((BLOCK_N - 1) // BLOCK_M + 2 at most): straight-line code, each block behind an if
                 # uniform across the program (a block that is not there would cost a whole tile)
                 for i in tl.static_range((BLOCK_N - 1) // BLOCK_M + 2):
                     if head_lo + i * BLOCK_M < head_full_lo:
@@ -390,8 +376,8 @@ def dkdv_kernel(
                             alibi_slope_log2, window_left, window_right, dropout_p, rng_seed, rng_row_base,
                             rng_row_stride, HEAD_DIM, BLOCK_D, BLOCK_M, True, WINDOW_LEFT, WINDOW_RIGHT,
                             HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED, mask_base,
-                            stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL, COMPUTE_DK, COMPUTE_DV, KEY_ROWS,
-                            0, 0, False, head_full_lo, USE_TMA)
+                            stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL, KEY_ROWS, 0, 0, False,
+                            head_full_lo, USE_TMA)
             elif peeled and stage == 2:
                 if head_full_hi < head_hi:  # the partial last block (its rows from head_hi = seqlen_q on take no part)
                     dk, dv, dk_comp, dv_comp = _dkdv_tile(
@@ -400,7 +386,7 @@ def dkdv_kernel(
                         window_left, window_right, dropout_p, rng_seed, rng_row_base, rng_row_stride, HEAD_DIM,
                         BLOCK_D, BLOCK_M, True, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
                         UPCAST_DOT, DOT_PRECISION, COMPENSATED, mask_base, stride_mask_m, stride_mask_n, HAS_MASK,
-                        MASK_IS_BOOL, COMPUTE_DK, COMPUTE_DV, KEY_ROWS, 0, 0, False, head_hi, USE_TMA)
+                        MASK_IS_BOOL, KEY_ROWS, 0, 0, False, head_hi, USE_TMA)
             elif stage == 1 or not one_loop:
                 # the three-loop form's stages; the one-loop form's single stage; the peeled form's interior
                 start, end = stage_range(stage, head_lo, head_full_lo, head_full_hi, head_hi)
@@ -410,18 +396,14 @@ def dkdv_kernel(
                     window_left, window_right, dropout_p, rng_seed, rng_row_base, rng_row_stride, HEAD_DIM, BLOCK_D,
                     BLOCK_M, stage != 1 or HAS_MASK or one_loop, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP,
                     HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED, mask_base, stride_mask_m,
-                    stride_mask_n, HAS_MASK, MASK_IS_BOOL, block_list, HAS_BLOCK_MAP, COMPUTE_DK, COMPUTE_DV,
-                    KEY_ROWS, interior_lo, interior_hi, one_loop, USE_TMA)
+                    stride_mask_n, HAS_MASK, MASK_IS_BOOL, block_list, HAS_BLOCK_MAP, KEY_ROWS, interior_lo,
+                    interior_hi, one_loop, USE_TMA)
     store_mask = offs_n[:, None] < seqlen_k
     if BLOCK_D != HEAD_DIM:
         store_mask = store_mask & (offs_d[None, :] < HEAD_DIM)
-    if COMPUTE_DK:
-        dk = dk * softmax_scale
-        tl.store(dk_base + offs_n[:, None] * stride_dkn + offs_d[None, :], dk.to(DK.dtype.element_ty),
-                 mask=store_mask)
-    if COMPUTE_DV:
-        tl.store(dv_base + offs_n[:, None] * stride_dvn + offs_d[None, :], dv.to(DV.dtype.element_ty),
-                 mask=store_mask)
+    dk = dk * softmax_scale
+    tl.store(dk_base + offs_n[:, None] * stride_dkn + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=store_mask)
+    tl.store(dv_base + offs_n[:, None] * stride_dvn + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=store_mask)
 
 
 @triton.jit

@@ -20,7 +20,7 @@ dS (dK side) run while a product is in flight. dQ is left to the Triton dQ kerne
 A stage's Q is released once S^T (dV side) and dS^T Q (dK side) have read it, its dO once dP^T and P^T dO have.
 Query rows past the sequence read lse = +inf, so their P (and dS) is 0 whatever Q and dO hold there (a TMA
 tile may run into the next sequence's rows). Keys past the sequence compute rows that are never stored.
-Limits, checked by the launcher (``ops._warp_specialized_dq_fits`` and a dense batch): dense (not varlen) 16-bit
+Limits, checked by the launcher (``launch.backward.hopper_dq_fits`` and a dense batch): dense (not varlen) 16-bit
 inputs, head dims 64, 128 or 256, causal or no mask, no dropout, softcap, ALiBi or SDPA mask.
 """
 
@@ -484,7 +484,7 @@ def dkdv_key_slices_kernel(
     group_size = nheads // nheads_k
     # each slice reads every stage of Q and dO and releases the two together, so one barrier frees a stage: each
     # arrive costs the warpgroup a bar.sync (the PTX has one before every mbarrier operation of a partition), and
-    # Nsight Compute had the consumers stalled on those (docs/perf-notes.md, version 20)
+    # Nsight Compute shows the consumers stalled on those (docs/perf-notes.md)
     k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, stage_free, _ = _streamed_buffers(
         q_desc, k_desc, v_desc, do_desc, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, True)
 

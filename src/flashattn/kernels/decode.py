@@ -1,6 +1,6 @@
 """Decode kernels: append new keys/values into a KV cache, and attention of a few queries over the cache.
 
-Two kernels, launched one after the other on the same stream (``decode_ops.py``):
+Two kernels, launched one after the other on the same stream (``launch/decode.py``):
 
 * ``kvcache_append_kernel`` writes the new k (rotated, when rotary tables are given) and v into the cache
   at positions ``cache_seqlens[b] + t``, through the block table when the cache is paged.
@@ -197,22 +197,20 @@ def _decode_block_range(
     stride_kcb, stride_kcn, stride_vcb, stride_vcn,
     lo, hi, query_idx, leftpad, cache_batch, seqlen_q, seqlen_k,
     qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
-    new_lo, k_new_head, v_new_head, stride_knn, stride_vnn, k_source, v_source, table_entries,
+    new_lo, k_new_head, v_new_head, stride_knn, stride_vnn, table_entries,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, PAGED: tl.constexpr, ONE_PAGE: tl.constexpr,
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr, FUSE_APPEND: tl.constexpr,
-    USE_TMA: tl.constexpr, TABLE_CHUNK: tl.constexpr,
+    TABLE_CHUNK: tl.constexpr,
 ):
     """Key blocks lo, lo + BLOCK_N, ... < hi of the cache. FUSE_APPEND: keys from new_lo on are this
     step's new tokens, which the same launch is writing into the cache: their rows are read from the new
     k/v (k_new_head, v_new_head), never from the cache rows being written. Only masked blocks hold them.
 
-    USE_TMA: the interior blocks (not MASKED) come through the tensor descriptors k_source / v_source: over
-    the sequence's rows of this kv head (contiguous cache), or over the rows of every page of the pool
-    (paged, ONE_PAGE). TABLE_CHUNK (paged, ONE_PAGE): the block table is read TABLE_CHUNK entries at a
-    time into registers, and one loop runs over the key blocks of those pages, so that the loads are
-    pipelined across page boundaries (``table_entries``: the length of a block-table row)."""
+    TABLE_CHUNK (paged, ONE_PAGE): the block table is read TABLE_CHUNK entries at a time into registers,
+    and one loop runs over the key blocks of those pages, so that the loads are pipelined across page
+    boundaries (``table_entries``: the length of a block-table row)."""
     offs_d = tl.arange(0, BLOCK_D)
     if PAGED and ONE_PAGE and TABLE_CHUNK > 0 and not MASKED:
         table_row = BlockTable + cache_batch.to(tl.int64) * stride_btb
@@ -228,32 +226,19 @@ def _decode_block_range(
                 offs_n = start_n + tl.arange(0, BLOCK_N)
                 # the block's page, picked out of the registers: no load feeds this loop's addresses
                 page = tl.sum(tl.where(offs_entry == start_n // page_size - first_entry, entries, 0))
-                if USE_TMA:
-                    row = page * page_size + start_n % page_size
-                    kt = tl.trans(k_source.load([row, 0]))
-                    v = v_source.load([row, 0])
-                else:  # the block's first row, then consecutive rows: the loads stay vectorized
-                    first_row = (start_n % page_size).to(tl.int64)
-                    rows = tl.arange(0, BLOCK_N).to(tl.int64)
-                    k_block = k_head + page.to(tl.int64) * stride_kcb + first_row * stride_kcn
-                    v_block = v_head + page.to(tl.int64) * stride_vcb + first_row * stride_vcn
-                    kt, v = load_kt_v(k_block + rows[None, :] * stride_kcn + offs_d[:, None],
-                                      v_block + rows[:, None] * stride_vcn + offs_d[None, :],
-                                      offs_d, offs_n >= 0, HEAD_DIM, BLOCK_D, False)
+                # the block's first row, then consecutive rows: the loads stay vectorized
+                first_row = (start_n % page_size).to(tl.int64)
+                rows = tl.arange(0, BLOCK_N).to(tl.int64)
+                k_block = k_head + page.to(tl.int64) * stride_kcb + first_row * stride_kcn
+                v_block = v_head + page.to(tl.int64) * stride_vcb + first_row * stride_vcn
+                kt, v = load_kt_v(k_block + rows[None, :] * stride_kcn + offs_d[:, None],
+                                  v_block + rows[:, None] * stride_vcn + offs_d[None, :],
+                                  offs_d, offs_n >= 0, HEAD_DIM, BLOCK_D, False)
                 acc, acc_comp, row_sum, row_max = _decode_block(
                     acc, acc_comp, row_sum, row_max, q, kt, v, offs_n, query_idx, seqlen_q, seqlen_k,
                     qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right, BLOCK_D, MASKED,
                     WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, UPCAST_DOT, DOT_PRECISION, COMPENSATED)
             chunk_lo = chunk_hi
-    elif USE_TMA and not PAGED and not MASKED:
-        for start_n in range(lo, hi, BLOCK_N):
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            kt = tl.trans(k_source.load([start_n + leftpad, 0]))
-            v = v_source.load([start_n + leftpad, 0])
-            acc, acc_comp, row_sum, row_max = _decode_block(
-                acc, acc_comp, row_sum, row_max, q, kt, v, offs_n, query_idx, seqlen_q, seqlen_k,
-                qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right, BLOCK_D, MASKED,
-                WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, UPCAST_DOT, DOT_PRECISION, COMPENSATED)
     elif PAGED and ONE_PAGE and not MASKED:
         # page by page: the table is read in the outer loop, so that the inner loop's K/V addresses are
         # affine in its index and Triton's pipeliner can keep several blocks in flight (a load whose
@@ -270,15 +255,10 @@ def _decode_block_range(
             first_key = page_index * page_size
             for start_n in range(page_lo, page_hi, BLOCK_N):
                 offs_n = start_n + tl.arange(0, BLOCK_N)
-                if USE_TMA:
-                    row = (page * page_size + start_n - first_key).to(tl.int32)
-                    kt = tl.trans(k_source.load([row, 0]))
-                    v = v_source.load([row, 0])
-                else:
-                    rows = (offs_n - first_key).to(tl.int64)
-                    kt, v = load_kt_v(k_page + rows[None, :] * stride_kcn + offs_d[:, None],
-                                      v_page + rows[:, None] * stride_vcn + offs_d[None, :],
-                                      offs_d, offs_n >= 0, HEAD_DIM, BLOCK_D, False)
+                rows = (offs_n - first_key).to(tl.int64)
+                kt, v = load_kt_v(k_page + rows[None, :] * stride_kcn + offs_d[:, None],
+                                  v_page + rows[:, None] * stride_vcn + offs_d[None, :],
+                                  offs_d, offs_n >= 0, HEAD_DIM, BLOCK_D, False)
                 acc, acc_comp, row_sum, row_max = _decode_block(
                     acc, acc_comp, row_sum, row_max, q, kt, v, offs_n, query_idx, seqlen_q, seqlen_k,
                     qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right, BLOCK_D, MASKED,
@@ -335,7 +315,7 @@ def kvcache_attention_kernel(
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
     ONE_PAGE: tl.constexpr = False, CHAINED: tl.constexpr = False, FUSE_APPEND: tl.constexpr = False,
-    NEW_KEYS: tl.constexpr = 16, USE_TMA: tl.constexpr = False, TABLE_CHUNK: tl.constexpr = 0,
+    NEW_KEYS: tl.constexpr = 16, TABLE_CHUNK: tl.constexpr = 0,
 ):
     """Grid (row blocks, batch x kv heads, splits). Writes out/lse of split ``program_id(2)``.
 
@@ -345,7 +325,7 @@ def kvcache_attention_kernel(
     ``kvcache_append_kernel`` does) after its key loop, and every program reads their rows from KNew/VNew,
     never from the cache rows being written.
     CHAINED: launched with programmatic dependent launch (see ``common.chain_launch``).
-    USE_TMA, TABLE_CHUNK: how the interior key blocks are loaded (``_decode_block_range``)."""
+    TABLE_CHUNK: how a paged cache's interior key blocks are loaded (``_decode_block_range``)."""
     chain_launch(CHAINED)
     start_r = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
@@ -421,22 +401,6 @@ def kvcache_attention_kernel(
 
     k_head = KCache + head_k.to(tl.int64) * stride_kch
     v_head = VCache + head_k.to(tl.int64) * stride_vch
-    k_source = k_head
-    v_source = v_head
-    if USE_TMA:  # descriptors are made here: Triton 3.6 does not return one from a helper
-        if PAGED:  # every page's rows of this kv head, page after page (the host checks that they are)
-            pool_rows = num_blocks * page_size
-            k_source = tl.make_tensor_descriptor(k_head, shape=[pool_rows, HEAD_DIM], strides=[stride_kcn, 1],
-                                                 block_shape=[BLOCK_N, BLOCK_D])
-            v_source = tl.make_tensor_descriptor(v_head, shape=[pool_rows, HEAD_DIM], strides=[stride_vcn, 1],
-                                                 block_shape=[BLOCK_N, BLOCK_D])
-        else:  # this sequence's rows of this kv head
-            k_source = tl.make_tensor_descriptor(k_head + cache_batch.to(tl.int64) * stride_kcb,
-                                                 shape=[capacity, HEAD_DIM], strides=[stride_kcn, 1],
-                                                 block_shape=[BLOCK_N, BLOCK_D])
-            v_source = tl.make_tensor_descriptor(v_head + cache_batch.to(tl.int64) * stride_vcb,
-                                                 shape=[capacity, HEAD_DIM], strides=[stride_vcn, 1],
-                                                 block_shape=[BLOCK_N, BLOCK_D])
     for stage in tl.static_range(3):
         start, end = stage_range(stage, lo, full_lo, full_hi, hi)
         start = tl.minimum(tl.maximum(start, split_lo), split_hi)
@@ -445,9 +409,9 @@ def kvcache_attention_kernel(
             acc, acc_comp, row_sum, row_max, q, k_head, v_head, BlockTable, stride_btb, page_size, num_blocks,
             stride_kcb, stride_kcn, stride_vcb, stride_vcn, start, end, query_idx, leftpad, cache_batch,
             seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
-            new_lo, k_new_head, v_new_head, stride_knn, stride_vnn, k_source, v_source, capacity // page_size,
-            HEAD_DIM, BLOCK_D, BLOCK_N, stage != 1, PAGED, ONE_PAGE, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
-            UPCAST_DOT, DOT_PRECISION, COMPENSATED, FUSE_APPEND, USE_TMA, TABLE_CHUNK)
+            new_lo, k_new_head, v_new_head, stride_knn, stride_vnn, capacity // page_size, HEAD_DIM, BLOCK_D,
+            BLOCK_N, stage != 1, PAGED, ONE_PAGE, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, UPCAST_DOT,
+            DOT_PRECISION, COMPENSATED, FUSE_APPEND, TABLE_CHUNK)
 
     # -- epilogue: normalize; a row (or a split) that saw no key gives 0 and lse = +inf --
     empty = row_sum == 0.0

@@ -1,20 +1,20 @@
 """Hopper decode attention in Gluon: one GQA group's query rows over a split of a KV cache (contiguous or paged).
 
 The Triton decode kernel (``kernels/decode.py``) issues its own K/V loads from the warps that compute, in 16-row
-``mma`` tiles whose softmax crosses the warps at every key block (nine barriers a block). Here, as in the Gluon
+``mma`` tiles whose softmax crosses the warps at every key block (nine barriers a block). Here, as in the Hopper
 forward (``forward_hopper.py``, whose K/V ring this kernel shares), a loader warp streams the split's K and V blocks
 through TMA into a ring of ``NUM_STAGES`` shared-memory stages, and one consumer warpgroup runs the products on wgmma.
 A GQA group has few query rows at one token (4 for GQA 32/8), and wgmma's rows come 64 at a time; so for groups of
 up to 16 rows the consumer swaps the products (``_swapped_consumer``): S^T = K Q^T and O^T += V^T P^T put the keys
 and the head dims along the 64 rows and the group's rows along wgmma's N (8 or 16), and the softmax runs down the
 keys. Padding the group's rows to 64 instead (``_padded_consumer``, the forward's key loop; larger groups) spends 8-16
-times the products and exponentials on rows never stored, and that work held the stream back: a probe whose consumer
-only released the blocks ran 4-8% faster than it (docs/perf-notes.md, version 25). With ``CONSUMERS`` = 2 two swapped
+times the products and exponentials on rows never stored, and that work holds the stream back: a consumer that only
+releases the blocks runs 4-8% faster than it (docs/perf-notes.md). With ``CONSUMERS`` = 2 two swapped
 consumer warpgroups take the ring's blocks in turn, so that a block's math does not wait for the one before's, and
 the second hands its max, sum and O^T to the first at the end (``_merge_state``).
 
 Program (b x kv head, split) writes its split's normalized output and log-sum-exp for the group's rows, in the
-layout of the Triton kernel's partials (``decode_ops``: merged by ``kernels/combine.py`` when split), or straight
+layout of the Triton kernel's partials (``launch/decode.py``: merged by ``kernels/combine.py`` when split), or straight
 into the output when unsplit.
 
 The step's new keys (up to 16 a sequence, without rotary) are appended by the same launch: the last split attends to
@@ -26,7 +26,7 @@ cache's splits start their whole blocks at offsets of their own (``_block_at``).
 partition reads the sequence's length itself, and split 0's loader copies block 0 before it arrives
 (``EARLY_FIRST_BLOCK``).
 
-Limits, checked by the launcher (``decode_ops._gluon_decode_fits``): one query token, a cache of whole rows per
+Limits, checked by the launcher (``launch.decode.hopper_decode_fits``): one query token, a cache of whole rows per
 token (paged: pages one after the other in the pool, their size a multiple of the key block), 16-bit inputs, head
 dims 64 and 128, no ALiBi, softcap, left window, rotary, left padding or batch index.
 """
@@ -188,7 +188,7 @@ def _append_new_keys(new_src, new_dst, first_position, seqlen_new, appends, HEAD
 
 
 @gluon.jit
-def _padded_consumer(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, Out, Lse,
+def _padded_consumer(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, Out, Lse,
                      out_offset, lse_offset, stride_oh, stride_lh, rows, span, has_new, appends, new_src, new_dst,
                      qk_scale_log2, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                      NEW_KEYS: gl.constexpr, PAGED: gl.constexpr, EARLY_FIRST_BLOCK: gl.constexpr):
@@ -201,8 +201,6 @@ def _padded_consumer(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, 
     m_i = gl.full([ROWS_PER_WARPGROUP], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([ROWS_PER_WARPGROUP], gl.float32, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([ROWS_PER_WARPGROUP, HEAD_DIM], gl.float32, o_layout)
-    # the count of product issues (ping-pong turns, unused with one consumer) starts as a run-time zero
-    t = lo * 0
     first = lo * 0  # the ring position of the cache's first block
     if NEW_KEYS > 0:
         # the append's stores before the key loop, where their loads' latency hides behind the loader's first copies;
@@ -210,20 +208,20 @@ def _padded_consumer(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, 
         _append_new_keys(new_src, new_dst, seqlen_k, seqlen_new, appends, HEAD_DIM, NEW_KEYS, PAGED)
         new_blocks = gl.where(has_new, 1, 0)
         mbarrier.wait(q_ready, 0)
-        m_i, l_i, acc, t = _key_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, turn, t, 0,
-                                       m_i, l_i, acc, row_ids, new_blocks * 0, new_blocks, False, 1, seqlen_new,
-                                       qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, False, True, 0, False)
+        m_i, l_i, acc = _key_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, 0, m_i, l_i,
+                                    acc, row_ids, new_blocks * 0, new_blocks, False, 1, seqlen_new, qk_scale_log2,
+                                    BLOCK_N, HEAD_DIM, NUM_STAGES, False, True)
         first = new_blocks
     else:
         mbarrier.wait(q_ready, 0)
     # the blocks of whole keys (in the loader's order: only their count matters here), then the sequence's last,
     # partly filled one
-    m_i, l_i, acc, t = _key_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, turn, t,
-                                   first - lo, m_i, l_i, acc, row_ids, lo, full_hi, False, 1, seqlen_k, qk_scale_log2,
-                                   BLOCK_N, HEAD_DIM, NUM_STAGES, False, False, 0, False)
-    m_i, l_i, acc, t = _key_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, turn, t,
-                                   first - lo, m_i, l_i, acc, row_ids, full_hi, hi, False, 1, seqlen_k, qk_scale_log2,
-                                   BLOCK_N, HEAD_DIM, NUM_STAGES, False, True, 0, False)
+    m_i, l_i, acc = _key_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, first - lo, m_i,
+                                l_i, acc, row_ids, lo, full_hi, False, 1, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM,
+                                NUM_STAGES, False, False)
+    m_i, l_i, acc = _key_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, first - lo, m_i,
+                                l_i, acc, row_ids, full_hi, hi, False, 1, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM,
+                                NUM_STAGES, False, True)
     # -- normalize; a split that saw no key gives 0 and lse = +inf, as the Triton kernel --
     empty = l_i == 0.0
     l_safe = gl.where(empty, 1.0, l_i)
@@ -331,8 +329,7 @@ def _swapped_consumer(step, p_smem, merge, HEAD_DIM: gl.constexpr, BLOCK_N: gl.c
     gl.static_assert(BLOCK_N == 64, "64-key blocks: the swapped products of 128-key ones faulted on the GPU")
     # consumer c takes ring positions c mod CONSUMERS; a stage count that they do not divide hands a stage to each in
     # turn, and a consumer ahead of the other may then pass its parity wait on a stage whose copy for the other's block
-    # has not landed (the phase before looks complete): a 5-stage ring faulted on the GPU (docs/perf-notes.md,
-    # version 28, calls E-G)
+    # has not landed (the phase before looks complete): a 5-stage ring faults on the GPU (docs/perf-notes.md)
     gl.static_assert(NUM_STAGES % CONSUMERS == 0, "each consumer keeps its own stages")
     seqlen_k, lo, full_hi, hi, seqlen_new = _program_keys(span, EARLY_FIRST_BLOCK, BLOCK_N)
     layout: gl.constexpr = swapped_layout(QUERY_ROWS)
@@ -440,7 +437,7 @@ def kvcache_decode_hopper_kernel(
     it arrives (``_decode_loader``). Values computed before ``warp_specialize`` reach the worker partitions only
     once all are ready: read here, the length holds every copy of the program behind it, but its latency overlaps
     the setup of the barriers, which a partition's own read follows. Launches of many short splits, whose splits but
-    the first gain nothing from the early copy, read it here (``decode_ops.gluon_decode_early_first_block``)."""
+    the first gain nothing from the early copy, read it here (``configs.hopper_decode_early_first_block``)."""
     batch_head = gl.program_id(0)
     split = gl.program_id(1)
     batch = batch_head // nheads_k
@@ -459,8 +456,7 @@ def kvcache_decode_hopper_kernel(
     new_dst = (KCache + head_column, VCache + head_column, stride_kcn, kv_row, table_row, page_size, num_pages)
     first_head = head_k * group_size
     # a contiguous cache's (sequence, split) streams, each of its kv heads' programs alike, start their whole blocks
-    # at offsets of their own (a 2-4% shorter step at batch 2, whose 8 splits start 1 MB apart: docs/perf-notes.md,
-    # version 25)
+    # at offsets of their own (a 2-4% shorter step at batch 2, whose 8 splits start 1 MB apart: docs/perf-notes.md)
     rotation = (batch * num_splits + split) * 37
     out_offset = split.to(gl.int64) * stride_os + batch.to(gl.int64) * stride_ob + first_head.to(gl.int64) * stride_oh
     lse_offset = split.to(gl.int64) * stride_ls + batch.to(gl.int64) * stride_lb + first_head.to(gl.int64) * stride_lh
@@ -503,14 +499,11 @@ def kvcache_decode_hopper_kernel(
                 (_decode_loader, (loads, BLOCK_N, NUM_STAGES, PAGED, EARLY_FIRST_BLOCK)),
             ], [1], [LOADER_REGISTERS])
     else:
-        # the forward's key loop takes a Q-release barrier and ping-pong turns: one consumer uses neither
+        # the forward's key loop takes a Q-release barrier, which the one consumer here never arrives on
         q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_free, count=1)
-        mbarrier.init(turn.index(0), count=1)
-        mbarrier.init(turn.index(1), count=1)
         gl.warp_specialize([
-            (_padded_consumer, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, Out,
+            (_padded_consumer, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, Out,
                                 Lse, out_offset, lse_offset, stride_oh, stride_lh, group_size, span, has_new,
                                 split == 0, new_src, new_dst, qk_scale_log2, HEAD_DIM, BLOCK_N, NUM_STAGES, NEW_KEYS,
                                 PAGED, EARLY_FIRST_BLOCK)),

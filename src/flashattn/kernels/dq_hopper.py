@@ -18,7 +18,7 @@ tensor cores.
 The tiles and their order are the forward's (``forward_hopper._tile_plan``): L2 sections of heads, row tiles
 fastest inside a section, the longest causal rows first. Query rows outside the sequence read lse = +inf, so their
 P (and dS) is 0 whatever the tile holds there; keys past the sequence are masked in the last block. Limits,
-checked by the launcher (``ops._warp_specialized_dq_fits``): the forward's, with dO read like Q and a contiguous
+checked by the launcher (``launch.backward.hopper_dq_fits``): the forward's, with dO read like Q and a contiguous
 lse.
 """
 
@@ -184,7 +184,7 @@ def dq_hopper_kernel(
     mbarrier.init(rows_ready, count=1)
 
     # each consumer's partition spelled out: warp_specialize takes a literal list, one entry per partition, and
-    # argument tuples built once and joined with + lose their constexprs in Triton 3.6's Gluon (tried)
+    # argument tuples built once and joined with + lose their constexprs in Triton 3.6's Gluon
     if NUM_CONSUMERS == 2:
         gl.warp_specialize([
             (_consumer_partition, (q_smem, do_smem, k_bufs, v_bufs, rows_ready, k_ready, v_ready, k_free, v_free, DQ,

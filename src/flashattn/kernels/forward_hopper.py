@@ -5,9 +5,7 @@ One program computes 128 query rows of one (sequence, head) (192 with ``NUM_CONS
 - two (or three) consumer warpgroups, 64 rows each. A warpgroup's wgmma keeps its accumulator in that warpgroup's
   registers, so each consumer issues its own products: S = Q K^T from shared memory, O += P V with P from
   registers. Block j's Q K^T runs while block j-1's P V is in flight, and block j's softmax runs while
-  that P V finishes (FA3's intra-warpgroup overlap). With ``PINGPONG`` the two warpgroups take turns
-  issuing their products, so that one's GEMMs run while the other computes its exponentials (FA3's
-  inter-warpgroup schedule);
+  that P V finishes (FA3's intra-warpgroup overlap);
 - a loader warp: the tile's Q, then K and V through TMA into a ring of ``NUM_STAGES`` shared-memory
   stages. A stage's K is released as soon as every consumer's Q K^T has read it, its V once their P V
   have: the overlapped loop holds block j's K and block j-1's V at once, so a ring that freed K and V
@@ -18,11 +16,11 @@ free Q buffer (``Q_BUFFERS``; with one, once every consumer's last Q K^T of the 
 and V as stages free up, while the consumers still work on the tile before. The loader picks each tile and hands its
 number to the consumers (``_publish_tile``): with ``DYNAMIC_TILES`` (every persistent grid) the next one not yet
 taken, from a counter in global memory, so that a program that drew short tiles takes more of them (FA3's dynamic
-persistent scheduler; p, p + grid, ... left the busiest SM 30% above the average at causal 1k, docs/perf-notes.md
-version 22, and was 0-3.5% behind the counter on non-causal calls too, version 23).
+persistent scheduler; p, p + grid, ... left the busiest SM 30% above the average at causal 1k, and was 0-3.5% behind
+the counter on non-causal calls too: docs/perf-notes.md).
 
-Triton's own warp specialization (``tl.range(..., warp_specialize=True)``) did not split our loop this
-way (docs/perf-notes.md, version 2); Gluon states the partitions, barriers and waits explicitly.
+Triton's own warp specialization (``tl.range(..., warp_specialize=True)``) does not split our loop this way
+(docs/perf-notes.md); Gluon states the partitions, barriers and waits explicitly.
 
 Q, K and V are read through 2-D descriptors over (tokens, heads * head_dim), so a tile may run into a
 neighbouring sequence's rows: scores of keys past the sequence are masked, query rows outside it are never
@@ -42,7 +40,7 @@ ROWS_PER_WARPGROUP = gl.constexpr(64)  # wgmma's M per warpgroup
 @gluon.constexpr_function
 def wgmma_layout(columns):
     """A consumer warpgroup's wgmma result in registers: ROWS_PER_WARPGROUP rows x ``columns`` (scores, or an
-    accumulator). Shared by the Gluon forward, dQ and dK/dV kernels."""
+    accumulator). Shared by the Hopper forward, dQ and dK/dV kernels."""
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, columns, 16])
 
 
@@ -57,7 +55,7 @@ def _store_layout(head_dim, wide):
     """How a consumer's 64 x head_dim result is laid out for its store. Wide: 8 consecutive elements a thread, so
     each store writes 16 bytes and a warp's stores cover whole rows; the conversion from the wgmma layout goes through
     shared memory. Otherwise the wgmma result's own layout: 2 elements a thread, 4-byte stores, a warp writing
-    16-byte pieces of 8 rows (docs/perf-notes.md, version 22)."""
+    16-byte pieces of 8 rows (docs/perf-notes.md)."""
     if wide:
         return gl.BlockedLayout([1, 8], [32 // (head_dim // 8), head_dim // 8], [4, 1], [1, 0])
     return wgmma_layout(head_dim)
@@ -90,7 +88,7 @@ def to_16_bits(x, dtype: gl.constexpr):
     elements: two columns of one row in a wgmma result, one register of the A operand). Gluon's own conversion
     rounds one element at a time and leaves the pairing to ptxas, which in some partitions of one kernel paired them
     with their halves swapped and swapped them back: 32 PRMT a key block in two of the three hdim-64 forward
-    consumers' loops (443 instructions against 413; docs/perf-notes.md, version 21). The backward kernels keep
+    consumers' loops (443 instructions against 413; docs/perf-notes.md). The backward kernels keep
     Gluon's conversion: there the pairs are not always a register of the operand (the key-slice dK/dV, whose P^T
     and dS^T come from S^T, gained 32 PRMT with this one) and the dQ's loops came out no shorter."""
     if dtype == gl.bfloat16:
@@ -120,7 +118,7 @@ def _tile_plan(tile_id, row_tiles, batch_heads, heads_per_section, nheads, group
     block products went to rows past the end). ``tile_row`` may then be negative: rows before 0 are not stored.
     The rounding keeps every consumer's rows on a 64-row boundary, as counting from row 0 does: counted from the
     end itself, a length that is not a multiple of 64 would give half the consumers two masked (diagonal) blocks of
-    128 keys instead of one (docs/perf-notes.md, version 21)."""
+    128 keys instead of one (docs/perf-notes.md)."""
     tile_rows = NUM_CONSUMERS * ROWS_PER_WARPGROUP
     section_tiles = heads_per_section * row_tiles
     section = tile_id // section_tiles
@@ -160,8 +158,8 @@ def _tile_plan(tile_id, row_tiles, batch_heads, heads_per_section, nheads, group
 @gluon.jit
 def tile_has_rows(tile_row, seqlen_q, NUM_CONSUMERS: gl.constexpr, IS_VARLEN: gl.constexpr):
     """Whether a tile holds a row of its sequence. Only packed calls have tiles without (a grid sized by the longest
-    sequence leaves the shorter ones' last row tiles empty: 44% of the tiles at the bench's 512-token mean, docs/
-    perf-notes.md version 29); the loader skips them, so that they cost no Q copy, hand-off or epilogue."""
+    sequence leaves the shorter ones' last row tiles empty: 44% of the tiles at the bench's 512-token mean); the
+    loader skips them, so that they cost no Q copy, hand-off or epilogue."""
     if IS_VARLEN:
         tile_rows = NUM_CONSUMERS * ROWS_PER_WARPGROUP
         return (tile_row < seqlen_q) & (tile_row + tile_rows > 0)
@@ -171,23 +169,19 @@ def tile_has_rows(tile_row, seqlen_q, NUM_CONSUMERS: gl.constexpr, IS_VARLEN: gl
 
 @gluon.jit
 def _consumer_key_blocks(first_row, seqlen_q, seqlen_k, n_full, n_blocks, BLOCK_N: gl.constexpr,
-                         CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
+                         CAUSAL: gl.constexpr):
     """The key blocks one consumer's 64 rows (from ``first_row``) see whole and at all, within the tile's
     (``_tile_plan``: ``n_full`` seen whole by the tile's first row, ``n_blocks`` by its last). With a causal mask
     a later consumer sees more blocks whole, and an earlier one may see none of the tile's last blocks: with three
     consumers (192 rows) and 128-key blocks, about 3% of a 4k causal call's block products, and as many more go
-    from masked to unmasked.
-
-    With ``PINGPONG`` every consumer keeps the tile's ranges: the two consumers take turns at each product issue,
-    and a loop over [lo, hi) issues hi - lo + 1 times, so a split at another block would give them different
-    counts and the turns would deadlock. Without it, a consumer whose rows all lie outside the sequence (the short
-    tile's, before row 0 when causal, past the end otherwise) sees no block."""
+    from masked to unmasked. A consumer whose rows all lie outside the sequence (the short tile's, before row 0
+    when causal, past the end otherwise) sees no block."""
     own_full = n_full
     own_blocks = n_blocks
-    if not PINGPONG and ((first_row >= seqlen_q) | (first_row + ROWS_PER_WARPGROUP <= 0)):
+    if (first_row >= seqlen_q) | (first_row + ROWS_PER_WARPGROUP <= 0):
         own_full = 0
         own_blocks = 0
-    elif CAUSAL and not PINGPONG:
+    elif CAUSAL:
         full_end = gl.minimum(seqlen_k, first_row + 1 + seqlen_k - seqlen_q)
         own_full = gl.maximum(gl.minimum(gl.maximum(full_end, 0) // BLOCK_N, n_blocks), n_full)
         key_end = gl.minimum(seqlen_k, first_row + ROWS_PER_WARPGROUP + seqlen_k - seqlen_q)
@@ -318,23 +312,6 @@ def _softmax_step(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK
 
 
 @gluon.jit
-def _take_turn(turn, t, WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr):
-    """Ping-pong: warpgroup 0 issues its t-th products after warpgroup 1 issued its (t-1)-th, warpgroup 1
-    after warpgroup 0 issued its t-th. Both consumers issue the same number of times (same key blocks)."""
-    if PINGPONG:
-        if WARP_GROUP == 0:
-            mbarrier.wait(turn.index(0), (t & 1) ^ 1)
-        else:
-            mbarrier.wait(turn.index(1), t & 1)
-
-
-@gluon.jit
-def _pass_turn(turn, WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr):
-    if PINGPONG:
-        mbarrier.arrive(turn.index(1 - WARP_GROUP), count=1)
-
-
-@gluon.jit
 def _block_scores(q, k_bufs, stage, s_zero, HALF: gl.constexpr):
     """Issues Q K^T over the stage's key block: all of it, or with ``HALF`` its first half (``s_zero``'s width; the
     keys past it lie outside the sequence)."""
@@ -367,35 +344,30 @@ def _block_softmax(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOC
 
 
 @gluon.jit
-def _first_block(q, k_bufs, k_ready, k_free, turn, t, ring, j, m_i, l_i, acc, s_zero, rows, seqlen_q, seqlen_k,
+def _first_block(q, k_bufs, k_ready, k_free, ring, j, m_i, l_i, acc, s_zero, rows, seqlen_q, seqlen_k,
                  qk_scale_log2, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
-                 CAUSAL: gl.constexpr, MASKED: gl.constexpr, WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr,
-                 HALF: gl.constexpr):
+                 CAUSAL: gl.constexpr, MASKED: gl.constexpr, HALF: gl.constexpr):
     """Key block ``j`` (the ring's block ``ring + j``: ``ring`` counts earlier runs' blocks) as a run's first: its
-    scores and softmax, with no P V to overlap. Returns the ring stage and phase it read, the softmax state, P as the
-    next P V's operand, and ``t``. ``HALF``: the block's first half only (``_block_scores``; P half as wide)."""
+    scores and softmax, with no P V to overlap. Returns the ring stage and phase it read, the softmax state and P as
+    the next P V's operand. ``HALF``: the block's first half only (``_block_scores``; P half as wide)."""
     o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     stage = (ring + j) % NUM_STAGES
     phase = ((ring + j) // NUM_STAGES) & 1
     mbarrier.wait(k_ready.index(stage), phase)
-    _take_turn(turn, t, WARP_GROUP, PINGPONG)
     s = _block_scores(q, k_bufs, stage, s_zero, HALF)
-    _pass_turn(turn, WARP_GROUP, PINGPONG)
-    t += 1
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
     mbarrier.arrive(k_free.index(stage), count=1)
     m_i, l_i, p, alpha = _block_softmax(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, CAUSAL,
                                         MASKED, HALF)
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
     p_op = gl.convert_layout(to_16_bits(p, q.dtype), register_operand_layout(HEAD_DIM))
-    return stage, phase, m_i, l_i, acc, p_op, t
+    return stage, phase, m_i, l_i, acc, p_op
 
 
 @gluon.jit
-def _next_block(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ring, j, stage, phase, m_i, l_i,
-                acc, p_op, s_zero, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N: gl.constexpr,
-                HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr,
-                WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr, HALF: gl.constexpr):
+def _next_block(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, ring, j, stage, phase, m_i, l_i, acc, p_op,
+                s_zero, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr, HALF: gl.constexpr):
     """Key block ``j`` (the ring's block ``ring + j``) after another: its Q K^T and the block before's P V
     (``p_op``, V in ``stage``; always a whole block) in flight together, then its softmax (FA3's intra-warpgroup
     overlap). Returns as ``_first_block``."""
@@ -406,11 +378,8 @@ def _next_block(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ri
     phase = ((ring + j) // NUM_STAGES) & 1
     mbarrier.wait(k_ready.index(stage), phase)
     mbarrier.wait(v_ready.index(prev_stage), prev_phase)
-    _take_turn(turn, t, WARP_GROUP, PINGPONG)
     s = _block_scores(q, k_bufs, stage, s_zero, HALF)
     acc = warpgroup_mma(p_op, v_bufs.index(prev_stage), acc, is_async=True)
-    _pass_turn(turn, WARP_GROUP, PINGPONG)
-    t += 1
     s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
     mbarrier.arrive(k_free.index(stage), count=1)  # K is read by Q K^T alone: the loader may refill it
     m_i, l_i, p, alpha = _block_softmax(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, CAUSAL,
@@ -420,26 +389,22 @@ def _next_block(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ri
     mbarrier.arrive(v_free.index(prev_stage), count=1)
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
     p_op = gl.convert_layout(to_16_bits(p, q.dtype), register_operand_layout(HEAD_DIM))
-    return stage, phase, m_i, l_i, acc, p_op, t
+    return stage, phase, m_i, l_i, acc, p_op
 
 
 @gluon.jit
-def _last_product(v_bufs, v_ready, v_free, turn, t, stage, phase, acc, p_op, WARP_GROUP: gl.constexpr,
-                  PINGPONG: gl.constexpr, HALF: gl.constexpr):
+def _last_product(v_bufs, v_ready, v_free, stage, phase, acc, p_op, HALF: gl.constexpr):
     """A run's last P V (V in ``stage``), with no Q K^T to overlap; with ``HALF`` over the first half of the stage's
     values (``p_op`` half as wide)."""
     mbarrier.wait(v_ready.index(stage), phase)
-    _take_turn(turn, t, WARP_GROUP, PINGPONG)
     if HALF:
         values = v_bufs.index(stage).slice(0, p_op.shape[1], dim=0)
     else:
         values = v_bufs.index(stage)
     acc = warpgroup_mma(p_op, values, acc, is_async=True)
-    _pass_turn(turn, WARP_GROUP, PINGPONG)
-    t += 1
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
     mbarrier.arrive(v_free.index(stage), count=1)
-    return acc, t
+    return acc
 
 
 @gluon.constexpr_function
@@ -448,42 +413,41 @@ def half_tails(is_varlen, causal, block_n, num_consumers):
     (``_tile_key_blocks``): packed non-causal calls, whose sequences end anywhere in a block (the bench's mixed
     lengths: 0.886 of the products useful at a 512 mean with whole last blocks, 0.921 with half ones), on two
     consumers (hdim 128: +1.6% / +2.6% / +1.9% at a 512 / 1k / 2k mean; hdim 64's three consumers lost 3% at 512;
-    H200, docs/perf-notes.md, version 31)."""
+    H200, docs/perf-notes.md)."""
     return is_varlen and not causal and block_n == 128 and num_consumers == 2
 
 
 @gluon.jit
-def _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, turn, t, ring, m_i, l_i, acc, rows,
-                lo, hi, release_q, seqlen_q, seqlen_k, qk_scale_log2,
+def _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, ring, m_i, l_i, acc, rows, lo, hi,
+                release_q, seqlen_q, seqlen_k, qk_scale_log2,
                 BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                MASKED: gl.constexpr, WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr):
+                MASKED: gl.constexpr):
     """Key blocks [lo, hi) of one consumer's 64 rows as one run (the decode kernel's loop). ``ring``: the blocks of
-    earlier runs (the ring's position), ``t``: the consumer's product issues so far (ping-pong turns). ``release_q``:
-    these are the consumer's last blocks, so it releases Q once their last Q K^T has completed, before the last P V."""
+    earlier runs (the ring's position). ``release_q``: these are the consumer's last blocks, so it releases Q once
+    their last Q K^T has completed, before the last P V."""
     s_zero = gl.zeros([ROWS_PER_WARPGROUP, BLOCK_N], gl.float32, wgmma_layout(BLOCK_N))
     if hi > lo:
-        stage, phase, m_i, l_i, acc, p_op, t = _first_block(
-            q, k_bufs, k_ready, k_free, turn, t, ring, lo, m_i, l_i, acc, s_zero, rows, seqlen_q, seqlen_k,
-            qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, MASKED, WARP_GROUP, PINGPONG, False)
+        stage, phase, m_i, l_i, acc, p_op = _first_block(
+            q, k_bufs, k_ready, k_free, ring, lo, m_i, l_i, acc, s_zero, rows, seqlen_q, seqlen_k, qk_scale_log2,
+            BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, MASKED, False)
         for j in range(lo + 1, hi):
-            stage, phase, m_i, l_i, acc, p_op, t = _next_block(
-                q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ring, j, stage, phase, m_i, l_i,
-                acc, p_op, s_zero, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL,
-                MASKED, WARP_GROUP, PINGPONG, False)
+            stage, phase, m_i, l_i, acc, p_op = _next_block(
+                q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, ring, j, stage, phase, m_i, l_i, acc, p_op,
+                s_zero, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, MASKED,
+                False)
         if release_q:
             mbarrier.arrive(q_free, count=1)
-        acc, t = _last_product(v_bufs, v_ready, v_free, turn, t, stage, phase, acc, p_op, WARP_GROUP, PINGPONG,
-                               False)
+        acc = _last_product(v_bufs, v_ready, v_free, stage, phase, acc, p_op, False)
     elif release_q:
         mbarrier.arrive(q_free, count=1)  # no block at all: Q was never read
-    return m_i, l_i, acc, t
+    return m_i, l_i, acc
 
 
 @gluon.jit
-def _tile_key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, turn, t, ring, m_i, l_i, acc,
-                     rows, n_full, n_blocks, seqlen_q, seqlen_k, qk_scale_log2,
+def _tile_key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, ring, m_i, l_i, acc, rows, n_full,
+                     n_blocks, seqlen_q, seqlen_k, qk_scale_log2,
                      BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                     WARP_GROUP: gl.constexpr, PINGPONG: gl.constexpr, HALF_TAILS: gl.constexpr):
+                     HALF_TAILS: gl.constexpr):
     """A forward tile's key blocks for one consumer's 64 rows, as one run: [0, n_full) seen whole, then
     [n_full, n_blocks) through the mask (the diagonal, the sequence's end); Q released after the last Q K^T. With
     ``HALF_TAILS`` (``half_tails``) a last block with at most half its keys in the sequence runs at half width.
@@ -492,7 +456,7 @@ def _tile_key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free
     to overlap, as would the first run's last P V; and with two runs ptxas 12.8 (Triton 3.6) reused, in the masked
     run's first product, Q descriptors that it had computed only inside the whole-block run's first product, so that
     a tile with no whole block (fewer keys than one block, non-causal) read Q through another tile's descriptors:
-    wrong rows wherever a program's Q tile moves between tiles (two Q buffers; docs/perf-notes.md, version 30)."""
+    wrong rows wherever a program's Q tile moves between tiles (two Q buffers; docs/perf-notes.md)."""
     s_zero = gl.zeros([ROWS_PER_WARPGROUP, BLOCK_N], gl.float32, wgmma_layout(BLOCK_N))
     n_wide = n_blocks
     if HALF_TAILS:
@@ -500,59 +464,50 @@ def _tile_key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free
         half_zero = gl.zeros([ROWS_PER_WARPGROUP, BLOCK_N // 2], gl.float32, wgmma_layout(BLOCK_N // 2))
         n_wide = n_blocks - ((n_blocks > n_full) & (seqlen_k - n_full * BLOCK_N <= BLOCK_N // 2)).to(gl.int32)
     if n_wide > 0:
-        # the first block through the mask whether or not it needs it: once a tile, and a branch between the two
-        # forms would carry the loop's state in another order (the frontend sorts an if's names), whose hdim-64
-        # loop ptxas scheduled 3-4% slower than the two-run kernel's (2-3% without it; docs/perf-notes.md, version 30)
-        stage, phase, m_i, l_i, acc, p_op, t = _first_block(
-            q, k_bufs, k_ready, k_free, turn, t, ring, 0, m_i, l_i, acc, s_zero, rows, seqlen_q, seqlen_k,
-            qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, True, WARP_GROUP, PINGPONG, False)
+        # the first block through the mask whether or not it needs it: once a tile, and an if between the two forms
+        # would carry the loop's state in another order (the frontend sorts an if's names), whose hdim-64 loop ptxas
+        # scheduled 3-4% slower than the two-run kernel's (2-3% without it; docs/perf-notes.md)
+        stage, phase, m_i, l_i, acc, p_op = _first_block(
+            q, k_bufs, k_ready, k_free, ring, 0, m_i, l_i, acc, s_zero, rows, seqlen_q, seqlen_k, qk_scale_log2,
+            BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, True, False)
         for j in range(1, n_full):
-            stage, phase, m_i, l_i, acc, p_op, t = _next_block(
-                q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ring, j, stage, phase, m_i, l_i,
-                acc, p_op, s_zero, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL,
-                False, WARP_GROUP, PINGPONG, False)
+            stage, phase, m_i, l_i, acc, p_op = _next_block(
+                q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, ring, j, stage, phase, m_i, l_i, acc, p_op,
+                s_zero, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, False, False)
         for j in range(gl.maximum(n_full, 1), n_wide):
-            stage, phase, m_i, l_i, acc, p_op, t = _next_block(
-                q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ring, j, stage, phase, m_i, l_i,
-                acc, p_op, s_zero, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL,
-                True, WARP_GROUP, PINGPONG, False)
+            stage, phase, m_i, l_i, acc, p_op = _next_block(
+                q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, ring, j, stage, phase, m_i, l_i, acc, p_op,
+                s_zero, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, True, False)
         if HALF_TAILS and n_wide < n_blocks:
-            stage, phase, m_i, l_i, acc, p_half, t = _next_block(
-                q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, turn, t, ring, n_wide, stage, phase, m_i, l_i,
-                acc, p_op, half_zero, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL,
-                True, WARP_GROUP, PINGPONG, True)
+            stage, phase, m_i, l_i, acc, p_half = _next_block(
+                q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, ring, n_wide, stage, phase, m_i, l_i, acc, p_op,
+                half_zero, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, True, True)
             mbarrier.arrive(q_free, count=1)
-            acc, t = _last_product(v_bufs, v_ready, v_free, turn, t, stage, phase, acc, p_half, WARP_GROUP, PINGPONG,
-                                   True)
+            acc = _last_product(v_bufs, v_ready, v_free, stage, phase, acc, p_half, True)
         else:
             mbarrier.arrive(q_free, count=1)
-            acc, t = _last_product(v_bufs, v_ready, v_free, turn, t, stage, phase, acc, p_op, WARP_GROUP, PINGPONG,
-                                   False)
+            acc = _last_product(v_bufs, v_ready, v_free, stage, phase, acc, p_op, False)
     elif HALF_TAILS and n_blocks > 0:
         # one block, at most half of it in the sequence
-        stage, phase, m_i, l_i, acc, p_half, t = _first_block(
-            q, k_bufs, k_ready, k_free, turn, t, ring, 0, m_i, l_i, acc, half_zero, rows, seqlen_q, seqlen_k,
-            qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, True, WARP_GROUP, PINGPONG, True)
+        stage, phase, m_i, l_i, acc, p_half = _first_block(
+            q, k_bufs, k_ready, k_free, ring, 0, m_i, l_i, acc, half_zero, rows, seqlen_q, seqlen_k, qk_scale_log2,
+            BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, True, True)
         mbarrier.arrive(q_free, count=1)
-        acc, t = _last_product(v_bufs, v_ready, v_free, turn, t, stage, phase, acc, p_half, WARP_GROUP, PINGPONG,
-                               True)
+        acc = _last_product(v_bufs, v_ready, v_free, stage, phase, acc, p_half, True)
     else:
         mbarrier.arrive(q_free, count=1)  # no block at all: Q was never read
-    return m_i, l_i, acc, t
+    return m_i, l_i, acc
 
 
 @gluon.jit
-def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, tile_slot,
-                        Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh, seqlen_q,
-                        seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section, total_tiles,
-                        qk_scale_log2,
+def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, tile_slot, Out,
+                        Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh, seqlen_q, seqlen_k,
+                        nheads, group_size, row_tiles, batch_heads, heads_per_section, total_tiles, qk_scale_log2,
                         WARP_GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                         NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr,
-                        PINGPONG: gl.constexpr, NUM_CONSUMERS: gl.constexpr, WIDE_STORES: gl.constexpr,
-                        Q_BUFFERS: gl.constexpr):
+                        NUM_CONSUMERS: gl.constexpr, WIDE_STORES: gl.constexpr, Q_BUFFERS: gl.constexpr):
     s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
     o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
-    t = 0
     ring = 0
     rounds = 0  # this program's tiles so far
     mbarrier.wait(q_ready.index(0), 0)
@@ -569,13 +524,12 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
         l_i = gl.zeros([ROWS_PER_WARPGROUP], gl.float32, gl.SliceLayout(1, s_layout))
         acc = gl.zeros([ROWS_PER_WARPGROUP, HEAD_DIM], gl.float32, o_layout)
         own_full, own_blocks = _consumer_key_blocks(first_row, tile_seqlen_q, tile_seqlen_k, n_full, n_blocks,
-                                                    BLOCK_N, CAUSAL, PINGPONG)
+                                                    BLOCK_N, CAUSAL)
         # -- blocks every row of this consumer sees whole, then the masked ones (diagonal, sequence end) --
-        m_i, l_i, acc, t = _tile_key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free.index(slot),
-                                            turn, t, ring, m_i, l_i, acc, rows, own_full, own_blocks, tile_seqlen_q,
-                                            tile_seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL,
-                                            WARP_GROUP, PINGPONG,
-                                            half_tails(IS_VARLEN, CAUSAL, BLOCK_N, NUM_CONSUMERS))
+        m_i, l_i, acc = _tile_key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free.index(slot), ring,
+                                         m_i, l_i, acc, rows, own_full, own_blocks, tile_seqlen_q, tile_seqlen_k,
+                                         qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL,
+                                         half_tails(IS_VARLEN, CAUSAL, BLOCK_N, NUM_CONSUMERS))
         # -- the tile's blocks past this consumer's last row: released as they arrive, never read --
         for j in range(own_blocks, n_blocks):
             stage = (ring + j) % NUM_STAGES
@@ -604,7 +558,7 @@ def attention_forward_hopper_kernel(
     stride_om, stride_oh, stride_lb, stride_lh,
     seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section, qk_scale_log2,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-    IS_VARLEN: gl.constexpr, PINGPONG: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
+    IS_VARLEN: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
     CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr, DYNAMIC_TILES: gl.constexpr,
     WIDE_STORES: gl.constexpr, Q_BUFFERS: gl.constexpr,
 ):
@@ -619,7 +573,6 @@ def attention_forward_hopper_kernel(
     loader copies the next tile's Q, and then its first K/V blocks, while the consumers still work on this one; with
     1 the copy waits for every consumer's last Q K^T."""
     gl.static_assert(NUM_CONSUMERS == 2 or NUM_CONSUMERS == 3, "two or three consumer warpgroups")
-    gl.static_assert(NUM_CONSUMERS == 2 or not PINGPONG, "ping-pong turns are between two consumers")
     total_tiles = row_tiles * batch_heads
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [Q_BUFFERS * NUM_CONSUMERS, ROWS_PER_WARPGROUP, HEAD_DIM],
                                        q_desc.layout)
@@ -627,27 +580,24 @@ def attention_forward_hopper_kernel(
                                                                 NUM_CONSUMERS)
     q_ready = gl.allocate_shared_memory(gl.int64, [Q_BUFFERS, 1], mbarrier.MBarrierLayout())
     q_free = gl.allocate_shared_memory(gl.int64, [Q_BUFFERS, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     tile_slot = gl.allocate_shared_memory(gl.int32, [Q_BUFFERS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     for i in gl.static_range(Q_BUFFERS):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_free.index(i), count=NUM_CONSUMERS)  # every consumer releases Q
-    mbarrier.init(turn.index(0), count=1)
-    mbarrier.init(turn.index(1), count=1)
 
     # each consumer's partition spelled out: warp_specialize takes a literal list, one entry per partition
     if NUM_CONSUMERS == 2:
         gl.warp_specialize([
-            (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn,
+            (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free,
                                    tile_slot, Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb,
                                    stride_lh, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
                                    heads_per_section, total_tiles, qk_scale_log2, 0, HEAD_DIM, BLOCK_N,
-                                   NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS, WIDE_STORES, Q_BUFFERS)),
-            (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn,
+                                   NUM_STAGES, CAUSAL, IS_VARLEN, NUM_CONSUMERS, WIDE_STORES, Q_BUFFERS)),
+            (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free,
                                    tile_slot, Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb,
                                    stride_lh, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
                                    heads_per_section, total_tiles, qk_scale_log2, 1, HEAD_DIM, BLOCK_N,
-                                   NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS, WIDE_STORES, Q_BUFFERS)),
+                                   NUM_STAGES, CAUSAL, IS_VARLEN, NUM_CONSUMERS, WIDE_STORES, Q_BUFFERS)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready,
                                k_free, v_free, tile_slot, TileCounter, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k,
                                nheads, group_size, row_tiles, batch_heads, heads_per_section, total_tiles,
@@ -656,21 +606,21 @@ def attention_forward_hopper_kernel(
         ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
     else:
         gl.warp_specialize([
-            (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn,
+            (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free,
                                    tile_slot, Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb,
                                    stride_lh, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
                                    heads_per_section, total_tiles, qk_scale_log2, 0, HEAD_DIM, BLOCK_N,
-                                   NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS, WIDE_STORES, Q_BUFFERS)),
-            (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn,
+                                   NUM_STAGES, CAUSAL, IS_VARLEN, NUM_CONSUMERS, WIDE_STORES, Q_BUFFERS)),
+            (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free,
                                    tile_slot, Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb,
                                    stride_lh, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
                                    heads_per_section, total_tiles, qk_scale_log2, 1, HEAD_DIM, BLOCK_N,
-                                   NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS, WIDE_STORES, Q_BUFFERS)),
-            (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn,
+                                   NUM_STAGES, CAUSAL, IS_VARLEN, NUM_CONSUMERS, WIDE_STORES, Q_BUFFERS)),
+            (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free,
                                    tile_slot, Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb,
                                    stride_lh, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
                                    heads_per_section, total_tiles, qk_scale_log2, 2, HEAD_DIM, BLOCK_N,
-                                   NUM_STAGES, CAUSAL, IS_VARLEN, PINGPONG, NUM_CONSUMERS, WIDE_STORES, Q_BUFFERS)),
+                                   NUM_STAGES, CAUSAL, IS_VARLEN, NUM_CONSUMERS, WIDE_STORES, Q_BUFFERS)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready,
                                k_free, v_free, tile_slot, TileCounter, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k,
                                nheads, group_size, row_tiles, batch_heads, heads_per_section, total_tiles,
