@@ -7,7 +7,7 @@ import contextlib
 import pytest
 import torch
 
-from flashattn import configs, ops
+from flashattn import configs
 
 
 def _on_hopper() -> bool:
@@ -18,18 +18,18 @@ hopper = pytest.mark.skipif(not _on_hopper(), reason="the Hopper kernels are bui
 
 
 @contextlib.contextmanager
-def forced_launch(monkeypatch, phase: str, launcher: str, tile: configs.TileConfig | None,
+def forced_launch(monkeypatch, phase: str, module, launcher: str, tile: configs.TileConfig | None,
                   expect_launch: bool = True):
-    """Run under ``tile`` for ``phase`` (None: the table's choice) and check that ``ops.<launcher>`` ran (or, with
+    """Run under ``tile`` for ``phase`` (None: the table's choice) and check that ``module.<launcher>`` ran (or, with
     ``expect_launch`` false, did not)."""
     launches = []
-    launch = getattr(ops, launcher)
+    launch = getattr(module, launcher)
 
     def counting(*args, **kwargs):
         launches.append(1)
         return launch(*args, **kwargs)
 
-    monkeypatch.setattr(ops, launcher, counting)
+    monkeypatch.setattr(module, launcher, counting)
     with configs.use_config(phase, tile) if tile is not None else contextlib.nullcontext():
         yield
     assert bool(launches) == expect_launch, f"{launcher} launches: {len(launches)}"

@@ -267,9 +267,8 @@ def test_concurrent_gradient_kernels_replay_from_a_cuda_graph(monkeypatch):
 
 def _count_gradient_stream_joins(monkeypatch) -> list[int]:
     """Use the two gradient streams at any size, and count the backward calls that joined them."""
-    from flashattn import ops
 
-    monkeypatch.setattr(ops, "CONCURRENT_GRADIENTS_MIN_FLOPS", 0)
+    monkeypatch.setattr(configs, "CONCURRENT_GRADIENTS_MIN_FLOPS", 0)
     joins = [0]
     original = launch_backward.GradientStreams.join
 

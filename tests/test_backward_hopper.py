@@ -22,7 +22,7 @@ WS_DKDV = configs.TileConfig(64, 64, 8, 2, hopper=True)
 
 
 def forced_ws_dkdv(tile: configs.TileConfig | None, monkeypatch, expect_launch: bool = True):
-    return forced_launch(monkeypatch, "dkdv", "_warp_specialized_dkdv", tile, expect_launch)
+    return forced_launch(monkeypatch, "dkdv", launch_backward, "_hopper_dkdv", tile, expect_launch)
 
 
 def test_backward_fits_only_on_the_gpu():

@@ -14,6 +14,7 @@ from cases import make_case, make_varlen_case
 from hopper_kernels import forced_launch, hopper
 
 from flashattn import configs, flash_attn_func, validation
+from flashattn.launch import backward as launch_backward
 from flashattn.launch import common
 from flashattn.launch import forward as launch_forward
 from flashattn.testing import check_against_reference, check_varlen_against_reference
@@ -27,7 +28,7 @@ WS_DQ_TILES = {"n64-s3": configs.TileConfig(128, 64, 8, 3, hopper=True),
 
 
 def forced_ws_dq(tile: configs.TileConfig | None, monkeypatch, expect_launch: bool = True):
-    return forced_launch(monkeypatch, "dq", "_warp_specialized_dq", tile, expect_launch)
+    return forced_launch(monkeypatch, "dq", launch_backward, "_hopper_dq", tile, expect_launch)
 
 
 def test_tile_plan_arguments_dense_and_varlen():

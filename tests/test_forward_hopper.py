@@ -15,7 +15,7 @@ import torch
 from cases import make_case, make_varlen_case
 from hopper_kernels import forced_launch, hopper
 
-from flashattn import configs, flash_attn_func, flash_attn_qkvpacked_func, ops
+from flashattn import configs, flash_attn_func, flash_attn_qkvpacked_func
 from flashattn.launch import common
 from flashattn.launch import forward as launch_forward
 from flashattn.options import AttentionOptions
@@ -34,7 +34,7 @@ HOPPER_TILES = {
 
 
 def forced_ws(tile: configs.TileConfig | None, monkeypatch, expect_launch: bool = True):
-    return forced_launch(monkeypatch, "forward", "_warp_specialized_forward", tile, expect_launch)
+    return forced_launch(monkeypatch, "forward", launch_forward, "_hopper_forward", tile, expect_launch)
 
 
 def test_token_rows_reads_heads_side_by_side():
@@ -59,7 +59,7 @@ def test_token_descriptor_spans_every_token_and_one_head_per_block():
     assert common.token_descriptor(packed, 128).layout is descriptor.layout
 
 
-def test_warp_specialized_fits_only_gpu_plain_softmax():
+def test_hopper_forward_fits_only_gpu_plain_softmax():
     q = torch.randn(1, 4, 2, 64, dtype=torch.bfloat16)
     opts = AttentionOptions(0.125)
     assert not launch_forward.hopper_forward_fits(q, q, q, opts, None, None, None)  # a CPU tensor
@@ -113,7 +113,7 @@ def test_persistent_forward_repeats_and_leaves_no_tile_out(tile, causal, monkeyp
 
 
 def test_heads_per_section_fits_the_l2_budget(monkeypatch):
-    monkeypatch.setattr(ops, "WS_L2_SECTION_BYTES", 8 << 20)
+    monkeypatch.setattr(configs, "HOPPER_L2_SECTION_BYTES", 8 << 20)
     # 4k keys at hdim 128 in bf16: K and V of one head take 2 MiB, so 4 heads a section
     assert launch_forward._heads_per_section(64, 1, 4096 * 128 * 2) == 4
     assert launch_forward._heads_per_section(64, 4, 4096 * 128 * 2) == 16  # four query heads share one K/V head
@@ -176,7 +176,7 @@ def test_ws_forward_tiles_that_may_see_no_whole_block(shape, option, tile, monke
 def test_ws_forward_walks_heads_in_sections(option, tile, monkeypatch):
     # 8 (sequence, head) pairs in sections of 3, 3 and 2: every tile computed once, the short last section too
     shape = (2, 1023, 1023, 4, 2, 128)
-    monkeypatch.setattr(ops, "WS_L2_SECTION_BYTES", 3 * 1023 * 128 * 2)
+    monkeypatch.setattr(configs, "HOPPER_L2_SECTION_BYTES", 3 * 1023 * 128 * 2)
     assert launch_forward._heads_per_section(8, 2, 1023 * 128 * 2) == 3
     with forced_ws(HOPPER_TILES[tile], monkeypatch):
         check_against_reference(make_case(shape, option, "cuda"), torch.bfloat16, "cuda", flash_attn_func)

@@ -357,9 +357,7 @@ def test_hopper_accessor_agrees_with_tile_config(monkeypatch, phase, head_dim, m
     monkeypatch.setattr(configs, "gpu_family", lambda device: "hopper")
     expected = configs.tile_config(phase, head_dim, masked, dtype, torch.device("cpu"), interpret=False)
     dtype_bytes = torch.empty((), dtype=dtype).element_size()
-    passes = 2 if expected.split_dkdv else 1
-    assert hopper_block_shape(phase, head_dim, masked, dtype_bytes) == BlockShape(expected.block_m, expected.block_n,
-                                                                                  passes)
+    assert hopper_block_shape(phase, head_dim, masked, dtype_bytes) == BlockShape(expected.block_m, expected.block_n)
 
 
 def test_tiling_from_the_table_and_overrides():

@@ -4,7 +4,6 @@ Every test runs on both backends: the torch path, and the Triton kernels (the in
 GPU, CUDA with one). The ``gpu``-marked tests add decode-sized shapes on the GPU.
 """
 
-import dataclasses
 
 import pytest
 import torch
@@ -531,12 +530,8 @@ def test_streaming_tiles_run_unsplit_from_two_programs_per_sm(batch, expected):
 
 
 def test_paged_programs_read_the_block_table_in_chunks_from_32_blocks():
-    """Splits of 32 key blocks or more loop over 16 pages at a time; shorter ones page by page (the H200
-    sweep in paged_table_chunk). A config's own table_chunk overrides the rule."""
-    config = configs.decode_config(4, 128, torch.bfloat16, False)
-    assert config.table_chunk is None
-    assert configs.paged_table_chunk(config, 31) == 0 and configs.paged_table_chunk(config, 32) == 16
-    assert configs.paged_table_chunk(dataclasses.replace(config, table_chunk=0), 128) == 0
+    """Splits of 32 key blocks or more loop over 16 pages at a time; shorter ones page by page."""
+    assert configs.paged_table_chunk(31) == 0 and configs.paged_table_chunk(32) == 16
 
 
 @pytest.mark.parametrize(("batch", "tile", "splits"), [(1, (64, 4), 16), (4, (64, 4), 4), (5, (128, 3), 3),

@@ -11,7 +11,7 @@ import pytest
 import torch
 from hopper_kernels import hopper
 
-from flashattn import configs, flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, ops
+from flashattn import configs, flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 from flashattn.launch import backward as launch_backward
 from flashattn.launch import plans
 
@@ -135,7 +135,7 @@ def test_a_replay_takes_the_two_gradient_streams(monkeypatch, replays):
     joins = []
     original_join = launch_backward.GradientStreams.join
     monkeypatch.setattr(launch_backward.GradientStreams, "join", lambda self: (joins.append(1), original_join(self))[1])
-    monkeypatch.setattr(ops, "CONCURRENT_GRADIENTS_MIN_FLOPS", 0)
+    monkeypatch.setattr(configs, "CONCURRENT_GRADIENTS_MIN_FLOPS", 0)
     q, k, v, dout = _inputs(torch.bfloat16, 2, 256, 256, 4, 4, 128, seed=5)
     with own_path(monkeypatch):
         expected = _forward_backward(q, k, v, dout, True, (-1, -1))

@@ -1,4 +1,4 @@
-"""flashattn.launcher.launch: the compiled kernel it reuses must be the one Triton would pick for each call's
+"""flashattn.launch.launcher.launch: the compiled kernel it reuses must be the one Triton would pick for each call's
 specialization (an integer that is 1 or a multiple of 16, a tensor's 16-byte alignment), and it must launch on the
 caller's stream."""
 
@@ -110,7 +110,7 @@ class _FakeDescriptor(NamedTuple):
 def replayed_launches(monkeypatch):
     """The (grid, arguments, side stream) of every step a replay runs, in order."""
     runs = []
-    monkeypatch.setattr(launcher, "_run",
+    monkeypatch.setattr(plans, "_run",
                         lambda step, values, stream: runs.append((step.grid, values, step.side_stream)))
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device_index: 0, raising=False)
     return runs
@@ -208,7 +208,7 @@ def test_inputs_that_are_one_tensor_get_their_own_plan(monkeypatch):
     """A plan recorded on (x, x) maps both arguments to one slot: a call on two tensors must record its own."""
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: None)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(launcher, "_PLANS", {})
+    monkeypatch.setattr(plans, "_PLANS", {})
     calls = []
 
     def call():

@@ -4,7 +4,7 @@ FlashAttention's claim is about IO: it computes the same attention as matmul + s
 fewer reads and writes of GPU memory. This module makes the claim a number for one problem shape: the
 bytes each implementation moves (itemized per kernel and tensor), the FLOPs, the arithmetic intensity,
 and the roofline time ``max(FLOPs / peak, bytes / bandwidth)`` on an H100 or H200 (measured ceilings,
-see ``docs/perf-notes.md`` and ``../shared/ANCHORS.md``).
+see ``docs/perf-notes.md``).
 
 **What is counted.** Every tile load and store the Triton kernels issue, exactly as they are written
 (``kernels/forward.py``, ``kernels/backward.py``, with the block bounds of ``kernels/common.py``): the
@@ -102,8 +102,8 @@ class AttentionProblem:
 class BlockShape:
     """One kernel's tile: ``block_m`` query rows by ``block_n`` key rows.
 
-    ``passes``: how many times the kernel walks its tiles; 2 for a dK/dV kernel that runs as a dV pass
-    and a dK pass (``TileConfig.split_dkdv``).
+    ``passes``: how many times the kernel walks its tiles; 2 models a dK/dV kernel that runs as a dV pass
+    and a dK pass, each with one accumulator (flashattn's kernels make one pass).
     """
 
     block_m: int
@@ -139,7 +139,7 @@ def hopper_block_shape(phase: str, head_dim: int, masked: bool, dtype_bytes: int
 
 def block_shape(config) -> BlockShape:
     """The IO model's view of a ``configs.TileConfig``: its tile, and the dK/dV kernel's passes."""
-    return BlockShape(config.block_m, config.block_n, 2 if config.split_dkdv else 1)
+    return BlockShape(config.block_m, config.block_n, 1)
 
 
 @dataclass(frozen=True)
