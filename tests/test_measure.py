@@ -145,8 +145,8 @@ def test_layer_shape_takes_dtype_aliases():
 @pytest.mark.gpu
 def test_gpu_measure_matches_the_model(capsys):
     # head dim 64: the forward uses no TMA workspace there, so flashattn's extra memory is its lse alone
-    assert memory.run(parse("--layers", "1", "--heads", "8", "--head-dim", "64", "--seqlens", "1024", "4096",
-                            "--measure", "--json")) == 0
+    assert layer.run(parse("--layers", "1", "--heads", "8", "--head-dim", "64", "--seqlens", "1024", "4096",
+                           "--measure", "--json")) == 0
     cells = cells_by_key(json.loads(capsys.readouterr().out)["measured"])
     for seqlen in (1024, 4096):
         scores = 8 * seqlen * seqlen * 2
