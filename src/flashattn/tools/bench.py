@@ -356,8 +356,14 @@ def markdown_table(measurements: list[Measurement], providers: list[str]) -> str
     return "\n".join(lines) + "\n"
 
 
-def plot_results(results_path: Path, png_path: Path) -> None:
-    """TFLOP/s against seqlen per provider, one panel per (head dim, causal, mode), from a results JSON."""
+# fixed colours, so that a provider keeps its colour from one figure to the next
+PROVIDER_COLORS = {"flashattn": "C0", "sdpa_flash": "C1", "sdpa_cudnn": "C2", "flex": "C3", "fa4": "C4",
+                   "sdpa_efficient": "C5", "sdpa_math": "C6", "naive": "C7"}
+
+
+def plot_results(results_path: Path, png_path: Path) -> Path:
+    """TFLOP/s against seqlen from a results JSON: a column per (head dim, causal), the forward above the backward, a
+    line per provider (flashattn first)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -366,37 +372,41 @@ def plot_results(results_path: Path, png_path: Path) -> None:
     data = json.loads(Path(results_path).read_text())
     rows = [r for r in data["results"] if not r.get("error")]
     panels = sorted({(r["case"]["head_dim"], r["case"]["causal"]) for r in rows})
-    modes = [m for m in ("fwd", "bwd") if any(r.get(f"{m}_tflops") for r in rows)]
-    fig, axes = plt.subplots(len(modes), len(panels), figsize=(3.2 * len(panels), 3.0 * len(modes)),
-                             squeeze=False, sharey=True)
-    providers = list(dict.fromkeys(r["provider"] for r in rows))
-    for col, (head_dim, causal) in enumerate(panels):
-        for row, mode in enumerate(modes):
-            ax = axes[row][col]
+    directions = [d for d in ("fwd", "bwd") if any(r.get(f"{d}_tflops") for r in rows)]
+    providers = sorted(dict.fromkeys(r["provider"] for r in rows), key=lambda p: p != "flashattn")
+    seqlens = sorted({r["case"]["seqlen"] for r in rows})
+    figure, axes = plt.subplots(len(directions), len(panels), figsize=(3.2 * len(panels), 3.0 * len(directions)),
+                                squeeze=False, sharey=True)
+    for column, (head_dim, causal) in enumerate(panels):
+        for row, direction in enumerate(directions):
+            ax = axes[row][column]
             for provider in providers:
-                points = sorted((r["case"]["seqlen"], r[f"{mode}_tflops"]) for r in rows
-                                if r["provider"] == provider and r[f"{mode}_tflops"]
+                points = sorted((r["case"]["seqlen"], r[f"{direction}_tflops"]) for r in rows
+                                if r["provider"] == provider and r.get(f"{direction}_tflops")
                                 and (r["case"]["head_dim"], r["case"]["causal"]) == (head_dim, causal))
                 if points:
                     ax.plot(*zip(*points, strict=True), marker="o", markersize=3, label=provider,
+                            color=PROVIDER_COLORS.get(provider, f"C{8 + providers.index(provider) % 2}"),
                             linewidth=2.2 if provider == "flashattn" else 1.2)
             ax.set_xscale("log", base=2)
-            seqlens = sorted({r["case"]["seqlen"] for r in rows})
-            ax.set_xticks(seqlens, [f"{n // 1024}k" if n >= 1024 else str(n) for n in seqlens], fontsize=7)
+            ax.set_xticks(seqlens, [f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n) for n in seqlens],
+                          fontsize=7)
             ax.minorticks_off()
-            ax.set_title(f"hdim {head_dim}, {'causal' if causal else 'non-causal'}, {mode}", fontsize=9)
+            ax.set_title(f"hdim {head_dim}, {'causal' if causal else 'non-causal'}, {direction}", fontsize=9)
             ax.grid(alpha=0.3)
-            if col == 0:
+            if column == 0:
                 ax.set_ylabel("TFLOP/s")
-            if row == len(modes) - 1:
+            if row == len(directions) - 1:
                 ax.set_xlabel("seqlen")
-    env = data["environment"]
+    env = data.get("environment") or {}
     axes[0][0].legend(fontsize=7)
-    fig.suptitle(f"{env.get('device')}, {env.get('date', '')[:10]}, torch {env.get('torch')}, "
-                 f"triton {env.get('triton')}, commit {env.get('commit')}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=110)
-    plt.close(fig)
+    figure.suptitle(f"{env.get('device')}, {str(env.get('date', ''))[:10]}, torch {env.get('torch')}, "
+                    f"triton {env.get('triton')}, commit {env.get('commit')}", fontsize=10)
+    figure.tight_layout()
+    png_path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(png_path, dpi=110, metadata={"Software": None})  # no version stamp: the same data, the same file
+    plt.close(figure)
+    return png_path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
