@@ -174,7 +174,7 @@ def tile_layout(block_rows: int, head_dim: int, dtype: torch.dtype):
 
 def token_descriptor(x: torch.Tensor, block_rows: int):
     """A host-side TMA descriptor of ``x`` as (tokens, heads * head_dim), one head's columns per block. The token
-    stride is ``token_rows(x)``, which ``hopper_forward_fits`` checked before the call took the Gluon kernel."""
+    stride is ``token_rows(x)``, which ``hopper_forward_fits`` checked before the call took the Hopper kernel."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     head_dim = x.shape[-1]
