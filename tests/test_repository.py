@@ -129,10 +129,12 @@ def test_no_work_log_phrases(pattern):
     assert hits == []
 
 
+# the flagged examples are assembled, so that this file does not itself read as a work log
 @pytest.mark.parametrize("text, flagged", [
-    ("measured in session 31", True), ("call B's script", True), ("docs/perf-notes.md, version 23", True),
-    ("kernel version 23", True), ("attempt 2 failed", True), ("torch 2.11.0+cu130, triton 3.6.0", False),
-    ("CUDA 12.8", False), ("a call to the op", False), ("calls A-C", True),
+    ("measured in sess" + "ion 31", True), ("cal" + "l B's script", True),
+    ("docs/perf-notes.md, ver" + "sion 23", True),
+    ("kernel ver" + "sion 23", True), ("atte" + "mpt 2 failed", True), ("torch 2.11.0+cu130, triton 3.6.0", False),
+    ("CUDA 12.8", False), ("a call to the op", False), ("cal" + "ls A-C", True),
 ])
 def test_the_work_log_patterns(text, flagged):
     assert any(p.search(text) for p in WORK_LOG) == flagged
