@@ -3,6 +3,7 @@
 Triton kernels on the GPU, blocked PyTorch on the CPU, one flash-attn compatible API.
 """
 
+from .faults import raise_recorded_faults
 from .interface import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
 from .kvcache import flash_attn_combine, flash_attn_with_kvcache
 from .sdpa import scaled_dot_product_attention, sdpa_override
@@ -21,5 +22,6 @@ __all__ = [
     "flash_attn_combine",
     "scaled_dot_product_attention",
     "sdpa_override",
+    "raise_recorded_faults",
     "__version__",
 ]
