@@ -3,6 +3,10 @@
 Each test runs on both backends: the torch path, and the Triton kernels (interpreter without a GPU).
 """
 
+import importlib.util
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -294,3 +298,23 @@ def test_gradient_streams_are_kept_for_long_calls():
     layout = common.Layout.of(q, q, None)
     full = AttentionOptions(1.0, -1, -1, 0.0, 0.0)
     assert not launch_backward._gradient_streams_pay(q, layout, 32, full)  # a CPU tensor
+
+
+SUBMODULES_AFTER_IMPORT = """
+import sys
+import flashattn
+flashattn.nn.MultiheadAttention, flashattn.nn.SelfAttention, flashattn.nn.RotaryEmbedding
+flashattn.integrations
+assert "transformers" not in sys.modules, "import flashattn must not import transformers"
+if {transformers}:
+    assert flashattn.integrations.transformers.ATTN_IMPLEMENTATION
+    assert "transformers" in sys.modules
+"""
+
+
+def test_submodules_are_reachable_after_import_flashattn():
+    """``import flashattn`` alone gives ``flashattn.nn`` and ``flashattn.integrations`` (a fresh interpreter);
+    ``flashattn.integrations.transformers`` imports transformers only when it is first used."""
+    code = SUBMODULES_AFTER_IMPORT.format(transformers=importlib.util.find_spec("transformers") is not None)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr

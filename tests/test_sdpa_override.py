@@ -1,5 +1,6 @@
 """flashattn.sdpa_override: torch's SDPA routed to flashattn inside the block, and only there."""
 
+import copy
 import warnings
 
 import pytest
@@ -8,6 +9,7 @@ import torch.nn.functional as F
 
 import flashattn
 from flashattn import sdpa
+from flashattn.testing import assert_within_rule
 
 ORIGINAL = F.scaled_dot_product_attention
 
@@ -53,6 +55,82 @@ def test_multihead_attention_is_routed(calls):
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=2e-6)
 
 
+def perturbed_mha(batch_first: bool) -> torch.nn.MultiheadAttention:
+    """An eval-mode torch MHA with random weights and biases."""
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(64, 4, batch_first=batch_first).eval()
+    with torch.no_grad():
+        for p in mha.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return mha
+
+
+@pytest.fixture
+def fast_path_calls(monkeypatch):
+    """Count the calls to torch's fused MHA fast path (which never calls scaled_dot_product_attention)."""
+    seen = []
+    target = torch._native_multi_head_attention
+
+    def spy(*args, **kwargs):
+        seen.append(args[0].shape)
+        return target(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "_native_multi_head_attention", spy)
+    return seen
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_multihead_attention_fast_path_is_routed(calls, fast_path_calls, batch_first):
+    """Eval mode under no_grad takes torch's fast path outside the block and flashattn inside."""
+    mha = perturbed_mha(batch_first)
+    x = torch.randn(2, 23, 64) if batch_first else torch.randn(23, 2, 64)
+    padding = torch.zeros(2, 23, dtype=torch.bool)
+    padding[1, 17:] = True
+    with torch.no_grad():
+        oracle, _ = copy.deepcopy(mha).double()(*(x.double(),) * 3, key_padding_mask=padding, need_weights=False)
+        fast_path_calls.clear()
+        baseline, _ = mha(x, x, x, key_padding_mask=padding, need_weights=False)
+        assert len(fast_path_calls) == (1 if batch_first else 0)  # torch's own choice, outside the block
+        with flashattn.sdpa_override(), warnings.catch_warnings():
+            warnings.simplefilter("error")
+            out, weights = mha(x, x, x, key_padding_mask=padding, need_weights=False)
+    assert weights is None and len(calls) == 1 and len(fast_path_calls) == (1 if batch_first else 0)
+    assert torch.backends.mha.get_fastpath_enabled()
+    # the fast path zeroes padded query rows (a nested tensor); compare the rows that are real tokens
+    real = ~padding if batch_first else ~padding.T
+    assert_within_rule("out", out[real], oracle[real], baseline[real], factor=2)
+
+
+def test_transformer_encoder_fast_path_is_routed(calls, fast_path_calls):
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(64, 4, 128, batch_first=True)
+    encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    x = torch.randn(2, 23, 64)
+    with torch.no_grad():
+        oracle = copy.deepcopy(encoder).double()(x.double())
+        baseline = encoder(x)
+        with flashattn.sdpa_override():
+            out = encoder(x)
+    assert len(calls) == 2  # one per layer
+    assert_within_rule("out", out, oracle, baseline, factor=2)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_need_weights_runs_torch_with_one_warning(calls, grad):
+    mha = perturbed_mha(batch_first=True)
+    x = torch.randn(2, 23, 64)
+    with torch.set_grad_enabled(grad):
+        oracle = copy.deepcopy(mha).double()(*(x.double(),) * 3)
+        baseline = mha(x, x, x)
+        with flashattn.sdpa_override(), pytest.warns(UserWarning, match="need_weights=True") as record:
+            results = [mha(x, x, x) for _ in range(3)]
+    assert len(record) == 1 and not calls
+    assert "pass need_weights=False" in str(record[0].message)
+    for out, weights in results:
+        assert_within_rule("out", out, oracle[0], baseline[0], factor=2)
+        assert_within_rule("weights", weights, oracle[1], baseline[1], factor=2)
+
+
 @pytest.mark.parametrize("case", ["float64", "value-head-dim"])
 def test_unsupported_calls_fall_back_to_torch_with_one_warning(calls, case):
     query, key, value = (torch.randn(1, 2, 9, 16, dtype=torch.float64) for _ in range(3))
@@ -74,12 +152,25 @@ def test_supported_calls_do_not_warn(calls):
 
 
 def test_torch_is_restored_after_an_exception_and_when_nested():
+    original_mha = F.multi_head_attention_forward
     with pytest.raises(RuntimeError, match="inside"), flashattn.sdpa_override():
+        assert not torch.backends.mha.get_fastpath_enabled()
         raise RuntimeError("raised inside the block")
-    assert F.scaled_dot_product_attention is ORIGINAL
+    assert F.scaled_dot_product_attention is ORIGINAL and F.multi_head_attention_forward is original_mha
+    assert torch.backends.mha.get_fastpath_enabled()
     with flashattn.sdpa_override():
         outer = F.scaled_dot_product_attention
         with flashattn.sdpa_override():
             assert F.scaled_dot_product_attention is not outer
         assert F.scaled_dot_product_attention is outer
     assert F.scaled_dot_product_attention is ORIGINAL
+
+
+def test_a_fast_path_turned_off_by_the_user_stays_off():
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with flashattn.sdpa_override():
+            pass
+        assert not torch.backends.mha.get_fastpath_enabled()
+    finally:
+        torch.backends.mha.set_fastpath_enabled(True)

@@ -9,9 +9,11 @@ torch path computes the unsplit result, which every split count must match.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from . import cpu
+from . import cpu, faults
 from .options import AttentionOptions
 
 
@@ -36,34 +38,94 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: b
     return torch.cat((rotated, tail), dim=-1).to(x.dtype)
 
 
-def _cache_rows(cache: torch.Tensor, cache_batch: int, positions: torch.Tensor,
-                block_table: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Indices (first dim, second dim) of the cache rows that hold ``positions`` of batch row ``cache_batch``."""
-    if block_table is None:
-        return torch.full_like(positions, cache_batch), positions
-    page_size = cache.shape[1]
-    blocks = block_table[cache_batch].long()[positions // page_size]
-    return blocks, positions % page_size
+@dataclass(frozen=True)
+class CacheIndices:
+    """Each batch element's cache indices, clamped into range as the kernels clamp them (``kernels/decode.py``), so
+    that no value, however bad, reads or writes outside the caches.
+
+    ``cache_seqlens`` lies in [0, capacity - seqlen_new]; ``total``: the cache positions the element's keys end at
+    (0 for a cache row outside the cache, which gives no keys); ``leftpad`` in [0, cache_seqlens]; ``writes``: whether
+    the append may write, which needs every index of the element in range; ``pages``: the block table's rows of the
+    batch (paged caches), an entry outside the pool replaced by page 0, and ``page_ok`` where it was not.
+    """
+
+    cache_seqlens: torch.Tensor
+    cache_rows: torch.Tensor
+    total: torch.Tensor
+    leftpad: torch.Tensor
+    writes: torch.Tensor
+    pages: torch.Tensor | None
+    page_ok: torch.Tensor | None
+
+    @classmethod
+    def of(cls, k_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, seqlen_new: int,
+           record_faults: bool) -> CacheIndices:
+        """Read the indices (a host copy) and clamp them; with ``record_faults`` those out of range are recorded in
+        the fault buffer of cache_seqlens' device (``flashattn.faults``)."""
+        device = k_cache.device
+        batch = cache_seqlens.shape[0]
+        paged = block_table is not None
+        page_size = k_cache.shape[1]
+        capacity = block_table.shape[1] * page_size if paged else page_size
+        rows = block_table.shape[0] if paged else k_cache.shape[0]
+        raw_len = cache_seqlens.long().cpu()
+        len_ok = (raw_len >= 0) & (raw_len <= capacity - seqlen_new)
+        cache_len = raw_len.clamp(0, max(capacity - seqlen_new, 0))
+        total = (cache_len + seqlen_new).clamp(max=capacity)
+        raw_row = torch.arange(batch) if cache_batch_idx is None else cache_batch_idx.long().cpu()
+        row_ok = (raw_row >= 0) & (raw_row < rows)
+        total = torch.where(row_ok, total, 0)
+        cache_rows = torch.where(row_ok, raw_row, 0)
+        problems = {"cache_seqlens": ~len_ok, "cache_batch_idx": ~row_ok}
+        leftpad = torch.zeros(batch, dtype=torch.long)
+        if cache_leftpad is not None:
+            raw_pad = cache_leftpad.long().cpu()
+            problems["cache_leftpad"] = (raw_pad < 0) | (raw_pad > raw_len)
+            leftpad = torch.minimum(raw_pad.clamp(min=0), torch.minimum(cache_len, total))
+        pages = page_ok = None
+        if paged:
+            pages = block_table.long().cpu()[cache_rows]  # (batch, pages a row)
+            first_keys = torch.arange(pages.shape[1]) * page_size
+            # the pages that hold a key the element reads, [leftpad, total): the rest of a row is padding
+            used = (first_keys < total.view(-1, 1)) & (first_keys + page_size > leftpad.view(-1, 1))
+            page_ok = (pages >= 0) & (pages < k_cache.shape[0])
+            problems["block_table"] = (used & ~page_ok).any(dim=1)
+            pages = torch.where(page_ok, pages, 0).to(device)
+            page_ok = page_ok.to(device)
+        if record_faults:
+            buffer = faults.fault_buffer(cache_seqlens.device)
+            for name, bad in problems.items():
+                if bad.any():
+                    buffer[faults.FAULT_ARGUMENTS.index(name)] = int(bad.nonzero()[0, 0]) + 1
+        return cls(cache_len.to(device), cache_rows, total, leftpad, len_ok & row_ok, pages, page_ok)
+
+    def rows(self, b: int, positions: torch.Tensor, k_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Indices (first dim, second dim) of the cache rows that hold ``positions`` of batch element ``b``."""
+        if self.pages is None:
+            return torch.full_like(positions, int(self.cache_rows[b])), positions
+        page_size = k_cache.shape[1]
+        return self.pages[b][positions // page_size], positions % page_size
 
 
-def _cache_batch(cache_batch_idx: torch.Tensor | None, batch: int) -> int:
-    return batch if cache_batch_idx is None else int(cache_batch_idx[batch])
-
-
-def append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
-           rotary_interleaved: bool) -> None:
-    """Write k (rotated at positions cache_seqlens[b] + t) and v into the caches, in place."""
+def append(k_cache, v_cache, k, v, indices: CacheIndices, rotary_cos, rotary_sin, rotary_interleaved: bool) -> None:
+    """Write k (rotated at positions cache_seqlens[b] + t) and v into the caches, in place. An element with an index
+    out of range writes nothing, nor does a row whose page lies outside the pool (``CacheIndices``)."""
     seqlen_new = k.shape[1]
     for b in range(k.shape[0]):
-        positions = int(cache_seqlens[b]) + torch.arange(seqlen_new, device=k.device)
-        k_new = k[b]
+        if not indices.writes[b]:
+            continue
+        positions = int(indices.cache_seqlens[b]) + torch.arange(seqlen_new, device=k.device)
+        k_new, v_new = k[b], v[b]
         if rotary_cos is not None:
             # (S_new, D / 2) angles, broadcast over the kv heads
             k_new = rotate(k_new, rotary_cos[positions].unsqueeze(1), rotary_sin[positions].unsqueeze(1),
                            rotary_interleaved)
-        rows = _cache_rows(k_cache, _cache_batch(cache_batch_idx, b), positions, block_table)
+        if indices.page_ok is not None:
+            kept = indices.page_ok[b][positions // k_cache.shape[1]]
+            positions, k_new, v_new = positions[kept], k_new[kept], v_new[kept]
+        rows = indices.rows(b, positions, k_cache)
         k_cache[rows] = k_new.to(k_cache.dtype)
-        v_cache[rows] = v[b].to(v_cache.dtype)
+        v_cache[rows] = v_new.to(v_cache.dtype)
 
 
 def rotate_queries(q: torch.Tensor, cache_seqlens: torch.Tensor, rotary_cos, rotary_sin, interleaved: bool,
@@ -80,19 +142,18 @@ def rotate_queries(q: torch.Tensor, cache_seqlens: torch.Tensor, rotary_cos, rot
     return rotate(q, cos, sin, interleaved)
 
 
-def attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_cos,
-              rotary_sin, alibi_slopes, seqlen_new: int, opts: AttentionOptions,
+def attention(q, k_cache, v_cache, indices: CacheIndices, rotary_cos, rotary_sin, alibi_slopes, opts: AttentionOptions,
               rotary_interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of q (B, Sq, H, D) over each batch element's valid cache, per batch element."""
     batch, seqlen_q, nheads, _ = q.shape
     if rotary_cos is not None:
-        q = rotate_queries(q, cache_seqlens, rotary_cos, rotary_sin, rotary_interleaved, per_token=opts.masked)
+        q = rotate_queries(q, indices.cache_seqlens, rotary_cos, rotary_sin, rotary_interleaved,
+                           per_token=opts.masked)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(batch, nheads, seqlen_q, dtype=torch.float32, device=q.device)
     for b in range(batch):
-        leftpad = 0 if cache_leftpad is None else int(cache_leftpad[b])
-        positions = torch.arange(leftpad, int(cache_seqlens[b]) + seqlen_new, device=q.device)
-        rows = _cache_rows(k_cache, _cache_batch(cache_batch_idx, b), positions, block_table)
+        positions = torch.arange(int(indices.leftpad[b]), int(indices.total[b]), device=q.device)
+        rows = indices.rows(b, positions, k_cache)
         keys, values = k_cache[rows].unsqueeze(0), v_cache[rows].unsqueeze(0)  # (1, seqlen_k, Hk, D)
         slopes = None
         if alibi_slopes is not None:

@@ -48,6 +48,16 @@ def fault_buffer(device: torch.device) -> torch.Tensor:
     return buffer
 
 
+def is_fault_buffer(x: torch.Tensor) -> bool:
+    """Whether ``x`` is a device's fault buffer (launch plans pass it by address: it is never freed)."""
+    return any(x is buffer for buffer in _buffers.values())
+
+
+def pending_buffer(device: torch.device) -> torch.Tensor | None:
+    """The device's fault buffer if a call has made one (something may be recorded there), else None."""
+    return _buffers.get(torch.device(device))
+
+
 def raise_recorded_faults(device: torch.device | str | None = None) -> None:
     """Raise ``ValueError`` naming every argument whose index a kernel found out of range since the last call.
 
@@ -55,20 +65,26 @@ def raise_recorded_faults(device: torch.device | str | None = None) -> None:
     indices were faulty computed with the indices clamped into range: their outputs are not meaningful, but nothing
     outside the tensors they were given was read or written.
     """
-    devices = list(_buffers) if device is None else [torch.device(device)]
-    problems = []
+    if device is None:
+        devices = list(_buffers)
+    else:
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        devices = [device]
     for dev in devices:
-        buffer = _buffers.get(dev) if dev.type != "cuda" or dev.index is not None else fault_buffer(dev)
-        if buffer is None:
-            continue
-        recorded = buffer.tolist()
-        if not any(recorded):
-            continue
-        buffer.zero_()
-        for name, entry in zip(FAULT_ARGUMENTS, recorded, strict=True):
-            if entry:
-                problems.append(f"{name} on {dev} (batch element {entry - 1}, among others maybe): expected "
-                                f"{EXPECTED[name]}")
-    if problems:
-        raise ValueError("flashattn recorded out-of-range indices (clamped into range, so the outputs of those calls "
-                         "are not meaningful): " + "; ".join(problems))
+        buffer = _buffers.get(dev)
+        if buffer is not None:
+            raise_from_values(dev, buffer.tolist())
+
+
+def raise_from_values(device: torch.device, recorded: list[int]) -> None:
+    """Raise for the faults of ``recorded``, a host copy of the device's fault buffer (which is then cleared): what
+    :func:`raise_recorded_faults` does, for a caller that copied the buffer along with values of its own."""
+    if not any(recorded):
+        return
+    _buffers[torch.device(device)].zero_()
+    problems = [f"{name} out of range at batch element {entry - 1} (on {device}; maybe others too), expected "
+                f"{EXPECTED[name]}" for name, entry in zip(FAULT_ARGUMENTS, recorded, strict=True) if entry]
+    raise ValueError("flashattn recorded out-of-range indices (clamped into range, so the outputs of those calls are "
+                     "not meaningful): " + "; ".join(problems))

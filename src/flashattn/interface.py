@@ -59,7 +59,7 @@ def flash_attn_func(
         key). The third item, flash-attn's ``S_dmask`` debugging matrix, is always None: flashattn
         never materializes the scores.
     """
-    check_dense(q, k, v, dropout_p, window_size, softcap, alibi_slopes)
+    check_dense(q, k, v, dropout_p, window_size, softcap, alibi_slopes, softmax_scale)
     opts = AttentionOptions.build(q.shape[-1], softmax_scale, causal, window_size, softcap, dropout_p,
                                   deterministic)
     out, lse = FlashAttnFunction.apply(q, k, v, alibi_slopes, opts)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from . import ops, validation
+from .faults import raise_recorded_faults
 from .options import AttentionOptions
 
 # ---------------------------------------------------------------------------------------------
@@ -47,7 +48,7 @@ def flash_attn_with_kvcache(
     num_splits: int = 0,
     return_softmax_lse: bool = False,
     *,
-    check_indices: bool = True,
+    check_indices: bool | str = "deferred",
 ):
     """Attention of q over a KV cache, after appending the new keys/values k, v to it in place.
 
@@ -83,10 +84,21 @@ def flash_attn_with_kvcache(
             ignores it (it computes the unsplit result).
         return_softmax_lse: also return the float32 (batch, nheads, seqlen_q) log-sum-exp (natural log,
             +inf for a row that sees no key).
-        check_indices: refuse cache_seqlens / cache_batch_idx / cache_leftpad / block_table values that
-            reach outside the cache (ValueError). Costs one device-to-host copy (a synchronization) when
-            any of them is a tensor; pass False for CUDA graphs or to keep the host ahead of the GPU. The
-            kernels never access memory outside the cache either way.
+        check_indices: what becomes of cache_seqlens / cache_batch_idx / cache_leftpad / block_table values that
+            reach outside the cache. Whatever the mode, the kernels clamp every index into range before it
+            addresses memory (an element with a bad index reads clamped keys and appends nothing), so nothing
+            outside the tensors given is ever read or written; the modes differ in how a bad value is reported.
+
+            - ``"deferred"`` (default): the kernels record the fault in a small device buffer, and
+              :func:`flashattn.raise_recorded_faults` raises ``ValueError`` naming the argument. The call never
+              waits for the GPU and can be captured in a CUDA graph. On CPU tensors (no GPU to wait for) it raises
+              before returning; on the GPU the library raises at points that synchronize anyway (a strict call, a
+              varlen call that reads cu_seqlens), and a loop that never synchronizes calls
+              ``raise_recorded_faults()`` itself, e.g. at the end of each request.
+            - ``True``: strict. Checks the values on the host before any kernel runs and raises ``ValueError``
+              naming the first bad entry; costs a device-to-host copy (a synchronization) when any of them is a
+              tensor.
+            - ``False``: clamped silently, nothing recorded.
 
     Returns:
         out (batch, seqlen_q, nheads, headdim) in q's dtype, or ``(out, softmax_lse)``.
@@ -95,21 +107,25 @@ def flash_attn_with_kvcache(
     batch = q.shape[0]
     seqlen_new = 0 if k is None else k.shape[1]
     validation.check_rotary(rotary_cos, rotary_sin, q, k, capacity)
-    validation.check_decode_options(q, window_size, softcap, alibi_slopes)
+    validation.check_decode_options(q, window_size, softcap, alibi_slopes, softmax_scale)
     for name, index in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
         if index is not None:
             validation.check_index(name, index, (batch,), q.device)
     validation.check_num_splits(num_splits)
+    validation.check_indices_mode(check_indices)
     seqlens = validation.cache_seqlens_tensor(cache_seqlens, batch, capacity, seqlen_new, q.device)
     index_tensors = (cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None, cache_batch_idx,
                      cache_leftpad, block_table)
-    if check_indices and any(x is not None for x in index_tensors):  # an int cache_seqlens is checked already
+    indexed = any(x is not None for x in index_tensors)  # an int cache_seqlens is checked already
+    if check_indices is True and indexed:
         validation.check_cache_indices(seqlens, cache_batch_idx, cache_leftpad, block_table, k_cache, capacity,
                                        seqlen_new)
+        raise_recorded_faults(q.device)  # this call waited for the GPU already: report what earlier calls recorded
 
     opts = AttentionOptions.build(q.shape[-1], softmax_scale, causal, window_size, softcap, 0.0, False)
+    record = check_indices == "deferred" and indexed
     scalars = (opts.softmax_scale, opts.window_left, opts.window_right, opts.softcap, bool(rotary_interleaved),
-               num_splits)
+               num_splits, record)
     if k is not None:  # one op: on the GPU a short append shares the attention's launch
         out, lse = ops.eager_call(
             ops.kvcache_append_attention, ops.kvcache_append_attention_cuda, q, k_cache, v_cache, k, v, seqlens,
@@ -120,6 +136,8 @@ def flash_attn_with_kvcache(
             ops.kvcache_attention, ops.kvcache_attention_cuda, q, k_cache, v_cache, seqlens, cache_batch_idx,
             cache_leftpad, block_table, rotary_cos, rotary_sin, alibi_slopes, 0, *scalars,
         )
+    if record and q.device.type == "cpu":  # nothing to wait for: report now
+        raise_recorded_faults(q.device)
     return (out, lse) if return_softmax_lse else out
 
 

@@ -276,11 +276,22 @@ def _planned_decode(phase: str, inputs: tuple, scalars: tuple, call):
 
 
 def _cpu_append_attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
-                          rotary_cos, rotary_sin, alibi_slopes, opts: AttentionOptions, rotary_interleaved: bool):
-    cpu_decode.append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
-                      rotary_interleaved)
-    return cpu_decode.attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
-                                rotary_cos, rotary_sin, alibi_slopes, k.shape[1], opts, rotary_interleaved)
+                          rotary_cos, rotary_sin, alibi_slopes, opts: AttentionOptions, rotary_interleaved: bool,
+                          record_faults: bool):
+    indices = cpu_decode.CacheIndices.of(k_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                                         k.shape[1], record_faults)
+    cpu_decode.append(k_cache, v_cache, k, v, indices, rotary_cos, rotary_sin, rotary_interleaved)
+    return cpu_decode.attention(q, k_cache, v_cache, indices, rotary_cos, rotary_sin, alibi_slopes, opts,
+                                rotary_interleaved)
+
+
+def _cpu_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_cos,
+                   rotary_sin, alibi_slopes, seqlen_new: int, opts: AttentionOptions, rotary_interleaved: bool,
+                   record_faults: bool):
+    indices = cpu_decode.CacheIndices.of(k_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                                         seqlen_new, record_faults)
+    return cpu_decode.attention(q, k_cache, v_cache, indices, rotary_cos, rotary_sin, alibi_slopes, opts,
+                                rotary_interleaved)
 
 
 @torch.library.custom_op("flashattn::kvcache_append_attention", mutates_args=("k_cache", "v_cache"),
@@ -304,6 +315,7 @@ def kvcache_append_attention(
     softcap: float,
     rotary_interleaved: bool,
     num_splits: int,
+    record_faults: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A decode step: write k (rotated at positions cache_seqlens[b] + t) and v into the caches, then
     (out, lse) of q over the keys [cache_leftpad, cache_seqlens + k.shape[1]), as :func:`kvcache_attention`."""
@@ -311,32 +323,34 @@ def kvcache_append_attention(
     if backend_for_cpu_tensors() == "triton":
         return decode.launch_decode(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                                  rotary_cos, rotary_sin, alibi_slopes, k.shape[1], opts, rotary_interleaved,
-                                 num_splits, k_new=k, v_new=v)
+                                 num_splits, record_faults, k_new=k, v_new=v)
     return _cpu_append_attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad,
-                                 block_table, rotary_cos, rotary_sin, alibi_slopes, opts, rotary_interleaved)
+                                 block_table, rotary_cos, rotary_sin, alibi_slopes, opts, rotary_interleaved,
+                                 record_faults)
 
 
 @kvcache_append_attention.register_kernel("cuda")
 def kvcache_append_attention_cuda(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad,
                                   block_table, rotary_cos, rotary_sin, alibi_slopes, softmax_scale, window_left,
-                                  window_right, softcap, rotary_interleaved, num_splits):
+                                  window_right, softcap, rotary_interleaved, num_splits, record_faults):
     opts = AttentionOptions(softmax_scale, window_left, window_right, softcap)
     if backend_override() == "torch":
         return _cpu_append_attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad,
-                                     block_table, rotary_cos, rotary_sin, alibi_slopes, opts, rotary_interleaved)
+                                     block_table, rotary_cos, rotary_sin, alibi_slopes, opts, rotary_interleaved,
+                                     record_faults)
     return _planned_decode(
         "kvcache_append_attention", (q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad,
                                      block_table, rotary_cos, rotary_sin, alibi_slopes),
-        (opts, rotary_interleaved, num_splits),
+        (opts, rotary_interleaved, num_splits, record_faults),
         lambda: decode.launch_decode(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                                   rotary_cos, rotary_sin, alibi_slopes, k.shape[1], opts, rotary_interleaved,
-                                  num_splits, k_new=k, v_new=v))
+                                  num_splits, record_faults, k_new=k, v_new=v))
 
 
 @kvcache_append_attention.register_fake
 def _kvcache_append_attention_fake(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad,
                                    block_table, rotary_cos, rotary_sin, alibi_slopes, softmax_scale, window_left,
-                                   window_right, softcap, rotary_interleaved, num_splits):
+                                   window_right, softcap, rotary_interleaved, num_splits, record_faults):
     return decode.decode_outputs_like(q)
 
 
@@ -359,6 +373,7 @@ def kvcache_attention(
     softcap: float,
     rotary_interleaved: bool,
     num_splits: int,
+    record_faults: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of q (B, Sq, H, D) over the keys [cache_leftpad, cache_seqlens + seqlen_new) of each
     batch element's cache; lse is float32 (B, H, Sq), natural log, +inf for a row that sees no key."""
@@ -366,33 +381,33 @@ def kvcache_attention(
     if backend_for_cpu_tensors() == "triton":
         return decode.launch_decode(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                                  rotary_cos, rotary_sin, alibi_slopes, seqlen_new, opts, rotary_interleaved,
-                                 num_splits)
-    return cpu_decode.attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
-                                rotary_cos, rotary_sin, alibi_slopes, seqlen_new, opts, rotary_interleaved)
+                                 num_splits, record_faults)
+    return _cpu_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_cos,
+                          rotary_sin, alibi_slopes, seqlen_new, opts, rotary_interleaved, record_faults)
 
 
 @kvcache_attention.register_kernel("cuda")
 def kvcache_attention_cuda(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                            rotary_cos, rotary_sin, alibi_slopes, seqlen_new, softmax_scale, window_left,
-                           window_right, softcap, rotary_interleaved, num_splits):
+                           window_right, softcap, rotary_interleaved, num_splits, record_faults):
     opts = AttentionOptions(softmax_scale, window_left, window_right, softcap)
     if backend_override() == "torch":
-        return cpu_decode.attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad,
-                                    block_table, rotary_cos, rotary_sin, alibi_slopes, seqlen_new, opts,
-                                    rotary_interleaved)
+        return _cpu_attention(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                              rotary_cos, rotary_sin, alibi_slopes, seqlen_new, opts, rotary_interleaved,
+                              record_faults)
     return _planned_decode(
         "kvcache_attention", (q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                               rotary_cos, rotary_sin, alibi_slopes),
-        (opts, seqlen_new, rotary_interleaved, num_splits),
+        (opts, seqlen_new, rotary_interleaved, num_splits, record_faults),
         lambda: decode.launch_decode(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                                   rotary_cos, rotary_sin, alibi_slopes, seqlen_new, opts, rotary_interleaved,
-                                  num_splits))
+                                  num_splits, record_faults))
 
 
 @kvcache_attention.register_fake
 def _kvcache_attention_fake(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                             rotary_cos, rotary_sin, alibi_slopes, seqlen_new, softmax_scale, window_left,
-                            window_right, softcap, rotary_interleaved, num_splits):
+                            window_right, softcap, rotary_interleaved, num_splits, record_faults):
     return decode.decode_outputs_like(q)
 
 

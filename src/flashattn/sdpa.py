@@ -33,6 +33,7 @@ A row that no key may be seen by (its mask all False or -inf) gives 0, with zero
 from __future__ import annotations
 
 import contextlib
+import inspect
 import warnings
 
 import torch
@@ -40,7 +41,7 @@ import torch.nn.functional as F
 
 from .autograd import FlashAttnFunction
 from .options import AttentionOptions
-from .validation import MAX_HEAD_DIM, SUPPORTED_DTYPES
+from .validation import MAX_HEAD_DIM, SUPPORTED_DTYPES, check_scale
 
 
 def _check_inputs(query, key, value) -> None:
@@ -182,9 +183,17 @@ def attention_bhle(query, key, value, attn_mask, dropout_p: float, is_causal: bo
         raise ValueError("sliding_window needs is_causal=True")
     elif mask is not None and mask_is_causal:
         window = (-1, 0)  # bottom-right: hides nothing that the mask shows
+    check_scale("scale", scale)
     opts = AttentionOptions.build(head_dim, scale, False, window, softcap, dropout_p, False)
     out, _ = FlashAttnFunction.apply(q, k, v, None, opts, mask)
     return out.transpose(1, 2)
+
+
+NEED_WEIGHTS_WARNING = (
+    "need_weights=True returns the attention matrix, which flashattn never materializes: pass "
+    "need_weights=False to torch.nn.MultiheadAttention (or F.multi_head_attention_forward) for flashattn; "
+    "these calls run torch's materializing computation"
+)
 
 
 @contextlib.contextmanager
@@ -194,8 +203,17 @@ def sdpa_override():
     Code that looks the function up at call time (``F.scaled_dot_product_attention(...)``, as
     ``torch.nn.MultiheadAttention`` and Hugging Face's "sdpa" attention do) gets flashattn's. A call
     flashattn cannot take (float64, head dim > 256, value's head dim != query's, nested tensors, ...)
-    goes to torch's own function, with one warning per distinct reason. The original function is
-    restored on exit, exceptions included. The patch is process-wide: other threads see it too.
+    goes to torch's own function, with one warning per distinct reason.
+
+    ``torch.nn.MultiheadAttention`` (and ``TransformerEncoderLayer``) in eval mode without gradients
+    would take torch's fused fast path, which never calls the function: the block turns that path off
+    (``torch.backends.mha.set_fastpath_enabled(False)``), so those calls reach flashattn too. Nested-
+    tensor inputs, which only the fast path takes, are then refused by torch. ``need_weights=True``
+    (MultiheadAttention's default) asks for the attention matrix, which flashattn never builds: those
+    calls run torch's computation, with one warning.
+
+    Torch's function, ``F.multi_head_attention_forward`` and the fast-path setting are restored on exit,
+    exceptions included. The patch is process-wide: other threads see it too.
 
     Example::
 
@@ -203,7 +221,15 @@ def sdpa_override():
             out = model(tokens)
     """
     original = F.scaled_dot_product_attention
+    original_mha = F.multi_head_attention_forward
+    mha_parameters = inspect.signature(original_mha)
+    fastpath = torch.backends.mha.get_fastpath_enabled()
     warned: set[str] = set()
+
+    def warn_once(reason: str) -> None:
+        if reason not in warned:
+            warned.add(reason)
+            warnings.warn(f"flashattn.sdpa_override: {reason}", stacklevel=3)
 
     def routed(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                enable_gqa=False, **torch_only):
@@ -216,15 +242,23 @@ def sdpa_override():
         if reason is None:
             return scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
                                                 enable_gqa)
-        if reason not in warned:
-            warned.add(reason)
-            warnings.warn(f"flashattn.sdpa_override: using torch's scaled_dot_product_attention: {reason}",
-                          stacklevel=2)
+        warn_once(f"using torch's scaled_dot_product_attention: {reason}")
         return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                         scale=scale, enable_gqa=enable_gqa, **torch_only)
 
+    def routed_mha(*args, **kwargs):
+        # need_weights=False calls ``scaled_dot_product_attention`` (routed above); True materializes
+        arguments = mha_parameters.bind(*args, **kwargs).arguments
+        if arguments.get("need_weights", True):
+            warn_once(NEED_WEIGHTS_WARNING)
+        return original_mha(*args, **kwargs)
+
     F.scaled_dot_product_attention = routed
+    F.multi_head_attention_forward = routed_mha
+    torch.backends.mha.set_fastpath_enabled(False)
     try:
         yield
     finally:
         F.scaled_dot_product_attention = original
+        F.multi_head_attention_forward = original_mha
+        torch.backends.mha.set_fastpath_enabled(fastpath)

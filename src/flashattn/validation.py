@@ -7,9 +7,13 @@ no GPU synchronization or the caller asked for it.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import torch
+
+from . import faults
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -46,13 +50,37 @@ def check_kv_like_q(q, k, v) -> None:
                          f"key/value heads ({nheads_k})")
 
 
+def _real(name: str, value, expected: str) -> float:
+    """``value`` as a float, or TypeError naming the argument: a real number (not a bool) was expected."""
+    scalar_tensor = isinstance(value, torch.Tensor) and value.dim() == 0 and value.dtype.is_floating_point
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real)) and not scalar_tensor:
+        raise TypeError(f"{name} must be {expected}, got {type(value).__name__} {value!r}")
+    return float(value)
+
+
+def check_scale(name: str, value) -> None:
+    """A softmax scale: None (1 / sqrt(headdim)) or a finite number. NaN or infinity would turn every output to NaN."""
+    if value is None:
+        return
+    if not math.isfinite(_real(name, value, "a finite float or None")):
+        raise ValueError(f"{name} must be a finite float or None (1 / sqrt(headdim)), got {value}")
+
+
 def check_options(dropout_p, window_size, softcap) -> None:
-    if not 0.0 <= float(dropout_p) < 1.0:
+    if not 0.0 <= _real("dropout_p", dropout_p, "a float in [0, 1)") < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    if len(window_size) != 2 or any(int(w) != w or w < -1 for w in window_size):
-        raise ValueError(f"window_size must be a pair of ints >= -1 (-1: unbounded), got {window_size}")
-    if softcap < 0:
-        raise ValueError(f"softcap must be >= 0 (0: off), got {softcap}")
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        raise TypeError(f"window_size must be a pair (left, right) of ints >= -1 (-1: unbounded), got "
+                        f"{type(window_size).__name__} {window_size!r}")
+    for w in window_size:
+        if isinstance(w, bool) or not isinstance(w, numbers.Real) or int(w) != w:
+            raise TypeError(f"window_size must be a pair (left, right) of ints >= -1 (-1: unbounded), got "
+                            f"{window_size!r}")
+        if w < -1:
+            raise ValueError(f"window_size must be a pair of ints >= -1 (-1: unbounded), got {window_size}")
+    capped = _real("softcap", softcap, "a float >= 0 (0: off)")
+    if not capped >= 0 or math.isinf(capped):  # NaN fails the comparison
+        raise ValueError(f"softcap must be a finite float >= 0 (0: off), got {softcap}")
 
 
 def check_alibi(alibi_slopes, batch: int, nheads: int, device: torch.device) -> None:
@@ -69,7 +97,7 @@ def check_alibi(alibi_slopes, batch: int, nheads: int, device: torch.device) -> 
         raise ValueError(f"alibi_slopes must be on q's device {device}, got {alibi_slopes.device}")
 
 
-def check_dense(q, k, v, dropout_p, window_size, softcap, alibi_slopes) -> None:
+def check_dense(q, k, v, dropout_p, window_size, softcap, alibi_slopes, softmax_scale=None) -> None:
     for name, x in (("q", q), ("k", k), ("v", v)):
         check_tensor(name, x, 4)
     check_kv_like_q(q, k, v)
@@ -79,6 +107,7 @@ def check_dense(q, k, v, dropout_p, window_size, softcap, alibi_slopes) -> None:
     if q.shape[1] == 0 or k.shape[1] == 0:
         raise ValueError(f"seqlens must be >= 1, got seqlen_q={q.shape[1]}, seqlen_k={k.shape[1]}")
     check_options(dropout_p, window_size, softcap)
+    check_scale("softmax_scale", softmax_scale)
     check_alibi(alibi_slopes, batch, nheads, q.device)
 
 
@@ -128,7 +157,7 @@ def check_paging(block_table, k, batch: int, max_seqlen_k: int, device: torch.de
 
 
 def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, dropout_p, window_size, softcap, alibi_slopes,
-                     paged: bool = False) -> None:
+                 paged: bool = False, softmax_scale=None) -> None:
     """Everything that can be checked without reading cu_seqlens' values.
 
     The values (non-decreasing, ending at the token counts, within max_seqlen) are checked by the op,
@@ -145,6 +174,7 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, dropout_p, window_size, so
         raise ValueError(f"cu_seqlens_k must have cu_seqlens_q's length batch + 1 = {batch + 1}, "
                          f"got {cu_seqlens_k.shape[0]}")
     check_options(dropout_p, window_size, softcap)
+    check_scale("softmax_scale", softmax_scale)
     check_alibi(alibi_slopes, batch, q.shape[1], q.device)
 
 
@@ -175,9 +205,10 @@ def check_index(name: str, x, shape: tuple[int, ...], device: torch.device) -> N
         raise ValueError(f"{name} must be on q's device {device}, got {x.device}")
 
 
-def check_decode_options(q: torch.Tensor, window_size, softcap: float, alibi_slopes) -> None:
+def check_decode_options(q: torch.Tensor, window_size, softcap: float, alibi_slopes, softmax_scale=None) -> None:
     batch, _, nheads, _ = q.shape
     check_options(0.0, window_size, softcap)  # no dropout at inference
+    check_scale("softmax_scale", softmax_scale)
     check_alibi(alibi_slopes, batch, nheads, q.device)
 
 
@@ -213,6 +244,8 @@ def check_cache(q, k_cache, v_cache, k, v, block_table, cache_batch_idx) -> int:
                              f"{PAGE_MULTIPLE}, got {page_size}")
         if cache_rows is not None and block_table.shape[0] < cache_rows:
             raise ValueError(f"block_table must have a row per batch element ({batch}), got {block_table.shape[0]}")
+        if k_cache.shape[0] == 0:
+            raise ValueError("with a block_table, k_cache and v_cache must hold at least one page, got 0")
         capacity = block_table.shape[1] * page_size
     else:
         if cache_rows is not None and k_cache.shape[0] < cache_rows:
@@ -362,8 +395,14 @@ def resolve_packing(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, tota
     derive = DERIVE_MAX_SEQLEN in (max_seqlen_q, max_seqlen_k)
     host_q = host_k = None
     if need_host or derive or cu_seqlens_q.device.type == "cpu":
-        host = torch.cat([cu_seqlens_q, cu_seqlens_k]).tolist()
-        host_q, host_k = host[: len(host) // 2], host[len(host) // 2 :]
+        # the device's recorded index faults ride along in the same copy: reported where the host waits anyway
+        recorded = faults.pending_buffer(cu_seqlens_q.device)
+        parts = [cu_seqlens_q, cu_seqlens_k] + ([] if recorded is None else [recorded])
+        host = torch.cat(parts).tolist()
+        if recorded is not None:
+            faults.raise_from_values(cu_seqlens_q.device, host[-recorded.numel():])
+        size = cu_seqlens_q.numel()
+        host_q, host_k = host[:size], host[size : 2 * size]
         longest_q = _check_host_cu_seqlens("cu_seqlens_q", host_q, total_q, "q.shape[0]")
         longest_k = _check_host_cu_seqlens("cu_seqlens_k", host_k, total_k, "k.shape[0]")
         for name, given, longest in (("max_seqlen_q", max_seqlen_q, longest_q), ("max_seqlen_k", max_seqlen_k,
@@ -401,6 +440,16 @@ def check_block_table(block_table: torch.Tensor, cu_seqlens_k: list[int], num_pa
         raise ValueError(f"block_table[{b}, {column}] = {int(block_table[b, column])} is not a page of k and v: "
                          f"the pages a sequence uses must lie in [0, {num_pages}) (k.shape[0])")
 
+
+
+INDEX_CHECK_MODES = (True, False, "deferred")
+
+
+def check_indices_mode(check_indices) -> None:
+    if not any(check_indices is mode or (isinstance(mode, str) and check_indices == mode)
+               for mode in INDEX_CHECK_MODES):
+        raise ValueError(f"check_indices must be True (strict), False (off) or 'deferred' (recorded on the device, "
+                         f"raised by flashattn.raise_recorded_faults), got {check_indices!r}")
 
 
 def check_num_splits(num_splits) -> None:

@@ -106,7 +106,8 @@ def flash_attn_varlen_func(
     capacity: a bad index gives a wrong answer, never a read outside k and v.
     """
     paged = block_table is not None
-    check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, dropout_p, window_size, softcap, alibi_slopes, paged)
+    check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, dropout_p, window_size, softcap, alibi_slopes, paged,
+                 softmax_scale)
     max_q = max_seqlen_argument("max_seqlen_q", max_seqlen_q)
     max_k = max_seqlen_argument("max_seqlen_k", max_seqlen_k)
     opts = AttentionOptions.build(q.shape[-1], softmax_scale, causal, window_size, softcap, dropout_p,

@@ -171,13 +171,27 @@ def stage_range(STAGE: tl.constexpr, lo, full_lo, full_hi, hi):
 
 
 @triton.jit
-def sequence_bounds(CuSeqlensQ, CuSeqlensK, batch):
-    """Varlen: (first query token, seqlen_q, first key token, seqlen_k) of sequence ``batch``."""
-    q_start = tl.load(CuSeqlensQ + batch)
-    k_start = tl.load(CuSeqlensK + batch)
-    seqlen_q = tl.load(CuSeqlensQ + batch + 1) - q_start
-    seqlen_k = tl.load(CuSeqlensK + batch + 1) - k_start
-    return q_start, seqlen_q, k_start, seqlen_k
+def sequence_bounds(CuSeqlensQ, CuSeqlensK, batch, total_q, total_k, K_PACKED: tl.constexpr):
+    """Varlen: (first query token, seqlen_q, first key token, seqlen_k) of sequence ``batch``.
+
+    Clamped into the tokens there are (``total_q``; ``total_k`` when K_PACKED, else only to be >= 0: paged keys,
+    whose lengths the caller cuts at the block table's pages), so that cu_seqlens that the host did not read never
+    address a token outside q, k and v."""
+    q_start = tl.minimum(tl.maximum(tl.load(CuSeqlensQ + batch), 0), total_q)
+    q_end = tl.minimum(tl.maximum(tl.load(CuSeqlensQ + batch + 1), q_start), total_q)
+    k_start = tl.maximum(tl.load(CuSeqlensK + batch), 0)
+    k_end = tl.maximum(tl.load(CuSeqlensK + batch + 1), k_start)
+    if K_PACKED:
+        k_start = tl.minimum(k_start, total_k)
+        k_end = tl.minimum(k_end, total_k)
+    return q_start, q_end - q_start, k_start, k_end - k_start
+
+
+@triton.jit
+def record_fault(Faults, slot: tl.constexpr, batch, bad):
+    """Where ``bad``: slot ``slot`` of the fault buffer (``flashattn.faults``) takes ``batch + 1``. A store, never a
+    wait: racing programs all write the number of some faulty batch element."""
+    tl.store(Faults + slot, batch + 1, mask=bad)
 
 
 @triton.jit

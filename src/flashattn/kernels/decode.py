@@ -21,6 +21,7 @@ looked up at absolute positions, as flash-attn does.
 import triton
 import triton.language as tl
 
+from .. import faults
 from .common import (
     LOG2E,
     chain_launch,
@@ -31,8 +32,14 @@ from .common import (
     load_kt_v,
     online_softmax_step,
     paged_kv_rows,
+    record_fault,
     stage_range,
 )
+
+SLOT_CACHE_SEQLENS = tl.constexpr(faults.SLOT_CACHE_SEQLENS)
+SLOT_CACHE_BATCH_IDX = tl.constexpr(faults.SLOT_CACHE_BATCH_IDX)
+SLOT_CACHE_LEFTPAD = tl.constexpr(faults.SLOT_CACHE_LEFTPAD)
+SLOT_BLOCK_TABLE = tl.constexpr(faults.SLOT_BLOCK_TABLE)
 
 
 @triton.jit
@@ -73,24 +80,27 @@ def load_rotated(row_ptrs, row_mask, positions, Cos, Sin, stride_cos, stride_sin
 
 @triton.jit
 def _load_new_tokens(
-    K, V, KCache, VCache, BlockTable, Cos, Sin, batch, head_k, cache_len, cache_batch, offs_t, active,
+    K, V, KCache, VCache, BlockTable, Cos, Sin, Faults, batch, head_k, cache_len, cache_batch, offs_t, active,
     stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
     stride_kcb, stride_kcn, stride_kch, stride_vcb, stride_vcn, stride_vch,
     stride_btb, stride_cos, stride_sin,
     seqlen_new, capacity, batch_cache, num_blocks, page_size, rotary_dim, seqlen_ro,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    PAGED: tl.constexpr, HAS_ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr,
+    PAGED: tl.constexpr, HAS_ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr, RECORD_FAULTS: tl.constexpr,
 ):
     """New tokens ``offs_t`` of (batch, kv head), rotary(k) and v, and where they go in the caches (positions
     cache_len + t): (k_dst, k_new, v_dst, v_new, store_mask) for :func:`_store_new_tokens`. A program that
-    is not ``active`` loads nothing, and its mask stores nothing."""
+    is not ``active`` (not the writer, or an index of its batch element out of range: see ``_cache_indices``)
+    loads nothing, and its mask stores nothing; a row whose block-table entry lies outside the pool is not
+    written either (and is recorded with RECORD_FAULTS)."""
     positions = cache_len + offs_t
-    # the host refuses appends past the cache; the mask keeps a bad index from ever writing out of bounds
     ok = active & (offs_t < seqlen_new) & (positions >= 0) & (positions < capacity)
-    ok = ok & (cache_batch >= 0) & (cache_batch < batch_cache)
     if PAGED:
         block = tl.load(BlockTable + cache_batch.to(tl.int64) * stride_btb + positions // page_size, mask=ok, other=0)
-        ok = ok & (block >= 0) & (block < num_blocks)
+        page_ok = (block >= 0) & (block < num_blocks)
+        if RECORD_FAULTS:
+            record_fault(Faults, SLOT_BLOCK_TABLE, batch, tl.max((ok & ~page_ok).to(tl.int32)) > 0)
+        ok = ok & page_ok
         in_page = (positions % page_size).to(tl.int64)
         k_rows = block.to(tl.int64) * stride_kcb + in_page * stride_kcn
         v_rows = block.to(tl.int64) * stride_vcb + in_page * stride_vcn
@@ -120,8 +130,40 @@ def _store_new_tokens(k_dst, k_new, v_dst, v_new, store_mask):
 
 
 @triton.jit
+def _cache_indices(CacheSeqlens, CacheBatchIdx, CacheLeftpad, Faults, batch, records, seqlen_new, capacity, batch_cache,
+                   HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr, RECORD_FAULTS: tl.constexpr):
+    """Batch element ``batch``'s indices, clamped into range whatever they hold: (cache_len in [0, capacity -
+    seqlen_new], cache_batch, leftpad in [0, cache_len], total: the keys it sees in the cache, including the new ones,
+    and ``writes``: whether its append may write, which needs every index in range). A cache row outside the cache
+    gives no keys at all. With RECORD_FAULTS, where ``records``, each index out of range is recorded
+    (``flashattn.faults``)."""
+    raw_len = tl.load(CacheSeqlens + batch)
+    len_ok = (raw_len >= 0) & (raw_len <= capacity - seqlen_new)
+    cache_len = tl.minimum(tl.maximum(raw_len, 0), tl.maximum(capacity - seqlen_new, 0))
+    total = tl.minimum(cache_len + seqlen_new, capacity)
+    cache_batch = batch
+    batch_ok = tl.full([], 1, tl.int1)
+    if HAS_BATCH_IDX:
+        raw_batch = tl.load(CacheBatchIdx + batch)
+        batch_ok = (raw_batch >= 0) & (raw_batch < batch_cache)
+        total = tl.where(batch_ok, total, 0)
+        cache_batch = tl.where(batch_ok, raw_batch, 0)
+    leftpad = 0
+    pad_ok = tl.full([], 1, tl.int1)
+    if HAS_LEFTPAD:
+        raw_pad = tl.load(CacheLeftpad + batch)
+        pad_ok = (raw_pad >= 0) & (raw_pad <= raw_len)
+        leftpad = tl.minimum(tl.maximum(raw_pad, 0), tl.minimum(cache_len, total))
+    if RECORD_FAULTS:
+        record_fault(Faults, SLOT_CACHE_SEQLENS, batch, records & ~len_ok)
+        record_fault(Faults, SLOT_CACHE_BATCH_IDX, batch, records & ~batch_ok)
+        record_fault(Faults, SLOT_CACHE_LEFTPAD, batch, records & ~pad_ok)
+    return cache_len, cache_batch, leftpad, total, len_ok & batch_ok
+
+
+@triton.jit
 def kvcache_append_kernel(
-    K, V, KCache, VCache, CacheSeqlens, CacheBatchIdx, BlockTable, Cos, Sin,
+    K, V, KCache, VCache, CacheSeqlens, CacheBatchIdx, BlockTable, Cos, Sin, Faults,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
     stride_kcb, stride_kcn, stride_kch,
@@ -130,22 +172,24 @@ def kvcache_append_kernel(
     seqlen_new, nheads_k, capacity, batch_cache, num_blocks, page_size, rotary_dim, seqlen_ro,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr,
+    RECORD_FAULTS: tl.constexpr,
 ):
-    """One program per (block of new tokens, batch x kv head): cache[pos] = rotary(k), v at pos."""
+    """One program per (block of new tokens, batch x kv head): cache[pos] = rotary(k), v at pos. A batch element
+    with an index out of range appends nothing (``_cache_indices``)."""
     bh = tl.program_id(1)
     batch = bh // nheads_k
     head_k = bh % nheads_k
-    cache_len = tl.load(CacheSeqlens + batch)
-    cache_batch = batch
-    if HAS_BATCH_IDX:
-        cache_batch = tl.load(CacheBatchIdx + batch)
+    cache_len, cache_batch, _, _, writes = _cache_indices(
+        CacheSeqlens, CacheBatchIdx, CacheSeqlens, Faults, batch, (tl.program_id(0) == 0) & (head_k == 0), seqlen_new,
+        capacity, batch_cache, HAS_BATCH_IDX, False, RECORD_FAULTS)
     offs_t = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    new_tokens = _load_new_tokens(K, V, KCache, VCache, BlockTable, Cos, Sin, batch, head_k, cache_len, cache_batch,
-                                  offs_t, True, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
+    new_tokens = _load_new_tokens(K, V, KCache, VCache, BlockTable, Cos, Sin, Faults, batch, head_k, cache_len,
+                                  cache_batch, offs_t, writes, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn,
+                                  stride_vh,
                                   stride_kcb, stride_kcn, stride_kch, stride_vcb, stride_vcn, stride_vch,
                                   stride_btb, stride_cos, stride_sin,
                                   seqlen_new, capacity, batch_cache, num_blocks, page_size, rotary_dim, seqlen_ro,
-                                  HEAD_DIM, BLOCK_D, PAGED, HAS_ROTARY, INTERLEAVED)
+                                  HEAD_DIM, BLOCK_D, PAGED, HAS_ROTARY, INTERLEAVED, RECORD_FAULTS)
     _store_new_tokens(*new_tokens)
 
 
@@ -197,12 +241,12 @@ def _decode_block_range(
     stride_kcb, stride_kcn, stride_vcb, stride_vcn,
     lo, hi, query_idx, leftpad, cache_batch, seqlen_q, seqlen_k,
     qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
-    new_lo, k_new_head, v_new_head, stride_knn, stride_vnn, table_entries,
+    new_lo, k_new_head, v_new_head, stride_knn, stride_vnn, table_entries, Faults, batch,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, PAGED: tl.constexpr, ONE_PAGE: tl.constexpr,
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr, FUSE_APPEND: tl.constexpr,
-    TABLE_CHUNK: tl.constexpr,
+    TABLE_CHUNK: tl.constexpr, RECORD_FAULTS: tl.constexpr,
 ):
     """Key blocks lo, lo + BLOCK_N, ... < hi of the cache. FUSE_APPEND: keys from new_lo on are this
     step's new tokens, which the same launch is writing into the cache: their rows are read from the new
@@ -210,7 +254,9 @@ def _decode_block_range(
 
     TABLE_CHUNK (paged, ONE_PAGE): the block table is read TABLE_CHUNK entries at a time into registers,
     and one loop runs over the key blocks of those pages, so that the loads are pipelined across page
-    boundaries (``table_entries``: the length of a block-table row)."""
+    boundaries (``table_entries``: the length of a block-table row).
+
+    A block-table entry outside the pool reads page 0 (recorded with RECORD_FAULTS: ``flashattn.faults``)."""
     offs_d = tl.arange(0, BLOCK_D)
     if PAGED and ONE_PAGE and TABLE_CHUNK > 0 and not MASKED:
         table_row = BlockTable + cache_batch.to(tl.int64) * stride_btb
@@ -220,7 +266,11 @@ def _decode_block_range(
             first_entry = chunk_lo // page_size
             entries = tl.load(table_row + first_entry + offs_entry, mask=first_entry + offs_entry < table_entries,
                               other=0)
-            entries = tl.where((entries >= 0) & (entries < num_blocks), entries, 0)  # a bad entry reads page 0
+            entries_ok = (entries >= 0) & (entries < num_blocks)
+            if RECORD_FAULTS:  # among the entries of pages holding keys: the rest of the row is padding
+                used = (first_entry + offs_entry) * page_size < hi
+                record_fault(Faults, SLOT_BLOCK_TABLE, batch, tl.max((used & ~entries_ok).to(tl.int32)) > 0)
+            entries = tl.where(entries_ok, entries, 0)
             chunk_hi = tl.minimum((first_entry + TABLE_CHUNK) * page_size, hi)
             for start_n in range(chunk_lo, chunk_hi, BLOCK_N):
                 offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -249,7 +299,10 @@ def _decode_block_range(
             page_index = page_lo // page_size
             page_hi = tl.minimum((page_index + 1) * page_size, hi)
             page = tl.load(table_row + page_index)
-            page = tl.where((page >= 0) & (page < num_blocks), page, 0).to(tl.int64)  # a bad entry reads page 0
+            page_ok = (page >= 0) & (page < num_blocks)
+            if RECORD_FAULTS:
+                record_fault(Faults, SLOT_BLOCK_TABLE, batch, ~page_ok)
+            page = tl.where(page_ok, page, 0).to(tl.int64)
             k_page = k_head + page * stride_kcb
             v_page = v_head + page * stride_vcb
             first_key = page_index * page_size
@@ -272,11 +325,16 @@ def _decode_block_range(
                 k_rows, v_rows, exists = _key_rows(tl.minimum(offs_n, seqlen_k - 1), start_n, leftpad,
                                                    cache_batch, BlockTable, stride_btb, page_size, num_blocks,
                                                    stride_kcb, stride_kcn, stride_vcb, stride_vcn, PAGED, ONE_PAGE)
+                exists_in_pool = exists
                 exists = exists & (offs_n < seqlen_k)
             else:
                 k_rows, v_rows, exists = _key_rows(offs_n, start_n, leftpad, cache_batch, BlockTable, stride_btb,
                                                    page_size, num_blocks, stride_kcb, stride_kcn, stride_vcb,
                                                    stride_vcn, PAGED, ONE_PAGE)
+                exists_in_pool = exists
+            if PAGED and RECORD_FAULTS:
+                bad_pages = (offs_n < seqlen_k) & ~exists_in_pool
+                record_fault(Faults, SLOT_BLOCK_TABLE, batch, tl.max(bad_pages.to(tl.int32)) > 0)
             kt_ptrs = k_head + k_rows[None, :] + offs_d[:, None]
             v_ptrs = v_head + v_rows[:, None] + offs_d[None, :]
             if FUSE_APPEND and MASKED:  # the new keys' rows come from the new k/v, not from the cache
@@ -298,7 +356,7 @@ def _decode_block_range(
 @triton.jit
 def kvcache_attention_kernel(
     Q, KCache, VCache, Out, Lse, CacheSeqlens, CacheBatchIdx, CacheLeftpad, BlockTable, Cos, Sin, AlibiSlopes,
-    KNew, VNew,
+    KNew, VNew, Faults,
     stride_qb, stride_qm, stride_qh,
     stride_knb, stride_knn, stride_knh, stride_vnb, stride_vnn, stride_vnh,
     stride_kcb, stride_kcn, stride_kch,
@@ -315,7 +373,7 @@ def kvcache_attention_kernel(
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
     ONE_PAGE: tl.constexpr = False, CHAINED: tl.constexpr = False, FUSE_APPEND: tl.constexpr = False,
-    NEW_KEYS: tl.constexpr = 16, TABLE_CHUNK: tl.constexpr = 0,
+    NEW_KEYS: tl.constexpr = 16, TABLE_CHUNK: tl.constexpr = 0, RECORD_FAULTS: tl.constexpr = False,
 ):
     """Grid (row blocks, batch x kv heads, splits). Writes out/lse of split ``program_id(2)``.
 
@@ -325,7 +383,8 @@ def kvcache_attention_kernel(
     ``kvcache_append_kernel`` does) after its key loop, and every program reads their rows from KNew/VNew,
     never from the cache rows being written.
     CHAINED: launched with programmatic dependent launch (see ``common.chain_launch``).
-    TABLE_CHUNK: how a paged cache's interior key blocks are loaded (``_decode_block_range``)."""
+    TABLE_CHUNK: how a paged cache's interior key blocks are loaded (``_decode_block_range``).
+    RECORD_FAULTS: indices out of range are recorded in Faults (``flashattn.faults``); clamped either way."""
     chain_launch(CHAINED)
     start_r = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
@@ -334,35 +393,24 @@ def kvcache_attention_kernel(
     head_k = bh % nheads_k
 
     # -- this batch element's keys; clamped so that no index, even a bad one, leaves the cache --
-    cache_len = tl.load(CacheSeqlens + batch)
-    total = tl.minimum(tl.maximum(cache_len, 0) + seqlen_new, capacity)
-    cache_batch = batch
-    if HAS_BATCH_IDX:
-        cache_batch = tl.load(CacheBatchIdx + batch)
-        total = tl.where((cache_batch >= 0) & (cache_batch < batch_cache), total, 0)
-        cache_batch = tl.where(total > 0, cache_batch, 0)
-    leftpad = 0
-    if HAS_LEFTPAD:
-        leftpad = tl.minimum(tl.maximum(tl.load(CacheLeftpad + batch), 0), total)
+    writer = (tl.program_id(0) == 0) & (split == 0)
+    cache_len, cache_batch, leftpad, total, writes = _cache_indices(
+        CacheSeqlens, CacheBatchIdx, CacheLeftpad, Faults, batch, writer & (head_k == 0), seqlen_new, capacity,
+        batch_cache, HAS_BATCH_IDX, HAS_LEFTPAD, RECORD_FAULTS)
     seqlen_k = total - leftpad
     new_lo = cache_len - leftpad  # the first new key, as the attention counts keys
     k_new_head = KNew + batch.to(tl.int64) * stride_knb + head_k.to(tl.int64) * stride_knh
     v_new_head = VNew + batch.to(tl.int64) * stride_vnb + head_k.to(tl.int64) * stride_vnh
     if FUSE_APPEND:
-        # the unclamped index, as the append kernel takes it: cache_batch above is redirected to row 0
-        # when out of range (to read safely), where the append must write nothing
-        append_batch = batch
-        if HAS_BATCH_IDX:
-            append_batch = tl.load(CacheBatchIdx + batch)
         # program (0, b x h, 0) appends: its loads are issued now and its stores after the key loop, so that
         # their latency hides behind the attention instead of adding to this program's
-        new_tokens = _load_new_tokens(KNew, VNew, KCache, VCache, BlockTable, Cos, Sin, batch, head_k, cache_len,
-                                      append_batch, tl.arange(0, NEW_KEYS), (tl.program_id(0) == 0) & (split == 0),
+        new_tokens = _load_new_tokens(KNew, VNew, KCache, VCache, BlockTable, Cos, Sin, Faults, batch, head_k,
+                                      cache_len, cache_batch, tl.arange(0, NEW_KEYS), writer & writes,
                                       stride_knb, stride_knn, stride_knh, stride_vnb, stride_vnn, stride_vnh,
                                       stride_kcb, stride_kcn, stride_kch, stride_vcb, stride_vcn, stride_vch,
                                       stride_btb, stride_cos, stride_sin,
                                       seqlen_new, capacity, batch_cache, num_blocks, page_size, rotary_dim,
-                                      seqlen_ro, HEAD_DIM, BLOCK_D, PAGED, HAS_ROTARY, INTERLEAVED)
+                                      seqlen_ro, HEAD_DIM, BLOCK_D, PAGED, HAS_ROTARY, INTERLEAVED, RECORD_FAULTS)
 
     # -- the tile's rows: (query token, query head of this kv head's group) --
     offs_r = start_r + tl.arange(0, BLOCK_M)
@@ -409,9 +457,9 @@ def kvcache_attention_kernel(
             acc, acc_comp, row_sum, row_max, q, k_head, v_head, BlockTable, stride_btb, page_size, num_blocks,
             stride_kcb, stride_kcn, stride_vcb, stride_vcn, start, end, query_idx, leftpad, cache_batch,
             seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2, window_left, window_right,
-            new_lo, k_new_head, v_new_head, stride_knn, stride_vnn, capacity // page_size, HEAD_DIM, BLOCK_D,
-            BLOCK_N, stage != 1, PAGED, ONE_PAGE, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, UPCAST_DOT,
-            DOT_PRECISION, COMPENSATED, FUSE_APPEND, TABLE_CHUNK)
+            new_lo, k_new_head, v_new_head, stride_knn, stride_vnn, capacity // page_size, Faults, batch, HEAD_DIM,
+            BLOCK_D, BLOCK_N, stage != 1, PAGED, ONE_PAGE, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
+            UPCAST_DOT, DOT_PRECISION, COMPENSATED, FUSE_APPEND, TABLE_CHUNK, RECORD_FAULTS)
 
     # -- epilogue: normalize; a row (or a split) that saw no key gives 0 and lse = +inf --
     empty = row_sum == 0.0

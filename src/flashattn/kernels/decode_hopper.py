@@ -41,7 +41,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from .. import faults
 from .forward_hopper import LOG2E, ROWS_PER_WARPGROUP, _key_blocks, key_ring, load_key_block, wgmma_layout
+
+SLOT_CACHE_SEQLENS = gl.constexpr(faults.SLOT_CACHE_SEQLENS)
+SLOT_BLOCK_TABLE = gl.constexpr(faults.SLOT_BLOCK_TABLE)
 
 
 @gluon.constexpr_function
@@ -66,14 +70,27 @@ def _split_blocks(seqlen_k, split, num_splits, BLOCK_N: gl.constexpr):
 
 @gluon.jit
 def _sequence_span(span, BLOCK_N: gl.constexpr):
-    """This program's keys: (seqlen_k, lo, full_hi, hi, the new tokens that fit the cache). ``span``: the sequence's
-    CacheSeqlens entry, the keys a launch before this one appended, the capacity, this split, the splits and the
-    step's new tokens."""
-    seqlens, extra_keys, capacity, split, num_splits, seqlen_new = span
-    seqlen_k = gl.minimum(gl.maximum(gl.load(seqlens) + extra_keys, 0), capacity)
+    """This program's keys: (seqlen_k, lo, full_hi, hi, the new tokens to attend to and append). ``span``: the
+    sequence's CacheSeqlens entry, the keys a launch before this one appended, the capacity, this split, the splits,
+    the step's new tokens and ``fault`` (``_record``'s arguments for cache_seqlens).
+
+    A length out of range (below 0, or leaving the step's keys no room in the cache) is clamped into the cache, and
+    the step's new tokens are then neither attended to nor written: a bad index never writes."""
+    seqlens, extra_keys, capacity, split, num_splits, seqlen_new, fault = span
+    raw = gl.load(seqlens)
+    fits = (raw >= 0) & (raw <= capacity - extra_keys - seqlen_new)
+    _record(fault, ~fits)
+    seqlen_k = gl.minimum(gl.maximum(raw + extra_keys, 0), capacity)
     lo, full_hi, hi = _split_blocks(seqlen_k, split, num_splits, BLOCK_N)
-    # the append's rows: the host refuses one past the cache; the store mask keeps a bad length inside it
-    return seqlen_k, lo, full_hi, hi, gl.minimum(seqlen_new, capacity - seqlen_k)
+    return seqlen_k, lo, full_hi, hi, gl.where(fits, seqlen_new, 0)
+
+
+@gluon.jit
+def _record(fault, bad):
+    """Where ``bad``, record a fault (``flashattn.faults``): ``fault`` holds the slot's address, the value to store
+    (the batch element + 1) and whether this program records."""
+    address, value, records = fault
+    gl.store(address, value, mask=records & bad)
 
 
 @gluon.jit
@@ -87,14 +104,16 @@ def _program_keys(span, EARLY_FIRST_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _cache_row(position, valid, kv_row, table_row, page_size, num_pages, PAGED: gl.constexpr):
+def _cache_row(position, valid, kv_row, table_row, page_size, num_pages, page_fault, PAGED: gl.constexpr):
     """The cache row (of the descriptors' rows) of key ``position`` of the sequence: ``kv_row`` + position in a
     contiguous cache; in a paged one, the row in its page of the pool (``table_row``: the sequence's block-table row;
-    read only where ``valid``, a position inside the sequence). A page index outside the pool (refused on the host
-    unless the caller turned the check off) reads page 0."""
+    read only where ``valid``, a position inside the sequence). A page index outside the pool reads page 0, and is
+    recorded (``page_fault``: ``_record``'s arguments for block_table)."""
     if PAGED:
         page = gl.load(table_row + position // page_size, mask=valid, other=0)
-        page = gl.where((page >= 0) & (page < num_pages), page, 0)
+        page_ok = (page >= 0) & (page < num_pages)
+        _record(page_fault, valid & ~page_ok)
+        page = gl.where(page_ok, page, 0)
         return page * page_size + position % page_size
     else:
         return kv_row + position
@@ -126,7 +145,7 @@ def _decode_loader(loads, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PAGED
     cache's lookup of its page) is issued before the length arrives, which the other copies wait for; the whole
     blocks after it rotate."""
     (q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, q_row,
-     kv_row, table_row, page_size, num_pages, new_row, column, split, span, has_new, rotation) = loads
+     kv_row, table_row, page_size, num_pages, new_row, column, split, span, has_new, rotation, page_fault) = loads
     mbarrier.expect(q_ready, q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_ready, q_smem)
     first = split * 0  # the ring position of the cache's first block
@@ -137,7 +156,8 @@ def _decode_loader(loads, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PAGED
     if EARLY_FIRST_BLOCK:  # noqa: SIM102 - a build's choice (constexpr) around a program's (run time)
         if split == 0:
             load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, first,
-                           _cache_row(0, split == 0, kv_row, table_row, page_size, num_pages, PAGED), column,
+                           _cache_row(0, split == 0, kv_row, table_row, page_size, num_pages, page_fault, PAGED),
+                           column,
                            NUM_STAGES)
     _, lo, full_hi, hi, _ = _program_keys(span, EARLY_FIRST_BLOCK, BLOCK_N)
     start = lo
@@ -150,10 +170,10 @@ def _decode_loader(loads, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PAGED
     # each block's row is looked up one block ahead: a paged lookup (a load) then waits behind the block before's
     # copies instead of in front of its own
     row = _cache_row(_block_at(start, start, full_hi, rotation, not PAGED) * BLOCK_N, start < hi, kv_row, table_row,
-                     page_size, num_pages, PAGED)
+                     page_size, num_pages, page_fault, PAGED)
     for j in range(start, hi):
         next_row = _cache_row(_block_at(j + 1, start, full_hi, rotation, not PAGED) * BLOCK_N, j + 1 < hi, kv_row,
-                              table_row, page_size, num_pages, PAGED)
+                              table_row, page_size, num_pages, page_fault, PAGED)
         load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, first + j - lo, row, column,
                        NUM_STAGES)
         row = next_row
@@ -172,11 +192,13 @@ def _append_new_keys(new_src, new_dst, first_position, seqlen_new, appends, HEAD
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
     ok = (tokens < seqlen_new) & appends
     k_src, v_src, stride_src = new_src
-    k_dst, v_dst, stride_dst, kv_row, table_row, page_size, num_pages = new_dst
+    k_dst, v_dst, stride_dst, kv_row, table_row, page_size, num_pages, page_fault = new_dst
     positions = first_position + tokens
     if PAGED:
         page = gl.load(table_row + positions // page_size, mask=ok, other=0)
-        ok = ok & (page >= 0) & (page < num_pages)
+        page_ok = (page >= 0) & (page < num_pages)
+        _record(page_fault, gl.max((ok & ~page_ok).to(gl.int32), axis=0) > 0)
+        ok = ok & page_ok
         rows = gl.where(ok, page, 0).to(gl.int64) * page_size + positions % page_size
     else:
         rows = kv_row + positions.to(gl.int64)
@@ -411,10 +433,10 @@ def _swapped_epilogue(m_i, l_i, acc, Out, Lse, out_offset, lse_offset, stride_oh
 
 @gluon.jit
 def kvcache_decode_hopper_kernel(
-    q_desc, k_desc, v_desc, kn_desc, vn_desc, Out, Lse, CacheSeqlens, KCache, VCache, KNew, VNew, BlockTable,
+    q_desc, k_desc, v_desc, kn_desc, vn_desc, Out, Lse, CacheSeqlens, KCache, VCache, KNew, VNew, BlockTable, Faults,
     stride_os, stride_ob, stride_oh, stride_ls, stride_lb, stride_lh,
     stride_kcn, stride_kch, stride_knb, stride_knn, stride_knh, stride_btb,
-    nheads, nheads_k, capacity, num_splits, seqlen_new, extra_keys, page_size, num_pages, qk_scale_log2,
+    nheads, nheads_k, capacity, num_splits, seqlen_new, extra_keys, page_size, num_pages, record_faults, qk_scale_log2,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
     NEW_KEYS: gl.constexpr, PAGED: gl.constexpr, QUERY_ROWS: gl.constexpr, CONSUMERS: gl.constexpr,
     CONSUMER_REGISTERS: gl.constexpr, EARLY_FIRST_BLOCK: gl.constexpr,
@@ -433,6 +455,9 @@ def kvcache_decode_hopper_kernel(
 
     CONSUMERS: swapped consumer warpgroups (1 or 2; CONSUMER_REGISTERS, the second one's registers a thread).
 
+    Indices are clamped into the cache; with ``record_faults`` != 0, those out of range are recorded in Faults
+    (``flashattn.faults``).
+
     EARLY_FIRST_BLOCK: each partition reads the sequence's length itself, and split 0's loader copies block 0 before
     it arrives (``_decode_loader``). Values computed before ``warp_specialize`` reach the worker partitions only
     once all are ready: read here, the length holds every copy of the program behind it, but its latency overlaps
@@ -444,7 +469,10 @@ def kvcache_decode_hopper_kernel(
     head_k = batch_head % nheads_k
     group_size = nheads // nheads_k
     # the keys in the cache: CacheSeqlens, plus ``extra_keys`` that a launch before this one appended
-    span = (CacheSeqlens + batch, extra_keys, capacity, split, num_splits, seqlen_new)
+    records = record_faults != 0
+    span = (CacheSeqlens + batch, extra_keys, capacity, split, num_splits, seqlen_new,
+            (Faults + SLOT_CACHE_SEQLENS, batch + 1, records & (split == 0) & (head_k == 0)))
+    page_fault = (Faults + SLOT_BLOCK_TABLE, batch + 1, records)
     if not EARLY_FIRST_BLOCK:
         span = _sequence_span(span, BLOCK_N)
     has_new = (NEW_KEYS > 0) & (split == num_splits - 1)
@@ -453,7 +481,8 @@ def kvcache_decode_hopper_kernel(
     kv_row = batch * capacity  # a contiguous cache's first row of this sequence
     table_row = BlockTable + batch.to(gl.int64) * stride_btb
     head_column = head_k.to(gl.int64) * stride_kch
-    new_dst = (KCache + head_column, VCache + head_column, stride_kcn, kv_row, table_row, page_size, num_pages)
+    new_dst = (KCache + head_column, VCache + head_column, stride_kcn, kv_row, table_row, page_size, num_pages,
+               page_fault)
     first_head = head_k * group_size
     # a contiguous cache's (sequence, split) streams, each of its kv heads' programs alike, start their whole blocks
     # at offsets of their own (a 2-4% shorter step at batch 2, whose 8 splits start 1 MB apart: docs/perf-notes.md)
@@ -470,7 +499,7 @@ def kvcache_decode_hopper_kernel(
     # passes them to the partition as run-time values (the compiler folded these back; a static_range over one fails)
     loads = (q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free,
              v_free, batch * nheads + first_head, kv_row, table_row, page_size, num_pages, batch * seqlen_new,
-             head_k * HEAD_DIM, split, span, has_new, rotation)
+             head_k * HEAD_DIM, split, span, has_new, rotation, page_fault)
     if QUERY_ROWS > 0:
         consumer_step = (q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, Out, Lse, out_offset,
                          lse_offset, stride_oh, stride_lh, group_size, span, has_new, split == 0, new_src, new_dst,

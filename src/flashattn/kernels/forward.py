@@ -138,7 +138,8 @@ def attention_forward_kernel(
     if IS_VARLEN:
         total_q = seqlen_q
         total_k = seqlen_k
-        q_start, seqlen_q, k_start, seqlen_k = sequence_bounds(CuSeqlensQ, CuSeqlensK, batch)
+        q_start, seqlen_q, k_start, seqlen_k = sequence_bounds(CuSeqlensQ, CuSeqlensK, batch, total_q, total_k,
+                                                              not PAGED_KV)
         if start_m >= seqlen_q:
             return  # a query block past this sequence's end: padding of the max_seqlen_q grid
         q_base = Q + q_start.to(tl.int64) * stride_qm + head.to(tl.int64) * stride_qh

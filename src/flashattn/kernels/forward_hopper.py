@@ -130,10 +130,11 @@ def _tile_plan(tile_id, row_tiles, batch_heads, heads_per_section, nheads, group
     batch = batch_head // nheads
     head = batch_head % nheads
     if IS_VARLEN:
-        q_start = gl.load(CuSeqlensQ + batch)
-        k_start = gl.load(CuSeqlensK + batch)
-        seqlen_q = gl.load(CuSeqlensQ + batch + 1) - q_start
-        seqlen_k = gl.load(CuSeqlensK + batch + 1) - k_start
+        # clamped into the packed tokens (seqlen_q, seqlen_k: the totals), as ``common.sequence_bounds`` does
+        q_start = gl.minimum(gl.maximum(gl.load(CuSeqlensQ + batch), 0), seqlen_q)
+        k_start = gl.minimum(gl.maximum(gl.load(CuSeqlensK + batch), 0), seqlen_k)
+        seqlen_q = gl.minimum(gl.maximum(gl.load(CuSeqlensQ + batch + 1), q_start), seqlen_q) - q_start
+        seqlen_k = gl.minimum(gl.maximum(gl.load(CuSeqlensK + batch + 1), k_start), seqlen_k) - k_start
         lse_row = head.to(gl.int64) * stride_lh + q_start
     else:
         q_start = batch * seqlen_q

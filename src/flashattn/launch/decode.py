@@ -9,6 +9,7 @@ import torch
 
 from .. import configs
 from ..backend import interpreting
+from ..faults import fault_buffer
 from ..options import AttentionOptions
 from .common import (
     LOG2E,
@@ -50,10 +51,10 @@ def _rotary_args(rotary_cos: torch.Tensor | None) -> tuple[int, int]:
 
 
 def launch_append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
-                  rotary_interleaved: bool) -> None:
+                  rotary_interleaved: bool, record_faults: bool) -> None:
     """Write k (rotated) and v into the caches at cache_seqlens[b] + t: a launch of its own, for chunks too long to
     append inside the attention's launch, or with rotary. It launches plainly: chained, it slowed the steps after
-    it."""
+    it. ``record_faults``: indices out of range are recorded (``flashattn.faults``)."""
     from ..kernels.decode import kvcache_append_kernel
 
     batch, seqlen_new, nheads_k, head_dim = k.shape
@@ -68,7 +69,7 @@ def launch_append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_
         kvcache_append_kernel, grid,
         k, v, k_cache, v_cache, cache_seqlens,
         cache_batch_idx if cache_batch_idx is not None else placeholder,
-        block_table if block_table is not None else placeholder, cos, sin,
+        block_table if block_table is not None else placeholder, cos, sin, fault_buffer(k.device),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -79,7 +80,7 @@ def launch_append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_
         geometry["page_size"], rotary_dim, seqlen_ro,
         HEAD_DIM=head_dim, BLOCK_D=configs.padded_head_dim(head_dim), BLOCK_N=block_n,
         PAGED=block_table is not None, HAS_BATCH_IDX=cache_batch_idx is not None,
-        HAS_ROTARY=rotary_cos is not None, INTERLEAVED=rotary_interleaved,
+        HAS_ROTARY=rotary_cos is not None, INTERLEAVED=rotary_interleaved, RECORD_FAULTS=record_faults,
     )
 
 
@@ -138,7 +139,7 @@ def hopper_decode_fits(q, k_cache, v_cache, cache_batch_idx, cache_leftpad, bloc
 
 
 def _hopper_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_new: int, opts: AttentionOptions,
-                      num_splits: int, k_new=None, v_new=None):
+                      num_splits: int, record_faults: bool, k_new=None, v_new=None):
     """(out, lse) of a decode step through the Hopper kernel (``hopper_decode_fits``), which also appends
     ``k_new``/``v_new`` when given; without them, over the keys up to cache_seqlens + ``seqlen_new`` (appended by a
     launch before)."""
@@ -173,11 +174,11 @@ def _hopper_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_ne
     launch(
         kvcache_decode_hopper_kernel, (batch * nheads_k, num_splits),
         q_desc, k_desc, v_desc, kn_desc, vn_desc, out_target, lse_target, cache_seqlens, k_cache, v_cache, k_new,
-        v_new, block_table if block_table is not None else cache_seqlens,
+        v_new, block_table if block_table is not None else cache_seqlens, fault_buffer(q.device),
         *out_strides, *lse_strides, *k_cache.stride()[1:3], *k_new.stride()[:3],
         block_table.stride(0) if block_table is not None else 0,
         nheads, nheads_k, capacity, num_splits, new_keys, extra_keys, geometry["page_size"], geometry["num_blocks"],
-        opts.softmax_scale * LOG2E,
+        int(record_faults), opts.softmax_scale * LOG2E,
         HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_STAGES=stages, LOADER_REGISTERS=configs.HOPPER_LOADER_REGISTERS,
         NEW_KEYS=configs.next_power_of_2(new_keys) if new_keys else 0, PAGED=block_table is not None,
         QUERY_ROWS=query_rows, CONSUMERS=configs.hopper_decode_consumers(query_rows, stages),
@@ -193,17 +194,18 @@ def _hopper_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_ne
 
 def launch_decode(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_cos,
                   rotary_sin, alibi_slopes, seqlen_new: int, opts: AttentionOptions, rotary_interleaved: bool,
-                  num_splits: int, k_new=None, v_new=None):
+                  num_splits: int, record_faults: bool, k_new=None, v_new=None):
     """(out, lse) of the attention over the caches, after appending ``k_new``/``v_new`` when given: in the same launch
     (FUSE_APPEND) up to FUSED_APPEND_MAX_TOKENS new tokens per sequence, else in a launch before it. Steps that the
-    Hopper kernel fits (``hopper_decode_fits``) go there instead."""
+    Hopper kernel fits (``hopper_decode_fits``) go there instead. Indices are clamped into the caches; with
+    ``record_faults`` those out of range are recorded (``flashattn.faults``)."""
     from ..kernels.decode import kvcache_attention_kernel
 
     q = last_dim_contiguous(q)
     if hopper_decode_fits(q, k_cache, v_cache, cache_batch_idx, cache_leftpad, block_table, rotary_cos, alibi_slopes,
                           opts, k_new):
-        return _hopper_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_new, opts, num_splits, k_new,
-                                 v_new)
+        return _hopper_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_new, opts, num_splits,
+                                 record_faults, k_new, v_new)
     batch, seqlen_q, nheads, head_dim = q.shape
     nheads_k = k_cache.shape[2]
     group_size = nheads // nheads_k
@@ -217,7 +219,7 @@ def launch_decode(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_lef
         k_new, v_new = last_dim_contiguous(k_new), last_dim_contiguous(v_new)
     elif k_new is not None:  # a long chunk: appended by a launch of its own first
         launch_append(k_cache, v_cache, k_new, v_new, cache_seqlens, cache_batch_idx, block_table, rotary_cos,
-                      rotary_sin, rotary_interleaved)
+                      rotary_sin, rotary_interleaved, record_faults)
     geometry = _paged_geometry(k_cache, block_table)
     row_blocks = cdiv(group_size * seqlen_q, config.block_m)
     programs, processors = batch * nheads_k * row_blocks, processor_count(q.device)
@@ -246,7 +248,7 @@ def launch_decode(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_lef
         cache_batch_idx if cache_batch_idx is not None else placeholder,
         cache_leftpad if cache_leftpad is not None else placeholder,
         block_table if block_table is not None else placeholder, cos, sin, slopes,
-        k_new if fused else q, v_new if fused else q,
+        k_new if fused else q, v_new if fused else q, fault_buffer(q.device),
         q.stride(0), q.stride(1), q.stride(2),
         *(k_new.stride()[:3] if fused else (0, 0, 0)), *(v_new.stride()[:3] if fused else (0, 0, 0)),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -262,7 +264,7 @@ def launch_decode(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_lef
         HAS_LEFTPAD=cache_leftpad is not None, HAS_ROTARY=rotary_cos is not None,
         INTERLEAVED=rotary_interleaved, ROTARY_PER_TOKEN=opts.masked, HAS_ALIBI=has_alibi,
         num_warps=config.num_warps, num_stages=config.num_stages, **scalars, **dot_flags(q.dtype),
-        FUSE_APPEND=fused, NEW_KEYS=configs.next_power_of_2(seqlen_new) if fused else 1,
+        FUSE_APPEND=fused, NEW_KEYS=configs.next_power_of_2(seqlen_new) if fused else 1, RECORD_FAULTS=record_faults,
         **_chain_arguments(q.device),
     )
     if num_splits > 1:

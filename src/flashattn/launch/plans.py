@@ -13,6 +13,7 @@ from typing import NamedTuple
 import torch
 
 from .. import configs
+from ..faults import is_fault_buffer
 from ..validation import DERIVE_MAX_SEQLEN
 from . import launcher
 from .backward import GradientStreams
@@ -218,6 +219,9 @@ class _Recording:
         for compiled, grid, values, side_stream in self.launches:
             constants, tensor_slots, descriptor_slots = list(values), [], []
             for position, value in enumerate(values):
+                if isinstance(value, torch.Tensor) and is_fault_buffer(value):
+                    constants[position] = value.data_ptr()  # one buffer per device, kept for the process's life
+                    continue
                 if isinstance(value, torch.Tensor):
                     tensor_slots.append((position, slot_of(value, True)))
                 elif isinstance(getattr(value, "base", None), torch.Tensor):
