@@ -4,8 +4,8 @@
 # Usage (repo root, on the GPU machine):
 #     bash benchmarks/sanitizer.sh                                    # memcheck, the KV-cache and combine tests
 #     TOOL=racecheck bash benchmarks/sanitizer.sh tests/test_forward_hopper.py -k "128"
-# Arguments are pytest's and replace the default selection (the Triton backend on the KV-cache and combine
-# tests' small shapes, the unchecked bad-index test and one of each GPU grid). Kernels run 10-100x slower under
+# Arguments are pytest's and replace the default selection (the index-safety tests, the Triton backend on the
+# KV-cache and combine tests' small shapes and one of each GPU grid). Kernels run 10-100x slower under
 # the sanitizer: keep selections small. Logs go under $OUT (or ./gpu-out).
 set -u -o pipefail
 OUT=${OUT:-gpu-out}
@@ -22,8 +22,8 @@ if [ -z "$SANITIZER" ]; then
 fi
 if [ $# -eq 0 ]; then
   export FLASHATTN_BACKEND=triton
-  set -- tests/test_kvcache.py tests/test_combine.py -k \
-    "(triton or unchecked) and not bfloat16 and not float32 or paged_matches_contiguous_on_gpu or large_merge"
+  set -- tests/test_index_safety.py tests/test_kvcache.py tests/test_combine.py -k \
+    "index_safety and not cuda_graph or triton and not bfloat16 and not float32 or paged_matches_contiguous_on_gpu or large_merge"
 fi
 timeout "${SANITIZER_TIMEOUT:-540}" "$SANITIZER" --tool "$TOOL" --error-exitcode 99 --print-limit 20 \
   --log-file "$OUT/$TOOL.log" \

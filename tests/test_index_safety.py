@@ -169,3 +169,47 @@ def test_trusted_cu_seqlens_are_clamped_on_the_gpu():
     torch.cuda.synchronize()
     assert_guards_hold({"_regions": regions})
     assert out.isfinite().all(), "a sentinel reached the output"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("page_size", [None, 64], ids=["contiguous", "paged"])
+def test_a_default_step_is_captured_in_a_cuda_graph(page_size):
+    """The default step never waits for the host: it is captured in a CUDA graph, and replays of the graph follow new
+    lengths and new keys written into the captured tensors, matching eager steps; a bad length put there is recorded
+    by the replay and reported by raise_recorded_faults, with nothing written outside the caches."""
+    problem = KVProblem(batch=3, nheads=8, nheads_k=2, head_dim=128, capacity=256, cache_seqlens=(17, 100, 200),
+                        page_size=page_size)
+
+    def guarded_inputs() -> dict:  # the same values and alignments (which pick the kernel) each time
+        inputs = build(problem, torch.bfloat16, "cuda")
+        return guard_all(to_paged(inputs, page_size) if page_size else inputs)
+
+    inputs = guarded_inputs()
+    static = {name: x for name, x in inputs.items() if name != "_regions"}
+    eager = {name: x for name, x in guarded_inputs().items() if name != "_regions"}
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up off the capture: compile, plans, the fault buffer
+        flash_attn_with_kvcache(**{**static, "k_cache": static["k_cache"].clone(),
+                                   "v_cache": static["v_cache"].clone()})
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = flash_attn_with_kvcache(**static)
+    for lengths in ((18, 101, 201), (0, 7, 254)):
+        new_k, new_v = torch.randn_like(static["k"]), torch.randn_like(static["v"])
+        for target in (static, eager):
+            target["cache_seqlens"].copy_(torch.tensor(lengths, dtype=torch.int32))
+            target["k"].copy_(new_k)
+            target["v"].copy_(new_v)
+        graph.replay()
+        expected = flash_attn_with_kvcache(**eager)
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+        torch.testing.assert_close(static["k_cache"], eager["k_cache"], rtol=0, atol=0)
+    raise_recorded_faults()
+    static["cache_seqlens"].copy_(torch.tensor([-3, 5, 10_000], dtype=torch.int32))
+    graph.replay()
+    with pytest.raises(ValueError, match="cache_seqlens out of range"):
+        raise_recorded_faults()
+    assert_guards_hold(inputs)

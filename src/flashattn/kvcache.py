@@ -103,6 +103,35 @@ def flash_attn_with_kvcache(
     Returns:
         out (batch, seqlen_q, nheads, headdim) in q's dtype, or ``(out, softmax_lse)``.
     """
+    tensors = (q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_cos,
+               rotary_sin, alibi_slopes)
+    options = (softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits, check_indices)
+    if check_indices is not True and _plannable_step(tensors, options):
+        # the whole step (checks, choices, launches) replayed from the plan of an earlier step of the same signature,
+        # which holds everything the checks read: a serving loop's step, whose host time would otherwise be several
+        # times its GPU time
+        out, lse = ops.planned_step("flash_attn_with_kvcache", tensors, options, lambda: _step(*tensors, *options))
+    else:
+        out, lse = _step(*tensors, *options)
+    return (out, lse) if return_softmax_lse else out
+
+
+def _plannable_step(tensors: tuple, options: tuple) -> bool:
+    """Whether a step may take a launch plan as a whole: CUDA tensors (cache_seqlens among them) read in place, none
+    requiring grad (the op must then refuse a backward), plain Python scalars and a window tuple of ints, so that the
+    plan's key holds everything that the checks and choices of :func:`_step` read."""
+    q, cache_seqlens = tensors[0], tensors[5]
+    window_size = options[2]
+    return (type(q) is torch.Tensor and q.is_cuda and type(cache_seqlens) is torch.Tensor
+            and all(x is None or (type(x) is torch.Tensor and not x.requires_grad) for x in tensors)
+            and all(x is None or type(x) in (bool, int, float, str) for x in options if x is not window_size)
+            and type(window_size) is tuple and len(window_size) == 2 and all(type(w) is int for w in window_size)
+            and ops.plannable_step(tensors) and not torch.compiler.is_compiling())
+
+
+def _step(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_cos, rotary_sin,
+          alibi_slopes, softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits, check_indices):
+    """:func:`flash_attn_with_kvcache`'s checks, then its op: (out, lse)."""
     capacity = validation.check_cache(q, k_cache, v_cache, k, v, block_table, cache_batch_idx)
     batch = q.shape[0]
     seqlen_new = 0 if k is None else k.shape[1]
@@ -138,7 +167,7 @@ def flash_attn_with_kvcache(
         )
     if record and q.device.type == "cpu":  # nothing to wait for: report now
         raise_recorded_faults(q.device)
-    return (out, lse) if return_softmax_lse else out
+    return out, lse
 
 
 # ---------------------------------------------------------------------------------------------

@@ -268,6 +268,17 @@ def _varlen_attention_backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_se
 # ---------------------------------------------------------------------------------------------
 
 
+def plannable_step(inputs: tuple) -> bool:
+    """Whether a whole public call on these CUDA inputs may take a launch plan (``launch/plans.py``)."""
+    return plans.plannable(inputs)
+
+
+def planned_step(phase: str, inputs: tuple, options: tuple, call):
+    """``call()``, a whole public call (its checks, its op), through its launch plan: for callers whose ``options``
+    and inputs' signatures fix everything the checks read, so that a replay needs no checking."""
+    return plans.planned(phase, inputs, options, call)
+
+
 def _planned_decode(phase: str, inputs: tuple, scalars: tuple, call):
     """``call()`` through its launch plan when every input is read in place."""
     if not plans.plannable(inputs):

@@ -62,7 +62,7 @@ def check_scale(name: str, value) -> None:
     """A softmax scale: None (1 / sqrt(headdim)) or a finite number. NaN or infinity would turn every output to NaN."""
     if value is None:
         return
-    if not math.isfinite(_real(name, value, "a finite float or None")):
+    if not -math.inf < _real(name, value, "a finite float or None") < math.inf:  # NaN fails both comparisons
         raise ValueError(f"{name} must be a finite float or None (1 / sqrt(headdim)), got {value}")
 
 
@@ -79,7 +79,7 @@ def check_options(dropout_p, window_size, softcap) -> None:
         if w < -1:
             raise ValueError(f"window_size must be a pair of ints >= -1 (-1: unbounded), got {window_size}")
     capped = _real("softcap", softcap, "a float >= 0 (0: off)")
-    if not capped >= 0 or math.isinf(capped):  # NaN fails the comparison
+    if not 0 <= capped < math.inf:  # NaN fails the comparisons
         raise ValueError(f"softcap must be a finite float >= 0 (0: off), got {softcap}")
 
 
