@@ -119,6 +119,17 @@ BAD_INPUTS = [
      TypeError, "alibi_slopes must be float32"),
     ("not-a-tensor", lambda q, k, v: (q.tolist(), k, v), {}, TypeError, "q must be a torch.Tensor"),
     ("head-dim-too-big", lambda q, k, v: (torch.randn(2, 8, 4, 300),) * 3, {}, ValueError, "between 1 and 256"),
+    ("window-int", lambda q, k, v: (q, k, v), {"window_size": 5}, TypeError, "window_size must be a pair"),
+    ("window-none", lambda q, k, v: (q, k, v), {"window_size": None}, TypeError, "window_size must be a pair"),
+    ("window-float", lambda q, k, v: (q, k, v), {"window_size": (2.5, 0)}, TypeError, "window_size must be a pair"),
+    ("scale-str", lambda q, k, v: (q, k, v), {"softmax_scale": "a"}, TypeError, "softmax_scale must be a finite"),
+    ("scale-nan", lambda q, k, v: (q, k, v), {"softmax_scale": float("nan")}, ValueError, "softmax_scale must be"),
+    ("scale-inf", lambda q, k, v: (q, k, v), {"softmax_scale": float("-inf")}, ValueError, "softmax_scale must be"),
+    ("softcap-nan", lambda q, k, v: (q, k, v), {"softcap": float("nan")}, ValueError, "softcap must be a finite"),
+    ("softcap-inf", lambda q, k, v: (q, k, v), {"softcap": float("inf")}, ValueError, "softcap must be a finite"),
+    ("softcap-str", lambda q, k, v: (q, k, v), {"softcap": "1"}, TypeError, "softcap must be a float"),
+    ("transposed", lambda q, k, v: (torch.randn(2, 4, 8, 16), torch.randn(2, 2, 10, 16), torch.randn(2, 2, 10, 16)),
+     {}, ValueError, r"look like \(batch, nheads, seqlen, headdim\).*transpose\(1, 2\)"),
 ]
 
 
@@ -127,6 +138,23 @@ def test_bad_input_is_refused_with_a_clear_error(name, transform, options, error
     q, k, v = torch.randn(2, 8, 4, 16), torch.randn(2, 8, 2, 16), torch.randn(2, 8, 2, 16)
     with pytest.raises(error, match=message):
         flash_attn_func(*transform(q, k, v), **options)
+
+
+def test_bad_scales_are_refused_everywhere():
+    """NaN or infinite scales would turn every output to NaN: refused by every entry point, naming the argument."""
+    from flashattn import flash_attn_varlen_func, flash_attn_with_kvcache, scaled_dot_product_attention
+
+    q, k = torch.randn(2, 8, 4, 16), torch.randn(2, 8, 2, 16)
+    cu = torch.tensor([0, 8, 16], dtype=torch.int32)
+    with pytest.raises(ValueError, match="softmax_scale must be"):
+        flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), k.flatten(0, 1), cu, cu, 8, 8,
+                               softmax_scale=float("nan"))
+    with pytest.raises(ValueError, match="softmax_scale must be"):
+        flash_attn_with_kvcache(q[:, :1], k, k, softmax_scale=float("inf"))
+    with pytest.raises(ValueError, match="softcap must be"):
+        flash_attn_with_kvcache(q[:, :1], k, k, softcap=float("nan"))
+    with pytest.raises(ValueError, match="scale must be"):
+        scaled_dot_product_attention(q.transpose(1, 2), q.transpose(1, 2), q.transpose(1, 2), scale=float("nan"))
 
 
 def test_packed_forms_check_their_layout():

@@ -47,7 +47,15 @@ def check_kv_like_q(q, k, v) -> None:
     nheads_k = k.shape[-2]
     if nheads_k == 0 or nheads % nheads_k != 0:
         raise ValueError(f"the number of query heads ({nheads}) must be a multiple of the number of "
-                         f"key/value heads ({nheads_k})")
+                         f"key/value heads ({nheads_k}){transposed_hint(q, k)}")
+
+
+def transposed_hint(q, k) -> str:
+    """A hint for 4-dim inputs whose dims 1 and 2 fit as (nheads, seqlen), torch SDPA's order, not as flashattn's."""
+    if q.dim() != 4 or k.dim() != 4 or k.shape[1] == 0 or q.shape[1] % k.shape[1] != 0:
+        return ""
+    return ("; q, k and v look like (batch, nheads, seqlen, headdim), torch's scaled_dot_product_attention layout: "
+            "flashattn takes (batch, seqlen, nheads, headdim), pass x.transpose(1, 2) (a view, read in place)")
 
 
 def _real(name: str, value, expected: str) -> float:
