@@ -1,7 +1,8 @@
 """Write BENCHMARKS.md, its figures and the README's speed summary from the results files in benchmarks/results/.
 
-Each results file is ``<machine>-<mode>.json`` as ``flashattn bench`` writes it (``h200-dense.json``): an
-``environment`` block (GPU, torch and triton versions, commit, date) and one row per provider and case. Modes:
+Each results file is ``<machine>-<mode>.json`` as ``flashattn bench --out benchmarks/results`` writes it
+(``h200-dense.json``): an ``environment`` block (GPU, torch and triton versions, commit, date) and one row per
+provider and case. Modes:
 ``dense`` (the training grid), ``varlen`` (packed calls against dense ones on the same tokens), ``decode`` (one new
 token over a KV cache) and ``blocks`` (tile sweeps, drawn in docs/block-size.md). Every table and ratio comes from
 those rows; a file of another mode, or one that does not parse, is listed as not reported.
@@ -439,13 +440,14 @@ def benchmarks_markdown(report: Report) -> str:
            "machine and mode, each the latest run); every figure below is read from them.", "",
            "How to measure (on the GPU machine, from the repository root):", "",
            "```bash",
-           "python -m flashattn.tools.bench                    # dense: <machine>-dense.json",
-           "python -m flashattn.tools.bench --providers flashattn --varlen --head-dims 128 --seqlens 512 1024 16384",
-           "python -m flashattn.tools.bench --mode decode      # decode: <machine>-decode.json",
+           "python -m flashattn.tools.bench --out benchmarks/results                # dense: <machine>-dense.json",
+           "python -m flashattn.tools.bench --out benchmarks/results --providers flashattn --varlen --head-dims 128 "
+           "--seqlens 512 1024 16384",
+           "python -m flashattn.tools.bench --out benchmarks/results --mode decode  # decode: <machine>-decode.json",
            "python benchmarks/report.py                        # this file, its figures, the README's summary",
            "```", "",
-           "A run replaces the results file of its machine and mode. `bash benchmarks/gpu_suite.sh` runs the test "
-           "suite and then the three benchmarks.", ""]
+           "A run replaces the results file of its machine and mode in `--out` (without it, in the current directory). "
+           "`bash benchmarks/gpu_suite.sh` runs the test suite and then the three benchmarks.", ""]
     if report.files:
         out += ["Contents:", ""]
         out += [f"- [{heading(f)}](#{slug(heading(f))})" for f in report.files]
@@ -510,7 +512,8 @@ def summary_lines(report: Report) -> list[str]:
                      f"time over flashattn's: {' and '.join(parts)}, flashattn's step also appending the new key and "
                      f"value{best}.")
     if not lines:
-        lines.append("- No results in benchmarks/results/ yet: run `python -m flashattn.tools.bench`.")
+        lines.append("- No results in benchmarks/results/ yet: run `python -m flashattn.tools.bench --out "
+                     "benchmarks/results`.")
     return lines
 
 

@@ -1,11 +1,21 @@
 """The benchmark tool on the CPU: it runs its small CPU grid, writes its results file, a table and a plot."""
 
 import json
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from flashattn.tools import bench
+from flashattn.tools import bench, timing
+
+
+@pytest.fixture(autouse=True)
+def short_cpu_timings(monkeypatch):
+    """Runs stop after half a second even when a busy machine keeps them from settling: these tests check what is
+    reported, not how fast."""
+    monkeypatch.setattr(timing, "CPU_MAX_RUN_SECONDS", 0.5)
 
 
 def test_cpu_bench_writes_results_and_checks_providers_against_flashattn(tmp_path, monkeypatch):
@@ -102,3 +112,47 @@ def test_machine_kind_from_the_gpu_name(device, kind):
 def test_machine_kind_without_a_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert bench.machine_kind(bench.environment()) == "cpu"
+
+
+def test_a_head_dim_flashattn_refuses_is_a_usage_error_before_any_run():
+    result = subprocess.run([sys.executable, "-m", "flashattn", "bench", "--head-dims", "300"], capture_output=True,
+                            text=True, timeout=120, check=False)
+    assert result.returncode == 2
+    assert "argument --head-dims: head dim must be between 1 and 256, got 300" in result.stderr
+    assert "ZeroDivisionError" not in result.stdout + result.stderr
+
+
+def test_a_hidden_size_below_the_head_dim_is_a_usage_error(tmp_path, capsys):
+    assert bench.main(["--head-dims", "128", "--hidden", "64", "--out", str(tmp_path)]) == 2
+    assert "--hidden: 64 is smaller than head dim 128" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_results_go_to_the_current_directory_by_default(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.chdir(tmp_path)
+    assert bench.main(["--seqlens", "32", "--causal", "no", "--modes", "fwd", "--providers", "flashattn"]) == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["cpu-dense.json"]
+    assert f"results: {tmp_path / 'cpu-dense.json'}" in capsys.readouterr().out
+
+
+def test_cpu_lines_give_every_figure_or_say_why_not(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bench.main(["--seqlens", "64", "--causal", "no", "--providers", "flashattn", "naive",
+                       "--out", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = lines[0]
+    assert "matmul (1024^3 float32)" in header and "None" not in header
+    assert float(re.search(r"matmul \S+ \S+ (\S+) TFLOP/s", header).group(1)) > 0
+    rows = {line.split()[3]: line for line in lines[1:3]}
+    for line in rows.values():
+        assert "None" not in line and not re.search(r"\b0\.0\b", line), line
+        assert line.count("±") == 2  # the forward's and the backward's spread
+        rates = [float(x) for x in re.findall(r"(\S+) TFLOP/s", line)]
+        assert len(rates) == 2 and all(rate > 0 for rate in rates)
+        assert float(re.search(r"peak mem (\S+) MiB", line).group(1)) > 0
+    assert "diff n/a (the reference)" in rows["flashattn"]
+    assert re.search(r"diff \d\.\d\de-\d\d", rows["naive"])
+    data = json.loads((tmp_path / "cpu-dense.json").read_text())
+    for row in data["results"]:
+        assert row["peak_extra_mib"] > 0 and row["fwd_spread"] >= 0 and row["fwd_settled"] in (True, False)

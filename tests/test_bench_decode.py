@@ -5,13 +5,14 @@ import json
 
 import torch
 
-from flashattn.tools import bench
+from flashattn.tools import bench, timing
 from flashattn.tools.bench_decode import DecodeCase, choose_grid_copies
 
 
 def test_decode_mode_writes_results_and_agrees_with_sdpa(tmp_path, monkeypatch):
     # the CPU grid on any machine (a GPU's run has bf16 and every SDPA backend; the bench runs report it)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(timing, "CPU_MAX_RUN_SECONDS", 0.5)  # a busy machine's runs stop unsettled, soon
     markdown = tmp_path / "decode.md"
     code = bench.main(["--mode", "decode", "--batches", "2", "--cache-lens", "48", "--page-sizes", "16",
                        "--out", str(tmp_path), "--markdown", str(markdown)])
@@ -31,6 +32,16 @@ def test_decode_mode_writes_results_and_agrees_with_sdpa(tmp_path, monkeypatch):
         assert by_key[key]["extra"]["max_diff_vs_flashattn"] < 1e-5  # same attention, float32
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cpu-decode.json", "decode.md"]  # JSON only
     assert "| 48 | 2 | paged 16 |" in markdown.read_text()
+    for row in rows:  # each time with its spread, as the dense bench and the demo give theirs
+        assert row["spread"] >= 0 and row["settled"] in (True, False)
+
+
+def test_decode_mode_writes_to_the_current_directory_by_default(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(timing, "CPU_MAX_RUN_SECONDS", 0.5)
+    monkeypatch.chdir(tmp_path)
+    assert bench.main(["--mode", "decode", "--batches", "1", "--cache-lens", "32", "--page-sizes", "16"]) == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["cpu-decode.json"]
 
 
 def test_kv_bytes_and_cache_copies():

@@ -11,10 +11,19 @@ import sys
 import types
 
 import pytest
+import torch
 
 import flashattn
-from flashattn.tools import cli
-from flashattn.tools.demo import run_demo, settled_median
+from flashattn.tools import bench, bench_decode, cli, demo, timing
+from flashattn.tools.demo import run_demo
+from flashattn.tools.timing import settle, settled_median
+
+
+@pytest.fixture(autouse=True)
+def short_cpu_timings(monkeypatch):
+    """Runs stop after half a second even when a busy machine keeps them from settling: these tests check what is
+    reported, not how fast."""
+    monkeypatch.setattr(timing, "CPU_MAX_RUN_SECONDS", 0.5)
 
 
 def run_module(*args: str) -> subprocess.CompletedProcess[str]:
@@ -126,3 +135,41 @@ def test_settled_median_without_agreement_takes_the_median_of_the_rounds():
     measure_round, asked = _rounds([1.0, 1.5, 1.2, 2.0, 0.9])
     assert settled_median(measure_round, max_rounds=5, tolerance=0.02) == 1.2
     assert asked == [0, 1, 2, 3, 4]
+
+
+def test_settle_reports_the_spread_and_whether_the_rounds_agreed():
+    measure_round, _ = _rounds([1.40, 1.00, 1.01])
+    agreed = settle(measure_round, tolerance=0.02)
+    assert agreed.settled and agreed.seconds == 1.00 and agreed.spread == pytest.approx(0.01)
+    measure_round, _ = _rounds([1.0, 1.5, 1.2, 2.0, 0.9])
+    never = settle(measure_round, max_rounds=5, tolerance=0.02)
+    assert not never.settled and never.seconds == 1.2 and never.spread == pytest.approx(1.1 / 1.2)
+    assert never.describe().endswith("unsettled")
+
+
+def test_cpu_timing_repeats_the_call_and_keeps_its_spread():
+    import time
+
+    calls = []
+
+    def sleep_2ms():
+        calls.append(None)
+        time.sleep(0.002)
+
+    measured = timing.time_call(sleep_2ms, torch.device("cpu"))
+    assert 0.002 <= measured.seconds < 0.05
+    assert measured.runs >= 4 and len(calls) > measured.runs  # a warm-up and the block-size estimate too
+    assert measured.spread >= 0 and "±" in measured.describe()
+
+
+def test_demo_and_bench_time_with_the_same_helper():
+    assert demo.time_call is bench.time_call is bench_decode.time_call is timing.time_call
+    assert bench.PROVIDERS["naive"] is demo.standard_attention  # and compare against the same standard attention
+
+
+def test_demo_times_carry_their_spread(capsys):
+    run_demo(device="cpu", seqlens=[32], heads=1, headdim=16, threads=1)
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.lstrip("│ ").startswith("32 "))
+    assert row.count("±") == 2, row  # the time of each path
+    assert "interquartile range" in out

@@ -158,3 +158,46 @@ def test_gpu_measure_matches_the_model(capsys):
         assert scores <= cells[(seqlen, "training", "standard")]["measured_bytes"] <= scores + 2 * q_bytes
         # flashattn's backward scratch is O(N): the delta rows (and rounding), nothing N x N
         assert cells[(seqlen, "training", "flashattn")]["peak_bytes"] <= 4 * lse + 4096
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread: the sizes allocated are the same, and a busy machine does not slow the test tenfold."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_cpu_path_memory_grows_at_most_as_the_length_and_stays_below_standard(torch_backend, one_thread):
+    """From 1k tokens on, each doubling at most doubles flashattn's measured extra memory (its working set of
+    tiles stops growing at BLOCK_M queries), and it stays below standard attention's, in inference and over a
+    training step."""
+    config = memory.ModelConfig("small", layers=1, heads=1, kv_heads=1, head_dim=16, hidden=16)
+    measured = {}
+    for seqlen in (1024, 2048, 4096):
+        cells = {(c.mode, c.implementation): c
+                 for c in measure_layer_memory(config, 1, seqlen, "float32", torch.device("cpu"))}
+        for mode, figure in (("inference", "measured_bytes"), ("training", "peak_bytes")):
+            flash, standard = (getattr(cells[(mode, name)], figure) for name in ("flashattn", "standard"))
+            assert flash < standard, (seqlen, mode, flash, standard)
+            measured[(seqlen, mode)] = flash
+    for mode in ("inference", "training"):
+        for seqlen in (1024, 2048):
+            assert measured[(2 * seqlen, mode)] <= 2 * measured[(seqlen, mode)], (mode, seqlen, measured)
+
+
+@pytest.mark.parametrize("option_name", ["plain", "causal", "window", "dropout", "causal-alibi-softcap"])
+def test_cpu_path_is_exact_when_the_tiles_split_the_queries(torch_backend, monkeypatch, option_name):
+    """The CPU path with query blocks of 16 rows (its tiles hold at least MIN_BLOCK_M queries and at most
+    TILE_ELEMENTS scores): the same results as the reference, forward and backward, GQA included."""
+    from cases import make_case
+
+    from flashattn import cpu, flash_attn_func
+    from flashattn.testing import check_against_reference
+
+    monkeypatch.setattr(cpu, "TILE_ELEMENTS", 1)
+    monkeypatch.setattr(cpu, "MIN_BLOCK_M", 16)
+    assert cpu.block_m(1, 4) == 16
+    for shape in [(1, 113, 203, 4, 2, 40), (2, 203, 113, 4, 4, 24)]:
+        check_against_reference(make_case(shape, option_name, "cpu"), torch.float32, "cpu", flash_attn_func)

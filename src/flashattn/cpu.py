@@ -1,15 +1,26 @@
 """Blocked attention in plain PyTorch: the CPU path (and ``FLASHATTN_BACKEND=torch`` anywhere).
 
-Same semantics as the Triton kernels, in float32, with O(seqlen) extra memory: the forward walks
-blocks of keys with the online softmax, the backward walks them again and recomputes the
-probabilities from the saved log-sum-exp. No seqlen_q x seqlen_k tensor is ever built; the largest
-temporary is one (batch, heads, seqlen_q, BLOCK_N) score block. An SDPA mask is read one key block at a
-time, through a broadcast view; its gradient (when asked for) has the mask's own shape.
+Same semantics as the Triton kernels, in float32, tile by tile: a tile is BLOCK_M queries against
+BLOCK_N keys, over every batch and head at once. The forward walks the query blocks, and for each one
+its key blocks with the online softmax, writing the block's output and log-sum-exp straight into the
+results; the backward walks the key blocks, and for each one the query blocks that see it, recomputing
+the probabilities from the saved log-sum-exp. No seqlen_q x seqlen_k tensor is ever built, and no
+float32 copy of a whole q, k, v or output either: inputs are converted a block at a time.
+
+Extra memory, besides the results: the float32 log-sum-exp (forward) and the float32 dq accumulator
+(backward, of q's size: none when q is float32, where the accumulator is dq itself), which grow as
+seqlen; and a working set of a few tiles, (batch, heads, BLOCK_M, BLOCK_N) float32 scores and
+(batch, heads, BLOCK_M, head_dim) float32 rows, which does not. BLOCK_M is chosen so that a score tile
+holds at most TILE_ELEMENTS elements (4 MiB; at least MIN_BLOCK_M rows), so the working set grows with
+seqlen_q only up to BLOCK_M queries and is constant beyond. An SDPA mask is read one tile at a time,
+through a broadcast view; its gradient (when asked for) has the mask's own shape.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
+from typing import NamedTuple
 
 import torch
 
@@ -17,7 +28,15 @@ from . import masks
 from .dropout import PackedFrame, keep_mask
 from .options import AttentionOptions
 
-BLOCK_N = 128
+BLOCK_N = 128  # keys per tile
+TILE_ELEMENTS = 1 << 20  # float32 scores in a (batch, heads, BLOCK_M, BLOCK_N) tile: 4 MiB
+MIN_BLOCK_M = 64  # queries per tile at least, however many batches and heads share it
+
+
+def block_m(batch: int, nheads: int) -> int:
+    """Queries per tile: as many as keep a score tile within TILE_ELEMENTS, a multiple of MIN_BLOCK_M."""
+    rows = TILE_ELEMENTS // (max(1, batch * nheads) * BLOCK_N)
+    return max(MIN_BLOCK_M, rows // MIN_BLOCK_M * MIN_BLOCK_M)
 
 
 @functools.cache
@@ -85,11 +104,6 @@ def _block_scores(
     return raw.masked_fill(~seen, float("-inf")), capped
 
 
-def _to_input_layout(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """float32 (B, H, S, D) -> a contiguous (B, S, H, D) tensor of ``like``'s dtype, as the ops promise."""
-    return torch.empty_like(like, memory_format=torch.contiguous_format).copy_(x.transpose(1, 2))
-
-
 def _block_keep(rng_state, opts, q_shape, rows: slice, key_idx, seqlen_q, seqlen_k, frame) -> torch.Tensor:
     batch, nheads_k, group = q_shape[:3]
     query_idx = torch.arange(rows.start, rows.stop, device=key_idx.device)
@@ -130,37 +144,52 @@ def forward(
     _settle_exp_kernel()
     batch, seqlen_q, nheads, head_dim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
-    # scaled once here rather than in every score block (qf may be a view of q: not in place)
-    qf = _heads_first(q, nheads_k) * opts.softmax_scale
+    grouped = (batch, nheads_k, nheads // nheads_k)  # a query head's group is its kv head
     slopes = _expand_slopes(alibi_slopes, batch, nheads)
-    mask = _grouped_mask(attn_mask, qf.shape, seqlen_k)
-    row_max = torch.full(qf.shape[:-1], float("-inf"), device=q.device)
-    row_sum = torch.zeros_like(row_max)
-    acc = torch.zeros_like(qf)
-    for start, end, rows, fully_visible in _key_blocks(seqlen_q, seqlen_k, opts):
-        key_idx = torch.arange(start, end, device=q.device).view(1, -1)
-        k_block = k[:, start:end].transpose(1, 2).float()  # (B, Hk, n, D)
-        v_block = v[:, start:end].transpose(1, 2).float()
-        scores, _ = _block_scores(qf[..., rows, :], k_block, key_idx, opts, slopes, seqlen_q, seqlen_k,
-                                  _mask_block(mask, rows, start, end), rows.start, fully_visible)
-        seen_max = row_max[..., rows]
-        new_max = torch.maximum(seen_max, scores.amax(dim=-1))
-        shift = new_max.masked_fill(new_max == float("-inf"), 0.0)  # rows with nothing seen yet
-        probs = scores.sub_(shift.unsqueeze(-1)).exp_()  # scores is this block's own tensor
-        correction = torch.exp(seen_max - shift)
-        row_sum[..., rows] = row_sum[..., rows] * correction + probs.sum(dim=-1)
+    mask = _grouped_mask(attn_mask, (*grouped, seqlen_q), seqlen_k)
+    # rows that see no key keep out = 0 and lse = +inf
+    out = torch.zeros_like(q, memory_format=torch.contiguous_format)
+    lse = torch.full((batch, nheads, seqlen_q), float("inf"), device=q.device)
+    rows_per_block = block_m(batch, nheads)
+    by_query_block: dict[int, list[Tile]] = {}
+    for tile in _tiles(seqlen_q, seqlen_k, opts, rows_per_block):
+        by_query_block.setdefault(tile.query_block, []).append(tile)
+    for first, tiles in sorted(by_query_block.items()):
+        block = slice(first, min(first + rows_per_block, seqlen_q))
+        # -- the block's state: queries scaled once (a view of q when it is float32: not in place) --
+        qf = _heads_first(q[:, block], nheads_k) * opts.softmax_scale
+        row_max = torch.full(qf.shape[:-1], float("-inf"), device=q.device)
+        row_sum = torch.zeros_like(row_max)
+        acc = torch.zeros_like(qf)
+        for tile in tiles:
+            local = slice(tile.rows.start - first, tile.rows.stop - first)
+            key_idx = torch.arange(tile.start, tile.end, device=q.device).view(1, -1)
+            k_block = k[:, tile.start : tile.end].transpose(1, 2).float()  # (B, Hk, n, D)
+            v_block = v[:, tile.start : tile.end].transpose(1, 2).float()
+            scores, _ = _block_scores(qf[..., local, :], k_block, key_idx, opts, slopes, seqlen_q, seqlen_k,
+                                      _mask_block(mask, tile.rows, tile.start, tile.end), tile.rows.start,
+                                      tile.fully_visible)
+            # -- online softmax: rescale what the block holds to the new row maxima --
+            seen_max = row_max[..., local]
+            new_max = torch.maximum(seen_max, scores.amax(dim=-1))
+            shift = new_max.masked_fill(new_max == float("-inf"), 0.0)  # rows with nothing seen yet
+            probs = scores.sub_(shift.unsqueeze(-1)).exp_()  # scores is this tile's own tensor
+            correction = torch.exp(seen_max - shift)
+            row_sum[..., local].mul_(correction).add_(probs.sum(dim=-1))
+            if opts.dropout_p > 0:
+                keep = _block_keep(rng_state, opts, grouped, tile.rows, key_idx, seqlen_q, seqlen_k, dropout_frame)
+                probs = probs.masked_fill(~keep, 0.0)
+            acc[..., local, :].mul_(correction.unsqueeze(-1)).add_(probs @ v_block.unsqueeze(2))
+            row_max[..., local] = new_max
+        # -- the block's results, written in place: out in q's layout and dtype --
+        empty = row_sum == 0
+        out_block = acc.div_(row_sum.masked_fill(empty, 1.0).unsqueeze(-1))
         if opts.dropout_p > 0:
-            keep = _block_keep(rng_state, opts, qf.shape, rows, key_idx, seqlen_q, seqlen_k, dropout_frame)
-            probs = probs.masked_fill(~keep, 0.0)
-        acc[..., rows, :] = acc[..., rows, :] * correction.unsqueeze(-1) + probs @ v_block.unsqueeze(2)
-        row_max[..., rows] = new_max
-    empty = row_sum == 0
-    out = acc / row_sum.masked_fill(empty, 1.0).unsqueeze(-1)
-    if opts.dropout_p > 0:
-        out = out / (1.0 - opts.dropout_p)
-    lse = (row_max + torch.log(row_sum)).masked_fill(empty, float("inf"))
-    out = _to_input_layout(out.reshape(batch, nheads, seqlen_q, head_dim), q)
-    return out, lse.reshape(batch, nheads, seqlen_q)
+            out_block.div_(1.0 - opts.dropout_p)
+        rows = block.stop - block.start
+        out[:, block] = out_block.reshape(batch, nheads, rows, head_dim).transpose(1, 2)
+        lse[:, :, block] = (row_max + torch.log(row_sum)).masked_fill(empty, float("inf")).reshape(batch, nheads, rows)
+    return out, lse
 
 
 def backward(
@@ -177,53 +206,67 @@ def backward(
     mask_needs_grad: bool = False,
     dropout_frame: PackedFrame | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients (dq, dk, dv, dmask) recomputed block by block from the saved log-sum-exp.
+    """Gradients (dq, dk, dv, dmask) recomputed tile by tile from the saved log-sum-exp.
 
-    dmask, the gradient of a float ``attn_mask`` in its own shape and dtype, is computed when
-    ``mask_needs_grad``; otherwise it is an empty tensor. ``dropout_frame``: as in :func:`forward`.
+    Each key block gathers its dk and dv over the query blocks that see it; dq gathers over key blocks in
+    a float32 accumulator of q's layout. dmask, the gradient of a float ``attn_mask`` in its own shape and
+    dtype, is computed when ``mask_needs_grad``; otherwise it is an empty tensor. ``dropout_frame``: as in
+    :func:`forward`.
     """
     _settle_exp_kernel()
     batch, seqlen_q, nheads, head_dim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
-    qf = _heads_first(q, nheads_k) * opts.softmax_scale  # as in forward; dq takes the scale at the end
-    dof = _heads_first(dout, nheads_k)
-    lse_f = lse.view(qf.shape[:-1])
-    delta = (dof * _heads_first(out, nheads_k)).sum(dim=-1)  # rowsum(dO * O)
+    grouped = (batch, nheads_k, nheads // nheads_k)
     slopes = _expand_slopes(alibi_slopes, batch, nheads)
-    mask = _grouped_mask(attn_mask, qf.shape, seqlen_k)
+    mask = _grouped_mask(attn_mask, (*grouped, seqlen_q), seqlen_k)
     dmask = torch.zeros(attn_mask.shape, dtype=torch.float32, device=q.device) if mask_needs_grad else None
-    dq = torch.zeros_like(qf)
-    dk = torch.zeros(batch, seqlen_k, nheads_k, head_dim, dtype=torch.float32, device=q.device)
-    dv = torch.zeros_like(dk)
+    rows_per_block = block_m(batch, nheads)
+    lse_f = lse.view(*grouped, seqlen_q)
+    delta = torch.empty_like(lse_f)  # rowsum(dO * O), a query block at a time
+    for first in range(0, seqlen_q, rows_per_block):
+        block = slice(first, first + rows_per_block)
+        delta[..., block] = (_heads_first(dout[:, block], nheads_k) * _heads_first(out[:, block], nheads_k)).sum(-1)
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)  # q's layout: the result, when q is float32
+    dq_grouped = dq.transpose(1, 2).unflatten(1, grouped[1:])  # a (B, Hk, G, Sq, D) view
+    dk = torch.zeros(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
     keep_scale = 1.0 / (1.0 - opts.dropout_p)
-    for start, end, rows, fully_visible in _key_blocks(seqlen_q, seqlen_k, opts):
+    for (start, end), tiles in itertools.groupby(_tiles(seqlen_q, seqlen_k, opts, rows_per_block),
+                                                 key=lambda tile: (tile.start, tile.end)):
         key_idx = torch.arange(start, end, device=q.device).view(1, -1)
         k_block = k[:, start:end].transpose(1, 2).float()
         v_block = v[:, start:end].transpose(1, 2).float()
-        q_rows, do_rows = qf[..., rows, :], dof[..., rows, :]
-        scores, capped = _block_scores(q_rows, k_block, key_idx, opts, slopes, seqlen_q, seqlen_k,
-                                       _mask_block(mask, rows, start, end), rows.start, fully_visible)
-        probs = scores.sub_(lse_f[..., rows].unsqueeze(-1)).exp_()  # masked scores and empty rows give 0
-        dprobs = do_rows @ v_block.unsqueeze(2).transpose(-1, -2)
-        if opts.dropout_p > 0:
-            keep = _block_keep(rng_state, opts, qf.shape, rows, key_idx, seqlen_q, seqlen_k, dropout_frame)
-            kept_probs = probs.masked_fill(~keep, 0.0) * keep_scale
-            dprobs = dprobs.masked_fill(~keep, 0.0) * keep_scale
-        else:
-            kept_probs = probs
-        dscores = dprobs.sub_(delta[..., rows].unsqueeze(-1)).mul_(probs)
-        if dmask is not None:
-            # the mask is added after the softcap: its gradient is dS before the softcap's derivative
-            _accumulate_mask_grad(dmask, dscores.flatten(1, 2), rows, start, end)
-        if capped is not None:
-            dscores.mul_(1.0 - capped * capped)
-        dq[..., rows, :] += dscores @ k_block.unsqueeze(2)
-        # sum over the query heads that share each kv head
-        dk[:, start:end] = (dscores.transpose(-1, -2) @ q_rows).sum(dim=2).transpose(1, 2)
-        dv[:, start:end] = (kept_probs.transpose(-1, -2) @ do_rows).sum(dim=2).transpose(1, 2)
-    dq = _to_input_layout(dq.mul_(opts.softmax_scale).reshape(batch, nheads, seqlen_q, head_dim), q)
+        dk_block = torch.zeros(batch, nheads_k, end - start, head_dim, device=q.device)
+        dv_block = torch.zeros_like(dk_block)
+        for tile in tiles:
+            rows = tile.rows
+            q_rows = _heads_first(q[:, rows], nheads_k) * opts.softmax_scale  # as in forward; dq scales at the end
+            do_rows = _heads_first(dout[:, rows], nheads_k)
+            scores, capped = _block_scores(q_rows, k_block, key_idx, opts, slopes, seqlen_q, seqlen_k,
+                                           _mask_block(mask, rows, start, end), rows.start, tile.fully_visible)
+            probs = scores.sub_(lse_f[..., rows].unsqueeze(-1)).exp_()  # masked scores and empty rows give 0
+            dprobs = do_rows @ v_block.unsqueeze(2).transpose(-1, -2)
+            if opts.dropout_p > 0:
+                keep = _block_keep(rng_state, opts, grouped, rows, key_idx, seqlen_q, seqlen_k, dropout_frame)
+                kept_probs = probs.masked_fill(~keep, 0.0) * keep_scale
+                dprobs = dprobs.masked_fill(~keep, 0.0) * keep_scale
+            else:
+                kept_probs = probs
+            dscores = dprobs.sub_(delta[..., rows].unsqueeze(-1)).mul_(probs)
+            if dmask is not None:
+                # the mask is added after the softcap: its gradient is dS before the softcap's derivative
+                _accumulate_mask_grad(dmask, dscores.flatten(1, 2), rows, start, end)
+            if capped is not None:
+                dscores.mul_(1.0 - capped * capped)
+            dq_grouped[..., rows, :] += dscores @ k_block.unsqueeze(2)
+            # sum over the query heads that share each kv head
+            dk_block += (dscores.transpose(-1, -2) @ q_rows).sum(dim=2)
+            dv_block += (kept_probs.transpose(-1, -2) @ do_rows).sum(dim=2)
+        dk[:, start:end] = dk_block.transpose(1, 2)
+        dv[:, start:end] = dv_block.transpose(1, 2)
+    dq = dq.mul_(opts.softmax_scale).to(q.dtype)  # no copy when q is float32
     dmask = dmask.to(attn_mask.dtype) if dmask is not None else q.new_empty(0)
-    return dq, dk.to(k.dtype), dv.to(v.dtype), dmask
+    return dq, dk, dv, dmask
 
 
 def _accumulate_mask_grad(dmask: torch.Tensor, dscores: torch.Tensor, rows: slice, start: int, end: int) -> None:
@@ -235,20 +278,33 @@ def _accumulate_mask_grad(dmask: torch.Tensor, dscores: torch.Tensor, rows: slic
         target[..., start:end] += masks.sum_to_shape(dscores, (*target.shape[:3], end - start))
 
 
-def _key_blocks(seqlen_q: int, seqlen_k: int, opts: AttentionOptions):
-    """(start, end, rows, fully_visible) for each key block that some query sees: ``rows``, the slice of
-    queries that see at least one of its keys, and whether they all see all of them (no mask to apply).
-    The other queries' scores there are all hidden, so they are not computed (about half the work under a
-    causal mask)."""
+class Tile(NamedTuple):
+    """Keys [start, end) against ``rows``, the queries of the block that starts at ``query_block`` that see at
+    least one of those keys; ``fully_visible``: each of them sees every one of the keys (no mask to apply)."""
+
+    query_block: int
+    start: int
+    end: int
+    rows: slice
+    fully_visible: bool
+
+
+def _tiles(seqlen_q: int, seqlen_k: int, opts: AttentionOptions, rows_per_block: int) -> list[Tile]:
+    """The tiles that some query sees, key block by key block, each one's query blocks in order. The queries
+    that see none of a key block's keys are not computed there (their scores would all be hidden): about
+    half the work under a causal mask."""
     key_lo, key_hi = masks.visible_key_range(seqlen_q, seqlen_k, opts.window_left, opts.window_right)
+    tiles = []
     for start in range(key_lo, key_hi, BLOCK_N):
         end = min(start + BLOCK_N, key_hi)
         query_lo, query_hi = masks.visible_query_range(start, end, seqlen_q, seqlen_k, opts.window_left,
                                                        opts.window_right)
-        if query_lo < query_hi:
-            fully_visible = masks.block_fully_visible(query_lo, query_hi, start, end, seqlen_q, seqlen_k,
-                                                      opts.window_left, opts.window_right)
-            yield start, end, slice(query_lo, query_hi), fully_visible
+        for block in range(query_lo - query_lo % rows_per_block, query_hi, rows_per_block):
+            lo, hi = max(query_lo, block), min(query_hi, block + rows_per_block)
+            fully_visible = masks.block_fully_visible(lo, hi, start, end, seqlen_q, seqlen_k, opts.window_left,
+                                                      opts.window_right)
+            tiles.append(Tile(block, start, end, slice(lo, hi), fully_visible))
+    return tiles
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,10 +6,16 @@ backward is timed as ``torch.autograd.grad(out, (q, k, v), dout, retain_graph=Tr
 convention of every FlashAttention benchmark. FLOPs: 4 * B * H * Sq * Sk * D forward, halved when
 causal; backward = 2.5 x forward.
 
-A run writes ``benchmarks/results/<machine>-<mode>.json`` (``h200-dense.json``; modes ``dense``, ``varlen`` and
-``decode``), replacing the previous run of that mode on that kind of machine: the GPU name, versions, commit and date,
-then one row per provider and case. ``python benchmarks/report.py`` turns those files into BENCHMARKS.md. The table
-is printed; a provider that is missing or fails on a case is reported, not fatal.
+Times come from ``timing.time_call``, as the demo's do: repeated until settled, with their spread (on the CPU the
+interquartile range of the runs over their median; a time that never settled is marked). Peak memory: the forward's
+peak allocation above what was allocated before it, its output included, from the CUDA allocator's counters on a
+GPU and from torch.profiler's allocation events on the CPU (``demo.allocation_window``).
+
+A run writes ``<machine>-<mode>.json`` (``h200-dense.json``, ``cpu-dense.json``; modes ``dense``, ``varlen`` and
+``decode``) into ``--out``, the current directory unless given, replacing the previous run of that mode on that kind
+of machine there: the device, versions, commit and date, then one row per provider and case. The maintained runs
+write into ``benchmarks/results`` (``--out benchmarks/results``), from which ``python benchmarks/report.py`` builds
+BENCHMARKS.md. The table is printed; a provider that is missing or fails on a case is reported, not fatal.
 
 ``--varlen`` adds two packed providers on the same tokens (batch * seqlen): ``flashattn_varlen``
 (the batch packed, equal lengths: the cost of the varlen path against the dense one, same FLOPs) and
@@ -25,6 +31,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -35,10 +42,13 @@ import torch.nn.functional as F
 
 from .. import __version__
 from ..interface import flash_attn_func
+from ..validation import MAX_HEAD_DIM
 from ..varlen import flash_attn_varlen_func
 from .clocks import ClockMonitor
-from .demo import median_seconds
+from .demo import allocation_window, standard_attention
 from .results import RESULTS_FOLDER, machine_kind, write_results  # noqa: F401  (machine_kind: the bench's API)
+from .timing import Timing, time_call
+from .units import EXIT_USAGE, positive_int
 
 Runner = Callable[[], torch.Tensor]
 
@@ -64,6 +74,11 @@ class Measurement:
     case: BenchCase
     fwd_ms: float | None = None
     bwd_ms: float | None = None
+    # the runs' spread around the median (timing.Timing.spread) and whether they settled
+    fwd_spread: float | None = None
+    bwd_spread: float | None = None
+    fwd_settled: bool | None = None
+    bwd_settled: bool | None = None
     fwd_tflops: float | None = None
     bwd_tflops: float | None = None
     peak_extra_mib: float | None = None
@@ -98,27 +113,6 @@ def _sdpa(backend_name: str):
 
 def _flashattn(q, k, v, causal: bool) -> Runner:
     return lambda: flash_attn_func(q, k, v, causal=causal)
-
-
-def _naive(q, k, v, causal: bool) -> Runner:
-    """Standard attention as the FlashAttention paper's Algorithm 0 writes it: S = Q K^T, P = softmax(S),
-    O = P V, with S and P materialized in the input dtype. ``flashattn memory --measure`` and
-    ``flashattn io --measure`` compare it against their models, so it moves no more than they count."""
-
-    def run():
-        qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))
-        group = qh.shape[1] // kh.shape[1]
-        if group > 1:  # GQA: a copy of K and V per query head, O(N d); skipped when there is no group
-            kh, vh = kh.repeat_interleave(group, 1), vh.repeat_interleave(group, 1)
-        # The scale goes on q (an O(N d) pass) rather than on the scores (an extra N x N round trip)
-        scores = (qh * qh.shape[-1] ** -0.5) @ kh.transpose(-1, -2)
-        if causal:
-            sq, sk = scores.shape[-2:]
-            hidden = torch.ones(sq, sk, dtype=torch.bool, device=q.device).triu(sk - sq + 1)
-            scores.masked_fill_(hidden, float("-inf"))  # in place: no second N x N tensor
-        return (scores.softmax(-1) @ vh).transpose(1, 2)
-
-    return run
 
 
 def mixed_lengths(total: int, mean: int, seed: int = 0) -> list[int]:
@@ -178,7 +172,7 @@ PROVIDERS: dict[str, Callable] = {
     "sdpa_efficient": _sdpa("EFFICIENT_ATTENTION"),
     "sdpa_math": _sdpa("MATH"),
     "flex": _flex,
-    "naive": _naive,
+    "naive": standard_attention,
     "flashattn_varlen": _flashattn_varlen(mixed=False),
     "flashattn_varlen_mixed": _flashattn_varlen(mixed=True),
 }
@@ -187,7 +181,7 @@ VARLEN_PROVIDERS = ("flashattn_varlen", "flashattn_varlen_mixed")
 
 
 def _time_ms(fn: Callable[[], object], device: torch.device) -> float:
-    return median_seconds(fn, device) * 1e3
+    return time_call(fn, device).seconds * 1e3
 
 
 HOST_TIMING_MAX_MS = 2.0
@@ -227,22 +221,26 @@ def measure(provider: str, case: BenchCase, device: torch.device, modes: tuple[s
         k = torch.randn(shape_k, device=device, dtype=dtype, generator=generator, requires_grad=True)
         v = torch.randn(shape_k, device=device, dtype=dtype, generator=generator, requires_grad=True)
         fn = PROVIDERS[provider](q, k, v, case.causal)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
+        kept: dict[str, torch.Tensor] = {}
+
+        def forward() -> None:
+            kept["out"] = fn()
+
         with torch.no_grad():
-            out = fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-            result.peak_extra_mib = (torch.cuda.max_memory_allocated() - base) / 2**20
-        if reference_out is not None and getattr(fn, "comparable", True):
+            result.peak_extra_mib = allocation_window(forward, device).peak / 2**20
+        out = kept.pop("out")
+        if not getattr(fn, "comparable", True):
+            result.extra["not_compared"] = "computes another function"
+        elif reference_out is None:
+            result.extra["not_compared"] = "no flashattn output" if provider != "flashattn" else "the reference"
+        else:
             result.max_diff_vs_flashattn = (out.float() - reference_out.float()).abs().max().item()
         flops = getattr(fn, "forward_flops", None) or case.forward_flops()
         if "fwd" in modes:
             started = time.monotonic()
             with torch.no_grad():
-                result.fwd_ms = _time_ms(fn, device)
+                timing = time_call(fn, device)
+            result.fwd_ms, result.fwd_spread, result.fwd_settled = _timing_fields(timing)
             if clocks is not None:
                 result.fwd_sm_mhz, result.fwd_power_w = clocks.window(started, time.monotonic())
             result.fwd_tflops = flops / result.fwd_ms / 1e9
@@ -256,7 +254,7 @@ def measure(provider: str, case: BenchCase, device: torch.device, modes: tuple[s
                 return torch.autograd.grad(out_grad, (q, k, v), dout, retain_graph=True)
 
             started = time.monotonic()
-            result.bwd_ms = _time_ms(backward, device)
+            result.bwd_ms, result.bwd_spread, result.bwd_settled = _timing_fields(time_call(backward, device))
             if clocks is not None:
                 result.bwd_sm_mhz, result.bwd_power_w = clocks.window(started, time.monotonic())
             result.bwd_tflops = 2.5 * flops / result.bwd_ms / 1e9
@@ -269,6 +267,11 @@ def measure(provider: str, case: BenchCase, device: torch.device, modes: tuple[s
     finally:
         if device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _timing_fields(timing: Timing) -> tuple[float, float, bool]:
+    """A Timing as the results file keeps it: milliseconds, spread, settled."""
+    return timing.seconds * 1e3, timing.spread, timing.settled
 
 
 def anchor_grid(head_dims=(64, 128, 256), seqlens=(512, 1024, 2048, 4096, 8192, 16384),
@@ -309,14 +312,19 @@ def environment() -> dict:
     return info
 
 
-def measured_matmul_tflops(device: torch.device) -> float | None:
-    """The dense bf16 matmul ceiling of this GPU, measured (8192^3 on random data)."""
-    if device.type != "cuda":
-        return None
-    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+MATMUL_SIZES = {"cuda": 8192, "cpu": 1024}
+
+
+def measured_matmul_tflops(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> float:
+    """The dense matmul ceiling of this device, measured on random square matrices: 8192^3 in bf16 on a GPU,
+    1024^3 in the run's dtype on the CPU (where bf16 may have no fast path)."""
+    n = MATMUL_SIZES[device.type]
+    if device.type == "cuda":
+        dtype = torch.bfloat16
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
     ms = _time_ms(lambda: a @ b, device)
-    return 2 * 8192**3 / ms / 1e9
+    return 2 * n**3 / ms / 1e9
 
 
 def markdown_table(measurements: list[Measurement], providers: list[str]) -> str:
@@ -419,35 +427,89 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="decode mode: page sizes of the paged cases (a contiguous case always runs)")
     parser.add_argument("--providers", nargs="+", default=None, choices=list(PROVIDERS),
                         help="default: all on a GPU; flashattn, sdpa_math and naive on the CPU")
-    parser.add_argument("--head-dims", nargs="+", type=int, default=None)
-    parser.add_argument("--seqlens", nargs="+", type=int, default=None)
+    parser.add_argument("--head-dims", nargs="+", type=head_dim, default=None,
+                        help=f"between 1 and {MAX_HEAD_DIM} (default: 64 128 256 on a GPU, 64 on the CPU)")
+    parser.add_argument("--seqlens", nargs="+", type=positive_int, default=None)
     parser.add_argument("--causal", choices=("both", "yes", "no"), default="both")
     parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None)
-    parser.add_argument("--tokens", type=int, default=16384, help="batch * seqlen (default 16384)")
-    parser.add_argument("--hidden", type=int, default=2048, help="heads * headdim (default 2048)")
-    parser.add_argument("--gqa", type=int, default=1, help="query heads per kv head (default 1)")
+    parser.add_argument("--tokens", type=positive_int, default=16384, help="batch * seqlen (default 16384)")
+    parser.add_argument("--hidden", type=positive_int, default=2048, help="heads * headdim (default 2048)")
+    parser.add_argument("--gqa", type=positive_int, default=1, help="query heads per kv head (default 1)")
     parser.add_argument("--modes", nargs="+", choices=("fwd", "bwd"), default=["fwd", "bwd"])
     parser.add_argument("--varlen", action="store_true",
                         help="add the packed providers flashattn_varlen and flashattn_varlen_mixed")
-    parser.add_argument("--out", type=Path, default=RESULTS_FOLDER,
-                        help="folder of the results file <machine>-<mode>.json, which a run replaces "
-                             "(default benchmarks/results)")
+    parser.add_argument("--out", type=Path, default=Path("."),
+                        help="folder of the results file <machine>-<mode>.json, which a run replaces (default: "
+                             f"the current directory; the maintained runs pass {RESULTS_FOLDER})")
     parser.add_argument("--markdown", type=Path, default=None, help="also write the table to this file")
+    parser.add_argument("--threads", type=positive_int, default=None,
+                        help="torch CPU threads for the run (default: torch's; fewer is steadier on a busy machine)")
     parser.add_argument("--plot", type=Path, default=None,
                         help="also draw TFLOP/s against seqlen to this PNG (needs matplotlib)")
 
 
+def head_dim(text: str) -> int:
+    """An argparse type: a head dim flashattn takes, so that one it refuses is a usage error before any run."""
+    value = positive_int(text)
+    if value > MAX_HEAD_DIM:
+        raise argparse.ArgumentTypeError(f"head dim must be between 1 and {MAX_HEAD_DIM}, got {value}")
+    return value
+
+
+def format_rate(tflops: float | None) -> str:
+    """TFLOP/s with three significant digits below 100 (a CPU's 0.0412 is not 0.0)."""
+    if tflops is None:
+        return "n/a"
+    return f"{tflops:.0f}" if tflops >= 100 else f"{tflops:.3g}"
+
+
+def _timed(direction: str, ms: float | None, spread: float | None, settled: bool | None,
+           tflops: float | None) -> str:
+    if ms is None:
+        return f"{direction} not run"
+    timing = Timing(ms / 1e3, spread or 0.0, 0, settled is not False)
+    return f"{direction} {timing.describe()} {format_rate(tflops)} TFLOP/s"
+
+
 def _progress_line(m: Measurement) -> str:
-    """One measurement as the run prints it: rates, memory, the check, host time and SM clock where taken."""
+    """One measurement as the run prints it: times with their spread and rates, memory, the check against
+    flashattn, host time and SM clock where taken."""
     if m.error:
         return m.error
     host = f"  host {m.fwd_host_us or 0:.0f} / {m.bwd_host_us or 0:.0f} us" if m.fwd_host_us or m.bwd_host_us else ""
     clock = f"  clock {m.fwd_sm_mhz or 0:.0f} / {m.bwd_sm_mhz or 0:.0f} MHz" if m.fwd_sm_mhz or m.bwd_sm_mhz else ""
-    return (f"fwd {m.fwd_tflops or 0:6.1f}  bwd {m.bwd_tflops or 0:6.1f} TFLOP/s  mem {m.peak_extra_mib or 0:8.1f} MiB"
-            f"  diff {m.max_diff_vs_flashattn}{host}{clock}")
+    memory = "n/a" if m.peak_extra_mib is None else f"{m.peak_extra_mib:.3g} MiB"
+    if m.max_diff_vs_flashattn is not None:
+        diff = f"{m.max_diff_vs_flashattn:.2e}"
+    else:
+        diff = f"n/a ({m.extra.get('not_compared', 'not compared')})"
+    return (f"{_timed('fwd', m.fwd_ms, m.fwd_spread, m.fwd_settled, m.fwd_tflops)}  "
+            f"{_timed('bwd', m.bwd_ms, m.bwd_spread, m.bwd_settled, m.bwd_tflops)}  "
+            f"peak mem {memory}  diff {diff}{host}{clock}")
+
+
+def check_grid(grid: list[BenchCase], hidden: int, gqa: int) -> str | None:
+    """Why the grid cannot run (a usage error), or None."""
+    for case in grid:
+        if case.nheads < 1:
+            return f"argument --hidden: {hidden} is smaller than head dim {case.head_dim}: no head fits"
+        if case.nheads % gqa:
+            return f"argument --gqa: {gqa} must divide the {case.nheads} query heads of head dim {case.head_dim}"
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
+    """``flashattn bench``: the run, with torch's CPU threads set for it (and restored) when --threads is given."""
+    threads = torch.get_num_threads()
+    if getattr(args, "threads", None) is not None:
+        torch.set_num_threads(args.threads)
+    try:
+        return _run(args)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(args: argparse.Namespace) -> int:
     if getattr(args, "mode", "attention") == "decode":
         from . import bench_decode
 
@@ -469,13 +531,19 @@ def run(args: argparse.Namespace) -> int:
         grid = anchor_grid(tuple(args.head_dims or (64,)), tuple(args.seqlens or (256, 512, 1024)), causal,
                            tokens=min(args.tokens, 1024), hidden=min(args.hidden, 256),
                            dtype=args.dtype or "float32")
+    problem = check_grid(grid, args.hidden if on_gpu else min(args.hidden, 256), args.gqa)
+    if problem:
+        print(f"flashattn bench: error: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     if args.gqa > 1:
         grid = [BenchCase(c.batch, c.seqlen, c.nheads, c.head_dim, c.causal, c.dtype, c.nheads // args.gqa)
                 for c in grid]
     env = environment()
-    env["matmul_tflops"] = measured_matmul_tflops(device)
+    env["matmul_tflops"] = measured_matmul_tflops(device, getattr(torch, grid[0].dtype))
+    matmul = f"{MATMUL_SIZES[device.type]}^3 {grid[0].dtype if device.type == 'cpu' else 'bfloat16'}"
     print(f"# {env.get('device')}  torch {env['torch']}  triton {env['triton']}  commit {env['commit']}"
-          f"  matmul {env['matmul_tflops'] and round(env['matmul_tflops'])} TFLOP/s", flush=True)
+          f"  matmul ({matmul}) {format_rate(env['matmul_tflops'])} TFLOP/s"
+          f"  threads {torch.get_num_threads()}", flush=True)
     measurements: list[Measurement] = []
     modes = tuple(args.modes)
     mode = "varlen" if any(p in VARLEN_PROVIDERS for p in providers) else "dense"
@@ -497,7 +565,7 @@ def run(args: argparse.Namespace) -> int:
     path = write_results(args.out, env, mode, [asdict(m) for m in measurements])
     table = markdown_table(measurements, providers)
     print(table)
-    print(f"results: {path}")
+    print(f"results: {path.resolve()}")
     if args.markdown:
         args.markdown.write_text(table)
     if args.plot:

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from ..kvcache import flash_attn_with_kvcache
 from . import results
-from .demo import median_seconds
+from .timing import Timing, median_seconds, time_call
 
 Runner = Callable[[int], object]  # runs one decode step on cache copy i
 
@@ -52,6 +52,8 @@ class DecodeMeasurement:
     provider: str
     case: DecodeCase
     us: float | None = None
+    spread: float | None = None  # the runs' spread around the median (timing.Timing.spread)
+    settled: bool | None = None
     gbytes_per_s: float | None = None
     fraction_of_copy: float | None = None
     error: str | None = None
@@ -108,8 +110,9 @@ def make_inputs(case: DecodeCase, device: torch.device, copies: int, scatter_pag
 
 
 def flashattn_step(num_splits: int, append: bool = True) -> Callable[[DecodeInputs], Runner]:
-    """The decode step of flash_attn_with_kvcache on cache copy i, with this split count (0: automatic).
-    ``append=False``: the attention alone over the cache that already holds the new key (what SDPA runs)."""
+    """The default decode step of flash_attn_with_kvcache (indices recorded on the device, never waiting for it, so
+    that a CUDA graph holds it) on cache copy i, with this split count (0: automatic). ``append=False``: the attention
+    alone over the cache that already holds the new key (what SDPA runs)."""
 
     def build(inputs: DecodeInputs) -> Runner:
         k_new, v_new = (inputs.k_new, inputs.v_new) if append else (None, None)
@@ -118,7 +121,7 @@ def flashattn_step(num_splits: int, append: bool = True) -> Callable[[DecodeInpu
         def step(i: int):
             return flash_attn_with_kvcache(inputs.q, inputs.k_caches[i], inputs.v_caches[i], k_new, v_new,
                                            cache_seqlens=cache_seqlens, block_table=inputs.block_table,
-                                           num_splits=num_splits, check_indices=False)
+                                           num_splits=num_splits)
 
         return step
 
@@ -156,7 +159,7 @@ DECODE_PROVIDERS: dict[str, Callable[[DecodeInputs], Runner]] = {
 }
 
 
-def graph_seconds(step: Runner, copies: int, device: torch.device) -> float:
+def graph_timing(step: Runner, copies: int, device: torch.device) -> Timing:
     """Seconds per step, from a CUDA graph that runs the step over each cache copy in turn."""
     calls = max(copies, 8)
     stream = torch.cuda.Stream(device)
@@ -169,7 +172,13 @@ def graph_seconds(step: Runner, copies: int, device: torch.device) -> float:
     with torch.cuda.graph(graph):
         for i in range(calls):
             step(i % copies)
-    return median_seconds(graph.replay, device) / calls
+    timing = time_call(graph.replay, device)
+    return Timing(timing.seconds / calls, timing.spread, timing.runs, timing.settled)
+
+
+def graph_seconds(step: Runner, copies: int, device: torch.device) -> float:
+    """The seconds of :func:`graph_timing`."""
+    return graph_timing(step, copies, device).seconds
 
 
 def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30) -> float | None:
@@ -204,9 +213,11 @@ def measure_decode(provider: str, case: DecodeCase, device: torch.device, copy_b
         out = step(0)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-            seconds = graph_seconds(step, copies, device)
+            timing = graph_timing(step, copies, device)
         else:
-            seconds = median_seconds(lambda: step(0), device)
+            timing = time_call(lambda: step(0), device)
+        seconds = timing.seconds
+        result.spread, result.settled = timing.spread, timing.settled
         out = out.reshape(case.batch, case.nheads, case.head_dim) if out.dim() == 4 else out
         if reference is not None:
             result.extra["max_diff_vs_flashattn"] = (out.float() - reference.float()).abs().max().item()
@@ -297,13 +308,16 @@ def run(args: argparse.Namespace, env: dict) -> int:
             if provider == "flashattn":
                 reference = out
             measurements.append(m)
-            shown = m.error or f"{m.us:9.1f} us  {m.gbytes_per_s:7.1f} GB/s"
+            if m.error:
+                shown = m.error
+            else:
+                shown = f"{Timing(m.us / 1e6, m.spread, 0, m.settled).describe():>22}  {m.gbytes_per_s:7.1f} GB/s"
             layout = "contig" if case.page_size is None else f"page{case.page_size}"
             print(f"b={case.batch:<3} cache={case.cache_len:<7} {layout:<8} {provider:<18} {shown}", flush=True)
     table = markdown_table(measurements, env["copy_bytes_per_s"])
     path = write_results(args.out, env, measurements)
     print(table)
-    print(f"results: {path}")
+    print(f"results: {path.resolve()}")
     if args.markdown:
         args.markdown.write_text(table)
     return 0

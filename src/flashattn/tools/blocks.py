@@ -318,7 +318,7 @@ def _time_ms(fn: Callable[[], object]) -> float:
     """Median GPU milliseconds of ``fn``, timed as the bench times (warm-up included)."""
     import torch
 
-    from .demo import median_seconds
+    from .timing import median_seconds
 
     return median_seconds(fn, torch.device("cuda")) * 1e3
 

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import statistics
 import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -23,6 +21,7 @@ import torch
 from ..interface import flash_attn_func
 from ..reference import attention_ref
 from ..testing import error_bound, rounding_error
+from .timing import SPREAD_THRESHOLD, Timing, synchronize, time_call
 from .units import format_bytes
 
 GIB = 1024**3
@@ -30,8 +29,6 @@ GIB = 1024**3
 # scores, probabilities): used to decide whether it fits the memory budget.
 ORACLE_SCORE_COPIES = 4
 DEFAULT_ORACLE_BUDGET_BYTES = 2 * GIB
-# Two timing rounds agree when their medians differ by at most this fraction (see settled_median).
-SETTLED_TOLERANCE = 0.02
 
 DTYPE_NAMES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -82,10 +79,14 @@ class OracleSlice:
 class PathResult:
     """What one attention implementation cost at one sequence length; None where it could not run."""
 
-    seconds: float | None = None
+    timing: Timing | None = None
     extra_bytes: int | None = None
     out_of_memory: bool = False  # the call itself did not fit: no output, no time
     timing_out_of_memory: bool = False  # the call fit, but the timing harness's extra buffers did not
+
+    @property
+    def seconds(self) -> float | None:
+        return None if self.timing is None else self.timing.seconds
 
 
 @dataclass
@@ -182,74 +183,6 @@ def demo_settings(
 # ---------------------------------------------------------------------------------------------
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def median_seconds(fn: Callable[[], object], device: torch.device, min_repeats: int = 3,
-                   max_repeats: int = 10, budget_seconds: float = 0.5) -> float:
-    """Median wall time of fn after a warmup call; the median so that one slow outlier does not count.
-
-    On CUDA, triton's do_bench (CUDA events, cache flushed between calls) in rounds until two agree
-    (:func:`settled_median`) when triton is there, else CUDA events; on the CPU, perf_counter, repeating
-    until the time budget or max_repeats is used.
-    """
-    if device.type == "cuda":
-        try:
-            from triton.testing import do_bench
-        except ImportError:
-            return _median_seconds_cuda_events(fn, device, max_repeats)
-        # 250 ms of warm-up before the first round, not do_bench's usual 25: right after a compile
-        # (seconds with the GPU idle) the first case of a group measured at half speed on an H200
-        # (hdim-128 causal 512: 103 against 215 TFLOP/s in a later sweep of the same config)
-        return settled_median(
-            lambda round_index: do_bench(fn, warmup=250 if round_index == 0 else 25, rep=100,
-                                         return_mode="median") / 1e3)
-    fn()  # warmup: first-call costs (allocations, lazy imports) are not the steady state
-    timings: list[float] = []
-    started = time.perf_counter()
-    while len(timings) < min_repeats or (
-        len(timings) < max_repeats and time.perf_counter() - started < budget_seconds
-    ):
-        begin = time.perf_counter()
-        fn()
-        timings.append(time.perf_counter() - begin)
-    return statistics.median(timings)
-
-
-def settled_median(measure_round: Callable[[int], float], max_rounds: int = 5,
-                   tolerance: float = SETTLED_TOLERANCE) -> float:
-    """The faster of the first two consecutive rounds whose medians agree within ``tolerance``.
-
-    ``measure_round(i)`` returns round i's median. Short cases (hundreds of microseconds) moved by up to a
-    third between rounds on an H200 (hdim-128 causal 512: 142.5 and 187.9 TFLOP/s for one config in one
-    sweep), so a single round is not a measurement. Without agreement after ``max_rounds`` rounds, the
-    median of the rounds' medians.
-    """
-    medians = [measure_round(0)]
-    while len(medians) < max_rounds:
-        medians.append(measure_round(len(medians)))
-        previous, latest = medians[-2:]
-        if abs(latest - previous) <= tolerance * min(previous, latest):
-            return min(previous, latest)
-    return statistics.median(medians)
-
-
-def _median_seconds_cuda_events(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
-    fn()
-    _synchronize(device)
-    timings = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        timings.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(timings)
-
-
 @contextlib.contextmanager
 def _quiet_stderr() -> Iterator[None]:
     """Silence file descriptor 2 for a moment: the profiler's C++ side prints a line on every start
@@ -310,11 +243,11 @@ def allocation_window_cpu(fn: Callable[[], object]) -> AllocationWindow:
 def allocation_window_cuda(fn: Callable[[], object], device: torch.device) -> AllocationWindow:
     """The allocations of fn on a CUDA device, from the caching allocator's counters (bytes handed out
     to tensors, not what the allocator reserved from the driver)."""
-    _synchronize(device)
+    synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
     fn()
-    _synchronize(device)
+    synchronize(device)
     return AllocationWindow(torch.cuda.max_memory_allocated(device) - before,
                             torch.cuda.memory_allocated(device) - before)
 
@@ -375,13 +308,37 @@ def measure_path(
         free_cached_memory(device)
         return result, output
     try:
-        result.seconds = median_seconds(fn, device)
+        result.timing = time_call(fn, device)
     except (torch.cuda.OutOfMemoryError, RuntimeError) as error:
         if not is_out_of_memory(error):
             raise
         result.timing_out_of_memory = True
         free_cached_memory(device)
     return result, output
+
+
+def standard_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> Callable[[], torch.Tensor]:
+    """Standard attention as the FlashAttention paper's Algorithm 0 writes it: S = Q K^T, P = softmax(S),
+    O = P V, with S and P materialized in the input dtype; q, k, v in (batch, seqlen, heads, headdim), the
+    causal mask aligned to the bottom right. A zero-argument callable that runs it.
+
+    The demo's standard attention and the bench's ``naive`` provider; ``flashattn memory --measure`` and
+    ``flashattn io --measure`` compare it against their models, so it moves no more than they count."""
+
+    def run():
+        qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))
+        group = qh.shape[1] // kh.shape[1]
+        if group > 1:  # GQA: a copy of K and V per query head, O(N d); skipped when there is no group
+            kh, vh = kh.repeat_interleave(group, 1), vh.repeat_interleave(group, 1)
+        # The scale goes on q (an O(N d) pass) rather than on the scores (an extra N x N round trip)
+        scores = (qh * qh.shape[-1] ** -0.5) @ kh.transpose(-1, -2)
+        if causal:
+            sq, sk = scores.shape[-2:]
+            hidden = torch.ones(sq, sk, dtype=torch.bool, device=q.device).triu(sk - sq + 1)
+            scores.masked_fill_(hidden, float("-inf"))  # in place: no second N x N tensor
+        return (scores.softmax(-1) @ vh).transpose(1, 2)
+
+    return run
 
 
 def oracle_slice(settings: DemoSettings, seqlen: int, budget_bytes: int) -> OracleSlice | None:
@@ -404,6 +361,19 @@ def _describe_slice(part: OracleSlice, settings: DemoSettings, seqlen: int) -> s
     return f"float64 oracle on {pairs} of {total} (batch, head) pairs only"
 
 
+WARM_UP_SEQLEN = 16
+
+
+def warm_up(settings: DemoSettings) -> None:
+    """One small call of each path, unmeasured, so that what a first call sets up once for the process (the CPU
+    path's exp kernel, Triton's compiled kernels) is not counted against the first length."""
+    shape = (1, WARM_UP_SEQLEN, settings.heads, settings.headdim)
+    q = torch.randn(shape, device=settings.device, dtype=settings.dtype)
+    flash_attn_func(q, q, q, causal=settings.causal)
+    standard_attention(q, q, q, settings.causal)()
+    synchronize(settings.device)
+
+
 def measure_seqlen(settings: DemoSettings, seqlen: int, oracle_budget_bytes: int, seed: int = 0) -> DemoRow:
     """All the numbers of one table row: memory and time of both paths, then both errors."""
     device, dtype = settings.device, settings.dtype
@@ -415,8 +385,7 @@ def measure_seqlen(settings: DemoSettings, seqlen: int, oracle_budget_bytes: int
     def run_flash() -> torch.Tensor:
         return flash_attn_func(q, k, v, causal=causal)
 
-    def run_standard() -> torch.Tensor:
-        return attention_ref(q, k, v, causal=causal, upcast=False)[0]
+    run_standard = standard_attention(q, k, v, causal)
 
     flash, flash_out = measure_path(run_flash, device)
     standard, standard_out = measure_path(run_standard, device)
@@ -444,7 +413,7 @@ def measure_seqlen(settings: DemoSettings, seqlen: int, oracle_budget_bytes: int
         row.flash_error = (part.of(flash_out).double() - oracle).abs().max().item()
     if standard_out is None:  # standard attention ran out of memory: its error on the slice alone
         with contextlib.suppress(torch.cuda.OutOfMemoryError):
-            standard_out = attention_ref(q_part, k_part, v_part, causal=causal, upcast=False)[0]
+            standard_out = standard_attention(q_part, k_part, v_part, causal)()
             row.standard_error = (standard_out.double() - oracle).abs().max().item()
     else:
         row.standard_error = (part.of(standard_out).double() - oracle).abs().max().item()
@@ -475,14 +444,10 @@ def standard_model_bytes(settings: DemoSettings, seqlen: int) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-def format_seconds(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 1e-3:
-        return f"{seconds * 1e6:.0f} us"
-    if seconds < 1.0:
-        return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds:.2f} s"
+def _spread_meaning(device: torch.device) -> str:
+    if device.type == "cuda":
+        return "the gap between the two agreeing rounds of triton's do_bench"
+    return "the runs' interquartile range over their median (torch.utils.benchmark's adaptive_autorange)"
 
 
 def format_error(error: float | None) -> str:
@@ -500,7 +465,16 @@ def _path_memory(path: PathResult) -> str:
 
 
 def _path_time(path: PathResult) -> str:
-    return "OOM" if path.out_of_memory or path.timing_out_of_memory else format_seconds(path.seconds)
+    if path.out_of_memory or path.timing_out_of_memory:
+        return "OOM"
+    return "-" if path.timing is None else path.timing.describe()
+
+
+def _speedup(flash: PathResult, standard: PathResult) -> str:
+    """Standard's time over flashattn's, marked '?' when either time did not settle."""
+    ratio = format_ratio(standard.seconds, flash.seconds)
+    unsettled = any(path.timing is not None and not path.timing.settled for path in (flash, standard))
+    return f"{ratio}?" if unsettled and ratio != "-" else ratio
 
 
 def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]],
@@ -547,7 +521,7 @@ def _results_table(settings: DemoSettings, rows: Sequence[DemoRow]) -> None:
                "speedup", "mem flash", "mem standard"]
     table_rows = []
     for row in rows:
-        speedup = format_ratio(row.standard.seconds, row.flash.seconds)
+        speedup = _speedup(row.flash, row.standard)
         table_rows.append([
             str(row.seqlen), format_error(row.flash_error), format_error(row.standard_error),
             format_error(row.tolerance), row.verdict, _path_time(row.flash), _path_time(row.standard),
@@ -556,8 +530,14 @@ def _results_table(settings: DemoSettings, rows: Sequence[DemoRow]) -> None:
     notes = [
         "err: max |out - float64 oracle|; exact: PASS when err flash <= 2 * err standard + eps,",
         "     eps = 2 * max rounding error of the oracle cast to the dtype.",
-        "time: median; mem: peak extra memory of the call, measured (output included).",
+        "standard: S = Q K^T, P = softmax(S), O = P V in the dtype (the bench's naive provider).",
+        "time: median of runs repeated until their spread settles (as `flashattn bench` times), ± the spread:",
+        f"      {_spread_meaning(settings.device)};",
+        f"      'unsettled': the spread never came within {SPREAD_THRESHOLD:.0%}; '?': a speedup from such a time.",
     ]
+    if any(path.timing is not None and not path.timing.settled for row in rows for path in (row.flash, row.standard)):
+        notes.append("      unsettled times come from a busy machine: fewer CPU threads (--threads 1) are steadier.")
+    notes.append("mem: peak extra memory of the call, measured (output included).")
     notes += [f"seqlen {row.seqlen}: {row.oracle_note}" for row in rows if row.oracle_note]
     shape = f"batch {settings.batch}, {settings.heads} heads, headdim {settings.headdim}"
     dtype_name = str(settings.dtype).removeprefix("torch.")
@@ -601,9 +581,22 @@ def _growth_table(settings: DemoSettings, rows: Sequence[DemoRow]) -> None:
         "        doubling N doubles flash and quadruples standard.",
     ]
     if settings.device.type == "cpu":
-        notes.append("flashattn's CPU path also holds one (B, H, N, 128) float32 score block at a time: "
-                     "still O(N).")
+        notes += cpu_working_set_notes(settings)
     print_table("Extra memory: O(N) vs O(N^2)", headers, table_rows, notes)
+
+
+def cpu_working_set_notes(settings: DemoSettings) -> list[str]:
+    """What the CPU path holds besides the model's O(N): a working set of tiles, constant from BLOCK_M queries on."""
+    from .. import cpu
+
+    rows = cpu.block_m(settings.batch, settings.heads)
+    tile = settings.batch * settings.heads * rows * cpu.BLOCK_N * 4
+    return [
+        f"flashattn's CPU path also holds a working set of a few float32 tiles, (B, H, {rows}, {cpu.BLOCK_N}) "
+        f"scores ({format_bytes(tile)} each) and (B, H, {rows}, D) rows:",
+        f"        it grows with N up to {rows} queries and stays the same from there, so the measured growth",
+        "        falls below N's; at short lengths it can exceed standard attention's N x N matrices.",
+    ]
 
 
 def _verdict(rows: Sequence[DemoRow]) -> str:
@@ -659,6 +652,7 @@ def run_demo(
         if threads is not None:
             torch.set_num_threads(threads)
         with torch.no_grad():
+            warm_up(settings)
             for seqlen in settings.seqlens:
                 rows.append(measure_seqlen(settings, seqlen, oracle_budget_bytes, seed))
                 free_cached_memory(settings.device)

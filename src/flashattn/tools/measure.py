@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .. import backend
+from .. import backend, cpu
 from . import memory
 from .demo import allocation_window, free_cached_memory, is_out_of_memory
 from .memory import ModelConfig, attention_memory, canonical_dtype
@@ -251,7 +251,7 @@ def check_cpu_budget(config: ModelConfig, batch: int, seqlens: Sequence[int], dt
                 "may kill the process rather than raise): give smaller --seqlens, or measure on a GPU")
 
 
-def memory_notes(config: ModelConfig, device: torch.device) -> list[str]:
+def memory_notes(config: ModelConfig, device: torch.device, batch: int = 1) -> list[str]:
     notes = [
         "model: `flashattn memory`'s extra memory of one layer: standard = S + P, flashattn = float32 "
         "log-sum-exp",
@@ -265,9 +265,17 @@ def memory_notes(config: ModelConfig, device: torch.device) -> list[str]:
     if config.kv_heads != config.heads:
         notes.append("GQA: standard attention also copies K and V once per query head (O(N d), not in the model)")
     if device.type == "cpu":
-        notes.append("cpu: allocations from torch.profiler's memory events; flashattn runs its blocked PyTorch "
-                     "path, which also holds one (batch, heads, seqlen, 128) float32 score block (the model "
-                     "describes the GPU kernels)")
+        rows = cpu.block_m(batch, config.heads)
+        tile = batch * config.heads * rows * cpu.BLOCK_N * 4
+        notes += [
+            "cpu: allocations from torch.profiler's memory events; flashattn runs its blocked PyTorch path (the "
+            "model describes the GPU kernels, whose tiles stay on chip)",
+            f"cpu: flashattn's measured memory adds the path's working set, a few float32 tiles of {rows} queries "
+            f"((batch, heads, {rows}, {cpu.BLOCK_N}) scores, {format_bytes(tile)} each, and (batch, heads, {rows}, "
+            "head dim) rows): it grows with seqlen up to that many queries and is constant beyond, so it dominates "
+            "at short lengths (where it can exceed standard attention's S and P) and fades behind them at long "
+            "ones; the backward also accumulates dq in float32 (q's size) when q is 16-bit",
+        ]
     return notes
 
 
@@ -339,7 +347,7 @@ def run_memory_measure(config: ModelConfig, seqlens: Sequence[int], args: argpar
     cells: list[MemoryCell] = []
     for seqlen in seqlens:
         cells += measure_layer_memory(config, args.batch, seqlen, args.dtype, device)
-    notes = memory_notes(config, device)
+    notes = memory_notes(config, device, args.batch)
     if args.json:
         print(json.dumps(memory_to_json(config, args.batch, args.dtype, label, cells, notes), indent=2))
     else:

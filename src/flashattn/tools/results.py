@@ -1,5 +1,6 @@
-"""Where benchmark results go: one file per machine kind and mode in ``benchmarks/results/``, replaced by the mode's
-next run (``benchmarks/report.py`` builds BENCHMARKS.md from them)."""
+"""Benchmark results files: one per machine kind and mode in the folder a run is given (``flashattn bench --out``,
+the current directory unless given), replaced by the mode's next run there. The maintained runs keep theirs in
+``RESULTS_FOLDER``, from which ``benchmarks/report.py`` builds BENCHMARKS.md."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import os
 import re
 from pathlib import Path
 
-RESULTS_FOLDER = Path("benchmarks/results")
+RESULTS_FOLDER = Path("benchmarks/results")  # the maintained runs' folder, relative to the repository root
 VENDOR_WORDS = {"nvidia", "geforce", "tesla", "quadro", "amd", "instinct", "radeon"}
 
 
