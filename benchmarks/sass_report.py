@@ -311,11 +311,11 @@ def hopper_decode_report(head_dim: int, block_n: int, num_stages: int, new_keys:
     signature = dict(q_desc=_bf16_descriptor(query_rows or 64, head_dim), k_desc=kv_desc, v_desc=kv_desc,
                      kn_desc=kv_desc, vn_desc=kv_desc, Out="*fp32", Lse="*fp32", CacheSeqlens="*i32",
                      KCache="*bf16", VCache="*bf16", KNew="*bf16", VNew="*bf16", BlockTable="*i32",
-                     stride_os="i32", stride_ob="i32", stride_oh="i32", stride_ls="i32", stride_lb="i32",
+                     Faults="*i32", stride_os="i32", stride_ob="i32", stride_oh="i32", stride_ls="i32", stride_lb="i32",
                      stride_lh="i32", stride_kcn="i32", stride_kch="i32", stride_knb="i32", stride_knn="i32",
                      stride_knh="i32", stride_btb="i32", nheads="i32", nheads_k="i32", capacity="i32",
                      num_splits="i32", seqlen_new="i32", extra_keys="i32", page_size="i32", num_pages="i32",
-                     qk_scale_log2="fp32")
+                     record_faults="i32", qk_scale_log2="fp32")
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_STAGES=num_stages,
                       LOADER_REGISTERS=configs.HOPPER_LOADER_REGISTERS, NEW_KEYS=new_keys, PAGED=paged,
                       QUERY_ROWS=query_rows, CONSUMERS=consumers,
