@@ -62,7 +62,7 @@ def test_varlen_providers_on_the_same_tokens(tmp_path):
     assert bench.main(["--seqlens", "64", "--causal", "yes", "--modes", "fwd", "--providers", "flashattn",
                        "--varlen", "--out", str(tmp_path)]) == 0
     (results_path,) = tmp_path.glob("*.json")
-    assert results_path.name == "cpu-varlen.json"
+    assert results_path.name == f"{bench.machine_kind(bench.environment())}-varlen.json"
     rows = {r["provider"]: r for r in json.loads(results_path.read_text())["results"]}
     assert rows["flashattn_varlen"]["max_diff_vs_flashattn"] < 1e-5  # the dense batch, packed
     assert rows["flashattn_varlen_mixed"]["error"] is None

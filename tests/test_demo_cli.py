@@ -158,7 +158,7 @@ def test_cpu_timing_repeats_the_call_and_keeps_its_spread():
 
     measured = timing.time_call(sleep_2ms, torch.device("cpu"))
     assert 0.002 <= measured.seconds < 0.05
-    assert measured.runs >= 4 and len(calls) > measured.runs  # a warm-up and the block-size estimate too
+    assert measured.runs >= 3 and len(calls) > measured.runs  # a warm-up and the block-size estimate too
     assert measured.spread >= 0 and "±" in measured.describe()
 
 
