@@ -1,4 +1,4 @@
-"""``flashattn io --measure`` (``flashattn.iomeasure``): ncu's CSV, one ncu run per pass, the fallback to
+"""``flashattn io --measure`` (``flashattn.tools.iomeasure``): ncu's CSV, one ncu run per pass, the fallback to
 torch.profiler, and the command line; on the CPU with canned ncu output and a fake ncu.
 
 The fixtures in tests/data are ncu's details-page CSV for batch 1, seqlen 1024, 4 heads, head dim 64,
@@ -139,7 +139,7 @@ def test_profile_command_profiles_between_profiler_start_and_stop(tmp_path):
     assert command[command.index("--profile-from-start") + 1] == "off"
     assert not any("nvtx" in arg for arg in command)
     child = command[command.index(sys.executable):]
-    assert child[1:4] == ["-m", "flashattn.iomeasure", "--child"]
+    assert child[1:4] == ["-m", "flashattn.tools.iomeasure", "--child"]
     assert LayerShape(**json.loads(child[4])) == SHAPE
     assert child[5:] == ["--pass", "flashattn:backward"]
 

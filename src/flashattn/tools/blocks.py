@@ -578,7 +578,7 @@ def to_json(shape: Shape, rows: list[Row], device: str, sms: int, smem_limit: in
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m flashattn.blocks``: the same as ``flashattn blocks``."""
+    """``python -m flashattn.tools.blocks``: the same as ``flashattn blocks``."""
     parser = argparse.ArgumentParser(prog="flashattn blocks", description=__doc__.splitlines()[0])
     add_arguments(parser)
     return run(parser.parse_args(argv))

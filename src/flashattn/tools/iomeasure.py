@@ -3,7 +3,7 @@
 Two ways, the first that works:
 
 1. **Nsight Compute** (``ncu``, found on PATH or in /usr/local/cuda/bin), one run per pass. ncu starts
-   a child process (``python -m flashattn.iomeasure --child SPEC --pass IMPLEMENTATION:DIRECTION``)
+   a child process (``python -m flashattn.tools.iomeasure --child SPEC --pass IMPLEMENTATION:DIRECTION``)
    with profiling off (``--profile-from-start off``). The child warms the implementation up (a forward
    and a backward, unprofiled: the Triton kernels compile, cuBLAS picks its algorithms), then calls
    ``torch.cuda.profiler.start()`` right before the measured call and ``torch.cuda.synchronize();
@@ -209,7 +209,7 @@ def find_ncu(explicit: str | None = None) -> str | None:
 
 
 def child_command(shape, phase: tuple[str, str]) -> list[str]:
-    return [sys.executable, "-m", "flashattn.iomeasure", "--child", json.dumps(asdict(shape)),
+    return [sys.executable, "-m", "flashattn.tools.iomeasure", "--child", json.dumps(asdict(shape)),
             "--pass", phase_argument(phase)]
 
 
@@ -697,7 +697,7 @@ def run_measure(args: argparse.Namespace, model: IoReport) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flashattn.iomeasure",
+    parser = argparse.ArgumentParser(prog="python -m flashattn.tools.iomeasure",
                                      description="the process `flashattn io --measure` runs under ncu")
     parser.add_argument("--child", required=True, metavar="SPEC", help="the shape, as measure.LayerShape's JSON")
     parser.add_argument("--pass", required=True, dest="phase", metavar="IMPLEMENTATION:DIRECTION",

@@ -785,7 +785,7 @@ def run(args: argparse.Namespace, measure=None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m flashattn.iomodel``: the same as ``flashattn io`` until the CLI registers it."""
+    """``python -m flashattn.tools.iomodel``: the same as ``flashattn io`` until the CLI registers it."""
     parser = argparse.ArgumentParser(prog="flashattn io", description=__doc__.splitlines()[0])
     add_arguments(parser)
     return run(parser.parse_args(argv))
