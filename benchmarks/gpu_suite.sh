@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# The test suite on a GPU machine, whole or in parts, and the benchmarks.
+# The test suite on a GPU machine (one H200, 16 cores), and the benchmarks.
+#     SKIP_BENCH=1 bash benchmarks/gpu_suite.sh     # every test, in one call of under 10 minutes
 #     bash benchmarks/gpu_suite.sh                  # every test, then the benchmarks (dense, varlen, decode)
 #     SHARD=1 bash benchmarks/gpu_suite.sh ... SHARD=5   # one fifth of the tests, no benchmark
-# A part fits a 10-minute job with the kernels compiled from scratch: each is a fifth of every test file
-# (tests/conftest.py: FLASHATTN_TEST_SHARD, split by a hash of the test id), so the slow kernel files spread
-# evenly. TESTS picks test files or folders (default tests); WORKERS the pytest workers. test_transformers needs
-# transformers: wheels under .wheels/ are installed to /tmp/hf. The Nsight Compute tests profile the GPU and run
-# alone, after the whole run or part 5's.
+# The tests run in WORKERS (default 12) pytest-xdist workers that share the GPU, compiling kernels on the other
+# cores into one Triton cache; --dist loadgroup keeps each xdist_group on one worker, so the tests that take tens of
+# GB of GPU memory (float32 references of long sequences: tests/cases.py, GPU_MEMORY_GROUP) run one at a time, and a
+# phase's sm90 compiles run once (tests/test_sm90_compile.py). SHARD splits the run by a hash of the test id
+# (tests/conftest.py: FLASHATTN_TEST_SHARD), each part a fifth of every test file. TESTS picks test files or folders
+# (default tests). test_transformers needs transformers: wheels under .wheels/ are installed to /tmp/hf. The Nsight
+# Compute tests profile the GPU and run alone, after the whole run or part 5's.
 # The benchmarks write benchmarks/results/<gpu>-<mode>.json (BENCH_OUT: another folder; SKIP_BENCH=1: none);
 # `python benchmarks/report.py` then regenerates BENCHMARKS.md and the README's summary from them.
 # Logs go to $OUT (default gpu-out): suite[-<part>].log, bench-<mode>.log; failures and pytest's summary last.
@@ -26,15 +29,17 @@ if ls .wheels/*.whl > /dev/null 2>&1; then
   pip install -q --no-index --no-deps --target /tmp/hf $(ls .wheels/*.whl | grep -v numpy) > /dev/null 2>&1
   export PYTHONPATH=$PYTHONPATH:/tmp/hf
 fi
-timeout -s INT "${SUITE_TIMEOUT:-530}" python3 -m pytest $TESTS -n "${WORKERS:-14}" -q -p no:cacheprovider \
-  -k "not test_gpu_ncu" --durations=15 > "$LOG" 2>&1
+start=$SECONDS
+timeout -s INT "${SUITE_TIMEOUT:-450}" python3 -m pytest $TESTS -n "${WORKERS:-12}" --dist loadgroup -q \
+  -p no:cacheprovider -k "not test_gpu_ncu" --durations=25 > "$LOG" 2>&1
 echo "pytest exit $?" >> "$LOG"
 if [ "$SHARD" = "" ] || [ "$SHARD" = "$PARTS" ]; then
   timeout 120 python3 -m pytest tests/test_iomeasure.py -k test_gpu_ncu -q -p no:cacheprovider >> "$LOG" 2>&1
   echo "ncu tests exit $?" >> "$LOG"
 fi
+echo "tests: $((SECONDS - start)) s" >> "$LOG"
 grep -E "^(FAILED|ERROR)" "$LOG" | head -30
-grep -E "passed|failed|exit" "$LOG" | tail -4
+grep -E "passed|failed|exit|^tests:" "$LOG" | tail -5
 
 if [ "$SHARD" = "" ] && [ "${SKIP_BENCH:-0}" != 1 ]; then
   BENCH_OUT=${BENCH_OUT:-benchmarks/results}

@@ -1,5 +1,6 @@
 """The grids of shapes and options the correctness tests walk."""
 
+import pytest
 import torch
 
 from flashattn.testing import Case, VarlenCase
@@ -17,6 +18,35 @@ OPTIONS = {
     "causal-alibi-softcap": {"causal": True, "alibi_slopes": "per-batch-head", "softcap": 4.0},
     "window-dropout-scale": {"window_size": (6, 0), "dropout_p": 0.3, "softmax_scale": 0.3},
 }
+
+
+def covering(first: list, second: list, *others: list) -> list[tuple]:
+    """A pairwise covering grid in place of the cartesian product: every (first, second) pair once, and each
+    further axis taking turns so that each of its entries meets every ``first`` and every ``second`` entry.
+
+    The k-th further axis (k = 1, 2, ...) takes its entry (i + k * j) mod its length at the i-th ``first`` and
+    j-th ``second`` entry; the assert checks the pairs. Under the interpreter each case costs seconds, and the
+    kernels' branches (constexprs) follow each option, dtype and head dim, not their product: a case per pair
+    exercises every branch, and every interaction of two parameters, without the near-identical combinations.
+    """
+    rows = [(a, b, *(axis[(i + k * j) % len(axis)] for k, axis in enumerate(others, start=1)))
+            for i, a in enumerate(first) for j, b in enumerate(second)]
+    axes = [first, second, *others]
+    for x, y in [(0, 1)] + [(z, w) for w in range(2, len(axes)) for z in (0, 1)]:
+        met = {(axes[x].index(row[x]), axes[y].index(row[y])) for row in rows}
+        assert len(met) == len(axes[x]) * len(axes[y]), f"axes {x} and {y}: {len(met)} pairs met"
+    return rows
+
+
+# pytest-xdist group of the GPU tests whose float64 references take tens of GB: run with --dist loadgroup, they take
+# turns on one worker while the other workers share the rest of the GPU (benchmarks/gpu_suite.sh)
+GPU_MEMORY_GROUP = "gpu-memory"
+
+
+def one_at_a_time(rows: list[tuple], heavy) -> list:
+    """``rows`` as pytest parameters, those for which ``heavy(*row)`` holds in the xdist group GPU_MEMORY_GROUP."""
+    return [pytest.param(*row, marks=pytest.mark.xdist_group(GPU_MEMORY_GROUP)) if heavy(*row) else row
+            for row in rows]
 
 
 def has_tma(device) -> bool:

@@ -16,6 +16,11 @@ HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# pytest-xdist workers share the cores: each takes its share of torch's threads, since more threads than cores spin
+# in OpenMP's barriers and slow every worker (-n 2 on 2 cores: the torch path's tests ran 3x slower with 2 threads each)
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 try:
     import triton  # noqa: F401
 
@@ -76,6 +81,13 @@ def triton_backend(monkeypatch):
 def torch_backend(monkeypatch):
     monkeypatch.setenv("FLASHATTN_BACKEND", "torch")
     return "cpu"
+
+
+@pytest.fixture(autouse=True)
+def seeded_by_test_id(request):
+    """Each test's random inputs from a seed of its id: the same on any pytest-xdist worker and in any order, so that
+    a failure repeats when the test runs alone."""
+    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
 
 
 @pytest.fixture(autouse=True)

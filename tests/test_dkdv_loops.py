@@ -30,7 +30,11 @@ FORMS = {
 }
 # BLOCK_N != BLOCK_M, so that a tile built the wrong way round fails to compile or to match
 INTERPRETER_TILE = configs.TileConfig(16, 32, 1, 1)
-OPTION_NAMES = ["plain", "causal", "window", "dropout", "causal-alibi-softcap", "window-dropout-scale"]
+# the options whose branches the forms change: none (the unmasked loop), causal with ALiBi and softcap (the diagonal,
+# peeled or not; scores built along key rows), and a window with dropout and a scale (both window bounds, which turn
+# peeling off; the dropout mask along key rows). Causal alone, a window alone and dropout alone take a subset of
+# these branches (cases.OPTIONS), so they would repeat the same kernels' code
+OPTION_NAMES = ["plain", "causal-alibi-softcap", "window-dropout-scale"]
 
 
 def force(stack: ExitStack, form: str, device: str, dtype: torch.dtype, head_dim: int, attn_mask: bool = False):

@@ -6,26 +6,28 @@ the same tests run on CUDA, and the ``gpu``-marked ones add the large shapes.
 
 import pytest
 import torch
-from cases import DTYPES, GPU_SHAPES, INTERPRETER_SHAPES, OPTIONS, has_tma, make_case
+from cases import DTYPES, GPU_SHAPES, INTERPRETER_SHAPES, OPTIONS, covering, has_tma, make_case, one_at_a_time
 
 from flashattn import flash_attn_func
 from flashattn.configs import TileConfig, use_config
 from flashattn.testing import check_against_reference
 
 
+# Pairwise, not the cartesian product (cases.covering): each option on every shape (head dims padded to 64, 128
+# and 256, one query, ragged blocks, GQA) and in every dtype (the float32 compensated sums, fp16, bf16 upcast dots)
 @pytest.mark.interpreter
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("option_name", list(OPTIONS))
-@pytest.mark.parametrize("shape", INTERPRETER_SHAPES, ids=str)
+@pytest.mark.parametrize("shape,option_name,dtype", covering(INTERPRETER_SHAPES, list(OPTIONS), DTYPES), ids=str)
 def test_kernels_match_reference(triton_backend, shape, option_name, dtype):
     case = make_case(shape, option_name, triton_backend)
     check_against_reference(case, dtype, triton_backend, flash_attn_func)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("option_name", list(OPTIONS))
-@pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
+# float32 over 2^25 scores and more: references of several GB, one at a time
+@pytest.mark.parametrize("shape,option_name,dtype", one_at_a_time(
+    covering(GPU_SHAPES, list(OPTIONS), DTYPES),
+    lambda shape, option_name, dtype: dtype == torch.float32 and shape[0] * shape[1] * shape[2] * shape[3] >= 1 << 25),
+    ids=str)
 def test_kernels_match_reference_large(triton_backend, shape, option_name, dtype):
     case = make_case(shape, option_name, "cuda")
     check_against_reference(case, dtype, "cuda", flash_attn_func)
@@ -36,9 +38,9 @@ def test_kernels_match_reference_large(triton_backend, shape, option_name, dtype
 # loads and stores (zero fill past the edges, dropped stores), which checks the kernel's indexing and
 # edge handling without a GPU; on the GPU the same tests compile it with tiles the hardware takes.
 @pytest.mark.interpreter
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
-@pytest.mark.parametrize("option_name", ["plain", "causal", "window", "dropout", "causal-alibi-softcap"])
-@pytest.mark.parametrize("shape", INTERPRETER_SHAPES[1:3], ids=str)
+@pytest.mark.parametrize("option_name,shape,dtype", covering(
+    ["plain", "causal", "window", "dropout", "causal-alibi-softcap"], INTERPRETER_SHAPES[1:3],
+    [torch.float32, torch.float16]), ids=str)
 def test_tma_forward_matches_reference(triton_backend, shape, option_name, dtype):
     if not has_tma(triton_backend):
         pytest.skip("TMA needs sm90 or newer")

@@ -11,6 +11,7 @@ from contextlib import ExitStack
 import pytest
 import torch
 import torch.nn.functional as F
+from cases import covering
 from test_sdpa import check_sdpa, sdpa_inputs
 
 from flashattn import configs, scaled_dot_product_attention
@@ -198,9 +199,10 @@ def compute_every_tile(monkeypatch) -> None:
 SHAPES = [(2, 2, 1, 45, 70, 16), (2, 2, 2, 70, 45, 24)]  # (batch, heads, heads_k, Lq, Lk, E)
 
 
+# Each kind once, the shapes taking turns (GQA or not, more queries or more keys): a kind is mask data and a
+# stride pattern, and the kernels' branches are bool or float, with or without a gradient, which several kinds share
 @pytest.mark.interpreter
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("shape,kind", [(SHAPES[i % len(SHAPES)], kind) for i, kind in enumerate(KINDS)], ids=str)
 def test_masks_with_hidden_tiles_match_torch(triton_backend, shape, kind):
     batch, nheads, nheads_k, seqlen_q, seqlen_k, _ = shape
     inputs = sdpa_inputs(*shape, torch.float32, triton_backend)
@@ -208,10 +210,11 @@ def test_masks_with_hidden_tiles_match_torch(triton_backend, shape, kind):
     check_sdpa(*inputs, mask, enable_gqa=nheads != nheads_k)
 
 
+# Pairwise (cases.covering): each kind with and without is_causal and in both dtypes
 @pytest.mark.interpreter
-@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
-@pytest.mark.parametrize("kind", ["block-diagonal", "left-padding", "empty-rows", "float-documents-grad"])
+@pytest.mark.parametrize("kind,is_causal,dtype", covering(
+    ["block-diagonal", "left-padding", "empty-rows", "float-documents-grad"], [False, True],
+    [torch.float32, torch.float16]), ids=str)
 def test_mixed_tiles_and_causal(triton_backend, kind, dtype, is_causal):
     """Each kernel its own tile (one summary reduced per kernel), with and without is_causal's window."""
     shape = (2, 2, 1, 45, 70, 16) if is_causal else (2, 2, 1, 70, 45, 16)
@@ -346,11 +349,9 @@ GPU_SHAPES = [(2, 8, 2, 1023, 1024, 128), (1, 4, 4, 257, 2049, 64), (2, 4, 1, 20
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
+# Pairwise (cases.covering): each kind on each shape; is_causal and the dtypes take turns
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
+@pytest.mark.parametrize("kind,shape,is_causal,dtype", covering(KINDS, GPU_SHAPES, [False, True], DTYPES), ids=str)
 def test_masks_with_hidden_tiles_large(triton_backend, shape, kind, is_causal, dtype):
     batch, nheads, nheads_k, seqlen_q, seqlen_k, _ = shape
     inputs = sdpa_inputs(*shape, dtype, "cuda")

@@ -5,9 +5,12 @@ The baseline that sets the tolerance is plain PyTorch in the input precision (``
 kernels (the interpreter without a GPU); the ``gpu`` grid adds large shapes.
 """
 
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
+from cases import covering
 
 from flashattn import scaled_dot_product_attention
 from flashattn.launch import common
@@ -121,10 +124,9 @@ CPU_MASKS = ["none", "bool-2d", "bool-batch", "bool-padding", "float-heads", "fl
              "float32-full-grad", "float-keys-grad"]
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("mask_kind", CPU_MASKS)
-@pytest.mark.parametrize("shape", CPU_SHAPES, ids=str)
+# Pairwise (cases.covering): each mask on every shape, with and without is_causal, in every dtype
+@pytest.mark.parametrize("mask_kind,shape,is_causal,dtype", covering(CPU_MASKS, CPU_SHAPES, [False, True], DTYPES),
+                         ids=str)
 def test_cpu_path_matches_torch(torch_backend, shape, mask_kind, is_causal, dtype):
     batch, nheads, nheads_k, seqlen_q, seqlen_k, head_dim = shape
     inputs = sdpa_inputs(*shape, dtype, torch_backend)
@@ -136,11 +138,12 @@ INTERPRETER_SHAPES = [(1, 2, 1, 21, 37, 40), (2, 2, 2, 37, 21, 24)]
 INTERPRETER_MASKS = ["none", "bool-batch", "bool-padding", "float-heads", "float-2d-grad", "float32-full-grad"]
 
 
+# Pairwise (cases.covering): each mask on both shapes with and without is_causal, the dtypes taking turns
 @pytest.mark.interpreter
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
-@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("mask_kind", INTERPRETER_MASKS)
-@pytest.mark.parametrize("shape", INTERPRETER_SHAPES, ids=str)
+@pytest.mark.parametrize("shape,mask_kind,is_causal,dtype", [
+    (shape, mask_kind, is_causal, dtype) for mask_kind, (shape, is_causal), dtype in covering(
+        INTERPRETER_MASKS, list(itertools.product(INTERPRETER_SHAPES, [False, True])), [torch.float32, torch.float16])],
+    ids=str)
 def test_kernels_match_torch(triton_backend, shape, mask_kind, is_causal, dtype):
     batch, nheads, nheads_k, seqlen_q, seqlen_k, head_dim = shape
     inputs = sdpa_inputs(*shape, dtype, triton_backend)
@@ -161,10 +164,8 @@ GPU_MASKS = ["none", "bool-2d", "bool-padding", "float-heads", "float-2d-grad", 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("mask_kind", GPU_MASKS)
-@pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
+@pytest.mark.parametrize("mask_kind,shape,is_causal,dtype", covering(GPU_MASKS, GPU_SHAPES, [False, True], DTYPES),
+                         ids=str)
 def test_kernels_match_torch_large(triton_backend, shape, mask_kind, is_causal, dtype):
     batch, nheads, nheads_k, seqlen_q, seqlen_k, head_dim = shape
     inputs = sdpa_inputs(*shape, dtype, "cuda")

@@ -12,6 +12,7 @@ two-Q-tile Hopper forward read another tile's Q.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -23,16 +24,16 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PHASES = ("forward", "forward_hopper", "dkdv", "dkdv_hopper", "dq", "dq_hopper")
 HEAD_DIMS = (64, 128, 256)
-# the compiles run in a child process: under TRITON_INTERPRET=1 the kernels are interpreter functions
-COMPILE_ALL = f"""
+# the compiles run in a child process: under TRITON_INTERPRET=1 the kernels are interpreter functions. One child a
+# phase, so that parallel workers (pytest-xdist) share the phases out
+COMPILE_PHASE = """
 import json, sys
-sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
+sys.path.insert(0, {benchmarks!r})
 import sass_report
-for phase in {PHASES!r}:
-    for head_dim in {HEAD_DIMS!r}:
-        for causal in (False, True):
-            result = sass_report.table_report(phase, head_dim, causal, seqlen=4096)
-            print(json.dumps([phase, head_dim, causal, result]), flush=True)
+for head_dim in {head_dims!r}:
+    for causal in (False, True):
+        result = sass_report.table_report({phase!r}, head_dim, causal, seqlen=4096)
+        print(json.dumps([head_dim, causal, result]), flush=True)
 """
 
 
@@ -90,16 +91,19 @@ def _compiled(script: str) -> list:
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("[")]
 
 
-@pytest.fixture(scope="module")
-def reports() -> dict:
-    return {(phase, head_dim, causal): result for phase, head_dim, causal, result in _compiled(COMPILE_ALL)}
+@functools.cache
+def phase_reports(phase: str) -> dict:
+    script = COMPILE_PHASE.format(benchmarks=str(ROOT / "benchmarks"), head_dims=HEAD_DIMS, phase=phase)
+    return {(head_dim, causal): result for head_dim, causal, result in _compiled(script)}
 
 
-@pytest.mark.parametrize("phase", PHASES)
+# a phase's tests in one xdist group (--dist loadgroup): its compiles run once, on one worker
+@pytest.mark.parametrize("phase", [pytest.param(phase, marks=pytest.mark.xdist_group(f"sm90-{phase}"))
+                                   for phase in PHASES])
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_table_kernels_keep_wgmma_asynchronous(reports, phase, head_dim, causal):
-    result = reports[(phase, head_dim, causal)]
+def test_table_kernels_keep_wgmma_asynchronous(phase, head_dim, causal):
+    result = phase_reports(phase)[(head_dim, causal)]
     if result is None:
         pytest.skip(f"no Hopper {phase.removesuffix('_hopper')} entry at hdim {head_dim}")
     assert result["HGMMA"] > 0, f"{phase} hdim {head_dim}: no wgmma at all (HMMA {result['HMMA']})"

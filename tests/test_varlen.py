@@ -7,7 +7,7 @@ the ``gpu``-marked grid adds long sequences. Sequence lengths include 0 and 1 on
 import pytest
 import torch
 import torch._dynamo.testing
-from cases import DTYPES, OPTIONS, make_varlen_case
+from cases import DTYPES, OPTIONS, covering, make_varlen_case, one_at_a_time
 
 from flashattn import (
     flash_attn_func,
@@ -44,17 +44,17 @@ GPU_SHAPES = [
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("option_name", list(OPTIONS))
-@pytest.mark.parametrize("shape", CPU_SHAPES, ids=str)
+@pytest.mark.parametrize("shape,option_name,dtype", covering(CPU_SHAPES, list(OPTIONS), DTYPES), ids=str)
 def test_torch_path_matches_reference(torch_backend, shape, option_name, dtype):
     check_varlen_against_reference(make_varlen_case(shape, option_name, "cpu"), dtype, "cpu")
 
 
+# Each option once, the dtypes taking turns: the packed kernels are the dense ones with IS_VARLEN, and
+# tests/test_kernels.py meets every option in every dtype; this pairs IS_VARLEN with each option and each dtype.
 @pytest.mark.interpreter
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("option_name", list(OPTIONS))
-@pytest.mark.parametrize("shape", INTERPRETER_SHAPES, ids=str)
+@pytest.mark.parametrize("shape,option_name,dtype", [
+    (shape, option_name, DTYPES[i % len(DTYPES)])
+    for shape in INTERPRETER_SHAPES for i, option_name in enumerate(OPTIONS)], ids=str)
 def test_kernels_match_reference(triton_backend, shape, option_name, dtype):
     check_varlen_against_reference(make_varlen_case(shape, option_name, triton_backend), dtype, triton_backend)
 
@@ -69,9 +69,9 @@ def test_kernels_tile_aligned_sequences(triton_backend, option_name):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("option_name", list(OPTIONS))
-@pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
+# float32: per-sequence references of several GB, one at a time
+@pytest.mark.parametrize("shape,option_name,dtype", one_at_a_time(
+    covering(GPU_SHAPES, list(OPTIONS), DTYPES), lambda shape, option_name, dtype: dtype == torch.float32), ids=str)
 def test_kernels_match_reference_large(triton_backend, shape, option_name, dtype):
     check_varlen_against_reference(make_varlen_case(shape, option_name, "cuda"), dtype, "cuda")
     torch.cuda.synchronize()

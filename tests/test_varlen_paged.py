@@ -8,10 +8,11 @@ row that no key owns is NaN and every table entry past a sequence's last page is
 """
 
 import functools
+import itertools
 
 import pytest
 import torch
-from cases import DTYPES, make_varlen_case
+from cases import DTYPES, covering, make_varlen_case, one_at_a_time
 
 from flashattn import configs, flash_attn_varlen_func, ops, validation
 from flashattn.launch import forward as launch_forward
@@ -69,9 +70,7 @@ def assert_same(paged, packed) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("page_size", PAGE_SIZES)
-@pytest.mark.parametrize("option_name", PAGED_OPTIONS)
-@pytest.mark.parametrize("shape", TORCH_SHAPES, ids=str)
+@pytest.mark.parametrize("shape,option_name,page_size", covering(TORCH_SHAPES, PAGED_OPTIONS, PAGE_SIZES), ids=str)
 def test_torch_path_paged_equals_packed(torch_backend, shape, option_name, page_size):
     case = make_varlen_case(shape, option_name, "cpu")
     out, lse, expected_out, expected_lse = paged_and_packed(case, torch.float16, page_size, "cpu")
@@ -85,9 +84,12 @@ def test_torch_path_paged_equals_packed_in_every_dtype(torch_backend, dtype):
     assert_same((out, lse), (expected_out, expected_lse))
 
 
+# Each option once, the page sizes taking turns: under the interpreter's 16-wide key blocks every page size takes
+# the same branch (ONE_PAGE), so a page size per option is enough
 @pytest.mark.interpreter
-@pytest.mark.parametrize("page_size", PAGE_SIZES)
-@pytest.mark.parametrize("option_name", ["causal", "window", "causal-alibi-softcap", "dropout"])
+@pytest.mark.parametrize("option_name,page_size", [
+    (option_name, PAGE_SIZES[i % len(PAGE_SIZES)])
+    for i, option_name in enumerate(["causal", "window", "causal-alibi-softcap", "dropout"])])
 def test_kernels_paged_equal_packed(triton_backend, option_name, page_size):
     # the interpreter's 16-wide key blocks divide every page: one table read per block (ONE_PAGE)
     case = make_varlen_case(INTERPRETER_SHAPES[0], option_name, triton_backend)
@@ -95,9 +97,11 @@ def test_kernels_paged_equal_packed(triton_backend, option_name, page_size):
     assert_same((out, lse), (expected_out, expected_lse))
 
 
+# Each tile with one option and each option once (not their product): the branch is ONE_PAGE off, which every
+# tile takes, and the options' branches are the ones of the other tests
 @pytest.mark.interpreter
-@pytest.mark.parametrize("block_n,page_size", [(32, 16), (64, 16), (64, 32)])
-@pytest.mark.parametrize("option_name", ["plain", "causal", "window-dropout-scale"])
+@pytest.mark.parametrize("block_n,page_size,option_name", [(32, 16, "plain"), (64, 16, "causal"),
+                                                          (64, 32, "window-dropout-scale")])
 def test_kernels_blocks_wider_than_a_page(triton_backend, block_n, page_size, option_name):
     # a key block spans several pages: one table read per row, clamped to the sequence's last page
     case = make_varlen_case(INTERPRETER_SHAPES[0], option_name, triton_backend)
@@ -129,10 +133,11 @@ def test_torch_path_matches_reference(torch_backend, option_name, dtype):
     check_varlen_against_reference(case, dtype, "cpu", backward=False, page_size=16)
 
 
+# Each option on each shape, the page sizes taking turns (one branch under the interpreter: ONE_PAGE)
 @pytest.mark.interpreter
-@pytest.mark.parametrize("page_size", PAGE_SIZES)
-@pytest.mark.parametrize("option_name", PAGED_OPTIONS)
-@pytest.mark.parametrize("shape", INTERPRETER_SHAPES, ids=str)
+@pytest.mark.parametrize("option_name,shape,page_size", [
+    (option_name, shape, PAGE_SIZES[n % len(PAGE_SIZES)])
+    for n, (option_name, shape) in enumerate(itertools.product(PAGED_OPTIONS, INTERPRETER_SHAPES))], ids=str)
 def test_kernels_match_reference(triton_backend, shape, option_name, page_size):
     case = make_varlen_case(shape, option_name, triton_backend)
     check_varlen_against_reference(case, torch.float16, triton_backend, backward=False, page_size=page_size)
@@ -145,11 +150,12 @@ def test_kernels_match_reference_other_dtypes(triton_backend, dtype):
     check_varlen_against_reference(case, dtype, triton_backend, backward=False, page_size=32)
 
 
+# Pairwise (cases.covering): each option on each shape; page sizes and dtypes take turns, each meeting every
+# shape, every option and each other
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("page_size", [16, 64, 256])
-@pytest.mark.parametrize("option_name", ["plain", "causal", "window", "causal-alibi-softcap", "dropout"])
-@pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
+@pytest.mark.parametrize("shape,option_name,page_size,dtype", one_at_a_time(covering(
+    GPU_SHAPES, ["plain", "causal", "window", "causal-alibi-softcap", "dropout"], [16, 64, 256], DTYPES),
+    lambda shape, option_name, page_size, dtype: dtype == torch.float32), ids=str)
 def test_kernels_match_reference_large(triton_backend, shape, option_name, page_size, dtype):
     # pages narrower than the key block (16; 64 under 128-wide blocks): a table read per row; 256: per block
     case = make_varlen_case(shape, option_name, "cuda")
