@@ -14,18 +14,23 @@ from flashattn.testing import assert_within_rule
 ORIGINAL = F.scaled_dot_product_attention
 
 
-@pytest.fixture
-def calls(monkeypatch, torch_backend):
-    """Count the calls that reach flashattn's SDPA."""
+def count_calls(monkeypatch, owner, name: str) -> list:
+    """Replace ``owner.name`` by a spy that records each call's first argument's shape and calls through."""
     seen = []
-    target = sdpa.scaled_dot_product_attention
+    target = getattr(owner, name)
 
     def spy(*args, **kwargs):
         seen.append(args[0].shape)
         return target(*args, **kwargs)
 
-    monkeypatch.setattr(sdpa, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(owner, name, spy)
     return seen
+
+
+@pytest.fixture
+def calls(monkeypatch, torch_backend):
+    """Count the calls that reach flashattn's SDPA."""
+    return count_calls(monkeypatch, sdpa, "scaled_dot_product_attention")
 
 
 def test_calls_inside_are_routed_and_match_torch(calls):
@@ -68,15 +73,7 @@ def perturbed_mha(batch_first: bool) -> torch.nn.MultiheadAttention:
 @pytest.fixture
 def fast_path_calls(monkeypatch):
     """Count the calls to torch's fused MHA fast path (which never calls scaled_dot_product_attention)."""
-    seen = []
-    target = torch._native_multi_head_attention
-
-    def spy(*args, **kwargs):
-        seen.append(args[0].shape)
-        return target(*args, **kwargs)
-
-    monkeypatch.setattr(torch, "_native_multi_head_attention", spy)
-    return seen
+    return count_calls(monkeypatch, torch, "_native_multi_head_attention")
 
 
 @pytest.mark.parametrize("batch_first", [True, False])
