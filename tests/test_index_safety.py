@@ -15,7 +15,6 @@ import torch
 from kvcache_cases import KVProblem, build, to_paged, variant
 
 from flashattn import flash_attn_varlen_func, flash_attn_with_kvcache, raise_recorded_faults
-from flashattn.faults import FAULT_ARGUMENTS
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 GUARD = 257  # elements each side of a tensor: more than a row of the caches
@@ -148,7 +147,6 @@ def test_a_clean_step_reports_nothing(backend):
     raise_recorded_faults()
     assert_guards_hold(inputs)
     assert out.isfinite().all()
-    assert len(FAULT_ARGUMENTS) == 6
 
 
 @pytest.mark.gpu
