@@ -354,6 +354,22 @@ def decode_speed_ratio(cells: dict, key: tuple, provider: str, reference: str = 
     return ratio(theirs and theirs["us"], ours and ours["us"])
 
 
+def decode_eager_ratio(cells: dict, key: tuple, provider: str = "flashattn_noappend",
+                       reference: str = DECODE_REFERENCE) -> float | None:
+    """As :func:`decode_speed_ratio`, for the steps called eagerly (``eager_us``: host time included)."""
+    ours = cells.get(key, {}).get(provider)
+    theirs = cells.get(contiguous(key), {}).get(reference)
+    return ratio(theirs and theirs.get("eager_us"), ours and ours.get("eager_us"))
+
+
+def decode_paged_ratio(cells: dict, key: tuple) -> float | None:
+    """flashattn's contiguous step time over its paged one on the same lengths (1: paging costs nothing)."""
+    if key[2] is None:
+        return None
+    paged, flat = cells.get(key, {}).get(OURS), cells.get(contiguous(key), {}).get(OURS)
+    return ratio(flat and flat["us"], paged and paged["us"])
+
+
 def decode_section(results: Results) -> list[str]:
     rows = results.rows
     failed = failing_providers(rows)
@@ -373,10 +389,17 @@ def decode_section(results: Results) -> list[str]:
            "that every step reads HBM. TB/s: K/V bytes read per second, with its share of the measured copy "
            "bandwidth (a copy reads and writes, so a step that only reads can pass 100%). SDPA runs on the "
            f"contiguous cache, without the append. `vs {DECODE_REFERENCE}`: "
-           f"{DECODE_REFERENCE}'s step time over flashattn's (above 1: flashattn is faster).", "",
+           f"{DECODE_REFERENCE}'s step time over flashattn's (above 1: flashattn is faster). `eager`: the step called "
+           "eagerly, back to back, without a graph: the host's time per call where it exceeds the GPU's (flashattn's "
+           f"step without the append, as SDPA runs it, against {DECODE_REFERENCE}). `paged vs contiguous`: "
+           "flashattn's contiguous step time over its paged one.", "",
            *provider_legend(providers, failed, DECODE_NOTES), ""]
     header = ["cache", "batch", "layout", f"{OURS} us", f"{OURS} TB/s (% of copy)", *(f"{p} us" for p in ours[1:]),
               *(f"{p} us" for p in sdpa), *(f"{p} vs {DECODE_REFERENCE}" for p in compared)]
+    eager = any(r.get("eager_us") for r in rows)
+    if eager:
+        header += ["eager us: no append / cudnn", f"eager vs {DECODE_REFERENCE}"]
+    header.append("paged vs contiguous")
     body = []
     for key in sorted(cells, key=lambda k: (k[2] is not None, k[2] or 0, k[1], k[0], k[3:])):
         cell = cells[key]
@@ -390,6 +413,11 @@ def decode_section(results: Results) -> list[str]:
                      fmt_us(mine and mine["us"]), rate, *(fmt_us(cell.get(p, {}).get("us")) for p in ours[1:]),
                      *(fmt_us(reference.get(p, {}).get("us")) for p in sdpa),
                      *(fmt_ratio(decode_speed_ratio(cells, key, p)) for p in compared)])
+        if eager:
+            no_append, cudnn = cell.get("flashattn_noappend", {}), reference.get(DECODE_REFERENCE, {})
+            body[-1] += [f"{fmt_us(no_append.get('eager_us'))} / {fmt_us(cudnn.get('eager_us'))}",
+                         fmt_ratio(decode_eager_ratio(cells, key))]
+        body[-1].append(fmt_ratio(decode_paged_ratio(cells, key)))
     title = f"#### {machine_title(results.machine)}, decode step"
     return [*out, title, "", *table(header, body, numeric_from=3), ""]
 

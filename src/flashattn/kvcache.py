@@ -122,11 +122,16 @@ def _plannable_step(tensors: tuple, options: tuple) -> bool:
     plan's key holds everything that the checks and choices of :func:`_step` read."""
     q, cache_seqlens = tensors[0], tensors[5]
     window_size = options[2]
-    return (type(q) is torch.Tensor and q.is_cuda and type(cache_seqlens) is torch.Tensor
-            and all(x is None or (type(x) is torch.Tensor and not x.requires_grad) for x in tensors)
-            and all(x is None or type(x) in (bool, int, float, str) for x in options if x is not window_size)
-            and type(window_size) is tuple and len(window_size) == 2 and all(type(w) is int for w in window_size)
-            and ops.plannable_step(tensors) and not torch.compiler.is_compiling())
+    if not (type(q) is torch.Tensor and q.is_cuda and type(cache_seqlens) is torch.Tensor
+            and type(window_size) is tuple and len(window_size) == 2 and all(type(w) is int for w in window_size)):
+        return False
+    for x in tensors:  # one pass: this runs on every step of a serving loop
+        if x is not None and (type(x) is not torch.Tensor or x.requires_grad):
+            return False
+    for x in options:
+        if x is not None and x is not window_size and type(x) not in (bool, int, float, str):
+            return False
+    return ops.plannable_step(tensors) and not torch.compiler.is_compiling()
 
 
 def _step(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_cos, rotary_sin,

@@ -48,9 +48,10 @@ def planned(phase: str, inputs: tuple, options, call):
     alignment (None for an absent one), the current device and the forced tiles."""
     from triton import knobs
 
-    key = (phase, options, *(None if x is None else (x.shape, x.stride(), x.dtype, x.get_device(),
-                                                     x.data_ptr() % 16 == 0) for x in inputs),
-           torch.cuda.current_device(), configs.forced_configs(), knobs.runtime.debug,
+    # a list comprehension, not a generator: this key is most of a short replayed call's host time
+    signatures = [None if x is None else (x.shape, x.stride(), x.dtype, x.get_device(), x.data_ptr() % 16 == 0)
+                  for x in inputs]
+    key = (phase, options, *signatures, torch.cuda.current_device(), configs.forced_configs(), knobs.runtime.debug,
            knobs.compilation.instrumentation_mode)
     return record_or_replay(key, inputs, call, GradientStreams, tma_workspace)
 
@@ -81,6 +82,85 @@ class _Step(NamedTuple):
     # (argument position, tensor slot of its base, shape, strides, block shape, layout, padding)
     descriptor_slots: tuple
     side_stream: bool
+    direct: _DirectLaunch | None
+
+
+class _DirectLaunch(NamedTuple):
+    """A step's launch through its compiled kernel's own C launcher, with the arguments expanded as Triton's
+    ``wrap_handle_tensordesc`` expands them on every launch: a Python loop over every argument and a TMA descriptor
+    encoded per descriptor (five a Hopper decode step). Here the expansion is a template made once, and each
+    descriptor's encoding is kept per base address (its shape, strides and block are fixed by the plan's key), so a
+    replay writes addresses and cached descriptors into a copy of the template."""
+
+    launcher: object  # the C launcher: (grid, stream, function, flags, scratch, metadata, hooks, *arguments)
+    prefix: tuple  # what it takes before the stream and after: see :meth:`run`
+    template: list  # the expanded arguments, None where an address or a descriptor goes
+    address_slots: tuple  # (expanded position, tensor slot)
+    # (expanded position, tensor slot of its base, encode(base) -> the expanded value, {address: value})
+    descriptor_slots: tuple
+
+    def run(self, grid: tuple[int, int, int], stream: int, tensors: list, addresses: list) -> None:
+        values = self.template.copy()
+        for position, slot in self.address_slots:
+            values[position] = addresses[slot]
+        for position, slot, encode, encoded in self.descriptor_slots:
+            value = encoded.get(addresses[slot])
+            if value is None:
+                if len(encoded) >= _MAX_DESCRIPTORS:
+                    encoded.clear()
+                value = encoded[addresses[slot]] = encode(tensors[slot])
+            values[position] = value
+        self.launcher(*grid, stream, *self.prefix, *values)
+
+
+# descriptors kept per descriptor argument of a plan: a serving loop's cache has one address, its queries a few
+_MAX_DESCRIPTORS = 64
+
+
+def _direct_launch(compiled, values: list, constants: list, tensor_slots: tuple,
+                   descriptor_slots: tuple) -> _DirectLaunch | None:
+    """The :class:`_DirectLaunch` of a step recorded with argument ``values`` (``constants`` where they are not
+    slots), or None where its launcher is not the form it expects (Triton 3.6's
+    ``CudaLauncher``: a C launcher, wrapped when the kernel takes descriptors) or the kernel needs scratch memory."""
+    launcher = compiled.run
+    if getattr(launcher, "global_scratch_size", 1) or getattr(launcher, "profile_scratch_size", 1):
+        return None
+    c_launcher, metas = launcher.launch, {}
+    if descriptor_slots:
+        free = dict(zip(getattr(c_launcher.__code__, "co_freevars", ()), c_launcher.__closure__ or (), strict=True))
+        if not {"launcher", "tensordesc_indices", "tensordesc_meta"} <= free.keys():
+            return None
+        indices = sorted(free["tensordesc_indices"].cell_contents)
+        metas = dict(zip(indices, free["tensordesc_meta"].cell_contents, strict=True))
+        c_launcher = free["launcher"].cell_contents
+    from triton.backends.nvidia.driver import make_tensordesc_arg
+
+    descriptors = {d[0]: d for d in descriptor_slots}
+    addresses = dict(tensor_slots)
+    template, address_slots, encoded_slots = [], [], []
+    for position, value in enumerate(values):
+        if position in addresses:
+            address_slots.append((len(template), addresses[position]))
+            template.append(None)
+        elif position in descriptors:
+            _, slot, *fields = descriptors[position]
+            meta = metas.get(position)
+            # Triton's expansion: a value that depends on the base's address (the encoded descriptor, or for a
+            # descriptor the kernel builds on the device the base itself), then shapes and strides that the plan fixes
+            first, *rest = make_tensordesc_arg(value, meta)
+            if meta is None:
+                address_slots.append((len(template), slot))
+            else:
+                def encode(base, fields=fields, meta=meta):
+                    return make_tensordesc_arg(_HostDescriptor(base, *fields), meta)[0]
+
+                encoded_slots.append((len(template), slot, encode, {value.base.data_ptr(): first}))
+            template.extend([None, *rest])
+        else:
+            template.append(constants[position])
+    return _DirectLaunch(c_launcher, (compiled.function, launcher.launch_cooperative_grid, launcher.launch_pdl, None,
+                                      None, compiled.packed_metadata, None, None, None),
+                         template, tuple(address_slots), tuple(encoded_slots))
 
 
 class LaunchPlan:
@@ -112,25 +192,28 @@ class LaunchPlan:
         # a device address, once per argument and launch (the key holds every input's device)
         addresses = [None if x is None else x.data_ptr() for x in tensors]
         for step in self.steps:
-            values = step.constants.copy()
-            for position, slot in step.tensor_slots:
-                values[position] = addresses[slot]
-            for position, slot, *rest in step.descriptor_slots:
-                values[position] = _HostDescriptor(tensors[slot], *rest)
             if step.side_stream:
                 if streams is None:
                     streams = self.fork(inputs[0].device)
                     side_stream = streams.side.cuda_stream
                 with streams.first():  # the workspace of a kernel's descriptors is allocated on its stream
-                    _run(step, values, side_stream)
+                    _run(step, tensors, addresses, side_stream)
             else:
-                _run(step, values, stream)
+                _run(step, tensors, addresses, stream)
         if streams is not None:
             streams.join()
         return tuple(tensors[slot] for slot in self.result_slots)
 
 
-def _run(step: _Step, values: list, stream: int) -> None:
+def _run(step: _Step, tensors: list, addresses: list, stream: int) -> None:
+    if step.direct is not None:
+        step.direct.run(step.grid, stream, tensors, addresses)
+        return
+    values = step.constants.copy()
+    for position, slot in step.tensor_slots:
+        values[position] = addresses[slot]
+    for position, slot, *rest in step.descriptor_slots:
+        values[position] = _HostDescriptor(tensors[slot], *rest)
     compiled = step.compiled
     compiled.run(*step.grid, stream, compiled.function, compiled.packed_metadata, None, None, None, *values)
 
@@ -233,7 +316,9 @@ class _Recording:
                 constants[position] = None
             if any(slot is None for _, slot in tensor_slots) or any(d[1] is None for d in descriptor_slots):
                 return None
-            steps.append(_Step(compiled, grid, constants, tuple(tensor_slots), tuple(descriptor_slots), side_stream))
+            tensor_slots, descriptor_slots = tuple(tensor_slots), tuple(descriptor_slots)
+            steps.append(_Step(compiled, grid, constants, tensor_slots, descriptor_slots, side_stream,
+                               _direct_launch(compiled, values, constants, tensor_slots, descriptor_slots)))
         result_slots = tuple(slot_of(x, False) for x in result)
         if not steps or any(slot is None for slot in result_slots):
             return None

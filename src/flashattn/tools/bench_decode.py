@@ -11,7 +11,9 @@ append, as SDPA runs it.
 Timing: the calls are captured in a CUDA graph and replayed, so that Python's per-call overhead (tens
 of microseconds, more than the kernels of the small cases take) is not what is measured; when the
 cache is smaller than 4x the L2 cache, the graph cycles over enough copies of it that every call reads
-from HBM. Without a GPU a small grid runs with plain wall-clock timing, to exercise the code.
+from HBM. Each step is also timed called eagerly, back to back (``eager_us``): what a serving loop without
+CUDA graphs sees, the host's time per call wherever that exceeds the GPU's. Without a GPU a small grid
+runs with plain wall-clock timing, to exercise the code.
 """
 
 from __future__ import annotations
@@ -51,8 +53,9 @@ class DecodeCase:
 class DecodeMeasurement:
     provider: str
     case: DecodeCase
-    us: float | None = None
+    us: float | None = None  # from a CUDA graph
     spread: float | None = None  # the runs' spread around the median (timing.Timing.spread)
+    eager_us: float | None = None  # called eagerly, back to back (eager_timing)
     settled: bool | None = None
     gbytes_per_s: float | None = None
     fraction_of_copy: float | None = None
@@ -176,6 +179,19 @@ def graph_timing(step: Runner, copies: int, device: torch.device) -> Timing:
     return Timing(timing.seconds / calls, timing.spread, timing.runs, timing.settled)
 
 
+def eager_timing(step: Runner, copies: int, device: torch.device) -> Timing:
+    """Seconds per step called eagerly, back to back over the cache copies: the host's time per call where it
+    exceeds the GPU's."""
+    calls = max(copies, 8)
+
+    def steps():
+        for i in range(calls):
+            step(i % copies)
+
+    timing = time_call(steps, device)
+    return Timing(timing.seconds / calls, timing.spread, timing.runs, timing.settled)
+
+
 def graph_seconds(step: Runner, copies: int, device: torch.device) -> float:
     """The seconds of :func:`graph_timing`."""
     return graph_timing(step, copies, device).seconds
@@ -214,6 +230,7 @@ def measure_decode(provider: str, case: DecodeCase, device: torch.device, copy_b
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             timing = graph_timing(step, copies, device)
+            result.eager_us = eager_timing(step, copies, device).seconds * 1e6
         else:
             timing = time_call(lambda: step(0), device)
         seconds = timing.seconds
@@ -240,11 +257,14 @@ def decode_grid(batches, cache_lens, page_sizes, dtype: str) -> list[DecodeCase]
     return [DecodeCase(b, n, p, dtype=dtype) for p in page_sizes for n in cache_lens for b in batches]
 
 
-def best_sdpa(measurements: list[DecodeMeasurement], case: DecodeCase) -> DecodeMeasurement | None:
-    """The fastest SDPA backend on the contiguous version of ``case``."""
+def best_sdpa(measurements: list[DecodeMeasurement], case: DecodeCase, eager: bool = False
+              ) -> DecodeMeasurement | None:
+    """The fastest SDPA backend on the contiguous version of ``case`` (called eagerly: ``eager``)."""
     contiguous = DecodeCase(case.batch, case.cache_len, None, case.nheads, case.nheads_k, case.head_dim, case.dtype)
-    runs = [m for m in measurements if m.provider.startswith("sdpa") and m.case == contiguous and m.us]
-    return min(runs, key=lambda m: m.us, default=None)
+    field_name = "eager_us" if eager else "us"
+    runs = [m for m in measurements
+            if m.provider.startswith("sdpa") and m.case == contiguous and getattr(m, field_name)]
+    return min(runs, key=lambda m: getattr(m, field_name), default=None)
 
 
 def markdown_table(measurements: list[DecodeMeasurement], copy_bytes_per_s: float | None) -> str:
@@ -253,9 +273,11 @@ def markdown_table(measurements: list[DecodeMeasurement], copy_bytes_per_s: floa
              "SDPA on the contiguous cache, its fastest backend\n",
              "flashattn's step appends the new key and value (fused); SDPA's does not: 'no append' is "
              "flashattn's attention alone over the same cache, and the last column compares it with SDPA\n",
+             "'eager' is the step called eagerly, back to back (the host's time per call where it exceeds the "
+             "GPU's), against SDPA's fastest backend so called\n",
              "| cache | batch | layout | flashattn | flashattn, no split | flashattn, no append | best SDPA "
-             "| flashattn / SDPA | no append / SDPA |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| flashattn / SDPA | no append / SDPA | eager us: no append / SDPA | eager no append / SDPA |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     cases = list(dict.fromkeys(m.case for m in measurements if not m.provider.startswith("sdpa")))
     for case in cases:
         cell = {m.provider: m for m in measurements if m.case == case}
@@ -272,12 +294,16 @@ def markdown_table(measurements: list[DecodeMeasurement], copy_bytes_per_s: floa
             return f"{sdpa.us / ours.us:.2f}" if sdpa and ours and ours.us else "–"
 
         sdpa_text = f"{fmt(sdpa)} [{sdpa.provider[5:]}]" if sdpa else "–"
+        sdpa_eager = best_sdpa(measurements, case, eager=True)
         layout = "contiguous" if case.page_size is None else f"paged {case.page_size}"
         cache = f"{case.cache_len // 1024}k" if case.cache_len % 1024 == 0 else str(case.cache_len)
         no_append = cell.get("flashattn_noappend")
+        eager = (f"{no_append.eager_us:.0f} / {sdpa_eager.eager_us:.0f}"
+                 if no_append and no_append.eager_us and sdpa_eager else "–")
+        eager_ratio = f"{sdpa_eager.eager_us / no_append.eager_us:.2f}" if eager != "–" else "–"
         lines.append(f"| {cache} | {case.batch} | {layout} | {fmt(cell.get('flashattn'))} | "
                      f"{fmt(cell.get('flashattn_nosplit'))} | {fmt(no_append)} | {sdpa_text} | "
-                     f"{ratio(cell.get('flashattn'))} | {ratio(no_append)} |")
+                     f"{ratio(cell.get('flashattn'))} | {ratio(no_append)} | {eager} | {eager_ratio} |")
     return "\n".join(lines) + "\n"
 
 
