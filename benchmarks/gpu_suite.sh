@@ -3,8 +3,8 @@
 #     SKIP_BENCH=1 bash benchmarks/gpu_suite.sh     # every test, in one call of under 10 minutes
 #     bash benchmarks/gpu_suite.sh                  # every test, then the benchmarks (dense, varlen, decode)
 #     SHARD=1 bash benchmarks/gpu_suite.sh ... SHARD=5   # one fifth of the tests, no benchmark
-# The tests run in WORKERS (default 12) pytest-xdist workers that share the GPU, compiling kernels on the other
-# cores into one Triton cache; --dist loadgroup keeps each xdist_group on one worker, so the tests that take tens of
+# The tests run in WORKERS (default: one a core, at most 16) pytest-xdist workers that share the GPU and compile
+# kernels into one Triton cache (a cold cache's compiles are most of a first run); --dist loadgroup keeps each xdist_group on one worker, so the tests that take tens of
 # GB of GPU memory (float32 references of long sequences: tests/cases.py, GPU_MEMORY_GROUP) run one at a time, and a
 # phase's sm90 compiles run once (tests/test_sm90_compile.py). SHARD splits the run by a hash of the test id
 # (tests/conftest.py: FLASHATTN_TEST_SHARD), each part a fifth of every test file. TESTS picks test files or folders
@@ -30,11 +30,11 @@ if ls .wheels/*.whl > /dev/null 2>&1; then
   export PYTHONPATH=$PYTHONPATH:/tmp/hf
 fi
 start=$SECONDS
-timeout -s INT "${SUITE_TIMEOUT:-450}" python3 -m pytest $TESTS -n "${WORKERS:-12}" --dist loadgroup -q \
+timeout -s INT "${SUITE_TIMEOUT:-520}" python3 -m pytest $TESTS -n "${WORKERS:-$(( $(nproc) < 16 ? $(nproc) : 16 ))}" --dist loadgroup -q \
   -p no:cacheprovider -k "not test_gpu_ncu" --durations=25 > "$LOG" 2>&1
 echo "pytest exit $?" >> "$LOG"
 if [ "$SHARD" = "" ] || [ "$SHARD" = "$PARTS" ]; then
-  timeout 120 python3 -m pytest tests/test_iomeasure.py -k test_gpu_ncu -q -p no:cacheprovider >> "$LOG" 2>&1
+  timeout 70 python3 -m pytest tests/test_iomeasure.py -k test_gpu_ncu -q -p no:cacheprovider >> "$LOG" 2>&1
   echo "ncu tests exit $?" >> "$LOG"
 fi
 echo "tests: $((SECONDS - start)) s" >> "$LOG"

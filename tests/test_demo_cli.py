@@ -147,6 +147,17 @@ def test_settle_reports_the_spread_and_whether_the_rounds_agreed():
     assert never.describe().endswith("unsettled")
 
 
+def test_time_loop_divides_each_round_by_its_calls(monkeypatch):
+    """Loop timing (the decode benchmark's eager steps): each round is ``calls`` calls by the wall clock, after ten
+    warm-up calls, and a round is its wall time over its calls."""
+    clock = iter(range(0, 10_000, 50))  # every perf_counter reading 50 s after the last: each round reads it twice
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: next(clock))
+    calls = []
+    result = timing.time_loop(lambda: calls.append(1), torch.device("cpu"), calls=25)
+    assert result.seconds == 50 / 25 and result.settled and result.runs == 2
+    assert len(calls) == 10 + 2 * 25
+
+
 def test_cpu_timing_repeats_the_call_and_keeps_its_spread():
     import time
 

@@ -20,20 +20,40 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 PHASES = ("forward", "forward_hopper", "dkdv", "dkdv_hopper", "dq", "dq_hopper")
 HEAD_DIMS = (64, 128, 256)
+# Each build costs a child's seconds of ptxas. Where a GPU is (the GPU suite, which every kernel change passes) or
+# FLASHATTN_ALL_SM90_COMPILES=1, every build below runs; elsewhere (CI, two cores) a covering subset of each list:
+# every kernel and kernel form, with and without the causal mask, each head dim in several kernels.
+ALL_BUILDS = torch.cuda.is_available() or os.environ.get("FLASHATTN_ALL_SM90_COMPILES") == "1"
+
+
+def covering(cases: list, chosen: list) -> list:
+    """``cases`` where every build runs, else ``chosen`` (a subset of them)."""
+    assert all(case in cases for case in chosen)
+    return cases if ALL_BUILDS else chosen
+
+
+# the table's builds: in the covering subset each phase without and with the mask, at head dims chosen so that each is
+# built in four phases (the Hopper dK/dV kernel has causal entries at hdim 256 only, the Hopper dQ none at hdim 64)
+TABLE_BUILDS = covering([(phase, head_dim, causal) for phase in PHASES for head_dim in HEAD_DIMS
+                         for causal in (False, True)],
+                        [("forward", 64, False), ("forward", 128, True), ("forward_hopper", 128, False),
+                         ("forward_hopper", 256, True), ("dkdv", 256, False), ("dkdv", 64, True),
+                         ("dkdv_hopper", 64, False), ("dkdv_hopper", 256, True), ("dq", 64, False), ("dq", 128, True),
+                         ("dq_hopper", 256, False), ("dq_hopper", 128, True)])
 # the compiles run in a child process: under TRITON_INTERPRET=1 the kernels are interpreter functions. One child a
 # phase, so that parallel workers (pytest-xdist) share the phases out
 COMPILE_PHASE = """
 import json, sys
 sys.path.insert(0, {benchmarks!r})
 import sass_report
-for head_dim in {head_dims!r}:
-    for causal in (False, True):
-        result = sass_report.table_report({phase!r}, head_dim, causal, seqlen=4096)
-        print(json.dumps([head_dim, causal, result]), flush=True)
+for head_dim, causal in {builds!r}:
+    result = sass_report.table_report({phase!r}, head_dim, causal, seqlen=4096)
+    print(json.dumps([head_dim, causal, result]), flush=True)
 """
 
 
@@ -44,24 +64,24 @@ SWEPT_DKDV_TILES = {  # name -> (head dim, causal, TileConfig fields)
     "gradient-split 32x128x8x3, hdim 128": (128, False, dict(_TILE_128_KEYS, block_m=32, num_stages=3)),
     "key slices 64x128x8x2, hdim 64 causal": (64, True,
                                               dict(_TILE_128_KEYS, block_m=64, num_stages=2, key_slices=True)),
-    "key slices 32x128x8x3, hdim 128": (128, False, dict(_TILE_128_KEYS, block_m=32, num_stages=3, key_slices=True)),
 }
+if ALL_BUILDS:
+    SWEPT_DKDV_TILES["key slices 32x128x8x3, hdim 128"] = (128, False, dict(_TILE_128_KEYS, block_m=32, num_stages=3,
+                                                                            key_slices=True))
 # and Hopper dQ tiles outside the table: three consumer warpgroups (192 query rows a program), swept at hdim 64
-SWEPT_DQ_TILES = {
-    "three consumers 128x64x8x3, hdim 64": (64, False, dict(block_m=128, block_n=64, num_warps=8, num_stages=3,
-                                                            hopper=True, three_consumers=True)),
-    "three consumers 128x64x8x3, hdim 64 causal": (64, True, dict(block_m=128, block_n=64, num_warps=8,
-                                                                  num_stages=3, hopper=True,
-                                                                  three_consumers=True)),
-}
+_THREE_CONSUMERS_DQ = dict(block_m=128, block_n=64, num_warps=8, num_stages=3, hopper=True, three_consumers=True)
+SWEPT_DQ_TILES = {"three consumers 128x64x8x3, hdim 64 causal": (64, True, _THREE_CONSUMERS_DQ)}
+if ALL_BUILDS:
+    SWEPT_DQ_TILES["three consumers 128x64x8x3, hdim 64"] = (64, False, _THREE_CONSUMERS_DQ)
 # and the persistent Hopper forward with tiles handed out by a counter (causal, varlen: forward_hopper._next_tile)
 _PERSISTENT = dict(block_m=128, block_n=128, num_warps=8, num_stages=2, hopper=True, persistent=True)
 SWEPT_FORWARD_TILES = {  # name -> (head dim, causal, varlen, TileConfig fields)
-    "persistent 128x128x8x2, hdim 128 causal": (128, True, False, _PERSISTENT),
     "persistent 128x128x8x2, hdim 128 varlen": (128, False, True, _PERSISTENT),
     "persistent three consumers 128x128x8x3, hdim 64 causal": (64, True, False,
                                                                 dict(_PERSISTENT, num_stages=3, three_consumers=True)),
 }
+if ALL_BUILDS:
+    SWEPT_FORWARD_TILES["persistent 128x128x8x2, hdim 128 causal"] = (128, True, False, _PERSISTENT)
 COMPILE_SWEPT = f"""
 import json, sys
 sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
@@ -93,15 +113,16 @@ def _compiled(script: str) -> list:
 
 @functools.cache
 def phase_reports(phase: str) -> dict:
-    script = COMPILE_PHASE.format(benchmarks=str(ROOT / "benchmarks"), head_dims=HEAD_DIMS, phase=phase)
+    builds = [(head_dim, causal) for name, head_dim, causal in TABLE_BUILDS if name == phase]
+    script = COMPILE_PHASE.format(benchmarks=str(ROOT / "benchmarks"), builds=builds, phase=phase)
     return {(head_dim, causal): result for head_dim, causal, result in _compiled(script)}
 
 
 # a phase's tests in one xdist group (--dist loadgroup): its compiles run once, on one worker
-@pytest.mark.parametrize("phase", [pytest.param(phase, marks=pytest.mark.xdist_group(f"sm90-{phase}"))
-                                   for phase in PHASES])
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize(("phase", "head_dim", "causal"), [
+    pytest.param(phase, head_dim, causal, marks=pytest.mark.xdist_group(f"sm90-{phase}"),
+                 id=f"{phase}-{head_dim}-{'causal' if causal else 'full'}")
+    for phase, head_dim, causal in TABLE_BUILDS])
 def test_table_kernels_keep_wgmma_asynchronous(phase, head_dim, causal):
     result = phase_reports(phase)[(head_dim, causal)]
     if result is None:
@@ -113,20 +134,21 @@ def test_table_kernels_keep_wgmma_asynchronous(phase, head_dim, causal):
 
 # One query: Triton makes seqlen_q = 1 a constant, and ptxas died (SIGSEGV) on the peeled causal hdim-64 dK/dV kernel
 # built that way, so the launcher takes its one-loop form there (launch.backward.dkdv_compilable)
+ONE_QUERY_BUILDS = covering([(phase, head_dim) for phase in ("dkdv", "dq") for head_dim in HEAD_DIMS],
+                            [("dkdv", 64), ("dq", 128)])
 COMPILE_ONE_QUERY = f"""
 import json, sys
 sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
 import sass_report
-for phase in ("dkdv", "dq"):
-    for head_dim in {HEAD_DIMS!r}:
-        result = sass_report.table_report(phase, head_dim, True, seqlen=1024, seqlen_q=1)
-        print(json.dumps([f"{{phase}} hdim {{head_dim}}", result]), flush=True)
+for phase, head_dim in {ONE_QUERY_BUILDS!r}:
+    result = sass_report.table_report(phase, head_dim, True, seqlen=1024, seqlen_q=1)
+    print(json.dumps([f"{{phase}} hdim {{head_dim}}", result]), flush=True)
 """
 
 
 def test_table_backward_kernels_compile_for_one_query():
     results = dict(_compiled(COMPILE_ONE_QUERY))
-    assert len(results) == 2 * len(HEAD_DIMS)
+    assert len(results) == len(ONE_QUERY_BUILDS)
     for name, result in results.items():
         assert result["HGMMA"] + result["HMMA"] > 0, f"{name}: no matrix instruction"
 
@@ -145,16 +167,16 @@ def test_swept_hopper_tiles_keep_wgmma_asynchronous():
 # The short-sequence forward tiles, dense and packed: the packed build reads cu_seqlens and may hold more registers,
 # and at 512-1k tokens a program fewer on an SM is what the packed call loses (the causal hdim-128 tile at 512: 186
 # registers against 153, two programs an SM against three, 12% slower; docs/perf-notes.md)
+SHORT_FORWARD_BUILDS = covering([(seqlen, head_dim, causal) for seqlen in (512, 1024) for head_dim in (64, 128)
+                                 for causal in (False, True)], [(512, 128, True), (1024, 64, False)])
 COMPILE_SHORT_FORWARD = f"""
 import json, sys
 sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
 import sass_report
-for seqlen in (512, 1024):
-    for head_dim in (64, 128):
-        for causal in (False, True):
-            for varlen in (False, True):
-                result = sass_report.table_report("forward", head_dim, causal, seqlen, varlen=varlen)
-                print(json.dumps([seqlen, head_dim, causal, varlen, result]), flush=True)
+for seqlen, head_dim, causal in {SHORT_FORWARD_BUILDS!r}:
+    for varlen in (False, True):
+        result = sass_report.table_report("forward", head_dim, causal, seqlen, varlen=varlen)
+        print(json.dumps([seqlen, head_dim, causal, varlen, result]), flush=True)
 """
 SM90_REGISTERS, SM90_SHARED_BYTES, BLOCK_RESERVED_SHARED_BYTES = 65536, 228 * 1024, 1024
 
@@ -171,7 +193,7 @@ def test_packed_short_forward_tiles_fit_as_many_programs_as_dense_ones():
     results = {}
     for seqlen, head_dim, causal, varlen, result in _compiled(COMPILE_SHORT_FORWARD):
         results[(seqlen, head_dim, causal, varlen)] = result
-    assert len(results) == 16
+    assert len(results) == 2 * len(SHORT_FORWARD_BUILDS)
     for (seqlen, head_dim, causal, varlen), result in results.items():
         if varlen:
             dense = results[(seqlen, head_dim, causal, False)]
@@ -183,12 +205,18 @@ def test_packed_short_forward_tiles_fit_as_many_programs_as_dense_ones():
         assert result["unwritten_uniform_reads"] == 0, f"{name}: {UNWRITTEN_READS}"
 
 
+DECODE_TILES = covering([(128, 64, 4, 1, False, 8, 2, True), (128, 64, 4, 16, True, 16, 2, False),
+                         (128, 64, 4, 16, True, 16, 2, True), (64, 64, 4, 0, False, 8, 2, True),
+                         (128, 64, 4, 1, False, 8, 1, False), (128, 64, 4, 1, False, 0, 1, True),
+                         (128, 128, 3, 16, True, 0, 1, False), (64, 64, 4, 0, False, 0, 1, False),
+                         (128, 64, 4, 1, True, 0, 1, True)],
+                        [(128, 64, 4, 16, True, 16, 2, False), (64, 64, 4, 0, False, 8, 2, True),
+                         (128, 64, 4, 1, False, 0, 1, True), (128, 128, 3, 16, True, 0, 1, False),
+                         (128, 64, 4, 1, False, 8, 1, False)])
+
+
 @pytest.mark.parametrize(("head_dim", "block_n", "stages", "new_keys", "paged", "query_rows", "consumers", "early"),
-                         [(128, 64, 4, 1, False, 8, 2, True), (128, 64, 4, 16, True, 16, 2, False),
-                          (128, 64, 4, 16, True, 16, 2, True), (64, 64, 4, 0, False, 8, 2, True),
-                          (128, 64, 4, 1, False, 8, 1, False), (128, 64, 4, 1, False, 0, 1, True),
-                          (128, 128, 3, 16, True, 0, 1, False), (64, 64, 4, 0, False, 0, 1, False),
-                          (128, 64, 4, 1, True, 0, 1, True)])
+                         DECODE_TILES)
 def test_hopper_decode_tiles_compile_without_spills(head_dim, block_n, stages, new_keys, paged, query_rows, consumers,
                                                    early):
     """The Hopper decode kernel's tiles (configs.hopper_decode_tile) compile for sm90 with no local-memory spills and

@@ -19,6 +19,7 @@ runs with plain wall-clock timing, to exercise the code.
 from __future__ import annotations
 
 import argparse
+import itertools
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,7 +29,7 @@ import torch.nn.functional as F
 
 from ..kvcache import flash_attn_with_kvcache
 from . import results
-from .timing import Timing, median_seconds, time_call
+from .timing import Timing, median_seconds, time_call, time_loop
 
 Runner = Callable[[int], object]  # runs one decode step on cache copy i
 
@@ -180,16 +181,10 @@ def graph_timing(step: Runner, copies: int, device: torch.device) -> Timing:
 
 
 def eager_timing(step: Runner, copies: int, device: torch.device) -> Timing:
-    """Seconds per step called eagerly, back to back over the cache copies: the host's time per call where it
-    exceeds the GPU's."""
-    calls = max(copies, 8)
-
-    def steps():
-        for i in range(calls):
-            step(i % copies)
-
-    timing = time_call(steps, device)
-    return Timing(timing.seconds / calls, timing.spread, timing.runs, timing.settled)
+    """Seconds per step called eagerly, back to back over the cache copies (``timing.time_loop``): the host's time per
+    call where it exceeds the GPU's."""
+    turn = itertools.count()
+    return time_loop(lambda: step(next(turn) % copies), device)
 
 
 def graph_seconds(step: Runner, copies: int, device: torch.device) -> float:

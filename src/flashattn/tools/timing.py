@@ -17,6 +17,7 @@ A time is a :class:`Timing`: the median of repeated runs, with their spread and 
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -94,6 +95,24 @@ def _time_cuda(fn: Callable[[], object], device: torch.device) -> Timing:
                                                return_mode="median") / 1e3)
 
 
+def time_loop(fn: Callable[[], object], device: torch.device, calls: int = 200) -> Timing:
+    """Seconds per call of ``fn`` called ``calls`` times back to back, by the wall clock from a synchronized start to a
+    synchronized end, in rounds until two agree (:func:`settle`): where the host takes longer per call than the device,
+    the host's time, as a loop that calls a short kernel eagerly sees it."""
+    for _ in range(10):
+        fn()
+
+    def measure_round(_: int) -> float:
+        synchronize(device)
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        synchronize(device)
+        return (time.perf_counter() - start) / calls
+
+    return settle(measure_round)
+
+
 def settle(measure_round: Callable[[int], float], max_rounds: int = 5,
            tolerance: float = SETTLED_TOLERANCE) -> Timing:
     """The faster of the first two consecutive rounds whose medians agree within ``tolerance``.
@@ -138,4 +157,4 @@ def _time_cuda_events(fn: Callable[[], object], device: torch.device, repeats: i
     return Timing(middle, spread, repeats, spread <= SPREAD_THRESHOLD)
 
 
-__all__ = ["Timing", "time_call", "median_seconds", "settle", "settled_median", "format_seconds"]
+__all__ = ["Timing", "time_call", "time_loop", "median_seconds", "settle", "settled_median", "format_seconds"]
