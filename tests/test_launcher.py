@@ -95,6 +95,7 @@ class _FakeCompiled:
     def __init__(self, scratch: int = 0):
         self.function, self.packed_metadata = "function", "metadata"
         self.metadata = SimpleNamespace(global_scratch_size=scratch)
+        self.run = None  # not Triton's launcher: the plan launches it through ``_run``
 
 
 class _FakeDescriptor(NamedTuple):
@@ -110,8 +111,8 @@ class _FakeDescriptor(NamedTuple):
 def replayed_launches(monkeypatch):
     """The (grid, arguments, side stream) of every step a replay runs, in order."""
     runs = []
-    monkeypatch.setattr(plans, "_run",
-                        lambda step, values, stream: runs.append((step.grid, values, step.side_stream)))
+    monkeypatch.setattr(plans, "_run", lambda step, tensors, addresses, stream: runs.append(
+        (step.grid, plans._arguments(step, tensors, addresses), step.side_stream)))
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device_index: 0, raising=False)
     return runs
 
@@ -221,3 +222,58 @@ def test_inputs_that_are_one_tensor_get_their_own_plan(monkeypatch):
     # (x, x) and (a, a) share a plan key, as do (a, b) and (b, a): two recordings (no launch: no plan, so the
     # later calls of a key run their own path too)
     assert len(calls) == 4 and len(plans._PLANS) == 2
+
+
+class _TritonLauncher:
+    """Triton 3.6's ``CudaLauncher`` as a plan sees it: its C launcher wrapped by Triton's own
+    ``wrap_handle_tensordesc`` (a kernel whose first descriptor is encoded on the host, its second built on the
+    device)."""
+
+    global_scratch_size = profile_scratch_size = 0
+    launch_cooperative_grid, launch_pdl = False, True
+
+    def __init__(self, c_launcher):
+        from triton.backends.nvidia.driver import wrap_handle_tensordesc
+
+        signature = {"q": "*fp32", "n": "i32", "desc": "tensordesc<fp32[8, 4]>", "dev_desc": "tensordesc<fp32[8, 4]>"}
+        self.launch = wrap_handle_tensordesc(c_launcher, signature, [{"swizzle": 0}, None])
+
+
+def test_a_direct_launch_passes_what_tritons_launcher_would(monkeypatch):
+    """A plan's step calls the C launcher itself with the arguments that Triton's wrapper would expand (each descriptor
+    into its encoding, or its base, then shapes and strides), and encodes a host descriptor once per base address."""
+    import triton.backends.nvidia.driver as driver
+
+    real_expand = driver.make_tensordesc_arg
+    encoded = []
+
+    def expand(arg, metadata):  # the host encoding needs a GPU driver: a stand-in that names the base's address
+        if metadata is None:
+            return real_expand(arg, metadata)
+        encoded.append(arg.base.data_ptr())
+        return [("tensor map", arg.base.data_ptr()), *arg.shape, *arg.strides]
+
+    monkeypatch.setattr(driver, "make_tensordesc_arg", expand)
+    calls = []
+    compiled = _FakeCompiled()
+    compiled.run = _TritonLauncher(lambda *args: calls.append(list(args)))
+    q, k, v = torch.randn(8), torch.randn(16, 4), torch.randn(16, 4)
+    host, device = (_FakeDescriptor(x, (16, 4), (4, 1), (8, 4), "layout", "zero") for x in (k, v))
+    plan = _recorded((compiled, (3, 1, 1), [q, 7, host, device], False)).plan((q, k, v), (q,), None, None)
+    (step,) = plan.steps
+    assert step.direct is not None
+
+    new_q, new_k, new_v = torch.randn(8), torch.randn(16, 4), torch.randn(16, 4)
+    for _ in range(2):
+        tensors = [new_q, new_k, new_v]
+        addresses = [x.data_ptr() for x in tensors]
+        plans._run(step, tensors, addresses, stream=5)
+    direct = calls[-1]
+    compiled.run.launch(3, 1, 1, 5, *step.direct.prefix, *plans._arguments(step, tensors, addresses))
+    wrapped = calls[-1]
+    # the wrapper gets tensors where the plan passes their addresses
+    assert direct == [x.data_ptr() if isinstance(x, torch.Tensor) else x for x in wrapped]
+    assert direct[4:13] == ["function", False, True, None, None, "metadata", None, None, None]
+    assert ("tensor map", new_k.data_ptr()) in direct and new_v.data_ptr() in direct
+    # the recording's base encoded once when planned, the new one once for two replays (and once by the wrapper)
+    assert encoded == [k.data_ptr(), new_k.data_ptr(), new_k.data_ptr()]

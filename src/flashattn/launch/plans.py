@@ -209,13 +209,20 @@ def _run(step: _Step, tensors: list, addresses: list, stream: int) -> None:
     if step.direct is not None:
         step.direct.run(step.grid, stream, tensors, addresses)
         return
+    compiled = step.compiled
+    compiled.run(*step.grid, stream, compiled.function, compiled.packed_metadata, None, None, None,
+                 *_arguments(step, tensors, addresses))
+
+
+def _arguments(step: _Step, tensors: list, addresses: list) -> list:
+    """The step's arguments for Triton's launcher: the recorded values, with the tensors' addresses and descriptors
+    over the tensors in their slots."""
     values = step.constants.copy()
     for position, slot in step.tensor_slots:
         values[position] = addresses[slot]
     for position, slot, *rest in step.descriptor_slots:
         values[position] = _HostDescriptor(tensors[slot], *rest)
-    compiled = step.compiled
-    compiled.run(*step.grid, stream, compiled.function, compiled.packed_metadata, None, None, None, *values)
+    return values
 
 
 def record_or_replay(key, inputs: tuple, call, fork=None, allocator=None):
