@@ -64,6 +64,8 @@ def _grads(q, k, v, **options):
 
 
 def test_deterministic_backward_is_bitwise_repeatable(backend):
+    if backend == "triton" and DEVICE == "cpu":
+        pytest.skip("the interpreter runs one program at a time: only the GPU's schedule could make a repeat differ")
     q, k, v = (torch.randn(2, 67, 4, 32, device=DEVICE) for _ in range(3))
     first = _grads(q, k, v, causal=True, deterministic=True)
     second = _grads(q, k, v, causal=True, deterministic=True)
@@ -90,7 +92,7 @@ def test_dropout_zero_is_no_dropout(backend):
 def test_dropout_mean_over_seeds_approaches_no_dropout(backend):
     q, k, v = (torch.randn(1, 24, 1, 16, device=DEVICE) for _ in range(3))
     expected = flash_attn_func(q, k, v)
-    draws = 300 if backend == "torch" else 60
+    draws = 300 if backend == "torch" or DEVICE == "cuda" else 20  # an interpreted call costs a tenth of a second
     mean = sum(flash_attn_func(q, k, v, dropout_p=0.25) for _ in range(draws)) / draws
     # each element is a mean of independent draws: its error shrinks as 1/sqrt(draws)
     spread = (mean - expected).abs().mean().item()

@@ -167,6 +167,8 @@ def test_strided_inputs_are_read_in_place(backend):
 
 
 def test_deterministic_backward_is_bitwise_repeatable(backend):
+    if backend == "triton" and DEVICE == "cpu":
+        pytest.skip("the interpreter runs one program at a time: only the GPU's schedule could make a repeat differ")
     case = VarlenCase((20, 45), (33, 45), 4, 2, 32)
     cu_q, cu_k = case.cu_seqlens(DEVICE)
     inputs = case.random_inputs(torch.float32, DEVICE)
