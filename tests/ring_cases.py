@@ -174,7 +174,7 @@ def full_cases(world_size: int) -> list[RingCase]:
 
 
 def gpu_cases() -> list[RingCase]:
-    """NCCL on 2 GPUs, at real sizes: bf16, head dim 128, GQA, 8k-ish tokens, lengths 2W does not divide."""
+    """NCCL on GPUs, at real sizes: bf16 (and fp16), head dim 128, GQA, 4k-8k tokens, lengths 2W may not divide."""
     shape = (1, 8, 2, 128)
     return [RingCase(8192, shape, option, "bf16") for option in OPTIONS] + [
         RingCase(8190, shape, "causal", "fp16"),

@@ -3,7 +3,7 @@ whole ring in spawned process groups (gloo, on the CPU path), held to flash-attn
 reference on the full sequence (``ring_cases.py``).
 
 CI runs one group of 2 processes and one of 4, each through its list of cases; FLASHATTN_RING_FULL=1 adds every
-option in every dtype (and a group of 3). The ``gpu`` test runs the cases at real sizes over NCCL on 2 GPUs.
+option in every dtype (and a group of 3). The ``gpu`` tests run the cases at real sizes over NCCL on 2 (and 4) GPUs.
 """
 
 import os
@@ -85,7 +85,9 @@ def test_ring_attention_over_gloo_full_matrix(world_size, tmp_path, monkeypatch)
 
 @pytest.mark.gpu
 @pytest.mark.xdist_group(SPAWN_GROUP)
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
-def test_ring_attention_over_nccl(tmp_path):
-    ring_cases.spawn(2, "nccl", ring_cases.gpu_cases(), str(tmp_path))
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_ring_attention_over_nccl(world_size, tmp_path):
+    if torch.cuda.device_count() < world_size:
+        pytest.skip(f"needs {world_size} GPUs")
+    ring_cases.spawn(world_size, "nccl", ring_cases.gpu_cases(), str(tmp_path))
 
