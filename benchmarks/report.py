@@ -4,8 +4,9 @@ Each results file is ``<machine>-<mode>.json`` as ``flashattn bench --out benchm
 (``h200-dense.json``): an ``environment`` block (GPU, torch and triton versions, commit, date) and one row per
 provider and case. Modes:
 ``dense`` (the training grid), ``varlen`` (packed calls against dense ones on the same tokens), ``decode`` (one new
-token over a KV cache) and ``blocks`` (tile sweeps, drawn in docs/block-size.md). Every table and ratio comes from
-those rows; a file of another mode, or one that does not parse, is listed as not reported.
+token over a KV cache), ``blocks`` (tile sweeps, drawn in docs/block-size.md) and ``ring`` (ring attention over W
+devices against one, ``torchrun --nproc-per-node W -m flashattn ring``: ``<machine>x<W>-ring.json``). Every table
+and ratio comes from those rows; a file of another mode, or one that does not parse, is listed as not reported.
 
     python benchmarks/report.py            # rewrite BENCHMARKS.md, docs/figures/bench-<machine>.png, the README summary
     python benchmarks/report.py --check    # exit 1 if BENCHMARKS.md or the README summary is out of date
@@ -29,9 +30,10 @@ SUMMARY_START = "<!-- speed-summary:start -->"
 SUMMARY_END = "<!-- speed-summary:end -->"
 SUMMARY_FROM_SEQLEN = 2048  # the README's dense ranges: sequences of this many tokens and more
 OURS = "flashattn"
-MODES = ("dense", "varlen", "decode", "blocks")
+MODES = ("dense", "varlen", "decode", "blocks", "ring")
 MODE_TITLES = {"dense": "attention, forward and backward", "varlen": "packed (varlen) against dense calls",
-               "decode": "decode over a KV cache", "blocks": "tile sweeps"}
+               "decode": "decode over a KV cache", "blocks": "tile sweeps",
+               "ring": "ring attention (context parallelism), forward and backward"}
 PROVIDER_NOTES = {
     "flashattn": "this library (`flash_attn_func`)",
     "flashattn_varlen": "`flash_attn_varlen_func` on the same batch packed, equal lengths (same FLOPs)",
@@ -39,6 +41,8 @@ PROVIDER_NOTES = {
                               "averaging seqlen (TFLOP/s of those lengths)",
     "flashattn_nosplit": "flashattn's step without splitting the keys (one program per sequence and KV head)",
     "flashattn_noappend": "flashattn's attention alone, without the fused append of the new key and value",
+    "flashattn_ring": "`flashattn.distributed.ring_flash_attn_func` on the zigzag shards of the same sequence",
+    "torch_cp": "torch's `context_parallel` (SDPA inside it, K/V heads repeated to the query heads)",
     "sdpa_cudnn": "torch SDPA, cuDNN backend",
     "sdpa_flash": "torch SDPA, FlashAttention-2 backend",
     "flex": "FlexAttention (`torch.compile`d)",
@@ -451,11 +455,115 @@ def blocks_section(results: Results) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
+# Ring attention
+# ---------------------------------------------------------------------------------------------
+
+RING_SUMMARY_FROM_SEQLEN = 65536  # the README's scaling range: whole sequences of this many tokens and more
+
+
+def ring_cells(rows: list[dict]) -> dict[tuple, dict[str, dict]]:
+    """(causal, seqlen) -> provider -> row (failed rows included: they say why a provider has no time)."""
+    cells: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        cells.setdefault((r["case"]["causal"], r["case"]["seqlen"]), {})[r["provider"]] = r
+    return cells
+
+
+def _ring_value(row: dict | None, key: str, fmt: Callable) -> str:
+    if row is None:
+        return DASH
+    if row.get("error"):
+        return "n/a"
+    return fmt(row.get(key))
+
+
+def fmt_share(value: float | None) -> str:
+    return DASH if value is None else f"{100 * value:.1f}%"
+
+
+def fmt_share_range(values: list[float]) -> str:
+    low, high = fmt_share(min(values)), fmt_share(max(values))
+    return low if low == high else f"{low[:-1]}-{high}"
+
+
+def ring_section(results: Results) -> list[str]:
+    rows = results.rows
+    env = results.env
+    world = env.get("world_size") or max((r["devices"] for r in rows), default=1)
+    case = rows[0]["case"] if rows else {}
+    out = [*environment_lines(results, [("devices", str(world)), ("backend", env.get("backend"))]), "",
+           f"Cases: batch {case.get('batch')}, {case.get('nheads')} query heads / {case.get('nheads_k')} KV heads, "
+           f"head dim {case.get('head_dim')}, {case.get('dtype')}, forward + backward; seqlen is the whole "
+           f"sequence, split over the {world} devices. TFLOP/s per device count the whole problem's FLOPs "
+           "(3.5 x 4 x batch x heads x seqlen² x head dim, half when causal) over the time and the devices; "
+           "efficiency: a provider's TFLOP/s per device over the 1-device call's on the same sequence. Peak: the "
+           "most a device allocated above its inputs. n/a: the provider failed or was not run (the results file "
+           "says why).", "", *provider_legend(providers_of(rows), {}), "",
+           f"![scaling efficiency against seqlen, {env.get('device')} x {world}](docs/figures/"
+           f"{ring_figure_name(results)})", ""]
+    header = ["causal", "seqlen", "1 device TFLOP/s", "ring TFLOP/s/dev", "ring efficiency", "ring peak MiB",
+              "torch_cp TFLOP/s/dev", "torch_cp efficiency"]
+    body = []
+    for (causal, seqlen), cell in sorted(ring_cells(rows).items()):
+        single, ring, cp = cell.get(OURS), cell.get("flashattn_ring"), cell.get("torch_cp")
+        body.append(["yes" if causal else "no", fmt_tokens(seqlen), _ring_value(single, "tflops_per_device", fmt_rate),
+                     _ring_value(ring, "tflops_per_device", fmt_rate), _ring_value(ring, "efficiency", fmt_share),
+                     _ring_value(ring, "peak_mib", lambda v: DASH if v is None else f"{v:.0f}"),
+                     _ring_value(cp, "tflops_per_device", fmt_rate), _ring_value(cp, "efficiency", fmt_share)])
+    return [*out, *table(header, body, numeric_from=1), ""]
+
+
+def ring_efficiencies(results: Results, causal: bool, from_seqlen: int = RING_SUMMARY_FROM_SEQLEN) -> list[float]:
+    return [r["efficiency"] for r in results.rows
+            if r["provider"] == "flashattn_ring" and not r.get("error") and r.get("efficiency") is not None
+            and r["case"]["causal"] == causal and r["case"]["seqlen"] >= from_seqlen]
+
+
+def ring_figure_name(results: Results) -> str:
+    return f"ring-{results.machine}.png"
+
+
+def plot_ring(results: Results, path: Path) -> Path:
+    """Scaling efficiency and TFLOP/s per device against the whole sequence's length, causal and not."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for provider, style in (("flashattn_ring", "-o"), ("torch_cp", "--s"), (OURS, ":^")):
+        for causal in (True, False):
+            mine = sorted((r["case"]["seqlen"], r) for r in results.rows
+                          if r["provider"] == provider and r["case"]["causal"] == causal and not r.get("error"))
+            if not mine:
+                continue
+            label = f"{provider}, {'causal' if causal else 'full'}"
+            seqlens = [n for n, _ in mine]
+            axes[1].plot(seqlens, [r["tflops_per_device"] for _, r in mine], style, label=label)
+            if provider != OURS:
+                axes[0].plot(seqlens, [100 * (r.get("efficiency") or 0) for _, r in mine], style, label=label)
+    axes[0].axhline(95, color="gray", linewidth=0.8, linestyle=":")
+    for ax, ylabel in zip(axes, ("scaling efficiency (%)", "TFLOP/s per device"), strict=True):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("whole sequence (tokens)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    env = results.env
+    fig.suptitle(f"{env.get('device')} x {env.get('world_size')}, commit {env.get('commit')}", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
 # The documents
 # ---------------------------------------------------------------------------------------------
 
 SECTIONS: dict[str, Callable[[Results], list[str]]] = {"varlen": varlen_section, "decode": decode_section,
-                                                       "blocks": blocks_section}
+                                                       "blocks": blocks_section, "ring": ring_section}
 
 
 def figure_name(results: Results) -> str:
@@ -472,6 +580,7 @@ def benchmarks_markdown(report: Report) -> str:
            "python -m flashattn.tools.bench --out benchmarks/results --providers flashattn --varlen --head-dims 128 "
            "--seqlens 512 1024 16384",
            "python -m flashattn.tools.bench --out benchmarks/results --mode decode  # decode: <machine>-decode.json",
+           "torchrun --nproc-per-node 2 -m flashattn ring --torch-cp --out benchmarks/results  # <machine>x2-ring.json",
            "python benchmarks/report.py                        # this file, its figures, the README's summary",
            "```", "",
            "A run replaces the results file of its machine and mode in `--out` (without it, in the current directory). "
@@ -539,6 +648,13 @@ def summary_lines(report: Report) -> list[str]:
         lines.append(f"- Decode on the {decode.env.get('device')} (commit `{decode.env.get('commit')}`), cuDNN's step "
                      f"time over flashattn's: {' and '.join(parts)}, flashattn's step also appending the new key and "
                      f"value{best}.")
+    for ring in (f for f in report.files if f.mode == "ring"):
+        parts = [f"{fmt_share_range(values)} {what}" for causal, what in ((True, "causal"), (False, "non-causal"))
+                 if (values := ring_efficiencies(ring, causal))]
+        if parts:
+            lines.append(f"- Ring attention on {ring.env.get('world_size')} x {ring.env.get('device')} (commit "
+                         f"`{ring.env.get('commit')}`), TFLOP/s per device over one device's on the same sequence, "
+                         f"from {fmt_tokens(RING_SUMMARY_FROM_SEQLEN)} tokens: " + ", ".join(parts) + ".")
     if not lines:
         lines.append("- No results in benchmarks/results/ yet: run `python -m flashattn.tools.bench --out "
                      "benchmarks/results`.")
@@ -578,6 +694,8 @@ def main(argv: list[str] | None = None) -> int:
                                                    (args.readme, readme, new_readme)) if text != new]
         stale += [str(args.figures / figure_name(f)) + " (missing)" for f in report.files
                   if f.mode == "dense" and not (args.figures / figure_name(f)).exists()]
+        stale += [str(args.figures / ring_figure_name(f)) + " (missing)" for f in report.files
+                  if f.mode == "ring" and not (args.figures / ring_figure_name(f)).exists()]
         if stale:
             print("out of date (run python benchmarks/report.py): " + ", ".join(stale), file=sys.stderr)
             return 1
@@ -589,6 +707,8 @@ def main(argv: list[str] | None = None) -> int:
     for results in report.files:
         if results.mode == "dense":
             plot_dense(results, args.figures / figure_name(results))
+        if results.mode == "ring":
+            plot_ring(results, args.figures / ring_figure_name(results))
     print(f"wrote {args.benchmarks.name} ({len(report.files)} results files), the README summary and "
           f"{sum(f.mode == 'dense' for f in report.files)} figure(s)")
     return 0

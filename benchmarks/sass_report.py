@@ -203,7 +203,8 @@ def report_cache(cache_dir: Path, kernel_name: str) -> None:
 
 # The launcher's specialization on the benchmark grid's shapes (dense, no GQA, lengths and heads multiples of 16,
 # causal as window_right = 0): the integer arguments it sees as multiples of 16, and group_size == 1.
-GRID_DIVISIBLE = ("seqlen_q", "seqlen_k", "nheads", "nheads_k", "rng_seed", "rng_offset")
+GRID_DIVISIBLE = ("seqlen_q", "seqlen_k", "nheads", "nheads_k", "rng_seed", "rng_offset", "diagonal_shift",
+                  "dropout_seqlen_q", "dropout_seqlen_k")
 # the Hopper kernels' table entries: --table's and table_report's phase -> the table's phase
 HOPPER_PHASES = {"forward_hopper": "forward", "dkdv_hopper": "dkdv", "dq_hopper": "dq"}
 
@@ -241,7 +242,7 @@ def table_report(phase: str, head_dim: int, causal: bool, seqlen: int, seqlen_q:
         constexprs.update(MASK_EVERY_BLOCK=config.mask_every_block, PEEL_DIAGONAL=config.peel_diagonal,
                           KEY_ROWS=config.key_rows)
     if seqlen_q == 1:
-        constexprs["seqlen_q"] = 1
+        constexprs["seqlen_q"] = constexprs["dropout_seqlen_q"] = 1
     divisible = GRID_DIVISIBLE + (("window_right",) if causal else ())
     return compile_report(kernel, config.num_warps, config.num_stages, constexprs, maxnreg=config.max_registers,
                           divisible=divisible)

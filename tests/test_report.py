@@ -122,3 +122,30 @@ def test_files_it_cannot_report_are_listed_not_fatal(report, workspace, tmp_path
     assert "## H200: packed (varlen) against dense calls" in text
     assert "mystery" in capsys.readouterr().err
     assert report.main([*workspace, "--results", str(results), "--check"]) == 0
+
+
+def test_a_ring_results_file_gets_its_table_figure_and_summary(report, workspace, tmp_path):
+    pytest.importorskip("matplotlib")
+    results = tmp_path / "results"
+    results.mkdir()
+    env = {"device": "NVIDIA H200", "capability": "9.0", "commit": "abc1234", "world_size": 2, "backend": "nccl"}
+
+    def row(provider, seqlen, causal, devices, tflops, efficiency=None, error=None):
+        case = dict(seqlen=seqlen, causal=causal, batch=1, nheads=32, nheads_k=8, head_dim=128, dtype="bfloat16",
+                    world_size=2)
+        return dict(provider=provider, case=case, devices=devices, ms=None if error else 1.0,
+                    tflops_per_device=None if error else tflops, efficiency=efficiency, peak_mib=100.0, error=error)
+
+    rows = [row("flashattn", 65536, True, 1, 400.0), row("flashattn_ring", 65536, True, 2, 388.0, 0.97),
+            row("torch_cp", 65536, True, 2, 0, error="n/a: not run above --torch-cp-max-seqlen 32768"),
+            row("flashattn", 131072, False, 1, 420.0), row("flashattn_ring", 131072, False, 2, 401.1, 0.955)]
+    (results / "h200x2-ring.json").write_text(json.dumps({"environment": env, "results": rows}))
+    assert report.main([*workspace, "--results", str(results)]) == 0
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    (table,) = markdown_tables(text).values()
+    causal = [r for r in table if r["causal"] == "yes"][0]
+    assert causal["seqlen"] == "64k" and causal["ring efficiency"] == "97.0%" and causal["torch_cp efficiency"] == "n/a"
+    assert (tmp_path / "figures" / "ring-h200x2.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    summary = (tmp_path / "README.md").read_text()
+    assert "from 64k tokens: 97.0% causal, 95.5% non-causal." in summary
+    assert report.main([*workspace, "--results", str(results), "--check"]) == 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from . import ops
+from . import ops, ring
 from .options import AttentionOptions, new_rng_state
 
 
@@ -85,3 +85,24 @@ class FlashAttnVarlenPagedFunction(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         raise RuntimeError("flash_attn_varlen_func with a block_table (paged KV) is forward only, as in flash-attn: "
                            "for gradients, gather the pages into packed k and v and call it without block_table")
+
+
+class RingFlashAttnFunction(torch.autograd.Function):
+    """Ring attention over a process group (``ring.py``): the same books as FlashAttnFunction, the dropout seed shared
+    by the group."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, alibi_slopes, opts: AttentionOptions, group: ring.Ring):
+        rng_state = group.shared_rng_state(q.device) if opts.dropout_p > 0 else None
+        out, lse = ring.forward(q, k, v, alibi_slopes, rng_state, opts, group)
+        ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, rng_state)
+        ctx.opts, ctx.group = opts, group
+        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # as in FlashAttnFunction
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, alibi_slopes, rng_state = ctx.saved_tensors
+        dq, dk, dv = ring.backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, ctx.opts, ctx.group)
+        return dq, dk, dv, None, None, None

@@ -25,7 +25,7 @@ from typing import NamedTuple
 import torch
 
 from . import masks
-from .dropout import PackedFrame, keep_mask
+from .dropout import StreamFrame, keep_mask
 from .options import AttentionOptions
 
 BLOCK_N = 128  # keys per tile
@@ -92,16 +92,25 @@ def _block_scores(
         raw = opts.softcap * capped
     query_end = query_start + q.shape[-2]
     query_idx = torch.arange(query_start, query_end, device=q.device).view(-1, 1)
+    shift = opts.diagonal_shift(seqlen_q, seqlen_k)
     if alibi_slopes is not None:
         batch, nheads_k, group = q.shape[:3]
         slopes = alibi_slopes.view(batch, nheads_k, group, 1, 1)
-        raw = raw - slopes * masks.alibi_distance(query_idx, key_idx, seqlen_q, seqlen_k)
+        raw = raw - slopes * masks.alibi_distance(query_idx, key_idx, seqlen_q, seqlen_k, shift)
     if mask_block is not None:
         raw = raw.masked_fill(~mask_block, float("-inf")) if mask_block.dtype == torch.bool else raw + mask_block
     if fully_visible:
         return raw, capped
-    seen = masks.visible(query_idx, key_idx, seqlen_q, seqlen_k, opts.window_left, opts.window_right)
+    seen = masks.visible(query_idx, key_idx, seqlen_q, seqlen_k, opts.window_left, opts.window_right, shift)
     return raw.masked_fill(~seen, float("-inf")), capped
+
+
+def _dropout_frame(opts: AttentionOptions, frame: StreamFrame | None) -> StreamFrame | None:
+    """The dropout stream's frame: a varlen sequence's, or the position frame's (a call of a larger problem)."""
+    if opts.frame is None:
+        return frame
+    assert frame is None, "a varlen sequence has no position frame"
+    return StreamFrame(opts.frame.query_start, opts.frame.key_start, opts.frame.seqlen_q, opts.frame.seqlen_k)
 
 
 def _block_keep(rng_state, opts, q_shape, rows: slice, key_idx, seqlen_q, seqlen_k, frame) -> torch.Tensor:
@@ -134,14 +143,16 @@ def forward(
     alibi_slopes: torch.Tensor | None,
     rng_state: torch.Tensor | None,
     attn_mask: torch.Tensor | None = None,
-    dropout_frame: PackedFrame | None = None,
+    dropout_frame: StreamFrame | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q: (B, Sq, Hq, D), k/v: (B, Sk, Hk, D) -> out (B, Sq, Hq, D), lse float32 (B, Hq, Sq).
 
     ``attn_mask``: optional SDPA mask, 4 dims broadcastable to (B, Hq, Sq, Sk).
-    ``dropout_frame`` places a single sequence of a varlen batch in the packed dropout stream.
+    ``dropout_frame`` places a single sequence of a varlen batch in the packed dropout stream. A position frame
+    (``opts.frame``) places the call in a larger problem: its masks, ALiBi and dropout stream.
     """
     _settle_exp_kernel()
+    dropout_frame = _dropout_frame(opts, dropout_frame)
     batch, seqlen_q, nheads, head_dim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     grouped = (batch, nheads_k, nheads // nheads_k)  # a query head's group is its kv head
@@ -204,16 +215,17 @@ def backward(
     rng_state: torch.Tensor | None,
     attn_mask: torch.Tensor | None = None,
     mask_needs_grad: bool = False,
-    dropout_frame: PackedFrame | None = None,
+    dropout_frame: StreamFrame | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients (dq, dk, dv, dmask) recomputed tile by tile from the saved log-sum-exp.
 
     Each key block gathers its dk and dv over the query blocks that see it; dq gathers over key blocks in
     a float32 accumulator of q's layout. dmask, the gradient of a float ``attn_mask`` in its own shape and
     dtype, is computed when ``mask_needs_grad``; otherwise it is an empty tensor. ``dropout_frame``: as in
-    :func:`forward`.
+    :func:`forward`, and so is ``opts.frame``.
     """
     _settle_exp_kernel()
+    dropout_frame = _dropout_frame(opts, dropout_frame)
     batch, seqlen_q, nheads, head_dim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     grouped = (batch, nheads_k, nheads // nheads_k)
@@ -293,16 +305,17 @@ def _tiles(seqlen_q: int, seqlen_k: int, opts: AttentionOptions, rows_per_block:
     """The tiles that some query sees, key block by key block, each one's query blocks in order. The queries
     that see none of a key block's keys are not computed there (their scores would all be hidden): about
     half the work under a causal mask."""
-    key_lo, key_hi = masks.visible_key_range(seqlen_q, seqlen_k, opts.window_left, opts.window_right)
+    shift = opts.diagonal_shift(seqlen_q, seqlen_k)
+    key_lo, key_hi = masks.visible_key_range(seqlen_q, seqlen_k, opts.window_left, opts.window_right, shift)
     tiles = []
     for start in range(key_lo, key_hi, BLOCK_N):
         end = min(start + BLOCK_N, key_hi)
         query_lo, query_hi = masks.visible_query_range(start, end, seqlen_q, seqlen_k, opts.window_left,
-                                                       opts.window_right)
+                                                       opts.window_right, shift)
         for block in range(query_lo - query_lo % rows_per_block, query_hi, rows_per_block):
             lo, hi = max(query_lo, block), min(query_hi, block + rows_per_block)
             fully_visible = masks.block_fully_visible(lo, hi, start, end, seqlen_q, seqlen_k, opts.window_left,
-                                                      opts.window_right)
+                                                      opts.window_right, shift)
             tiles.append(Tile(block, start, end, slice(lo, hi), fully_visible))
     return tiles
 
@@ -351,7 +364,7 @@ def varlen_forward(
     out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.full((nheads, total_q), float("inf"), dtype=torch.float32, device=q.device)
     for b, queries, keys, slopes in _sequences(cu_seqlens_q, cu_seqlens_k, alibi_slopes):
-        frame = PackedFrame(queries.start, keys.start, total_q, cu_seqlens_k[-1])
+        frame = StreamFrame(queries.start, keys.start, total_q, cu_seqlens_k[-1])
         if block_table is None:
             seq_k, seq_v = k[keys], v[keys]
         else:
@@ -380,7 +393,7 @@ def varlen_backward(
     """Gradients (dq, dk, dv) of the packed tensors; tokens of sequences with nothing to see get 0."""
     dq, dk, dv = (torch.zeros(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
     for _, queries, keys, slopes in _sequences(cu_seqlens_q, cu_seqlens_k, alibi_slopes):
-        frame = PackedFrame(queries.start, keys.start, q.shape[0], k.shape[0])
+        frame = StreamFrame(queries.start, keys.start, q.shape[0], k.shape[0])
         seq_lse = lse[None, :, queries].contiguous()
         seq_dq, seq_dk, seq_dv, _ = backward(
             dout[None, queries], q[None, queries], k[None, keys], v[None, keys], out[None, queries], seq_lse,

@@ -13,7 +13,11 @@ Which counter a score takes:
   q and k, i.e. ``cu_seqlens_q[b] + i`` and ``cu_seqlens_k[b] + j``), head h:
   ``offset + (h * total_q + tq) * total_k + tk``. This is the dense formula for one batch of the whole
   packed tensors (seqlen_q = total_q, seqlen_k = total_k), so it depends only on where the tokens sit,
-  never on ``max_seqlen``. A :class:`PackedFrame` places one sequence in that stream.
+  never on ``max_seqlen``. A :class:`StreamFrame` places one sequence in that stream;
+- a call placed in a larger dense problem by a position frame (``options.PositionFrame``, a ring step): the
+  larger problem's counter, ``offset + ((b * nheads + h) * frame_seqlen_q + query_start + i) * frame_seqlen_k
+  + key_start + j``, so that a ring draws the mask of the single call on the whole sequence. A
+  :class:`StreamFrame` of any batch carries it.
 """
 
 from __future__ import annotations
@@ -53,12 +57,13 @@ def philox_uniform(seed: int, counter: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class PackedFrame:
-    """Where one sequence of a varlen batch sits in the packed dropout stream (see the module doc)."""
+class StreamFrame:
+    """Where a call's scores sit in a larger dropout stream (see the module doc): one sequence of a varlen batch
+    (batch 1) in the packed stream, or a framed call in its larger problem's."""
 
-    query_start: int  # cu_seqlens_q[b]
-    key_start: int  # cu_seqlens_k[b]
-    total_q: int
+    query_start: int  # cu_seqlens_q[b]; a position frame's query_start
+    key_start: int  # cu_seqlens_k[b]; a position frame's key_start
+    total_q: int  # the stream's row count: total_q, or the frame's seqlen_q
     total_k: int
 
 
@@ -71,15 +76,14 @@ def keep_mask(
     key_idx: torch.Tensor,
     seqlen_q: int,
     seqlen_k: int,
-    frame: PackedFrame | None = None,
+    frame: StreamFrame | None = None,
 ) -> torch.Tensor:
     """Keep-mask of shape (batch, nheads, len(query_idx), len(key_idx)) for the given score indices.
 
-    With a ``frame``, the indices are positions in one sequence of a varlen batch (``batch`` is 1) and
-    the mask is the packed stream's; ``seqlen_q``/``seqlen_k`` are then unused.
+    With a ``frame``, the indices are positions in the call's rows and the mask is the larger stream's;
+    ``seqlen_q``/``seqlen_k`` are then unused.
     """
     if frame is not None:
-        assert batch == 1, "a packed frame holds one sequence"
         query_idx = query_idx + frame.query_start
         key_idx = key_idx + frame.key_start
         seqlen_q, seqlen_k = frame.total_q, frame.total_k

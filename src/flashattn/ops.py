@@ -50,13 +50,15 @@ def attention_forward(
     softcap: float,
     dropout_p: float,
     attn_mask: torch.Tensor | None = None,
+    frame: list[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) for q (B, Sq, Hq, D), k/v (B, Sk, Hk, D); lse is float32 (B, Hq, Sq), natural log.
 
     ``attn_mask``: an SDPA mask (bool: True = take part; float: added to the scores) of 4 dims
-    broadcastable to (B, Hq, Sq, Sk).
+    broadcastable to (B, Hq, Sq, Sk). ``frame``: a position frame (``options.PositionFrame``: query_start,
+    key_start, seqlen_q, seqlen_k) placing the call in a larger problem (ring attention's steps).
     """
-    opts = AttentionOptions(softmax_scale, window_left, window_right, softcap, dropout_p)
+    opts = AttentionOptions(softmax_scale, window_left, window_right, softcap, dropout_p).with_frame(frame)
     if backend_for_cpu_tensors() == "triton":
         return forward.launch_forward(q, k, v, alibi_slopes, rng_state, opts, attn_mask)
     return cpu.forward(q, k, v, opts, alibi_slopes, rng_state, attn_mask)
@@ -64,8 +66,8 @@ def attention_forward(
 
 @attention_forward.register_kernel("cuda")
 def attention_forward_cuda(q, k, v, alibi_slopes, rng_state, softmax_scale, window_left, window_right,
-                           softcap, dropout_p, attn_mask=None):
-    opts = AttentionOptions(softmax_scale, window_left, window_right, softcap, dropout_p)
+                           softcap, dropout_p, attn_mask=None, frame=None):
+    opts = AttentionOptions(softmax_scale, window_left, window_right, softcap, dropout_p).with_frame(frame)
     if backend_override() == "torch":
         return cpu.forward(q, k, v, opts, alibi_slopes, rng_state, attn_mask)
     if plans.plannable((q, k, v), alibi_slopes, rng_state, attn_mask):
@@ -75,7 +77,7 @@ def attention_forward_cuda(q, k, v, alibi_slopes, rng_state, softmax_scale, wind
 
 @attention_forward.register_fake
 def _attention_forward_fake(q, k, v, alibi_slopes, rng_state, softmax_scale, window_left, window_right,
-                            softcap, dropout_p, attn_mask=None):
+                            softcap, dropout_p, attn_mask=None, frame=None):
     batch, seqlen_q, nheads, _ = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     return out, q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
@@ -98,13 +100,14 @@ def attention_backward(
     dropout_p: float,
     attn_mask: torch.Tensor | None = None,
     mask_needs_grad: bool = False,
+    frame: list[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dmask), recomputed from the saved log-sum-exp; dk/dv are summed over each GQA group.
 
     dmask is the gradient of a float ``attn_mask`` (its shape and dtype) when ``mask_needs_grad``,
-    else an empty tensor.
+    else an empty tensor. ``frame``: as in :func:`attention_forward`.
     """
-    opts = AttentionOptions(softmax_scale, window_left, window_right, softcap, dropout_p)
+    opts = AttentionOptions(softmax_scale, window_left, window_right, softcap, dropout_p).with_frame(frame)
     if backend_for_cpu_tensors() == "triton":
         return backward.launch_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts, attn_mask,
                                         mask_needs_grad)
@@ -113,8 +116,8 @@ def attention_backward(
 
 @attention_backward.register_kernel("cuda")
 def attention_backward_cuda(dout, q, k, v, out, lse, alibi_slopes, rng_state, softmax_scale, window_left,
-                            window_right, softcap, dropout_p, attn_mask=None, mask_needs_grad=False):
-    opts = AttentionOptions(softmax_scale, window_left, window_right, softcap, dropout_p)
+                            window_right, softcap, dropout_p, attn_mask=None, mask_needs_grad=False, frame=None):
+    opts = AttentionOptions(softmax_scale, window_left, window_right, softcap, dropout_p).with_frame(frame)
     if backend_override() == "torch":
         return cpu.backward(dout, q, k, v, out, lse, opts, alibi_slopes, rng_state, attn_mask, mask_needs_grad)
     if plans.plannable((dout, q, k, v, out, lse), alibi_slopes, rng_state, attn_mask):
@@ -125,7 +128,7 @@ def attention_backward_cuda(dout, q, k, v, out, lse, alibi_slopes, rng_state, so
 
 @attention_backward.register_fake
 def _attention_backward_fake(dout, q, k, v, out, lse, alibi_slopes, rng_state, softmax_scale, window_left,
-                             window_right, softcap, dropout_p, attn_mask=None, mask_needs_grad=False):
+                             window_right, softcap, dropout_p, attn_mask=None, mask_needs_grad=False, frame=None):
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             torch.empty_like(k, memory_format=torch.contiguous_format),
             torch.empty_like(v, memory_format=torch.contiguous_format),

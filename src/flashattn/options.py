@@ -2,10 +2,38 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import torch
+
+
+@dataclass(frozen=True)
+class PositionFrame:
+    """Where a call's queries and keys sit in a larger attention problem (a ring step's pair of chunks).
+
+    Query row i of the call is row ``query_start + i`` of a problem of ``seqlen_q`` queries, key row j is key
+    ``key_start + j`` of ``seqlen_k`` keys. Masks and ALiBi then follow the larger problem's positions (its
+    bottom-right alignment), and dropout its random stream: score (b, h, i, j) takes the counter the larger
+    problem gives score (b, h, query_start + i, key_start + j). Without a frame a call is its own problem.
+    """
+
+    query_start: int
+    key_start: int
+    seqlen_q: int
+    seqlen_k: int
+
+    def diagonal_shift(self, seqlen_q: int, seqlen_k: int) -> int:
+        """How far the frame moves the diagonal of a call of seqlen_q x seqlen_k: query i's diagonal key is
+        ``i + seqlen_k - seqlen_q + shift`` in the call's rows (see :func:`flashattn.masks.visible`)."""
+        return (self.query_start - self.key_start + self.seqlen_k - self.seqlen_q) - (seqlen_k - seqlen_q)
+
+    def dropout_offset(self) -> int:
+        """What the frame adds to the dropout counter of the call's score (b, h, 0, 0) in the larger problem,
+        beyond the strides (``dropout.py``): the counter of (b, h, i, j) is then
+        ``offset + ((b * H + h) * seqlen_q + i) * seqlen_k + j``, the frame's lengths as strides."""
+        return self.query_start * self.seqlen_k + self.key_start
 
 
 @dataclass(frozen=True)
@@ -22,6 +50,7 @@ class AttentionOptions:
     softcap: float = 0.0
     dropout_p: float = 0.0
     deterministic: bool = False
+    frame: PositionFrame | None = None
 
     @classmethod
     def build(
@@ -44,6 +73,18 @@ class AttentionOptions:
         """The scalars a custom op takes in this object's place (ops take only tensors and scalars), in their order:
         ``ops`` rebuilds the object from them."""
         return self.softmax_scale, self.window_left, self.window_right, self.softcap, self.dropout_p
+
+    def frame_argument(self) -> list[int] | None:
+        """The frame as a custom op takes it (query_start, key_start, seqlen_q, seqlen_k), or None."""
+        return None if self.frame is None else list(dataclasses.astuple(self.frame))
+
+    def with_frame(self, frame: list[int] | None) -> AttentionOptions:
+        """This object with the frame a custom op was given (``frame_argument``)."""
+        return self if frame is None else dataclasses.replace(self, frame=PositionFrame(*frame))
+
+    def diagonal_shift(self, seqlen_q: int, seqlen_k: int) -> int:
+        """The frame's shift of the diagonal for a call of these lengths (0 without a frame)."""
+        return 0 if self.frame is None else self.frame.diagonal_shift(seqlen_q, seqlen_k)
 
     @property
     def masked(self) -> bool:

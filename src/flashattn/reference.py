@@ -13,7 +13,7 @@ import math
 import torch
 
 from . import masks
-from .dropout import PackedFrame, keep_mask
+from .dropout import StreamFrame, keep_mask
 
 
 def attention_ref(
@@ -30,7 +30,7 @@ def attention_ref(
     rng_state: torch.Tensor | None = None,
     attn_mask: torch.Tensor | None = None,
     upcast: bool = True,
-    dropout_frame: PackedFrame | None = None,
+    dropout_frame: StreamFrame | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Materializing attention. q: (B, Sq, Hq, D), k/v: (B, Sk, Hk, D). Returns (out, lse).
 
@@ -114,7 +114,7 @@ def varlen_attention_ref(
         slopes = alibi_slopes
         if alibi_slopes is not None and alibi_slopes.dim() == 2:
             slopes = alibi_slopes[b : b + 1]
-        frame = PackedFrame(q_start, k_start, total_q, total_k)
+        frame = StreamFrame(q_start, k_start, total_q, total_k)
         out, lse = attention_ref(
             q[None, q_start:q_end], k[None, k_start:k_end], v[None, k_start:k_end], alibi_slopes=slopes,
             dropout_p=dropout_p, rng_state=rng_state, upcast=upcast, dropout_frame=frame, **options,

@@ -157,12 +157,26 @@ def check_against_reference(case: Case, dtype: torch.dtype, device: str | torch.
     The dropout stream is drawn after ``torch.manual_seed(0)``, so the reference replays it exactly.
     ``reference_fn`` is called as ``attention_ref`` is (the varlen check passes the per-sequence one).
     """
+
+    def run(q, k, v, options):
+        q, k, v = (x.detach().requires_grad_(backward) for x in (q, k, v))
+        out, lse, _ = attention_fn(q, k, v, return_attn_probs=True, **options)
+        return out, lse, lambda dout: torch.autograd.grad(out, (q, k, v), dout)
+
+    check_run_against_reference(case, dtype, device, run, backward, inputs, reference_fn)
+
+
+def check_run_against_reference(case: Case, dtype: torch.dtype, device: str | torch.device, run,
+                                backward: bool = True, inputs=None, reference_fn=attention_ref) -> None:
+    """:func:`check_against_reference` for any way of computing attention: ``run(q, k, v, options)`` returns
+    ``(out, lse, gradients)``, where ``gradients(dout)`` gives (dq, dk, dv) of the full q, k and v (a sharded
+    computation gathers its results, ``tests/ring_cases.py``)."""
     q, k, v = inputs if inputs is not None else random_inputs(case, dtype, device)
-    q, k, v = (x.detach().requires_grad_(backward) for x in (q, k, v))
+    q, k, v = (x.detach() for x in (q, k, v))
     options = dict(case.options)
     dropout_p = options.get("dropout_p", 0.0)
     torch.manual_seed(0)
-    out, lse, _ = attention_fn(q, k, v, return_attn_probs=True, **options)
+    out, lse, gradients = run(q, k, v, options)
     torch.manual_seed(0)
     rng_state = new_rng_state() if dropout_p > 0 else None
     ref_options = {key: value for key, value in options.items() if key != "deterministic"}
@@ -182,7 +196,7 @@ def check_against_reference(case: Case, dtype: torch.dtype, device: str | torch.
     if not backward:
         return
     dout = torch.randn_like(out)
-    grads = torch.autograd.grad(out, (q, k, v), dout)
+    grads = gradients(dout)
     oracle_grads = torch.autograd.grad(out_oracle, oracle_leaves, dout.double(), retain_graph=True)
     baseline_grads = torch.autograd.grad(out_baseline, baseline_leaves, dout)
     # dS reaches dq/dk through one more product with q or k and the softmax scale.

@@ -86,7 +86,7 @@ def _probs(
     MASKED: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     mask_base, stride_mask_m, stride_mask_n, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
-    KEY_ROWS: tl.constexpr = False,
+    KEY_ROWS: tl.constexpr = False, shift=0,
 ):
     """Recompute one (queries x keys) tile of P from the log-sum-exp, before dropout.
 
@@ -100,13 +100,14 @@ def _probs(
     else:
         qk = dot(q, tl.trans(k), UPCAST_DOT, DOT_PRECISION)
     s, capped = scores_log2(qk, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
-                            alibi_slope_log2, HAS_SOFTCAP, HAS_ALIBI)
+                            alibi_slope_log2, HAS_SOFTCAP, HAS_ALIBI, shift)
     if HAS_MASK:
         s = apply_attn_mask(s, mask_base, stride_mask_m, stride_mask_n, offs_m, offs_n, seqlen_q, seqlen_k,
                             MASK_IS_BOOL)
     p = tl.math.exp2(s - lse_log2[:, None])
     if MASKED:
-        seen = visible(offs_m, offs_n, seqlen_q, seqlen_k, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT)
+        seen = visible(offs_m, offs_n, seqlen_q, seqlen_k, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT,
+                       shift)
         p = tl.where(seen, p, 0.0)
     return p, capped
 
@@ -151,7 +152,7 @@ def _dkdv_tile(
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
     mask_base, stride_mask_m, stride_mask_n, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
     KEY_ROWS: tl.constexpr, interior_lo, interior_hi, MASK_AT_RUN_TIME: tl.constexpr, row_limit,
-    USE_TMA: tl.constexpr,
+    USE_TMA: tl.constexpr, shift,
 ):
     """dK and dV of one (BLOCK_M queries from start_m) x (key block) tile, added to the accumulators.
 
@@ -178,11 +179,11 @@ def _dkdv_tile(
         q, k, lse * LOG2E, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2,
         window_left, window_right, MASKED and not MASK_AT_RUN_TIME, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP,
         HAS_ALIBI, UPCAST_DOT, DOT_PRECISION, mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL,
-        KEY_ROWS)
+        KEY_ROWS, shift)
     if MASK_AT_RUN_TIME:  # noqa: SIM102 - compiled out when false; the inner test runs on the GPU
         if (start_m < interior_lo) | (start_m >= interior_hi):
             seen = visible(offs_m, offs_n, seqlen_q, seqlen_k, window_left, window_right, WINDOW_LEFT,
-                           WINDOW_RIGHT)
+                           WINDOW_RIGHT, shift)
             p = tl.where(seen, p, 0.0)
     keep = p  # read only with dropout
     if HAS_DROPOUT:
@@ -209,7 +210,7 @@ def _dkdv_query_range(
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
     mask_base, stride_mask_m, stride_mask_n, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
     block_list, HAS_BLOCK_MAP: tl.constexpr, KEY_ROWS: tl.constexpr, interior_lo, interior_hi,
-    MASK_AT_RUN_TIME: tl.constexpr, USE_TMA: tl.constexpr,
+    MASK_AT_RUN_TIME: tl.constexpr, USE_TMA: tl.constexpr, shift,
 ):
     """Query blocks lo, lo + BLOCK_M, ... < hi (with HAS_BLOCK_MAP, the blocks block_list[lo:hi]), each
     through :func:`_dkdv_tile`."""
@@ -224,7 +225,7 @@ def _dkdv_query_range(
             window_right, dropout_p, rng_seed, rng_row_base, rng_row_stride, HEAD_DIM, BLOCK_D, BLOCK_M, MASKED,
             WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED,
             mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL, KEY_ROWS, interior_lo, interior_hi,
-            MASK_AT_RUN_TIME, seqlen_q, USE_TMA)
+            MASK_AT_RUN_TIME, seqlen_q, USE_TMA, shift)
     return dk, dv, dk_comp, dv_comp
 
 
@@ -240,7 +241,7 @@ def dkdv_kernel(
     stride_alibi_b,
     seqlen_q, seqlen_k, nheads, nheads_k, group_size,
     softmax_scale, qk_scale, softcap_log2, window_left, window_right,
-    dropout_p, rng_seed, rng_offset,
+    dropout_p, rng_seed, rng_offset, diagonal_shift, dropout_seqlen_q, dropout_seqlen_k,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
@@ -310,7 +311,7 @@ def dkdv_kernel(
     peeled: tl.constexpr = PEEL_DIAGONAL and not WINDOW_LEFT and not HAS_BLOCK_MAP
     one_loop: tl.constexpr = MASK_EVERY_BLOCK and not peeled
     lo, full_lo, full_hi, hi = query_block_bounds(start_n, seqlen_q, seqlen_k, window_left, window_right,
-                                                  BLOCK_M, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT)
+                                                  BLOCK_M, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT, diagonal_shift)
     for g in range(0, group_size):
         head = head_k * group_size + g
         if IS_VARLEN:
@@ -326,8 +327,8 @@ def dkdv_kernel(
             do_base = DOut + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh
             lse_base = Lse + bh.to(tl.int64) * seqlen_q
             delta_base = Delta + bh.to(tl.int64) * seqlen_q
-            rng_row_base = dropout_row_base(rng_offset, bh.to(tl.int64) * seqlen_q, seqlen_k, 0)
-            rng_row_stride = seqlen_k
+            rng_row_base = dropout_row_base(rng_offset, bh.to(tl.int64) * dropout_seqlen_q, dropout_seqlen_k, 0)
+            rng_row_stride = dropout_seqlen_k
         q_source = q_base
         do_source = do_base
         if USE_TMA:  # descriptors are made here: Triton 3.6 does not return one from a helper
@@ -377,7 +378,7 @@ def dkdv_kernel(
                             rng_row_stride, HEAD_DIM, BLOCK_D, BLOCK_M, True, WINDOW_LEFT, WINDOW_RIGHT,
                             HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED, mask_base,
                             stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL, KEY_ROWS, 0, 0, False,
-                            head_full_lo, USE_TMA)
+                            head_full_lo, USE_TMA, diagonal_shift)
             elif peeled and stage == 2:
                 if head_full_hi < head_hi:  # the partial last block (its rows from head_hi = seqlen_q on take no part)
                     dk, dv, dk_comp, dv_comp = _dkdv_tile(
@@ -386,7 +387,7 @@ def dkdv_kernel(
                         window_left, window_right, dropout_p, rng_seed, rng_row_base, rng_row_stride, HEAD_DIM,
                         BLOCK_D, BLOCK_M, True, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
                         UPCAST_DOT, DOT_PRECISION, COMPENSATED, mask_base, stride_mask_m, stride_mask_n, HAS_MASK,
-                        MASK_IS_BOOL, KEY_ROWS, 0, 0, False, head_hi, USE_TMA)
+                        MASK_IS_BOOL, KEY_ROWS, 0, 0, False, head_hi, USE_TMA, diagonal_shift)
             elif stage == 1 or not one_loop:
                 # the three-loop form's stages; the one-loop form's single stage; the peeled form's interior
                 start, end = stage_range(stage, head_lo, head_full_lo, head_full_hi, head_hi)
@@ -397,7 +398,7 @@ def dkdv_kernel(
                     BLOCK_M, stage != 1 or HAS_MASK or one_loop, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP,
                     HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED, mask_base, stride_mask_m,
                     stride_mask_n, HAS_MASK, MASK_IS_BOOL, block_list, HAS_BLOCK_MAP, KEY_ROWS, interior_lo,
-                    interior_hi, one_loop, USE_TMA)
+                    interior_hi, one_loop, USE_TMA, diagonal_shift)
     store_mask = offs_n[:, None] < seqlen_k
     if BLOCK_D != HEAD_DIM:
         store_mask = store_mask & (offs_d[None, :] < HEAD_DIM)
@@ -417,7 +418,7 @@ def _dq_key_range(
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
     mask_base, stride_mask_m, stride_mask_n, dmask_base, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
-    MASK_GRAD: tl.constexpr, block_list, HAS_BLOCK_MAP: tl.constexpr, USE_TMA: tl.constexpr,
+    MASK_GRAD: tl.constexpr, block_list, HAS_BLOCK_MAP: tl.constexpr, USE_TMA: tl.constexpr, shift,
 ):
     """Key blocks lo, lo + BLOCK_N, ... < hi; with HAS_BLOCK_MAP, the blocks block_list[lo:hi].
 
@@ -436,7 +437,7 @@ def _dq_key_range(
         p, capped = _probs(
             q, k, lse_log2, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2,
             window_left, window_right, MASKED, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, UPCAST_DOT,
-            DOT_PRECISION, mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL)
+            DOT_PRECISION, mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL, False, shift)
         keep = p  # read only with dropout
         if HAS_DROPOUT:
             keep = dropout_keep(rng_seed, rng_row_base, offs_m, offs_n, rng_row_stride, dropout_p)
@@ -461,7 +462,7 @@ def dq_kernel(
     stride_alibi_b,
     seqlen_q, seqlen_k, nheads, group_size,
     softmax_scale, qk_scale, softcap_log2, window_left, window_right,
-    dropout_p, rng_seed, rng_offset,
+    dropout_p, rng_seed, rng_offset, diagonal_shift, dropout_seqlen_q, dropout_seqlen_k,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
@@ -504,8 +505,8 @@ def dq_kernel(
         v_base = V + batch.to(tl.int64) * stride_vb + head_k.to(tl.int64) * stride_vh
         lse_base = Lse + bh.to(tl.int64) * seqlen_q
         delta_base = Delta + bh.to(tl.int64) * seqlen_q
-        rng_row_base = dropout_row_base(rng_offset, bh.to(tl.int64) * seqlen_q, seqlen_k, 0)
-        rng_row_stride = seqlen_k
+        rng_row_base = dropout_row_base(rng_offset, bh.to(tl.int64) * dropout_seqlen_q, dropout_seqlen_k, 0)
+        rng_row_stride = dropout_seqlen_k
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     q = _load_rows(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, seqlen_q, offs_d,
@@ -535,7 +536,7 @@ def dq_kernel(
                                              block_shape=[BLOCK_N, BLOCK_D])
     block_list, lo, full_lo, full_hi, hi = query_tile_key_blocks(
         start_m, seqlen_q, seqlen_k, window_left, window_right, BlockMap, stride_map_b, stride_map_h,
-        stride_map_row, batch, head, BLOCK_M, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT, HAS_BLOCK_MAP)
+        stride_map_row, batch, head, BLOCK_M, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT, HAS_BLOCK_MAP, diagonal_shift)
     for stage in tl.static_range(3):
         start, end = stage_range(stage, lo, full_lo, full_hi, hi)
         dq, dq_comp = _dq_key_range(
@@ -544,7 +545,7 @@ def dq_kernel(
             dropout_p, rng_seed, rng_row_base, rng_row_stride, HEAD_DIM, BLOCK_D, BLOCK_N, stage != 1 or HAS_MASK,
             WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED,
             mask_base, stride_mask_m, stride_mask_n, dmask_base, HAS_MASK, MASK_IS_BOOL, MASK_GRAD,
-            block_list, HAS_BLOCK_MAP, USE_TMA)
+            block_list, HAS_BLOCK_MAP, USE_TMA, diagonal_shift)
     dq = dq * softmax_scale
     store_mask = row_ok[:, None]
     if BLOCK_D != HEAD_DIM:

@@ -3,6 +3,9 @@
 ``visible`` is the Triton form of :func:`flashattn.masks.visible`; ``key_block_bounds`` and
 ``query_block_bounds`` split a tile's loop into boundary blocks (masked) and interior blocks (no mask
 at all), so the masking work is confined to the few tiles that cross a mask edge.
+
+``shift`` moves the diagonal of masks and ALiBi by a position frame's offset (``masks.py``; a ring step's pair of
+chunks): 0 for a call that is its own problem.
 """
 
 import triton
@@ -59,8 +62,8 @@ def divide_rows(acc, row_sum, ROUND_TO_NEAREST: tl.constexpr):
 
 @triton.jit
 def visible(offs_m, offs_n, seqlen_q, seqlen_k, window_left, window_right,
-            WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr):
-    diagonal = offs_m[:, None] + (seqlen_k - seqlen_q)
+            WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, shift=0):
+    diagonal = offs_m[:, None] + (seqlen_k - seqlen_q + shift)
     seen = offs_n[None, :] < seqlen_k
     if WINDOW_LEFT:
         seen = seen & (offs_n[None, :] >= diagonal - window_left)
@@ -71,7 +74,7 @@ def visible(offs_m, offs_n, seqlen_q, seqlen_k, window_left, window_right,
 
 @triton.jit
 def scores_log2(qk, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope_log2,
-                HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
+                HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, shift=0):
     """Raw q.k products -> scores in base 2 (the softmax scale and log2(e) folded in).
 
     Returns (scores, tanh term): the tanh term is needed by the softcap's derivative in the backward.
@@ -83,7 +86,7 @@ def scores_log2(qk, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, 
         capped = qk
         s = qk * qk_scale  # qk_scale = softmax_scale * log2(e)
     if HAS_ALIBI:
-        distance = tl.abs(offs_m[:, None] + (seqlen_k - seqlen_q) - offs_n[None, :]).to(tl.float32)
+        distance = tl.abs(offs_m[:, None] + (seqlen_k - seqlen_q + shift) - offs_n[None, :]).to(tl.float32)
         s = s - alibi_slope_log2 * distance
     return s, capped
 
@@ -91,13 +94,13 @@ def scores_log2(qk, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2, 
 @triton.jit
 def key_block_bounds(start_m, seqlen_q, seqlen_k, window_left, window_right,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr):
+                     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, shift=0):
     """For the query rows [start_m, start_m + BLOCK_M): key blocks lo <= full_lo <= full_hi <= hi.
 
     [lo, full_lo) and [full_hi, hi) hold the blocks some of whose scores are masked; every score of a
     block in [full_lo, full_hi) is visible and its keys are all < seqlen_k.
     """
-    offset = seqlen_k - seqlen_q
+    offset = seqlen_k - seqlen_q + shift
     first_row = start_m
     last_row = tl.minimum(start_m + BLOCK_M, seqlen_q) - 1
     lo = 0
@@ -123,14 +126,14 @@ def key_block_bounds(start_m, seqlen_q, seqlen_k, window_left, window_right,
 @triton.jit
 def query_block_bounds(start_n, seqlen_q, seqlen_k, window_left, window_right,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr):
+                       WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, shift=0):
     """For the keys [start_n, start_n + BLOCK_N): query blocks lo <= full_lo <= full_hi <= hi.
 
     Query i sees key j when j - offset - right <= i <= j - offset + left. Blocks in
     [full_lo, full_hi) have every (query, key) pair visible and all their queries < seqlen_q; the
     keys themselves may run past seqlen_k, which only touches dK/dV rows that are never stored.
     """
-    offset = seqlen_k - seqlen_q
+    offset = seqlen_k - seqlen_q + shift
     first_key = start_n
     last_key = tl.minimum(start_n + BLOCK_N, seqlen_k) - 1
     lo = 0
@@ -224,8 +227,10 @@ def paged_kv_rows(positions, first_position, table_row, page_size, num_pages,
 def dropout_row_base(rng_offset, row, row_stride, first_key):
     """The counter of score (0, 0) of one (batch x head) slice: ``offset + row * row_stride + first_key``.
 
-    Dense: row = bh * Sq, row_stride = Sk, first_key = 0. Varlen (the packed stream of ``dropout.py``):
-    row = head * total_q + cu_seqlens_q[b], row_stride = total_k, first_key = cu_seqlens_k[b].
+    Dense: row = bh * Sq, row_stride = Sk, first_key = 0; in a position frame Sq and Sk are the frame's
+    lengths and the launcher adds the frame's start to ``offset`` (``PositionFrame.dropout_offset``).
+    Varlen (the packed stream of ``dropout.py``): row = head * total_q + cu_seqlens_q[b], row_stride = total_k,
+    first_key = cu_seqlens_k[b].
     """
     return rng_offset + row.to(tl.int64) * row_stride + first_key
 
@@ -300,14 +305,15 @@ def apply_attn_mask(s, mask_base, stride_mask_m, stride_mask_n, offs_m, offs_n, 
 def query_tile_key_blocks(start_m, seqlen_q, seqlen_k, window_left, window_right,
                           BlockMap, stride_map_b, stride_map_h, stride_map_row, batch, head,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, HAS_BLOCK_MAP: tl.constexpr):
+                          WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, HAS_BLOCK_MAP: tl.constexpr,
+                          shift=0):
     """The key loop of the query tile at start_m (forward and dQ): (block list, lo, full_lo, full_hi, hi).
 
     Without a block map, :func:`key_block_bounds`' three stages over key positions. With one, only the
     key blocks with a score the SDPA mask shows, in one masked stage over positions in the list.
     """
     lo, full_lo, full_hi, hi = key_block_bounds(start_m, seqlen_q, seqlen_k, window_left, window_right,
-                                                BLOCK_M, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT)
+                                                BLOCK_M, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT, shift)
     block_list = BlockMap
     if HAS_BLOCK_MAP:
         block_list, lo, hi = mapped_blocks(BlockMap, stride_map_b, stride_map_h, stride_map_row, batch, head,
@@ -362,7 +368,7 @@ def online_softmax_step(
     MASKED: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr, DEFER_SCALE: tl.constexpr,
-    mask_base, stride_mask_m, stride_mask_n, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
+    mask_base, stride_mask_m, stride_mask_n, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr, shift=0,
 ):
     """Fold one key block into the running (acc, row_sum, row_max), given its raw scores qk = q k^T.
 
@@ -375,10 +381,10 @@ def online_softmax_step(
         s = qk
     else:
         s, _ = scores_log2(qk, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
-                           alibi_slope_log2, HAS_SOFTCAP, HAS_ALIBI)
+                           alibi_slope_log2, HAS_SOFTCAP, HAS_ALIBI, shift)
     if MASKED:
         seen = visible(offs_m, offs_n, seqlen_q, seqlen_k, window_left, window_right,
-                       WINDOW_LEFT, WINDOW_RIGHT)
+                       WINDOW_LEFT, WINDOW_RIGHT, shift)
         s = tl.where(seen, s, float("-inf"))
     if HAS_MASK:
         s = apply_attn_mask(s, mask_base, stride_mask_m, stride_mask_n, offs_m, offs_n, seqlen_q, seqlen_k,

@@ -69,6 +69,7 @@ def _forward_block_range(
     mask_base, stride_mask_m, stride_mask_n, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
     block_list, HAS_BLOCK_MAP: tl.constexpr,
     page_table_row, page_size, num_pages, stride_kb, stride_vb, PAGED_KV: tl.constexpr, ONE_PAGE: tl.constexpr,
+    shift,
 ):
     """Key blocks lo, lo + BLOCK_N, ... < hi; with HAS_BLOCK_MAP, the blocks block_list[lo:hi]."""
     offs_d = tl.arange(0, BLOCK_D)
@@ -90,7 +91,7 @@ def _forward_block_range(
             acc, acc_comp, row_sum, row_max, qk, v, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
             alibi_slope_log2, window_left, window_right, dropout_p, rng_seed, rng_row_base, rng_row_stride,
             MASKED, WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION,
-            COMPENSATED, DEFER_SCALE, mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL)
+            COMPENSATED, DEFER_SCALE, mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL, shift)
     return acc, acc_comp, row_sum, row_max
 
 
@@ -104,7 +105,7 @@ def attention_forward_kernel(
     stride_alibi_b,
     seqlen_q, seqlen_k, nheads, group_size,
     qk_scale, softcap_log2, window_left, window_right,
-    dropout_p, rng_seed, rng_offset,
+    dropout_p, rng_seed, rng_offset, diagonal_shift, dropout_seqlen_q, dropout_seqlen_k,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
@@ -122,7 +123,11 @@ def attention_forward_kernel(
     PAGED_KV (varlen only): K and V are page pools (num_pages, page_size, nheads_k, headdim), the "batch"
     strides step over pages, and sequence b's key j is row j % page_size of page
     BlockTable[b, j // page_size]; seqlen_k is then the number of pages. ONE_PAGE: BLOCK_N divides
-    page_size, so each key block lies in one page."""
+    page_size, so each key block lies in one page.
+
+    Dense calls in a position frame (a ring step): ``diagonal_shift`` moves the masks' and ALiBi's diagonal, and the
+    dropout counters take ``dropout_seqlen_q`` / ``dropout_seqlen_k`` (the frame's lengths; otherwise the call's) as
+    strides, the frame's start already in ``rng_offset``. Varlen calls pass 0 and ignore the lengths."""
     if WINDOW_RIGHT:
         # with a causal (right-bounded) mask the last query blocks see the most keys: launch them
         # first, so the grid's last wave holds the short tiles instead of a long tail of full ones
@@ -167,8 +172,8 @@ def attention_forward_kernel(
         v_base = V + batch.to(tl.int64) * stride_vb + head_k.to(tl.int64) * stride_vh
         o_base = Out + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh
         lse_base = Lse + bh.to(tl.int64) * seqlen_q
-        rng_row_base = dropout_row_base(rng_offset, bh.to(tl.int64) * seqlen_q, seqlen_k, 0)
-        rng_row_stride = seqlen_k
+        rng_row_base = dropout_row_base(rng_offset, bh.to(tl.int64) * dropout_seqlen_q, dropout_seqlen_k, 0)
+        rng_row_stride = dropout_seqlen_k
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -206,7 +211,7 @@ def attention_forward_kernel(
 
     block_list, lo, full_lo, full_hi, hi = query_tile_key_blocks(
         start_m, seqlen_q, seqlen_k, window_left, window_right, BlockMap, stride_map_b, stride_map_h,
-        stride_map_row, batch, head, BLOCK_M, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT, HAS_BLOCK_MAP)
+        stride_map_row, batch, head, BLOCK_M, BLOCK_N, WINDOW_LEFT, WINDOW_RIGHT, HAS_BLOCK_MAP, diagonal_shift)
     for stage in tl.static_range(3):
         start, end = stage_range(stage, lo, full_lo, full_hi, hi)
         # an SDPA mask may hide any score: every block takes the masked path then
@@ -217,7 +222,7 @@ def attention_forward_kernel(
             WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED,
             USE_TMA, DEFER_SCALE, mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL,
             block_list, HAS_BLOCK_MAP, page_table_row, page_size, num_pages, stride_kb, stride_vb, PAGED_KV,
-            ONE_PAGE)
+            ONE_PAGE, diagonal_shift)
 
     # -- epilogue: normalize; a row that saw no key gives 0 and lse = +inf --
     empty = row_sum == 0.0

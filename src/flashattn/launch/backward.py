@@ -20,6 +20,7 @@ from .common import (
     block_map_arguments,
     cdiv,
     dot_flags,
+    frame_scalars,
     kernel_scalars,
     last_dim_contiguous,
     mask_arguments,
@@ -188,7 +189,8 @@ def launch_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Atte
     slopes, stride_alibi_b, has_alibi = alibi_arguments(alibi_slopes, q)
     shared = dict(
         softmax_scale=opts.softmax_scale, HEAD_DIM=head_dim, BLOCK_D=block_d, HAS_ALIBI=has_alibi,
-        IS_VARLEN=layout.is_varlen, **kernel_scalars(opts, rng_state), **dot_flags(q.dtype),
+        IS_VARLEN=layout.is_varlen, **kernel_scalars(opts, rng_state), **frame_scalars(opts, layout),
+        **dot_flags(q.dtype),
         **mask_arguments(attn_mask, q, layout.lengths[1]),
     )
     has_mask = attn_mask is not None

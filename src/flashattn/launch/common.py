@@ -23,6 +23,8 @@ def kernel_scalars(opts: AttentionOptions, rng_state: torch.Tensor | None) -> di
     else:
         qk_scale, softcap_log2 = opts.softmax_scale * LOG2E, 0.0
     seed, offset = (int(x) for x in rng_state.tolist()) if rng_state is not None else (0, 0)
+    if opts.frame is not None:
+        offset += opts.frame.dropout_offset()
     return dict(
         qk_scale=qk_scale,
         softcap_log2=softcap_log2,
@@ -36,6 +38,16 @@ def kernel_scalars(opts: AttentionOptions, rng_state: torch.Tensor | None) -> di
         HAS_SOFTCAP=opts.softcap > 0,
         HAS_DROPOUT=opts.dropout_p > 0,
     )
+
+
+def frame_scalars(opts: AttentionOptions, layout: Layout) -> dict:
+    """The forward's and backward's position-frame scalars: the diagonal's shift and the dropout stream's lengths
+    (``options.PositionFrame``; without a frame, the call's own lengths and no shift). Packed calls have no frame."""
+    if opts.frame is None:
+        return dict(diagonal_shift=0, dropout_seqlen_q=layout.lengths[0], dropout_seqlen_k=layout.lengths[1])
+    assert not layout.is_varlen, "a position frame places a dense call"
+    return dict(diagonal_shift=opts.frame.diagonal_shift(*layout.lengths), dropout_seqlen_q=opts.frame.seqlen_q,
+                dropout_seqlen_k=opts.frame.seqlen_k)
 
 
 def dot_flags(dtype: torch.dtype) -> dict:

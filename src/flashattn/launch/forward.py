@@ -16,6 +16,7 @@ from .common import (
     block_map_arguments,
     cdiv,
     dot_flags,
+    frame_scalars,
     kernel_scalars,
     last_dim_contiguous,
     mask_arguments,
@@ -78,7 +79,8 @@ def launch_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, att
         USE_TMA=use_tma,
         DEFER_SCALE=opts.softcap == 0 and alibi_slopes is None and attn_mask is None and opts.softmax_scale > 0,
         **configs.launch_options(config),
-        **kernel_scalars(opts, rng_state), **dot_flags(q.dtype), **mask_arguments(attn_mask, q, layout.lengths[1]),
+        **kernel_scalars(opts, rng_state), **frame_scalars(opts, layout), **dot_flags(q.dtype),
+        **mask_arguments(attn_mask, q, layout.lengths[1]),
         **block_map_arguments(attn_mask, q, layout.lengths[1], (config.block_m, config.block_n, False))[0],
         **_paging_arguments(block_table, k, config.block_n),
     )
@@ -88,13 +90,14 @@ def launch_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, att
 def hopper_forward_fits(q, k, v, opts: AttentionOptions, alibi_slopes, attn_mask, block_table) -> bool:
     """Whether the Hopper forward (``kernels/forward_hopper.py``) computes this call: a causal
     or unmasked softmax of 16-bit inputs at head dim 64, 128 or 256 on an sm90 GPU, with each tensor readable as
-    (tokens, heads * head_dim) rows by TMA. Everything else takes the Triton kernel."""
+    (tokens, heads * head_dim) rows by TMA, and no position frame (ring attention's framed steps). Everything else
+    takes the Triton kernel."""
     head_dim = q.shape[-1]
     return (q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
             and head_dim in (64, 128, 256) and opts.dropout_p == 0 and opts.softcap == 0
             and opts.softmax_scale > 0  # the running max is taken over unscaled scores
             and opts.window_left < 0 and opts.window_right in (-1, 0)
-            and alibi_slopes is None and attn_mask is None and block_table is None
+            and alibi_slopes is None and attn_mask is None and block_table is None and opts.frame is None
             and k.numel() > 0  # a descriptor needs at least one row
             and configs.gpu_family(q.device) == "hopper" and not interpreting()
             and all(token_rows(x) is not None for x in (q, k, v)) and tma_compatible(q, k, v))

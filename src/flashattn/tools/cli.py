@@ -154,7 +154,8 @@ def builtin_subcommands() -> dict[str, Subcommand]:
 
 # subcommand -> the module that holds its ``add_arguments(parser)`` and ``run(args)``
 # (memory and io: the modules that add --measure to the models)
-MODULE_SUBCOMMANDS = {"bench": "bench", "memory": "measure", "io": "iomeasure", "blocks": "blocks"}
+MODULE_SUBCOMMANDS = {"bench": "bench", "memory": "measure", "io": "iomeasure", "blocks": "blocks",
+                     "ring": "bench_ring"}
 
 
 def optional_subcommands() -> dict[str, Subcommand]:

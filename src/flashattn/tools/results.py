@@ -29,11 +29,12 @@ def machine_kind(env: dict) -> str:
     return kind or "gpu"
 
 
-def write_results(folder: Path, env: dict, mode: str, rows: list[dict]) -> Path:
+def write_results(folder: Path, env: dict, mode: str, rows: list[dict], machine: str | None = None) -> Path:
     """``folder``/<machine>-<mode>.json: the environment and the rows, replacing the file (written whole, then
-    renamed, so that a reader never sees half of it)."""
+    renamed, so that a reader never sees half of it). ``machine``: default ``machine_kind(env)``; runs over several
+    devices name their count (``h200x2``)."""
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{machine_kind(env)}-{mode}.json"
+    path = folder / f"{machine or machine_kind(env)}-{mode}.json"
     partial = path.with_name(path.name + ".partial")
     partial.write_text(json.dumps({"environment": env, "results": rows}, indent=1) + "\n")
     os.replace(partial, path)

@@ -1,0 +1,258 @@
+"""Ring attention: the sequence sharded over a process group, K/V passed around the ring (``distributed.py``'s
+engine).
+
+Layout (zigzag): the full sequence of N tokens is cut into 2W chunks for a group of W ranks; rank r holds chunks r
+and 2W-1-r, one from each end, so that under a causal mask every rank has as much work as every other. When 2W does
+not divide N the chunks differ by one token (:class:`ZigzagLayout`); nothing is padded.
+
+Forward: at step s rank r holds the K/V shard of rank ``src = r - s (mod W)``; it sends it on to rank r + 1 and
+receives the next one from rank r - 1 (batched isend/irecv) while it attends to it. Each step's partial outputs are
+merged into a float32 accumulator by their log-sum-exps. Backward: the same ring, each step recomputing with the
+*global* output and log-sum-exp (so the partial gradients are exact parts of the full ones); dQ accumulates locally
+in float32, and each K/V shard's dK/dV accumulator (float32) travels the ring with it and arrives home after W
+steps.
+
+Which queries see which keys at a step. Without position-dependent options (causal or no mask, softcap, GQA), the
+chunk order alone decides, with no position offsets:
+
+- ``src == r``: the local queries against the local keys, causal or not (both are the chunks r and 2W-1-r in
+  order, so the bottom-right causal mask of an Sq == Sk call is the global one);
+- causal, ``src < r``: every local query against the first chunk of the received keys, unmasked (its second chunk
+  lies after both local chunks);
+- causal, ``src > r``: the second local chunk against all received keys, unmasked (the first local chunk lies
+  before both);
+- not causal: every local query against every received key.
+
+A window, ALiBi and dropout depend on global positions: then each (query chunk, key chunk) pair is its own call,
+with a :class:`~flashattn.options.PositionFrame` that places it in the full sequence, and pairs that see nothing
+are skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from . import masks, ops
+from .options import AttentionOptions, PositionFrame, new_rng_state
+
+
+@dataclass(frozen=True)
+class ZigzagLayout:
+    """Where each rank's tokens lie in a sequence of ``seqlen`` tokens over ``world_size`` ranks.
+
+    Rank r holds ``seqlen // W`` tokens, one more for the first ``seqlen % W`` ranks; its first chunk (chunk r of
+    the 2W) takes the larger half of them, its second (chunk 2W-1-r) the smaller. Every chunk then has
+    ``seqlen // 2W`` or one more token, and the ranks' loads differ by at most one token per chunk.
+    """
+
+    seqlen: int
+    world_size: int
+
+    def rank_length(self, rank: int) -> int:
+        base, extra = divmod(self.seqlen, self.world_size)
+        return base + (1 if rank < extra else 0)
+
+    def chunk_length(self, chunk: int) -> int:
+        w = self.world_size
+        if chunk < w:
+            return -(-self.rank_length(chunk) // 2)
+        return self.rank_length(2 * w - 1 - chunk) // 2
+
+    def chunk_start(self, chunk: int) -> int:
+        return sum(self.chunk_length(c) for c in range(chunk))
+
+    def chunks(self, rank: int) -> tuple[tuple[int, int], tuple[int, int]]:
+        """(global start, length) of rank ``rank``'s first and second chunk, in the order the rank holds them."""
+        second = 2 * self.world_size - 1 - rank
+        return ((self.chunk_start(rank), self.chunk_length(rank)),
+                (self.chunk_start(second), self.chunk_length(second)))
+
+
+@dataclass(frozen=True)
+class Ring:
+    """A process group seen from one rank: its place in the ring, and the sequence's layout over it."""
+
+    group: dist.ProcessGroup
+    rank: int
+    world_size: int
+    layout: ZigzagLayout
+
+    @classmethod
+    def of(cls, group: dist.ProcessGroup | None, seqlen: int) -> Ring:
+        group = group if group is not None else dist.group.WORLD
+        world_size = dist.get_world_size(group)
+        return cls(group, dist.get_rank(group), world_size, ZigzagLayout(seqlen, world_size))
+
+    def peer(self, offset: int) -> int:
+        """The global rank of the group's rank ``rank + offset`` (mod W): P2P ops address global ranks."""
+        return dist.get_global_rank(self.group, (self.rank + offset) % self.world_size)
+
+    def source(self, step: int) -> int:
+        """The rank whose K/V shard this rank holds at ``step``."""
+        return (self.rank - step) % self.world_size
+
+    def shared_rng_state(self, device: torch.device) -> torch.Tensor:
+        """One dropout (seed, offset) for the whole call: every rank draws one (so that their generators advance
+        alike) and takes rank 0's. The pair travels on ``device`` (NCCL moves no CPU tensors) and is returned on the
+        CPU, where the ops read it."""
+        state = new_rng_state().to(device)
+        dist.broadcast(state, dist.get_global_rank(self.group, 0), group=self.group)
+        return state.cpu()
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One attention call of a ring step: local query rows ``rows`` against rows ``keys`` of the received K/V, with
+    ``opts`` (its frame, when positions matter)."""
+
+    rows: slice
+    keys: slice
+    opts: AttentionOptions
+
+
+def needs_frame(opts: AttentionOptions, alibi_slopes: torch.Tensor | None) -> bool:
+    """Whether the scores depend on global positions beyond the chunk order: a window other than causal, ALiBi, or
+    dropout (whose random stream is keyed by positions)."""
+    return (opts.window_left >= 0 or opts.window_right > 0 or opts.dropout_p > 0 or alibi_slopes is not None)
+
+
+def step_pieces(ring: Ring, src: int, opts: AttentionOptions, framed: bool) -> list[Piece]:
+    """The calls of the step that attends to rank ``src``'s K/V (see the module docstring)."""
+    (q_first, q_second) = ring.layout.chunks(ring.rank)
+    (k_first, k_second) = ring.layout.chunks(src)
+    local, received = _halves(q_first[1], q_second[1]), _halves(k_first[1], k_second[1])
+    if framed:
+        pieces = []
+        for (q_start, q_len), rows in zip((q_first, q_second), local, strict=True):
+            for (k_start, k_len), keys in zip((k_first, k_second), received, strict=True):
+                frame = PositionFrame(q_start, k_start, ring.layout.seqlen, ring.layout.seqlen)
+                lo, hi = masks.visible_key_range(q_len, k_len, opts.window_left, opts.window_right,
+                                                 frame.diagonal_shift(q_len, k_len))
+                if q_len and k_len and lo < hi:
+                    pieces.append(Piece(rows, keys, dataclasses.replace(opts, frame=frame)))
+        return pieces
+    everything = slice(0, q_first[1] + q_second[1])
+    every_key = slice(0, k_first[1] + k_second[1])
+    if opts.window_right < 0 or src == ring.rank:
+        pieces = [Piece(everything, every_key, opts)]
+    else:
+        unmasked = dataclasses.replace(opts, window_right=-1)
+        if src < ring.rank:
+            pieces = [Piece(everything, received[0], unmasked)]
+        else:
+            pieces = [Piece(local[1], every_key, unmasked)]
+    return [p for p in pieces if p.rows.stop > p.rows.start and p.keys.stop > p.keys.start]
+
+
+def _halves(first: int, second: int) -> tuple[slice, slice]:
+    return slice(0, first), slice(first, first + second)
+
+
+def _exchange(ring: Ring, send: torch.Tensor, recv: torch.Tensor) -> list:
+    """Send ``send`` to the next rank and receive ``recv`` from the previous one, asynchronously (on NCCL, on its
+    own stream: compute on the current stream goes on meanwhile). Returns the works to wait for."""
+    return dist.batch_isend_irecv([dist.P2POp(dist.isend, send, ring.peer(1), ring.group),
+                                   dist.P2POp(dist.irecv, recv, ring.peer(-1), ring.group)])
+
+
+def _wait(works: list) -> None:
+    """Wait for ``works``: on NCCL the current stream waits for the communication (the host does not)."""
+    for work in works:
+        work.wait()
+
+
+def _kv_buffer(kv: torch.Tensor, length: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    return kv.new_empty((2, kv.shape[1], length, *kv.shape[3:]), dtype=dtype or kv.dtype)
+
+
+def _merge(out_acc: torch.Tensor, lse_acc: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
+    """Fold a partial result (out, lse) into the float32 accumulators, in place, by their log-sum-exps.
+
+    The accumulators' lse holds -inf for rows that have seen no key yet; the ops' +inf (an empty row) counts as
+    -inf here: a weight of 0.
+    """
+    lse = lse.masked_fill(lse == float("inf"), float("-inf"))
+    merged = torch.logaddexp(lse_acc, lse)
+    shift = merged.masked_fill(merged == float("-inf"), 0.0)  # rows no part has seen: both weights 0
+    old_weight = torch.exp(lse_acc - shift).transpose(1, 2).unsqueeze(-1)  # (B, S, H, 1)
+    new_weight = torch.exp(lse - shift).transpose(1, 2).unsqueeze(-1)
+    out_acc.mul_(old_weight).add_(out.float() * new_weight)
+    lse_acc.copy_(merged)
+
+
+def forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, ring: Ring):
+    """(out, lse) of the local queries over the whole sequence: out in q's dtype, lse float32 (B, H, local)."""
+    batch, seqlen, nheads, head_dim = q.shape
+    framed = needs_frame(opts, alibi_slopes)
+    kv = torch.stack((k, v))  # one contiguous buffer travels: (2, B, local, Hk, D)
+    out_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    lse_acc = torch.full((batch, nheads, seqlen), float("-inf"), device=q.device)
+    for step in range(ring.world_size):
+        works = []
+        if step + 1 < ring.world_size:
+            next_kv = _kv_buffer(kv, ring.layout.rank_length(ring.source(step + 1)))
+            works = _exchange(ring, kv, next_kv)
+        for piece in step_pieces(ring, ring.source(step), opts, framed):
+            out, lse = ops.eager_call(
+                ops.attention_forward, ops.attention_forward_cuda, q[:, piece.rows], kv[0, :, piece.keys],
+                kv[1, :, piece.keys], alibi_slopes, rng_state, *piece.opts.op_arguments(), None,
+                piece.opts.frame_argument())
+            _merge(out_acc[:, piece.rows], lse_acc[:, :, piece.rows], out, lse)
+        if works:
+            _wait(works)
+            kv = next_kv
+    lse_acc.masked_fill_(lse_acc == float("-inf"), float("inf"))  # the library's mark of a row with no key
+    return out_acc.to(q.dtype), lse_acc
+
+
+def backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: AttentionOptions, ring: Ring):
+    """(dq, dk, dv) of the local shards, from the global out and lse of :func:`forward`."""
+    framed = needs_frame(opts, alibi_slopes)
+    kv = torch.stack((k, v))
+    dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    lse_rows: dict[tuple[int, int], torch.Tensor] = {}  # the kernels read a contiguous lse
+    pending = None  # (works, buffer): the dK/dV accumulator of the shard held next, on its way from rank - 1
+    for step in range(ring.world_size):
+        kv_works = []
+        if step + 1 < ring.world_size:
+            next_kv = _kv_buffer(kv, ring.layout.rank_length(ring.source(step + 1)))
+            kv_works = _exchange(ring, kv, next_kv)
+        partials = []
+        for piece in step_pieces(ring, ring.source(step), opts, framed):
+            rows = piece.rows
+            key = (rows.start, rows.stop)
+            if key not in lse_rows:
+                lse_rows[key] = lse[:, :, rows].contiguous()
+            dq, dk, dv, _ = ops.eager_call(
+                ops.attention_backward, ops.attention_backward_cuda, dout[:, rows], q[:, rows],
+                kv[0, :, piece.keys], kv[1, :, piece.keys], out[:, rows], lse_rows[key], alibi_slopes, rng_state,
+                *piece.opts.op_arguments(), None, False, piece.opts.frame_argument())
+            dq_acc[:, rows] += dq
+            partials.append((piece.keys, dk, dv))
+        # this shard's accumulator: what the ranks before added (waited for only now, after this step's compute
+        # was queued), plus this rank's part
+        if pending is not None:
+            _wait(pending[0])
+            dkv = pending[1]
+        else:
+            dkv = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
+        for keys, dk, dv in partials:
+            dkv[0, :, keys] += dk
+            dkv[1, :, keys] += dv
+        # on to the next rank; the accumulator of the shard held next (after the last step: this rank's own)
+        # comes from the previous one
+        if ring.world_size == 1:
+            break
+        incoming = _kv_buffer(kv, ring.layout.rank_length(ring.source(step + 1)), torch.float32)
+        pending = (_exchange(ring, dkv, incoming), incoming, dkv)  # dkv stays referenced until it is sent
+        if kv_works:
+            _wait(kv_works)
+            kv = next_kv
+    if pending is not None:
+        _wait(pending[0])
+        dkv = pending[1]
+    return dq_acc.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)

@@ -1,0 +1,93 @@
+"""Ring attention (``flashattn.distributed``): the zigzag layout and each step's calls on one process, then the
+whole ring in spawned process groups (gloo, on the CPU path), held to flash-attn's rule against the float64
+reference on the full sequence (``ring_cases.py``).
+
+CI runs one group of 2 processes and one of 4, each through its list of cases; FLASHATTN_RING_FULL=1 adds every
+option in every dtype (and a group of 3). The ``gpu`` tests run the cases at real sizes over NCCL on 2 (and 4) GPUs.
+"""
+
+import os
+
+import pytest
+import ring_cases
+import torch
+
+from flashattn import masks
+from flashattn.options import AttentionOptions
+from flashattn.ring import Ring, ZigzagLayout, step_pieces
+
+# the spawning tests take turns on one pytest-xdist worker (--dist loadgroup): each group fills the cores itself
+SPAWN_GROUP = "ring-processes"
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("seqlen", [1, 5, 16, 23, 64, 101])
+def test_zigzag_layout_cuts_the_sequence_into_2w_balanced_chunks(world_size, seqlen):
+    layout = ZigzagLayout(seqlen, world_size)
+    lengths = [layout.chunk_length(c) for c in range(2 * world_size)]
+    assert sum(lengths) == seqlen and max(lengths) - min(lengths) <= 1
+    assert [layout.chunk_start(c) for c in range(2 * world_size)] == [sum(lengths[:c]) for c in range(len(lengths))]
+    for rank in range(world_size):
+        (_, first), (_, second) = layout.chunks(rank)
+        assert first + second == layout.rank_length(rank)
+        assert layout.chunks(rank)[1][0] == layout.chunk_start(2 * world_size - 1 - rank)
+    assert sum(layout.rank_length(r) for r in range(world_size)) == seqlen
+
+
+def _global_positions(layout: ZigzagLayout, rank: int) -> torch.Tensor:
+    (first_start, first_len), (second_start, second_len) = layout.chunks(rank)
+    return torch.cat((torch.arange(first_start, first_start + first_len),
+                      torch.arange(second_start, second_start + second_len)))
+
+
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (3, 0), (2, 5), (-1, 4)])
+@pytest.mark.parametrize("framed", [False, True])
+@pytest.mark.parametrize("world_size,seqlen", [(2, 16), (3, 20), (4, 37), (4, 5)])
+def test_ring_steps_cover_each_visible_score_once(world_size, seqlen, window, framed):
+    """Over the W steps of every rank, the calls' (query, key) pairs are exactly the visible pairs of the full
+    sequence, each once: the step kinds without frames (causal or no mask), and the framed pairs of chunks."""
+    if not framed and window not in ((-1, -1), (-1, 0)):
+        return  # windows always take frames
+    layout = ZigzagLayout(seqlen, world_size)
+    opts = AttentionOptions(1.0, *window)
+    covered = torch.zeros(seqlen, seqlen, dtype=torch.int64)
+    for rank in range(world_size):
+        ring = Ring(None, rank, world_size, layout)
+        rows_global = _global_positions(layout, rank)
+        for step in range(world_size):
+            src = ring.source(step)
+            keys_global = _global_positions(layout, src)
+            for piece in step_pieces(ring, src, opts, framed):
+                q_pos, k_pos = rows_global[piece.rows], keys_global[piece.keys]
+                shift = piece.opts.diagonal_shift(len(q_pos), len(k_pos))
+                local = masks.visible(torch.arange(len(q_pos)).view(-1, 1), torch.arange(len(k_pos)).view(1, -1),
+                                      len(q_pos), len(k_pos), piece.opts.window_left, piece.opts.window_right, shift)
+                covered[q_pos.view(-1, 1), k_pos.view(1, -1)] += local.expand(len(q_pos), len(k_pos)).long()
+    expected = masks.visible(torch.arange(seqlen).view(-1, 1), torch.arange(seqlen).view(1, -1), seqlen, seqlen,
+                             *window)
+    assert torch.equal(covered, expected.expand(seqlen, seqlen).long())
+
+
+@pytest.mark.xdist_group(SPAWN_GROUP)
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_ring_attention_over_gloo(world_size, tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHATTN_BACKEND", "torch")
+    ring_cases.spawn(world_size, "gloo", ring_cases.smoke_cases(world_size), str(tmp_path))
+
+
+@pytest.mark.xdist_group(SPAWN_GROUP)
+@pytest.mark.skipif(not os.environ.get("FLASHATTN_RING_FULL"), reason="the full matrix: FLASHATTN_RING_FULL=1")
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_ring_attention_over_gloo_full_matrix(world_size, tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHATTN_BACKEND", "torch")
+    ring_cases.spawn(world_size, "gloo", ring_cases.full_cases(world_size), str(tmp_path))
+
+
+@pytest.mark.gpu
+@pytest.mark.xdist_group(SPAWN_GROUP)
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_ring_attention_over_nccl(world_size, tmp_path):
+    if torch.cuda.device_count() < world_size:
+        pytest.skip(f"needs {world_size} GPUs")
+    ring_cases.spawn(world_size, "nccl", ring_cases.gpu_cases(), str(tmp_path))
+
