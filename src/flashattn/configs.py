@@ -67,9 +67,7 @@ SHORT_SEQLEN = 1024
 SHORTEST_SEQLEN = 512
 LONG_SEQLEN = 8192
 
-# Under TRITON_INTERPRET=1 every program runs in numpy, and an interpreted op costs about the same at 16 or 32 rows:
-# 32 x 32 tiles ran the test cases 1.6x faster than 16 x 16, and their 33-61 token shapes still span two blocks with a
-# ragged edge (tests that need more blocks force smaller tiles).
+# TRITON_INTERPRET=1: an op costs the same at 16 or 32 rows, so 32-row tiles (tests needing more blocks force smaller)
 INTERPRETER = TileConfig(32, 32, 1, 1)
 
 
