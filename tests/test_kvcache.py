@@ -356,6 +356,9 @@ def test_custom_ops_pass_opcheck(backend):
     """Schema, fake (torch.compile), mutation and dispatch checks of the append-and-attend and attention ops."""
     from flashattn.ops import kvcache_append_attention, kvcache_attention
 
+    if backend == "triton" and DEVICE == "cpu":
+        pytest.skip("on a CPU both backends are the op's one CPU registration, which the torch run checks")
+
     inputs = build(variant(PAGED, rotary_dim=16, batch_cache=3, leftpad=(1, 2)), torch.float16, DEVICE)
     paged = to_paged(inputs, 16)
     for cache in (inputs, paged):
