@@ -7,6 +7,10 @@ from flashattn.testing import Case, VarlenCase
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
+# torch.compile's backend in the tests: inductor on a CPU spends most of a test building C++ for the ops around
+# flashattn's (torch's own concern); "aot_eager" traces the same graph through the fake implementations and autograd
+COMPILE_BACKEND = "inductor" if torch.cuda.is_available() else "aot_eager"
+
 OPTIONS = {
     "plain": {},
     "causal": {"causal": True},

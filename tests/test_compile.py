@@ -11,13 +11,10 @@ import textwrap
 
 import torch
 import torch._dynamo.testing
+from cases import COMPILE_BACKEND
 
 import flashattn
 from flashattn import flash_attn_func
-
-# Inductor on a CPU spends most of these tests building C++ for the ops around flashattn's (torch's own concern);
-# "aot_eager" traces the same graph through the fake implementations and autograd. With a GPU, inductor.
-COMPILE_BACKEND = "inductor" if torch.cuda.is_available() else "aot_eager"
 
 
 def _loss(q, k, v):

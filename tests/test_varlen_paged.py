@@ -12,7 +12,7 @@ import itertools
 
 import pytest
 import torch
-from cases import DTYPES, covering, make_varlen_case, one_at_a_time
+from cases import COMPILE_BACKEND, DTYPES, covering, make_varlen_case, one_at_a_time
 
 from flashattn import configs, flash_attn_varlen_func, ops, validation
 from flashattn.launch import forward as launch_forward
@@ -351,7 +351,7 @@ def _paged_call(q, k_pages, v_pages, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
 def test_fullgraph_compile_matches_eager(torch_backend):
     """A prefill step over a paged cache compiles without graph breaks (the op's fake carries it)."""
     torch._dynamo.reset()
-    compiled = torch.compile(_paged_call, fullgraph=True, dynamic=True)
+    compiled = torch.compile(_paged_call, fullgraph=True, dynamic=True, backend=COMPILE_BACKEND)
     for seqlens_q, seqlens_k in (((5, 1), (40, 17)), ((3, 9), (9, 60))):
         case = VarlenCase(seqlens_q, seqlens_k, 4, 2, 32)
         cu_q, cu_k = case.cu_seqlens("cpu")
