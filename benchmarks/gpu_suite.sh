@@ -4,9 +4,9 @@
 #     bash benchmarks/gpu_suite.sh                  # every test, then the benchmarks (dense, varlen, decode)
 #     SHARD=1 bash benchmarks/gpu_suite.sh ... SHARD=5   # one fifth of the tests, no benchmark
 # The tests run in WORKERS (default 12: 16 ran out of GPU memory) pytest-xdist workers that share the GPU and compile
-# kernels into one Triton cache (a cold cache's compiles are most of a first run); --dist loadgroup keeps each xdist_group on one worker, so the tests that take tens of
-# GB of GPU memory (float32 references of long sequences: tests/cases.py, GPU_MEMORY_GROUP) run one at a time, and a
-# phase's sm90 compiles run once (tests/test_sm90_compile.py). SHARD splits the run by a hash of the test id
+# kernels into one Triton cache (a cold cache's compiles are most of a first run); the tests of one xdist_group take
+# turns (a lock file per group, tests/conftest.py), so those that take tens of GB of GPU memory (float32 references of
+# long sequences: tests/cases.py, GPU_MEMORY_GROUP) run one at a time. SHARD splits the run by a hash of the test id
 # (tests/conftest.py: FLASHATTN_TEST_SHARD), each part a fifth of every test file. TESTS picks test files or folders
 # (default tests). test_transformers needs transformers: wheels under .wheels/ are installed to /tmp/hf. The Nsight
 # Compute tests profile the GPU and run alone, after the whole run or part 5's.
@@ -30,7 +30,7 @@ if ls .wheels/*.whl > /dev/null 2>&1; then
   export PYTHONPATH=$PYTHONPATH:/tmp/hf
 fi
 start=$SECONDS
-timeout -s INT "${SUITE_TIMEOUT:-520}" python3 -m pytest $TESTS -n "${WORKERS:-12}" --dist loadgroup -q \
+timeout -s INT "${SUITE_TIMEOUT:-520}" python3 -m pytest $TESTS -n "${WORKERS:-12}" -q \
   -p no:cacheprovider -k "not test_gpu_ncu" --durations=25 > "$LOG" 2>&1
 echo "pytest exit $?" >> "$LOG"
 if [ "$SHARD" = "" ] || [ "$SHARD" = "$PARTS" ]; then

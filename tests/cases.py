@@ -42,8 +42,8 @@ def covering(first: list, second: list, *others: list) -> list[tuple]:
     return rows
 
 
-# pytest-xdist group of the GPU tests whose float64 references take tens of GB: run with --dist loadgroup, they take
-# turns on one worker while the other workers share the rest of the GPU (benchmarks/gpu_suite.sh)
+# pytest-xdist group of the GPU tests whose float64 references take tens of GB: they take
+# turns (a lock file per group, tests/conftest.py) while the other workers share the rest of the GPU
 GPU_MEMORY_GROUP = "gpu-memory"
 
 

@@ -4,11 +4,14 @@ TRITON_INTERPRET must be set before any kernel module is imported (Triton reads 
 decorated), so it is set here, at collection time, and only on machines without CUDA.
 """
 
+import contextlib
 import os
+import tempfile
 import zlib
 
 import pytest
 import torch
+from filelock import FileLock
 
 from flashattn.launch import plans
 
@@ -61,6 +64,19 @@ def _keep_shard(config, items) -> None:
     if deselected:
         config.hook.pytest_deselected(items=deselected)
     items[:] = kept
+
+
+@pytest.fixture(autouse=True)
+def _groups_take_turns(request):
+    """Tests marked ``xdist_group(name)`` run one at a time across pytest-xdist workers: the GPU tests whose float64
+    references take tens of GB (cases.GPU_MEMORY_GROUP), the tests that spawn process groups. A lock file per group
+    holds them to that: ``--dist loadgroup`` (pytest-xdist 3.8 under pytest 9) does not keep a group on one worker."""
+    names = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                    for mark in request.node.iter_markers("xdist_group")})
+    with contextlib.ExitStack() as stack:
+        for name in names:
+            stack.enter_context(FileLock(os.path.join(tempfile.gettempdir(), f"flashattn-tests-{name}.lock")))
+        yield
 
 
 @pytest.fixture(params=["torch", pytest.param("triton", marks=pytest.mark.interpreter)])

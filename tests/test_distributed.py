@@ -16,7 +16,7 @@ from flashattn import masks
 from flashattn.options import AttentionOptions
 from flashattn.ring import Ring, ZigzagLayout, step_pieces
 
-# the spawning tests take turns on one pytest-xdist worker (--dist loadgroup): each group fills the cores itself
+# the spawning tests take turns across pytest-xdist workers (tests/conftest.py): each group fills the cores itself
 SPAWN_GROUP = "ring-processes"
 
 

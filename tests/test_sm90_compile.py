@@ -12,7 +12,6 @@ two-Q-tile Hopper forward read another tile's Q.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import subprocess
@@ -46,14 +45,12 @@ TABLE_BUILDS = covering([(phase, head_dim, causal) for phase in PHASES for head_
                          ("dkdv_hopper", 64, False), ("dkdv_hopper", 256, True), ("dq", 64, False), ("dq", 128, True),
                          ("dq_hopper", 256, False), ("dq_hopper", 128, True)])
 # the compiles run in a child process: under TRITON_INTERPRET=1 the kernels are interpreter functions. One child a
-# phase, so that parallel workers (pytest-xdist) share the phases out
-COMPILE_PHASE = """
+# build, so that parallel workers (pytest-xdist) share the builds out, each built once
+COMPILE_BUILD = """
 import json, sys
 sys.path.insert(0, {benchmarks!r})
 import sass_report
-for head_dim, causal in {builds!r}:
-    result = sass_report.table_report({phase!r}, head_dim, causal, seqlen=4096)
-    print(json.dumps([head_dim, causal, result]), flush=True)
+print(json.dumps([sass_report.table_report({phase!r}, {head_dim!r}, {causal!r}, seqlen=4096)]), flush=True)
 """
 
 
@@ -111,20 +108,12 @@ def _compiled(script: str) -> list:
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("[")]
 
 
-@functools.cache
-def phase_reports(phase: str) -> dict:
-    builds = [(head_dim, causal) for name, head_dim, causal in TABLE_BUILDS if name == phase]
-    script = COMPILE_PHASE.format(benchmarks=str(ROOT / "benchmarks"), builds=builds, phase=phase)
-    return {(head_dim, causal): result for head_dim, causal, result in _compiled(script)}
-
-
-# a phase's tests in one xdist group (--dist loadgroup): its compiles run once, on one worker
-@pytest.mark.parametrize(("phase", "head_dim", "causal"), [
-    pytest.param(phase, head_dim, causal, marks=pytest.mark.xdist_group(f"sm90-{phase}"),
-                 id=f"{phase}-{head_dim}-{'causal' if causal else 'full'}")
-    for phase, head_dim, causal in TABLE_BUILDS])
+@pytest.mark.parametrize(("phase", "head_dim", "causal"), TABLE_BUILDS,
+                         ids=[f"{phase}-{head_dim}-{'causal' if causal else 'full'}"
+                              for phase, head_dim, causal in TABLE_BUILDS])
 def test_table_kernels_keep_wgmma_asynchronous(phase, head_dim, causal):
-    result = phase_reports(phase)[(head_dim, causal)]
+    script = COMPILE_BUILD.format(benchmarks=str(ROOT / "benchmarks"), phase=phase, head_dim=head_dim, causal=causal)
+    ((result,),) = _compiled(script)
     if result is None:
         pytest.skip(f"no Hopper {phase.removesuffix('_hopper')} entry at hdim {head_dim}")
     assert result["HGMMA"] > 0, f"{phase} hdim {head_dim}: no wgmma at all (HMMA {result['HMMA']})"
