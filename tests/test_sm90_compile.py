@@ -30,20 +30,23 @@ HEAD_DIMS = (64, 128, 256)
 ALL_BUILDS = torch.cuda.is_available() or os.environ.get("FLASHATTN_ALL_SM90_COMPILES") == "1"
 
 
-def covering(cases: list, chosen: list) -> list:
-    """``cases`` where every build runs, else ``chosen`` (a subset of them)."""
-    assert all(case in cases for case in chosen)
-    return cases if ALL_BUILDS else chosen
+def builds(every, chosen: list):
+    """``every`` (a list of builds, or a dict of them by name) where every build runs, else the ``chosen`` builds (or
+    names) of it."""
+    assert all(case in every for case in chosen)
+    if ALL_BUILDS:
+        return every
+    return {name: every[name] for name in chosen} if isinstance(every, dict) else chosen
 
 
 # the table's builds: in the covering subset each phase without and with the mask, at head dims chosen so that each is
 # built in four phases (the Hopper dK/dV kernel has causal entries at hdim 256 only, the Hopper dQ none at hdim 64)
-TABLE_BUILDS = covering([(phase, head_dim, causal) for phase in PHASES for head_dim in HEAD_DIMS
-                         for causal in (False, True)],
-                        [("forward", 64, False), ("forward", 128, True), ("forward_hopper", 128, False),
-                         ("forward_hopper", 256, True), ("dkdv", 256, False), ("dkdv", 64, True),
-                         ("dkdv_hopper", 64, False), ("dkdv_hopper", 256, True), ("dq", 64, False), ("dq", 128, True),
-                         ("dq_hopper", 256, False), ("dq_hopper", 128, True)])
+TABLE_BUILDS = builds([(phase, head_dim, causal) for phase in PHASES for head_dim in HEAD_DIMS
+                       for causal in (False, True)],
+                      [("forward", 64, False), ("forward", 128, True), ("forward_hopper", 128, False),
+                       ("forward_hopper", 256, True), ("dkdv", 256, False), ("dkdv", 64, True),
+                       ("dkdv_hopper", 64, False), ("dkdv_hopper", 256, True), ("dq", 64, False), ("dq", 128, True),
+                       ("dq_hopper", 256, False), ("dq_hopper", 128, True)])
 # the compiles run in a child process: under TRITON_INTERPRET=1 the kernels are interpreter functions. One child a
 # build, so that parallel workers (pytest-xdist) share the builds out, each built once
 COMPILE_BUILD = """
@@ -57,28 +60,25 @@ print(json.dumps([sass_report.table_report({phase!r}, {head_dim!r}, {causal!r}, 
 # Hopper dK/dV tiles outside the table that the sweeps and the GPU tests use: 128 keys a program in both of the
 # kernel's forms (gradient split and key slices), so that a change that breaks their compile shows in CI
 _TILE_128_KEYS = dict(block_n=128, num_warps=8, hopper=True)
-SWEPT_DKDV_TILES = {  # name -> (head dim, causal, TileConfig fields)
+SWEPT_DKDV_TILES = builds({  # name -> (head dim, causal, TileConfig fields)
     "gradient-split 32x128x8x3, hdim 128": (128, False, dict(_TILE_128_KEYS, block_m=32, num_stages=3)),
     "key slices 64x128x8x2, hdim 64 causal": (64, True,
                                               dict(_TILE_128_KEYS, block_m=64, num_stages=2, key_slices=True)),
-}
-if ALL_BUILDS:
-    SWEPT_DKDV_TILES["key slices 32x128x8x3, hdim 128"] = (128, False, dict(_TILE_128_KEYS, block_m=32, num_stages=3,
-                                                                            key_slices=True))
+    "key slices 32x128x8x3, hdim 128": (128, False, dict(_TILE_128_KEYS, block_m=32, num_stages=3, key_slices=True)),
+}, ["gradient-split 32x128x8x3, hdim 128", "key slices 64x128x8x2, hdim 64 causal"])
 # and Hopper dQ tiles outside the table: three consumer warpgroups (192 query rows a program), swept at hdim 64
 _THREE_CONSUMERS_DQ = dict(block_m=128, block_n=64, num_warps=8, num_stages=3, hopper=True, three_consumers=True)
-SWEPT_DQ_TILES = {"three consumers 128x64x8x3, hdim 64 causal": (64, True, _THREE_CONSUMERS_DQ)}
-if ALL_BUILDS:
-    SWEPT_DQ_TILES["three consumers 128x64x8x3, hdim 64"] = (64, False, _THREE_CONSUMERS_DQ)
+SWEPT_DQ_TILES = builds({"three consumers 128x64x8x3, hdim 64": (64, False, _THREE_CONSUMERS_DQ),
+                         "three consumers 128x64x8x3, hdim 64 causal": (64, True, _THREE_CONSUMERS_DQ)},
+                        ["three consumers 128x64x8x3, hdim 64 causal"])
 # and the persistent Hopper forward with tiles handed out by a counter (causal, varlen: forward_hopper._next_tile)
 _PERSISTENT = dict(block_m=128, block_n=128, num_warps=8, num_stages=2, hopper=True, persistent=True)
-SWEPT_FORWARD_TILES = {  # name -> (head dim, causal, varlen, TileConfig fields)
+SWEPT_FORWARD_TILES = builds({  # name -> (head dim, causal, varlen, TileConfig fields)
+    "persistent 128x128x8x2, hdim 128 causal": (128, True, False, _PERSISTENT),
     "persistent 128x128x8x2, hdim 128 varlen": (128, False, True, _PERSISTENT),
     "persistent three consumers 128x128x8x3, hdim 64 causal": (64, True, False,
                                                                 dict(_PERSISTENT, num_stages=3, three_consumers=True)),
-}
-if ALL_BUILDS:
-    SWEPT_FORWARD_TILES["persistent 128x128x8x2, hdim 128 causal"] = (128, True, False, _PERSISTENT)
+}, ["persistent 128x128x8x2, hdim 128 varlen", "persistent three consumers 128x128x8x3, hdim 64 causal"])
 COMPILE_SWEPT = f"""
 import json, sys
 sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
@@ -123,8 +123,8 @@ def test_table_kernels_keep_wgmma_asynchronous(phase, head_dim, causal):
 
 # One query: Triton makes seqlen_q = 1 a constant, and ptxas died (SIGSEGV) on the peeled causal hdim-64 dK/dV kernel
 # built that way, so the launcher takes its one-loop form there (launch.backward.dkdv_compilable)
-ONE_QUERY_BUILDS = covering([(phase, head_dim) for phase in ("dkdv", "dq") for head_dim in HEAD_DIMS],
-                            [("dkdv", 64), ("dq", 128)])
+ONE_QUERY_BUILDS = builds([(phase, head_dim) for phase in ("dkdv", "dq") for head_dim in HEAD_DIMS],
+                          [("dkdv", 64), ("dq", 128)])
 COMPILE_ONE_QUERY = f"""
 import json, sys
 sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
@@ -156,8 +156,8 @@ def test_swept_hopper_tiles_keep_wgmma_asynchronous():
 # The short-sequence forward tiles, dense and packed: the packed build reads cu_seqlens and may hold more registers,
 # and at 512-1k tokens a program fewer on an SM is what the packed call loses (the causal hdim-128 tile at 512: 186
 # registers against 153, two programs an SM against three, 12% slower; docs/perf-notes.md)
-SHORT_FORWARD_BUILDS = covering([(seqlen, head_dim, causal) for seqlen in (512, 1024) for head_dim in (64, 128)
-                                 for causal in (False, True)], [(512, 128, True), (1024, 64, False)])
+SHORT_FORWARD_BUILDS = builds([(seqlen, head_dim, causal) for seqlen in (512, 1024) for head_dim in (64, 128)
+                               for causal in (False, True)], [(512, 128, True), (1024, 64, False)])
 COMPILE_SHORT_FORWARD = f"""
 import json, sys
 sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
@@ -194,14 +194,14 @@ def test_packed_short_forward_tiles_fit_as_many_programs_as_dense_ones():
         assert result["unwritten_uniform_reads"] == 0, f"{name}: {UNWRITTEN_READS}"
 
 
-DECODE_TILES = covering([(128, 64, 4, 1, False, 8, 2, True), (128, 64, 4, 16, True, 16, 2, False),
-                         (128, 64, 4, 16, True, 16, 2, True), (64, 64, 4, 0, False, 8, 2, True),
-                         (128, 64, 4, 1, False, 8, 1, False), (128, 64, 4, 1, False, 0, 1, True),
-                         (128, 128, 3, 16, True, 0, 1, False), (64, 64, 4, 0, False, 0, 1, False),
-                         (128, 64, 4, 1, True, 0, 1, True)],
-                        [(128, 64, 4, 16, True, 16, 2, False), (64, 64, 4, 0, False, 8, 2, True),
-                         (128, 64, 4, 1, False, 0, 1, True), (128, 128, 3, 16, True, 0, 1, False),
-                         (128, 64, 4, 1, False, 8, 1, False)])
+DECODE_TILES = builds([(128, 64, 4, 1, False, 8, 2, True), (128, 64, 4, 16, True, 16, 2, False),
+                       (128, 64, 4, 16, True, 16, 2, True), (64, 64, 4, 0, False, 8, 2, True),
+                       (128, 64, 4, 1, False, 8, 1, False), (128, 64, 4, 1, False, 0, 1, True),
+                       (128, 128, 3, 16, True, 0, 1, False), (64, 64, 4, 0, False, 0, 1, False),
+                       (128, 64, 4, 1, True, 0, 1, True)],
+                      [(128, 64, 4, 16, True, 16, 2, False), (64, 64, 4, 0, False, 8, 2, True),
+                       (128, 64, 4, 1, False, 0, 1, True), (128, 128, 3, 16, True, 0, 1, False),
+                       (128, 64, 4, 1, False, 8, 1, False)])
 
 
 @pytest.mark.parametrize(("head_dim", "block_n", "stages", "new_keys", "paged", "query_rows", "consumers", "early"),

@@ -62,8 +62,8 @@ MAX_PLANS = 512
 
 
 class _HostDescriptor(NamedTuple):
-    """What a compiled kernel's launcher reads of a host-side TMA descriptor (Triton 3.6's
-    ``make_tensordesc_arg``: base, shape, strides, padding): a replay builds one per call, as building a Gluon
+    """What Triton 3.6's ``make_tensordesc_arg`` reads of a host-side TMA descriptor (base, shape, strides,
+    padding): a replay makes one over each new base, for that encoding or for Triton's launcher, as building a Gluon
     ``TensorDescriptor`` (its checks) costs several microseconds."""
 
     base: torch.Tensor
