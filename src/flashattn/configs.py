@@ -180,14 +180,14 @@ PORTABLE_FORWARD = PhaseTable(_buckets(TileConfig(64, 64, 4, 2), TileConfig(64, 
 PORTABLE_DKDV = PhaseTable(_buckets(TileConfig(32, 64, 4, 1), TileConfig(32, 64, 4, 1), TileConfig(16, 32, 4, 1)))
 PORTABLE_DQ = PhaseTable(_buckets(TileConfig(64, 32, 4, 1), TileConfig(64, 32, 4, 1), TileConfig(32, 16, 4, 1)))
 
-TABLES = {
-    ("hopper", "forward"): HOPPER_FORWARD,
-    ("hopper", "dkdv"): HOPPER_DKDV,
-    ("hopper", "dq"): HOPPER_DQ,
-    ("portable", "forward"): PORTABLE_FORWARD,
-    ("portable", "dkdv"): PORTABLE_DKDV,
-    ("portable", "dq"): PORTABLE_DQ,
-}
+# FP8 forward (kernels/forward_fp8.py): BLOCK_N divides fp8.SCALE_BLOCK (one v descale a key block). Not swept yet.
+HOPPER_FORWARD_FP8 = PhaseTable(_buckets(*(TileConfig(128, 128, 8, 3),) * 2, TileConfig(128, 64, 8, 2)))
+PORTABLE_FORWARD_FP8 = PhaseTable(_buckets(*(TileConfig(64, 64, 4, 2),) * 2, TileConfig(64, 32, 4, 1)))
+
+TABLES = {("hopper", "forward"): HOPPER_FORWARD, ("hopper", "dkdv"): HOPPER_DKDV, ("hopper", "dq"): HOPPER_DQ,
+          ("portable", "forward"): PORTABLE_FORWARD, ("portable", "dkdv"): PORTABLE_DKDV,
+          ("portable", "dq"): PORTABLE_DQ, ("hopper", "forward_fp8"): HOPPER_FORWARD_FP8,
+          ("portable", "forward_fp8"): PORTABLE_FORWARD_FP8}
 
 def delta_rows(interpret: bool) -> int:
     """Rows a program of the backward's delta = rowsum(dO * O) kernel takes (a bandwidth-bound pass)."""
@@ -491,8 +491,8 @@ def launch_options(config: TileConfig) -> dict:
 def tile_config(phase: str, head_dim: int, masked: bool, dtype: torch.dtype, device: torch.device,
                 interpret: bool, attn_mask: bool = False, seqlen: int = 0, hopper: bool = False,
                 packed: bool = False) -> TileConfig:
-    """The config for ``phase`` in {"forward", "dkdv", "dq"} on ``device``: a forced one (``use_config``), the
-    interpreter's, or the table's (:func:`lookup`)."""
+    """The config for ``phase`` ("forward", "dkdv", "dq", "forward_fp8") on ``device``: a forced one (``use_config``),
+    the interpreter's, or the table's (:func:`lookup`)."""
     if phase in _OVERRIDES:
         return _OVERRIDES[phase]
     if interpret:

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import torch
 
+from . import fp8, ops_fp8
 from .autograd import FlashAttnFunction
 from .options import AttentionOptions
-from .validation import check_dense, check_tensor
+from .validation import check_dense, check_kv_like_q, check_options, check_scale, check_tensor
 
 
 def flash_attn_func(
@@ -36,6 +37,10 @@ def flash_attn_func(
     alibi_slopes: torch.Tensor | None = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
+    *,
+    q_descale: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
 ):
     """Exact attention softmax(q k^T * scale) v, computed in tiles without the N x N matrix.
 
@@ -52,18 +57,49 @@ def flash_attn_func(
         alibi_slopes: float32 (nheads,) or (batch, nheads); adds -slope * |i + Sk - Sq - j|.
         deterministic: accepted for compatibility; the backward is always deterministic (no atomics).
         return_attn_probs: also return the log-sum-exp.
+        q_descale, k_descale, v_descale: FP8 inputs only (q, k, v all ``torch.float8_e4m3fn``; see
+            ``flashattn.fp8``): float32 descales, the real value of an element being ``x_fp8 * descale``, per
+            (batch, kv head), shape (batch, nheads_k), or per ``fp8.SCALE_BLOCK`` = 128 sequence rows, shape
+            (batch, nheads_k, ceil(seqlen / 128)) with seqlen_q for q_descale and seqlen_k for the others; None
+            means 1. The FP8 call is forward only and returns bfloat16; dropout_p and alibi_slopes are refused.
 
     Returns:
-        out of q's shape and dtype; or, with ``return_attn_probs``, ``(out, softmax_lse, None)`` where
-        softmax_lse is float32 (batch, nheads, seqlen_q) in natural log (+inf for a row that sees no
-        key). The third item, flash-attn's ``S_dmask`` debugging matrix, is always None: flashattn
-        never materializes the scores.
+        out of q's shape and dtype (bfloat16 for FP8 inputs); or, with ``return_attn_probs``,
+        ``(out, softmax_lse, None)`` where softmax_lse is float32 (batch, nheads, seqlen_q) in natural log
+        (+inf for a row that sees no key). The third item, flash-attn's ``S_dmask`` debugging matrix, is
+        always None: flashattn never materializes the scores.
     """
+    descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+    if fp8.is_fp8(q) or any(d is not None for d in descales.values()):
+        out, lse = _fp8_attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                  descales)
+        return (out, lse, None) if return_attn_probs else out
     check_dense(q, k, v, dropout_p, window_size, softcap, alibi_slopes, softmax_scale)
     opts = AttentionOptions.build(q.shape[-1], softmax_scale, causal, window_size, softcap, dropout_p,
                                   deterministic)
     out, lse = FlashAttnFunction.apply(q, k, v, alibi_slopes, opts)
     return (out, lse, None) if return_attn_probs else out
+
+
+def _fp8_attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, descales: dict):
+    """flash_attn_func's checks and op for float8 inputs."""
+    if not fp8.is_fp8(q):
+        raise TypeError(f"q_descale, k_descale and v_descale apply to float8_e4m3fn inputs, but q is {q.dtype}")
+    fp8.check_inputs({"q": q, "k": k, "v": v})
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.dim() != 4:
+            raise ValueError(f"{name} must have 4 dimensions (batch, seqlen, nheads, headdim), got {tuple(x.shape)}")
+    check_kv_like_q(q, k, v)
+    if k.shape[0] != q.shape[0]:
+        raise ValueError(f"k must have q's batch size {q.shape[0]}, got {k.shape[0]}")
+    if q.shape[1] == 0 or k.shape[1] == 0:
+        raise ValueError(f"seqlens must be >= 1, got seqlen_q={q.shape[1]}, seqlen_k={k.shape[1]}")
+    fp8.refuse_options(dropout_p=dropout_p, alibi_slopes=alibi_slopes)
+    check_options(0.0, window_size, softcap)
+    check_scale("softmax_scale", softmax_scale)
+    fp8.check_descales(q, k, descales, q.shape[0], (q.shape[1], k.shape[1]))
+    opts = AttentionOptions.build(q.shape[-1], softmax_scale, causal, window_size, softcap, 0.0, False)
+    return ops_fp8.dense(q, k, v, *descales.values(), opts)
 
 
 def flash_attn_qkvpacked_func(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from . import ops, validation
+from . import fp8, ops, ops_fp8, validation
 from .faults import raise_recorded_faults
 from .options import AttentionOptions
 
@@ -49,6 +49,9 @@ def flash_attn_with_kvcache(
     return_softmax_lse: bool = False,
     *,
     check_indices: bool | str = "deferred",
+    q_descale: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
 ):
     """Attention of q over a KV cache, after appending the new keys/values k, v to it in place.
 
@@ -99,6 +102,11 @@ def flash_attn_with_kvcache(
               naming the first bad entry; costs a device-to-host copy (a synchronization) when any of them is a
               tensor.
             - ``False``: clamped silently, nothing recorded.
+        q_descale, k_descale, v_descale: FP8 caches only (q, the caches and k, v all ``torch.float8_e4m3fn``):
+            float32 (batch, nheads_k) descales of batch element b's queries, and of the cache row it reads (new
+            keys and values must be quantized with their cache's descales); None means 1. Returns bfloat16.
+            No rotary tables and no ALiBi then. It runs the PyTorch path on upcast copies of the caches (no FP8
+            decode kernel): on the GPU only under ``FLASHATTN_BACKEND=torch``.
 
     Returns:
         out (batch, seqlen_q, nheads, headdim) in q's dtype, or ``(out, softmax_lse)``.
@@ -106,6 +114,10 @@ def flash_attn_with_kvcache(
     tensors = (q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_cos,
                rotary_sin, alibi_slopes)
     options = (softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits, check_indices)
+    descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+    if fp8.is_fp8(q) or any(d is not None for d in descales.values()):
+        out, lse = _fp8_step(tensors, options, descales)
+        return (out, lse) if return_softmax_lse else out
     if check_indices is not True and _plannable_step(tensors, options):
         # the whole step (checks, choices, launches) replayed from the plan of an earlier step of the same signature,
         # which holds everything the checks read: a serving loop's step, whose host time would otherwise be several
@@ -114,6 +126,26 @@ def flash_attn_with_kvcache(
     else:
         out, lse = _step(*tensors, *options)
     return (out, lse) if return_softmax_lse else out
+
+
+def _fp8_step(tensors: tuple, options: tuple, descales: dict):
+    """A step on float8 tensors: their checks, then :func:`_step` on float32 copies (``ops_fp8.kvcache``)."""
+    q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table = tensors[:9]
+    rotary_cos, rotary_sin, alibi_slopes = tensors[9:]
+    if not fp8.is_fp8(q):
+        raise TypeError(f"q_descale, k_descale and v_descale apply to float8_e4m3fn inputs, but q is {q.dtype}")
+    fp8.check_inputs({"q": q, "k_cache": k_cache, "v_cache": v_cache, "k": k, "v": v})
+    fp8.refuse_options(rotary_cos=rotary_cos, rotary_sin=rotary_sin, alibi_slopes=alibi_slopes)
+    if q.dim() != 4 or k_cache.dim() != 4:
+        raise ValueError(f"q and k_cache must have 4 dimensions, got shapes {tuple(q.shape)} and "
+                         f"{tuple(k_cache.shape)}")
+    fp8.check_descales(q, k_cache, descales, q.shape[0], None)
+
+    def attend(q32, k_cache32, v_cache32, k32, v32):
+        return _step(q32, k_cache32, v_cache32, k32, v32, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                     None, None, None, *options)
+
+    return ops_fp8.kvcache(q, k_cache, v_cache, k, v, *descales.values(), attend)
 
 
 def _plannable_step(tensors: tuple, options: tuple) -> bool:

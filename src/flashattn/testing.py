@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .fp8 import P_SCALE, round_to_e4m3
+from .masks import visible
 from .options import new_rng_state
 from .reference import attention_ref, varlen_attention_ref
 
@@ -268,3 +270,56 @@ def check_varlen_against_reference(case: VarlenCase, dtype: torch.dtype, device:
     reference_fn = functools.partial(varlen_attention_ref, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     inputs = inputs if inputs is not None else case.random_inputs(dtype, device)
     check_against_reference(case, dtype, device, attention_fn, backward, inputs, reference_fn)
+
+
+def fp8_emulated_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scale: float | None = None,
+                           causal: bool = False, window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                           block_n: int = 128, round_p: bool = True) -> torch.Tensor:
+    """The FP8 kernel's arithmetic in float64 on dequantized q, k, v (B, S, H, D): key blocks of ``block_n`` in order,
+    the online softmax's P = exp(S - running max) rounded to e4m3 after scaling by ``fp8.P_SCALE`` (``round_p``),
+    the row sum of the unrounded P. Returns float64 out; rows that see no key give 0.
+
+    Against the float64 reference this measures what rounding P costs at these inputs; the kernel then differs
+    from it by float32 arithmetic only (and the ties of P's rounding that float32 moves)."""
+    batch, seqlen_q, nheads, head_dim = q.shape
+    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    scale = head_dim ** -0.5 if softmax_scale is None else softmax_scale
+    left, right = window_size[0], 0 if causal else window_size[1]
+    qf = q.double().transpose(1, 2)  # (B, H, Sq, D)
+    kf = k.double().transpose(1, 2).repeat_interleave(nheads // nheads_k, dim=1)
+    vf = v.double().transpose(1, 2).repeat_interleave(nheads // nheads_k, dim=1)
+    row_max = torch.full((batch, nheads, seqlen_q, 1), float("-inf"), dtype=torch.float64, device=q.device)
+    row_sum = torch.zeros_like(row_max)
+    acc = torch.zeros_like(qf)
+    query_idx = torch.arange(seqlen_q, device=q.device).view(-1, 1)
+    for start in range(0, seqlen_k, block_n):
+        end = min(start + block_n, seqlen_k)
+        s = (qf @ kf[:, :, start:end].transpose(-1, -2)) * scale
+        if softcap > 0:
+            s = softcap * torch.tanh(s / softcap)
+        key_idx = torch.arange(start, end, device=q.device).view(1, -1)
+        s = s.masked_fill(~visible(query_idx, key_idx, seqlen_q, seqlen_k, left, right), float("-inf"))
+        new_max = torch.maximum(row_max, s.amax(dim=-1, keepdim=True))
+        shift = new_max.masked_fill(new_max == float("-inf"), 0.0)
+        p = torch.exp(s - shift)
+        correction = torch.exp(row_max - shift)
+        row_sum = row_sum * correction + p.sum(dim=-1, keepdim=True)
+        if round_p:
+            p = round_to_e4m3(p * P_SCALE) / P_SCALE
+        acc = acc * correction + p @ vf[:, :, start:end]
+        row_max = new_max
+    out = acc / row_sum.masked_fill(row_sum == 0, 1.0)
+    return out.transpose(1, 2)
+
+
+def assert_fp8_within_rule(name: str, actual: torch.Tensor, oracle: torch.Tensor, emulated: torch.Tensor,
+                           factor: float = 2.0) -> None:
+    """The FP8 rule: against the float64 ``oracle`` on the dequantized inputs, the kernel's bfloat16 output may be
+    off by at most ``factor`` times the error of the emulated kernel arithmetic (``fp8_emulated_attention``, rounded
+    to bfloat16 as the kernel's output is): the rounding of P to e4m3, about 2^-4 of each probability, dominates
+    both, and what remains (float32 sums, the ties of that rounding) must stay within the factor."""
+    emulated_error = (emulated.to(torch.bfloat16).double() - oracle).abs().max().item()
+    bound = factor * emulated_error + rounding_error(oracle, torch.bfloat16)
+    error = (actual.double() - oracle).abs().max().item()
+    assert error <= bound, (f"{name}: error {error:.3e} > bound {bound:.3e} (emulated FP8 error {emulated_error:.3e})"
+                            f"; {max_error_report(name, actual.double(), oracle)}")

@@ -38,9 +38,19 @@ from __future__ import annotations
 
 import torch
 
+from . import fp8, ops_fp8
 from .autograd import FlashAttnVarlenFunction, FlashAttnVarlenPagedFunction
 from .options import AttentionOptions
-from .validation import check_paging, check_tensor, check_varlen, max_seqlen_argument
+from .validation import (
+    check_cu_seqlens,
+    check_kv_like_q,
+    check_options,
+    check_paging,
+    check_scale,
+    check_tensor,
+    check_varlen,
+    max_seqlen_argument,
+)
 
 
 def flash_attn_varlen_func(
@@ -60,6 +70,10 @@ def flash_attn_varlen_func(
     deterministic: bool = False,
     return_attn_probs: bool = False,
     block_table: torch.Tensor | None = None,
+    *,
+    q_descale: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
 ):
     """Exact attention over a packed batch of sequences of different lengths (see the module docstring).
 
@@ -87,11 +101,15 @@ def flash_attn_varlen_func(
             backward through the output raises RuntimeError. Dropout keys Philox as if the keys were
             packed (key j of sequence b is packed key ``cu_seqlens_k[b] + j``), so a paged call gives
             the unpaged call's result on the gathered keys.
+        q_descale, k_descale, v_descale: FP8 inputs only (q, k, v ``torch.float8_e4m3fn``): float32 descales of
+            shape (batch, nheads_k), one per sequence and kv head (see :func:`flashattn.flash_attn_func`); the
+            call is forward only and returns bfloat16. On the GPU, FP8 paged keys are refused (no kernel).
 
     Returns:
-        out of q's shape and dtype; or, with ``return_attn_probs``, ``(out, softmax_lse, None)`` where
-        softmax_lse is float32 (nheads, total_q), flash-attn 2's varlen layout, in natural log (+inf for a
-        row that sees no key). The third item, flash-attn's ``S_dmask``, is always None.
+        out of q's shape and dtype (bfloat16 for FP8 inputs); or, with ``return_attn_probs``,
+        ``(out, softmax_lse, None)`` where softmax_lse is float32 (nheads, total_q), flash-attn 2's varlen
+        layout, in natural log (+inf for a row that sees no key). The third item, flash-attn's ``S_dmask``, is
+        always None.
 
     Dropout draws from the packed stream: the score of query token tq (a row of q) and key token tk (a
     row of k) in head h takes Philox counter ``offset + (h * total_q + tq) * total_k + tk``
@@ -106,6 +124,11 @@ def flash_attn_varlen_func(
     capacity: a bad index gives a wrong answer, never a read outside k and v.
     """
     paged = block_table is not None
+    descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+    if fp8.is_fp8(q) or any(d is not None for d in descales.values()):
+        out, lse = _fp8_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                               softmax_scale, causal, window_size, softcap, alibi_slopes, block_table, descales)
+        return (out, lse, None) if return_attn_probs else out
     check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, dropout_p, window_size, softcap, alibi_slopes, paged,
                  softmax_scale)
     max_q = max_seqlen_argument("max_seqlen_q", max_seqlen_q)
@@ -123,6 +146,35 @@ def flash_attn_varlen_func(
     out, lse = FlashAttnVarlenFunction.apply(q, k, v, cu_seqlens_q, shared_cu_seqlens, max_q, max_k, alibi_slopes,
                                              opts)
     return (out, lse, None) if return_attn_probs else out
+
+
+def _fp8_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
+                window_size, softcap, alibi_slopes, block_table, descales: dict):
+    """flash_attn_varlen_func's checks and op for float8 inputs."""
+    if not fp8.is_fp8(q):
+        raise TypeError(f"q_descale, k_descale and v_descale apply to float8_e4m3fn inputs, but q is {q.dtype}")
+    fp8.check_inputs({"q": q, "k": k, "v": v})
+    paged = block_table is not None
+    for name, x, rank in (("q", q, 3), ("k", k, 4 if paged else 3), ("v", v, 4 if paged else 3)):
+        if x.dim() != rank:
+            raise ValueError(f"{name} must have {rank} dimensions, got shape {tuple(x.shape)}")
+    check_kv_like_q(q, k, v)
+    check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.device)
+    check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q.device)
+    batch = cu_seqlens_q.shape[0] - 1
+    if cu_seqlens_k.shape[0] != batch + 1:
+        raise ValueError(f"cu_seqlens_k must have cu_seqlens_q's length batch + 1 = {batch + 1}, "
+                         f"got {cu_seqlens_k.shape[0]}")
+    fp8.refuse_options(dropout_p=dropout_p, alibi_slopes=alibi_slopes)
+    check_options(0.0, window_size, softcap)
+    check_scale("softmax_scale", softmax_scale)
+    fp8.check_descales(q, k, descales, batch, None)
+    max_q = max_seqlen_argument("max_seqlen_q", max_seqlen_q)
+    max_k = max_seqlen_argument("max_seqlen_k", max_seqlen_k)
+    if paged:
+        check_paging(block_table, k, batch, max_k, q.device)
+    opts = AttentionOptions.build(q.shape[-1], softmax_scale, causal, window_size, softcap, 0.0, False)
+    return ops_fp8.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, *descales.values(), opts, block_table)
 
 
 def flash_attn_varlen_qkvpacked_func(

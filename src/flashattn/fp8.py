@@ -1,0 +1,218 @@
+"""FP8 (e4m3) inputs for the forward: quantization with incoherent processing, descales, and their checks.
+
+FlashAttention-3's FP8 forward (Shah et al., 2024, arXiv:2407.08608, section 3.3) takes q, k, v in
+``torch.float8_e4m3fn`` with float32 *descales*: the real value of an element is ``x_fp8 * descale``. A descale
+is either one per (batch, kv head), shape (batch, nheads_k), or one per ``SCALE_BLOCK`` rows of the sequence
+(block quantization), shape (batch, nheads_k, ceil(seqlen / SCALE_BLOCK)); query heads share their kv head's
+descale (a GQA group is quantized together). The output is bfloat16.
+
+:func:`quantize` makes such inputs from 16/32-bit ones. Its incoherent processing multiplies Q and K along the
+head dim by the same random orthogonal matrix ``H diag(s)`` (random signs ``s``, then a normalized Walsh-Hadamard
+transform ``H``): ``(Q M)(K M)^T = Q K^T`` exactly in real arithmetic, while an outlier channel is spread over
+every channel, so that the block's amax (and with it the quantization step) shrinks. V is not rotated (the output
+would have to be rotated back). A head dim that is not a power of two is cut into power-of-two pieces, largest
+first (96 = 64 + 32, 80 = 64 + 16), each rotated on its own: a block-diagonal Hadamard matrix, still orthogonal,
+that spreads an outlier over its own piece only.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+FP8_DTYPE = torch.float8_e4m3fn
+E4M3_MAX = 448.0  # the largest finite e4m3 value
+SCALE_BLOCK = 128  # sequence rows per block descale
+P_SCALE = 256.0
+"""The kernel's probabilities P in [0, 1] are multiplied by this before their rounding to e4m3 (and the output
+divided by it): 256 P stays below E4M3_MAX, a power of two scales exactly, and it keeps P down to 2^-17 out of
+e4m3's subnormals (P < 2^-10 would round to zero unscaled)."""
+
+
+class Quantized(NamedTuple):
+    """What :func:`quantize` returns: e4m3 q, k, v and their float32 descales (value = x_fp8 * descale)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    q_descale: torch.Tensor
+    k_descale: torch.Tensor
+    v_descale: torch.Tensor
+
+
+def hadamard_pieces(head_dim: int) -> list[int]:
+    """The power-of-two pieces of the head dim that are rotated separately, largest first (its binary digits)."""
+    return [1 << bit for bit in reversed(range(head_dim.bit_length())) if head_dim >> bit & 1]
+
+
+def random_signs(head_dim: int, seed: int | None, device: torch.device) -> torch.Tensor:
+    """+-1 float32 signs of the rotation, drawn from ``seed`` (None: from torch's default generator)."""
+    generator = torch.Generator()
+    generator.manual_seed(int(torch.randint(0, 2**62, (1,))) if seed is None else seed)
+    bits = torch.randint(0, 2, (head_dim,), generator=generator)
+    return (bits * 2 - 1).to(device=device, dtype=torch.float32)
+
+
+def walsh_hadamard(x: torch.Tensor) -> torch.Tensor:
+    """The orthogonal (normalized) Walsh-Hadamard transform along the last dim, block-diagonal over
+    :func:`hadamard_pieces`: n log n additions per piece (the fast transform), no matrix."""
+    out, start = [], 0
+    for n in hadamard_pieces(x.shape[-1]):
+        piece = x[..., start:start + n]
+        h = 1
+        while h < n:
+            pairs = piece.reshape(*piece.shape[:-1], n // (2 * h), 2, h)
+            a, b = pairs[..., 0, :], pairs[..., 1, :]
+            piece = torch.stack((a + b, a - b), dim=-2).reshape(*x.shape[:-1], n)
+            h *= 2
+        out.append(piece / math.sqrt(n))
+        start += n
+    return torch.cat(out, dim=-1)
+
+
+def rotate(x: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
+    """x (..., head_dim) times the orthogonal matrix diag(signs) H, in float32 at least."""
+    work = x.float() if x.dtype != torch.float64 else x
+    return walsh_hadamard(work * signs.to(work.dtype))
+
+
+def quantize_tensor(x: torch.Tensor, nheads_k: int, granularity: str = "block") -> tuple[torch.Tensor, torch.Tensor]:
+    """x (batch, seqlen, nheads, head_dim) -> (e4m3 x, float32 descale), scale = amax / E4M3_MAX.
+
+    ``granularity`` "block": amax over each SCALE_BLOCK rows of a kv head's group of heads, descale (batch, nheads_k,
+    ceil(seqlen / SCALE_BLOCK)); "head": over the whole sequence, descale (batch, nheads_k). An all-zero block takes
+    descale 1.
+    """
+    if granularity not in ("block", "head"):
+        raise ValueError(f"granularity must be 'block' or 'head', got {granularity!r}")
+    batch, seqlen, nheads, head_dim = x.shape
+    group = nheads // nheads_k
+    grouped = x.float().reshape(batch, seqlen, nheads_k, group * head_dim)
+    if granularity == "head":
+        amax = grouped.abs().amax(dim=(1, 3))  # (batch, nheads_k)
+        per_row = amax[:, None, :, None]
+    else:
+        blocks = -(-seqlen // SCALE_BLOCK)
+        padded = torch.nn.functional.pad(grouped, (0, 0, 0, 0, 0, blocks * SCALE_BLOCK - seqlen))
+        amax = padded.abs().reshape(batch, blocks, SCALE_BLOCK, nheads_k, -1).amax(dim=(2, 4))  # (b, blocks, hk)
+        per_row = amax.repeat_interleave(SCALE_BLOCK, dim=1)[:, :seqlen, :, None]
+        amax = amax.transpose(1, 2)
+    descale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax)).contiguous()
+    scale = torch.where(per_row > 0, per_row / E4M3_MAX, torch.ones_like(per_row))
+    quantized = (grouped / scale).clamp(-E4M3_MAX, E4M3_MAX).to(FP8_DTYPE)
+    return quantized.reshape(x.shape), descale
+
+
+def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hadamard: bool = True, seed: int | None = None,
+             granularity: str = "block") -> Quantized:
+    """FP8 inputs for :func:`flashattn.flash_attn_func` from q (batch, seqlen_q, nheads, head_dim) and k, v
+    (batch, seqlen_k, nheads_k, head_dim) of any float dtype.
+
+    ``hadamard``: rotate q and k first by the same random orthogonal matrix (random signs from ``seed``, then the
+    Walsh-Hadamard transform; see the module docstring), which leaves q k^T unchanged and spreads outliers.
+    ``granularity``: "block" (one descale per SCALE_BLOCK rows, the default) or "head" (one per batch and kv head;
+    what :func:`flashattn.flash_attn_varlen_func` and :func:`flashattn.flash_attn_with_kvcache` take).
+    """
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 4 or not x.dtype.is_floating_point:
+            raise ValueError(f"{name} must be a 4-dim float tensor (batch, seqlen, nheads, headdim)")
+    nheads_k = k.shape[2]
+    if hadamard:
+        signs = random_signs(q.shape[-1], seed, q.device)
+        q, k = rotate(q, signs), rotate(k, signs)
+    q8, q_descale = quantize_tensor(q, nheads_k, granularity)
+    k8, k_descale = quantize_tensor(k, nheads_k, granularity)
+    v8, v_descale = quantize_tensor(v, nheads_k, granularity)
+    return Quantized(q8, k8, v8, q_descale, k_descale, v_descale)
+
+
+def dequantize(x: torch.Tensor, descale: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """x_fp8 (batch, seqlen, nheads, head_dim) times its descale ((batch, nheads_k), (batch, nheads_k, blocks) or
+    None for 1), in ``dtype``: the values the attention computes with."""
+    values = x.to(dtype)
+    if descale is None:
+        return values
+    batch, seqlen, nheads, head_dim = x.shape
+    nheads_k = descale.shape[1]
+    per_row = descale.to(dtype)
+    if per_row.dim() == 3:
+        per_row = per_row.repeat_interleave(SCALE_BLOCK, dim=2)[:, :, :seqlen].transpose(1, 2)  # (b, s, hk)
+    else:
+        per_row = per_row[:, None, :]
+    grouped = values.reshape(batch, seqlen, nheads_k, nheads // nheads_k, head_dim)
+    return (grouped * per_row[..., None, None]).reshape(x.shape)
+
+
+def round_to_e4m3(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to the nearest e4m3 value (saturating at E4M3_MAX), in x's dtype: what the kernel does to P."""
+    return x.clamp(-E4M3_MAX, E4M3_MAX).to(FP8_DTYPE).to(x.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks of an FP8 call: dtypes, descales, and the options that do not carry over
+# ---------------------------------------------------------------------------------------------
+
+
+def is_fp8(x) -> bool:
+    return isinstance(x, torch.Tensor) and x.dtype in (torch.float8_e4m3fn, torch.float8_e5m2,
+                                                        torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
+
+
+def check_inputs(tensors: dict) -> None:
+    """Every one of ``tensors`` (name -> tensor or None) float8_e4m3fn, none requiring grad."""
+    for name, x in tensors.items():
+        if x is None:
+            continue
+        if not isinstance(x, torch.Tensor) or x.dtype != FP8_DTYPE:
+            got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
+            raise TypeError(f"{name} must be torch.float8_e4m3fn like q (the FP8 forward takes e4m3 only), got {got}")
+        if x.requires_grad:
+            raise ValueError(f"{name} requires grad, but the FP8 attention is forward only: no gradient flows to "
+                             f"float8 inputs (quantize detached tensors, or use bfloat16 inputs for training)")
+
+
+def refuse_options(**options) -> None:
+    """ValueError naming the first option that the FP8 forward does not carry (a value other than its default)."""
+    for name, value in options.items():
+        if value is not None and value is not False and not (isinstance(value, float | int) and value == 0):
+            raise ValueError(f"{name} is not supported with float8 inputs (the FP8 forward has no {name}), got "
+                             f"{value!r}")
+
+
+def check_descales(q: torch.Tensor, k: torch.Tensor, descales: dict, batch: int, seqlens: tuple[int, int] | None,
+                   ) -> None:
+    """descales (name -> tensor or None): float32 on q's device, (batch, nheads_k), or with ``seqlens`` (dense calls)
+    also (batch, nheads_k, ceil(seqlen / SCALE_BLOCK)), seqlen_q for q_descale and seqlen_k for the others."""
+    nheads_k = k.shape[-2]
+    for name, descale in descales.items():
+        if descale is None:
+            continue
+        if not isinstance(descale, torch.Tensor):
+            raise TypeError(f"{name} must be a float32 torch.Tensor or None, got {type(descale).__name__}")
+        if descale.dtype != torch.float32:
+            raise TypeError(f"{name} must be float32, got {descale.dtype}")
+        if descale.device != q.device:
+            raise ValueError(f"{name} must be on q's device {q.device}, got {descale.device}")
+        shapes = [(batch, nheads_k)]
+        if seqlens is not None:
+            seqlen = seqlens[0] if name == "q_descale" else seqlens[1]
+            shapes.append((batch, nheads_k, -(-seqlen // SCALE_BLOCK)))
+        if tuple(descale.shape) not in shapes:
+            wanted = " or ".join(str(s) for s in shapes)
+            raise ValueError(f"{name} must have shape {wanted} (batch, nheads_k"
+                             f"{'[, seqlen blocks of ' + str(SCALE_BLOCK) + ']' if seqlens else ''}), "
+                             f"got {tuple(descale.shape)}")
+
+
+def canonical_descales(descales: tuple, batch: int, nheads_k: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """(q, k, v) descales as (batch, nheads_k, blocks) float32 views: None becomes ones, a (batch, nheads_k) one
+    gains a blocks dim of 1 (which the kernel reads with stride 0, at any block)."""
+    ones = torch.ones(1, 1, 1, device=device).expand(batch, nheads_k, 1)
+    views = [ones if d is None else d if d.dim() == 3 else d[:, :, None] for d in descales]
+    return tuple(views)
+
+
+def has_blocks(descales: tuple[torch.Tensor, ...]) -> bool:
+    return any(d.shape[2] > 1 for d in descales)

@@ -1,0 +1,197 @@
+"""The FP8 forward's custom ops and the calls of the public functions on float8 inputs (forward only).
+
+The PyTorch path computes the attention of the dequantized inputs (value * descale) in float32 and returns
+bfloat16: it does *not* round P to e4m3 as the kernel does. It is the definition the kernel approximates, the same
+for dense, packed and paged keys and the KV cache; ``testing.fp8_emulated_attention`` adds the kernel's rounding
+where a test or the accuracy table needs it. Per-(batch, kv head) descales are exact to fold: k_descale into the
+queries' scale and v_descale into the output, so packed, paged and cached keys are upcast as they are.
+
+The CUDA path is the Triton kernel (``launch/forward_fp8.py``) for dense and packed keys; paged keys and the KV cache
+have no FP8 kernel, and are refused there unless ``FLASHATTN_BACKEND=torch``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import cpu, validation
+from .backend import backend_for_cpu_tensors, backend_override
+from .fp8 import canonical_descales, dequantize
+from .launch.forward_fp8 import launch_forward_fp8
+from .options import AttentionOptions
+
+
+def _options(softmax_scale, window_left, window_right, softcap) -> AttentionOptions:
+    return AttentionOptions(softmax_scale, window_left, window_right, softcap)
+
+
+def _dense_torch(q, k, v, q_descale, k_descale, v_descale, opts):
+    q32, k32, v32 = (dequantize(x, d) for x, d in ((q, q_descale), (k, k_descale), (v, v_descale)))
+    out, lse = cpu.forward(q32, k32, v32, opts, None, None)
+    return out.to(torch.bfloat16), lse
+
+
+@torch.library.custom_op("flashattn::fp8_attention_forward", mutates_args=(), device_types="cpu")
+def fp8_attention_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_descale: torch.Tensor,
+    k_descale: torch.Tensor,
+    v_descale: torch.Tensor,
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(bfloat16 out, float32 lse (B, Hq, Sq)) of e4m3 q (B, Sq, Hq, D), k/v (B, Sk, Hk, D); the descales are
+    (B, Hk, blocks) float32, a single block meaning one descale per (batch, kv head)."""
+    opts = _options(softmax_scale, window_left, window_right, softcap)
+    if backend_for_cpu_tensors() == "triton":
+        return launch_forward_fp8(q, k, v, (q_descale, k_descale, v_descale), opts)
+    return _dense_torch(q, k, v, q_descale, k_descale, v_descale, opts)
+
+
+@fp8_attention_forward.register_kernel("cuda")
+def _fp8_attention_forward_cuda(q, k, v, q_descale, k_descale, v_descale, softmax_scale, window_left, window_right,
+                                softcap):
+    opts = _options(softmax_scale, window_left, window_right, softcap)
+    if backend_override() == "torch":
+        return _dense_torch(q, k, v, q_descale, k_descale, v_descale, opts)
+    return launch_forward_fp8(q, k, v, (q_descale, k_descale, v_descale), opts)
+
+
+@fp8_attention_forward.register_fake
+def _fp8_attention_forward_fake(q, k, v, q_descale, k_descale, v_descale, softmax_scale, window_left, window_right,
+                                softcap):
+    batch, seqlen_q, nheads, _ = q.shape
+    return q.new_empty(q.shape, dtype=torch.bfloat16), q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
+
+
+def _token_batch(cu_seqlens: list[int], device: torch.device) -> torch.Tensor:
+    """The sequence of each packed token, from a host cu_seqlens."""
+    lengths = torch.tensor(cu_seqlens).diff()
+    return torch.repeat_interleave(torch.arange(len(lengths)), lengths).to(device)
+
+
+def folded_queries(q: torch.Tensor, scale: torch.Tensor, rows: torch.Tensor | slice) -> torch.Tensor:
+    """float32 q (..., nheads, D) times scale[rows] (..., nheads_k), a kv head's scale on each of its query heads."""
+    nheads, nheads_k = q.shape[-2], scale.shape[-1]
+    per_head = scale[rows].repeat_interleave(nheads // nheads_k, dim=-1)
+    return q.float() * per_head[..., None]
+
+
+def _varlen_torch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q_descale, k_descale, v_descale,
+                  opts, block_table):
+    from . import ops
+
+    packing, host_q, _ = validation.resolve_packing(cu_seqlens_q, cu_seqlens_k, q.shape[0],
+                                                    None if block_table is not None else k.shape[0], max_seqlen_q,
+                                                    max_seqlen_k, need_host=True)
+    tokens = _token_batch(host_q, q.device)
+    q32 = folded_queries(q, q_descale * k_descale, tokens)
+    out, lse = ops._varlen_forward(q32, k.float(), v.float(), cu_seqlens_q, cu_seqlens_k, packing.max_seqlen_q,
+                                   packing.max_seqlen_k, None, None, opts, "torch", block_table)
+    return folded_queries(out, v_descale, tokens).to(torch.bfloat16), lse
+
+
+@torch.library.custom_op("flashattn::fp8_varlen_attention_forward", mutates_args=(), device_types="cpu")
+def fp8_varlen_attention_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    q_descale: torch.Tensor,
+    k_descale: torch.Tensor,
+    v_descale: torch.Tensor,
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    block_table: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(bfloat16 out, float32 lse (Hq, total_q)) of packed e4m3 q (total_q, Hq, D), k/v (total_k, Hk, D) or page
+    pools with ``block_table``; the descales are (batch, Hk) float32."""
+    opts = _options(softmax_scale, window_left, window_right, softcap)
+    if backend_for_cpu_tensors() == "triton":
+        return _varlen_triton(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q_descale, k_descale,
+                              v_descale, opts, block_table)
+    return _varlen_torch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q_descale, k_descale,
+                         v_descale, opts, block_table)
+
+
+def _varlen_triton(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q_descale, k_descale, v_descale,
+                   opts, block_table):
+    if block_table is not None:
+        raise NotImplementedError("flash_attn_varlen_func with float8 inputs and a block_table has no GPU kernel: "
+                                  "gather the pages into packed k and v, or set FLASHATTN_BACKEND=torch")
+    packing, _, _ = validation.resolve_packing(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q,
+                                               max_seqlen_k)
+    descales = tuple(d[:, :, None] for d in (q_descale, k_descale, v_descale))
+    return launch_forward_fp8(q, k, v, descales, opts, packing)
+
+
+@fp8_varlen_attention_forward.register_kernel("cuda")
+def _fp8_varlen_attention_forward_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q_descale,
+                                       k_descale, v_descale, softmax_scale, window_left, window_right, softcap,
+                                       block_table=None):
+    opts = _options(softmax_scale, window_left, window_right, softcap)
+    run = _varlen_torch if backend_override() == "torch" else _varlen_triton
+    return run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q_descale, k_descale, v_descale,
+               opts, block_table)
+
+
+@fp8_varlen_attention_forward.register_fake
+def _fp8_varlen_attention_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q_descale,
+                                       k_descale, v_descale, softmax_scale, window_left, window_right, softcap,
+                                       block_table=None):
+    total_q, nheads, _ = q.shape
+    return q.new_empty(q.shape, dtype=torch.bfloat16), q.new_empty((nheads, total_q), dtype=torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# The public functions' FP8 calls: their descales made whole (None is 1), then the op
+# ---------------------------------------------------------------------------------------------
+
+
+def dense(q, k, v, q_descale, k_descale, v_descale, opts: AttentionOptions):
+    batch, nheads_k = q.shape[0], k.shape[2]
+    descales = canonical_descales((q_descale, k_descale, v_descale), batch, nheads_k, q.device)
+    return fp8_attention_forward(q, k, v, *descales, opts.softmax_scale, opts.window_left, opts.window_right,
+                                 opts.softcap)
+
+
+def _per_head(descale, batch: int, nheads_k: int, device: torch.device) -> torch.Tensor:
+    return torch.ones(batch, nheads_k, device=device) if descale is None else descale
+
+
+def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, q_descale, k_descale,
+           v_descale, opts: AttentionOptions, block_table=None):
+    batch, nheads_k = cu_seqlens_q.shape[0] - 1, k.shape[-2]
+    descales = (_per_head(d, batch, nheads_k, q.device) for d in (q_descale, k_descale, v_descale))
+    return fp8_varlen_attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *descales,
+                                        opts.softmax_scale, opts.window_left, opts.window_right, opts.softcap,
+                                        block_table)
+
+
+def kvcache(q, k_cache, v_cache, k, v, q_descale, k_descale, v_descale, attend):
+    """A KV-cache step on e4m3 tensors: ``attend(q32, k_cache32, v_cache32, k32, v32)`` is the float32 step (the
+    public function on upcast copies, k_descale folded into the queries); the copies' appended rows, exact e4m3
+    values, are written back into the e4m3 caches, and the output takes v_descale and becomes bfloat16."""
+    if q.is_cuda and backend_override() != "torch":
+        raise NotImplementedError("flash_attn_with_kvcache with float8 inputs has no GPU kernel: set "
+                                  "FLASHATTN_BACKEND=torch for the PyTorch path (it upcasts the cache), or dequantize")
+    batch, nheads_k = q.shape[0], k_cache.shape[2]
+    q_descale, k_descale, v_descale = (_per_head(d, batch, nheads_k, q.device) for d in (q_descale, k_descale,
+                                                                                        v_descale))
+    rows = torch.arange(batch, device=q.device)[:, None]  # (batch, 1): each token takes its batch element's scale
+    q32 = folded_queries(q, q_descale * k_descale, rows)
+    k_cache32, v_cache32 = k_cache.float(), v_cache.float()
+    out, lse = attend(q32, k_cache32, v_cache32, None if k is None else k.float(), None if v is None else v.float())
+    if k is not None:
+        k_cache.copy_(k_cache32.to(k_cache.dtype))
+        v_cache.copy_(v_cache32.to(v_cache.dtype))
+    return folded_queries(out, v_descale, rows).to(torch.bfloat16), lse
