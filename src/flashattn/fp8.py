@@ -91,7 +91,7 @@ def quantize_tensor(x: torch.Tensor, nheads_k: int, granularity: str = "block") 
     group = nheads // nheads_k
     grouped = x.float().reshape(batch, seqlen, nheads_k, group * head_dim)
     if granularity == "head":
-        amax = grouped.abs().amax(dim=(1, 3))  # (batch, nheads_k)
+        amax = grouped.abs().amax(dim=(1, 3)) if seqlen else grouped.new_zeros(batch, nheads_k)  # (b, nheads_k)
         per_row = amax[:, None, :, None]
     else:
         blocks = -(-seqlen // SCALE_BLOCK)
@@ -137,6 +137,8 @@ def dequantize(x: torch.Tensor, descale: torch.Tensor | None, dtype: torch.dtype
     batch, seqlen, nheads, head_dim = x.shape
     nheads_k = descale.shape[1]
     per_row = descale.to(dtype)
+    if per_row.dim() == 3 and per_row.shape[2] == 1:
+        per_row = per_row[:, :, 0]  # one block: one descale for the sequence (``canonical_descales``)
     if per_row.dim() == 3:
         per_row = per_row.repeat_interleave(SCALE_BLOCK, dim=2)[:, :, :seqlen].transpose(1, 2)  # (b, s, hk)
     else:

@@ -1,0 +1,260 @@
+"""FP8 (e4m3) inputs: the quantizer, the checks, the PyTorch path against the float64 reference of the dequantized
+inputs, and the Triton kernel (the interpreter on tiny shapes, the GPU on awkward ones) within the FP8 rule
+(``testing.assert_fp8_within_rule``: at most twice the error of the emulated kernel arithmetic)."""
+
+import math
+
+import pytest
+import torch
+
+from flashattn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, fp8
+from flashattn.reference import attention_ref
+from flashattn.testing import assert_fp8_within_rule, fp8_emulated_attention, page_keys, rounding_error
+
+
+def make_inputs(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, device="cpu", outliers=False, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    shapes = ((batch, seqlen_q, nheads, head_dim), (batch, seqlen_k, nheads_k, head_dim),
+              (batch, seqlen_k, nheads_k, head_dim))
+    tensors = []
+    for shape in shapes:
+        x = torch.randn(shape, generator=generator)
+        if outliers:
+            x += 10 * torch.randn(shape, generator=generator) * (torch.rand(shape, generator=generator) < 1e-3)
+        tensors.append(x.to(device))
+    return tensors
+
+
+def dequantized(quantized: fp8.Quantized):
+    return tuple(fp8.dequantize(x, d, torch.float64) for x, d in zip(quantized[:3], quantized[3:], strict=True))
+
+
+def descale_kwargs(quantized: fp8.Quantized) -> dict:
+    return dict(q_descale=quantized.q_descale, k_descale=quantized.k_descale, v_descale=quantized.v_descale)
+
+
+# -- the quantizer --
+
+
+@pytest.mark.parametrize("head_dim", [1, 40, 64, 96, 256])
+def test_rotation_is_orthogonal(head_dim):
+    signs = fp8.random_signs(head_dim, seed=3, device=torch.device("cpu"))
+    matrix = fp8.rotate(torch.eye(head_dim, dtype=torch.float64), signs)
+    assert torch.allclose(matrix @ matrix.T, torch.eye(head_dim, dtype=torch.float64), atol=1e-12)
+    assert sum(fp8.hadamard_pieces(head_dim)) == head_dim
+
+
+def test_rotation_spreads_an_outlier_channel():
+    x = torch.zeros(1, 1, 1, 128, dtype=torch.float64)
+    x[..., 5] = 1.0
+    rotated = fp8.rotate(x, fp8.random_signs(128, seed=0, device=torch.device("cpu")))
+    assert torch.allclose(rotated.abs(), torch.full_like(rotated, 128 ** -0.5))
+
+
+@pytest.mark.parametrize("granularity", ["block", "head"])
+def test_quantize_shapes_and_steps(granularity):
+    q, k, v = make_inputs(2, 300, 200, 4, 2, 64)
+    quantized = fp8.quantize(q, k, v, hadamard=False, granularity=granularity)
+    assert all(x.dtype == torch.float8_e4m3fn for x in quantized[:3])
+    blocks = {"block": ((2, 2, 3), (2, 2, 2)), "head": ((2, 2), (2, 2))}[granularity]
+    assert quantized.q_descale.shape == blocks[0] and quantized.k_descale.shape == blocks[1]
+    assert quantized.v_descale.shape == blocks[1]
+    for original, back in zip((q, k, v), dequantized(quantized), strict=True):
+        # a scale of amax / 448 puts each block's amax on e4m3's largest value: relative steps of 2^-4 at most
+        scale_max = original.abs().max().item() / fp8.E4M3_MAX
+        error = (back - original.double()).abs()
+        assert (error <= original.double().abs() * 2**-4 + scale_max * 2**-9).all()
+
+
+def test_hadamard_lowers_the_error_of_an_outlier_channel():
+    # a channel that is large in both q and k (LLMs' outlier features): its products dominate the scores and their
+    # rounding, until the rotation spreads it over every channel
+    q, k, v = make_inputs(1, 256, 256, 2, 2, 128)
+    q[..., 5] += 20.0
+    k[..., 5] += 20.0
+    scores = q.double()[0, :, 0] @ k.double()[0, :, 0].T
+
+    def score_error(hadamard):
+        dq, dk, _ = dequantized(fp8.quantize(q, k, v, hadamard=hadamard, seed=1))
+        return (dq[0, :, 0] @ dk[0, :, 0].T - scores).pow(2).mean().sqrt().item()
+
+    assert score_error(True) < 0.5 * score_error(False)
+
+
+# -- the checks --
+
+
+def test_fp8_call_checks_name_the_argument():
+    q, k, v = make_inputs(1, 8, 8, 2, 1, 32)
+    quantized = fp8.quantize(q, k, v)
+    q8, k8, v8 = quantized[:3]
+    with pytest.raises(ValueError, match="dropout_p"):
+        flash_attn_func(q8, k8, v8, dropout_p=0.1)
+    with pytest.raises(ValueError, match="alibi_slopes"):
+        flash_attn_func(q8, k8, v8, alibi_slopes=torch.ones(2))
+    with pytest.raises(TypeError, match="k must be torch.float8_e4m3fn"):
+        flash_attn_func(q8, k.to(torch.float8_e5m2), v8)
+    with pytest.raises(TypeError, match="q_descale.*float32"):
+        flash_attn_func(q8, k8, v8, q_descale=torch.ones(1, 1, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"k_descale must have shape \(1, 1\) or \(1, 1, 1\)"):
+        flash_attn_func(q8, k8, v8, k_descale=torch.ones(1, 2))
+    with pytest.raises(TypeError, match="apply to float8_e4m3fn inputs"):
+        flash_attn_func(q, k, v, v_descale=torch.ones(1, 1))
+    with pytest.raises(ValueError, match="forward only"):
+        flash_attn_func(q8.detach().requires_grad_(), k8, v8)
+    cu_seqlens = torch.tensor([0, 8], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"v_descale must have shape \(1, 1\)"):
+        flash_attn_varlen_func(q8[0], k8[0], v8[0], cu_seqlens, cu_seqlens, 8, 8, v_descale=torch.ones(1, 1, 1))
+    with pytest.raises(ValueError, match="rotary_cos"):
+        flash_attn_with_kvcache(q8, k8, v8, rotary_cos=torch.ones(8, 16), rotary_sin=torch.ones(8, 16))
+
+
+# -- the PyTorch path: the dequantized inputs' attention, in float32, to bfloat16 --
+
+
+@pytest.mark.parametrize("options", [{}, {"causal": True}, {"window_size": (20, 3)}, {"softcap": 4.0}], ids=str)
+@pytest.mark.parametrize("granularity", ["block", "head"])
+def test_torch_path_is_the_dequantized_attention(torch_backend, options, granularity):
+    q, k, v = make_inputs(2, 150, 260, 4, 2, 48)
+    quantized = fp8.quantize(q, k, v, seed=0, granularity=granularity)
+    out = flash_attn_func(*quantized[:3], **descale_kwargs(quantized), **options)
+    oracle, _ = attention_ref(*dequantized(quantized), **options)
+    assert out.dtype == torch.bfloat16
+    assert (out.double() - oracle).abs().max().item() <= 2 * rounding_error(oracle, torch.bfloat16) + 1e-5
+
+
+def test_varlen_and_paged_keys_match_dense_calls(torch_backend):
+    lengths_q, lengths_k = (5, 0, 40), (30, 7, 64)
+    sequences = [make_inputs(1, sq, sk, 4, 2, 32, seed=i) for i, (sq, sk) in enumerate(zip(lengths_q, lengths_k,
+                                                                                          strict=True))]
+    quantized = [fp8.quantize(*s, seed=0, granularity="head") for s in sequences]
+    pack = [torch.cat([x[i][0] for x in quantized]) for i in range(3)]
+    descales = {name: torch.cat([getattr(x, name) for x in quantized])
+                for name in ("q_descale", "k_descale", "v_descale")}
+    cu_q = torch.tensor([0, *torch.tensor(lengths_q).cumsum(0).tolist()], dtype=torch.int32)
+    cu_k = torch.tensor([0, *torch.tensor(lengths_k).cumsum(0).tolist()], dtype=torch.int32)
+    out = flash_attn_varlen_func(*pack, cu_q, cu_k, max(lengths_q), max(lengths_k), causal=True, **descales)
+    k_pages, v_pages, table = page_keys(pack[1], pack[2], cu_k, page_size=16)
+    paged = flash_attn_varlen_func(pack[0], k_pages, v_pages, cu_q, cu_k, max(lengths_q), max(lengths_k),
+                                   causal=True, block_table=table, **descales)
+    for b, x in enumerate(quantized):
+        rows = slice(cu_q[b], cu_q[b + 1])
+        if rows.start == rows.stop:
+            continue
+        expected = flash_attn_func(*x[:3], causal=True, **descale_kwargs(x))[0]
+        torch.testing.assert_close(out[rows], expected, rtol=0, atol=2**-8)
+        torch.testing.assert_close(paged[rows], expected, rtol=0, atol=2**-8)
+
+
+def test_kvcache_appends_e4m3_and_attends(torch_backend):
+    q, k, v = make_inputs(2, 3, 50, 4, 2, 32)
+    quantized = fp8.quantize(q, k, v, seed=0, granularity="head")
+    k_cache = torch.zeros(2, 64, 2, 32, dtype=torch.float8_e4m3fn)
+    v_cache = torch.zeros_like(k_cache)
+    k_cache[:, :46], v_cache[:, :46] = quantized.k[:, :46], quantized.v[:, :46]
+    out = flash_attn_with_kvcache(quantized.q, k_cache, v_cache, quantized.k[:, 46:], quantized.v[:, 46:],
+                                  cache_seqlens=46, causal=True, **descale_kwargs(quantized))
+    assert torch.equal(k_cache[:, :50].view(torch.uint8), quantized.k.view(torch.uint8))
+    expected = flash_attn_func(*quantized[:3], causal=True, **descale_kwargs(quantized))
+    torch.testing.assert_close(out, expected, rtol=0, atol=2**-8)
+
+
+# -- the Triton kernel --
+
+
+def check_kernel(device, batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, granularity="block", block_n=None,
+                 **options):
+    q, k, v = make_inputs(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, device)
+    quantized = fp8.quantize(q, k, v, seed=0, granularity=granularity)
+    out, lse, _ = flash_attn_func(*quantized[:3], **descale_kwargs(quantized), return_attn_probs=True, **options)
+    inputs = dequantized(quantized)
+    oracle, oracle_lse = attention_ref(*inputs, **options)
+    if block_n is None:
+        from flashattn.launch.forward_fp8 import fp8_tile
+
+        masked = options.get("causal", False) or options.get("window_size", (-1, -1)) != (-1, -1)
+        block_n = fp8_tile(head_dim, masked, torch.device(device)).block_n
+    emulated = fp8_emulated_attention(*inputs, block_n=block_n, **options)
+    assert_fp8_within_rule(f"fp8 out {granularity} {options}", out, oracle, emulated)
+    seen = oracle_lse.isfinite()
+    assert torch.equal(lse.isfinite(), seen)
+    assert (lse.double() - oracle_lse)[seen].abs().max().item() < 1e-4 * max(1.0, oracle_lse[seen].abs().max().item())
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("shape,granularity,options", [
+    ((1, 40, 300, 2, 1, 64), "block", {}),
+    ((1, 40, 300, 2, 1, 64), "block", {"causal": True}),
+    ((1, 1, 33, 2, 2, 40), "head", {"window_size": (5, 3)}),
+    ((2, 17, 140, 2, 1, 32), "block", {"softcap": 5.0}),
+], ids=str)
+def test_fp8_kernel_interpreter(triton_backend, shape, granularity, options):
+    check_kernel(triton_backend, *shape, granularity, **options)
+
+
+@pytest.mark.interpreter
+def test_fp8_kernel_varlen_interpreter(triton_backend):
+    lengths_q, lengths_k = (5, 0, 40), (30, 7, 70)
+    sequences = [fp8.quantize(*make_inputs(1, sq, sk, 2, 1, 32, triton_backend, seed=i), seed=0, granularity="head")
+                 for i, (sq, sk) in enumerate(zip(lengths_q, lengths_k, strict=True))]
+    pack = [torch.cat([x[i][0] for x in sequences]) for i in range(3)]
+    descales = {name: torch.cat([getattr(x, name) for x in sequences])
+                for name in ("q_descale", "k_descale", "v_descale")}
+    cu_q = torch.tensor([0, 5, 5, 45], dtype=torch.int32, device=triton_backend)
+    cu_k = torch.tensor([0, 30, 37, 107], dtype=torch.int32, device=triton_backend)
+    out = flash_attn_varlen_func(*pack, cu_q, cu_k, 40, 70, causal=True, **descales)
+    for b in (0, 2):
+        inputs = dequantized(sequences[b])
+        oracle, _ = attention_ref(*inputs, causal=True)
+        emulated = fp8_emulated_attention(*inputs, causal=True, block_n=32)
+        assert_fp8_within_rule(f"varlen sequence {b}", out[cu_q[b]:cu_q[b + 1]][None], oracle, emulated)
+
+
+GPU_SHAPES = [  # (batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim)
+    (2, 1, 1023, 8, 8, 128),
+    (2, 113, 113, 8, 2, 64),
+    (1, 1023, 1023, 4, 4, 96),
+    (1, 1023, 4096, 8, 1, 128),
+    (2, 4096, 4096, 4, 4, 256),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
+@pytest.mark.parametrize("granularity,options", [
+    ("block", {}), ("block", {"causal": True}), ("head", {"causal": True}), ("block", {"window_size": (256, 0)}),
+    ("head", {"softcap": 30.0}),
+], ids=str)
+def test_fp8_kernel_gpu(triton_backend, shape, granularity, options):
+    check_kernel("cuda", *shape, granularity, **options)
+
+
+@pytest.mark.gpu
+def test_fp8_kernel_varlen_gpu(triton_backend):
+    lengths_q, lengths_k = (1, 113, 0, 1023), (300, 113, 9, 2048)
+    sequences = [fp8.quantize(*make_inputs(1, sq, sk, 8, 2, 128, "cuda", seed=i), seed=0, granularity="head")
+                 for i, (sq, sk) in enumerate(zip(lengths_q, lengths_k, strict=True))]
+    pack = [torch.cat([x[i][0] for x in sequences]) for i in range(3)]
+    descales = {name: torch.cat([getattr(x, name) for x in sequences])
+                for name in ("q_descale", "k_descale", "v_descale")}
+    cu_q = torch.tensor([0, *torch.tensor(lengths_q).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, *torch.tensor(lengths_k).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    out = flash_attn_varlen_func(*pack, cu_q, cu_k, max(lengths_q), max(lengths_k), causal=True, **descales)
+    from flashattn.launch.forward_fp8 import fp8_tile
+
+    block_n = fp8_tile(128, True, torch.device("cuda")).block_n
+    for b, x in enumerate(sequences):
+        if lengths_q[b] == 0:
+            continue
+        inputs = dequantized(x)
+        oracle, _ = attention_ref(*inputs, causal=True)
+        emulated = fp8_emulated_attention(*inputs, causal=True, block_n=block_n)
+        assert_fp8_within_rule(f"varlen sequence {b}", out[cu_q[b]:cu_q[b + 1]][None], oracle, emulated)
+
+
+def test_p_scale_keeps_small_probabilities():
+    # 2^-12 underflows to 0 in e4m3 (the smallest subnormal is 2^-9); scaled by P_SCALE it is an exact e4m3 value
+    p = torch.tensor([2.0**-12])
+    assert fp8.round_to_e4m3(p).item() == 0.0
+    assert fp8.round_to_e4m3(p * fp8.P_SCALE).item() / fp8.P_SCALE == 2.0**-12
+    assert math.isclose(fp8.P_SCALE, 2 ** round(math.log2(fp8.P_SCALE)))
