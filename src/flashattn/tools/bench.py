@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .. import __version__
+from .. import __version__, fp8
 from ..interface import flash_attn_func
 from ..validation import MAX_HEAD_DIM
 from ..varlen import flash_attn_varlen_func
@@ -431,7 +431,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"between 1 and {MAX_HEAD_DIM} (default: 64 128 256 on a GPU, 64 on the CPU)")
     parser.add_argument("--seqlens", nargs="+", type=positive_int, default=None)
     parser.add_argument("--causal", choices=("both", "yes", "no"), default="both")
-    parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None)
+    parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32", "fp8"), default=None,
+                        help="fp8: the FP8 forward beside the bf16 ones, the quantizer and the FP8 matmul ceiling")
     parser.add_argument("--tokens", type=positive_int, default=16384, help="batch * seqlen (default 16384)")
     parser.add_argument("--hidden", type=positive_int, default=2048, help="heads * headdim (default 2048)")
     parser.add_argument("--gqa", type=positive_int, default=1, help="query heads per kv head (default 1)")
@@ -514,6 +515,8 @@ def _run(args: argparse.Namespace) -> int:
         from . import bench_decode
 
         return bench_decode.run(args, environment())
+    if args.dtype == "fp8":
+        return run_fp8(args, environment())
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     on_gpu = device.type == "cuda"
     dense_providers = [p for p in PROVIDERS if p not in VARLEN_PROVIDERS]
@@ -571,6 +574,126 @@ def _run(args: argparse.Namespace) -> int:
     if args.plot:
         plot_results(path, args.plot)
         print(f"plot: {args.plot}")
+    return 0
+
+
+
+# ---------------------------------------------------------------------------------------------
+# --dtype fp8
+# ---------------------------------------------------------------------------------------------
+
+# ``flashattn bench --dtype fp8``: the FP8 forward beside the bf16 ones, the quantizer apart, and the FP8 ceiling.
+#
+# Each case times, forward only, on the same bf16 inputs: flashattn's bf16 forward and torch's SDPA backends (on a
+# GPU), then the FP8 kernel on inputs quantized beforehand, with block descales (``flashattn_fp8``) and per-head ones
+# (``flashattn_fp8_head``). The quantizer (``fp8.quantize``: Hadamard rotation of q and k, block scales, the e4m3
+# casts) is timed on its own, as ``quantize`` (ms only: it does no attention FLOPs). The header gives two ceilings
+# measured on random 8192^3 matrices: bf16 ``a @ b`` and FP8 ``torch._scaled_mm`` (e4m3 in, bf16 out).
+#
+# Writes ``<machine>-fp8.json`` into ``--out`` (the rows as ``flashattn bench`` writes them) and prints the table.
+
+FP8_PROVIDERS = ("flashattn_fp8", "flashattn_fp8_head", "quantize")
+CEILING_SIZE = 8192
+
+
+def scaled_mm_tflops(device: torch.device, n: int = CEILING_SIZE) -> float | None:
+    """The FP8 matmul ceiling: ``torch._scaled_mm`` on e4m3 n x n matrices (the second column-major), bf16 out."""
+    if device.type != "cuda":
+        return None
+    a = torch.randn(n, n, device=device).to(torch.float8_e4m3fn)
+    b = torch.randn(n, n, device=device).to(torch.float8_e4m3fn).t()  # column-major, as cuBLASLt's FP8 GEMM needs
+    one = torch.tensor(1.0, device=device)
+    seconds = time_call(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
+                        device).seconds
+    return 2 * n**3 / seconds / 1e12
+
+
+def _fp8_builders(q, k, v, causal: bool) -> dict:
+    block = fp8.quantize(q, k, v)
+    head = fp8.quantize(q, k, v, granularity="head")
+
+    def attend(quantized):
+        descales = dict(q_descale=quantized.q_descale, k_descale=quantized.k_descale, v_descale=quantized.v_descale)
+        return lambda: flash_attn_func(*quantized[:3], causal=causal, **descales)
+
+    return {"flashattn_fp8": attend(block), "flashattn_fp8_head": attend(head),
+            "quantize": lambda: fp8.quantize(q, k, v)}
+
+
+def measure_fp8_case(case: BenchCase, device: torch.device, providers: list[str]) -> list[Measurement]:
+    generator = torch.Generator(device=device).manual_seed(0)
+    nheads_k = case.nheads_k or case.nheads
+    q = torch.randn(case.batch, case.seqlen, case.nheads, case.head_dim, device=device, dtype=torch.bfloat16,
+                    generator=generator)
+    k, v = (torch.randn(case.batch, case.seqlen, nheads_k, case.head_dim, device=device, dtype=torch.bfloat16,
+                        generator=generator) for _ in range(2))
+    fp8_runners = _fp8_builders(q, k, v, case.causal)
+    rows = []
+    for provider in providers:
+        m = Measurement(provider, case)
+        try:
+            run = fp8_runners[provider] if provider in fp8_runners else PROVIDERS[provider](q, k, v, case.causal)
+            timing = time_call(run, device)
+            m.fwd_ms, m.fwd_spread, m.fwd_settled = timing.seconds * 1e3, timing.spread, timing.settled
+            if provider != "quantize":
+                m.fwd_tflops = case.forward_flops() / timing.seconds / 1e12
+        except Exception as error:  # a provider missing or failing on a case is reported, not fatal
+            m.error = f"{type(error).__name__}: {error}"[:200]
+        rows.append(m)
+    return rows
+
+
+def fp8_table(measurements: list[Measurement], providers: list[str]) -> str:
+    lines = ["| hdim | causal | seqlen | " + " | ".join(providers) + " |", "|---|---|---|" + "---|" * len(providers)]
+    cases = list(dict.fromkeys(m.case for m in measurements))
+    for case in cases:
+        cells = []
+        for provider in providers:
+            m = next((m for m in measurements if m.case == case and m.provider == provider), None)
+            if m is None or m.fwd_ms is None:
+                cells.append("-")
+            elif provider == "quantize":
+                cells.append(f"{m.fwd_ms:.3f} ms")
+            else:
+                cells.append(f"{format_rate(m.fwd_tflops)} TF/s")
+        lines.append(f"| {case.head_dim} | {int(case.causal)} | {case.seqlen} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def run_fp8(args: argparse.Namespace, env: dict) -> int:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    on_gpu = device.type == "cuda"
+    if args.varlen or args.providers and any(p in VARLEN_PROVIDERS for p in args.providers):
+        print("flashattn bench: error: --dtype fp8 times dense calls only", file=sys.stderr)
+        return EXIT_USAGE
+    baseline = [p for p in PROVIDERS if p not in VARLEN_PROVIDERS and p != "naive"] if on_gpu else ["flashattn"]
+    providers = (args.providers or baseline) + list(FP8_PROVIDERS)
+    causal = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
+    if on_gpu:
+        grid = anchor_grid(tuple(args.head_dims or (64, 128, 256)), tuple(args.seqlens or (1024, 4096, 16384)),
+                           causal, args.tokens, args.hidden)
+    else:  # a small CPU grid (the PyTorch path): checks the run, measures nothing of interest
+        grid = anchor_grid(tuple(args.head_dims or (64,)), tuple(args.seqlens or (256,)), causal,
+                           tokens=min(args.tokens, 512), hidden=min(args.hidden, 128))
+    if args.gqa > 1:
+        grid = [BenchCase(c.batch, c.seqlen, c.nheads, c.head_dim, c.causal, c.dtype, c.nheads // args.gqa)
+                for c in grid]
+    env["matmul_tflops"] = measured_matmul_tflops(device)
+    env["fp8_matmul_tflops"] = scaled_mm_tflops(device)
+    print(f"# {env.get('device')}  torch {env['torch']}  triton {env['triton']}  commit {env['commit']}  "
+          f"bf16 matmul {format_rate(env['matmul_tflops'])} TFLOP/s  fp8 _scaled_mm ({CEILING_SIZE}^3) "
+          f"{format_rate(env['fp8_matmul_tflops'])} TFLOP/s", flush=True)
+    measurements: list[Measurement] = []
+    for case in grid:
+        measurements += measure_fp8_case(case, device, providers)
+        print(fp8_table(measurements, providers).splitlines()[-1], flush=True)
+        write_results(args.out, env, "fp8", [asdict(m) for m in measurements])
+    print(fp8_table(measurements, providers))
+    for m in measurements:
+        if m.error:
+            print(f"{m.provider} d{m.case.head_dim} n{m.case.seqlen} causal={int(m.case.causal)}: {m.error}")
+    path = write_results(args.out, env, "fp8", [asdict(m) for m in measurements])
+    print(f"results: {path.resolve()}")
     return 0
 
 
