@@ -3,7 +3,7 @@
 #     SKIP_BENCH=1 bash benchmarks/gpu_suite.sh     # every test, in one call of under 10 minutes
 #     bash benchmarks/gpu_suite.sh                  # every test, then the benchmarks (dense, varlen, decode)
 #     SHARD=1 bash benchmarks/gpu_suite.sh ... SHARD=5   # one fifth of the tests, no benchmark
-# The tests run in WORKERS (default 12: 16 ran out of GPU memory) pytest-xdist workers that share the GPU and compile
+# The tests run in WORKERS (default 14) pytest-xdist workers (work stealing: the slowest tests are compiles) that share the GPU and compile
 # kernels into one Triton cache (a cold cache's compiles are most of a first run); the tests of one xdist_group take
 # turns (a lock file per group, tests/conftest.py), so those that take tens of GB of GPU memory (float32 references of
 # long sequences: tests/cases.py, GPU_MEMORY_GROUP) run one at a time. SHARD splits the run by a hash of the test id
@@ -30,7 +30,7 @@ if ls .wheels/*.whl > /dev/null 2>&1; then
   export PYTHONPATH=$PYTHONPATH:/tmp/hf
 fi
 start=$SECONDS
-timeout -s INT "${SUITE_TIMEOUT:-520}" python3 -m pytest $TESTS -n "${WORKERS:-12}" -q \
+timeout -s INT "${SUITE_TIMEOUT:-520}" python3 -m pytest $TESTS -n "${WORKERS:-14}" --dist worksteal -q \
   -p no:cacheprovider -k "not test_gpu_ncu" --durations=25 > "$LOG" 2>&1
 echo "pytest exit $?" >> "$LOG"
 if [ "$SHARD" = "" ] || [ "$SHARD" = "$PARTS" ]; then

@@ -9,20 +9,26 @@ import os
 import tempfile
 import zlib
 
-import pytest
-import torch
-from filelock import FileLock
+# pytest-xdist workers share the cores: each takes its share of the threads of torch, OpenMP and numpy's BLAS (the
+# interpreter's), since more threads than cores spin in their barriers and slow every worker (-n 2 on 2 cores: the
+# torch path's tests ran 3x slower with 2 threads each). The pools read these when numpy and torch are first imported
+WORKER_THREADS = 0
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    WORKER_THREADS = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(variable, str(WORKER_THREADS))
 
-from flashattn.launch import plans
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from filelock import FileLock  # noqa: E402
+
+from flashattn.launch import plans  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
-
-# pytest-xdist workers share the cores: each takes its share of torch's threads, since more threads than cores spin
-# in OpenMP's barriers and slow every worker (-n 2 on 2 cores: the torch path's tests ran 3x slower with 2 threads each)
-if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+if WORKER_THREADS:
+    torch.set_num_threads(WORKER_THREADS)
 
 try:
     import triton  # noqa: F401

@@ -6,6 +6,7 @@ Fast on purpose (tiny sequence lengths, CPU only): the numbers themselves are th
 from __future__ import annotations
 
 import argparse
+import runpy
 import subprocess
 import sys
 import types
@@ -92,10 +93,14 @@ def test_bad_arguments_exit_with_code_2(argv, capsys):
     assert "usage:" in capsys.readouterr().err
 
 
-def test_bad_arguments_exit_with_code_2_from_the_command_line():
-    result = run_module("demo", "--batch", "zero")
-    assert result.returncode == 2
-    assert "--batch" in result.stderr
+def test_bad_arguments_exit_with_code_2_from_the_command_line(monkeypatch, capsys):
+    """``python -m flashattn demo --batch zero``, __main__ run in this interpreter (test_info_prints_the_version
+    starts a fresh one)."""
+    monkeypatch.setattr(sys, "argv", ["flashattn", "demo", "--batch", "zero"])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_module("flashattn", run_name="__main__")
+    assert exit_.value.code == 2
+    assert "--batch" in capsys.readouterr().err
 
 
 def test_bench_is_registered_when_its_module_has_the_hooks(monkeypatch):

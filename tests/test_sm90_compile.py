@@ -79,18 +79,20 @@ SWEPT_FORWARD_TILES = builds({  # name -> (head dim, causal, varlen, TileConfig 
     "persistent three consumers 128x128x8x3, hdim 64 causal": (64, True, False,
                                                                 dict(_PERSISTENT, num_stages=3, three_consumers=True)),
 }, ["persistent 128x128x8x2, hdim 128 varlen", "persistent three consumers 128x128x8x3, hdim 64 causal"])
-COMPILE_SWEPT = f"""
+# one child a swept tile, as the table's builds: report(head dim, causal, tile[, varlen])
+SWEPT_BUILDS = {**{name: ("hopper_dkdv_report", head_dim, causal, fields, None)
+                   for name, (head_dim, causal, fields) in SWEPT_DKDV_TILES.items()},
+                **{name: ("hopper_forward_report", head_dim, causal, fields, varlen)
+                   for name, (head_dim, causal, varlen, fields) in SWEPT_FORWARD_TILES.items()},
+                **{name: ("hopper_dq_report", head_dim, causal, fields, None)
+                   for name, (head_dim, causal, fields) in SWEPT_DQ_TILES.items()}}
+COMPILE_SWEPT = """
 import json, sys
-sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
+sys.path.insert(0, {benchmarks!r})
 import sass_report
 from flashattn.configs import TileConfig
-for name, (head_dim, causal, fields) in {SWEPT_DKDV_TILES!r}.items():
-    print(json.dumps([name, sass_report.hopper_dkdv_report(head_dim, causal, TileConfig(**fields))]), flush=True)
-for name, (head_dim, causal, varlen, fields) in {SWEPT_FORWARD_TILES!r}.items():
-    result = sass_report.hopper_forward_report(head_dim, causal, TileConfig(**fields), varlen=varlen)
-    print(json.dumps([name, result]), flush=True)
-for name, (head_dim, causal, fields) in {SWEPT_DQ_TILES!r}.items():
-    print(json.dumps([name, sass_report.hopper_dq_report(head_dim, causal, TileConfig(**fields))]), flush=True)
+extra = {{}} if {varlen!r} is None else {{"varlen": {varlen!r}}}
+print(json.dumps([sass_report.{report}({head_dim!r}, {causal!r}, TileConfig(**{fields!r}), **extra)]), flush=True)
 """
 
 
@@ -142,15 +144,17 @@ def test_table_backward_kernels_compile_for_one_query():
         assert result["HGMMA"] + result["HMMA"] > 0, f"{name}: no matrix instruction"
 
 
-def test_swept_hopper_tiles_keep_wgmma_asynchronous():
-    results = dict(_compiled(COMPILE_SWEPT))
-    assert set(results) == set(SWEPT_DKDV_TILES) | set(SWEPT_DQ_TILES) | set(SWEPT_FORWARD_TILES)
-    for name, result in results.items():
-        assert result["HGMMA"] > 0, f"{name}: no wgmma at all"
-        assert result["wgmma_serialized"] is None, f"{name}: ptxas serialized the wgmma: {result['wgmma_serialized']}"
-        assert result["unwritten_uniform_reads"] == 0, f"{name}: {UNWRITTEN_READS}"
-    for name in SWEPT_DQ_TILES:  # 160 registers a consumer thread hold the three-consumer dQ without spills
-        assert results[name]["STL"] == 0 and results[name]["LDL"] == 0, f"{name}: spills"
+@pytest.mark.parametrize("name", list(SWEPT_BUILDS))
+def test_swept_hopper_tiles_keep_wgmma_asynchronous(name):
+    report, head_dim, causal, fields, varlen = SWEPT_BUILDS[name]
+    script = COMPILE_SWEPT.format(benchmarks=str(ROOT / "benchmarks"), report=report, head_dim=head_dim,
+                                  causal=causal, fields=fields, varlen=varlen)
+    ((result,),) = _compiled(script)
+    assert result["HGMMA"] > 0, f"{name}: no wgmma at all"
+    assert result["wgmma_serialized"] is None, f"{name}: ptxas serialized the wgmma: {result['wgmma_serialized']}"
+    assert result["unwritten_uniform_reads"] == 0, f"{name}: {UNWRITTEN_READS}"
+    if name in SWEPT_DQ_TILES:  # 160 registers a consumer thread hold the three-consumer dQ without spills
+        assert result["STL"] == 0 and result["LDL"] == 0, f"{name}: spills"
 
 
 # The short-sequence forward tiles, dense and packed: the packed build reads cu_seqlens and may hold more registers,

@@ -1,33 +1,32 @@
 """FLASHATTN_TEST_SHARD (tests/conftest.py): the parts of a run partition its tests, and a bad value is refused."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
+import types
 
-ROOT = Path(__file__).resolve().parents[1]
+import conftest
+import pytest
 
 
-def collected(shard: str | None, target: str = "tests/test_combine.py") -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(["src", "tests", os.environ.get("PYTHONPATH", "")]))
-    env.pop("FLASHATTN_TEST_SHARD", None)
-    if shard is not None:
-        env["FLASHATTN_TEST_SHARD"] = shard
-    return subprocess.run([sys.executable, "-m", "pytest", target, "--collect-only", "-q", "-p", "no:cacheprovider"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+def kept(shard: str, nodeids: list[str], monkeypatch) -> tuple[list[str], list[str]]:
+    """The ids that conftest's collection hook keeps under ``shard``, and those it reports deselected."""
+    monkeypatch.setenv("FLASHATTN_TEST_SHARD", shard)
+    deselected: list[str] = []
+    hook = types.SimpleNamespace(pytest_deselected=lambda items: deselected.extend(i.nodeid for i in items))
+    items = [types.SimpleNamespace(nodeid=nodeid) for nodeid in nodeids]
+    conftest._keep_shard(types.SimpleNamespace(hook=hook), items)
+    return [item.nodeid for item in items], deselected
 
 
-def ids_of(run: subprocess.CompletedProcess) -> list[str]:
-    return [line for line in run.stdout.splitlines() if "::" in line]
+def test_parts_partition_the_tests(monkeypatch):
+    nodeids = [f"tests/test_{name}.py::test_case[{i}]" for name in ("kernels", "varlen") for i in range(40)]
+    for count in (2, 5):
+        parts = [kept(f"{i}/{count}", nodeids, monkeypatch) for i in range(1, count + 1)]
+        assert sorted(sum((part for part, _ in parts), [])) == sorted(nodeids)
+        assert all(part for part, _ in parts), "each part got some of the tests"
+        for part, deselected in parts:
+            assert sorted(part + deselected) == sorted(nodeids)
 
 
-def test_parts_partition_the_tests():
-    everything = ids_of(collected(None))
-    parts = [ids_of(collected(f"{i}/2")) for i in (1, 2)]
-    assert sorted(sum(parts, [])) == sorted(everything) and len(everything) > 3
-    assert all(parts), "each part got some of the tests"
-
-
-def test_bad_shard_is_refused():
-    run = collected("4/3")
-    assert run.returncode != 0 and "FLASHATTN_TEST_SHARD must be i/n" in run.stdout + run.stderr
+@pytest.mark.parametrize("shard", ["4/3", "0/2", "a/b", "1"])
+def test_bad_shard_is_refused(shard, monkeypatch):
+    with pytest.raises(pytest.UsageError, match="FLASHATTN_TEST_SHARD must be i/n"):
+        kept(shard, ["tests/test_x.py::test_a"], monkeypatch)
