@@ -3,8 +3,8 @@
 #     SKIP_BENCH=1 bash benchmarks/gpu_suite.sh     # every test, in one call of under 10 minutes
 #     bash benchmarks/gpu_suite.sh                  # every test, then the benchmarks (dense, varlen, decode)
 #     SHARD=1 bash benchmarks/gpu_suite.sh ... SHARD=5   # one fifth of the tests, no benchmark
-# The tests run in WORKERS (default 14) pytest-xdist workers that share the GPU and compile kernels into one Triton
-# cache, stealing work from each other (the slowest tests are cold compiles) (a cold cache's compiles are most of a first run); the tests of one xdist_group take
+# The tests run in WORKERS (default 14) pytest-xdist workers that share the GPU, compile kernels into one Triton cache
+# (a cold cache's compiles are most of a first run) and steal work from each other; the tests of one xdist_group take
 # turns (a lock file per group, tests/conftest.py), so those that take tens of GB of GPU memory (float32 references of
 # long sequences: tests/cases.py, GPU_MEMORY_GROUP) run one at a time. SHARD splits the run by a hash of the test id
 # (tests/conftest.py: FLASHATTN_TEST_SHARD), each part a fifth of every test file. TESTS picks test files or folders
