@@ -11,6 +11,7 @@ Run it with ``python -m flashattn demo`` or :func:`run_demo`.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -253,6 +254,9 @@ def allocation_window_cuda(fn: Callable[[], object], device: torch.device) -> Al
 
 
 def allocation_window(fn: Callable[[], object], device: torch.device) -> AllocationWindow:
+    # garbage that earlier work left in reference cycles would otherwise be collected inside the window, its frees
+    # counted against fn
+    gc.collect()
     if device.type == "cuda":
         return allocation_window_cuda(fn, device)
     return allocation_window_cpu(fn)
