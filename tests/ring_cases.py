@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from cases import OPTIONS, make_case
+from cases import OPTIONS, make_case, make_varlen_case
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -32,13 +32,32 @@ class RingCase:
     dtype: str
     deterministic: bool = False
     packing: str = "separate"  # or "kvpacked", "qkvpacked": which of the three functions runs
+    mode: str = "ring"  # or "all_to_all", "auto"
 
     def __str__(self) -> str:
         batch, nheads, nheads_k, head_dim = self.shape
         kind = "-deterministic" if self.deterministic else ""
         packing = "" if self.packing == "separate" else f"-{self.packing}"
+        mode = "" if self.mode == "ring" else f"-{self.mode}"
         return (f"N{self.seqlen}-b{batch}-h{nheads}/{nheads_k}-d{head_dim}-{self.option}-{self.dtype}{kind}"
-                f"{packing}")
+                f"{packing}{mode}")
+
+
+@dataclass(frozen=True)
+class VarlenRingCase:
+    """A packed batch of sequences of ``seqlens`` tokens over the group (``ring_flash_attn_varlen_func``),
+    (nheads, nheads_k, head_dim), an OPTIONS name, a dtype name and a mode."""
+
+    seqlens: tuple[int, ...]
+    shape: tuple[int, int, int]
+    option: str
+    dtype: str
+    mode: str = "ring"
+
+    def __str__(self) -> str:
+        nheads, nheads_k, head_dim = self.shape
+        return (f"varlen{'/'.join(map(str, self.seqlens))}-h{nheads}/{nheads_k}-d{head_dim}-{self.option}-"
+                f"{self.dtype}-{self.mode}")
 
 
 def run_group(rank: int, world_size: int, store_path: str, backend: str, cases: list[RingCase]) -> None:
@@ -67,17 +86,50 @@ def run_case(case: RingCase, device: torch.device) -> None:
     from flashattn import testing
 
     torch.manual_seed(zlib.crc32(str(case).encode()))  # the same inputs on every rank
+    if isinstance(case, VarlenRingCase):
+        run_varlen_case(case, device)
+        return
     batch, nheads, nheads_k, head_dim = case.shape
     attention = make_case((batch, case.seqlen, case.seqlen, nheads, nheads_k, head_dim), case.option, device)
     dtype = DTYPES[case.dtype]
     if case.deterministic:
         check_deterministic(attention, dtype, device)
     else:
-        testing.check_run_against_reference(attention, dtype, device, ring_run(case.seqlen, case.packing))
+        testing.check_run_against_reference(attention, dtype, device, ring_run(case.seqlen, case.packing, case.mode))
 
 
-def ring_run(seqlen: int, packing: str = "separate"):
-    """``run`` for ``check_run_against_reference``: shard, the ring, unshard. ``packing``: "separate",
+def run_varlen_case(case: VarlenRingCase, device: torch.device) -> None:
+    """Shard a packed batch by its cu_seqlens, run ``ring_flash_attn_varlen_func``, gather, and hold the results
+    to the rule against the per-sequence float64 reference on the whole batch."""
+    import functools
+
+    from flashattn import testing
+    from flashattn.distributed import ring_flash_attn_varlen_func, shard, unshard
+    from flashattn.reference import varlen_attention_ref
+
+    attention = make_varlen_case((case.seqlens, case.seqlens, *case.shape), case.option, device)
+    cu_seqlens, _ = attention.cu_seqlens(device)
+    longest = max(case.seqlens)
+
+    def run(q, k, v, options):
+        q_local, k_local, v_local = (shard(x, cu_seqlens=cu_seqlens).requires_grad_() for x in (q, k, v))
+        out, lse, _ = ring_flash_attn_varlen_func(q_local, k_local, v_local, cu_seqlens, cu_seqlens, longest, longest,
+                                                  **options, return_attn_probs=True, mode=case.mode)
+
+        def gradients(dout):
+            grads = torch.autograd.grad(out, (q_local, k_local, v_local), shard(dout, cu_seqlens=cu_seqlens))
+            return tuple(unshard(g, cu_seqlens=cu_seqlens) for g in grads)
+
+        return unshard(out.detach(), cu_seqlens=cu_seqlens), unshard(lse, dim=1, cu_seqlens=cu_seqlens), gradients
+
+    reference_fn = functools.partial(varlen_attention_ref, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens)
+    dtype = DTYPES[case.dtype]
+    testing.check_run_against_reference(attention, dtype, device, run, inputs=attention.random_inputs(dtype, device),
+                                        reference_fn=reference_fn)
+
+
+def ring_run(seqlen: int, packing: str = "separate", mode: str = "ring"):
+    """``run`` for ``check_run_against_reference``: shard, the ring (or ``mode``), unshard. ``packing``: "separate",
     "kvpacked" or "qkvpacked": which of the three functions runs."""
     from flashattn.distributed import (
         ring_flash_attn_func,
@@ -89,7 +141,7 @@ def ring_run(seqlen: int, packing: str = "separate"):
 
     def run(q, k, v, options):
         q_local, k_local, v_local = (shard(x).requires_grad_() for x in (q, k, v))
-        kwargs = dict(options, return_attn_probs=True, seqlen=seqlen)
+        kwargs = dict(options, return_attn_probs=True, seqlen=seqlen, mode=mode)
         if packing == "kvpacked":
             kv = torch.stack((k_local, v_local), dim=2)
             out, lse, _ = ring_flash_attn_kvpacked_func(q_local, kv, **kwargs)

@@ -71,6 +71,11 @@ class ZigzagLayout:
         return ((self.chunk_start(rank), self.chunk_length(rank)),
                 (self.chunk_start(second), self.chunk_length(second)))
 
+    def runs(self, rank: int) -> list[tuple[int, int]]:
+        """(global start, length) of the rank's runs of tokens, in the order the rank holds them (``shard``'s
+        cut; ``ring_varlen.PackedZigzagLayout`` has the same method)."""
+        return list(self.chunks(rank))
+
 
 @dataclass(frozen=True)
 class Ring:
@@ -79,7 +84,7 @@ class Ring:
     group: dist.ProcessGroup
     rank: int
     world_size: int
-    layout: ZigzagLayout
+    layout: ZigzagLayout  # or a packed batch's, ``ring_varlen.PackedZigzagLayout``
 
     @classmethod
     def of(cls, group: dist.ProcessGroup | None, seqlen: int) -> Ring:
@@ -99,9 +104,14 @@ class Ring:
         """One dropout (seed, offset) for the whole call: every rank draws one (so that their generators advance
         alike) and takes rank 0's. The pair travels on ``device`` (NCCL moves no CPU tensors) and is returned on the
         CPU, where the ops read it."""
-        state = new_rng_state().to(device)
-        dist.broadcast(state, dist.get_global_rank(self.group, 0), group=self.group)
-        return state.cpu()
+        return shared_rng_state(self.group, device)
+
+
+def shared_rng_state(group: dist.ProcessGroup, device: torch.device) -> torch.Tensor:
+    """:meth:`Ring.shared_rng_state` for any group (the all-to-all mode's too)."""
+    state = new_rng_state().to(device)
+    dist.broadcast(state, dist.get_global_rank(group, 0), group=group)
+    return state.cpu()
 
 
 @dataclass(frozen=True)
