@@ -338,7 +338,7 @@ def full_cases(world_size: int) -> list[RingCase]:
             VarlenRingCase(packed, (4, 2, 40), option, dtype),
             VarlenRingCase(packed, heads, option, dtype, "all_to_all"),
             RingCase(odd, (2, *heads), option, dtype, mode="all_to_all"))] + [
-        ModuleCase(odd), ModuleCase(even, "auto"), TrainCase(5, "all_to_all")]
+        ModuleCase(odd), ModuleCase(even, "auto"), TrainCase(5, "auto")]
 
 
 def gpu_cases() -> list[RingCase]:
