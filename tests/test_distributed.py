@@ -8,6 +8,9 @@ option in every dtype (and a group of 3). The ``gpu`` tests run the cases at rea
 """
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import ring_cases
@@ -127,6 +130,19 @@ def test_ring_attention_over_gloo(world_size, tmp_path, monkeypatch):
 def test_ring_attention_over_gloo_full_matrix(world_size, tmp_path, monkeypatch):
     monkeypatch.setenv("FLASHATTN_BACKEND", "torch")
     ring_cases.spawn(world_size, "gloo", ring_cases.full_cases(world_size), str(tmp_path))
+
+
+@pytest.mark.xdist_group(SPAWN_GROUP)
+@pytest.mark.skipif(not os.environ.get("FLASHATTN_RING_FULL"), reason="the full matrix: FLASHATTN_RING_FULL=1")
+def test_train_context_parallel_script_under_torchrun(tmp_path):
+    """The script as users run it (the CI groups call its ``train``): both final losses, equal within 1e-4."""
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(root / "src"), FLASHATTN_BACKEND="torch", CUDA_VISIBLE_DEVICES="")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               str(root / "benchmarks" / "train_context_parallel.py"), "--steps", "5", "--tolerance", "1e-4"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "context-parallel (2 ranks, mode ring)" in result.stdout and "single process" in result.stdout
 
 
 @pytest.mark.gpu

@@ -26,7 +26,7 @@ import torch
 
 from . import masks, ops
 from .options import AttentionOptions, PositionFrame
-from .ring import Ring, ZigzagLayout, _exchange, _merge, _wait, needs_frame
+from .ring import Merge, Ring, ZigzagLayout, _exchange, _wait, needs_frame
 
 
 @dataclass(frozen=True)
@@ -161,8 +161,7 @@ def forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, ring: Ring
     """(out, lse) of the local packed queries over every whole sequence: out in q's dtype, lse float32 (H, total)."""
     framed = needs_frame(opts, alibi_slopes)
     kv = torch.stack((k, v))  # (2, total_local, Hk, D)
-    out_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    lse_acc = torch.full((q.shape[1], q.shape[0]), float("-inf"), device=q.device)
+    merged = Merge((1, *q.shape), q.device)  # as a batch of 1
     for step in range(ring.world_size):
         works = []
         if step + 1 < ring.world_size:
@@ -172,18 +171,18 @@ def forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, ring: Ring
             if isinstance(call, PackedCall):
                 out, lse = ops.eager_call(ops.varlen_attention_forward, ops.varlen_attention_forward_cuda, q, kv[0],
                                           kv[1], *call.arguments(), None, None, *call.opts.op_arguments())
-                _merge(out_acc[None], lse_acc[None], out[None], lse[None])
+                merged.add(out[None], lse[None])
             else:
                 out, lse = ops.eager_call(
                     ops.attention_forward, ops.attention_forward_cuda, q[None, call.rows], kv[0, None, call.keys],
                     kv[1, None, call.keys], _slopes(alibi_slopes, call.sequence), rng_state,
                     *call.opts.op_arguments(), None, call.opts.frame_argument())
-                _merge(out_acc[None, call.rows], lse_acc[None, :, call.rows], out, lse)
+                merged.add(out, lse, call.rows)
         if works:
             _wait(works)
             kv = next_kv
-    lse_acc.masked_fill_(lse_acc == float("-inf"), float("inf"))  # the library's mark of a row with no key
-    return out_acc.to(q.dtype), lse_acc
+    out, lse = merged.result(q.dtype)
+    return out[0], lse[0]
 
 
 def backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: AttentionOptions, ring: Ring):
