@@ -19,7 +19,7 @@ import torch
 from flashattn import masks
 from flashattn.options import AttentionOptions
 from flashattn.ring import Ring, ZigzagLayout, step_pieces
-from flashattn.ring_varlen import PackedCall, PackedZigzagLayout, step_calls
+from flashattn.ring_varlen import PackedCall, PackedZigzagLayout, plan
 
 # the spawning tests take turns across pytest-xdist workers (tests/conftest.py): each group fills the cores itself
 SPAWN_GROUP = "ring-processes"
@@ -102,7 +102,7 @@ def test_packed_ring_steps_cover_each_visible_score_once(world_size, seqlens, wi
         for step in range(world_size):
             src = ring.source(step)
             keys_global = _runs_positions(layout.runs(src))
-            for call in step_calls(ring, src, opts, framed, "cpu"):
+            for call in plan(ring, opts, framed, torch.device("cpu"))[step]:
                 if isinstance(call, PackedCall):
                     cu_q, cu_k = call.cu_seqlens_q.tolist(), call.cu_seqlens_k.tolist()
                     assert cu_q[-1] == len(rows_global) and cu_k[-1] == len(keys_global)

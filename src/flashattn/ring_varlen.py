@@ -19,7 +19,7 @@ total x total tokens), which is exactly the varlen dropout counter and each sequ
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import accumulate
 
 import torch
@@ -32,10 +32,13 @@ from .ring import Merge, Ring, ZigzagLayout, _exchange, _wait, needs_frame
 @dataclass(frozen=True)
 class PackedZigzagLayout:
     """Where each rank's tokens lie in a packed batch of sequences of ``seqlens`` tokens over ``world_size`` ranks:
-    every sequence in ``ZigzagLayout``'s zigzag, a rank's parts of the sequences in the batch's order."""
+    every sequence in ``ZigzagLayout``'s zigzag, a rank's parts of the sequences in the batch's order.
+
+    ``plans`` keeps the calls of a call's steps (:func:`plan`) from its forward to its backward."""
 
     seqlens: tuple[int, ...]
     world_size: int
+    plans: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def seqlen(self) -> int:
@@ -91,25 +94,49 @@ class FramedPiece:
     sequence: int
 
 
-def _segments(q_lengths: list[int], k_lengths: list[int], opts: AttentionOptions, device) -> PackedCall | None:
+def plan(ring: Ring, opts: AttentionOptions, framed: bool, device: torch.device) -> list[list]:
+    """The calls of every step (``plan(...)[step]``), built once per call: the local cu_seqlens of all steps go to
+    the device in one copy, before any step is queued, and the backward finds them in ``ring.layout.plans``."""
+    key = (ring.rank, opts, framed, device)
+    if key not in ring.layout.plans:
+        steps = [step_segments(ring, ring.source(step), opts, framed) for step in range(ring.world_size)]
+        lengths = [lengths for calls in steps for call in calls if not isinstance(call, FramedPiece)
+                   for lengths in call[:2]]
+        flat = [bound for lengths_ in lengths for bound in (0, *accumulate(lengths_))]
+        bounds = torch.tensor(flat, dtype=torch.int32).to(device) if flat else None
+        offset, plans = 0, []
+        for calls in steps:
+            planned = []
+            for call in calls:
+                if isinstance(call, FramedPiece):
+                    planned.append(call)
+                    continue
+                q_lengths, k_lengths, call_opts = call
+                cu_q = bounds[offset:offset + len(q_lengths) + 1]
+                offset += len(q_lengths) + 1
+                cu_k = bounds[offset:offset + len(k_lengths) + 1]
+                offset += len(k_lengths) + 1
+                planned.append(PackedCall(cu_q, cu_k, max(q_lengths), max(k_lengths), call_opts))
+            plans.append(planned)
+        ring.layout.plans[key] = plans
+    return ring.layout.plans[key]
+
+
+def _segments(q_lengths: list[int], k_lengths: list[int], opts: AttentionOptions) -> list:
     if not any(sq and sk for sq, sk in zip(q_lengths, k_lengths, strict=True)):
-        return None
-
-    def running(lengths):
-        return torch.tensor([0, *accumulate(lengths)], dtype=torch.int32, device=device)
-
-    return PackedCall(running(q_lengths), running(k_lengths), max(q_lengths), max(k_lengths), opts)
+        return []
+    return [(q_lengths, k_lengths, opts)]
 
 
-def step_calls(ring: Ring, src: int, opts: AttentionOptions, framed: bool, device) -> list:
-    """The calls of the step that attends to rank ``src``'s K/V (see the module docstring)."""
+def step_segments(ring: Ring, src: int, opts: AttentionOptions, framed: bool) -> list:
+    """The calls of the step that attends to rank ``src``'s K/V (see the module docstring): framed pieces, or one
+    (query lengths, key lengths, options) of segments for a varlen call."""
     layout: PackedZigzagLayout = ring.layout
     local, received = layout.chunk_lengths(ring.rank), layout.chunk_lengths(src)
     if framed:
         return _framed_pieces(ring, src, opts)
     if opts.window_right < 0 or src == ring.rank:
-        call = _segments([a + b for a, b in local], [a + b for a, b in received], opts, device)
-        return [call] if call else []
+        return _segments([a + b for a, b in local], [a + b for a, b in received], opts)
     unmasked = dataclasses.replace(opts, window_right=-1)
     q_lengths, k_lengths = [], []
     for (q_first, q_second), (k_first, k_second) in zip(local, received, strict=True):
@@ -119,8 +146,7 @@ def step_calls(ring: Ring, src: int, opts: AttentionOptions, framed: bool, devic
         else:  # the second local chunk sees every received key, the first none
             q_lengths += [q_first, q_second]
             k_lengths += [0, k_first + k_second]
-    call = _segments(q_lengths, k_lengths, unmasked, device)
-    return [call] if call else []
+    return _segments(q_lengths, k_lengths, unmasked)
 
 
 def _framed_pieces(ring: Ring, src: int, opts: AttentionOptions) -> list[FramedPiece]:
@@ -159,7 +185,7 @@ def _kv_buffer(kv: torch.Tensor, length: int, dtype: torch.dtype | None = None) 
 
 def forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, ring: Ring):
     """(out, lse) of the local packed queries over every whole sequence: out in q's dtype, lse float32 (H, total)."""
-    framed = needs_frame(opts, alibi_slopes)
+    steps = plan(ring, opts, needs_frame(opts, alibi_slopes), q.device)
     kv = torch.stack((k, v))  # (2, total_local, Hk, D)
     merged = Merge((1, *q.shape), q.device)  # as a batch of 1
     for step in range(ring.world_size):
@@ -167,7 +193,7 @@ def forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, ring: Ring
         if step + 1 < ring.world_size:
             next_kv = _kv_buffer(kv, ring.layout.rank_length(ring.source(step + 1)))
             works = _exchange(ring, kv, next_kv)
-        for call in step_calls(ring, ring.source(step), opts, framed, q.device):
+        for call in steps[step]:
             if isinstance(call, PackedCall):
                 out, lse = ops.eager_call(ops.varlen_attention_forward, ops.varlen_attention_forward_cuda, q, kv[0],
                                           kv[1], *call.arguments(), None, None, *call.opts.op_arguments())
@@ -188,7 +214,7 @@ def forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, ring: Ring
 def backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: AttentionOptions, ring: Ring):
     """(dq, dk, dv) of the local packed shards, from the global out and lse of :func:`forward` (``ring.backward``'s
     ring: dQ stays, each shard's dK/dV accumulator travels with it)."""
-    framed = needs_frame(opts, alibi_slopes)
+    steps = plan(ring, opts, needs_frame(opts, alibi_slopes), q.device)
     kv = torch.stack((k, v))
     dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     pending = None
@@ -198,7 +224,7 @@ def backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: AttentionOp
             next_kv = _kv_buffer(kv, ring.layout.rank_length(ring.source(step + 1)))
             kv_works = _exchange(ring, kv, next_kv)
         partials = []
-        for call in step_calls(ring, ring.source(step), opts, framed, q.device):
+        for call in steps[step]:
             if isinstance(call, PackedCall):
                 dq, dk, dv = ops.eager_call(
                     ops.varlen_attention_backward, ops.varlen_attention_backward_cuda, dout, q, kv[0], kv[1], out,
