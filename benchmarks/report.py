@@ -42,6 +42,8 @@ PROVIDER_NOTES = {
     "flashattn_nosplit": "flashattn's step without splitting the keys (one program per sequence and KV head)",
     "flashattn_noappend": "flashattn's attention alone, without the fused append of the new key and value",
     "flashattn_ring": "`flashattn.distributed.ring_flash_attn_func` on the zigzag shards of the same sequence",
+    "flashattn_all_to_all": "`ring_flash_attn_func(mode=\"all_to_all\")`: the zigzag shards exchanged for head "
+                            "shards, one call on the whole sequence, and back",
     "torch_cp": "torch's `context_parallel` (SDPA inside it, K/V heads repeated to the query heads)",
     "sdpa_cudnn": "torch SDPA, cuDNN backend",
     "sdpa_flash": "torch SDPA, FlashAttention-2 backend",
@@ -503,13 +505,20 @@ def ring_section(results: Results) -> list[str]:
            f"{ring_figure_name(results)})", ""]
     header = ["causal", "seqlen", "1 device TFLOP/s", "ring TFLOP/s/dev", "ring efficiency", "ring peak MiB",
               "torch_cp TFLOP/s/dev", "torch_cp efficiency"]
+    all_to_all = any(r["provider"] == "flashattn_all_to_all" for r in rows)
+    if all_to_all:
+        header[6:6] = ["all_to_all TFLOP/s/dev", "all_to_all efficiency"]
     body = []
     for (causal, seqlen), cell in sorted(ring_cells(rows).items()):
         single, ring, cp = cell.get(OURS), cell.get("flashattn_ring"), cell.get("torch_cp")
-        body.append(["yes" if causal else "no", fmt_tokens(seqlen), _ring_value(single, "tflops_per_device", fmt_rate),
-                     _ring_value(ring, "tflops_per_device", fmt_rate), _ring_value(ring, "efficiency", fmt_share),
-                     _ring_value(ring, "peak_mib", lambda v: DASH if v is None else f"{v:.0f}"),
-                     _ring_value(cp, "tflops_per_device", fmt_rate), _ring_value(cp, "efficiency", fmt_share)])
+        line = ["yes" if causal else "no", fmt_tokens(seqlen), _ring_value(single, "tflops_per_device", fmt_rate),
+                _ring_value(ring, "tflops_per_device", fmt_rate), _ring_value(ring, "efficiency", fmt_share),
+                _ring_value(ring, "peak_mib", lambda v: DASH if v is None else f"{v:.0f}"),
+                _ring_value(cp, "tflops_per_device", fmt_rate), _ring_value(cp, "efficiency", fmt_share)]
+        if all_to_all:
+            heads = cell.get("flashattn_all_to_all")
+            line[6:6] = [_ring_value(heads, "tflops_per_device", fmt_rate), _ring_value(heads, "efficiency", fmt_share)]
+        body.append(line)
     return [*out, *table(header, body, numeric_from=1), ""]
 
 
@@ -531,7 +540,8 @@ def plot_ring(results: Results, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for provider, style in (("flashattn_ring", "-o"), ("torch_cp", "--s"), (OURS, ":^")):
+    for provider, style in (("flashattn_ring", "-o"), ("flashattn_all_to_all", "-.d"), ("torch_cp", "--s"),
+                            (OURS, ":^")):
         for causal in (True, False):
             mine = sorted((r["case"]["seqlen"], r) for r in results.rows
                           if r["provider"] == provider and r["case"]["causal"] == causal and not r.get("error"))

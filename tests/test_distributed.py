@@ -1,12 +1,16 @@
-"""Ring attention (``flashattn.distributed``): the zigzag layout and each step's calls on one process, then the
-whole ring in spawned process groups (gloo, on the CPU path), held to flash-attn's rule against the float64
-reference on the full sequence (``ring_cases.py``).
+"""Context parallelism (``flashattn.distributed``): the zigzag layouts (dense and packed) and each step's calls on
+one process, then the ring, the all-to-all mode, the packed form and ``SelfAttention`` over a group in spawned
+process groups (gloo, on the CPU path), held to flash-attn's rule against the float64 reference on the full
+sequence (``ring_cases.py``).
 
 CI runs one group of 2 processes and one of 4, each through its list of cases; FLASHATTN_RING_FULL=1 adds every
 option in every dtype (and a group of 3). The ``gpu`` tests run the cases at real sizes over NCCL on 2 (and 4) GPUs.
 """
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import ring_cases
@@ -15,6 +19,7 @@ import torch
 from flashattn import masks
 from flashattn.options import AttentionOptions
 from flashattn.ring import Ring, ZigzagLayout, step_pieces
+from flashattn.ring_varlen import PackedCall, PackedZigzagLayout, plan
 
 # the spawning tests take turns across pytest-xdist workers (tests/conftest.py): each group fills the cores itself
 SPAWN_GROUP = "ring-processes"
@@ -68,6 +73,50 @@ def test_ring_steps_cover_each_visible_score_once(world_size, seqlen, window, fr
     assert torch.equal(covered, expected.expand(seqlen, seqlen).long())
 
 
+def _runs_positions(runs) -> torch.Tensor:
+    return torch.cat([torch.arange(start, start + length) for start, length in runs])
+
+
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (3, 0), (2, 5)])
+@pytest.mark.parametrize("world_size,seqlens", [(2, (7, 1, 12, 5)), (3, (13, 0, 6)), (4, (3, 17, 9))])
+def test_packed_ring_steps_cover_each_visible_score_once(world_size, seqlens, window):
+    """The packed ring's calls, one varlen call a step (segments that face an empty side skipped) or framed pairs of
+    chunks, cover every visible (query, key) pair of every sequence exactly once, and nothing across sequences."""
+    layout = PackedZigzagLayout(seqlens, world_size)
+    total, starts = layout.seqlen, layout.starts()
+    opts = AttentionOptions(1.0, *window)
+    framed = window not in ((-1, -1), (-1, 0))
+    covered = torch.zeros(total, total, dtype=torch.int64)
+    assert sorted(_runs_positions([r for rank in range(world_size) for r in layout.runs(rank)]).tolist()) == list(
+        range(total))
+
+    def add(q_pos, k_pos, call_opts):
+        shift = call_opts.diagonal_shift(len(q_pos), len(k_pos))
+        seen = masks.visible(torch.arange(len(q_pos)).view(-1, 1), torch.arange(len(k_pos)).view(1, -1), len(q_pos),
+                             len(k_pos), call_opts.window_left, call_opts.window_right, shift)
+        covered[q_pos.view(-1, 1), k_pos.view(1, -1)] += seen.expand(len(q_pos), len(k_pos)).long()
+
+    for rank in range(world_size):
+        ring = Ring(None, rank, world_size, layout)
+        rows_global = _runs_positions(layout.runs(rank))
+        for step in range(world_size):
+            src = ring.source(step)
+            keys_global = _runs_positions(layout.runs(src))
+            for call in plan(ring, opts, framed, torch.device("cpu"))[step]:
+                if isinstance(call, PackedCall):
+                    cu_q, cu_k = call.cu_seqlens_q.tolist(), call.cu_seqlens_k.tolist()
+                    assert cu_q[-1] == len(rows_global) and cu_k[-1] == len(keys_global)
+                    for i in range(len(cu_q) - 1):
+                        add(rows_global[cu_q[i]:cu_q[i + 1]], keys_global[cu_k[i]:cu_k[i + 1]], call.opts)
+                else:
+                    add(rows_global[call.rows], keys_global[call.keys], call.opts)
+    expected = torch.zeros(total, total, dtype=torch.int64)
+    for start, n in zip(starts, seqlens, strict=False):
+        expected[start:start + n, start:start + n] = masks.visible(
+            torch.arange(n).view(-1, 1), torch.arange(n).view(1, -1), n, n, *window).expand(n, n).long()
+    assert torch.equal(covered, expected)
+
+
 @pytest.mark.xdist_group(SPAWN_GROUP)
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_ring_attention_over_gloo(world_size, tmp_path, monkeypatch):
@@ -81,6 +130,19 @@ def test_ring_attention_over_gloo(world_size, tmp_path, monkeypatch):
 def test_ring_attention_over_gloo_full_matrix(world_size, tmp_path, monkeypatch):
     monkeypatch.setenv("FLASHATTN_BACKEND", "torch")
     ring_cases.spawn(world_size, "gloo", ring_cases.full_cases(world_size), str(tmp_path))
+
+
+@pytest.mark.xdist_group(SPAWN_GROUP)
+@pytest.mark.skipif(not os.environ.get("FLASHATTN_RING_FULL"), reason="the full matrix: FLASHATTN_RING_FULL=1")
+def test_train_context_parallel_script_under_torchrun(tmp_path):
+    """The script as users run it (the CI groups call its ``train``): both final losses, equal within 1e-4."""
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(root / "src"), FLASHATTN_BACKEND="torch", CUDA_VISIBLE_DEVICES="")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               str(root / "benchmarks" / "train_context_parallel.py"), "--steps", "5", "--tolerance", "1e-4"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "context-parallel (2 ranks, mode ring)" in result.stdout and "single process" in result.stdout
 
 
 @pytest.mark.gpu

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import torch
 
-from . import ops, ring
+from . import all_to_all, ops, ring, ring_varlen
 from .options import AttentionOptions, new_rng_state
 
 
 class FlashAttnFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, alibi_slopes, opts: AttentionOptions, attn_mask=None):
-        rng_state = new_rng_state() if opts.dropout_p > 0 else None
+    def forward(ctx, q, k, v, alibi_slopes, opts: AttentionOptions, attn_mask=None, rng_state=None):
+        """``rng_state``: the dropout (seed, offset) to use (the all-to-all mode's share of the group's stream);
+        by default a fresh one."""
+        if rng_state is None and opts.dropout_p > 0:
+            rng_state = new_rng_state()
         out, lse = ops.eager_call(ops.attention_forward, ops.attention_forward_cuda, q, k, v, alibi_slopes, rng_state,
                                   *opts.op_arguments(), attn_mask)
         ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, rng_state, attn_mask)
@@ -30,7 +33,7 @@ class FlashAttnFunction(torch.autograd.Function):
             ops.attention_backward, ops.attention_backward_cuda, dout, q, k, v, out, lse, alibi_slopes, rng_state,
             *ctx.opts.op_arguments(), attn_mask, mask_needs_grad,
         )
-        return dq, dk, dv, None, None, dmask if mask_needs_grad else None
+        return dq, dk, dv, None, None, dmask if mask_needs_grad else None, None
 
 
 class FlashAttnVarlenFunction(torch.autograd.Function):
@@ -41,8 +44,9 @@ class FlashAttnVarlenFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
-                opts: AttentionOptions):
-        rng_state = new_rng_state() if opts.dropout_p > 0 else None
+                opts: AttentionOptions, rng_state=None):
+        if rng_state is None and opts.dropout_p > 0:
+            rng_state = new_rng_state()
         cu_seqlens_k = cu_seqlens_q if cu_seqlens_k is None else cu_seqlens_k
         out, lse = ops.eager_call(ops.varlen_attention_forward, ops.varlen_attention_forward_cuda, q, k, v,
                                   cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, rng_state,
@@ -61,8 +65,8 @@ class FlashAttnVarlenFunction(torch.autograd.Function):
             ops.varlen_attention_backward, ops.varlen_attention_backward_cuda, dout, q, k, v, out, lse, cu_seqlens_q,
             cu_seqlens_k, *ctx.max_seqlens, alibi_slopes, rng_state, *ctx.opts.op_arguments(),
         )
-        # no gradient for cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, opts
-        return dq, dk, dv, None, None, None, None, None, None
+        # no gradient for cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, opts, rng_state
+        return dq, dk, dv, None, None, None, None, None, None, None
 
 
 class FlashAttnVarlenPagedFunction(torch.autograd.Function):
@@ -88,13 +92,14 @@ class FlashAttnVarlenPagedFunction(torch.autograd.Function):
 
 
 class RingFlashAttnFunction(torch.autograd.Function):
-    """Ring attention over a process group (``ring.py``): the same books as FlashAttnFunction, the dropout seed shared
-    by the group."""
+    """Ring attention over a process group (``ring.py``; packed batches: ``ring_varlen.py``, when the ring's layout
+    is a packed one): the same books as FlashAttnFunction, the dropout seed shared by the group."""
 
     @staticmethod
     def forward(ctx, q, k, v, alibi_slopes, opts: AttentionOptions, group: ring.Ring):
         rng_state = group.shared_rng_state(q.device) if opts.dropout_p > 0 else None
-        out, lse = ring.forward(q, k, v, alibi_slopes, rng_state, opts, group)
+        engine = ring_varlen if isinstance(group.layout, ring_varlen.PackedZigzagLayout) else ring
+        out, lse = engine.forward(q, k, v, alibi_slopes, rng_state, opts, group)
         ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, rng_state)
         ctx.opts, ctx.group = opts, group
         ctx.mark_non_differentiable(lse)
@@ -104,5 +109,33 @@ class RingFlashAttnFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse, alibi_slopes, rng_state = ctx.saved_tensors
-        dq, dk, dv = ring.backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, ctx.opts, ctx.group)
+        engine = ring_varlen if isinstance(ctx.group.layout, ring_varlen.PackedZigzagLayout) else ring
+        dq, dk, dv = engine.backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, ctx.opts, ctx.group)
         return dq, dk, dv, None, None, None
+
+
+class SeqToHeadFunction(torch.autograd.Function):
+    """The all-to-all from sequence shards to head shards (``all_to_all.py``); its backward is the reverse one."""
+
+    @staticmethod
+    def forward(ctx, x, exchange: all_to_all.HeadExchange):
+        ctx.exchange = exchange
+        return all_to_all.seq_to_head(x, exchange)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return all_to_all.head_to_seq(grad, ctx.exchange), None
+
+
+class HeadToSeqFunction(torch.autograd.Function):
+    """The all-to-all from head shards back to sequence shards; its backward is :class:`SeqToHeadFunction`'s
+    forward."""
+
+    @staticmethod
+    def forward(ctx, y, exchange: all_to_all.HeadExchange):
+        ctx.exchange = exchange
+        return all_to_all.head_to_seq(y, exchange)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return all_to_all.seq_to_head(grad, ctx.exchange), None

@@ -14,33 +14,46 @@ results back together. The design: docs/context-parallel.md.
 
 Lengths that 2W does not divide are cut into chunks of two sizes, one token apart (nothing is padded). When W
 does not divide the length the ranks hold different numbers of tokens: pass the full length as ``seqlen``.
+
+Packed batches (:func:`ring_flash_attn_varlen_func`): every sequence in its own zigzag, ``shard(x,
+cu_seqlens=...)``. ``mode``: "ring" passes K/V around the ring; "all_to_all" exchanges sequence shards for head
+shards and back (the group's size must divide the key/value heads); "auto" picks the all-to-all when it can.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.distributed as dist
 
+from . import head_parallel
 from .autograd import RingFlashAttnFunction
 from .options import AttentionOptions
-from .ring import Ring, ZigzagLayout
-from .validation import check_dense, check_tensor
+from .ring import Ring
+from .ring_varlen import PackedZigzagLayout
+from .validation import check_dense, check_tensor, check_varlen, max_seqlen_argument
 
 __all__ = [
     "ring_flash_attn_func",
     "ring_flash_attn_kvpacked_func",
     "ring_flash_attn_qkvpacked_func",
+    "ring_flash_attn_varlen_func",
     "shard",
     "unshard",
 ]
 
 
-def _group_ring(group, seqlen: int | None, local_seqlen: int, name: str = "q") -> Ring:
-    """The ring of ``group`` for a sequence of ``seqlen`` tokens (default: W x local_seqlen), checked against this
-    rank's ``local_seqlen``."""
+def _require_group() -> None:
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("flashattn.distributed needs an initialized default process group: call "
                            "torch.distributed.init_process_group first")
+
+
+def _group_ring(group, seqlen: int | None, local_seqlen: int, name: str = "q") -> Ring:
+    """The ring of ``group`` for a sequence of ``seqlen`` tokens (default: W x local_seqlen), checked against this
+    rank's ``local_seqlen``."""
+    _require_group()
     world_size = dist.get_world_size(group)
     if seqlen is None:
         seqlen = world_size * local_seqlen
@@ -69,6 +82,7 @@ def ring_flash_attn_func(
     deterministic: bool = False,
     return_attn_probs: bool = False,
     seqlen: int | None = None,
+    mode: str = "ring",
 ):
     """:func:`flashattn.flash_attn_func` over a sequence sharded across ``group`` (zigzag, see :func:`shard`).
 
@@ -88,6 +102,10 @@ def ring_flash_attn_func(
         return_attn_probs: also return the local rows' log-sum-exp (as ``flash_attn_func``).
         seqlen: the full sequence's length; default W x local_seqlen (every rank holds as many tokens, which is
             what :func:`shard` gives when W divides the length).
+        mode: "ring" (K/V passed around the ring), "all_to_all" (sequence shards exchanged for head shards, one
+            call on the whole sequence for H / W heads, and back; the group's size must divide nheads_k), or
+            "auto": "all_to_all" when the group's size divides nheads_k, else "ring". Every mode computes the same
+            function; which is faster depends on the interconnect and the shape (docs/context-parallel.md).
 
     Returns:
         out (q's shape and dtype), or ``(out, softmax_lse, None)`` with softmax_lse float32
@@ -98,34 +116,126 @@ def ring_flash_attn_func(
         raise ValueError(f"k and v must hold the same tokens as q (self-attention over the sharded sequence): "
                          f"q has local seqlen {q.shape[1]}, k {k.shape[1]}")
     ring = _group_ring(group, seqlen, q.shape[1])
+    mode = head_parallel.choose_mode(mode, k.shape[2], ring.world_size)
     opts = AttentionOptions.build(q.shape[-1], softmax_scale, causal, window_size, softcap, dropout_p,
                                   deterministic)
-    out, lse = RingFlashAttnFunction.apply(q, k, v, alibi_slopes, opts, ring)
+    if mode == "all_to_all":
+        out, lse = head_parallel.dense_attention(q, k, v, alibi_slopes, opts, ring)
+    else:
+        out, lse = RingFlashAttnFunction.apply(q, k, v, alibi_slopes, opts, ring)
     return (out, lse, None) if return_attn_probs else out
 
 
 def ring_flash_attn_kvpacked_func(q, kv, group=None, causal=False, softmax_scale=None, window_size=(-1, -1),
                                   softcap=0.0, alibi_slopes=None, dropout_p=0.0, deterministic=False,
-                                  return_attn_probs=False, seqlen=None):
+                                  return_attn_probs=False, seqlen=None, mode="ring"):
     """:func:`ring_flash_attn_func` on q and kv of shape (batch, local_seqlen, 2, nheads_k, headdim)."""
     check_tensor("kv", kv, 5)
     if kv.shape[2] != 2:
         raise ValueError(f"kv must have shape (batch, seqlen, 2, nheads_k, headdim), got {tuple(kv.shape)}")
     k, v = kv.unbind(dim=2)
     return ring_flash_attn_func(q, k, v, group, causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p,
-                                deterministic, return_attn_probs, seqlen)
+                                deterministic, return_attn_probs, seqlen, mode)
 
 
 def ring_flash_attn_qkvpacked_func(qkv, group=None, causal=False, softmax_scale=None, window_size=(-1, -1),
                                    softcap=0.0, alibi_slopes=None, dropout_p=0.0, deterministic=False,
-                                   return_attn_probs=False, seqlen=None):
+                                   return_attn_probs=False, seqlen=None, mode="ring"):
     """:func:`ring_flash_attn_func` on qkv of shape (batch, local_seqlen, 3, nheads, headdim)."""
     check_tensor("qkv", qkv, 5)
     if qkv.shape[2] != 3:
         raise ValueError(f"qkv must have shape (batch, seqlen, 3, nheads, headdim), got {tuple(qkv.shape)}")
     q, k, v = qkv.unbind(dim=2)
     return ring_flash_attn_func(q, k, v, group, causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p,
-                                deterministic, return_attn_probs, seqlen)
+                                deterministic, return_attn_probs, seqlen, mode)
+
+
+def _packed_ring(group, cu_seqlens, local_tokens: int | None, name: str, local_name: str) -> Ring:
+    """The ring of ``group`` over the packed batch of the global ``cu_seqlens``, checked against this rank's
+    ``local_tokens`` (unless None). Reads cu_seqlens on the host (on a GPU, one small copy and a synchronization)."""
+    _require_group()
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 2 \
+            or cu_seqlens.dtype.is_floating_point:
+        raise ValueError(f"{name} must be a 1-d integer tensor (batch + 1,) of the whole batch's running sequence "
+                         f"lengths, got {cu_seqlens!r}")
+    bounds = cu_seqlens.tolist()
+    seqlens = [end - start for start, end in zip(bounds, bounds[1:], strict=False)]
+    if bounds[0] != 0 or min(seqlens) < 0:
+        raise ValueError(f"{name} must start at 0 and never decrease (the whole batch's running sequence lengths), "
+                         f"got {bounds}")
+    ring = Ring.of(group, 0)
+    ring = dataclasses.replace(ring, layout=PackedZigzagLayout(tuple(seqlens), ring.world_size))
+    expected = ring.layout.rank_length(ring.rank)
+    if local_tokens is not None and local_tokens != expected:
+        raise ValueError(f"{local_name} holds {local_tokens} tokens on rank {ring.rank}, but the packed batch of "
+                         f"{name} (the whole batch's, {bounds[-1]} tokens) over {ring.world_size} ranks gives this "
+                         f"rank {expected} (flashattn.distributed.shard's layout with cu_seqlens)")
+    return ring
+
+
+def ring_flash_attn_varlen_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int | torch.Tensor,
+    max_seqlen_k: int | torch.Tensor,
+    group: dist.ProcessGroup | None = None,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    mode: str = "ring",
+):
+    """:func:`flashattn.flash_attn_varlen_func` over a packed batch sharded across ``group``, every sequence in its
+    own zigzag (``shard(x, group, cu_seqlens=cu_seqlens)``).
+
+    Every rank holds its part of every sequence: sequence b's chunks r and 2W-1-r of 2W (cut as the dense layout
+    cuts a sequence: lengths 2W does not divide give chunks one token apart, a sequence shorter than 2W tokens
+    leaves some chunks empty; nothing is padded), the sequences in the batch's order. Each rank gets the attention
+    of its own query rows over their whole sequences, exactly, and gradients for its own q, k and v.
+
+    Args:
+        q: (local_tokens, nheads, headdim), this rank's packed shard of the queries.
+        k, v: (local_tokens, nheads_k, headdim), this rank's shards of keys and values (self-attention: the same
+            tokens as q's).
+        cu_seqlens_q, cu_seqlens_k: int32 (batch + 1,) on q's device: the **whole** batch's cu_seqlens (the running
+            sums of the full sequences' lengths, as :func:`flashattn.flash_attn_varlen_func` takes them for the
+            unsharded batch), the same on every rank; self-attention: cu_seqlens_k must equal cu_seqlens_q. They
+            are read on the host (on a GPU, one small copy and a synchronization per call).
+        max_seqlen_q, max_seqlen_k: accepted as in ``flash_attn_varlen_func`` (the exact maxima come from
+            cu_seqlens).
+        group, causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p, deterministic, mode: as in
+            :func:`ring_flash_attn_func`, per sequence (each sequence's own mask and ALiBi, in its full positions;
+            dropout draws the single packed call's mask).
+        return_attn_probs: also return the local rows' log-sum-exp.
+
+    Returns:
+        out (q's shape and dtype), or ``(out, softmax_lse, None)`` with softmax_lse float32 (nheads, local_tokens),
+        the varlen layout.
+    """
+    check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, dropout_p, window_size, softcap, alibi_slopes, False,
+                 softmax_scale)
+    max_seqlen_argument("max_seqlen_q", max_seqlen_q)
+    max_seqlen_argument("max_seqlen_k", max_seqlen_k)
+    if k.shape[0] != q.shape[0] or (cu_seqlens_k is not cu_seqlens_q and not torch.equal(cu_seqlens_k, cu_seqlens_q)):
+        raise ValueError("k and v must hold the same tokens as q (self-attention over the sharded batch): "
+                         f"cu_seqlens_k must equal cu_seqlens_q, and k.shape[0] ({k.shape[0]}) q.shape[0] "
+                         f"({q.shape[0]})")
+    ring = _packed_ring(group, cu_seqlens_q, q.shape[0], "cu_seqlens_q", "q")
+    mode = head_parallel.choose_mode(mode, k.shape[1], ring.world_size)
+    opts = AttentionOptions.build(q.shape[-1], softmax_scale, causal, window_size, softcap, dropout_p,
+                                  deterministic)
+    if mode == "all_to_all":
+        out, lse = head_parallel.varlen_attention(q, k, v, cu_seqlens_q, alibi_slopes, opts, ring)
+    else:
+        out, lse = RingFlashAttnFunction.apply(q, k, v, alibi_slopes, opts, ring)
+    return (out, lse, None) if return_attn_probs else out
 
 
 def _check_dim(x, dim: int) -> int:
@@ -136,42 +246,63 @@ def _check_dim(x, dim: int) -> int:
     return dim % x.dim()
 
 
-def shard(x: torch.Tensor, group: dist.ProcessGroup | None = None, dim: int = 1) -> torch.Tensor:
+def _layout_ring(group, x: torch.Tensor, dim: int, cu_seqlens, seqlen: int | None, local: bool) -> Ring:
+    """The ring of ``x``'s layout along ``dim``: the dense one of ``seqlen`` tokens, or the packed batch of
+    ``cu_seqlens``; ``local``: x is a rank's part (else the full tensor)."""
+    if cu_seqlens is not None:
+        name = "x.shape[dim]" if local else "x (the full tensor)"
+        if not local and x.shape[dim] != int(cu_seqlens[-1]):
+            raise ValueError(f"x must hold the whole packed batch along dim {dim}, cu_seqlens[-1] = "
+                             f"{int(cu_seqlens[-1])} tokens, got {x.shape[dim]}")
+        return _packed_ring(group, cu_seqlens, x.shape[dim] if local else None, "cu_seqlens", name)
+    if not local:
+        _require_group()
+        return Ring.of(group, x.shape[dim])
+    return _group_ring(group, seqlen, x.shape[dim], "x")
+
+
+def shard(x: torch.Tensor, group: dist.ProcessGroup | None = None, dim: int | None = None,
+          cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
     """This rank's part of a full tensor, in the layout :func:`ring_flash_attn_func` expects. Differentiable.
 
-    The ``dim`` (the sequence's, 1 for (batch, seqlen, ...)) of length N is cut into 2W chunks for a group of W
-    ranks; rank r gets chunks r and 2W-1-r, concatenated. Rank r's share is ``N // W`` tokens, one more for the
-    first ``N % W`` ranks, its first chunk the larger half: chunks differ by at most one token, nothing is
+    The ``dim`` (the sequence's: default 1 for (batch, seqlen, ...)) of length N is cut into 2W chunks for a group
+    of W ranks; rank r gets chunks r and 2W-1-r, concatenated. Rank r's share is ``N // W`` tokens, one more for
+    the first ``N % W`` ranks, its first chunk the larger half: chunks differ by at most one token, nothing is
     padded, and ``unshard(shard(x))`` is ``x``.
+
+    ``cu_seqlens``: x is a packed batch (:func:`ring_flash_attn_varlen_func`'s layout, ``dim`` default 0 for
+    (total_tokens, ...)) of these whole-batch cu_seqlens: every sequence is cut as above, and rank r gets its
+    part of every sequence, in the batch's order.
     """
-    dim = _check_dim(x, dim)
-    if not dist.is_initialized():
+    dim = _check_dim(x, (0 if cu_seqlens is not None else 1) if dim is None else dim)
+    if cu_seqlens is None and not dist.is_initialized():
         raise RuntimeError("shard needs an initialized default process group: call "
                            "torch.distributed.init_process_group")
-    ring = Ring.of(group, x.shape[dim])
-    first, second = ring.layout.chunks(ring.rank)
-    return torch.cat((x.narrow(dim, *first), x.narrow(dim, *second)), dim=dim)
+    ring = _layout_ring(group, x, dim, cu_seqlens, None, local=False)
+    return torch.cat([x.narrow(dim, start, length) for start, length in ring.layout.runs(ring.rank)], dim=dim)
 
 
-def unshard(x: torch.Tensor, group: dist.ProcessGroup | None = None, dim: int = 1,
-            seqlen: int | None = None) -> torch.Tensor:
+def unshard(x: torch.Tensor, group: dist.ProcessGroup | None = None, dim: int | None = None,
+            seqlen: int | None = None, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
     """The full tensor from every rank's part (:func:`shard`'s inverse), on every rank: an all-gather, no gradient.
 
-    ``dim``: the sequence's (2 for a log-sum-exp (batch, nheads, seqlen)). ``seqlen``: the full length; by default
-    the ranks' lengths are gathered first (one more small collective).
+    ``dim``: the sequence's (default 1; 2 for a log-sum-exp (batch, nheads, seqlen)). ``seqlen``: the full
+    length; by default the ranks' lengths are gathered first (one more small collective). ``cu_seqlens``: x is a
+    rank's part of a packed batch of these whole-batch cu_seqlens (``dim`` default 0; 1 for a varlen
+    log-sum-exp (nheads, total_tokens)).
     """
-    dim = _check_dim(x, dim)
+    dim = _check_dim(x, (0 if cu_seqlens is not None else 1) if dim is None else dim)
     if not dist.is_initialized():
         raise RuntimeError("unshard needs an initialized default process group: call "
                            "torch.distributed.init_process_group")
     world_size = dist.get_world_size(group)
-    if seqlen is None:
+    if seqlen is None and cu_seqlens is None:
         lengths = [torch.zeros(1, dtype=torch.int64, device=x.device) for _ in range(world_size)]
         dist.all_gather(lengths, torch.tensor([x.shape[dim]], device=x.device), group=group)
         seqlen = int(sum(int(n) for n in lengths))
-    ring = _group_ring(group, seqlen, x.shape[dim], "x")
-    layout: ZigzagLayout = ring.layout
-    longest = layout.rank_length(0)
+    ring = _layout_ring(group, x, dim, cu_seqlens, seqlen, local=True)
+    layout = ring.layout
+    longest = max(layout.rank_length(rank) for rank in range(world_size))
     padded = x.detach().contiguous()
     if padded.shape[dim] < longest:  # all_gather moves equal sizes
         pad_shape = list(padded.shape)
@@ -179,9 +310,10 @@ def unshard(x: torch.Tensor, group: dist.ProcessGroup | None = None, dim: int = 
         padded = torch.cat((padded, padded.new_zeros(pad_shape)), dim=dim)
     parts = [torch.empty_like(padded) for _ in range(world_size)]
     dist.all_gather(parts, padded, group=group)
-    chunks: list[tuple[int, torch.Tensor]] = []
+    runs: list[tuple[int, torch.Tensor]] = []
     for rank, part in enumerate(parts):
-        (first_start, first_len), (second_start, second_len) = layout.chunks(rank)
-        chunks.append((first_start, part.narrow(dim, 0, first_len)))
-        chunks.append((second_start, part.narrow(dim, first_len, second_len)))
-    return torch.cat([chunk for _, chunk in sorted(chunks, key=lambda c: c[0])], dim=dim)
+        offset = 0
+        for start, length in layout.runs(rank):
+            runs.append((start, part.narrow(dim, offset, length)))
+            offset += length
+    return torch.cat([run for _, run in sorted(runs, key=lambda r: r[0])], dim=dim)

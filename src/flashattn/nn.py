@@ -6,7 +6,8 @@ initialization and state_dict keys) whose ``need_weights=False`` path runs on fl
 flashattn never builds, so those calls run torch's own computation.
 
 ``SelfAttention`` is the block a decoder uses: one fused qkv projection, optional rotary embeddings,
-grouped-query attention and an output projection, on (batch, seqlen, dim) tensors.
+grouped-query attention and an output projection, on (batch, seqlen, dim) tensors; with a ``process_group`` it
+runs context-parallel on this rank's shard of the sequence (``flashattn.distributed``).
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from __future__ import annotations
 import warnings
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from .distributed import ring_flash_attn_func, shard
 from .interface import flash_attn_func
 from .sdpa import check_arguments, scaled_dot_product_attention
 
@@ -177,11 +180,18 @@ class SelfAttention(nn.Module):
     x: (batch, seqlen, dim) -> (batch, seqlen, dim). ``num_kv_heads`` < ``num_heads`` shares each key/
     value head among ``num_heads // num_kv_heads`` query heads. ``attention_mask`` (batch, seqlen) bool
     marks real tokens (True) against padding (False), Hugging Face's convention.
+
+    ``process_group``: context parallelism. x is then this rank's shard of the sequence, (batch, local_seqlen,
+    dim), in the zigzag layout of ``flashattn.distributed.shard``; the attention runs over the whole sequence
+    (``ring_flash_attn_func`` with ``context_parallel_mode``: "ring", "all_to_all" or "auto"), the rotary
+    embedding at the global positions of the local tokens. The module's parameters are replicated: reduce their
+    gradients over the group (a sum, with each rank's loss a part of the whole) as data parallelism does.
     """
 
     def __init__(self, dim: int, num_heads: int, num_kv_heads: int | None = None, *, head_dim: int | None = None,
                  causal: bool = True, rotary: bool = True, rotary_base: float = 10000.0, dropout: float = 0.0,
-                 bias: bool = False, device=None, dtype=None) -> None:
+                 bias: bool = False, process_group=None, context_parallel_mode: str = "ring", device=None,
+                 dtype=None) -> None:
         super().__init__()
         num_kv_heads = num_kv_heads or num_heads
         head_dim = head_dim or dim // num_heads
@@ -189,28 +199,41 @@ class SelfAttention(nn.Module):
             raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.causal, self.dropout = causal, dropout
+        self.process_group, self.context_parallel_mode = process_group, context_parallel_mode
         factory = dict(device=device, dtype=dtype)
         self.qkv = nn.Linear(dim, (num_heads + 2 * num_kv_heads) * head_dim, bias=bias, **factory)
         self.out = nn.Linear(num_heads * head_dim, dim, bias=bias, **factory)
         self.rotary = RotaryEmbedding(head_dim, rotary_base, device=device) if rotary else None
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                positions: torch.Tensor | None = None) -> torch.Tensor:
+                positions: torch.Tensor | None = None, seqlen: int | None = None) -> torch.Tensor:
         """``positions``: (seqlen,) or (batch, seqlen) token positions for the rotary embedding (default
-        0..seqlen-1)."""
-        batch, seqlen, _ = x.shape
+        0..seqlen-1; with a process group, the global positions of the local tokens). ``seqlen``: with a process
+        group, the whole sequence's length (default: the group's size x the local length)."""
+        batch, local_seqlen, _ = x.shape
+        parallel = self.process_group is not None
+        if parallel and attention_mask is not None:
+            raise ValueError("attention_mask is not taken with a process_group: pack the sequences instead")
+        if not parallel and seqlen is not None:
+            raise ValueError("seqlen is the whole length of a sharded sequence: it needs a process_group")
         sizes = (self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
                  self.num_kv_heads * self.head_dim)
         q, k, v = (t.unflatten(-1, (-1, self.head_dim)) for t in self.qkv(x).split(sizes, dim=-1))  # (B, L, H, D)
         if self.rotary is not None:
-            if positions is None:
-                positions = torch.arange(seqlen, device=x.device)
+            if positions is None and parallel:
+                full = seqlen if seqlen is not None else local_seqlen * dist.get_world_size(self.process_group)
+                positions = shard(torch.arange(full, device=x.device), self.process_group, dim=0)
+            elif positions is None:
+                positions = torch.arange(local_seqlen, device=x.device)
             q, k = self.rotary(q, positions), self.rotary(k, positions)
         dropout_p = self.dropout if self.training else 0.0
-        if attention_mask is None:
+        if parallel:
+            out = ring_flash_attn_func(q, k, v, self.process_group, self.causal, dropout_p=dropout_p, seqlen=seqlen,
+                                       mode=self.context_parallel_mode)
+        elif attention_mask is None:
             out = flash_attn_func(q, k, v, dropout_p, causal=self.causal)
         else:
-            keep = attention_mask.to(torch.bool).view(batch, 1, 1, seqlen)
+            keep = attention_mask.to(torch.bool).view(batch, 1, 1, local_seqlen)
             out = scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), keep,
                                                dropout_p, self.causal, enable_gqa=True).transpose(1, 2)
         return self.out(out.flatten(2))

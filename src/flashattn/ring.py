@@ -7,10 +7,10 @@ not divide N the chunks differ by one token (:class:`ZigzagLayout`); nothing is 
 
 Forward: at step s rank r holds the K/V shard of rank ``src = r - s (mod W)``; it sends it on to rank r + 1 and
 receives the next one from rank r - 1 (batched isend/irecv) while it attends to it. Each step's partial outputs are
-merged into a float32 accumulator by their log-sum-exps. Backward: the same ring, each step recomputing with the
-*global* output and log-sum-exp (so the partial gradients are exact parts of the full ones); dQ accumulates locally
-in float32, and each K/V shard's dK/dV accumulator (float32) travels the ring with it and arrives home after W
-steps.
+merged into float32 accumulators by their log-sum-exps (:class:`Merge`). Backward: the same ring, each step
+recomputing with the *global* output and log-sum-exp (so the partial gradients are exact parts of the full ones); dQ
+accumulates locally in float32, and each K/V shard's dK/dV accumulator (float32) travels the ring with it and arrives
+home after W steps.
 
 Which queries see which keys at a step. Without position-dependent options (causal or no mask, softcap, GQA), the
 chunk order alone decides, with no position offsets:
@@ -71,6 +71,11 @@ class ZigzagLayout:
         return ((self.chunk_start(rank), self.chunk_length(rank)),
                 (self.chunk_start(second), self.chunk_length(second)))
 
+    def runs(self, rank: int) -> list[tuple[int, int]]:
+        """(global start, length) of the rank's runs of tokens, in the order the rank holds them (``shard``'s
+        cut; ``ring_varlen.PackedZigzagLayout`` has the same method)."""
+        return list(self.chunks(rank))
+
 
 @dataclass(frozen=True)
 class Ring:
@@ -79,7 +84,7 @@ class Ring:
     group: dist.ProcessGroup
     rank: int
     world_size: int
-    layout: ZigzagLayout
+    layout: ZigzagLayout  # or a packed batch's, ``ring_varlen.PackedZigzagLayout``
 
     @classmethod
     def of(cls, group: dist.ProcessGroup | None, seqlen: int) -> Ring:
@@ -99,9 +104,14 @@ class Ring:
         """One dropout (seed, offset) for the whole call: every rank draws one (so that their generators advance
         alike) and takes rank 0's. The pair travels on ``device`` (NCCL moves no CPU tensors) and is returned on the
         CPU, where the ops read it."""
-        state = new_rng_state().to(device)
-        dist.broadcast(state, dist.get_global_rank(self.group, 0), group=self.group)
-        return state.cpu()
+        return shared_rng_state(self.group, device)
+
+
+def shared_rng_state(group: dist.ProcessGroup, device: torch.device) -> torch.Tensor:
+    """:meth:`Ring.shared_rng_state` for any group (the all-to-all mode's too)."""
+    state = new_rng_state().to(device)
+    dist.broadcast(state, dist.get_global_rank(group, 0), group=group)
+    return state.cpu()
 
 
 @dataclass(frozen=True)
@@ -169,28 +179,45 @@ def _kv_buffer(kv: torch.Tensor, length: int, dtype: torch.dtype | None = None) 
     return kv.new_empty((2, kv.shape[1], length, *kv.shape[3:]), dtype=dtype or kv.dtype)
 
 
-def _merge(out_acc: torch.Tensor, lse_acc: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
-    """Fold a partial result (out, lse) into the float32 accumulators, in place, by their log-sum-exps.
-
-    The accumulators' lse holds -inf for rows that have seen no key yet; the ops' +inf (an empty row) counts as
-    -inf here: a weight of 0.
+class Merge:
+    """The float32 accumulators of a forward's partial results, by their log-sum-exps: per row the largest lse seen
+    (``top``), the sum of the parts' weights ``exp(lse_i - top)`` and the weighted sum of their outputs. A weight is
+    rescaled only when ``top`` moves (by ``exp(old - new)``; otherwise by exactly 1), and the output is divided by
+    the sum of the same weights once, at the end: the rounding of a log-sum-exp never enters the weights. The ops'
+    +inf (a row that sees no key) counts as a weight of 0.
     """
-    lse = lse.masked_fill(lse == float("inf"), float("-inf"))
-    merged = torch.logaddexp(lse_acc, lse)
-    shift = merged.masked_fill(merged == float("-inf"), 0.0)  # rows no part has seen: both weights 0
-    old_weight = torch.exp(lse_acc - shift).transpose(1, 2).unsqueeze(-1)  # (B, S, H, 1)
-    new_weight = torch.exp(lse - shift).transpose(1, 2).unsqueeze(-1)
-    out_acc.mul_(old_weight).add_(out.float() * new_weight)
-    lse_acc.copy_(merged)
+
+    def __init__(self, shape: torch.Size, device: torch.device) -> None:
+        batch, seqlen, nheads, _ = shape  # out (B, S, H, D); the lse-like (B, H, S)
+        self.out = torch.zeros(shape, dtype=torch.float32, device=device)
+        self.top = torch.full((batch, nheads, seqlen), float("-inf"), device=device)
+        self.weight = torch.zeros((batch, nheads, seqlen), device=device)
+
+    def add(self, out: torch.Tensor, lse: torch.Tensor, rows: slice = slice(None)) -> None:
+        """Fold a partial result of the rows ``rows``, out (B, rows, H, D) and lse (B, H, rows), in place."""
+        out_acc, top, weight = self.out[:, rows], self.top[:, :, rows], self.weight[:, :, rows]
+        lse = lse.masked_fill(lse == float("inf"), float("-inf"))
+        new_top = torch.maximum(top, lse)
+        shift = new_top.masked_fill(new_top == float("-inf"), 0.0)  # rows no part has seen: both weights 0
+        old_scale, new_weight = torch.exp(top - shift), torch.exp(lse - shift)
+        weight.mul_(old_scale).add_(new_weight)
+        out_acc.mul_(old_scale.transpose(1, 2).unsqueeze(-1)).add_(
+            out.float() * new_weight.transpose(1, 2).unsqueeze(-1))  # (B, S, H, 1) weights
+        top.copy_(new_top)
+
+    def result(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(out in ``dtype``, lse float32 (B, H, S)); a row that saw no key: out 0, lse +inf (the library's mark)."""
+        seen = self.weight > 0
+        lse = torch.where(seen, self.top + torch.log(self.weight), float("inf"))
+        out = self.out / torch.where(seen, self.weight, 1.0).transpose(1, 2).unsqueeze(-1)
+        return out.to(dtype), lse
 
 
 def forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, ring: Ring):
     """(out, lse) of the local queries over the whole sequence: out in q's dtype, lse float32 (B, H, local)."""
-    batch, seqlen, nheads, head_dim = q.shape
     framed = needs_frame(opts, alibi_slopes)
     kv = torch.stack((k, v))  # one contiguous buffer travels: (2, B, local, Hk, D)
-    out_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    lse_acc = torch.full((batch, nheads, seqlen), float("-inf"), device=q.device)
+    merged = Merge(q.shape, q.device)
     for step in range(ring.world_size):
         works = []
         if step + 1 < ring.world_size:
@@ -201,12 +228,11 @@ def forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, ring: Ring
                 ops.attention_forward, ops.attention_forward_cuda, q[:, piece.rows], kv[0, :, piece.keys],
                 kv[1, :, piece.keys], alibi_slopes, rng_state, *piece.opts.op_arguments(), None,
                 piece.opts.frame_argument())
-            _merge(out_acc[:, piece.rows], lse_acc[:, :, piece.rows], out, lse)
+            merged.add(out, lse, piece.rows)
         if works:
             _wait(works)
             kv = next_kv
-    lse_acc.masked_fill_(lse_acc == float("-inf"), float("inf"))  # the library's mark of a row with no key
-    return out_acc.to(q.dtype), lse_acc
+    return merged.result(q.dtype)
 
 
 def backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: AttentionOptions, ring: Ring):

@@ -3,8 +3,9 @@
 Every rank joins the default process group (NCCL on GPUs, gloo on CPUs; torchrun's environment). For each total
 sequence length and mask, rank 0 first times ``flash_attn_func`` forward + backward on the whole sequence alone
 (the 1-device reference, the others waiting), then all ranks time ``ring_flash_attn_func`` forward + backward on
-their zigzag shards of the same sequence, and optionally torch's ``context_parallel`` on the same shapes
-(``--torch-cp``). Reported per case: milliseconds, TFLOP/s per device (the full problem's FLOPs by the convention
+their zigzag shards of the same sequence in each ``--mode`` (``ring``: provider ``flashattn_ring``; ``all_to_all``,
+the head-parallel exchange: ``flashattn_all_to_all``), and optionally torch's ``context_parallel`` on the same
+shapes (``--torch-cp``). Reported per case: milliseconds, TFLOP/s per device (the full problem's FLOPs by the convention
 of ``flops.py``, forward + backward = 3.5 x forward, over the time and the W devices), the ring's scaling
 efficiency (its TFLOP/s per device over the 1-device call's) and the peak memory a device allocated above its
 inputs.
@@ -37,6 +38,7 @@ import torch.distributed as dist
 from .. import flops
 from .units import EXIT_USAGE, positive_int, positive_int_list
 
+MODES = {"ring": "flashattn_ring", "all_to_all": "flashattn_all_to_all"}  # mode -> provider
 GPU_SEQLENS = (8192, 16384, 32768, 65536, 131072, 262144, 524288)
 CPU_SEQLENS = (256, 512)
 
@@ -61,7 +63,7 @@ class RingCase:
 
 @dataclass
 class RingMeasurement:
-    provider: str  # "flashattn" (one device, the whole sequence), "flashattn_ring", "torch_cp"
+    provider: str  # "flashattn" (one device, the whole sequence), "flashattn_ring", "flashattn_all_to_all", "torch_cp"
     case: RingCase
     devices: int
     ms: float | None = None
@@ -87,6 +89,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target-seconds", type=float, default=2.0,
                         help="time each case for about this long (at least --min-iters iterations)")
     parser.add_argument("--min-iters", type=positive_int, default=3)
+    parser.add_argument("--mode", nargs="+", choices=MODES, default=["ring"],
+                        help="the modes of ring_flash_attn_func to time, each a provider (default: ring)")
     parser.add_argument("--no-single", action="store_true", help="skip the 1-device reference")
     parser.add_argument("--torch-cp", action="store_true",
                         help="also time torch's context_parallel (torch.distributed.tensor.experimental)")
@@ -130,10 +134,11 @@ def run_cases(args: argparse.Namespace, device: torch.device) -> list[RingMeasur
             if not args.no_single:
                 single = _measure(case, "flashattn", _single_call, device, args, only_rank0=True)
                 rows.append(single)
-            ring = _measure(case, "flashattn_ring", _ring_call, device, args)
-            rows.append(ring)
-            if single is not None and single.tflops_per_device and ring.tflops_per_device:
-                ring.efficiency = ring.tflops_per_device / single.tflops_per_device
+            for mode in dict.fromkeys(args.mode):
+                ring = _measure(case, MODES[mode], functools.partial(_ring_call, mode=mode), device, args)
+                rows.append(ring)
+                if single is not None and single.tflops_per_device and ring.tflops_per_device:
+                    ring.efficiency = ring.tflops_per_device / single.tflops_per_device
             if args.torch_cp:
                 skip = torch_cp_stopped
                 if seqlen > args.torch_cp_max_seqlen:
@@ -150,7 +155,7 @@ def run_cases(args: argparse.Namespace, device: torch.device) -> list[RingMeasur
                         torch_cp_stopped = (f"n/a: a call took more than --torch-cp-timeout {args.torch_cp_timeout} s "
                                             "at a shorter length")
             if rank == 0:
-                _print_rows(rows[-(1 + (single is not None) + args.torch_cp):])
+                _print_rows(rows[-(len(dict.fromkeys(args.mode)) + (single is not None) + args.torch_cp):])
     return rows
 
 
@@ -182,14 +187,14 @@ def _single_call(case: RingCase, device: torch.device) -> Callable[[], object]:
     return call
 
 
-def _ring_call(case: RingCase, device: torch.device) -> Callable[[], object]:
+def _ring_call(case: RingCase, device: torch.device, mode: str = "ring") -> Callable[[], object]:
     from ..distributed import ring_flash_attn_func, shard
 
     q, k, v = (shard(x.detach()).requires_grad_() for x in _inputs(case, device, requires_grad=False))
     dout = torch.randn_like(q)
 
     def call():
-        out = ring_flash_attn_func(q, k, v, causal=case.causal, seqlen=case.seqlen)
+        out = ring_flash_attn_func(q, k, v, causal=case.causal, seqlen=case.seqlen, mode=mode)
         return torch.autograd.grad(out, (q, k, v), dout)
 
     return call
