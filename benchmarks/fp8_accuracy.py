@@ -7,7 +7,7 @@ every entry of q, k, v is N(0, 1) + N(0, 100) * Bernoulli(0.001), outliers of st
 and rounded to e4m3 in 128-key blocks of the online softmax, the output rounded to bfloat16. The bf16 row is
 flashattn's own forward on bfloat16 inputs. RMSE over every output element.
 
-    python benchmarks/fp8_accuracy.py            # writes benchmarks/results/cpu-fp8-accuracy.json and the table
+    python benchmarks/fp8_accuracy.py            # writes benchmarks/results/cpu-accuracy.json and the table
 """
 
 from __future__ import annotations
@@ -21,8 +21,10 @@ import torch
 from flashattn import flash_attn_func, fp8
 from flashattn.reference import attention_ref
 from flashattn.testing import fp8_emulated_attention
+from flashattn.tools.bench import environment
+from flashattn.tools.results import write_results
 
-RESULTS = Path(__file__).resolve().parent / "results" / "cpu-fp8-accuracy.json"
+RESULTS = Path(__file__).resolve().parent / "results"
 VARIANTS = ("bf16", "fp8 per tensor", "fp8 per block", "fp8 per block + Hadamard")
 
 
@@ -79,7 +81,7 @@ def main(argv=None) -> int:
     parser.add_argument("--head-dims", nargs="+", type=int, default=[128, 256])
     parser.add_argument("--nheads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder of cpu-accuracy.json")
     args = parser.parse_args(argv)
     rows = []
     for head_dim in args.head_dims:
@@ -87,10 +89,9 @@ def main(argv=None) -> int:
             rows.append(measure(1, seqlen, args.nheads, head_dim, False, args.seed))
             print(markdown(rows[-1:]).splitlines()[-1], flush=True)
     table = markdown(rows)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"torch": torch.__version__, "rows": rows, "table": table}, indent=1) + "\n")
+    path = write_results(args.out, environment(), "accuracy", rows, machine="cpu")
     print(table)
-    print(f"results: {args.out}")
+    print(f"results: {path}")
     return 0
 
 

@@ -30,10 +30,11 @@ SUMMARY_START = "<!-- speed-summary:start -->"
 SUMMARY_END = "<!-- speed-summary:end -->"
 SUMMARY_FROM_SEQLEN = 2048  # the README's dense ranges: sequences of this many tokens and more
 OURS = "flashattn"
-MODES = ("dense", "varlen", "decode", "blocks", "ring")
+MODES = ("dense", "varlen", "decode", "blocks", "ring", "fp8", "accuracy")
 MODE_TITLES = {"dense": "attention, forward and backward", "varlen": "packed (varlen) against dense calls",
                "decode": "decode over a KV cache", "blocks": "tile sweeps",
-               "ring": "ring attention (context parallelism), forward and backward"}
+               "ring": "ring attention (context parallelism), forward and backward",
+               "fp8": "FP8 forward beside the 16-bit ones", "accuracy": "FP8 error against float64 (emulated)"}
 PROVIDER_NOTES = {
     "flashattn": "this library (`flash_attn_func`)",
     "flashattn_varlen": "`flash_attn_varlen_func` on the same batch packed, equal lengths (same FLOPs)",
@@ -569,11 +570,60 @@ def plot_ring(results: Results, path: Path) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------
+# FP8
+# ---------------------------------------------------------------------------------------------
+
+FP8_ACCURACY_VARIANTS = ("bf16", "fp8 per tensor", "fp8 per block", "fp8 per block + Hadamard")
+
+
+def fp8_section(results: Results) -> list[str]:
+    """Forward TFLOP/s of the FP8 kernel (inputs quantized beforehand) beside the 16-bit providers, the quantizer's
+    time apart, and the two matrix ceilings."""
+    rows = results.rows
+    providers = providers_of(rows)
+    env = results.env
+    cases: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        c = r["case"]
+        cases.setdefault((c["head_dim"], c["causal"], c["seqlen"]), {})[r["provider"]] = r
+
+    def cell(row: dict | None, provider: str) -> str:
+        if row is None or row.get("fwd_ms") is None:
+            return "-"
+        return f"{row['fwd_ms']:.3f} ms" if provider == "quantize" else fmt_rate(row.get("fwd_tflops"))
+
+    body = [[str(hd), "yes" if causal else "no", fmt_tokens(n)] + [cell(by.get(p), p) for p in providers]
+            + [fmt_ratio(ratio((by.get("flashattn_fp8") or {}).get("fwd_tflops"),
+                               (by.get("flashattn") or {}).get("fwd_tflops")))]
+            for (hd, causal, n), by in sorted(cases.items())]
+    extra = [("bf16 matmul", f"{fmt_rate(env.get('matmul_tflops'))} TFLOP/s"),
+             ("fp8 `_scaled_mm` 8192^3", f"{fmt_rate(env.get('fp8_matmul_tflops'))} TFLOP/s")]
+    return environment_lines(results, extra) + [
+        "", "Forward TFLOP/s (the quantizer in ms; `flashattn_fp8`: block descales, `flashattn_fp8_head`: one per "
+        "(batch, kv head); both on inputs quantized beforehand). Last column: FP8 over flashattn's bf16 forward.", "",
+        *table(["hdim", "causal", "seqlen", *providers, "fp8 / bf16"], body, numeric_from=3), ""]
+
+
+def accuracy_section(results: Results) -> list[str]:
+    body = []
+    for r in results.rows:
+        rmse = r["rmse"]
+        body.append([str(r["head_dim"]), fmt_tokens(r["seqlen"])] + [f"{rmse[v]:.2e}" for v in FP8_ACCURACY_VARIANTS]
+                    + [f"{rmse['fp8 per tensor'] / rmse['fp8 per block + Hadamard']:.2f}x"])
+    return ["RMSE of the output against float64 on FlashAttention-3's outlier inputs, from "
+            "`python benchmarks/fp8_accuracy.py` (the FP8 rows emulate the kernel's rounding; "
+            "[docs/fp8.md](docs/fp8.md)).", "",
+            *table(["hdim", "tokens", *FP8_ACCURACY_VARIANTS, "per tensor / per block + Hadamard"], body,
+                   numeric_from=2), ""]
+
+
+# ---------------------------------------------------------------------------------------------
 # The documents
 # ---------------------------------------------------------------------------------------------
 
 SECTIONS: dict[str, Callable[[Results], list[str]]] = {"varlen": varlen_section, "decode": decode_section,
-                                                       "blocks": blocks_section, "ring": ring_section}
+                                                       "blocks": blocks_section, "ring": ring_section,
+                                                       "fp8": fp8_section, "accuracy": accuracy_section}
 
 
 def figure_name(results: Results) -> str:
