@@ -3,8 +3,8 @@
 The same online softmax in base 2 as ``forward.py``, with both products on e4m3 operands and float32 accumulators:
 
 - S = Q K^T on the raw e4m3 tiles, then times the descales: one scalar (q_descale * k_descale, folded into the
-  softmax scale) per (batch, kv head), or with PER_BLOCK a row vector of q descales (a query row's block) and a
-  column vector of k descales (a key's block).
+  softmax scale) per (batch, kv head), or with PER_BLOCK a row vector of q descales (a query row's block, the
+  softmax scale folded in) times the key block's one k descale (BLOCK_N divides SCALE_BLOCK).
 - P = exp2(S - running max) lies in [0, 1]; P * P_SCALE is rounded to e4m3 for P V (the row sum takes the unrounded
   P). Each key block lies inside one SCALE_BLOCK of V (the launcher's BLOCK_N divides SCALE_BLOCK), so with
   PER_BLOCK the block's P V product takes its v descale before it joins the accumulator; otherwise v_descale and
@@ -61,13 +61,14 @@ def _fp8_block_range(
             vt = tl.load(vt_ptrs)
         # -- S on e4m3 operands, float32 accumulate; the descales after --
         qk = tl.dot(q, kt)
-        if PER_BLOCK:
-            k_scale = tl.load(k_descale_row + (offs_n // SCALE_BLOCK) * stride_kds, mask=offs_n < seqlen_k, other=1.0)
-            qk = qk * (q_scale[:, None] * k_scale[None, :])
-        if HAS_SOFTCAP:
-            s = tanh(qk * qk_scale) * softcap_log2
+        if PER_BLOCK:  # the key block lies in one SCALE_BLOCK: one k descale, and q_scale holds qk_scale already
+            qk = qk * (q_scale * tl.load(k_descale_row + (start_n // SCALE_BLOCK) * stride_kds))[:, None]
         else:
-            s = qk * qk_scale
+            qk = qk * qk_scale
+        if HAS_SOFTCAP:
+            s = tanh(qk) * softcap_log2
+        else:
+            s = qk
         if MASKED:
             seen = visible(offs_m, offs_n, seqlen_q, seqlen_k, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT)
             s = tl.where(seen, s, float("-inf"))
@@ -145,8 +146,8 @@ def attention_forward_fp8_kernel(
         row_ok = row_ok & (offs_d[None, :] < HEAD_DIM)
     q = tl.load(q_base + offs_m[:, None].to(tl.int64) * stride_qm + offs_d[None, :], mask=row_ok, other=0.0)
     if PER_BLOCK:
-        q_scale = tl.load(q_descale_row + (offs_m // SCALE_BLOCK) * stride_qds_blk, mask=offs_m < seqlen_q,
-                          other=1.0)
+        q_scale = qk_scale * tl.load(q_descale_row + (offs_m // SCALE_BLOCK) * stride_qds_blk,
+                                     mask=offs_m < seqlen_q, other=1.0)
         v_scale = 1.0
     else:
         q_scale = tl.zeros([BLOCK_M], dtype=tl.float32)  # unused: the descales join qk_scale
