@@ -179,9 +179,9 @@ HOPPER_DQ = PhaseTable(
 PORTABLE_FORWARD = PhaseTable(_buckets(TileConfig(64, 64, 4, 2), TileConfig(64, 32, 4, 2), TileConfig(32, 32, 4, 1)))
 PORTABLE_DKDV = PhaseTable(_buckets(TileConfig(32, 64, 4, 1), TileConfig(32, 64, 4, 1), TileConfig(16, 32, 4, 1)))
 PORTABLE_DQ = PhaseTable(_buckets(TileConfig(64, 32, 4, 1), TileConfig(64, 32, 4, 1), TileConfig(32, 16, 4, 1)))
-
-# FP8 forward (kernels/forward_fp8.py): BLOCK_N divides fp8.SCALE_BLOCK (one v descale a key block). Not swept yet.
-HOPPER_FORWARD_FP8 = PhaseTable(_buckets(*(TileConfig(128, 128, 8, 3),) * 2, TileConfig(128, 64, 8, 2)))
+# FP8 forward (kernels/forward_fp8.py): BLOCK_N divides fp8.SCALE_BLOCK; swept at 16k tokens on the H200 (docs/fp8.md)
+HOPPER_FORWARD_FP8 = PhaseTable({**_buckets(*(TileConfig(128, 128, 8, 3),) * 2, TileConfig(128, 128, 8, 2)),
+                                 (128, False): TileConfig(64, 128, 4, 3)})
 PORTABLE_FORWARD_FP8 = PhaseTable(_buckets(*(TileConfig(64, 64, 4, 2),) * 2, TileConfig(64, 32, 4, 1)))
 
 TABLES = {("hopper", "forward"): HOPPER_FORWARD, ("hopper", "dkdv"): HOPPER_DKDV, ("hopper", "dq"): HOPPER_DQ,
