@@ -13,7 +13,6 @@ flashattn's own forward on bfloat16 inputs. RMSE over every output element.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
