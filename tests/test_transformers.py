@@ -175,3 +175,9 @@ def test_softcap_and_sliding_window_reach_the_kernels(torch_backend, monkeypatch
     scores = scores.masked_fill((j > i) | (j < i - 3), float("-inf"))
     expected = (scores.softmax(-1) @ value.repeat_interleave(2, dim=1).double()).transpose(1, 2)
     torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_the_integration_is_reached_from_import_flashattn():
+    import flashattn
+
+    assert flashattn.integrations.transformers.ATTN_IMPLEMENTATION == ATTN_IMPLEMENTATION

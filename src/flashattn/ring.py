@@ -31,6 +31,7 @@ are skipped.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -176,7 +177,58 @@ def _wait(works: list) -> None:
 
 
 def _kv_buffer(kv: torch.Tensor, length: int, dtype: torch.dtype | None = None) -> torch.Tensor:
-    return kv.new_empty((2, kv.shape[1], length, *kv.shape[3:]), dtype=dtype or kv.dtype)
+    """An empty K/V buffer like ``kv`` (dense (2, B, S, Hk, D) or packed (2, S, Hk, D)) of ``length`` tokens."""
+    return kv.new_empty((*kv.shape[:-3], length, *kv.shape[-2:]), dtype=dtype or kv.dtype)
+
+
+def run_forward_ring(ring: Ring, kv: torch.Tensor, compute: Callable[[int, torch.Tensor], None]) -> None:
+    """The forward's ring: at each step ``compute(step, kv)`` queues the work on the K/V shard held while the next
+    one travels from the previous rank."""
+    for step in range(ring.world_size):
+        works = []
+        if step + 1 < ring.world_size:
+            next_kv = _kv_buffer(kv, ring.layout.rank_length(ring.source(step + 1)))
+            works = _exchange(ring, kv, next_kv)
+        compute(step, kv)
+        if works:
+            _wait(works)
+            kv = next_kv
+
+
+def run_backward_ring(ring: Ring, kv: torch.Tensor, gradients: Callable[[int, torch.Tensor], list]) -> torch.Tensor:
+    """The backward's ring: dQ stays (``gradients(step, kv)`` adds to it), each shard's float32 dK/dV accumulator
+    travels with the shard. ``gradients`` returns the step's (index into a K/V shard, dk, dv) parts. Returns this
+    rank's own accumulator (2, ...) once every rank has added to it."""
+    pending = None  # (works, buffer): the dK/dV accumulator of the shard held next, on its way from rank - 1
+    for step in range(ring.world_size):
+        kv_works = []
+        if step + 1 < ring.world_size:
+            next_kv = _kv_buffer(kv, ring.layout.rank_length(ring.source(step + 1)))
+            kv_works = _exchange(ring, kv, next_kv)
+        partials = gradients(step, kv)
+        # this shard's accumulator: what the ranks before added (waited for only now, after this step's compute
+        # was queued), plus this rank's part
+        if pending is not None:
+            _wait(pending[0])
+            dkv = pending[1]
+        else:
+            dkv = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
+        for index, dk, dv in partials:
+            dkv[0][index] += dk
+            dkv[1][index] += dv
+        # on to the next rank; the accumulator of the shard held next (after the last step: this rank's own)
+        # comes from the previous one
+        if ring.world_size == 1:
+            break
+        incoming = _kv_buffer(kv, ring.layout.rank_length(ring.source(step + 1)), torch.float32)
+        pending = (_exchange(ring, dkv, incoming), incoming, dkv)  # dkv stays referenced until it is sent
+        if kv_works:
+            _wait(kv_works)
+            kv = next_kv
+    if pending is not None:
+        _wait(pending[0])
+        dkv = pending[1]
+    return dkv
 
 
 class Merge:
@@ -216,37 +268,27 @@ class Merge:
 def forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, ring: Ring):
     """(out, lse) of the local queries over the whole sequence: out in q's dtype, lse float32 (B, H, local)."""
     framed = needs_frame(opts, alibi_slopes)
-    kv = torch.stack((k, v))  # one contiguous buffer travels: (2, B, local, Hk, D)
     merged = Merge(q.shape, q.device)
-    for step in range(ring.world_size):
-        works = []
-        if step + 1 < ring.world_size:
-            next_kv = _kv_buffer(kv, ring.layout.rank_length(ring.source(step + 1)))
-            works = _exchange(ring, kv, next_kv)
+
+    def compute(step: int, kv: torch.Tensor) -> None:
         for piece in step_pieces(ring, ring.source(step), opts, framed):
             out, lse = ops.eager_call(
                 ops.attention_forward, ops.attention_forward_cuda, q[:, piece.rows], kv[0, :, piece.keys],
                 kv[1, :, piece.keys], alibi_slopes, rng_state, *piece.opts.op_arguments(), None,
                 piece.opts.frame_argument())
             merged.add(out, lse, piece.rows)
-        if works:
-            _wait(works)
-            kv = next_kv
+
+    run_forward_ring(ring, torch.stack((k, v)), compute)  # one contiguous buffer travels: (2, B, local, Hk, D)
     return merged.result(q.dtype)
 
 
 def backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: AttentionOptions, ring: Ring):
     """(dq, dk, dv) of the local shards, from the global out and lse of :func:`forward`."""
     framed = needs_frame(opts, alibi_slopes)
-    kv = torch.stack((k, v))
     dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     lse_rows: dict[tuple[int, int], torch.Tensor] = {}  # the kernels read a contiguous lse
-    pending = None  # (works, buffer): the dK/dV accumulator of the shard held next, on its way from rank - 1
-    for step in range(ring.world_size):
-        kv_works = []
-        if step + 1 < ring.world_size:
-            next_kv = _kv_buffer(kv, ring.layout.rank_length(ring.source(step + 1)))
-            kv_works = _exchange(ring, kv, next_kv)
+
+    def gradients(step: int, kv: torch.Tensor) -> list:
         partials = []
         for piece in step_pieces(ring, ring.source(step), opts, framed):
             rows = piece.rows
@@ -258,27 +300,8 @@ def backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: AttentionOp
                 kv[0, :, piece.keys], kv[1, :, piece.keys], out[:, rows], lse_rows[key], alibi_slopes, rng_state,
                 *piece.opts.op_arguments(), None, False, piece.opts.frame_argument())
             dq_acc[:, rows] += dq
-            partials.append((piece.keys, dk, dv))
-        # this shard's accumulator: what the ranks before added (waited for only now, after this step's compute
-        # was queued), plus this rank's part
-        if pending is not None:
-            _wait(pending[0])
-            dkv = pending[1]
-        else:
-            dkv = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
-        for keys, dk, dv in partials:
-            dkv[0, :, keys] += dk
-            dkv[1, :, keys] += dv
-        # on to the next rank; the accumulator of the shard held next (after the last step: this rank's own)
-        # comes from the previous one
-        if ring.world_size == 1:
-            break
-        incoming = _kv_buffer(kv, ring.layout.rank_length(ring.source(step + 1)), torch.float32)
-        pending = (_exchange(ring, dkv, incoming), incoming, dkv)  # dkv stays referenced until it is sent
-        if kv_works:
-            _wait(kv_works)
-            kv = next_kv
-    if pending is not None:
-        _wait(pending[0])
-        dkv = pending[1]
+            partials.append(((slice(None), piece.keys), dk, dv))
+        return partials
+
+    dkv = run_backward_ring(ring, torch.stack((k, v)), gradients)
     return dq_acc.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)

@@ -26,7 +26,7 @@ import torch
 
 from . import masks, ops
 from .options import AttentionOptions, PositionFrame
-from .ring import Merge, Ring, ZigzagLayout, _exchange, _wait, needs_frame
+from .ring import Merge, Ring, ZigzagLayout, needs_frame, run_backward_ring, run_forward_ring
 
 
 @dataclass(frozen=True)
@@ -179,20 +179,12 @@ def _slopes(alibi_slopes: torch.Tensor | None, sequence: int) -> torch.Tensor | 
     return alibi_slopes[sequence:sequence + 1]
 
 
-def _kv_buffer(kv: torch.Tensor, length: int, dtype: torch.dtype | None = None) -> torch.Tensor:
-    return kv.new_empty((2, length, *kv.shape[2:]), dtype=dtype or kv.dtype)
-
-
 def forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, ring: Ring):
     """(out, lse) of the local packed queries over every whole sequence: out in q's dtype, lse float32 (H, total)."""
     steps = plan(ring, opts, needs_frame(opts, alibi_slopes), q.device)
-    kv = torch.stack((k, v))  # (2, total_local, Hk, D)
     merged = Merge((1, *q.shape), q.device)  # as a batch of 1
-    for step in range(ring.world_size):
-        works = []
-        if step + 1 < ring.world_size:
-            next_kv = _kv_buffer(kv, ring.layout.rank_length(ring.source(step + 1)))
-            works = _exchange(ring, kv, next_kv)
+
+    def compute(step: int, kv: torch.Tensor) -> None:
         for call in steps[step]:
             if isinstance(call, PackedCall):
                 out, lse = ops.eager_call(ops.varlen_attention_forward, ops.varlen_attention_forward_cuda, q, kv[0],
@@ -204,9 +196,8 @@ def forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, ring: Ring
                     kv[1, None, call.keys], _slopes(alibi_slopes, call.sequence), rng_state,
                     *call.opts.op_arguments(), None, call.opts.frame_argument())
                 merged.add(out, lse, call.rows)
-        if works:
-            _wait(works)
-            kv = next_kv
+
+    run_forward_ring(ring, torch.stack((k, v)), compute)  # (2, total_local, Hk, D)
     out, lse = merged.result(q.dtype)
     return out[0], lse[0]
 
@@ -215,21 +206,16 @@ def backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: AttentionOp
     """(dq, dk, dv) of the local packed shards, from the global out and lse of :func:`forward` (``ring.backward``'s
     ring: dQ stays, each shard's dK/dV accumulator travels with it)."""
     steps = plan(ring, opts, needs_frame(opts, alibi_slopes), q.device)
-    kv = torch.stack((k, v))
     dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    pending = None
-    for step in range(ring.world_size):
-        kv_works = []
-        if step + 1 < ring.world_size:
-            next_kv = _kv_buffer(kv, ring.layout.rank_length(ring.source(step + 1)))
-            kv_works = _exchange(ring, kv, next_kv)
+
+    def gradients(step: int, kv: torch.Tensor) -> list:
         partials = []
         for call in steps[step]:
             if isinstance(call, PackedCall):
                 dq, dk, dv = ops.eager_call(
                     ops.varlen_attention_backward, ops.varlen_attention_backward_cuda, dout, q, kv[0], kv[1], out,
                     lse, *call.arguments(), None, None, *call.opts.op_arguments())
-                dq_acc += dq
+                dq_acc.add_(dq)
                 partials.append((slice(None), dk, dv))
             else:
                 rows = call.rows
@@ -240,22 +226,7 @@ def backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: AttentionOp
                     call.opts.frame_argument())
                 dq_acc[rows] += dq[0]
                 partials.append((call.keys, dk[0], dv[0]))
-        if pending is not None:
-            _wait(pending[0])
-            dkv = pending[1]
-        else:
-            dkv = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
-        for keys, dk, dv in partials:
-            dkv[0, keys] += dk
-            dkv[1, keys] += dv
-        if ring.world_size == 1:
-            break
-        incoming = _kv_buffer(kv, ring.layout.rank_length(ring.source(step + 1)), torch.float32)
-        pending = (_exchange(ring, dkv, incoming), incoming, dkv)
-        if kv_works:
-            _wait(kv_works)
-            kv = next_kv
-    if pending is not None:
-        _wait(pending[0])
-        dkv = pending[1]
+        return partials
+
+    dkv = run_backward_ring(ring, torch.stack((k, v)), gradients)
     return dq_acc.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)

@@ -91,6 +91,17 @@ def check_options(dropout_p, window_size, softcap) -> None:
         raise ValueError(f"softcap must be a finite float >= 0 (0: off), got {softcap}")
 
 
+def check_cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k, device: torch.device) -> int:
+    """Both offset tensors valid and of one length; returns the batch."""
+    check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, device)
+    check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, device)
+    batch = cu_seqlens_q.shape[0] - 1
+    if cu_seqlens_k.shape[0] != batch + 1:
+        raise ValueError(f"cu_seqlens_k must have cu_seqlens_q's length batch + 1 = {batch + 1}, "
+                         f"got {cu_seqlens_k.shape[0]}")
+    return batch
+
+
 def check_alibi(alibi_slopes, batch: int, nheads: int, device: torch.device) -> None:
     if alibi_slopes is None:
         return
@@ -175,12 +186,7 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, dropout_p, window_size, so
     for name, x in (("k", k), ("v", v)):
         check_tensor(name, x, 4 if paged else 3, PAGED if paged else PACKED)
     check_kv_like_q(q, k, v)
-    check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.device)
-    check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q.device)
-    batch = cu_seqlens_q.shape[0] - 1
-    if cu_seqlens_k.shape[0] != batch + 1:
-        raise ValueError(f"cu_seqlens_k must have cu_seqlens_q's length batch + 1 = {batch + 1}, "
-                         f"got {cu_seqlens_k.shape[0]}")
+    batch = check_cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k, q.device)
     check_options(dropout_p, window_size, softcap)
     check_scale("softmax_scale", softmax_scale)
     check_alibi(alibi_slopes, batch, q.shape[1], q.device)

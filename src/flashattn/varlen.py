@@ -42,7 +42,7 @@ from . import fp8, ops_fp8
 from .autograd import FlashAttnVarlenFunction, FlashAttnVarlenPagedFunction
 from .options import AttentionOptions
 from .validation import (
-    check_cu_seqlens,
+    check_cu_seqlens_pair,
     check_kv_like_q,
     check_options,
     check_paging,
@@ -159,12 +159,7 @@ def _fp8_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         if x.dim() != rank:
             raise ValueError(f"{name} must have {rank} dimensions, got shape {tuple(x.shape)}")
     check_kv_like_q(q, k, v)
-    check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.device)
-    check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q.device)
-    batch = cu_seqlens_q.shape[0] - 1
-    if cu_seqlens_k.shape[0] != batch + 1:
-        raise ValueError(f"cu_seqlens_k must have cu_seqlens_q's length batch + 1 = {batch + 1}, "
-                         f"got {cu_seqlens_k.shape[0]}")
+    batch = check_cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k, q.device)
     fp8.refuse_options(dropout_p=dropout_p, alibi_slopes=alibi_slopes)
     check_options(0.0, window_size, softcap)
     check_scale("softmax_scale", softmax_scale)
