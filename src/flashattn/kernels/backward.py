@@ -24,7 +24,6 @@ from .common import (
     dropout_row_base,
     mapped_blocks,
     query_block_bounds,
-    query_program,
     query_tile_key_blocks,
     scores_log2,
     sequence_bounds,
@@ -478,7 +477,11 @@ def dq_kernel(
 
     USE_TMA: the streamed K and V tiles come through tensor descriptors, as in the forward.
     """
-    start_m, bh, batch, head, head_k = query_program(BLOCK_M, nheads, group_size, False)
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    batch = bh // nheads
+    head = bh % nheads
+    head_k = head // group_size
     if IS_VARLEN:
         total_q = seqlen_q
         total_k = seqlen_k

@@ -174,20 +174,6 @@ def stage_range(STAGE: tl.constexpr, lo, full_lo, full_hi, hi):
 
 
 @triton.jit
-def query_program(BLOCK_M: tl.constexpr, nheads, group_size, LONGEST_FIRST: tl.constexpr):
-    """(start_m, bh, batch, head, head_k) of a program of a (query blocks, batch x heads) grid. LONGEST_FIRST (a
-    causal, right-bounded mask): the last query blocks see the most keys, so they are launched first and the grid's
-    last wave holds the short tiles instead of a long tail of full ones."""
-    if LONGEST_FIRST:
-        start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
-    else:
-        start_m = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1)
-    head = bh % nheads
-    return start_m, bh, bh // nheads, head, head // group_size
-
-
-@triton.jit
 def sequence_bounds(CuSeqlensQ, CuSeqlensK, batch, total_q, total_k, K_PACKED: tl.constexpr):
     """Varlen: (first query token, seqlen_q, first key token, seqlen_k) of sequence ``batch``.
 

@@ -11,7 +11,6 @@ from .common import (
     load_kt_v,
     online_softmax_step,
     paged_kv_rows,
-    query_program,
     query_tile_key_blocks,
     sequence_bounds,
     stage_range,
@@ -129,7 +128,16 @@ def attention_forward_kernel(
     Dense calls in a position frame (a ring step): ``diagonal_shift`` moves the masks' and ALiBi's diagonal, and the
     dropout counters take ``dropout_seqlen_q`` / ``dropout_seqlen_k`` (the frame's lengths; otherwise the call's) as
     strides, the frame's start already in ``rng_offset``. Varlen calls pass 0 and ignore the lengths."""
-    start_m, bh, batch, head, head_k = query_program(BLOCK_M, nheads, group_size, WINDOW_RIGHT)
+    if WINDOW_RIGHT:
+        # with a causal (right-bounded) mask the last query blocks see the most keys: launch them
+        # first, so the grid's last wave holds the short tiles instead of a long tail of full ones
+        start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
+    else:
+        start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    batch = bh // nheads
+    head = bh % nheads
+    head_k = head // group_size
     page_table_row = BlockTable
     num_pages = 0
     if IS_VARLEN:

@@ -20,7 +20,7 @@ ROUND_P_BY_HAND: Triton's interpreter converts float32 to e4m3 wrongly where rou
 import triton
 import triton.language as tl
 
-from .common import LOG2E, key_block_bounds, query_program, sequence_bounds, stage_range, tanh, visible
+from .common import LOG2E, key_block_bounds, sequence_bounds, stage_range, tanh, visible
 
 
 @triton.jit
@@ -109,7 +109,15 @@ def attention_forward_fp8_kernel(
     totals, the batch strides unused (VT's batch stride steps nothing: VT is (kv head, head dim, total_k)), Lse is
     (nheads, total_q). The descales are (batch, kv head, block) with a block stride of 0 where there is one block.
     ``qk_scale``: softmax_scale * log2(e) (/ softcap with a softcap), without the descales."""
-    start_m, bh, batch, head, head_k = query_program(BLOCK_M, nheads, group_size, WINDOW_RIGHT)
+    if WINDOW_RIGHT:
+        # the causal diagonal's last query blocks see the most keys: launched first
+        start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
+    else:
+        start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    batch = bh // nheads
+    head = bh % nheads
+    head_k = head // group_size
     if IS_VARLEN:
         total_q = seqlen_q
         q_start, seqlen_q, k_start, seqlen_k = sequence_bounds(CuSeqlensQ, CuSeqlensK, batch, total_q, seqlen_k,
