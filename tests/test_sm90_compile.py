@@ -48,13 +48,20 @@ TABLE_BUILDS = builds([(phase, head_dim, causal) for phase in PHASES for head_di
                        ("dkdv_hopper", 64, False), ("dkdv_hopper", 256, True), ("dq", 64, False), ("dq", 128, True),
                        ("dq_hopper", 256, False), ("dq_hopper", 128, True)])
 # the compiles run in a child process: under TRITON_INTERPRET=1 the kernels are interpreter functions. One child a
-# build, so that parallel workers (pytest-xdist) share the builds out, each built once
-COMPILE_BUILD = """
+# pair of builds: parallel workers (pytest-xdist) share the pairs out, each build built once, and a child's imports
+# (torch, triton: seconds) serve two compiles
+COMPILE_BUILDS = """
 import json, sys
 sys.path.insert(0, {benchmarks!r})
 import sass_report
-print(json.dumps([sass_report.table_report({phase!r}, {head_dim!r}, {causal!r}, seqlen=4096)]), flush=True)
+for phase, head_dim, causal in {builds!r}:
+    print(json.dumps([sass_report.table_report(phase, head_dim, causal, seqlen=4096)]), flush=True)
 """
+
+
+def pairs(items: list) -> list[tuple]:
+    """``items`` two at a time (the last alone when their number is odd)."""
+    return [tuple(items[i:i + 2]) for i in range(0, len(items), 2)]
 
 
 # Hopper dK/dV tiles outside the table that the sweeps and the GPU tests use: 128 keys a program in both of the
@@ -79,7 +86,7 @@ SWEPT_FORWARD_TILES = builds({  # name -> (head dim, causal, varlen, TileConfig 
     "persistent three consumers 128x128x8x3, hdim 64 causal": (64, True, False,
                                                                 dict(_PERSISTENT, num_stages=3, three_consumers=True)),
 }, ["persistent 128x128x8x2, hdim 128 varlen", "persistent three consumers 128x128x8x3, hdim 64 causal"])
-# one child a swept tile, as the table's builds: report(head dim, causal, tile[, varlen])
+# a pair of swept tiles a child, as the table's builds: report(head dim, causal, tile[, varlen])
 SWEPT_BUILDS = {**{name: ("hopper_dkdv_report", head_dim, causal, fields, None)
                    for name, (head_dim, causal, fields) in SWEPT_DKDV_TILES.items()},
                 **{name: ("hopper_forward_report", head_dim, causal, fields, varlen)
@@ -91,8 +98,10 @@ import json, sys
 sys.path.insert(0, {benchmarks!r})
 import sass_report
 from flashattn.configs import TileConfig
-extra = {{}} if {varlen!r} is None else {{"varlen": {varlen!r}}}
-print(json.dumps([sass_report.{report}({head_dim!r}, {causal!r}, TileConfig(**{fields!r}), **extra)]), flush=True)
+for report, head_dim, causal, fields, varlen in {builds!r}:
+    extra = {{}} if varlen is None else {{"varlen": varlen}}
+    result = getattr(sass_report, report)(head_dim, causal, TileConfig(**fields), **extra)
+    print(json.dumps([result]), flush=True)
 """
 
 
@@ -110,17 +119,20 @@ def _compiled(script: str) -> list:
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("[")]
 
 
-@pytest.mark.parametrize(("phase", "head_dim", "causal"), TABLE_BUILDS,
-                         ids=[f"{phase}-{head_dim}-{'causal' if causal else 'full'}"
-                              for phase, head_dim, causal in TABLE_BUILDS])
-def test_table_kernels_keep_wgmma_asynchronous(phase, head_dim, causal):
-    script = COMPILE_BUILD.format(benchmarks=str(ROOT / "benchmarks"), phase=phase, head_dim=head_dim, causal=causal)
-    ((result,),) = _compiled(script)
-    if result is None:
-        pytest.skip(f"no Hopper {phase.removesuffix('_hopper')} entry at hdim {head_dim}")
-    assert result["HGMMA"] > 0, f"{phase} hdim {head_dim}: no wgmma at all (HMMA {result['HMMA']})"
-    assert result["wgmma_serialized"] is None, f"ptxas serialized the wgmma: {result['wgmma_serialized']}"
-    assert result["unwritten_uniform_reads"] == 0, UNWRITTEN_READS
+@pytest.mark.parametrize("pair", pairs(TABLE_BUILDS),
+                         ids=lambda pair: "+".join(f"{phase}-{head_dim}-{'causal' if causal else 'full'}"
+                                                   for phase, head_dim, causal in pair))
+def test_table_kernels_keep_wgmma_asynchronous(pair):
+    results = _compiled(COMPILE_BUILDS.format(benchmarks=str(ROOT / "benchmarks"), builds=list(pair)))
+    assert len(results) == len(pair)
+    built = [(build, result) for build, (result,) in zip(pair, results, strict=True) if result is not None]
+    if not built:
+        pytest.skip(f"no Hopper entry for {pair}")
+    for (phase, head_dim, causal), result in built:
+        name = f"{phase} hdim {head_dim} causal {causal}"
+        assert result["HGMMA"] > 0, f"{name}: no wgmma at all (HMMA {result['HMMA']})"
+        assert result["wgmma_serialized"] is None, f"{name}: ptxas serialized the wgmma: {result['wgmma_serialized']}"
+        assert result["unwritten_uniform_reads"] == 0, f"{name}: {UNWRITTEN_READS}"
 
 
 # One query: Triton makes seqlen_q = 1 a constant, and ptxas died (SIGSEGV) on the peeled causal hdim-64 dK/dV kernel
@@ -144,17 +156,17 @@ def test_table_backward_kernels_compile_for_one_query():
         assert result["HGMMA"] + result["HMMA"] > 0, f"{name}: no matrix instruction"
 
 
-@pytest.mark.parametrize("name", list(SWEPT_BUILDS))
-def test_swept_hopper_tiles_keep_wgmma_asynchronous(name):
-    report, head_dim, causal, fields, varlen = SWEPT_BUILDS[name]
-    script = COMPILE_SWEPT.format(benchmarks=str(ROOT / "benchmarks"), report=report, head_dim=head_dim,
-                                  causal=causal, fields=fields, varlen=varlen)
-    ((result,),) = _compiled(script)
-    assert result["HGMMA"] > 0, f"{name}: no wgmma at all"
-    assert result["wgmma_serialized"] is None, f"{name}: ptxas serialized the wgmma: {result['wgmma_serialized']}"
-    assert result["unwritten_uniform_reads"] == 0, f"{name}: {UNWRITTEN_READS}"
-    if name in SWEPT_DQ_TILES:  # 160 registers a consumer thread hold the three-consumer dQ without spills
-        assert result["STL"] == 0 and result["LDL"] == 0, f"{name}: spills"
+@pytest.mark.parametrize("names", pairs(list(SWEPT_BUILDS)), ids="+".join)
+def test_swept_hopper_tiles_keep_wgmma_asynchronous(names):
+    script = COMPILE_SWEPT.format(benchmarks=str(ROOT / "benchmarks"), builds=[SWEPT_BUILDS[n] for n in names])
+    results = _compiled(script)
+    assert len(results) == len(names)
+    for name, (result,) in zip(names, results, strict=True):
+        assert result["HGMMA"] > 0, f"{name}: no wgmma at all"
+        assert result["wgmma_serialized"] is None, f"{name}: ptxas serialized the wgmma: {result['wgmma_serialized']}"
+        assert result["unwritten_uniform_reads"] == 0, f"{name}: {UNWRITTEN_READS}"
+        if name in SWEPT_DQ_TILES:  # 160 registers a consumer thread hold the three-consumer dQ without spills
+            assert result["STL"] == 0 and result["LDL"] == 0, f"{name}: spills"
 
 
 # The short-sequence forward tiles, dense and packed: the packed build reads cu_seqlens and may hold more registers,
@@ -208,25 +220,27 @@ DECODE_TILES = builds([(128, 64, 4, 1, False, 8, 2, True), (128, 64, 4, 16, True
                        (128, 64, 4, 1, False, 8, 1, False)])
 
 
-@pytest.mark.parametrize(("head_dim", "block_n", "stages", "new_keys", "paged", "query_rows", "consumers", "early"),
-                         DECODE_TILES)
-def test_hopper_decode_tiles_compile_without_spills(head_dim, block_n, stages, new_keys, paged, query_rows, consumers,
-                                                   early):
-    """The Hopper decode kernel's tiles (configs.hopper_decode_tile) compile for sm90 with no local-memory spills and
-    within one program's shared memory, with swapped products (8 or 16 query rows; one or two consumers) and padded
-    rows (0), the partitions reading the sequence's length or not (``early``): the interpreter cannot run Gluon."""
+@pytest.mark.parametrize("tiles", pairs(DECODE_TILES), ids=lambda tiles: "+".join("-".join(map(str, t)) for t in tiles))
+def test_hopper_decode_tiles_compile_without_spills(tiles):
+    """The Hopper decode kernel's tiles (configs.hopper_decode_tile: head dim, block_n, stages, new keys, paged, query
+    rows, consumers, early) compile for sm90 with no local-memory spills and within one program's shared memory, with
+    swapped products (8 or 16 query rows; one or two consumers) and padded rows (0), the partitions reading the
+    sequence's length or not (``early``): the interpreter cannot run Gluon."""
     script = f"""
 import json, sys
 sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
 import sass_report
-print(json.dumps([sass_report.hopper_decode_report({head_dim}, {block_n}, {stages}, new_keys={new_keys}, paged={paged},
-                                                query_rows={query_rows}, consumers={consumers},
-                                                early_first_block={early})]), flush=True)
+for head_dim, block_n, stages, new_keys, paged, query_rows, consumers, early in {list(tiles)!r}:
+    print(json.dumps([sass_report.hopper_decode_report(head_dim, block_n, stages, new_keys=new_keys, paged=paged,
+                                                       query_rows=query_rows, consumers=consumers,
+                                                       early_first_block=early)]), flush=True)
 """
-    (result,) = _compiled(script)[0]
-    assert result["STL"] == 0 and result["LDL"] == 0, result
-    assert result["shared_bytes"] <= 227 * 1024, result
-    assert result["unwritten_uniform_reads"] == 0, UNWRITTEN_READS
+    results = _compiled(script)
+    assert len(results) == len(tiles)
+    for tile, (result,) in zip(tiles, results, strict=True):
+        assert result["STL"] == 0 and result["LDL"] == 0, (tile, result)
+        assert result["shared_bytes"] <= 227 * 1024, (tile, result)
+        assert result["unwritten_uniform_reads"] == 0, (tile, UNWRITTEN_READS)
 
 
 def test_hopper_decode_refuses_a_ring_its_consumers_share():
