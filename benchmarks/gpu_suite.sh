@@ -10,7 +10,8 @@
 # (tests/conftest.py: FLASHATTN_TEST_SHARD), each part a fifth of every test file. TESTS picks test files or folders
 # (default tests). test_transformers needs transformers: wheels under .wheels/ are installed to /tmp/hf. The Nsight
 # Compute tests profile the GPU and run alone, after the whole run or part 5's.
-# The benchmarks write benchmarks/results/<gpu>-<mode>.json (BENCH_OUT: another folder; SKIP_BENCH=1: none);
+# The benchmarks write benchmarks/results/<gpu>-<mode>.json (BENCH_OUT: another folder; SKIP_BENCH=1: none), their
+# commit from git ("-dirty" past it) or FLASHATTN_COMMIT, for a copy of the tree whose .git is not its own;
 # `python benchmarks/report.py` then regenerates BENCHMARKS.md and the README's summary from them.
 # Logs go to $OUT (default gpu-out): suite[-<part>].log, bench-<mode>.log; failures and pytest's summary last.
 set -u -o pipefail

@@ -155,3 +155,11 @@ def test_cpu_lines_give_every_figure_or_say_why_not(tmp_path, monkeypatch, capsy
     data = json.loads((tmp_path / "cpu-dense.json").read_text())
     for row in data["results"]:
         assert row["peak_extra_mib"] > 0 and row["fwd_spread"] >= 0 and row["fwd_settled"] in (True, False)
+
+
+def test_the_commit_is_the_callers_where_named(monkeypatch):
+    monkeypatch.setenv("FLASHATTN_COMMIT", "0123abc")
+    assert bench.environment()["commit"] == "0123abc"
+    monkeypatch.delenv("FLASHATTN_COMMIT")
+    commit = bench._git_commit()
+    assert commit is None or re.fullmatch(r"[0-9a-f]{7,}(-dirty)?", commit)

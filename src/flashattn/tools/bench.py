@@ -282,9 +282,11 @@ def anchor_grid(head_dims=(64, 128, 256), seqlens=(512, 1024, 2048, 4096, 8192, 
 
 
 def _git_commit() -> str | None:
+    """git's HEAD, with "-dirty" when tracked files differ from it: a copy of a working tree may carry an older .git
+    (:func:`environment` takes FLASHATTN_COMMIT first)."""
     try:
-        result = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                check=False, cwd=Path(__file__).parent)
+        result = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7", "--exclude", "*"],
+                                capture_output=True, text=True, check=False, cwd=Path(__file__).parent)
     except OSError:
         return None
     return result.stdout.strip() or None
