@@ -51,6 +51,36 @@ def test_rotation_spreads_an_outlier_channel():
     assert torch.allclose(rotated.abs(), torch.full_like(rotated, 128 ** -0.5))
 
 
+def test_packed_quantize_is_each_sequences_own(torch_backend):
+    """Packed inputs take one descale per sequence and kv head: the same bytes and descales as quantizing each
+    sequence alone, and flash_attn_varlen_func on them is each sequence's attention of its dequantized inputs."""
+    lengths_q, lengths_k = (5, 0, 17), (9, 4, 30)
+    sequences = [make_inputs(1, sq, sk, 4, 2, 40, seed=i)
+                 for i, (sq, sk) in enumerate(zip(lengths_q, lengths_k, strict=True))]
+    packed = [torch.cat([x[i][0] for x in sequences]) for i in range(3)]
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32)
+                  for n in (lengths_q, lengths_k))
+    quantized = fp8.quantize(*packed, seed=2, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    assert quantized.q_descale.shape == quantized.v_descale.shape == (3, 2)
+    out = flash_attn_varlen_func(*quantized[:3], cu_q, cu_k, max(lengths_q), max(lengths_k), causal=True,
+                                 **descale_kwargs(quantized))
+    for b, x in enumerate(sequences):
+        alone = fp8.quantize(*x, seed=2, granularity="head")
+        rows, keys = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        for got, want, span in zip(quantized[:3], alone[:3], (rows, keys, keys), strict=True):
+            assert torch.equal(got[span].view(torch.uint8), want[0].view(torch.uint8))
+        for got, want in zip(quantized[3:], alone[3:], strict=True):
+            assert torch.equal(got[b], want[0])
+        if lengths_q[b]:
+            oracle, _ = attention_ref(*dequantized(alone), causal=True)
+            error = (out[rows][None].double() - oracle).abs().max().item()
+            assert error <= 2 * rounding_error(oracle, torch.bfloat16) + 1e-5, f"sequence {b}: {error:.3e}"
+    with pytest.raises(ValueError, match="cu_seqlens_k"):
+        fp8.quantize(*packed, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k[:-1])
+    with pytest.raises(ValueError, match="3-dim"):
+        fp8.quantize(*sequences[0], cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+
+
 @pytest.mark.parametrize("granularity", ["block", "head"])
 def test_quantize_shapes_and_steps(granularity):
     q, k, v = make_inputs(2, 300, 200, 4, 2, 64)

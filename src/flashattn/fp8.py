@@ -22,6 +22,8 @@ from typing import NamedTuple
 
 import torch
 
+from .validation import check_cu_seqlens_pair
+
 FP8_DTYPE = torch.float8_e4m3fn
 E4M3_MAX = 448.0  # the largest finite e4m3 value
 SCALE_BLOCK = 128  # sequence rows per block descale
@@ -104,26 +106,55 @@ def quantize_tensor(x: torch.Tensor, nheads_k: int, granularity: str = "block") 
     return quantized.reshape(x.shape), descale
 
 
+def quantize_packed(x: torch.Tensor, cu_seqlens: torch.Tensor, nheads_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (total, nheads, head_dim), sequence b its rows cu_seqlens[b]:cu_seqlens[b + 1] -> (e4m3 x, float32 descale
+    (batch, nheads_k)): amax over each sequence's rows of a kv head's group of heads, read on the device (no copy of
+    the lengths to the host). An empty or all-zero sequence takes descale 1."""
+    total, nheads, head_dim = x.shape
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+    batch = lengths.numel()
+    sequence = torch.repeat_interleave(torch.arange(batch, device=x.device), lengths, output_size=total)
+    grouped = x.float().reshape(total, nheads_k, nheads // nheads_k * head_dim)
+    row_amax = grouped.abs().amax(dim=2)  # (total, nheads_k)
+    amax = row_amax.new_zeros(batch, nheads_k).scatter_reduce_(0, sequence[:, None].expand_as(row_amax), row_amax,
+                                                               "amax")
+    descale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    quantized = (grouped / descale[sequence][:, :, None]).clamp(-E4M3_MAX, E4M3_MAX).to(FP8_DTYPE)
+    return quantized.reshape(x.shape), descale
+
+
 def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hadamard: bool = True, seed: int | None = None,
-             granularity: str = "block") -> Quantized:
+             granularity: str = "block", cu_seqlens_q: torch.Tensor | None = None,
+             cu_seqlens_k: torch.Tensor | None = None) -> Quantized:
     """FP8 inputs for :func:`flashattn.flash_attn_func` from q (batch, seqlen_q, nheads, head_dim) and k, v
-    (batch, seqlen_k, nheads_k, head_dim) of any float dtype.
+    (batch, seqlen_k, nheads_k, head_dim) of any float dtype; or, with ``cu_seqlens_q`` and ``cu_seqlens_k``, for
+    :func:`flashattn.flash_attn_varlen_func` from packed q (total_q, nheads, head_dim) and k, v (total_k, nheads_k,
+    head_dim), one descale per sequence and kv head.
 
     ``hadamard``: rotate q and k first by the same random orthogonal matrix (random signs from ``seed``, then the
     Walsh-Hadamard transform; see the module docstring), which leaves q k^T unchanged and spreads outliers.
-    ``granularity``: "block" (one descale per SCALE_BLOCK rows, the default) or "head" (one per batch and kv head;
-    what :func:`flashattn.flash_attn_varlen_func` and :func:`flashattn.flash_attn_with_kvcache` take).
+    ``granularity``: "block" (one descale per SCALE_BLOCK rows, the default for dense inputs) or "head" (one per
+    batch and kv head; what :func:`flashattn.flash_attn_with_kvcache` takes, and packed inputs always get).
     """
+    packed = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if packed:
+        check_cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k, q.device)
+    rank, layout = (3, "(total, nheads, headdim)") if packed else (4, "(batch, seqlen, nheads, headdim)")
     for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor) or x.dim() != 4 or not x.dtype.is_floating_point:
-            raise ValueError(f"{name} must be a 4-dim float tensor (batch, seqlen, nheads, headdim)")
-    nheads_k = k.shape[2]
+        if not isinstance(x, torch.Tensor) or x.dim() != rank or not x.dtype.is_floating_point:
+            raise ValueError(f"{name} must be a {rank}-dim float tensor {layout}")
+    if granularity not in ("block", "head"):
+        raise ValueError(f"granularity must be 'block' or 'head', got {granularity!r}")
+    nheads_k = k.shape[-2]
     if hadamard:
         signs = random_signs(q.shape[-1], seed, q.device)
         q, k = rotate(q, signs), rotate(k, signs)
-    q8, q_descale = quantize_tensor(q, nheads_k, granularity)
-    k8, k_descale = quantize_tensor(k, nheads_k, granularity)
-    v8, v_descale = quantize_tensor(v, nheads_k, granularity)
+    if packed:
+        (q8, q_descale), (k8, k_descale), (v8, v_descale) = (
+            quantize_packed(x, cu, nheads_k) for x, cu in ((q, cu_seqlens_q), (k, cu_seqlens_k), (v, cu_seqlens_k)))
+    else:
+        (q8, q_descale), (k8, k_descale), (v8, v_descale) = (
+            quantize_tensor(x, nheads_k, granularity) for x in (q, k, v))
     return Quantized(q8, k8, v8, q_descale, k_descale, v_descale)
 
 
