@@ -30,10 +30,11 @@ SUMMARY_START = "<!-- speed-summary:start -->"
 SUMMARY_END = "<!-- speed-summary:end -->"
 SUMMARY_FROM_SEQLEN = 2048  # the README's dense ranges: sequences of this many tokens and more
 OURS = "flashattn"
-MODES = ("dense", "varlen", "decode", "blocks", "ring", "fp8", "accuracy")
+MODES = ("dense", "varlen", "decode", "blocks", "ring", "ring_varlen", "fp8", "accuracy")
 MODE_TITLES = {"dense": "attention, forward and backward", "varlen": "packed (varlen) against dense calls",
                "decode": "decode over a KV cache", "blocks": "tile sweeps",
                "ring": "ring attention (context parallelism), forward and backward",
+               "ring_varlen": "ring attention over packed batches of documents",
                "fp8": "FP8 forward beside the 16-bit ones", "accuracy": "FP8 error against float64 (emulated)"}
 PROVIDER_NOTES = {
     "flashattn": "this library (`flash_attn_func`)",
@@ -139,6 +140,8 @@ def fmt_us(value: float | None) -> str:
 
 
 def fmt_tokens(n: int) -> str:
+    if n >= 2**20 and n % 2**20 == 0:
+        return f"{n // 2**20}M"
     return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
 
 
@@ -523,6 +526,42 @@ def ring_section(results: Results) -> list[str]:
     return [*out, *table(header, body, numeric_from=1), ""]
 
 
+PACKED_RING_NOTES = {
+    OURS: "`flash_attn_varlen_func` on the whole packed batch, one device",
+    "flashattn_ring": "`flashattn.distributed.ring_flash_attn_varlen_func` on every rank's zigzag part of each "
+                      "document",
+    "flashattn_all_to_all": "`ring_flash_attn_varlen_func(mode=\"all_to_all\")`: the parts exchanged for head "
+                            "shards of whole documents, one packed call, and back",
+}
+
+
+def ring_varlen_section(results: Results) -> list[str]:
+    """Packed batches against the dense ring of the same machine's ``ring`` file at the same total tokens."""
+    rows = results.rows
+    world = results.env.get("world_size") or max((r["devices"] for r in rows), default=1)
+    dense_path = results.path.with_name(f"{results.machine}-ring.json")
+    dense = ring_cells(json.loads(dense_path.read_text())["results"]) if dense_path.exists() else {}
+    out = [*environment_lines(results, [("devices", str(world)), ("backend", results.env.get("backend"))]), "",
+           "Each case is a packed batch of documents (`flashattn ring --packed`: lengths drawn lognormal, mean 4k "
+           "tokens, capped at 64k, the last cut to fit; the count below), every document cut into its own zigzag over "
+           f"the {world} devices; TFLOP/s are the documents' own FLOPs. 1 device: `flash_attn_varlen_func` on the "
+           "whole batch. Efficiency as for the dense ring; the dense ring's is that of one sequence of the same "
+           f"total tokens ([{dense_path.name}](benchmarks/results/{dense_path.name})).", "",
+           *provider_legend(providers_of(rows), {}, PACKED_RING_NOTES), ""]
+    header = ["causal", "tokens", "documents", "longest", "1 device TFLOP/s", "ring TFLOP/s/dev", "ring efficiency",
+              "all_to_all TFLOP/s/dev", "all_to_all efficiency", "dense ring efficiency"]
+    body = []
+    for (causal, seqlen), cell in sorted(ring_cells(rows).items()):
+        documents = next(iter(cell.values()))["case"].get("documents") or [seqlen]
+        single, ring, heads = cell.get(OURS), cell.get("flashattn_ring"), cell.get("flashattn_all_to_all")
+        body.append(["yes" if causal else "no", fmt_tokens(seqlen), str(len(documents)), fmt_tokens(max(documents)),
+                     _ring_value(single, "tflops_per_device", fmt_rate),
+                     _ring_value(ring, "tflops_per_device", fmt_rate), _ring_value(ring, "efficiency", fmt_share),
+                     _ring_value(heads, "tflops_per_device", fmt_rate), _ring_value(heads, "efficiency", fmt_share),
+                     _ring_value(dense.get((causal, seqlen), {}).get("flashattn_ring"), "efficiency", fmt_share)])
+    return [*out, *table(header, body, numeric_from=1), ""]
+
+
 def ring_efficiencies(results: Results, causal: bool, from_seqlen: int = RING_SUMMARY_FROM_SEQLEN) -> list[float]:
     return [r["efficiency"] for r in results.rows
             if r["provider"] == "flashattn_ring" and not r.get("error") and r.get("efficiency") is not None
@@ -623,6 +662,7 @@ def accuracy_section(results: Results) -> list[str]:
 
 SECTIONS: dict[str, Callable[[Results], list[str]]] = {"varlen": varlen_section, "decode": decode_section,
                                                        "blocks": blocks_section, "ring": ring_section,
+                                                       "ring_varlen": ring_varlen_section,
                                                        "fp8": fp8_section, "accuracy": accuracy_section}
 
 

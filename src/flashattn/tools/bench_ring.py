@@ -15,8 +15,16 @@ barriers; a case's time is the median iteration of the slowest rank. torch's con
 ``--torch-cp-max-seqlen`` and, once a call of it takes more than ``--torch-cp-timeout`` seconds, at every longer
 length: those rows say why instead of a time.
 
-Results go to ``<machine>x<W>-ring.json`` in ``--out`` (``h200x2-ring.json``), with the environment of
-``flashattn bench``.
+A case whose warm-up call takes longer than ``--single-call-seconds`` (the longest sequences; their kernels were
+compiled by the shorter cases before them) is measured by that call alone.
+
+``--packed``: each total length is a packed batch of documents instead of one sequence (``document_lengths``: a
+seeded lognormal draw, mean 4k tokens, capped at 64k), timed with ``flash_attn_varlen_func`` on one device against
+``ring_flash_attn_varlen_func`` on every rank's part of every document; the FLOPs are the documents' own.
+
+Results go to ``<machine>x<W>-ring.json`` in ``--out`` (``h200x2-ring.json``; ``-ring_varlen.json`` with
+``--packed``), with the environment of ``flashattn bench``, rewritten after every case: a run cut short keeps what
+it measured.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
+import math
 import os
 import statistics
 import sys
@@ -40,7 +49,12 @@ from .units import EXIT_USAGE, positive_int, positive_int_list
 
 MODES = {"ring": "flashattn_ring", "all_to_all": "flashattn_all_to_all"}  # mode -> provider
 GPU_SEQLENS = (8192, 16384, 32768, 65536, 131072, 262144, 524288)
+GPU_CAUSAL_ONLY_SEQLENS = (1048576,)  # a million tokens: causal only (the non-causal call takes twice as long)
 CPU_SEQLENS = (256, 512)
+GPU_PACKED_SEQLENS = (262144,)
+CPU_PACKED_SEQLENS = (512,)
+# packed batches: document lengths lognormal with this mean (sigma 1: a long tail), capped; the last is cut to fit
+DOCUMENT_MEAN, DOCUMENT_SIGMA, DOCUMENT_CAP = 4096, 1.0, 65536
 
 
 @dataclass(frozen=True)
@@ -53,12 +67,27 @@ class RingCase:
     head_dim: int
     dtype: str
     world_size: int
+    documents: tuple[int, ...] | None = None  # a packed batch's document lengths (summing to seqlen); None: dense
 
     def flops(self) -> float:
-        """Forward + backward FLOPs of the whole problem (``flops.py``)."""
-        forward = flops.forward_flops(self.batch, self.seqlen, self.seqlen, self.nheads, self.head_dim, self.causal)
-        return forward + flops.backward_flops(self.batch, self.seqlen, self.seqlen, self.nheads, self.head_dim,
-                                              self.causal)
+        """Forward + backward FLOPs of the whole problem (``flops.py``): of each document, for a packed batch."""
+        total = 0.0
+        for length in self.documents or (self.seqlen,):
+            total += (flops.forward_flops(self.batch, length, length, self.nheads, self.head_dim, self.causal)
+                      + flops.backward_flops(self.batch, length, length, self.nheads, self.head_dim, self.causal))
+        return total
+
+
+def document_lengths(total: int, mean: int = DOCUMENT_MEAN, cap: int = DOCUMENT_CAP) -> tuple[int, ...]:
+    """Lengths of documents packed into ``total`` tokens: lognormal draws (``DOCUMENT_SIGMA``, scaled to ``mean``),
+    each at least 1 and at most ``cap`` tokens, the last cut to fill ``total`` exactly; seeded by ``total``."""
+    generator = torch.Generator().manual_seed(total)
+    mu = math.log(mean) - DOCUMENT_SIGMA ** 2 / 2
+    lengths: list[int] = []
+    while sum(lengths) < total:
+        draw = math.exp(mu + DOCUMENT_SIGMA * torch.randn((), generator=generator).item())
+        lengths.append(min(max(1, round(draw)), cap, total - sum(lengths)))
+    return tuple(lengths)
 
 
 @dataclass
@@ -78,7 +107,8 @@ class RingMeasurement:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seqlens", type=positive_int_list, nargs="+", default=None, metavar="N",
-                        help="total tokens of the sequence (default: 8k .. 512k on GPUs, 256 512 on CPUs)")
+                        help="total tokens of the sequence (default: 8k .. 512k on GPUs, and 1M causal; 256 512 on "
+                             "CPUs; packed: 256k on GPUs, 512 on CPUs)")
     parser.add_argument("--causal", choices=("yes", "no", "both"), default="both")
     parser.add_argument("--batch", type=positive_int, default=1)
     parser.add_argument("--heads", type=positive_int, default=32, help="query heads (default 32)")
@@ -89,6 +119,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target-seconds", type=float, default=2.0,
                         help="time each case for about this long (at least --min-iters iterations)")
     parser.add_argument("--min-iters", type=positive_int, default=3)
+    parser.add_argument("--single-call-seconds", type=float, default=3.0,
+                        help="a case whose warm-up call takes longer is measured by that call alone")
+    parser.add_argument("--packed", action="store_true",
+                        help="packed batches of documents (varlen) instead of one sequence each")
     parser.add_argument("--mode", nargs="+", choices=MODES, default=["ring"],
                         help="the modes of ring_flash_attn_func to time, each a provider (default: ring)")
     parser.add_argument("--no-single", action="store_true", help="skip the 1-device reference")
@@ -110,36 +144,51 @@ def run(args: argparse.Namespace) -> int:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(minutes=30))
     try:
-        rows = run_cases(args, torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu"))
+        device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        mode = "ring_varlen" if args.packed else "ring"
+        rows = run_cases(args, device, lambda rows: _write(args.out, rows, mode) if dist.get_rank() == 0 else None)
         if dist.get_rank() == 0:
-            path = _write(args.out, rows)
-            print(f"results: {path}")
+            print(f"results: {_write(args.out, rows, mode)}")
     finally:
         dist.destroy_process_group()
     return 0
 
 
-def run_cases(args: argparse.Namespace, device: torch.device) -> list[RingMeasurement]:
+def default_seqlens(device: torch.device, causal: bool, packed: bool) -> list[int]:
+    gpu = device.type == "cuda"
+    if packed:
+        return list(GPU_PACKED_SEQLENS if gpu else CPU_PACKED_SEQLENS)
+    if not gpu:
+        return list(CPU_SEQLENS)
+    return list(GPU_SEQLENS) + (list(GPU_CAUSAL_ONLY_SEQLENS) if causal else [])
+
+
+def run_cases(args: argparse.Namespace, device: torch.device, written: Callable[[list], None] = lambda rows: None
+              ) -> list[RingMeasurement]:
+    """Every case's rows; ``written(rows)`` after each case."""
     world_size, rank = dist.get_world_size(), dist.get_rank()
     dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
-    seqlens = ([n for group in args.seqlens for n in group] if args.seqlens
-               else list(GPU_SEQLENS if device.type == "cuda" else CPU_SEQLENS))
     masks = {"yes": [True], "no": [False], "both": [True, False]}[args.causal]
+    single_build, ring_build = (_single_varlen_call, _ring_varlen_call) if args.packed else (_single_call, _ring_call)
     rows: list[RingMeasurement] = []
     torch_cp_stopped: str | None = None
     for causal in masks:
+        seqlens = ([n for group in args.seqlens for n in group] if args.seqlens
+                   else default_seqlens(device, causal, args.packed))
         for seqlen in seqlens:
-            case = RingCase(seqlen, causal, args.batch, args.heads, args.kv_heads, args.head_dim, dtype, world_size)
+            case = RingCase(seqlen, causal, args.batch, args.heads, args.kv_heads, args.head_dim, dtype, world_size,
+                            document_lengths(seqlen) if args.packed else None)
+            first = len(rows)
             single = None
             if not args.no_single:
-                single = _measure(case, "flashattn", _single_call, device, args, only_rank0=True)
+                single = _measure(case, "flashattn", single_build, device, args, only_rank0=True)
                 rows.append(single)
             for mode in dict.fromkeys(args.mode):
-                ring = _measure(case, MODES[mode], functools.partial(_ring_call, mode=mode), device, args)
+                ring = _measure(case, MODES[mode], functools.partial(ring_build, mode=mode), device, args)
                 rows.append(ring)
                 if single is not None and single.tflops_per_device and ring.tflops_per_device:
                     ring.efficiency = ring.tflops_per_device / single.tflops_per_device
-            if args.torch_cp:
+            if args.torch_cp and not args.packed:
                 skip = torch_cp_stopped
                 if seqlen > args.torch_cp_max_seqlen:
                     skip = f"n/a: not run above --torch-cp-max-seqlen {args.torch_cp_max_seqlen}"
@@ -155,7 +204,8 @@ def run_cases(args: argparse.Namespace, device: torch.device) -> list[RingMeasur
                         torch_cp_stopped = (f"n/a: a call took more than --torch-cp-timeout {args.torch_cp_timeout} s "
                                             "at a shorter length")
             if rank == 0:
-                _print_rows(rows[-(len(dict.fromkeys(args.mode)) + (single is not None) + args.torch_cp):])
+                _print_rows(rows[first:])
+            written(rows)
     return rows
 
 
@@ -195,6 +245,43 @@ def _ring_call(case: RingCase, device: torch.device, mode: str = "ring") -> Call
 
     def call():
         out = ring_flash_attn_func(q, k, v, causal=case.causal, seqlen=case.seqlen, mode=mode)
+        return torch.autograd.grad(out, (q, k, v), dout)
+
+    return call
+
+
+def _packed_inputs(case: RingCase, device: torch.device):
+    """The packed batch's (total, heads, head_dim) q, k, v (no grad), its cu_seqlens (int32) and longest document."""
+    q, k, v = (x[0] for x in _inputs(case, device, requires_grad=False))
+    lengths = torch.tensor((0, *case.documents), device=device)
+    cu_seqlens = torch.cumsum(lengths, 0, dtype=torch.int32)
+    return q, k, v, cu_seqlens, max(case.documents)
+
+
+def _single_varlen_call(case: RingCase, device: torch.device) -> Callable[[], object]:
+    from ..varlen import flash_attn_varlen_func
+
+    q, k, v, cu_seqlens, longest = _packed_inputs(case, device)
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    dout = torch.randn_like(q)
+
+    def call():
+        out = flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, longest, longest, causal=case.causal)
+        return torch.autograd.grad(out, (q, k, v), dout)
+
+    return call
+
+
+def _ring_varlen_call(case: RingCase, device: torch.device, mode: str = "ring") -> Callable[[], object]:
+    from ..distributed import ring_flash_attn_varlen_func, shard
+
+    q, k, v, cu_seqlens, longest = _packed_inputs(case, device)
+    q, k, v = (shard(x, cu_seqlens=cu_seqlens).requires_grad_() for x in (q, k, v))
+    dout = torch.randn_like(q)
+
+    def call():
+        out = ring_flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, longest, longest, causal=case.causal,
+                                          mode=mode)
         return torch.autograd.grad(out, (q, k, v), dout)
 
     return call
@@ -292,11 +379,13 @@ def _measure(case: RingCase, provider: str, build, device: torch.device, args: a
         measurement.error = error or "n/a: failed on another rank"
         _close(call)
         return measurement
-    timed_out = timeout is not None and _max_over_ranks(first, device) > timeout
-    iterations = 1 if timed_out else _broadcast_int(max(args.min_iters, int(args.target_seconds / max(first, 1e-6))),
-                                                    device)
+    slowest_first = _max_over_ranks(first, device)
+    timed_out = timeout is not None and slowest_first > timeout
+    one_call = timed_out or slowest_first > args.single_call_seconds  # the warm-up call is the measurement
+    iterations = 1 if one_call else _broadcast_int(max(args.min_iters, int(args.target_seconds / max(first, 1e-6))),
+                                                   device)
     seconds = [first]
-    if runs_here and not timed_out:
+    if runs_here and not one_call:
         seconds = [_timed(call, device, group=not only_rank0) for _ in range(iterations)]
     if only_rank0:
         dist.barrier()
@@ -312,6 +401,8 @@ def _measure(case: RingCase, provider: str, build, device: torch.device, args: a
         measurement.spread = (quartiles[2] - quartiles[0]) / median if median else 0.0
     if timed_out:
         measurement.extra["timed_out"] = True
+    elif one_call:
+        measurement.extra["one_call"] = True
     return measurement
 
 
@@ -352,14 +443,14 @@ def _print_rows(rows: list[RingMeasurement]) -> None:
               flush=True)
 
 
-def _write(folder: Path, rows: list[RingMeasurement]) -> Path:
+def _write(folder: Path, rows: list[RingMeasurement], mode: str) -> Path:
     from .bench import environment
     from .results import machine_kind, write_results
 
     env = environment()
     world_size = dist.get_world_size()
     env.update(world_size=world_size, backend=dist.get_backend())
-    return write_results(folder, env, "ring", [asdict(r) for r in rows],
+    return write_results(folder, env, mode, [asdict(r) for r in rows],
                          machine=f"{machine_kind(env)}x{world_size}")
 
 
