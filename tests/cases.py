@@ -47,6 +47,22 @@ def covering(first: list, second: list, *others: list) -> list[tuple]:
 GPU_MEMORY_GROUP = "gpu-memory"
 
 
+# float32 references from this many scores of one (sequence, query head) pair-set up: a few GB with their gradients
+HEAVY_SCORES = 1 << 25
+
+
+def heavy_reference(dtype: torch.dtype, nheads: int, seqlen_q: int, seqlen_k: int, batch: int = 1) -> bool:
+    """Whether a float32 case's float64 reference (batch x heads x seqlen_q x seqlen_k scores, per sequence for a
+    packed batch) is one to run in GPU_MEMORY_GROUP."""
+    return dtype == torch.float32 and batch * nheads * seqlen_q * seqlen_k >= HEAVY_SCORES
+
+
+def heavy_varlen_reference(shape: tuple, dtype: torch.dtype) -> bool:
+    """:func:`heavy_reference` of a packed case (seqlens_q, seqlens_k, nheads, nheads_k, head_dim): its longest
+    sequences."""
+    return heavy_reference(dtype, shape[2], max(shape[0]), max(shape[1]))
+
+
 def one_at_a_time(rows: list[tuple], heavy) -> list:
     """``rows`` as pytest parameters, those for which ``heavy(*row)`` holds in the xdist group GPU_MEMORY_GROUP."""
     return [pytest.param(*row, marks=pytest.mark.xdist_group(GPU_MEMORY_GROUP)) if heavy(*row) else row

@@ -65,6 +65,16 @@ def test_float32_halves_the_tiles_and_drops_a_stage():
                                                              full.num_stages - 1)
 
 
+def test_float32_wider_than_128_takes_small_tiles_on_four_warps():
+    """Exact fp32 products hold whole rows of the head dim in each thread: at 200 and 256 every phase takes the same
+    small tile, which ptxas compiles in a fraction of the halved tile's time."""
+    for phase in ("forward", "dkdv", "dq"):
+        for head_dim, masked in ((200, False), (256, True)):
+            config = lookup("hopper", phase, head_dim, masked, torch.float32)
+            assert (config.block_m, config.block_n, config.num_warps, config.num_stages) == (32, 16, 4, 1)
+            assert config.max_registers is None
+
+
 def test_an_sdpa_mask_leaves_shared_memory_for_its_tile():
     masked = lookup("hopper", "forward", 128, True, torch.bfloat16, attn_mask=True, seqlen=16384)
     assert masked.block_n <= 64 and masked.num_stages <= 2

@@ -6,7 +6,17 @@ the same tests run on CUDA, and the ``gpu``-marked ones add the large shapes.
 
 import pytest
 import torch
-from cases import DTYPES, GPU_SHAPES, INTERPRETER_SHAPES, OPTIONS, covering, has_tma, make_case, one_at_a_time
+from cases import (
+    DTYPES,
+    GPU_SHAPES,
+    INTERPRETER_SHAPES,
+    OPTIONS,
+    covering,
+    has_tma,
+    heavy_reference,
+    make_case,
+    one_at_a_time,
+)
 
 from flashattn import flash_attn_func
 from flashattn.configs import TileConfig, use_config
@@ -26,7 +36,7 @@ def test_kernels_match_reference(triton_backend, shape, option_name, dtype):
 # float32 over 2^25 scores and more: references of several GB, one at a time
 @pytest.mark.parametrize("shape,option_name,dtype", one_at_a_time(
     covering(GPU_SHAPES, list(OPTIONS), DTYPES),
-    lambda shape, option_name, dtype: dtype == torch.float32 and shape[0] * shape[1] * shape[2] * shape[3] >= 1 << 25),
+    lambda shape, option_name, dtype: heavy_reference(dtype, shape[3], shape[1], shape[2], batch=shape[0])),
     ids=str)
 def test_kernels_match_reference_large(triton_backend, shape, option_name, dtype):
     case = make_case(shape, option_name, "cuda")

@@ -90,10 +90,8 @@ HOPPER_FORWARD = PhaseTable(
     },
     # short loops do not pay back the descriptors; causal 64 x 64 tiles waste less of the diagonal
     short={
-        (64, True): TileConfig(64, 64, 4, 3),
-        (128, False): TileConfig(128, 64, 8, 3),
-        (128, True): TileConfig(64, 64, 4, 3),
-        (256, False): TileConfig(128, 64, 8, 2),
+        (64, True): TileConfig(64, 64, 4, 3), (128, True): TileConfig(64, 64, 4, 3),
+        (128, False): TileConfig(128, 64, 8, 3), (256, False): TileConfig(128, 64, 8, 2),
     },
     # causal hdim 128 at <= 512 tokens: 32-key blocks, three programs an SM (the cap keeps the packed build there)
     shortest={(128, True): TileConfig(64, 32, 4, 3, max_registers=168)},
@@ -452,7 +450,7 @@ def lookup(family: str, phase: str, head_dim: int, masked: bool, dtype: torch.dt
         if config is not None:
             return config
     config = _for_length(seqlen, table.short, table.shortest, table.long).get(key) or table.base[key]
-    return fitted(config, dtype, attn_mask)
+    return fitted(config, dtype, attn_mask, width)
 
 
 def _for_length(seqlen: int, short: dict, shortest: dict, long: dict) -> dict:
@@ -466,13 +464,15 @@ def _for_length(seqlen: int, short: dict, shortest: dict, long: dict) -> dict:
     return {}
 
 
-def fitted(config: TileConfig, dtype: torch.dtype, attn_mask: bool = False) -> TileConfig:
-    """``config`` (a table entry, for 16-bit inputs and no SDPA mask) cut to fit ``dtype`` and a mask."""
+def fitted(config: TileConfig, dtype: torch.dtype, attn_mask: bool = False, width: int = 0) -> TileConfig:
+    """``config`` (a table entry, for 16-bit inputs and no SDPA mask) cut to fit ``dtype``, a mask and ``width``."""
     if dtype == torch.float32:
-        # fp32 tiles take twice the shared memory: halve the tiles that stream
-        config = dataclasses.replace(config, block_m=max(16, config.block_m // 2),
-                                     block_n=max(16, config.block_n // 2),
-                                     num_stages=max(1, config.num_stages - 1), max_registers=None)
+        # fp32 tiles take twice the shared memory: halve the tiles that stream. Wider than 128, exact fp32 products
+        # are FMA chains holding whole rows in each thread: 32 x 16 tiles on 4 warps spill least (ptxas 3.4x faster)
+        config = dataclasses.replace(config, max_registers=None, **(
+            dict(block_m=32, block_n=16, num_warps=4, num_stages=1) if width > 128 else
+            dict(block_m=max(16, config.block_m // 2), block_n=max(16, config.block_n // 2),
+                 num_stages=max(1, config.num_stages - 1))))
     if attn_mask:
         # the mask's (BLOCK_M, BLOCK_N) tile is pipelined beside K and V, 4 bytes a score for a float mask
         config = dataclasses.replace(config, block_n=min(config.block_n, 64), num_stages=min(config.num_stages, 2),
