@@ -240,15 +240,24 @@ class Merge:
     """
 
     def __init__(self, shape: torch.Size, device: torch.device) -> None:
-        batch, seqlen, nheads, _ = shape  # out (B, S, H, D); the lse-like (B, H, S)
-        self.out = torch.zeros(shape, dtype=torch.float32, device=device)
-        self.top = torch.full((batch, nheads, seqlen), float("-inf"), device=device)
-        self.weight = torch.zeros((batch, nheads, seqlen), device=device)
+        self.shape, self.device = shape, device
+        self.out = self.top = self.weight = None  # allocated by the first part
 
     def add(self, out: torch.Tensor, lse: torch.Tensor, rows: slice = slice(None)) -> None:
         """Fold a partial result of the rows ``rows``, out (B, rows, H, D) and lse (B, H, rows), in place."""
-        out_acc, top, weight = self.out[:, rows], self.top[:, :, rows], self.weight[:, :, rows]
         lse = lse.masked_fill(lse == float("inf"), float("-inf"))
+        if self.out is None and out.shape == self.shape:
+            # the first part covers every row (a ring's own step does): it is the state, one conversion and no
+            # rescaling; a row it did not see has out 0 (the ops' convention) and weight 0
+            self.out, self.top = out.to(torch.float32, copy=True), lse.clone()
+            self.weight = (lse > float("-inf")).float()
+            return
+        if self.out is None:
+            batch, seqlen, nheads, _ = self.shape  # out (B, S, H, D); the lse-like (B, H, S)
+            self.out = torch.zeros(self.shape, dtype=torch.float32, device=self.device)
+            self.top = torch.full((batch, nheads, seqlen), float("-inf"), device=self.device)
+            self.weight = torch.zeros((batch, nheads, seqlen), device=self.device)
+        out_acc, top, weight = self.out[:, rows], self.top[:, :, rows], self.weight[:, :, rows]
         new_top = torch.maximum(top, lse)
         shift = new_top.masked_fill(new_top == float("-inf"), 0.0)  # rows no part has seen: both weights 0
         old_scale, new_weight = torch.exp(top - shift), torch.exp(lse - shift)
@@ -259,9 +268,12 @@ class Merge:
 
     def result(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(out in ``dtype``, lse float32 (B, H, S)); a row that saw no key: out 0, lse +inf (the library's mark)."""
+        if self.out is None:  # no part at all: every row saw no key
+            self.add(torch.zeros(self.shape, device=self.device),
+                     torch.full((self.shape[0], self.shape[2], self.shape[1]), float("inf"), device=self.device))
         seen = self.weight > 0
         lse = torch.where(seen, self.top + torch.log(self.weight), float("inf"))
-        out = self.out / torch.where(seen, self.weight, 1.0).transpose(1, 2).unsqueeze(-1)
+        out = self.out.div_(torch.where(seen, self.weight, 1.0).transpose(1, 2).unsqueeze(-1))
         return out.to(dtype), lse
 
 
