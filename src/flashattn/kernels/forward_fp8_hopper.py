@@ -9,8 +9,10 @@ tile plan, the ring's barriers, the tile hand-off and the stores are that kernel
   contiguous (``launch.forward_fp8.transposed_v``): the ring's V stages hold V^T tiles, read through their own
   descriptor over (batch * kv heads * head dim, keys) rows.
 - The instruction K is 32 for 8-bit operands: the accumulators' layouts are built with it (``fp8_wgmma_layout``),
-  and P as the register A operand takes k_width 4 (four consecutive keys a register), which the conversion from
-  the scores' layout reaches with a few shuffles.
+  and P as the register A operand takes k_width 4 (four consecutive keys a register). P's keys are taken in the
+  order the scores' registers hold them, and V^T's in the same order (``_p_operand``), so that the conversion stays
+  inside each thread; P is carried between blocks in float32 and rounded just before its product (carried as e4m3
+  across the loop, its 64 bytes a thread were repacked for every product: about 200 instructions a block).
 - The semantics are the Triton FP8 kernel's (``forward_fp8.py``): S on the raw e4m3 tiles, then the descales (one
   q_descale * k_descale per (batch, kv head) folded into the softmax scale, or with ``PER_BLOCK`` a row vector of q
   descales times the key block's k descale: BLOCK_N divides SCALE_BLOCK); P = exp2(S - max) scaled by P_SCALE and
