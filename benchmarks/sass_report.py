@@ -46,8 +46,10 @@ BIN = triton.__path__[0] + "/backends/nvidia/bin/"
 FLOAT_ARGS = {"softmax_scale", "qk_scale", "softcap_log2", "dropout_p"}
 FP32_POINTERS = {"Lse", "Delta", "AlibiSlopes", "DMask"}
 INT32_POINTERS = {"BlockMap", "BlockTable", "CacheSeqlens", "CacheBatchIdx", "CacheLeftpad"}
-COUNTED_OPS = ("HGMMA", "HMMA", "FFMA", "FMUL", "FADD", "MUFU.EX2", "STL", "LDL")
-LOOP_OPS = ("HGMMA", "HMMA", "WARPGROUP.DEPBAR", "MUFU.EX2", "STL", "LDL", "BAR", "LDGSTS", "LDG", "ISETP", "FSEL")
+# QGMMA: the FP8 (e4m3) wgmma's SASS name
+COUNTED_OPS = ("HGMMA", "QGMMA", "HMMA", "FFMA", "FMUL", "FADD", "MUFU.EX2", "STL", "LDL")
+LOOP_OPS = ("HGMMA", "QGMMA", "HMMA", "WARPGROUP.DEPBAR", "MUFU.EX2", "STL", "LDL", "BAR", "LDGSTS", "LDG", "ISETP",
+            "FSEL")
 
 
 def signature(kernel, constexprs: dict, dtype: str) -> dict:
@@ -109,7 +111,7 @@ def hot_loops(sass: str) -> list[dict]:
         body = [text for address, text in listed if lo <= address <= hi]
         counts = {op: sum(1 for text in body if re.search(r"\b" + re.escape(op) + r"\b", text))
                   for op in LOOP_OPS}
-        if counts["HGMMA"] + counts["HMMA"]:
+        if counts["HGMMA"] + counts["QGMMA"] + counts["HMMA"]:
             found.append({"range": f"{lo:#x}-{hi:#x}", "instructions": len(body), **counts})
     return found
 
@@ -266,6 +268,32 @@ def hopper_forward_report(head_dim: int, causal: bool, config, varlen: bool = Fa
         del signature["TileCounter"]
         constexprs["TileCounter"] = None  # the launcher passes None
     return _gluon_report(attention_forward_hopper_kernel, signature, constexprs)
+
+
+def hopper_fp8_forward_report(head_dim: int, causal: bool, config, per_block: bool = True) -> dict:
+    """:func:`report` of the Gluon FP8 forward (``kernels/forward_fp8_hopper.py``) with ``config``'s tile, as
+    ``launch.forward_fp8._hopper_forward_fp8`` launches it for e4m3 inputs (``per_block``: block descales)."""
+    import torch
+
+    from flashattn.kernels.forward_fp8_hopper import attention_forward_fp8_hopper_kernel
+    from flashattn.launch.common import tile_layout
+    from flashattn.launch.forward_fp8 import hopper_fp8_constexprs
+
+    def descriptor(rows: int, columns: int) -> str:
+        return f"tensordesc<fp8e4nv[{rows}, {columns}],{tile_layout(rows, columns, torch.float8_e4m3fn)!r}>"
+
+    signature = dict(q_desc=descriptor(64, head_dim), k_desc=descriptor(config.block_n, head_dim),
+                     vt_desc=descriptor(head_dim, config.block_n), Out="*bf16", Lse="*fp32", QDescale="*fp32",
+                     KDescale="*fp32", VDescale="*fp32", TileCounter="*i32",
+                     **{f"stride_{t}ds_{d}": "i32" for t in "qkv" for d in ("b", "h", "blk")},
+                     stride_om="i32", stride_oh="i32", stride_lb="i32", stride_lh="i32", seqlen_q="i32",
+                     seqlen_k="i32", nheads="i32", group_size="i32", row_tiles="i32", batch_heads="i32",
+                     heads_per_section="i32", qk_scale_log2="fp32")
+    constexprs = hopper_fp8_constexprs(config, head_dim, causal, per_block)
+    if not constexprs["DYNAMIC_TILES"]:
+        del signature["TileCounter"]
+        constexprs["TileCounter"] = None  # the launcher passes None
+    return _gluon_report(attention_forward_fp8_hopper_kernel, signature, constexprs)
 
 
 def hopper_dkdv_report(head_dim: int, causal: bool, config) -> dict:

@@ -288,3 +288,87 @@ def test_p_scale_keeps_small_probabilities():
     assert fp8.round_to_e4m3(p).item() == 0.0
     assert fp8.round_to_e4m3(p * fp8.P_SCALE).item() / fp8.P_SCALE == 2.0**-12
     assert math.isclose(fp8.P_SCALE, 2 ** round(math.log2(fp8.P_SCALE)))
+
+
+# -- the Gluon kernel (sm90: kernels/forward_fp8_hopper.py) --
+
+
+def test_permuted_transposed_v_orders_keys_as_the_p_operand():
+    """V^T for the Gluon kernel: keys padded with zeros to a multiple of 32, position k of each 32 holding key
+    16 k4 + 8 k1 + 4 k3 + 2 k2 + k0 (the P operand's order)."""
+    from flashattn.launch.forward_fp8 import permuted_transposed_v
+
+    v = torch.randn(2, 113, 3, 16).to(torch.float8_e4m3fn)
+    vt = permuted_transposed_v(v).view(torch.uint8)
+    assert vt.shape == (2, 3, 16, 128) and vt.is_contiguous()
+    bits = [(torch.arange(128) >> i) & 1 for i in range(5)]
+    keys = torch.arange(128) // 32 * 32 + 16 * bits[4] + 8 * bits[1] + 4 * bits[3] + 2 * bits[2] + bits[0]
+    padded = torch.cat([v.view(torch.uint8), torch.zeros(2, 15, 3, 16, dtype=torch.uint8)], dim=1)
+    assert torch.equal(vt, padded[:, keys].permute(0, 2, 3, 1))
+
+
+def needs_hopper():
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon FP8 kernel is sm90's")
+
+
+def check_gluon_kernel(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, granularity, **options):
+    from flashattn.launch.forward_fp8 import fp8_tile
+
+    needs_hopper()
+    block_n = fp8_tile(head_dim, options.get("causal", False), torch.device("cuda"), hopper=True).block_n
+    check_kernel("cuda", batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, granularity, block_n=block_n,
+                 **options)
+
+
+GLUON_SHAPES = [  # (batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim): lengths 1, 113, 1023, q != k, GQA
+    (2, 1, 1023, 8, 8, 128),
+    (2, 113, 113, 8, 2, 64),
+    (1, 1023, 1023, 4, 4, 256),
+    (1, 1023, 4096, 8, 1, 128),
+    (2, 4096, 1023, 4, 2, 64),
+    (2, 4096, 4096, 4, 4, 256),
+    (3, 777, 300, 6, 3, 128),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", GLUON_SHAPES, ids=str)
+@pytest.mark.parametrize("granularity,options", [("block", {}), ("block", {"causal": True}), ("head", {}),
+                                                 ("head", {"causal": True})], ids=str)
+def test_fp8_gluon_kernel_gpu(triton_backend, shape, granularity, options):
+    check_gluon_kernel(*shape, granularity, **options)
+
+
+@pytest.mark.gpu
+def test_fp8_launch_picks_the_gluon_kernel_where_it_fits(triton_backend, monkeypatch):
+    """Dense causal or unmasked calls at head dims 64/128/256 take the Gluon kernel; a window, a softcap, another
+    head dim and packed calls take the Triton one."""
+    from flashattn.kernels import forward_fp8_hopper
+    from flashattn.launch import forward_fp8
+
+    needs_hopper()
+    picked = []
+    real = forward_fp8.launch
+
+    def recording(kernel, *args, **kwargs):
+        picked.append(kernel is forward_fp8_hopper.attention_forward_fp8_hopper_kernel)
+        return real(kernel, *args, **kwargs)
+
+    monkeypatch.setattr(forward_fp8, "launch", recording)
+    quantized = fp8.quantize(*make_inputs(1, 200, 200, 4, 2, 128, "cuda"), seed=0)
+    for options, gluon in [({}, True), ({"causal": True}, True), ({"window_size": (64, 0)}, False),
+                           ({"softcap": 20.0}, False)]:
+        picked.clear()
+        flash_attn_func(*quantized[:3], **descale_kwargs(quantized), **options)
+        assert picked == [gluon], options
+    picked.clear()
+    odd = fp8.quantize(*make_inputs(1, 64, 64, 2, 2, 96, "cuda"), seed=0)
+    flash_attn_func(*odd[:3], **descale_kwargs(odd))
+    assert picked == [False]
+    cu = torch.tensor([0, 200], dtype=torch.int32, device="cuda")
+    packed = fp8.quantize(*(x[0] for x in make_inputs(1, 200, 200, 4, 2, 128, "cuda")), cu_seqlens_q=cu,
+                          cu_seqlens_k=cu)
+    picked.clear()
+    flash_attn_varlen_func(*packed[:3], cu, cu, 200, 200, **descale_kwargs(packed))
+    assert picked == [False]

@@ -258,3 +258,35 @@ except Exception as error:  # the assertion's message is in the chain of causes
 """
     (message,) = _compiled(script)[0]
     assert "each consumer keeps its own stages" in message
+
+
+# The Gluon FP8 forward's table entries (kernels/forward_fp8_hopper.py), with block or per-head descales: e4m3 wgmma
+# (QGMMA in SASS) kept asynchronous, and no spills in the hdim-64 and -128 loops (hdim 256's 64-key tile keeps a few
+# loads from local memory in its loops)
+FP8_BUILDS = builds([(head_dim, causal, per_block) for head_dim in HEAD_DIMS for causal in (False, True)
+                     for per_block in (True, False)], [(128, False, True), (64, True, False)])
+COMPILE_FP8 = f"""
+import json, sys
+sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
+import torch
+import sass_report
+from flashattn import configs
+for head_dim, causal, per_block in {{builds!r}}:
+    config = configs.lookup("hopper", "forward_fp8", head_dim, causal, torch.float8_e4m3fn, hopper=True)
+    print(json.dumps([sass_report.hopper_fp8_forward_report(head_dim, causal, config, per_block)]), flush=True)
+"""
+
+
+@pytest.mark.parametrize("pair", pairs(FP8_BUILDS),
+                         ids=lambda pair: "+".join(f"fp8-{d}-{'causal' if c else 'full'}-{'block' if b else 'head'}"
+                                                   for d, c, b in pair))
+def test_fp8_gluon_forward_keeps_wgmma_asynchronous(pair):
+    results = _compiled(COMPILE_FP8.format(builds=list(pair)))
+    assert len(results) == len(pair)
+    for (head_dim, causal, per_block), (result,) in zip(pair, results, strict=True):
+        name = f"fp8 hdim {head_dim} causal {causal} per_block {per_block}"
+        assert result["QGMMA"] > 0, f"{name}: no e4m3 wgmma (HGMMA {result['HGMMA']})"
+        assert result["wgmma_serialized"] is None, f"{name}: ptxas serialized the wgmma: {result['wgmma_serialized']}"
+        assert result["unwritten_uniform_reads"] == 0, f"{name}: {UNWRITTEN_READS}"
+        if head_dim <= 128:
+            assert result["loop_STL"] == 0 and result["loop_LDL"] == 0, f"{name}: spills in its loops"

@@ -177,14 +177,17 @@ HOPPER_DQ = PhaseTable(
 PORTABLE_FORWARD = PhaseTable(_buckets(TileConfig(64, 64, 4, 2), TileConfig(64, 32, 4, 2), TileConfig(32, 32, 4, 1)))
 PORTABLE_DKDV = PhaseTable(_buckets(TileConfig(32, 64, 4, 1), TileConfig(32, 64, 4, 1), TileConfig(16, 32, 4, 1)))
 PORTABLE_DQ = PhaseTable(_buckets(TileConfig(64, 32, 4, 1), TileConfig(64, 32, 4, 1), TileConfig(32, 16, 4, 1)))
-# FP8 forward (kernels/forward_fp8.py): BLOCK_N divides fp8.SCALE_BLOCK; swept at 16k tokens on the H200 (docs/fp8.md)
+# FP8 forward (kernels/forward_fp8.py): BLOCK_N divides fp8.SCALE_BLOCK; swept at 16k tokens on the H200 (docs/fp8.md).
+# ``hopper``: the Gluon kernel (forward_fp8_hopper.py), the 16-bit one's consumers; 64 keys at hdim 256 (not swept)
+_FP8_GLUON = dict(hopper=True, persistent=True)
 HOPPER_FORWARD_FP8 = PhaseTable({**_buckets(*(TileConfig(128, 128, 8, 3),) * 2, TileConfig(128, 128, 8, 2)),
-                                 (128, False): TileConfig(64, 128, 4, 3)})
+                                 (128, False): TileConfig(64, 128, 4, 3)},
+                                hopper=_buckets(*(TileConfig(128, n, 8, stages, three_consumers=d == 64, **_FP8_GLUON)
+                                                  for d, n, stages in ((64, 128, 3), (128, 128, 3), (256, 64, 2)))))
 PORTABLE_FORWARD_FP8 = PhaseTable(_buckets(*(TileConfig(64, 64, 4, 2),) * 2, TileConfig(64, 32, 4, 1)))
-
 TABLES = {("hopper", "forward"): HOPPER_FORWARD, ("hopper", "dkdv"): HOPPER_DKDV, ("hopper", "dq"): HOPPER_DQ,
-          ("portable", "forward"): PORTABLE_FORWARD, ("portable", "dkdv"): PORTABLE_DKDV,
-          ("portable", "dq"): PORTABLE_DQ, ("hopper", "forward_fp8"): HOPPER_FORWARD_FP8,
+          ("hopper", "forward_fp8"): HOPPER_FORWARD_FP8, ("portable", "forward"): PORTABLE_FORWARD,
+          ("portable", "dkdv"): PORTABLE_DKDV, ("portable", "dq"): PORTABLE_DQ,
           ("portable", "forward_fp8"): PORTABLE_FORWARD_FP8}
 
 def delta_rows(interpret: bool) -> int:
@@ -356,10 +359,7 @@ def combine_tiles(num_splits: int, rows: int, block_d: int, processors: int, int
         return CombineTiles(16, min(4, next_power_of_2(num_splits)), block_d // 2, 1)
     split_block = min(next_power_of_2(MAX_SPLITS), next_power_of_2(num_splits))
     block_m, chunk_d = 16, block_d
-
-    def programs() -> int:
-        return -(-rows // block_m) * (block_d // chunk_d)
-
+    programs = lambda: -(-rows // block_m) * (block_d // chunk_d)  # of the loop's current tiles
     while split_block * block_m * chunk_d > COMBINE_TILE_ELEMENTS or programs() < 2 * processors:
         if block_m > 1:
             block_m //= 2

@@ -6,8 +6,9 @@ for dense, packed and paged keys and the KV cache; ``testing.fp8_emulated_attent
 where a test or the accuracy table needs it. Per-(batch, kv head) descales are exact to fold: k_descale into the
 queries' scale and v_descale into the output, so packed, paged and cached keys are upcast as they are.
 
-The CUDA path is the Triton kernel (``launch/forward_fp8.py``) for dense and packed keys; paged keys and the KV cache
-have no FP8 kernel, and are refused there unless ``FLASHATTN_BACKEND=torch``.
+The CUDA path is the Triton kernel (``launch/forward_fp8.py``; on sm90 the Gluon kernel for the dense calls it covers)
+for dense and packed keys; paged keys and the KV cache have no FP8 kernel, and are refused there unless
+``FLASHATTN_BACKEND=torch``.
 """
 
 from __future__ import annotations

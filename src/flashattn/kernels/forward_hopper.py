@@ -257,9 +257,11 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_f
 def key_ring(k_desc, v_desc, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
              CONSUMERS: gl.constexpr):
     """The ring of K and V stages and their barriers, the forward's and the dQ kernel's: a stage's K and V each land
-    behind a ready barrier (the loader's expect) and are refilled once every consumer has arrived on its free one."""
+    behind a ready barrier (the loader's expect) and are refilled once every consumer has arrived on its free one.
+    A V stage takes v_desc's tile: (BLOCK_N, HEAD_DIM), or the FP8 forward's V^T tile (HEAD_DIM, BLOCK_N)."""
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [NUM_STAGES, v_desc.block_type.shape[0],
+                                                      v_desc.block_type.shape[1]], v_desc.layout)
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     k_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())

@@ -180,7 +180,7 @@ def tile_layout(block_rows: int, head_dim: int, dtype: torch.dtype):
     time, a third of a short forward call's descriptor work."""
     from triton.experimental.gluon import language as gl
 
-    element = gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
+    element = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float8_e4m3fn: gl.float8e4nv}[dtype]
     return gl.NVMMASharedLayout.get_default_for([block_rows, head_dim], element)
 
 
