@@ -208,7 +208,10 @@ def check_kernel(device, batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, 
     assert_fp8_within_rule(f"fp8 out {granularity} {options}", out, oracle, emulated)
     seen = oracle_lse.isfinite()
     assert torch.equal(lse.isfinite(), seen)
-    assert (lse.double() - oracle_lse)[seen].abs().max().item() < 1e-4 * max(1.0, oracle_lse[seen].abs().max().item())
+    # Hopper's FP8 tensor cores add the products of one wgmma into a sum of about 14 mantissa bits (DeepSeek-V3's
+    # report): Triton's fp8 dot moves the sum to a float32 register every 32 products, the Gluon kernel (as
+    # FlashAttention-3) does not, and its scores, so the lse, carry about 2^-13 of their size
+    assert (lse.double() - oracle_lse)[seen].abs().max().item() < 2**-11 * max(1.0, oracle_lse[seen].abs().max().item())
 
 
 @pytest.mark.interpreter
