@@ -9,7 +9,13 @@ import torch
 
 from flashattn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, fp8
 from flashattn.reference import attention_ref
-from flashattn.testing import assert_fp8_within_rule, fp8_emulated_attention, page_keys, rounding_error
+from flashattn.testing import (
+    assert_fp8_within_rule,
+    assert_within_rule,
+    fp8_emulated_attention,
+    page_keys,
+    rounding_error,
+)
 
 
 def make_inputs(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, device="cpu", outliers=False, seed=0):
@@ -241,6 +247,70 @@ def test_fp8_kernel_varlen_interpreter(triton_backend):
         oracle, _ = attention_ref(*inputs, causal=True)
         emulated = fp8_emulated_attention(*inputs, causal=True, block_n=32)
         assert_fp8_within_rule(f"varlen sequence {b}", out[cu_q[b]:cu_q[b + 1]][None], oracle, emulated)
+
+
+def check_kvcache_kernel(device, cached: tuple, seqlen_q: int, seqlen_new: int, nheads: int, nheads_k: int,
+                         head_dim: int, capacity: int, page_size: int | None, **options):
+    """flash_attn_with_kvcache on e4m3 caches through the decode kernel (bfloat16 products over the widened tiles):
+    the appended rows are the new keys' bytes, and the output is within flash-attn's rule of the float64 attention of
+    the dequantized inputs, against plain PyTorch in bfloat16 on them."""
+    batch = len(cached)
+    q, k, v = make_inputs(batch, seqlen_q, max(cached) + seqlen_new, nheads, nheads_k, head_dim)
+    x = fp8.quantize(q, k, v, seed=0, granularity="head")
+    q8, k8, v8 = (t.to(device) for t in x[:3])
+    descales = {name: d.to(device) for name, d in descale_kwargs(x).items()}
+    k_cache = torch.zeros(batch, capacity, nheads_k, head_dim, dtype=torch.float8_e4m3fn, device=device)
+    v_cache = torch.zeros_like(k_cache)
+    new = [torch.stack([t[b, n:n + seqlen_new] for b, n in enumerate(cached)]) if seqlen_new else None
+           for t in (k8, v8)]
+    for b, n in enumerate(cached):
+        k_cache[b, :n], v_cache[b, :n] = k8[b, :n], v8[b, :n]
+    block_table = None
+    if page_size is not None:  # the same rows in pages of a shuffled pool
+        pages = capacity // page_size
+        order = torch.randperm(batch * pages, generator=torch.Generator().manual_seed(1))
+        block_table = order.view(batch, pages).to(torch.int32).to(device)
+        pools = [torch.empty(batch * pages, page_size, nheads_k, head_dim, dtype=torch.float8_e4m3fn, device=device)
+                 for _ in range(2)]
+        for pool, cache in zip(pools, (k_cache, v_cache), strict=True):
+            pool[order.to(device)] = cache.reshape(batch * pages, page_size, nheads_k, head_dim)
+        k_cache, v_cache = pools
+    seqlens = torch.tensor(cached, dtype=torch.int32, device=device)
+    out = flash_attn_with_kvcache(q8, k_cache, v_cache, *new, cache_seqlens=seqlens, block_table=block_table,
+                                  **options, **descales)
+    assert out.dtype == torch.bfloat16
+    q64, k64, v64 = dequantized(x)
+    for b, n in enumerate(cached):
+        rows = torch.arange(n + seqlen_new)
+        if block_table is not None:
+            rows = block_table[b].cpu().long()[rows // page_size] * page_size + rows % page_size
+        stored = k_cache[b] if block_table is None else k_cache.flatten(0, 1)
+        assert torch.equal(stored[rows.to(device)].view(torch.uint8), k8[b, :n + seqlen_new].view(torch.uint8))
+        inputs = (q64[b:b + 1], k64[b:b + 1, :n + seqlen_new], v64[b:b + 1, :n + seqlen_new])
+        oracle, _ = attention_ref(*inputs, **options)
+        plain, _ = attention_ref(*(t.to(torch.bfloat16) for t in inputs), upcast=False, **options)
+        assert_within_rule(f"fp8 cache, sequence {b}", out[b:b + 1].cpu(), oracle.cpu(), plain.cpu(), 2.0)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("seqlen_q,seqlen_new,page_size,options", [
+    (1, 1, None, {"causal": True}),
+    (3, 2, 16, {"causal": True}),
+    (2, 0, 16, {}),
+], ids=str)
+def test_fp8_kvcache_kernel_interpreter(triton_backend, seqlen_q, seqlen_new, page_size, options):
+    check_kvcache_kernel(triton_backend, (37, 20), seqlen_q, seqlen_new, 4, 2, 32, 64, page_size, **options)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cached,seqlen_q,seqlen_new,heads,head_dim,page_size", [
+    ((1000, 4000, 17), 1, 1, (32, 8), 128, None),
+    ((1000, 4000, 17), 1, 1, (32, 8), 128, 256),
+    ((113, 1023), 4, 4, (8, 8), 64, 64),
+    ((4095, 1), 1, 0, (16, 2), 256, None),
+], ids=str)
+def test_fp8_kvcache_kernel_gpu(triton_backend, cached, seqlen_q, seqlen_new, heads, head_dim, page_size):
+    check_kvcache_kernel("cuda", cached, seqlen_q, seqlen_new, *heads, head_dim, 4096 + 256, page_size, causal=True)
 
 
 GPU_SHAPES = [  # (batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim)

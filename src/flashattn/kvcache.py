@@ -129,7 +129,8 @@ def flash_attn_with_kvcache(
 
 
 def _fp8_step(tensors: tuple, options: tuple, descales: dict):
-    """A step on float8 tensors: their checks, then :func:`_step` on float32 copies (``ops_fp8.kvcache``)."""
+    """A step on float8 tensors: their checks, then :func:`_step` through ``ops_fp8.kvcache`` (bfloat16 queries over
+    the e4m3 caches on the kernels' path, float32 copies on PyTorch's)."""
     q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table = tensors[:9]
     rotary_cos, rotary_sin, alibi_slopes = tensors[9:]
     if not fp8.is_fp8(q):
@@ -141,9 +142,10 @@ def _fp8_step(tensors: tuple, options: tuple, descales: dict):
                          f"{tuple(k_cache.shape)}")
     fp8.check_descales(q, k_cache, descales, q.shape[0], None)
 
-    def attend(q32, k_cache32, v_cache32, k32, v32):
-        return _step(q32, k_cache32, v_cache32, k32, v32, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
-                     None, None, None, *options)
+    def attend(q_, k_cache_, v_cache_, k_, v_):
+        cache_dtype = k_cache_.dtype if k_cache_.dtype != q_.dtype else None
+        return _step(q_, k_cache_, v_cache_, k_, v_, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                     None, None, None, *options, cache_dtype=cache_dtype)
 
     return ops_fp8.kvcache(q, k_cache, v_cache, k, v, *descales.values(), attend)
 
@@ -167,9 +169,11 @@ def _plannable_step(tensors: tuple, options: tuple) -> bool:
 
 
 def _step(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_cos, rotary_sin,
-          alibi_slopes, softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits, check_indices):
-    """:func:`flash_attn_with_kvcache`'s checks, then its op: (out, lse)."""
-    capacity = validation.check_cache(q, k_cache, v_cache, k, v, block_table, cache_batch_idx)
+          alibi_slopes, softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits, check_indices,
+          cache_dtype=None):
+    """:func:`flash_attn_with_kvcache`'s checks, then its op: (out, lse). ``cache_dtype``: caches (and k, v) of
+    another dtype than q's, which the kernels convert to q's as they read them (the FP8 step's)."""
+    capacity = validation.check_cache(q, k_cache, v_cache, k, v, block_table, cache_batch_idx, cache_dtype)
     batch = q.shape[0]
     seqlen_new = 0 if k is None else k.shape[1]
     validation.check_rotary(rotary_cos, rotary_sin, q, k, capacity)

@@ -179,20 +179,30 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k:
 
 
 def kvcache(q, k_cache, v_cache, k, v, q_descale, k_descale, v_descale, attend):
-    """A KV-cache step on e4m3 tensors: ``attend(q32, k_cache32, v_cache32, k32, v32)`` is the float32 step (the
-    public function on upcast copies, k_descale folded into the queries); the copies' appended rows, exact e4m3
-    values, are written back into the e4m3 caches, and the output takes v_descale and becomes bfloat16."""
-    if q.is_cuda and backend_override() != "torch":
-        raise NotImplementedError("flash_attn_with_kvcache with float8 inputs has no GPU kernel: set "
-                                  "FLASHATTN_BACKEND=torch for the PyTorch path (it upcasts the cache), or dequantize")
+    """A KV-cache step on e4m3 tensors. ``attend(q_, k_cache_, v_cache_, k_, v_)`` is the public step on what it is
+    given. The kernels' path gives it bfloat16 queries (q_descale and k_descale folded in) and the e4m3 caches and new
+    keys themselves: the decode kernel widens each K and V tile to bfloat16 as it reads it (exact), appends the e4m3
+    keys as they are, and computes P V in bfloat16 (P is not rounded to e4m3: a step reads the cache once, and its
+    bytes, not its products, set its time). PyTorch's path gives it float32 copies and writes their appended rows,
+    exact e4m3 values, back into the caches. The output takes v_descale and becomes bfloat16."""
     batch, nheads_k = q.shape[0], k_cache.shape[2]
     q_descale, k_descale, v_descale = (_per_head(d, batch, nheads_k, q.device) for d in (q_descale, k_descale,
                                                                                         v_descale))
     rows = torch.arange(batch, device=q.device)[:, None]  # (batch, 1): each token takes its batch element's scale
-    q32 = folded_queries(q, q_descale * k_descale, rows)
-    k_cache32, v_cache32 = k_cache.float(), v_cache.float()
-    out, lse = attend(q32, k_cache32, v_cache32, None if k is None else k.float(), None if v is None else v.float())
-    if k is not None:
-        k_cache.copy_(k_cache32.to(k_cache.dtype))
-        v_cache.copy_(v_cache32.to(v_cache.dtype))
+    if _kernels(q):
+        out, lse = attend(folded_queries(q, q_descale * k_descale, rows).to(torch.bfloat16), k_cache, v_cache, k, v)
+    else:
+        k_cache32, v_cache32 = k_cache.float(), v_cache.float()
+        out, lse = attend(folded_queries(q, q_descale * k_descale, rows), k_cache32, v_cache32,
+                          None if k is None else k.float(), None if v is None else v.float())
+        if k is not None:
+            k_cache.copy_(k_cache32.to(k_cache.dtype))
+            v_cache.copy_(v_cache32.to(v_cache.dtype))
     return folded_queries(out, v_descale, rows).to(torch.bfloat16), lse
+
+
+def _kernels(q: torch.Tensor) -> bool:
+    """Whether a step on q runs the Triton kernels (a GPU's, or the interpreter's on CPU tensors)."""
+    if q.is_cuda:
+        return backend_override() != "torch"
+    return backend_for_cpu_tensors() == "triton"

@@ -226,8 +226,9 @@ def check_decode_options(q: torch.Tensor, window_size, softcap: float, alibi_slo
     check_alibi(alibi_slopes, batch, nheads, q.device)
 
 
-def check_cache(q, k_cache, v_cache, k, v, block_table, cache_batch_idx) -> int:
-    """Checks shapes, dtypes and devices of q, the caches and the new keys; returns the cache capacity."""
+def check_cache(q, k_cache, v_cache, k, v, block_table, cache_batch_idx, cache_dtype=None) -> int:
+    """Checks shapes, dtypes and devices of q, the caches and the new keys; returns the cache capacity.
+    ``cache_dtype``: the caches' and new keys' dtype where it is not q's (the FP8 step's e4m3 caches)."""
     check_tensor("q", q, 4)
     batch, seqlen_q, nheads, head_dim = q.shape
     if seqlen_q == 0:
@@ -235,8 +236,7 @@ def check_cache(q, k_cache, v_cache, k, v, block_table, cache_batch_idx) -> int:
     if not 1 <= head_dim <= MAX_HEAD_DIM:
         raise ValueError(f"head dim must be between 1 and {MAX_HEAD_DIM}, got {head_dim}")
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
-        check_tensor(name, cache, 4)
-        check_like(name, cache, q, "q")
+        _check_cache_tensor(name, cache, q, cache_dtype)
         if cache.stride(-1) != 1:
             raise ValueError(f"{name} must have a contiguous last dimension (it is read and written in place), "
                              f"got strides {cache.stride()}")
@@ -270,14 +270,23 @@ def check_cache(q, k_cache, v_cache, k, v, block_table, cache_batch_idx) -> int:
         raise ValueError("k and v must be given together (new keys and values to append), or both be None")
     if k is not None:
         for name, x in (("k", k), ("v", v)):
-            check_tensor(name, x, 4)
-            check_like(name, x, q, "q")
+            _check_cache_tensor(name, x, q, cache_dtype)
             if x.shape[0] != batch or x.shape[2:] != k_cache.shape[2:] or x.shape[1] == 0:
                 raise ValueError(f"{name} must have shape (batch={batch}, seqlen_new >= 1, nheads_k={nheads_k}, "
                                  f"headdim={head_dim}), got {tuple(x.shape)}")
         if k.shape != v.shape:
             raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
     return capacity
+
+
+def _check_cache_tensor(name: str, x, q: torch.Tensor, cache_dtype) -> None:
+    """A 4-d cache or new-key tensor of q's dtype and device, or of ``cache_dtype`` on q's device."""
+    if cache_dtype is None:
+        check_tensor(name, x, 4)
+        check_like(name, x, q, "q")
+    elif not isinstance(x, torch.Tensor) or x.dim() != 4 or x.dtype != cache_dtype or x.device != q.device:
+        raise TypeError(f"{name} must be a 4-d {cache_dtype} tensor on q's device {q.device}, got "
+                        f"{getattr(x, 'dtype', type(x).__name__)} of shape {tuple(getattr(x, 'shape', ()))}")
 
 
 def check_rotary(rotary_cos, rotary_sin, q, k, capacity: int) -> None:

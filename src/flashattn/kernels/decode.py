@@ -222,6 +222,9 @@ def _decode_block(
     UPCAST_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, COMPENSATED: tl.constexpr,
 ):
     """One key block (K^T and V loaded) into the running softmax of the tile's rows."""
+    # an e4m3 cache (the FP8 step's) is widened to q's 16-bit dtype here, exactly; otherwise a no-op
+    kt = kt.to(q.dtype)
+    v = v.to(q.dtype)
     # -- scores: the rows are (token, head) pairs, masks and ALiBi follow each row's token --
     if COMPENSATED and BLOCK_D > 32:  # float32: short reduction chains, see dot_short_chains
         qk = dot_short_chains(q, kt, 32)

@@ -108,8 +108,8 @@ def hopper_decode_fits(q, k_cache, v_cache, cache_batch_idx, cache_leftpad, bloc
     fewer programs than HOPPER_DECODE_MAX_PROGRAMS_PER_PROCESSOR, and at most HOPPER_DECODE_MAX_BYTES_PER_PROCESSOR of
     cache an SM; beyond, the Triton kernel's two programs an SM stream faster), caches of whole 16-byte-aligned rows,
     one run of rows (a contiguous cache's sequences, or a paged pool's pages, one after the other; pages of a multiple
-    of 64 keys), 16-bit inputs, head dim 64 or 128, up to FUSED_APPEND_MAX_TOKENS new keys, and none of the options it
-    lacks (ALiBi, softcap, a left window, rotary, left padding, a batch index)."""
+    of 64 keys), 16-bit inputs and caches, head dim 64 or 128, up to FUSED_APPEND_MAX_TOKENS new keys, and none of
+    the options it lacks (ALiBi, softcap, a left window, rotary, left padding, a batch index)."""
     if interpreting() or not q.is_cuda or configs.compute_capability(q.device.index)[0] != 9:
         return False
     batch, seqlen_q, nheads, head_dim = q.shape
@@ -127,7 +127,8 @@ def hopper_decode_fits(q, k_cache, v_cache, cache_batch_idx, cache_leftpad, bloc
         return False
     if any(x is not None for x in (cache_batch_idx, cache_leftpad, rotary_cos, alibi_slopes)):
         return False
-    if q.dtype not in (torch.bfloat16, torch.float16) or opts.softcap != 0.0 or opts.window_left >= 0:
+    if q.dtype not in (torch.bfloat16, torch.float16) or k_cache.dtype != q.dtype or opts.softcap != 0.0 \
+            or opts.window_left >= 0:
         return False
     if block_table is not None and (k_cache.shape[1] % 64 != 0 or block_table.stride(1) != 1):
         return False
