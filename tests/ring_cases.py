@@ -305,13 +305,13 @@ def smoke_cases(world_size: int) -> list[RingCase]:
             ModuleCase(23),
             TrainCase(3),
         ]
-    return [  # the 4-rank topology: what 2 ranks cannot show (a chunk between two others, 8 chunks)
+    return [  # 4 ranks and more: what 2 ranks cannot show (a chunk between two others, 2W >= 8 chunks)
         RingCase(37, (1, 4, 2, 32), "causal", "fp32"),  # 37 over 4 ranks: 10, 9, 9, 9 tokens
         RingCase(28, (1, 2, 2, 32), "causal", "fp32", packing="qkvpacked"),
         RingCase(30, (1, 2, 1, 40), "window-left", "fp32"),
         RingCase(33, (1, 2, 2, 32), "dropout", "fp32"),
         VarlenRingCase((3, 17, 9), (2, 2, 32), "causal", "fp32"),  # 3 tokens over 8 chunks
-        RingCase(30, (1, 8, 4, 32), "causal", "bf16", mode="all_to_all"),
+        RingCase(30, (1, 2 * world_size, world_size, 32), "causal", "bf16", mode="all_to_all"),
     ]
 
 
@@ -331,19 +331,20 @@ def full_cases(world_size: int) -> list[RingCase]:
         ModuleCase(odd), ModuleCase(even, "auto"), TrainCase(5, "auto")]
 
 
-def gpu_cases() -> list[RingCase]:
+def gpu_cases(world_size: int) -> list[RingCase]:
     """NCCL on GPUs, at real sizes: bf16 (and fp16), head dim 128, GQA, 4k-8k tokens, lengths 2W may not divide;
-    packed batches and the all-to-all mode."""
+    packed batches and the all-to-all mode (on KV heads that W divides)."""
     shape = (1, 8, 2, 128)
+    kv_heads = max(4, world_size)
     return [RingCase(8192, shape, option, "bf16") for option in OPTIONS] + [
         RingCase(8190, shape, "causal", "fp16"),
         RingCase(4099, (2, 4, 4, 64), "causal", "bf16"),
         RingCase(4096, shape, "window-dropout-scale", "bf16", deterministic=True),
         VarlenRingCase((4096, 1000, 3001), (8, 2, 128), "causal", "bf16"),
         VarlenRingCase((4096, 1000, 3001), (8, 2, 128), "window-dropout-scale", "bf16"),
-        VarlenRingCase((4096, 1000, 3001), (8, 4, 128), "causal", "bf16", "all_to_all"),
-        RingCase(8190, (1, 8, 4, 128), "causal", "bf16", mode="all_to_all"),
-        RingCase(4096, (2, 8, 4, 128), "window-dropout-scale", "bf16", mode="all_to_all"),
+        VarlenRingCase((4096, 1000, 3001), (2 * kv_heads, kv_heads, 128), "causal", "bf16", "all_to_all"),
+        RingCase(8190, (1, 2 * kv_heads, kv_heads, 128), "causal", "bf16", mode="all_to_all"),
+        RingCase(4096, (2, 2 * kv_heads, kv_heads, 128), "window-dropout-scale", "bf16", mode="all_to_all"),
     ]
 
 

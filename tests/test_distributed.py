@@ -147,9 +147,9 @@ def test_train_context_parallel_script_under_torchrun(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.xdist_group(SPAWN_GROUP)
-@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("world_size", [2, 4, 8])
 def test_ring_attention_over_nccl(world_size, tmp_path):
     if torch.cuda.device_count() < world_size:
         pytest.skip(f"needs {world_size} GPUs")
-    ring_cases.spawn(world_size, "nccl", ring_cases.gpu_cases(), str(tmp_path))
+    ring_cases.spawn(world_size, "nccl", ring_cases.gpu_cases(world_size), str(tmp_path))
 
