@@ -227,8 +227,7 @@ def check_decode_options(q: torch.Tensor, window_size, softcap: float, alibi_slo
 
 
 def check_cache(q, k_cache, v_cache, k, v, block_table, cache_batch_idx, cache_dtype=None) -> int:
-    """Checks shapes, dtypes and devices of q, the caches and the new keys; returns the cache capacity.
-    ``cache_dtype``: the caches' and new keys' dtype where it is not q's (the FP8 step's e4m3 caches)."""
+    """Checks q, the caches and new keys (``cache_dtype``: theirs, the FP8 step's e4m3); returns the capacity."""
     check_tensor("q", q, 4)
     batch, seqlen_q, nheads, head_dim = q.shape
     if seqlen_q == 0:
@@ -280,13 +279,12 @@ def check_cache(q, k_cache, v_cache, k, v, block_table, cache_batch_idx, cache_d
 
 
 def _check_cache_tensor(name: str, x, q: torch.Tensor, cache_dtype) -> None:
-    """A 4-d cache or new-key tensor of q's dtype and device, or of ``cache_dtype`` on q's device."""
+    """A 4-d cache or new-key tensor of q's dtype and device, or of ``cache_dtype`` (its caller checked the rest)."""
     if cache_dtype is None:
         check_tensor(name, x, 4)
         check_like(name, x, q, "q")
-    elif not isinstance(x, torch.Tensor) or x.dim() != 4 or x.dtype != cache_dtype or x.device != q.device:
-        raise TypeError(f"{name} must be a 4-d {cache_dtype} tensor on q's device {q.device}, got "
-                        f"{getattr(x, 'dtype', type(x).__name__)} of shape {tuple(getattr(x, 'shape', ()))}")
+    elif x.dtype != cache_dtype or x.device != q.device:
+        raise TypeError(f"{name} must be {cache_dtype} on q's device {q.device}, got {x.dtype} on {x.device}")
 
 
 def check_rotary(rotary_cos, rotary_sin, q, k, capacity: int) -> None:
