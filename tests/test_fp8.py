@@ -197,9 +197,9 @@ def test_kvcache_appends_e4m3_and_attends(torch_backend):
 
 @pytest.mark.interpreter
 @pytest.mark.parametrize("shape,granularity,hadamard", [
-    ((2, 300, 200, 4, 2, 128), "block", True),
+    ((1, 140, 20, 4, 2, 128), "block", True),
     ((1, 77, 1, 2, 1, 96), "head", True),
-    ((1, 129, 129, 2, 2, 256), "block", False),
+    ((1, 130, 3, 1, 1, 256), "block", False),
     ((2, 5, 9, 4, 1, 40), "head", True),
 ], ids=str)
 def test_quantizer_kernels_match_the_pytorch_quantizer(triton_backend, monkeypatch, shape, granularity, hadamard):
