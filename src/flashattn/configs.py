@@ -189,7 +189,7 @@ TABLES = {("hopper", "forward"): HOPPER_FORWARD, ("hopper", "dkdv"): HOPPER_DKDV
           ("hopper", "forward_fp8"): HOPPER_FORWARD_FP8, ("portable", "forward"): PORTABLE_FORWARD,
           ("portable", "dkdv"): PORTABLE_DKDV, ("portable", "dq"): PORTABLE_DQ,
           ("portable", "forward_fp8"): PORTABLE_FORWARD_FP8}
-QUANTIZE_TILES = {w: (64 if w <= 128 else 32, 32, 8) for w in (32, 64, 128, 256)}  # FP8 quantizer: rows, cols, warps
+QUANTIZE_TILES = {w: (64 if w <= 128 else 32, 32, 8, 1) for w in (32, 64, 128, 256)}  # rows, cols, warps, stages
 
 def delta_rows(interpret: bool) -> int:
     """Rows a program of the backward's delta = rowsum(dO * O) kernel takes (a bandwidth-bound pass)."""
