@@ -190,6 +190,7 @@ TABLES = {("hopper", "forward"): HOPPER_FORWARD, ("hopper", "dkdv"): HOPPER_DKDV
           ("portable", "dkdv"): PORTABLE_DKDV, ("portable", "dq"): PORTABLE_DQ,
           ("portable", "forward_fp8"): PORTABLE_FORWARD_FP8}
 QUANTIZE_TILES = {w: (64 if w <= 128 else 32, 32, 8, 1) for w in (32, 64, 128, 256)}  # rows, cols, warps, stages
+TRANSPOSE_V_TILE = (64, 4)  # the FP8 forward's V^T copy (launch/forward_fp8.py): keys a program, warps
 
 def delta_rows(interpret: bool) -> int:
     """Rows a program of the backward's delta = rowsum(dO * O) kernel takes (a bandwidth-bound pass)."""
@@ -203,7 +204,6 @@ def paged_forward(config: TileConfig) -> TileConfig:
     if not config.tma:
         return config
     return dataclasses.replace(config, block_n=min(config.block_n, 64), tma=False)
-
 
 # -- Budgets of the Hopper kernels --
 
