@@ -382,7 +382,7 @@ def quantize_report(head_dim: int, phase: str) -> dict:
     rows, cols, warps, stages = configs.QUANTIZE_TILES[width]
     kernel = {"amax": quantize_fp8.block_amax_kernel, "quantize": quantize_fp8.quantize_kernel}[phase]
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=width, BLOCK_ROWS=128, ROWS=rows, COLS=cols, ROTATE=True,
-                      UPCAST=False)
+                      UPCAST=False, **({"DESCALE": True} if phase == "amax" else {}))
     pointers = {"X": "*bf16", "S": "*bf16", "Out": "*fp8e4nv", "e4m3_max": "fp32"}
     types = {name: "constexpr" if name in constexprs else pointers.get(name, "*fp32" if name[0].isupper() else "i32")
              for name in inspect.signature(kernel.fn).parameters}

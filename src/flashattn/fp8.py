@@ -52,11 +52,15 @@ def hadamard_pieces(head_dim: int) -> list[int]:
 
 
 def random_signs(head_dim: int, seed: int | None, device: torch.device) -> torch.Tensor:
-    """+-1 float32 signs of the rotation, drawn from ``seed`` (None: from torch's default generator)."""
+    """+-1 float32 signs of the rotation, drawn from ``seed`` (None: from torch's default generator) on the CPU, so
+    that a seed gives the same rotation on any device. The copy to a GPU is from pinned memory, asynchronous: from
+    pageable memory the driver may wait for the stream's earlier work, which would drain a quantize call's queue."""
     generator = torch.Generator()
     generator.manual_seed(int(torch.randint(0, 2**62, (1,))) if seed is None else seed)
-    bits = torch.randint(0, 2, (head_dim,), generator=generator)
-    return (bits * 2 - 1).to(device=device, dtype=torch.float32)
+    signs = torch.randint(0, 2, (head_dim,), generator=generator).to(torch.float32) * 2 - 1
+    if device.type == "cuda":
+        return signs.pin_memory().to(device, non_blocking=True)
+    return signs.to(device)
 
 
 def rotation_matrix(signs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

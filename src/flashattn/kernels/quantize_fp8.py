@@ -57,11 +57,12 @@ def _store_e4m3(out_head, stride_os, offs_r, offs_c, y, descale, e4m3_max, seqle
 
 @triton.jit
 def block_amax_kernel(
-    X, S, ColScale, Amax, seqlen, group_size, stride_xb, stride_xs, stride_xh, stride_ab, stride_ah,
+    X, S, ColScale, Amax, seqlen, group_size, stride_xb, stride_xs, stride_xh, stride_ab, stride_ah, e4m3_max,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_ROWS: tl.constexpr, ROWS: tl.constexpr,
-    COLS: tl.constexpr, ROTATE: tl.constexpr, UPCAST: tl.constexpr,
+    COLS: tl.constexpr, ROTATE: tl.constexpr, UPCAST: tl.constexpr, DESCALE: tl.constexpr,
 ):
-    """Amax (batch, nheads_k, blocks) float32: the largest |rotated x| of each BLOCK_ROWS rows of a kv head's group."""
+    """Amax (batch, nheads_k, blocks) float32: the largest |rotated x| of each BLOCK_ROWS rows of a kv head's group;
+    with DESCALE the block's descale instead, amax / e4m3_max (1 for an all-zero block)."""
     block, head_k, batch = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     amax = 0.0
     for g in range(0, group_size):
@@ -74,6 +75,8 @@ def block_amax_kernel(
                     amax = tl.maximum(amax, tl.max(tl.abs(y)))
             else:
                 amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32))))
+    if DESCALE:
+        amax = tl.where(amax > 0, tl.math.div_rn(amax, e4m3_max), 1.0)  # rounded as PyTorch divides
     tl.store(Amax + batch.to(tl.int64) * stride_ab + head_k * stride_ah + block, amax)
 
 

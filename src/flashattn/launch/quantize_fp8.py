@@ -60,12 +60,12 @@ def quantize_rows(x: torch.Tensor, rotation, nheads_k: int, block_rows: int, e4m
     shapes = dict(HEAD_DIM=head_dim, BLOCK_D=width, BLOCK_ROWS=block_rows, ROWS=rows, COLS=cols,
                   ROTATE=rotation is not None, UPCAST=interpreting(), num_warps=warps, num_stages=stages)
     grid = (blocks, nheads_k, batch)
-    amax = torch.empty(batch, nheads_k, blocks, dtype=torch.float32, device=x.device)
-    launch(block_amax_kernel, grid, x, s, col_scale, amax, seqlen, nheads // nheads_k, x.stride(0), x.stride(1),
-           x.stride(2), amax.stride(0), amax.stride(1), **shapes)
+    descale = torch.empty(batch, nheads_k, blocks, dtype=torch.float32, device=x.device)  # per_head: the amax first
+    launch(block_amax_kernel, grid, x, s, col_scale, descale, seqlen, nheads // nheads_k, x.stride(0), x.stride(1),
+           x.stride(2), descale.stride(0), descale.stride(1), e4m3_max, DESCALE=not per_head, **shapes)
     if per_head:
-        amax = amax.amax(dim=2)
-    descale = torch.where(amax > 0, amax / e4m3_max, torch.ones_like(amax))
+        amax = descale.amax(dim=2)
+        descale = torch.where(amax > 0, amax / e4m3_max, torch.ones_like(amax))
     out = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
     launch(quantize_kernel, grid, x, s, col_scale, descale, out, seqlen, nheads // nheads_k, x.stride(0),
            x.stride(1), x.stride(2), out.stride(0), out.stride(1), out.stride(2), descale.stride(0),
