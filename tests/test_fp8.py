@@ -484,3 +484,16 @@ def test_fp8_launch_picks_the_gluon_kernel_where_it_fits(triton_backend, monkeyp
     picked.clear()
     flash_attn_varlen_func(*packed[:3], cu, cu, 200, 200, **descale_kwargs(packed))
     assert picked == [False]
+
+
+def test_fp8_bench_rows(torch_backend):
+    """``flashattn bench --dtype fp8``'s case: a row a provider, TFLOP/s for the attentions, milliseconds only for
+    the quantizer, no provider failing (the CPU runs the PyTorch path)."""
+    from flashattn.tools.bench import FP8_PROVIDERS, BenchCase, measure_fp8_case
+
+    case = BenchCase(batch=1, seqlen=64, nheads=2, head_dim=32, causal=True)
+    rows = measure_fp8_case(case, torch.device("cpu"), ["flashattn", *FP8_PROVIDERS])
+    assert [row.provider for row in rows] == ["flashattn", *FP8_PROVIDERS]
+    for row in rows:
+        assert row.error is None and row.fwd_ms > 0, row
+        assert (row.fwd_tflops is None) == (row.provider == "quantize"), row
