@@ -10,7 +10,7 @@ import torch
 
 from .. import configs
 from ..backend import interpreting
-from ..fp8 import P_SCALE, SCALE_BLOCK, has_blocks
+from ..fp8_format import P_SCALE, SCALE_BLOCK, has_blocks
 from ..options import AttentionOptions
 from ..validation import Packing
 from . import launcher
