@@ -10,7 +10,7 @@ import torch
 
 from .. import configs
 from ..backend import interpreting
-from ..fp8 import E4M3_MAX, P_SCALE, SCALE_BLOCK, has_blocks
+from ..fp8_format import E4M3_MAX, P_SCALE, SCALE_BLOCK, has_blocks
 from ..options import AttentionOptions
 from ..validation import Packing
 from . import launcher
