@@ -36,12 +36,12 @@ class TileConfig:
     # sm90: the Hopper kernels (warp-specialized, in Gluon): forward and dQ take 64 query rows on each consumer
     # warpgroup and a TMA loader warp, K/V in a ring of num_stages; dK/dV block_n keys a program, Q/dO in the ring
     hopper: bool = False
-    # Hopper forward: one program per SM walks the tiles, taking them from a counter
-    persistent: bool = False
+    persistent: bool = False  # Hopper forward: one program per SM walks the tiles, taking them from a counter
     # Hopper forward: three consumer warpgroups (192 rows, 160 registers) instead of two (128 rows, 240 registers)
     three_consumers: bool = False
     # Hopper dK/dV: each consumer warpgroup owns 64 of 128 keys and both their gradients (FA3's layout)
     key_slices: bool = False
+    rescale_threshold: float | None = 8.0  # Hopper forwards: O rescaled when a row max grows past it (lazy_max)
 
 
 @dataclass(frozen=True)
@@ -179,7 +179,7 @@ PORTABLE_DKDV = PhaseTable(_buckets(TileConfig(32, 64, 4, 1), TileConfig(32, 64,
 PORTABLE_DQ = PhaseTable(_buckets(TileConfig(64, 32, 4, 1), TileConfig(64, 32, 4, 1), TileConfig(32, 16, 4, 1)))
 # FP8 forward (kernels/forward_fp8.py): BLOCK_N divides fp8.SCALE_BLOCK; swept at 16k tokens on the H200 (docs/fp8.md).
 # ``hopper``: the Gluon kernel (forward_fp8_hopper.py), the 16-bit one's consumers; 64 keys at hdim 256 (not swept)
-_FP8_GLUON = dict(hopper=True, persistent=True)
+_FP8_GLUON = dict(hopper=True, persistent=True, rescale_threshold=0.8)  # 2^0.8 * P_SCALE (256) = 446 <= 448
 HOPPER_FORWARD_FP8 = PhaseTable({**_buckets(*(TileConfig(128, 128, 8, 3),) * 2, TileConfig(128, 128, 8, 2)),
                                  (128, False): TileConfig(64, 128, 4, 3)},
                                 hopper=_buckets(*(TileConfig(128, n, 8, stages, three_consumers=d == 64, **_FP8_GLUON)
