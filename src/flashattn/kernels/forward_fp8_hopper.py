@@ -42,10 +42,8 @@ from .forward_hopper import (
     _publish_tile,
     _tile_plan,
     key_ring,
-    lazy_max,
     q_ring,
     read_tile,
-    rescaled,
     rows_in_sequence,
     store_rows,
 )
@@ -148,10 +146,9 @@ def _block_descales(KDescale, VDescale, stride_kds, stride_vds, j, BLOCK_N: gl.c
 
 @gluon.jit
 def _softmax_step(s, row_scale, k_scale, m_i, l_i, j, rows, seqlen_q, seqlen_k, BLOCK_N: gl.constexpr,
-                  CAUSAL: gl.constexpr, MASKED: gl.constexpr, P_SCALE_LOG2: gl.constexpr, THRESHOLD: gl.constexpr):
-    """Online softmax of one raw score block in base 2, scores scaled by row_scale * k_scale (positive): (the max
-    used, new sum in units of P_SCALE, P * P_SCALE, the old accumulator's factor, whether the accumulator needs it:
-    ``forward_hopper.lazy_max``, whose P up to 2^THRESHOLD keeps P * P_SCALE within e4m3's 448)."""
+                  CAUSAL: gl.constexpr, MASKED: gl.constexpr, P_SCALE_LOG2: gl.constexpr):
+    """Online softmax of one raw score block in base 2, scores scaled by row_scale * k_scale (positive): (new max,
+    new sum in units of P_SCALE, P * P_SCALE, the old accumulator's factor)."""
     s_layout: gl.constexpr = fp8_wgmma_layout(BLOCK_N)
     scale = row_scale * k_scale
     if MASKED:
@@ -161,38 +158,35 @@ def _softmax_step(s, row_scale, k_scale, m_i, l_i, j, rows, seqlen_q, seqlen_k, 
             # bottom-right aligned: query i sees keys up to i + seqlen_k - seqlen_q
             visible = visible & (cols[None, :] <= rows[:, None] + (seqlen_k - seqlen_q))
         s = gl.where(visible, s, float("-inf"))
-    m_new, rescale = lazy_max(m_i, gl.max(s, axis=1) * scale, THRESHOLD)
-    if MASKED:
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * scale)
         # a row that has seen no key keeps max -inf: subtract 0 instead, so that exp2 gives 0, not NaN
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
     else:
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * scale)
         m_use = m_new
     # exp2(x + log2(P_SCALE)) = P * P_SCALE: the scaling costs a row's subtraction, not an element's multiply
     p = gl.exp2(s * scale[:, None] - (m_use - P_SCALE_LOG2)[:, None])
     alpha = gl.exp2(m_i - m_use)
     l_i = l_i * alpha + gl.sum(p, axis=1)
-    return m_new, l_i, p, alpha, rescale
+    return m_new, l_i, p, alpha
 
 
 @gluon.jit
-def _scaled_accumulator(acc, alpha, rescale, v_unit, v_scale, HEAD_DIM: gl.constexpr, PER_BLOCK: gl.constexpr,
-                        THRESHOLD: gl.constexpr):
+def _scaled_accumulator(acc, alpha, v_unit, v_scale, HEAD_DIM: gl.constexpr, PER_BLOCK: gl.constexpr):
     """The accumulator times the softmax's correction ``alpha`` and, with PER_BLOCK, moved from units of the last
-    block's v descale (``v_unit``) to this block's (``v_scale``); returns it and its new unit. Skipped where neither
-    the max (``rescale``) nor the unit moves: a key block within the SCALE_BLOCK of the one before."""
+    block's v descale (``v_unit``) to this block's (``v_scale``); returns it and its new unit."""
+    o_layout: gl.constexpr = fp8_wgmma_layout(HEAD_DIM)
     if PER_BLOCK:
-        if THRESHOLD is not None:
-            rescale = rescale | (v_unit != v_scale)
         alpha = alpha * (v_unit / v_scale)
         v_unit = v_scale
-    return rescaled(acc, alpha, rescale, fp8_wgmma_layout(HEAD_DIM)), v_unit
+    return acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None], v_unit
 
 
 @gluon.jit
 def _first_block(q, k_bufs, k_ready, k_free, KDescale, VDescale, stride_kds, stride_vds, ring, j, row_scale, m_i,
                  l_i, acc, v_unit, s_zero, rows, seqlen_q, seqlen_k, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                  NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr, SCALE_BLOCK: gl.constexpr,
-                 PER_BLOCK: gl.constexpr, P_SCALE_LOG2: gl.constexpr, THRESHOLD: gl.constexpr):
+                 PER_BLOCK: gl.constexpr, P_SCALE_LOG2: gl.constexpr):
     """``forward_hopper._first_block`` on e4m3 tiles: key block ``j``'s scores and softmax, no P V to overlap.
     Returns the ring stage and phase it read, the softmax state, the accumulator and its v unit, and P (e4m3) as
     the next P V's operand."""
@@ -203,9 +197,9 @@ def _first_block(q, k_bufs, k_ready, k_free, KDescale, VDescale, stride_kds, str
     s = warpgroup_mma(q, k_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
     mbarrier.arrive(k_free.index(stage), count=1)
-    m_i, l_i, p, alpha, rescale = _softmax_step(s, row_scale, k_scale, m_i, l_i, j, rows, seqlen_q, seqlen_k,
-                                                BLOCK_N, CAUSAL, MASKED, P_SCALE_LOG2, THRESHOLD)
-    acc, v_unit = _scaled_accumulator(acc, alpha, rescale, v_unit, v_scale, HEAD_DIM, PER_BLOCK, THRESHOLD)
+    m_i, l_i, p, alpha = _softmax_step(s, row_scale, k_scale, m_i, l_i, j, rows, seqlen_q, seqlen_k, BLOCK_N, CAUSAL,
+                                       MASKED, P_SCALE_LOG2)
+    acc, v_unit = _scaled_accumulator(acc, alpha, v_unit, v_scale, HEAD_DIM, PER_BLOCK)
     return stage, phase, m_i, l_i, acc, v_unit, p
 
 
@@ -213,8 +207,7 @@ def _first_block(q, k_bufs, k_ready, k_free, KDescale, VDescale, stride_kds, str
 def _next_block(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, KDescale, VDescale, stride_kds, stride_vds,
                 ring, j, stage, phase, row_scale, m_i, l_i, acc, v_unit, p, s_zero, rows, seqlen_q, seqlen_k,
                 BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                MASKED: gl.constexpr, SCALE_BLOCK: gl.constexpr, PER_BLOCK: gl.constexpr, P_SCALE_LOG2: gl.constexpr,
-                THRESHOLD: gl.constexpr):
+                MASKED: gl.constexpr, SCALE_BLOCK: gl.constexpr, PER_BLOCK: gl.constexpr, P_SCALE_LOG2: gl.constexpr):
     """``forward_hopper._next_block`` on e4m3 tiles: block ``j``'s Q K^T and the block before's P V in flight
     together, then block j's softmax (FA3's intra-warpgroup overlap). Returns as ``_first_block``."""
     k_scale, v_scale = _block_descales(KDescale, VDescale, stride_kds, stride_vds, j, BLOCK_N, SCALE_BLOCK, PER_BLOCK)
@@ -229,14 +222,14 @@ def _next_block(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, KDescale, V
     acc = warpgroup_mma(p_op, v_bufs.index(prev_stage).permute((1, 0)), acc, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
     mbarrier.arrive(k_free.index(stage), count=1)  # K is read by Q K^T alone: the loader may refill it
-    m_i, l_i, p, alpha, rescale = _softmax_step(s, row_scale, k_scale, m_i, l_i, j, rows, seqlen_q, seqlen_k,
-                                                BLOCK_N, CAUSAL, MASKED, P_SCALE_LOG2, THRESHOLD)
+    m_i, l_i, p, alpha = _softmax_step(s, row_scale, k_scale, m_i, l_i, j, rows, seqlen_q, seqlen_k, BLOCK_N, CAUSAL,
+                                       MASKED, P_SCALE_LOG2)
     # P V reads p_op from registers until it completes. The 16-bit kernel keeps it alive to here as a dep of the wait;
     # Triton 3.6 lowers no 8-bit dep ("Unexpected bitwidth in WGMMAWaitGroupOp"), and its own tl.dot on an e4m3
     # register operand leaves the operand out of the wait too: ptxas holds an in-flight wgmma's A registers
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
     mbarrier.arrive(v_free.index(prev_stage), count=1)
-    acc, v_unit = _scaled_accumulator(acc, alpha, rescale, v_unit, v_scale, HEAD_DIM, PER_BLOCK, THRESHOLD)
+    acc, v_unit = _scaled_accumulator(acc, alpha, v_unit, v_scale, HEAD_DIM, PER_BLOCK)
     return stage, phase, m_i, l_i, acc, v_unit, p
 
 
@@ -254,8 +247,7 @@ def _last_product(v_bufs, v_ready, v_free, stage, phase, acc, p, HEAD_DIM: gl.co
 def _tile_key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, KDescale, VDescale, stride_kds,
                      stride_vds, ring, row_scale, m_i, l_i, acc, v_unit, rows, n_full, n_blocks, seqlen_q, seqlen_k,
                      BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                     SCALE_BLOCK: gl.constexpr, PER_BLOCK: gl.constexpr, P_SCALE_LOG2: gl.constexpr,
-                     THRESHOLD: gl.constexpr):
+                     SCALE_BLOCK: gl.constexpr, PER_BLOCK: gl.constexpr, P_SCALE_LOG2: gl.constexpr):
     """A tile's key blocks for one consumer's 64 rows as one run (``forward_hopper._tile_key_blocks``, whose notes
     say why one run): [0, n_full) seen whole, then [n_full, n_blocks) through the mask; the first block through the
     mask whether or not it needs it. Q released after the last Q K^T."""
@@ -264,17 +256,17 @@ def _tile_key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free
         stage, phase, m_i, l_i, acc, v_unit, p = _first_block(
             q, k_bufs, k_ready, k_free, KDescale, VDescale, stride_kds, stride_vds, ring, 0, row_scale, m_i, l_i, acc,
             v_unit, s_zero, rows, seqlen_q, seqlen_k, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, True, SCALE_BLOCK,
-            PER_BLOCK, P_SCALE_LOG2, THRESHOLD)
+            PER_BLOCK, P_SCALE_LOG2)
         for j in range(1, n_full):
             stage, phase, m_i, l_i, acc, v_unit, p = _next_block(
                 q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, KDescale, VDescale, stride_kds, stride_vds, ring,
                 j, stage, phase, row_scale, m_i, l_i, acc, v_unit, p, s_zero, rows, seqlen_q, seqlen_k, BLOCK_N,
-                HEAD_DIM, NUM_STAGES, CAUSAL, False, SCALE_BLOCK, PER_BLOCK, P_SCALE_LOG2, THRESHOLD)
+                HEAD_DIM, NUM_STAGES, CAUSAL, False, SCALE_BLOCK, PER_BLOCK, P_SCALE_LOG2)
         for j in range(gl.maximum(n_full, 1), n_blocks):
             stage, phase, m_i, l_i, acc, v_unit, p = _next_block(
                 q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, KDescale, VDescale, stride_kds, stride_vds, ring,
                 j, stage, phase, row_scale, m_i, l_i, acc, v_unit, p, s_zero, rows, seqlen_q, seqlen_k, BLOCK_N,
-                HEAD_DIM, NUM_STAGES, CAUSAL, True, SCALE_BLOCK, PER_BLOCK, P_SCALE_LOG2, THRESHOLD)
+                HEAD_DIM, NUM_STAGES, CAUSAL, True, SCALE_BLOCK, PER_BLOCK, P_SCALE_LOG2)
         mbarrier.arrive(q_free, count=1)
         acc = _last_product(v_bufs, v_ready, v_free, stage, phase, acc, p, HEAD_DIM, BLOCK_N)
     else:
@@ -305,8 +297,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
                         heads_per_section, total_tiles, qk_scale_log2, WARP_GROUP: gl.constexpr,
                         HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                         NUM_CONSUMERS: gl.constexpr, WIDE_STORES: gl.constexpr, Q_BUFFERS: gl.constexpr,
-                        PER_BLOCK: gl.constexpr, SCALE_BLOCK: gl.constexpr, P_SCALE_LOG2: gl.constexpr,
-                        THRESHOLD: gl.constexpr):
+                        PER_BLOCK: gl.constexpr, SCALE_BLOCK: gl.constexpr, P_SCALE_LOG2: gl.constexpr):
     s_layout: gl.constexpr = fp8_wgmma_layout(BLOCK_N)
     o_layout: gl.constexpr = fp8_wgmma_layout(HEAD_DIM)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -338,7 +329,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
         m_i, l_i, acc, v_unit = _tile_key_blocks(
             q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free.index(slot), k_descales, v_descales,
             stride_kds_blk, stride_vds_blk, ring, row_scale, m_i, l_i, acc, v_unit, rows, own_full, own_blocks,
-            seqlen_q, seqlen_k, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, SCALE_BLOCK, PER_BLOCK, P_SCALE_LOG2, THRESHOLD)
+            seqlen_q, seqlen_k, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, SCALE_BLOCK, PER_BLOCK, P_SCALE_LOG2)
         # -- the tile's blocks past this consumer's last row: released as they arrive, never read --
         for j in range(own_blocks, n_blocks):
             stage = (ring + j) % NUM_STAGES
@@ -371,7 +362,7 @@ def attention_forward_fp8_hopper_kernel(
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
     NUM_CONSUMERS: gl.constexpr, CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
     DYNAMIC_TILES: gl.constexpr, WIDE_STORES: gl.constexpr, Q_BUFFERS: gl.constexpr,
-    PER_BLOCK: gl.constexpr, SCALE_BLOCK: gl.constexpr, P_SCALE_LOG2: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr,
+    PER_BLOCK: gl.constexpr, SCALE_BLOCK: gl.constexpr, P_SCALE_LOG2: gl.constexpr,
 ):
     """Dense e4m3 Q (batch * seqlen_q, nheads * HEAD_DIM) and K (batch * seqlen_k, nheads_k * HEAD_DIM) through
     q_desc and k_desc; vt_desc: V^T as (batch * nheads_k * HEAD_DIM, keys) rows, its (HEAD_DIM, BLOCK_N) tiles. Out
@@ -395,14 +386,14 @@ def attention_forward_fp8_hopper_kernel(
                                    stride_kds_blk, stride_vds_b, stride_vds_h, stride_vds_blk, seqlen_q, seqlen_k,
                                    nheads, group_size, row_tiles, batch_heads, heads_per_section, total_tiles,
                                    qk_scale_log2, 0, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, NUM_CONSUMERS, WIDE_STORES,
-                                   Q_BUFFERS, PER_BLOCK, SCALE_BLOCK, P_SCALE_LOG2, RESCALE_THRESHOLD)),
+                                   Q_BUFFERS, PER_BLOCK, SCALE_BLOCK, P_SCALE_LOG2)),
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, tile_slot,
                                    Out, Lse, QDescale, KDescale, VDescale, stride_om, stride_oh, stride_lb, stride_lh,
                                    stride_qds_b, stride_qds_h, stride_qds_blk, stride_kds_b, stride_kds_h,
                                    stride_kds_blk, stride_vds_b, stride_vds_h, stride_vds_blk, seqlen_q, seqlen_k,
                                    nheads, group_size, row_tiles, batch_heads, heads_per_section, total_tiles,
                                    qk_scale_log2, 1, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, NUM_CONSUMERS, WIDE_STORES,
-                                   Q_BUFFERS, PER_BLOCK, SCALE_BLOCK, P_SCALE_LOG2, RESCALE_THRESHOLD)),
+                                   Q_BUFFERS, PER_BLOCK, SCALE_BLOCK, P_SCALE_LOG2)),
             (_load_partition, (q_desc, k_desc, vt_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready,
                                k_free, v_free, tile_slot, TileCounter, seqlen_q, seqlen_k, nheads, group_size,
                                row_tiles, batch_heads, heads_per_section, total_tiles, HEAD_DIM, BLOCK_N, NUM_STAGES,
@@ -416,21 +407,21 @@ def attention_forward_fp8_hopper_kernel(
                                    stride_kds_blk, stride_vds_b, stride_vds_h, stride_vds_blk, seqlen_q, seqlen_k,
                                    nheads, group_size, row_tiles, batch_heads, heads_per_section, total_tiles,
                                    qk_scale_log2, 0, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, NUM_CONSUMERS, WIDE_STORES,
-                                   Q_BUFFERS, PER_BLOCK, SCALE_BLOCK, P_SCALE_LOG2, RESCALE_THRESHOLD)),
+                                   Q_BUFFERS, PER_BLOCK, SCALE_BLOCK, P_SCALE_LOG2)),
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, tile_slot,
                                    Out, Lse, QDescale, KDescale, VDescale, stride_om, stride_oh, stride_lb, stride_lh,
                                    stride_qds_b, stride_qds_h, stride_qds_blk, stride_kds_b, stride_kds_h,
                                    stride_kds_blk, stride_vds_b, stride_vds_h, stride_vds_blk, seqlen_q, seqlen_k,
                                    nheads, group_size, row_tiles, batch_heads, heads_per_section, total_tiles,
                                    qk_scale_log2, 1, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, NUM_CONSUMERS, WIDE_STORES,
-                                   Q_BUFFERS, PER_BLOCK, SCALE_BLOCK, P_SCALE_LOG2, RESCALE_THRESHOLD)),
+                                   Q_BUFFERS, PER_BLOCK, SCALE_BLOCK, P_SCALE_LOG2)),
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, tile_slot,
                                    Out, Lse, QDescale, KDescale, VDescale, stride_om, stride_oh, stride_lb, stride_lh,
                                    stride_qds_b, stride_qds_h, stride_qds_blk, stride_kds_b, stride_kds_h,
                                    stride_kds_blk, stride_vds_b, stride_vds_h, stride_vds_blk, seqlen_q, seqlen_k,
                                    nheads, group_size, row_tiles, batch_heads, heads_per_section, total_tiles,
                                    qk_scale_log2, 2, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, NUM_CONSUMERS, WIDE_STORES,
-                                   Q_BUFFERS, PER_BLOCK, SCALE_BLOCK, P_SCALE_LOG2, RESCALE_THRESHOLD)),
+                                   Q_BUFFERS, PER_BLOCK, SCALE_BLOCK, P_SCALE_LOG2)),
             (_load_partition, (q_desc, k_desc, vt_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready,
                                k_free, v_free, tile_slot, TileCounter, seqlen_q, seqlen_k, nheads, group_size,
                                row_tiles, batch_heads, heads_per_section, total_tiles, HEAD_DIM, BLOCK_N, NUM_STAGES,

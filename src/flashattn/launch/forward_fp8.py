@@ -10,7 +10,7 @@ import torch
 
 from .. import configs
 from ..backend import interpreting
-from ..fp8_format import E4M3_MAX, P_SCALE, SCALE_BLOCK, has_blocks
+from ..fp8_format import P_SCALE, SCALE_BLOCK, has_blocks
 from ..options import AttentionOptions
 from ..validation import Packing
 from . import launcher
@@ -167,12 +167,6 @@ def hopper_fp8_constexprs(config: configs.TileConfig, head_dim: int, causal: boo
     the 16-bit Hopper forward's, with Q buffers and wide stores where shared memory has room for them at 1 byte an
     input element."""
     consumers = consumer_warpgroups(config)
-    threshold = config.rescale_threshold
-    if threshold is not None and P_SCALE * 2**threshold > E4M3_MAX:
-        # P of a stale max reaches 2^threshold: P * P_SCALE must stay finite in e4m3
-        raise ValueError(f"rescale_threshold {threshold} lets P * P_SCALE ({P_SCALE}) pass e4m3's {E4M3_MAX}")
-    if per_block and config.block_n == SCALE_BLOCK:
-        threshold = None  # each key block brings its own v descale, which rescales the accumulator every block anyway
     room = configs.HOPPER_SHARED_BYTES
     q_buffers = 2 if config.persistent and _fp8_shared_bytes(config, head_dim, 2, False) <= room else 1
     return dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, NUM_STAGES=config.num_stages, CAUSAL=causal,
@@ -180,7 +174,7 @@ def hopper_fp8_constexprs(config: configs.TileConfig, head_dim: int, causal: boo
                 LOADER_REGISTERS=configs.HOPPER_LOADER_REGISTERS, DYNAMIC_TILES=config.persistent,
                 WIDE_STORES=_fp8_shared_bytes(config, head_dim, q_buffers, True) <= room,
                 Q_BUFFERS=q_buffers, PER_BLOCK=per_block, SCALE_BLOCK=SCALE_BLOCK,
-                P_SCALE_LOG2=round(math.log2(P_SCALE)), RESCALE_THRESHOLD=threshold)
+                P_SCALE_LOG2=round(math.log2(P_SCALE)))
 
 
 def _fp8_shared_bytes(config: configs.TileConfig, head_dim: int, q_buffers: int, wide_stores: bool) -> int:
