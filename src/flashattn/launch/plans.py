@@ -258,6 +258,12 @@ def record_or_replay(key, inputs: tuple, call, fork=None, allocator=None):
     return result
 
 
+def _same_bytes(view: torch.Tensor, tensor: torch.Tensor) -> bool:
+    """Whether ``view`` is ``tensor``'s elements at its address, each as wide, in the same order."""
+    return (view is not tensor and view.data_ptr() == tensor.data_ptr() and view.element_size() == tensor.element_size()
+            and view.shape == tensor.shape and view.stride() == tensor.stride())
+
+
 def _same_tensors(inputs: tuple) -> tuple[int, ...] | None:
     """For each input, the position of the first input that is the same tensor object; None when all differ (the
     usual case, checked first). Absent inputs (None) are told apart by the caller's key."""
@@ -294,10 +300,16 @@ class _Recording:
         storages = {x.untyped_storage().data_ptr() for x in inputs if x is not None}
         allocations: list = []
 
-        def slot_of(x: torch.Tensor, written: bool) -> int | None:
+        def slot_of(x: torch.Tensor, written: bool, pointer: bool = False) -> int | None:
             slot = slots.get(id(x))
             if slot is not None:
                 return slot
+            if pointer:
+                # a pointer argument passes an address only: a view of an input's or a new tensor's bytes in another
+                # dtype of the same width (the FP8 kernels read e4m3 as uint8) takes that tensor's slot
+                same = next((t for t in (*inputs, x._base) if t is not None and _same_bytes(x, t)), None)
+                if same is not None:
+                    return slot_of(same, written)
             # a new tensor: its own storage (not a view of an input) that a kernel writes, or an empty one
             if x._base is not None or x.untyped_storage().data_ptr() in storages or not (written or x.numel() == 0):
                 return None
@@ -313,7 +325,7 @@ class _Recording:
                     constants[position] = value.data_ptr()  # one buffer per device, kept for the process's life
                     continue
                 if isinstance(value, torch.Tensor):
-                    tensor_slots.append((position, slot_of(value, True)))
+                    tensor_slots.append((position, slot_of(value, True, pointer=True)))
                 elif isinstance(getattr(value, "base", None), torch.Tensor):
                     descriptor_slots.append((position, slot_of(value.base, True), tuple(value.shape),
                                              tuple(value.strides), tuple(value.block_shape), value.layout,
