@@ -233,8 +233,9 @@ def record_or_replay(key, inputs: tuple, call, fork=None, allocator=None):
     that is, the inputs' shapes, strides, dtypes, device and 16-byte alignment, the options, and every switch the
     call reads; the call's new tensors are ``torch.empty`` ones that its kernels write in full (a replay allocates
     them uninitialized) or made by :func:`zeros`, and it launches its second-stream work inside
-    ``fork(device).first()``. The first call of a key runs ``call`` and records its launches; a call that makes a view
-    of its inputs, or returns a new tensor that no kernel writes, is never replayed.
+    ``fork(device).first()``. The first call of a key runs ``call`` and records its launches; a call that passes a
+    kernel a view of its inputs or of a new tensor (a dtype view too), or returns a new tensor that no kernel writes,
+    is never replayed.
 
     Which inputs are one tensor is part of the key: a plan maps each argument to the slot of the input it was, so a
     plan recorded on ``(x, x, x)`` would pass the last input three times to a call with three tensors."""
@@ -256,12 +257,6 @@ def record_or_replay(key, inputs: tuple, call, fork=None, allocator=None):
         _PLANS.clear()
     _PLANS[key] = recording.plan(inputs, result, fork, allocator)
     return result
-
-
-def _same_bytes(view: torch.Tensor, tensor: torch.Tensor) -> bool:
-    """Whether ``view`` is ``tensor``'s elements at its address, each as wide, in the same order."""
-    return (view is not tensor and view.data_ptr() == tensor.data_ptr() and view.element_size() == tensor.element_size()
-            and view.shape == tensor.shape and view.stride() == tensor.stride())
 
 
 def _same_tensors(inputs: tuple) -> tuple[int, ...] | None:
@@ -300,19 +295,18 @@ class _Recording:
         storages = {x.untyped_storage().data_ptr() for x in inputs if x is not None}
         allocations: list = []
 
-        def slot_of(x: torch.Tensor, written: bool, pointer: bool = False) -> int | None:
+        def slot_of(x: torch.Tensor, written: bool) -> int | None:
             slot = slots.get(id(x))
             if slot is not None:
                 return slot
-            if pointer:
-                # a pointer argument passes an address only: a view of an input's or a new tensor's bytes in another
-                # dtype of the same width (the FP8 kernels read e4m3 as uint8) takes that tensor's slot
-                same = next((t for t in (*inputs, x._base) if t is not None and _same_bytes(x, t)), None)
-                if same is not None:
-                    return slot_of(same, written)
-            # a new tensor: its own storage (not a view of an input) that a kernel writes, or an empty one
-            if x._base is not None or x.untyped_storage().data_ptr() in storages or not (written or x.numel() == 0):
+            # a new tensor: its own storage that a kernel writes, or an empty one. Not a view, nor a tensor on the
+            # storage of an input or of another new tensor: a dtype view (``x.view(torch.uint8)``) has no _base,
+            # and a replay would allocate it apart from the tensor it views
+            storage = x.untyped_storage().data_ptr()
+            if x._base is not None or storage in storages or not (written or x.numel() == 0):
                 return None
+            if x.numel():
+                storages.add(storage)
             allocations.append((x.size(), x.stride(), x.dtype, x.device, id(x) in self.zeroed))
             slots[id(x)] = slot = len(inputs) + len(allocations) - 1
             return slot
@@ -325,7 +319,7 @@ class _Recording:
                     constants[position] = value.data_ptr()  # one buffer per device, kept for the process's life
                     continue
                 if isinstance(value, torch.Tensor):
-                    tensor_slots.append((position, slot_of(value, True, pointer=True)))
+                    tensor_slots.append((position, slot_of(value, True)))
                 elif isinstance(getattr(value, "base", None), torch.Tensor):
                     descriptor_slots.append((position, slot_of(value.base, True), tuple(value.shape),
                                              tuple(value.strides), tuple(value.block_shape), value.layout,
