@@ -115,3 +115,63 @@ def test_table_takes_the_hopper_dkdv_where_it_fits(head_dim, dtype, expect_launc
     case = make_case((1, 2048, 2048, 2, 2, head_dim), "causal" if head_dim == 256 else "plain", "cuda")
     with forced_ws_dkdv(None, monkeypatch, expect_launch=expect_launch):
         check_against_reference(case, dtype, "cuda", flash_attn_func)
+
+
+# dQ fused into the key-slice dK/dV kernel (kernels/backward_fused_dq.py): float32 atomics, then a scaling pass; the
+# default for non-deterministic calls where the table's entry asks for it (fused_dq)
+FUSED_DQ = configs.TileConfig(32, 128, 8, 3, hopper=True, key_slices=True, fused_dq=True)
+FUSED_DQ_SHAPES = [(2, 1023, 1023, 4, 1, 128), (1, 113, 203, 4, 2, 64), (1, 113, 113, 2, 2, 128),
+                   (1, 4096, 4096, 2, 2, 128), (1, 4096, 4096, 4, 1, 64), (2, 257, 1000, 2, 2, 128),
+                   (2, 1023, 777, 4, 2, 64), (1, 700, 300, 2, 2, 64), (1, 1, 300, 2, 2, 128)]
+
+
+def fused_dq_passes(monkeypatch, expect_fused: bool):
+    """The dK/dV launches under FUSED_DQ, and whether the fused kernel's scaling pass ran."""
+    return forced_launch(monkeypatch, "dq", launch_backward, "_dq_from_sum", None, expect_fused)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("option", ["plain", "causal"])
+@pytest.mark.parametrize("shape", FUSED_DQ_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_fused_dq_matches_reference(shape, option, monkeypatch):
+    with forced_ws_dkdv(FUSED_DQ, monkeypatch), fused_dq_passes(monkeypatch, True):
+        check_against_reference(make_case(shape, option, "cuda"), torch.bfloat16, "cuda", flash_attn_func)
+
+
+@pytest.mark.gpu
+@hopper
+def test_fused_dq_fp16_and_scale(monkeypatch):
+    case = make_case((2, 333, 517, 4, 2, 128), "causal", "cuda")
+    case.options["softmax_scale"] = 0.05
+    with forced_ws_dkdv(FUSED_DQ, monkeypatch), fused_dq_passes(monkeypatch, True):
+        check_against_reference(case, torch.float16, "cuda", flash_attn_func)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_deterministic_backward_keeps_two_passes_and_repeats(head_dim, causal, monkeypatch):
+    """deterministic=True: the fused entry's dK/dV kernel without dQ, then the dQ pass, bitwise repeatable."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 1023, 4, head_dim, dtype=torch.bfloat16, device="cuda") for _ in range(3))
+    dout = torch.randn_like(q)
+
+    def gradients():
+        inputs = [x.detach().requires_grad_() for x in (q, k, v)]
+        out = flash_attn_func(*inputs, causal=causal, deterministic=True)
+        return torch.autograd.grad(out, inputs, dout)
+
+    with forced_ws_dkdv(FUSED_DQ, monkeypatch), fused_dq_passes(monkeypatch, False):
+        first, second = gradients(), gradients()
+    for a, b in zip(first, second, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_table_fuses_dq_where_the_key_slices_run():
+    for head_dim in (64, 128):
+        entry = configs.lookup("hopper", "dkdv", head_dim, False, torch.bfloat16, seqlen=4096, hopper=True)
+        assert entry.key_slices and entry.fused_dq
+        assert launch_backward.fuses_dq(entry, True, AttentionOptions(0.1))
+        assert not launch_backward.fuses_dq(entry, True, AttentionOptions(0.1, deterministic=True))

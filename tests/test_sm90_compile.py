@@ -72,6 +72,12 @@ SWEPT_DKDV_TILES = builds({  # name -> (head dim, causal, TileConfig fields)
     "key slices 64x128x8x2, hdim 64 causal": (64, True,
                                               dict(_TILE_128_KEYS, block_m=64, num_stages=2, key_slices=True)),
     "key slices 32x128x8x3, hdim 128": (128, False, dict(_TILE_128_KEYS, block_m=32, num_stages=3, key_slices=True)),
+    # the key-slice kernel's form with dQ fused (kernels/backward_fused_dq.py): causal, and hdim 128 (the table's
+    # hdim-64 entry builds it in CI)
+    "fused dQ 32x128x8x3, hdim 64 causal": (64, True, dict(_TILE_128_KEYS, block_m=32, num_stages=3, key_slices=True,
+                                                           fused_dq=True)),
+    "fused dQ 32x128x8x3, hdim 128": (128, False, dict(_TILE_128_KEYS, block_m=32, num_stages=3, key_slices=True,
+                                                       fused_dq=True)),
 }, ["gradient-split 32x128x8x3, hdim 128", "key slices 64x128x8x2, hdim 64 causal"])
 # and Hopper dQ tiles outside the table: three consumer warpgroups (192 query rows a program), swept at hdim 64
 _THREE_CONSUMERS_DQ = dict(block_m=128, block_n=64, num_warps=8, num_stages=3, hopper=True, three_consumers=True)

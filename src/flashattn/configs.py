@@ -42,6 +42,8 @@ class TileConfig:
     three_consumers: bool = False
     # Hopper dK/dV: each consumer warpgroup owns 64 of 128 keys and both their gradients (FA3's layout)
     key_slices: bool = False
+    # key slices: dQ too, added into float32 by atomics (5 products, not 7); deterministic calls keep the dQ pass
+    fused_dq: bool = False
 
 
 @dataclass(frozen=True)
@@ -67,8 +69,7 @@ SHORT_SEQLEN = 1024
 SHORTEST_SEQLEN = 512
 LONG_SEQLEN = 8192
 
-# TRITON_INTERPRET=1: an op costs the same at 16 or 32 rows, so 32-row tiles (tests needing more blocks force smaller)
-INTERPRETER = TileConfig(32, 32, 1, 1)
+INTERPRETER = TileConfig(32, 32, 1, 1)  # TRITON_INTERPRET=1: an op costs the same at 16 or 32 rows
 
 
 def _buckets(hdim_64: TileConfig, hdim_128: TileConfig, hdim_256: TileConfig) -> dict:
@@ -89,10 +90,8 @@ HOPPER_FORWARD = PhaseTable(
         (256, True): TileConfig(128, 64, 8, 2),
     },
     # short loops do not pay back the descriptors; causal 64 x 64 tiles waste less of the diagonal
-    short={
-        (64, True): TileConfig(64, 64, 4, 3), (128, True): TileConfig(64, 64, 4, 3),
-        (128, False): TileConfig(128, 64, 8, 3), (256, False): TileConfig(128, 64, 8, 2),
-    },
+    short={(64, True): TileConfig(64, 64, 4, 3), (128, True): TileConfig(64, 64, 4, 3),
+           (128, False): TileConfig(128, 64, 8, 3), (256, False): TileConfig(128, 64, 8, 2)},
     # causal hdim 128 at <= 512 tokens: 32-key blocks, three programs an SM (the cap keeps the packed build there)
     shortest={(128, True): TileConfig(64, 32, 4, 3, max_registers=168)},
     # causal hdim 128 from 8k: the large TMA tile, once the diagonal's waste is small
@@ -140,9 +139,9 @@ HOPPER_DKDV = PhaseTable(
     # causal hdim 128 at <= 1k: no descriptors (the host's time decides there)
     short={(128, True): TileConfig(64, 64, 4, 2, mask_every_block=True)},
     hopper={
-        # key slices, non-causal, from 2k tokens (hopper_from); causal stays on the Triton tiles
-        (64, False): TileConfig(64, 128, 8, 3, hopper=True, key_slices=True),
-        (128, False): TileConfig(32, 128, 8, 3, hopper=True, key_slices=True),
+        # key slices, non-causal, from 2k tokens (hopper_from), dQ fused (32 rows: at 64 the fused hdim 64 spills)
+        (64, False): TileConfig(32, 128, 8, 3, hopper=True, key_slices=True, fused_dq=True),
+        (128, False): TileConfig(32, 128, 8, 3, hopper=True, key_slices=True, fused_dq=True),
         # hdim 256: 64 keys a program, 64-row query blocks on 2 stages (the only tile that fits)
         (256, False): TileConfig(64, 64, 8, 2, hopper=True),
         (256, True): TileConfig(64, 64, 8, 2, hopper=True),
@@ -189,6 +188,7 @@ TABLES = {("hopper", "forward"): HOPPER_FORWARD, ("hopper", "dkdv"): HOPPER_DKDV
           ("hopper", "forward_fp8"): HOPPER_FORWARD_FP8, ("portable", "forward"): PORTABLE_FORWARD,
           ("portable", "dkdv"): PORTABLE_DKDV, ("portable", "dq"): PORTABLE_DQ,
           ("portable", "forward_fp8"): PORTABLE_FORWARD_FP8}
+
 
 def delta_rows(interpret: bool) -> int:
     """Rows a program of the backward's delta = rowsum(dO * O) kernel takes (a bandwidth-bound pass)."""

@@ -34,10 +34,12 @@ from .forward import consumer_warpgroups, hopper_forward_fits, room_for_wide_sto
 from .launcher import launch
 
 
-def _hopper_dkdv(q, k, v, dout, lse, delta, dk, dv, opts: AttentionOptions, config: configs.TileConfig) -> None:
+def _hopper_dkdv(q, k, v, dout, lse, delta, dk, dv, opts: AttentionOptions, config: configs.TileConfig,
+                 dq_sum: torch.Tensor | None = None) -> None:
     """dK and dV (contiguous, k's shape) by a Hopper kernel (``config.key_slices``: the key-slice one); ``delta`` =
-    rowsum(dO * O), lse's layout."""
-    kernel, keys = hopper_dkdv_kernel(config)
+    rowsum(dO * O), lse's layout. ``dq_sum``: the key-slice kernel also adds dQ / softmax_scale into it (float32,
+    q's shape, contiguous, zeroed)."""
+    kernel, keys = hopper_dkdv_kernel(config, fused_dq=dq_sum is not None)
     batch, seqlen_q, nheads, head_dim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     key_blocks = cdiv(seqlen_k, keys)
@@ -45,7 +47,7 @@ def _hopper_dkdv(q, k, v, dout, lse, delta, dk, dv, opts: AttentionOptions, conf
         kernel, (key_blocks * batch * nheads_k,),
         token_descriptor(q, config.block_m), token_descriptor(k, keys), token_descriptor(v, keys),
         token_descriptor(dout, config.block_m),
-        lse, delta, dk, dv, dk.stride(0), dk.stride(1), dk.stride(2),
+        lse, delta, dk, dv, *(() if dq_sum is None else (dq_sum,)), dk.stride(0), dk.stride(1), dk.stride(2),
         seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, opts.softmax_scale, opts.softmax_scale * LOG2E,
         **hopper_dkdv_constexprs(config, head_dim, opts.window_right == 0), num_warps=4,
     )
@@ -88,13 +90,14 @@ def hopper_dq_constexprs(config: configs.TileConfig, head_dim: int, causal: bool
                 LOADER_REGISTERS=configs.HOPPER_LOADER_REGISTERS, WIDE_STORES=room_for_wide_stores(config, head_dim, 2))
 
 
-def hopper_dkdv_kernel(config: configs.TileConfig):
+def hopper_dkdv_kernel(config: configs.TileConfig, fused_dq: bool = False):
     """The Hopper dK/dV kernel of ``config`` and its keys a program: the key-slice kernel (128 keys, 64 on each
-    warpgroup) or the gradient-split one (``config.block_n``)."""
+    warpgroup; ``fused_dq``: its form that adds dQ into float32 too) or the gradient-split one (``config.block_n``)."""
+    from ..kernels.backward_fused_dq import dkdv_dq_key_slices_kernel
     from ..kernels.backward_hopper import KEY_SLICE_PROGRAM_KEYS, dkdv_hopper_kernel, dkdv_key_slices_kernel
 
     if config.key_slices:
-        return dkdv_key_slices_kernel, KEY_SLICE_PROGRAM_KEYS.value
+        return (dkdv_dq_key_slices_kernel if fused_dq else dkdv_key_slices_kernel), KEY_SLICE_PROGRAM_KEYS.value
     return dkdv_hopper_kernel, config.block_n
 
 
@@ -116,6 +119,21 @@ def dkdv_compilable(config: configs.TileConfig, seqlen_q: int) -> configs.TileCo
     if config.peel_diagonal and seqlen_q == 1:
         return dataclasses.replace(config, peel_diagonal=False)
     return config
+
+
+def fuses_dq(config: configs.TileConfig, fits_hopper: bool, opts: AttentionOptions) -> bool:
+    """Whether the dK/dV kernel computes dQ too (five products): the key-slice kernel where the table asks for it,
+    unless the call is deterministic (its atomics add in no fixed order; the two passes are bitwise repeatable)."""
+    return config.hopper and fits_hopper and config.key_slices and config.fused_dq and not opts.deterministic
+
+
+def _dq_from_sum(dq_sum: torch.Tensor, dq: torch.Tensor, opts: AttentionOptions) -> None:
+    """dQ = softmax_scale * the fused kernel's float32 sum, in dq's type (both contiguous, q's shape)."""
+    from ..kernels.backward_fused_dq import dq_from_accumulator
+
+    block = 1024
+    launch(dq_from_accumulator, (cdiv(dq.numel(), block),), dq_sum, dq, opts.softmax_scale, dq.numel(), BLOCK=block,
+           num_warps=4)
 
 
 def _gradient_streams_pay(q: torch.Tensor, layout: Layout, nheads_k: int, opts: AttentionOptions) -> bool:
@@ -215,6 +233,12 @@ def launch_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Atte
     # memory (H200)
     half = q.dtype != torch.float32
     dq_tma = tma_loads(dq_config.tma and half, k, v)
+    if fuses_dq(dkdv_config, fits_hopper, opts):
+        # one pass: dQ summed in float32 by the dK/dV kernel, then scaled and rounded
+        dq_sum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        _hopper_dkdv(q, k, v, dout, lse, delta, dk, dv, opts, dkdv_config, dq_sum)
+        _dq_from_sum(dq_sum, dq, opts)
+        return dq, dk, dv, q.new_empty(0)
     # dK/dV and dQ both read only the inputs and delta, so they may run side by side
     gradient_streams = GradientStreams(q.device) if _gradient_streams_pay(q, layout, nheads_k, opts) else None
     with gradient_streams.first() if gradient_streams else contextlib.nullcontext():
