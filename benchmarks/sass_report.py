@@ -376,6 +376,24 @@ def _gluon_report(kernel, signature: dict, constexprs: dict) -> dict:
     return report(triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}))
 
 
+def quantize_report(head_dim: int, phase: str) -> dict:
+    """:func:`report` of the FP8 quantizer's ``phase`` kernel ("amax" or "quantize") as ``fp8.quantize`` launches it
+    on bfloat16 rows of ``head_dim``, rotated (``launch/quantize_fp8.py``)."""
+    from flashattn import configs
+    from flashattn.kernels import quantize_fp8
+
+    width = configs.padded_head_dim(head_dim)
+    rows, cols, warps = configs.QUANTIZE_TILES[width]
+    kernel = {"amax": quantize_fp8.block_amax_kernel, "quantize": quantize_fp8.quantize_kernel}[phase]
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=width, BLOCK_ROWS=128, ROWS=rows, COLS=cols, ROTATE=True,
+                      UPCAST=False)
+    pointers = {"X": "*bf16", "S": "*bf16", "Out": "*fp8e4nv", "e4m3_max": "fp32"}
+    types = {name: "constexpr" if name in constexprs else pointers.get(name, "*fp32" if name[0].isupper() else "i32")
+             for name in inspect.signature(kernel.fn).parameters}
+    source = ASTSource(fn=kernel, signature=types, constexprs=constexprs, attrs=alignment_hints(types))
+    return report(triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}))
+
+
 def compile_report(kernel, num_warps: int, num_stages: int, constexprs: dict, dtype: str = "bf16",
                    aligned: bool = True, maxnreg: int | None = None, divisible: tuple[str, ...] = ()) -> dict:
     """Compile ``kernel`` for sm90 with these constexprs and launch options; :func:`report` of the result.

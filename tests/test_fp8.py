@@ -195,6 +195,32 @@ def test_kvcache_appends_e4m3_and_attends(torch_backend):
     torch.testing.assert_close(out, expected, rtol=0, atol=2**-8)
 
 
+@pytest.mark.interpreter
+@pytest.mark.parametrize("shape,granularity,hadamard", [
+    ((1, 140, 20, 4, 2, 128), "block", True),
+    ((1, 77, 1, 2, 1, 96), "head", True),
+    ((1, 130, 3, 1, 1, 256), "block", False),
+    ((2, 5, 9, 4, 1, 40), "head", True),
+], ids=str)
+def test_quantizer_kernels_match_the_pytorch_quantizer(triton_backend, monkeypatch, shape, granularity, hadamard):
+    """16-bit dense inputs take the quantizer's two kernels: the PyTorch quantizer's bytes and descales, up to the
+    float32 rounding of the rotation's sums (a descale's last bits; a byte where that moves a value across a rounding
+    boundary)."""
+    q, k, v = (x.to(torch.bfloat16).to(triton_backend) for x in make_inputs(*shape, outliers=True))
+    kernels = fp8.quantize(q, k, v, hadamard=hadamard, seed=3, granularity=granularity)
+    monkeypatch.setenv("FLASHATTN_BACKEND", "torch")
+    reference = fp8.quantize(q, k, v, hadamard=hadamard, seed=3, granularity=granularity)
+    for name in ("q", "k", "v"):
+        ours, theirs = getattr(kernels, name), getattr(reference, name)
+        descale, expected = getattr(kernels, f"{name}_descale"), getattr(reference, f"{name}_descale")
+        assert ours.dtype == fp8.FP8_DTYPE and ours.shape == theirs.shape and descale.shape == expected.shape
+        torch.testing.assert_close(descale, expected, rtol=2**-20, atol=0)
+        assert (ours.view(torch.uint8) != theirs.view(torch.uint8)).float().mean().item() < 1e-3
+        step = 2**-3 * fp8.dequantize(theirs, expected, torch.float64).abs() + 2**-9 * expected.max().item()
+        assert ((fp8.dequantize(ours, descale, torch.float64) - fp8.dequantize(theirs, expected, torch.float64)).abs()
+                <= step).all()
+
+
 # -- the Triton kernel --
 
 

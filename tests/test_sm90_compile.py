@@ -249,6 +249,24 @@ for head_dim, block_n, stages, new_keys, paged, query_rows, consumers, early in 
         assert result["unwritten_uniform_reads"] == 0, (tile, UNWRITTEN_READS)
 
 
+@pytest.mark.skipif(not ALL_BUILDS, reason="GPU machines (or FLASHATTN_ALL_SM90_COMPILES=1): four builds of seconds")
+def test_fp8_quantizer_kernels_compile_without_spills():
+    """The FP8 quantizer's two passes (configs.QUANTIZE_TILES) at head dims 128 and 256 keep S and the rotated rows
+    out of local memory: S held whole in registers spilled up to 11 KB a thread at head dim 256."""
+    script = f"""
+import json, sys
+sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
+import sass_report
+for head_dim in (128, 256):
+    for phase in ("amax", "quantize"):
+        print(json.dumps([sass_report.quantize_report(head_dim, phase)]), flush=True)
+"""
+    results = _compiled(script)
+    assert len(results) == 4
+    for (result,) in results:
+        assert result["STL"] == 0 and result["LDL"] == 0, result
+
+
 def test_hopper_decode_refuses_a_ring_its_consumers_share():
     """Two swapped consumers on a 5-stage ring would take its stages in turn (a fault on the GPU): the kernel's
     assertion stops the compile."""

@@ -188,6 +188,7 @@ TABLES = {("hopper", "forward"): HOPPER_FORWARD, ("hopper", "dkdv"): HOPPER_DKDV
           ("hopper", "forward_fp8"): HOPPER_FORWARD_FP8, ("portable", "forward"): PORTABLE_FORWARD,
           ("portable", "dkdv"): PORTABLE_DKDV, ("portable", "dq"): PORTABLE_DQ,
           ("portable", "forward_fp8"): PORTABLE_FORWARD_FP8}
+QUANTIZE_TILES = {w: (64 if w <= 128 else 32, 32, 8) for w in (32, 64, 128, 256)}  # FP8 quantizer: rows, cols, warps
 
 
 def delta_rows(interpret: bool) -> int:
@@ -211,8 +212,7 @@ HOPPER_CONSUMER_REGISTERS = {2: 240, 3: 160}
 HOPPER_LOADER_REGISTERS = 24
 HOPPER_DECODE_CONSUMER_REGISTERS = 152  # the second consumer warpgroup of a two-consumer decode program
 HOPPER_SHARED_BYTES = 227 * 1024  # the shared memory one program may take
-# K and V bytes that the forward's programs in flight read together: a section of heads well within L2 (50-60 MB)
-HOPPER_L2_SECTION_BYTES = 8 << 20
+HOPPER_L2_SECTION_BYTES = 8 << 20  # K/V bytes the forward's programs in flight read together: well within L2
 # the backward's FLOPs from which dK/dV and dQ run on two streams (about 0.4 ms of kernels): the fork and join cost
 # host time that shorter calls do not win back
 CONCURRENT_GRADIENTS_MIN_FLOPS = 2e11

@@ -154,7 +154,8 @@ def attention(q, k_cache, v_cache, indices: CacheIndices, rotary_cos, rotary_sin
     for b in range(batch):
         positions = torch.arange(int(indices.leftpad[b]), int(indices.total[b]), device=q.device)
         rows = indices.rows(b, positions, k_cache)
-        keys, values = k_cache[rows].unsqueeze(0), v_cache[rows].unsqueeze(0)  # (1, seqlen_k, Hk, D)
+        # (1, seqlen_k, Hk, D) in q's dtype: an e4m3 cache (the FP8 step's) is widened as it is read, one sequence
+        keys, values = (cache[rows].to(q.dtype).unsqueeze(0) for cache in (k_cache, v_cache))
         slopes = None
         if alibi_slopes is not None:
             slopes = alibi_slopes[b] if alibi_slopes.dim() == 2 else alibi_slopes

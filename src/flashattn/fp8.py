@@ -22,6 +22,8 @@ from typing import NamedTuple
 
 import torch
 
+from .backend import backend_for_cpu_tensors, backend_override
+from .configs import padded_head_dim
 from .validation import check_cu_seqlens_pair
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -146,8 +148,18 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hadamard: bool =
     if granularity not in ("block", "head"):
         raise ValueError(f"granularity must be 'block' or 'head', got {granularity!r}")
     nheads_k = k.shape[-2]
+    signs = random_signs(q.shape[-1], seed, q.device) if hadamard else None
+    if not packed and _kernels_quantize(q, k, v):
+        from .launch.quantize_fp8 import quantize_rows, rotation_operands
+
+        rotation = None
+        if hadamard:
+            rotation = rotation_operands(signs, hadamard_pieces(q.shape[-1]), q.dtype, padded_head_dim(q.shape[-1]))
+        (q8, q_descale), (k8, k_descale), (v8, v_descale) = (
+            quantize_rows(x, r, nheads_k, SCALE_BLOCK, E4M3_MAX, granularity == "head", FP8_DTYPE)
+            for x, r in ((q, rotation), (k, rotation), (v, None)))
+        return Quantized(q8, k8, v8, q_descale, k_descale, v_descale)
     if hadamard:
-        signs = random_signs(q.shape[-1], seed, q.device)
         q, k = rotate(q, signs), rotate(k, signs)
     if packed:
         (q8, q_descale), (k8, k_descale), (v8, v_descale) = (
@@ -156,6 +168,18 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hadamard: bool =
         (q8, q_descale), (k8, k_descale), (v8, v_descale) = (
             quantize_tensor(x, nheads_k, granularity) for x in (q, k, v))
     return Quantized(q8, k8, v8, q_descale, k_descale, v_descale)
+
+
+def _kernels_quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether dense 16-bit q, k, v take the quantizer's kernels (``kernels/quantize_fp8.py``): on a GPU unless
+    FLASHATTN_BACKEND=torch, on CPU tensors under the Triton interpreter; non-empty sequences."""
+    if not all(x.dtype in (torch.bfloat16, torch.float16) and x.dtype == q.dtype for x in (q, k, v)):
+        return False
+    if q.shape[1] == 0 or k.shape[1] == 0 or q.shape[-1] > 256 or q.shape[2] % k.shape[2]:
+        return False
+    if q.is_cuda:
+        return backend_override() != "torch"
+    return backend_for_cpu_tensors() == "triton"
 
 
 def dequantize(x: torch.Tensor, descale: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -129,8 +129,8 @@ def flash_attn_with_kvcache(
 
 
 def _fp8_step(tensors: tuple, options: tuple, descales: dict):
-    """A step on float8 tensors: their checks, then :func:`_step` through ``ops_fp8.kvcache`` (bfloat16 queries over
-    the e4m3 caches on the kernels' path, float32 copies on PyTorch's)."""
+    """A step on float8 tensors: their checks, then :func:`_step` through ``ops_fp8.kvcache`` (queries with the
+    descales folded in, over the e4m3 caches)."""
     q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table = tensors[:9]
     rotary_cos, rotary_sin, alibi_slopes = tensors[9:]
     if not fp8.is_fp8(q):
@@ -142,10 +142,9 @@ def _fp8_step(tensors: tuple, options: tuple, descales: dict):
                          f"{tuple(k_cache.shape)}")
     fp8.check_descales(q, k_cache, descales, q.shape[0], None)
 
-    def attend(q_, k_cache_, v_cache_, k_, v_):
-        cache_dtype = k_cache_.dtype if k_cache_.dtype != q_.dtype else None
-        return _step(q_, k_cache_, v_cache_, k_, v_, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
-                     None, None, None, *options, cache_dtype=cache_dtype)
+    def attend(queries, k_cache_, v_cache_, k_, v_):
+        return _step(queries, k_cache_, v_cache_, k_, v_, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                     None, None, None, *options, cache_dtype=k_cache_.dtype)
 
     return ops_fp8.kvcache(q, k_cache, v_cache, k, v, *descales.values(), attend)
 

@@ -179,25 +179,18 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k:
 
 
 def kvcache(q, k_cache, v_cache, k, v, q_descale, k_descale, v_descale, attend):
-    """A KV-cache step on e4m3 tensors. ``attend(q_, k_cache_, v_cache_, k_, v_)`` is the public step on what it is
-    given. The kernels' path gives it bfloat16 queries (q_descale and k_descale folded in) and the e4m3 caches and new
-    keys themselves: the decode kernel widens each K and V tile to bfloat16 as it reads it (exact), appends the e4m3
-    keys as they are, and computes P V in bfloat16 (P is not rounded to e4m3: a step reads the cache once, and its
-    bytes, not its products, set its time). PyTorch's path gives it float32 copies and writes their appended rows,
-    exact e4m3 values, back into the caches. The output takes v_descale and becomes bfloat16."""
+    """A KV-cache step on e4m3 tensors: ``attend(queries, k_cache, v_cache, k, v)`` is the public step with q's and
+    k's descales folded into the queries, over the e4m3 caches and new keys themselves, which the step appends as
+    they are and widens to the queries' dtype as it reads them (exact): float32 queries on PyTorch's path (the
+    definition), bfloat16 on the kernels' (the decode kernel's products are 16-bit; P is not rounded to e4m3: a step
+    reads the cache once, and its bytes, not its products, set its time). The output takes v_descale and becomes
+    bfloat16."""
     batch, nheads_k = q.shape[0], k_cache.shape[2]
     q_descale, k_descale, v_descale = (_per_head(d, batch, nheads_k, q.device) for d in (q_descale, k_descale,
                                                                                         v_descale))
     rows = torch.arange(batch, device=q.device)[:, None]  # (batch, 1): each token takes its batch element's scale
-    if _kernels(q):
-        out, lse = attend(folded_queries(q, q_descale * k_descale, rows).to(torch.bfloat16), k_cache, v_cache, k, v)
-    else:
-        k_cache32, v_cache32 = k_cache.float(), v_cache.float()
-        out, lse = attend(folded_queries(q, q_descale * k_descale, rows), k_cache32, v_cache32,
-                          None if k is None else k.float(), None if v is None else v.float())
-        if k is not None:
-            k_cache.copy_(k_cache32.to(k_cache.dtype))
-            v_cache.copy_(v_cache32.to(v_cache.dtype))
+    queries = folded_queries(q, q_descale * k_descale, rows)
+    out, lse = attend(queries.to(torch.bfloat16) if _kernels(q) else queries, k_cache, v_cache, k, v)
     return folded_queries(out, v_descale, rows).to(torch.bfloat16), lse
 
 

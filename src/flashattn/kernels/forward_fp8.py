@@ -30,7 +30,10 @@ def round_to_e4m3(x):
     # normal e4m3 keeps 3 of float32's 23 mantissa bits: round the 20 dropped ones to nearest even
     bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & ~0xFFFFF
     normal = bits.to(tl.float32, bitcast=True)
-    subnormal = tl.floor(x * 512.0 + 0.5) / 512.0  # below 2^-6 the step is 2^-9
+    steps = x * 512.0  # below 2^-6 the step is 2^-9: round to the nearest step, ties to even
+    floor = tl.floor(steps)
+    rest = steps - floor
+    subnormal = (floor + tl.where((rest > 0.5) | ((rest == 0.5) & (floor % 2 == 1)), 1.0, 0.0)) / 512.0
     return tl.where(x < 0.015625, subnormal, normal)
 
 

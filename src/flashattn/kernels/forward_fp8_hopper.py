@@ -42,6 +42,7 @@ from .forward_hopper import (
     _publish_tile,
     _tile_plan,
     key_ring,
+    q_ring,
     read_tile,
     rows_in_sequence,
     store_rows,
@@ -371,16 +372,9 @@ def attention_forward_fp8_hopper_kernel(
     gl.static_assert(NUM_CONSUMERS == 2 or NUM_CONSUMERS == 3, "two or three consumer warpgroups")
     gl.static_assert(SCALE_BLOCK % BLOCK_N == 0, "a key block takes one k and one v descale")
     total_tiles = row_tiles * batch_heads
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [Q_BUFFERS * NUM_CONSUMERS, ROWS_PER_WARPGROUP, HEAD_DIM],
-                                       q_desc.layout)
+    q_smem, q_ready, q_free, tile_slot = q_ring(q_desc, HEAD_DIM, Q_BUFFERS, NUM_CONSUMERS)
     k_bufs, v_bufs, k_ready, v_ready, k_free, v_free = key_ring(k_desc, vt_desc, HEAD_DIM, BLOCK_N, NUM_STAGES,
                                                                 NUM_CONSUMERS)
-    q_ready = gl.allocate_shared_memory(gl.int64, [Q_BUFFERS, 1], mbarrier.MBarrierLayout())
-    q_free = gl.allocate_shared_memory(gl.int64, [Q_BUFFERS, 1], mbarrier.MBarrierLayout())
-    tile_slot = gl.allocate_shared_memory(gl.int32, [Q_BUFFERS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    for i in gl.static_range(Q_BUFFERS):
-        mbarrier.init(q_ready.index(i), count=1)
-        mbarrier.init(q_free.index(i), count=NUM_CONSUMERS)  # every consumer releases Q
 
     # each consumer's partition spelled out: warp_specialize takes a literal list, one entry per partition, and a
     # tuple built beforehand would turn its constexprs into tensors

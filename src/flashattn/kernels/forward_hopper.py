@@ -254,6 +254,21 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_f
 
 
 @gluon.jit
+def q_ring(q_desc, HEAD_DIM: gl.constexpr, Q_BUFFERS: gl.constexpr, CONSUMERS: gl.constexpr):
+    """The forwards' Q buffers (each consumer's 64 rows, ``Q_BUFFERS`` tiles), their ready and free barriers (every
+    consumer releases Q) and the slots through which the loader hands each buffer's tile number to the consumers."""
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [Q_BUFFERS * CONSUMERS, ROWS_PER_WARPGROUP, HEAD_DIM],
+                                       q_desc.layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [Q_BUFFERS, 1], mbarrier.MBarrierLayout())
+    q_free = gl.allocate_shared_memory(gl.int64, [Q_BUFFERS, 1], mbarrier.MBarrierLayout())
+    tile_slot = gl.allocate_shared_memory(gl.int32, [Q_BUFFERS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    for i in gl.static_range(Q_BUFFERS):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(q_free.index(i), count=CONSUMERS)
+    return q_smem, q_ready, q_free, tile_slot
+
+
+@gluon.jit
 def key_ring(k_desc, v_desc, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
              CONSUMERS: gl.constexpr):
     """The ring of K and V stages and their barriers, the forward's and the dQ kernel's: a stage's K and V each land
@@ -577,16 +592,9 @@ def attention_forward_hopper_kernel(
     1 the copy waits for every consumer's last Q K^T."""
     gl.static_assert(NUM_CONSUMERS == 2 or NUM_CONSUMERS == 3, "two or three consumer warpgroups")
     total_tiles = row_tiles * batch_heads
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [Q_BUFFERS * NUM_CONSUMERS, ROWS_PER_WARPGROUP, HEAD_DIM],
-                                       q_desc.layout)
+    q_smem, q_ready, q_free, tile_slot = q_ring(q_desc, HEAD_DIM, Q_BUFFERS, NUM_CONSUMERS)
     k_bufs, v_bufs, k_ready, v_ready, k_free, v_free = key_ring(k_desc, v_desc, HEAD_DIM, BLOCK_N, NUM_STAGES,
                                                                 NUM_CONSUMERS)
-    q_ready = gl.allocate_shared_memory(gl.int64, [Q_BUFFERS, 1], mbarrier.MBarrierLayout())
-    q_free = gl.allocate_shared_memory(gl.int64, [Q_BUFFERS, 1], mbarrier.MBarrierLayout())
-    tile_slot = gl.allocate_shared_memory(gl.int32, [Q_BUFFERS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    for i in gl.static_range(Q_BUFFERS):
-        mbarrier.init(q_ready.index(i), count=1)
-        mbarrier.init(q_free.index(i), count=NUM_CONSUMERS)  # every consumer releases Q
 
     # each consumer's partition spelled out: warp_specialize takes a literal list, one entry per partition
     if NUM_CONSUMERS == 2:

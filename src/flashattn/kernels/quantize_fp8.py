@@ -1,0 +1,90 @@
+"""FP8 quantization of a (batch, seqlen, nheads, head_dim) 16-bit tensor in two passes (``fp8.quantize``).
+
+- ``block_amax_kernel``: one program per (block of SCALE_BLOCK rows, kv head, batch) takes the amax of the block's
+  rows over the kv head's group of query heads, after the rotation;
+- ``quantize_kernel``: the same rows, rotated again, divided by their descale and rounded to e4m3.
+
+Recomputing the rotation in the second pass costs a small matrix product a tile; keeping the rotated rows between the
+passes would cost a float32 write and read of the whole tensor. A step takes ROWS rows and COLS of the rotated
+columns: x's rows (read again for each column chunk, from L1/L2) times COLS columns of S, so that neither S (128 KB
+at head dim 256) nor the rotated rows need to sit in one thread's registers. The rotation is ``(x @ S) * col_scale``:
+S is the +-1 matrix diag(signs) H (block-diagonal over the Hadamard pieces, zero-padded to BLOCK_D) in x's dtype,
+so its products are exact and only the float32 sums round; ``col_scale`` is 1 / sqrt(n) of each column's piece. Under
+the interpreter (UPCAST), whose 16-bit dot is wrong, the tiles are widened to float32 first (exact), and e4m3's rounding
+is done by hand (``round_to_e4m3``: the interpreter's conversion is wrong where rounding carries into the exponent).
+"""
+
+import triton
+import triton.language as tl
+
+from .forward_fp8 import round_to_e4m3
+
+
+@triton.jit
+def _rotated_tile(x_head, stride_xs, offs_r, seqlen, S, ColScale, col0, HEAD_DIM: tl.constexpr,
+                  BLOCK_D: tl.constexpr, COLS: tl.constexpr, ROTATE: tl.constexpr, UPCAST: tl.constexpr):
+    """Rows ``offs_r`` of one head, rotated, columns [col0, col0 + COLS), in float32 (0 past seqlen and HEAD_DIM)."""
+    offs_c = col0 + tl.arange(0, COLS)
+    rows = x_head + offs_r[:, None].to(tl.int64) * stride_xs
+    if ROTATE:
+        offs_d = tl.arange(0, BLOCK_D)
+        x = tl.load(rows + offs_d[None, :], mask=(offs_r[:, None] < seqlen) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        s = tl.load(S + offs_d[:, None] * BLOCK_D + offs_c[None, :])
+        if UPCAST:
+            y = tl.dot(x.to(tl.float32), s.to(tl.float32), input_precision="ieee")
+        else:
+            y = tl.dot(x, s)
+        y = y * tl.load(ColScale + offs_c)[None, :]
+    else:
+        y = tl.load(rows + offs_c[None, :], mask=(offs_r[:, None] < seqlen) & (offs_c[None, :] < HEAD_DIM),
+                    other=0.0).to(tl.float32)
+    return y, offs_c
+
+
+@triton.jit
+def block_amax_kernel(
+    X, S, ColScale, Amax, seqlen, group_size, stride_xb, stride_xs, stride_xh, stride_ab, stride_ah,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_ROWS: tl.constexpr, ROWS: tl.constexpr,
+    COLS: tl.constexpr, ROTATE: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """Amax (batch, nheads_k, blocks) float32: the largest |rotated x| of each BLOCK_ROWS rows of a kv head's group."""
+    block, head_k, batch = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    amax = 0.0
+    for g in range(0, group_size):
+        x_head = X + batch.to(tl.int64) * stride_xb + (head_k * group_size + g).to(tl.int64) * stride_xh
+        for start in range(block * BLOCK_ROWS, block * BLOCK_ROWS + BLOCK_ROWS, ROWS):
+            offs_r = start + tl.arange(0, ROWS)
+            for col0 in tl.static_range(0, BLOCK_D, COLS):
+                y, _ = _rotated_tile(x_head, stride_xs, offs_r, seqlen, S, ColScale, col0, HEAD_DIM, BLOCK_D, COLS,
+                                     ROTATE, UPCAST)
+                amax = tl.maximum(amax, tl.max(tl.abs(y)))
+    tl.store(Amax + batch.to(tl.int64) * stride_ab + head_k * stride_ah + block, amax)
+
+
+@triton.jit
+def quantize_kernel(
+    X, S, ColScale, Descale, Out, seqlen, group_size, stride_xb, stride_xs, stride_xh, stride_ob, stride_os,
+    stride_oh, stride_db, stride_dh, stride_dblock, e4m3_max,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_ROWS: tl.constexpr, ROWS: tl.constexpr,
+    COLS: tl.constexpr, ROTATE: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """Out e4m3 = rotated x / descale (clamped to +-e4m3_max); the descale of the block (stride_dblock 0: of the
+    whole sequence)."""
+    block, head_k, batch = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    descale = tl.load(Descale + batch.to(tl.int64) * stride_db + head_k * stride_dh + block * stride_dblock)
+    for g in range(0, group_size):
+        head = (head_k * group_size + g).to(tl.int64)
+        x_head = X + batch.to(tl.int64) * stride_xb + head * stride_xh
+        out_head = Out + batch.to(tl.int64) * stride_ob + head * stride_oh
+        for start in range(block * BLOCK_ROWS, block * BLOCK_ROWS + BLOCK_ROWS, ROWS):
+            offs_r = start + tl.arange(0, ROWS)
+            for col0 in tl.static_range(0, BLOCK_D, COLS):
+                y, offs_c = _rotated_tile(x_head, stride_xs, offs_r, seqlen, S, ColScale, col0, HEAD_DIM, BLOCK_D,
+                                          COLS, ROTATE, UPCAST)
+                scaled = tl.minimum(tl.maximum(y / descale, -e4m3_max), e4m3_max)
+                if UPCAST:
+                    magnitude = round_to_e4m3(tl.abs(scaled))
+                    scaled = tl.where(scaled < 0, -magnitude, magnitude)
+                keep = (offs_r[:, None] < seqlen) & (offs_c[None, :] < HEAD_DIM)
+                tl.store(out_head + offs_r[:, None].to(tl.int64) * stride_os + offs_c[None, :],
+                         scaled.to(Out.dtype.element_ty), mask=keep)
