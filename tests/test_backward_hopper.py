@@ -117,8 +117,9 @@ def test_table_takes_the_hopper_dkdv_where_it_fits(head_dim, dtype, expect_launc
         check_against_reference(case, dtype, "cuda", flash_attn_func)
 
 
-# dQ fused into the key-slice dK/dV kernel (kernels/backward_fused_dq.py): float32 atomics, then a scaling pass; the
-# default for non-deterministic calls where the table's entry asks for it (fused_dq)
+# dQ fused into the key-slice dK/dV kernel (kernels/backward_fused_dq.py): float32 dQ^T tiles added by TMA
+# reductions, then a pass that transposes, scales and rounds; the default for non-deterministic calls where the
+# table's entry asks for it (fused_dq)
 FUSED_DQ = configs.TileConfig(32, 128, 8, 3, hopper=True, key_slices=True, fused_dq=True)
 FUSED_DQ_SHAPES = [(2, 1023, 1023, 4, 1, 128), (1, 113, 203, 4, 2, 64), (1, 113, 113, 2, 2, 128),
                    (1, 4096, 4096, 2, 2, 128), (1, 4096, 4096, 4, 1, 64), (2, 257, 1000, 2, 2, 128),
@@ -127,7 +128,7 @@ FUSED_DQ_SHAPES = [(2, 1023, 1023, 4, 1, 128), (1, 113, 203, 4, 2, 64), (1, 113,
 
 def fused_dq_passes(monkeypatch, expect_fused: bool):
     """The dK/dV launches under FUSED_DQ, and whether the fused kernel's scaling pass ran."""
-    return forced_launch(monkeypatch, "dq", launch_backward, "_dq_from_sum", None, expect_fused)
+    return forced_launch(monkeypatch, "dq", launch_backward, "_dq_from_accumulator", None, expect_fused)
 
 
 @pytest.mark.gpu
@@ -175,3 +176,20 @@ def test_table_fuses_dq_where_the_key_slices_run():
         assert entry.key_slices and entry.fused_dq
         assert launch_backward.fuses_dq(entry, True, AttentionOptions(0.1))
         assert not launch_backward.fuses_dq(entry, True, AttentionOptions(0.1, deterministic=True))
+
+
+@pytest.mark.parametrize("seqlen_q", [1, 7, 64, 130])
+def test_dq_accumulator_and_its_conversion(seqlen_q):
+    """The fused kernel's dQ^T accumulator: its rows padded to 4 floats (TMA's 16-byte stride), its descriptor one
+    head's rows by a query block, and the pass back to dq (transposed, scaled, rounded) under the interpreter, in
+    float16 (the interpreter's bfloat16 rounding is not round-to-nearest-even)."""
+    q = torch.empty(2, seqlen_q, 3, 64, dtype=torch.float16)
+    acc = launch_backward.dq_accumulator(q)
+    assert acc.shape == (2, 3, 64, -(-seqlen_q // 4) * 4) and not acc.any()
+    desc = launch_backward.dq_accumulator_descriptor(acc, seqlen_q, 32)
+    assert list(desc.shape) == [2 * 3 * 64, seqlen_q] and list(desc.strides) == [acc.stride(2), 1]
+    assert list(desc.block_shape) == [64, 32]
+    acc.normal_()
+    dq = torch.empty_like(q)
+    launch_backward._dq_from_accumulator(acc, dq, AttentionOptions(0.125))
+    assert torch.equal(dq, (acc[..., :seqlen_q].permute(0, 3, 1, 2) * 0.125).half())

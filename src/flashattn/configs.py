@@ -42,7 +42,7 @@ class TileConfig:
     three_consumers: bool = False
     # Hopper dK/dV: each consumer warpgroup owns 64 of 128 keys and both their gradients (FA3's layout)
     key_slices: bool = False
-    # key slices: dQ too, added into float32 by atomics (5 products, not 7); deterministic calls keep the dQ pass
+    # key slices: dQ too, added into float32 by TMA reductions (5 products, not 7); deterministic calls keep 2 passes
     fused_dq: bool = False
 
 

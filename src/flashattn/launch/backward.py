@@ -25,29 +25,31 @@ from .common import (
     last_dim_contiguous,
     mask_arguments,
     strides,
+    tile_layout,
     tma_compatible,
     tma_loads,
     token_descriptor,
     token_rows,
 )
 from .forward import consumer_warpgroups, hopper_forward_fits, room_for_wide_stores, tile_plan_arguments
-from .launcher import launch
+from .launcher import launch, zeros
 
 
 def _hopper_dkdv(q, k, v, dout, lse, delta, dk, dv, opts: AttentionOptions, config: configs.TileConfig,
-                 dq_sum: torch.Tensor | None = None) -> None:
+                 dq_acc: torch.Tensor | None = None) -> None:
     """dK and dV (contiguous, k's shape) by a Hopper kernel (``config.key_slices``: the key-slice one); ``delta`` =
-    rowsum(dO * O), lse's layout. ``dq_sum``: the key-slice kernel also adds dQ / softmax_scale into it (float32,
-    q's shape, contiguous, zeroed)."""
-    kernel, keys = hopper_dkdv_kernel(config, fused_dq=dq_sum is not None)
+    rowsum(dO * O), lse's layout. ``dq_acc``: the key-slice kernel also adds dQ^T / softmax_scale into it
+    (``dq_accumulator``)."""
+    kernel, keys = hopper_dkdv_kernel(config, fused_dq=dq_acc is not None)
     batch, seqlen_q, nheads, head_dim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     key_blocks = cdiv(seqlen_k, keys)
+    dq_arguments = () if dq_acc is None else (dq_accumulator_descriptor(dq_acc, seqlen_q, config.block_m),)
     launch(
         kernel, (key_blocks * batch * nheads_k,),
         token_descriptor(q, config.block_m), token_descriptor(k, keys), token_descriptor(v, keys),
         token_descriptor(dout, config.block_m),
-        lse, delta, dk, dv, *(() if dq_sum is None else (dq_sum,)), dk.stride(0), dk.stride(1), dk.stride(2),
+        lse, delta, dk, dv, *dq_arguments, dk.stride(0), dk.stride(1), dk.stride(2),
         seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, opts.softmax_scale, opts.softmax_scale * LOG2E,
         **hopper_dkdv_constexprs(config, head_dim, opts.window_right == 0), num_warps=4,
     )
@@ -123,17 +125,35 @@ def dkdv_compilable(config: configs.TileConfig, seqlen_q: int) -> configs.TileCo
 
 def fuses_dq(config: configs.TileConfig, fits_hopper: bool, opts: AttentionOptions) -> bool:
     """Whether the dK/dV kernel computes dQ too (five products): the key-slice kernel where the table asks for it,
-    unless the call is deterministic (its atomics add in no fixed order; the two passes are bitwise repeatable)."""
+    unless the call is deterministic (its reductions add in no fixed order; the two passes are bitwise repeatable)."""
     return config.hopper and fits_hopper and config.key_slices and config.fused_dq and not opts.deterministic
 
 
-def _dq_from_sum(dq_sum: torch.Tensor, dq: torch.Tensor, opts: AttentionOptions) -> None:
-    """dQ = softmax_scale * the fused kernel's float32 sum, in dq's type (both contiguous, q's shape)."""
+def dq_accumulator(q: torch.Tensor) -> torch.Tensor:
+    """The fused kernel's float32 dQ^T, zeroed: (batch, nheads, head_dim, seqlen_q rounded up to 4), as TMA's row
+    stride must be a multiple of 16 bytes (the columns past seqlen_q are never written or read)."""
+    batch, seqlen_q, nheads, head_dim = q.shape
+    return zeros((batch, nheads, head_dim, cdiv(seqlen_q, 4) * 4), torch.float32, q.device)
+
+
+def dq_accumulator_descriptor(dq_acc: torch.Tensor, seqlen_q: int, block_m: int):
+    """A host-side TMA descriptor of ``dq_accumulator`` as (batch * nheads * head_dim, seqlen_q) rows, one head's
+    rows by ``block_m`` queries a block: the reductions' columns past seqlen_q are dropped."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    head_dim = dq_acc.shape[2]
+    return TensorDescriptor(dq_acc, [dq_acc.shape[0] * dq_acc.shape[1] * head_dim, seqlen_q], [dq_acc.stride(2), 1],
+                            [head_dim, block_m], tile_layout(head_dim, block_m, torch.float32))
+
+
+def _dq_from_accumulator(dq_acc: torch.Tensor, dq: torch.Tensor, opts: AttentionOptions) -> None:
+    """dQ (contiguous, q's shape, its type) = softmax_scale * the fused kernel's ``dq_accumulator``."""
     from ..kernels.backward_fused_dq import dq_from_accumulator
 
-    block = 1024
-    launch(dq_from_accumulator, (cdiv(dq.numel(), block),), dq_sum, dq, opts.softmax_scale, dq.numel(), BLOCK=block,
-           num_warps=4)
+    batch, seqlen_q, nheads, head_dim = dq.shape
+    block = 64
+    launch(dq_from_accumulator, (cdiv(seqlen_q, block), batch * nheads), dq_acc, dq, opts.softmax_scale, seqlen_q,
+           nheads, dq_acc.stride(2), HEAD_DIM=head_dim, BLOCK_M=block, num_warps=4)
 
 
 def _gradient_streams_pay(q: torch.Tensor, layout: Layout, nheads_k: int, opts: AttentionOptions) -> bool:
@@ -234,10 +254,10 @@ def launch_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Atte
     half = q.dtype != torch.float32
     dq_tma = tma_loads(dq_config.tma and half, k, v)
     if fuses_dq(dkdv_config, fits_hopper, opts):
-        # one pass: dQ summed in float32 by the dK/dV kernel, then scaled and rounded
-        dq_sum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        _hopper_dkdv(q, k, v, dout, lse, delta, dk, dv, opts, dkdv_config, dq_sum)
-        _dq_from_sum(dq_sum, dq, opts)
+        # one pass: dQ^T summed in float32 by the dK/dV kernel, then transposed, scaled and rounded
+        dq_acc = dq_accumulator(q)
+        _hopper_dkdv(q, k, v, dout, lse, delta, dk, dv, opts, dkdv_config, dq_acc)
+        _dq_from_accumulator(dq_acc, dq, opts)
         return dq, dk, dv, q.new_empty(0)
     # dK/dV and dQ both read only the inputs and delta, so they may run side by side
     gradient_streams = GradientStreams(q.device) if _gradient_streams_pay(q, layout, nheads_k, opts) else None
