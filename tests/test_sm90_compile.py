@@ -114,6 +114,19 @@ for report, head_dim, causal, fields, varlen in {builds!r}:
 # sass_report's count of reads of a uniform register that a path leaves unwritten (benchmarks/sass_uniform_reads.py):
 # ptxas 12.8 built the two-Q-tile Hopper forward that way, and it read another tile's Q (docs/perf-notes.md)
 UNWRITTEN_READS = "ptxas reads a uniform register (a wgmma descriptor?) that a path leaves unwritten"
+TMA_REDUCTION = "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.bulk_group"
+
+
+def check_dq_reductions(name: str, result: dict) -> None:
+    """No per-element global reduction in a dK/dV build; the fused dK/dV/dQ kernel adds dQ^T by TMA tile reductions
+    (one a consumer in its loop, one after), stores nothing to local memory in its loops (with per-element reductions
+    its hdim-128 build spilled about 45 values a block) and fits one SM's shared memory."""
+    reductions = result["ptx_reductions"]
+    assert not any(op.startswith(("red.", "atom.")) for op in reductions), f"{name}: {reductions}"
+    if "fused dQ" in name or reductions:
+        assert reductions == {TMA_REDUCTION: 4}, f"{name}: {reductions}"
+        assert result["loop_STL"] == 0, f"{name}: spills in its loops ({result['loops']})"
+        assert result["shared_bytes"] <= 227 * 1024, f"{name}: {result['shared_bytes']} bytes of shared memory"
 
 
 def _compiled(script: str) -> list:
@@ -139,6 +152,8 @@ def test_table_kernels_keep_wgmma_asynchronous(pair):
         assert result["HGMMA"] > 0, f"{name}: no wgmma at all (HMMA {result['HMMA']})"
         assert result["wgmma_serialized"] is None, f"{name}: ptxas serialized the wgmma: {result['wgmma_serialized']}"
         assert result["unwritten_uniform_reads"] == 0, f"{name}: {UNWRITTEN_READS}"
+        if phase.startswith("dkdv"):
+            check_dq_reductions(name, result)
 
 
 # One query: Triton makes seqlen_q = 1 a constant, and ptxas died (SIGSEGV) on the peeled causal hdim-64 dK/dV kernel
@@ -171,6 +186,8 @@ def test_swept_hopper_tiles_keep_wgmma_asynchronous(names):
         assert result["HGMMA"] > 0, f"{name}: no wgmma at all"
         assert result["wgmma_serialized"] is None, f"{name}: ptxas serialized the wgmma: {result['wgmma_serialized']}"
         assert result["unwritten_uniform_reads"] == 0, f"{name}: {UNWRITTEN_READS}"
+        if name in SWEPT_DKDV_TILES:
+            check_dq_reductions(name, result)
         if name in SWEPT_DQ_TILES:  # 160 registers a consumer thread hold the three-consumer dQ without spills
             assert result["STL"] == 0 and result["LDL"] == 0, f"{name}: spills"
 
