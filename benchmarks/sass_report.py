@@ -399,15 +399,16 @@ def quantize_report(head_dim: int, phase: str) -> dict:
     from flashattn.kernels import quantize_fp8
 
     width = configs.padded_head_dim(head_dim)
-    rows, cols, warps = configs.QUANTIZE_TILES[width]
+    rows, cols, warps, stages = configs.QUANTIZE_TILES[width]
     kernel = {"amax": quantize_fp8.block_amax_kernel, "quantize": quantize_fp8.quantize_kernel}[phase]
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=width, BLOCK_ROWS=128, ROWS=rows, COLS=cols, ROTATE=True,
-                      UPCAST=False)
+                      UPCAST=False, **({"DESCALE": True} if phase == "amax" else {}))
     pointers = {"X": "*bf16", "S": "*bf16", "Out": "*fp8e4nv", "e4m3_max": "fp32"}
     types = {name: "constexpr" if name in constexprs else pointers.get(name, "*fp32" if name[0].isupper() else "i32")
              for name in inspect.signature(kernel.fn).parameters}
     source = ASTSource(fn=kernel, signature=types, constexprs=constexprs, attrs=alignment_hints(types))
-    return report(triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}))
+    return report(triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                                 options={"num_warps": warps, "num_stages": stages}))
 
 
 def compile_report(kernel, num_warps: int, num_stages: int, constexprs: dict, dtype: str = "bf16",

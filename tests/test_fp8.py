@@ -392,18 +392,30 @@ def test_p_scale_keeps_small_probabilities():
 # -- the Gluon kernel (sm90: kernels/forward_fp8_hopper.py) --
 
 
-def test_permuted_transposed_v_orders_keys_as_the_p_operand():
+@pytest.mark.parametrize("keys, head_dim", [(113, 40), (1, 16), (200, 256)])
+def test_permuted_transposed_v_orders_keys_as_the_p_operand(triton_backend, keys, head_dim):
     """V^T for the Gluon kernel: keys padded with zeros to a multiple of 32, position k of each 32 holding key
-    16 k4 + 8 k1 + 4 k3 + 2 k2 + k0 (the P operand's order)."""
+    16 k4 + 8 k1 + 4 k3 + 2 k2 + k0 (the P operand's order); v a strided view."""
     from flashattn.launch.forward_fp8 import permuted_transposed_v
 
-    v = torch.randn(2, 113, 3, 16).to(torch.float8_e4m3fn)
+    width = -(-keys // 32) * 32
+    v = torch.randn(2, 3, keys, head_dim, device=triton_backend).to(torch.float8_e4m3fn).transpose(1, 2)
     vt = permuted_transposed_v(v).view(torch.uint8)
-    assert vt.shape == (2, 3, 16, 128) and vt.is_contiguous()
-    bits = [(torch.arange(128) >> i) & 1 for i in range(5)]
-    keys = torch.arange(128) // 32 * 32 + 16 * bits[4] + 8 * bits[1] + 4 * bits[3] + 2 * bits[2] + bits[0]
-    padded = torch.cat([v.view(torch.uint8), torch.zeros(2, 15, 3, 16, dtype=torch.uint8)], dim=1)
-    assert torch.equal(vt, padded[:, keys].permute(0, 2, 3, 1))
+    assert vt.shape == (2, 3, head_dim, width) and vt.is_contiguous()
+    bits = [(torch.arange(width) >> i) & 1 for i in range(5)]
+    order = torch.arange(width) // 32 * 32 + 16 * bits[4] + 8 * bits[1] + 4 * bits[3] + 2 * bits[2] + bits[0]
+    padded = torch.cat([v.cpu().view(torch.uint8), torch.zeros(2, width - keys, 3, head_dim, dtype=torch.uint8)], 1)
+    assert torch.equal(vt.cpu(), padded[:, order].permute(0, 2, 3, 1))
+
+
+def test_transposed_v_dense_and_packed(triton_backend):
+    """V^T for the Triton FP8 kernel: (B, Sk, Hk, D) -> (B, Hk, D, Sk), packed (total, Hk, D) -> (Hk, D, total)."""
+    from flashattn.launch.forward_fp8 import transposed_v
+
+    v = torch.randn(2, 77, 3, 96, device=triton_backend).to(torch.float8_e4m3fn)
+    assert torch.equal(transposed_v(v).view(torch.uint8), v.view(torch.uint8).permute(0, 2, 3, 1))
+    packed = v[:, :, :, :64].reshape(154, 3, 64)  # a copy: the head dim's rows are strided
+    assert torch.equal(transposed_v(packed[::2]).view(torch.uint8), packed[::2].view(torch.uint8).permute(1, 2, 0))
 
 
 def needs_hopper():
@@ -442,8 +454,8 @@ def test_fp8_gluon_kernel_gpu(triton_backend, shape, granularity, options):
 @pytest.mark.gpu
 def test_fp8_launch_picks_the_gluon_kernel_where_it_fits(triton_backend, monkeypatch):
     """Dense causal or unmasked calls at head dims 64/128/256 take the Gluon kernel; a window, a softcap, another
-    head dim and packed calls take the Triton one."""
-    from flashattn.kernels import forward_fp8_hopper
+    head dim and packed calls take the Triton one (each after its V^T copy)."""
+    from flashattn.kernels import forward_fp8_hopper, transpose_fp8
     from flashattn.launch import forward_fp8
 
     needs_hopper()
@@ -451,7 +463,8 @@ def test_fp8_launch_picks_the_gluon_kernel_where_it_fits(triton_backend, monkeyp
     real = forward_fp8.launch
 
     def recording(kernel, *args, **kwargs):
-        picked.append(kernel is forward_fp8_hopper.attention_forward_fp8_hopper_kernel)
+        if kernel is not transpose_fp8.transpose_v_kernel:
+            picked.append(kernel is forward_fp8_hopper.attention_forward_fp8_hopper_kernel)
         return real(kernel, *args, **kwargs)
 
     monkeypatch.setattr(forward_fp8, "launch", recording)
@@ -471,3 +484,16 @@ def test_fp8_launch_picks_the_gluon_kernel_where_it_fits(triton_backend, monkeyp
     picked.clear()
     flash_attn_varlen_func(*packed[:3], cu, cu, 200, 200, **descale_kwargs(packed))
     assert picked == [False]
+
+
+def test_fp8_bench_rows(torch_backend):
+    """``flashattn bench --dtype fp8``'s case: a row a provider, TFLOP/s for the attentions, milliseconds only for
+    the quantizer, no provider failing (the CPU runs the PyTorch path)."""
+    from flashattn.tools.bench import FP8_PROVIDERS, BenchCase, measure_fp8_case
+
+    case = BenchCase(batch=1, seqlen=64, nheads=2, head_dim=32, causal=True)
+    rows = measure_fp8_case(case, torch.device("cpu"), ["flashattn", *FP8_PROVIDERS])
+    assert [row.provider for row in rows] == ["flashattn", *FP8_PROVIDERS]
+    for row in rows:
+        assert row.error is None and row.fwd_ms > 0, row
+        assert (row.fwd_tflops is None) == (row.provider == "quantize"), row

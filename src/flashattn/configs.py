@@ -188,7 +188,8 @@ TABLES = {("hopper", "forward"): HOPPER_FORWARD, ("hopper", "dkdv"): HOPPER_DKDV
           ("hopper", "forward_fp8"): HOPPER_FORWARD_FP8, ("portable", "forward"): PORTABLE_FORWARD,
           ("portable", "dkdv"): PORTABLE_DKDV, ("portable", "dq"): PORTABLE_DQ,
           ("portable", "forward_fp8"): PORTABLE_FORWARD_FP8}
-QUANTIZE_TILES = {w: (64 if w <= 128 else 32, 32, 8) for w in (32, 64, 128, 256)}  # FP8 quantizer: rows, cols, warps
+QUANTIZE_TILES = {32: (64, 32, 4, 1), 64: (64, 64, 4, 1), 128: (64, 128, 4, 1), 256: (64, 64, 8, 1)}  # see fp8.md
+TRANSPOSE_V_TILE = (64, 4)  # the FP8 forward's V^T copy (launch/forward_fp8.py): keys a program, warps
 
 
 def delta_rows(interpret: bool) -> int:
@@ -203,7 +204,6 @@ def paged_forward(config: TileConfig) -> TileConfig:
     if not config.tma:
         return config
     return dataclasses.replace(config, block_n=min(config.block_n, 64), tma=False)
-
 
 # -- Budgets of the Hopper kernels --
 

@@ -24,15 +24,9 @@ import torch
 
 from .backend import backend_for_cpu_tensors, backend_override
 from .configs import padded_head_dim
+from .fp8_format import E4M3_MAX, FP8_DTYPE, SCALE_BLOCK
+from .fp8_format import P_SCALE as P_SCALE  # public here too: what the kernels scale P by
 from .validation import check_cu_seqlens_pair
-
-FP8_DTYPE = torch.float8_e4m3fn
-E4M3_MAX = 448.0  # the largest finite e4m3 value
-SCALE_BLOCK = 128  # sequence rows per block descale
-P_SCALE = 256.0
-"""The kernel's probabilities P in [0, 1] are multiplied by this before their rounding to e4m3 (and the output
-divided by it): 256 P stays below E4M3_MAX, a power of two scales exactly, and it keeps P down to 2^-17 out of
-e4m3's subnormals (P < 2^-10 would round to zero unscaled)."""
 
 
 class Quantized(NamedTuple):
@@ -52,11 +46,15 @@ def hadamard_pieces(head_dim: int) -> list[int]:
 
 
 def random_signs(head_dim: int, seed: int | None, device: torch.device) -> torch.Tensor:
-    """+-1 float32 signs of the rotation, drawn from ``seed`` (None: from torch's default generator)."""
+    """+-1 float32 signs of the rotation, drawn from ``seed`` (None: from torch's default generator) on the CPU, so
+    that a seed gives the same rotation on any device. The copy to a GPU is from pinned memory, asynchronous: from
+    pageable memory the driver may wait for the stream's earlier work, which would drain a quantize call's queue."""
     generator = torch.Generator()
     generator.manual_seed(int(torch.randint(0, 2**62, (1,))) if seed is None else seed)
-    bits = torch.randint(0, 2, (head_dim,), generator=generator)
-    return (bits * 2 - 1).to(device=device, dtype=torch.float32)
+    signs = torch.randint(0, 2, (head_dim,), generator=generator).to(torch.float32) * 2 - 1
+    if device.type == "cuda":
+        return signs.pin_memory().to(device, non_blocking=True)
+    return signs.to(device)
 
 
 def rotation_matrix(signs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -268,7 +266,3 @@ def canonical_descales(descales: tuple, batch: int, nheads_k: int, device: torch
     ones = torch.ones(1, 1, 1, device=device).expand(batch, nheads_k, 1)
     views = [ones if d is None else d if d.dim() == 3 else d[:, :, None] for d in descales]
     return tuple(views)
-
-
-def has_blocks(descales: tuple[torch.Tensor, ...]) -> bool:
-    return any(d.shape[2] > 1 for d in descales)

@@ -5,13 +5,14 @@
 - ``quantize_kernel``: the same rows, rotated again, divided by their descale and rounded to e4m3.
 
 Recomputing the rotation in the second pass costs a small matrix product a tile; keeping the rotated rows between the
-passes would cost a float32 write and read of the whole tensor. A step takes ROWS rows and COLS of the rotated
-columns: x's rows (read again for each column chunk, from L1/L2) times COLS columns of S, so that neither S (128 KB
-at head dim 256) nor the rotated rows need to sit in one thread's registers. The rotation is ``(x @ S) * col_scale``:
-S is the +-1 matrix diag(signs) H (block-diagonal over the Hadamard pieces, zero-padded to BLOCK_D) in x's dtype,
-so its products are exact and only the float32 sums round; ``col_scale`` is 1 / sqrt(n) of each column's piece. Under
-the interpreter (UPCAST), whose 16-bit dot is wrong, the tiles are widened to float32 first (exact), and e4m3's rounding
-is done by hand (``round_to_e4m3``: the interpreter's conversion is wrong where rounding carries into the exponent).
+passes would cost a float32 write and read of the whole tensor. A step loads ROWS rows of x once and rotates them COLS
+columns at a time (x times COLS columns of S), so that neither S (128 KB at head dim 256) nor the rotated rows need
+to sit in one thread's registers; v, not rotated, is taken whole rows at a time. The rotation is
+``(x @ S) * col_scale``: S is the +-1 matrix diag(signs) H (block-diagonal over the Hadamard pieces, zero-padded to
+BLOCK_D) in x's dtype, so its products are exact and only the float32 sums round; ``col_scale`` is 1 / sqrt(n) of
+each column's piece. Under the interpreter (UPCAST), whose 16-bit dot is wrong, the tiles are widened to float32
+first (exact), and e4m3's rounding is done by hand (``round_to_e4m3``: the interpreter's conversion is wrong where
+rounding carries into the exponent).
 """
 
 import triton
@@ -21,43 +22,61 @@ from .forward_fp8 import round_to_e4m3
 
 
 @triton.jit
-def _rotated_tile(x_head, stride_xs, offs_r, seqlen, S, ColScale, col0, HEAD_DIM: tl.constexpr,
-                  BLOCK_D: tl.constexpr, COLS: tl.constexpr, ROTATE: tl.constexpr, UPCAST: tl.constexpr):
-    """Rows ``offs_r`` of one head, rotated, columns [col0, col0 + COLS), in float32 (0 past seqlen and HEAD_DIM)."""
+def _row_tile(x_head, stride_xs, offs_r, seqlen, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Rows ``offs_r`` of one head, (ROWS, BLOCK_D) in x's dtype, 0 past seqlen and HEAD_DIM."""
+    offs_d = tl.arange(0, BLOCK_D)
+    return tl.load(x_head + offs_r[:, None].to(tl.int64) * stride_xs + offs_d[None, :],
+                   mask=(offs_r[:, None] < seqlen) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+
+
+@triton.jit
+def _rotated_columns(x, S, ColScale, col0, BLOCK_D: tl.constexpr, COLS: tl.constexpr, UPCAST: tl.constexpr):
+    """Columns [col0, col0 + COLS) of the rotated rows x @ S * col_scale, float32."""
+    offs_d = tl.arange(0, BLOCK_D)
     offs_c = col0 + tl.arange(0, COLS)
-    rows = x_head + offs_r[:, None].to(tl.int64) * stride_xs
-    if ROTATE:
-        offs_d = tl.arange(0, BLOCK_D)
-        x = tl.load(rows + offs_d[None, :], mask=(offs_r[:, None] < seqlen) & (offs_d[None, :] < HEAD_DIM), other=0.0)
-        s = tl.load(S + offs_d[:, None] * BLOCK_D + offs_c[None, :])
-        if UPCAST:
-            y = tl.dot(x.to(tl.float32), s.to(tl.float32), input_precision="ieee")
-        else:
-            y = tl.dot(x, s)
-        y = y * tl.load(ColScale + offs_c)[None, :]
+    s = tl.load(S + offs_d[:, None] * BLOCK_D + offs_c[None, :])
+    if UPCAST:
+        y = tl.dot(x.to(tl.float32), s.to(tl.float32), input_precision="ieee")
     else:
-        y = tl.load(rows + offs_c[None, :], mask=(offs_r[:, None] < seqlen) & (offs_c[None, :] < HEAD_DIM),
-                    other=0.0).to(tl.float32)
-    return y, offs_c
+        y = tl.dot(x, s)
+    return y * tl.load(ColScale + offs_c)[None, :]
+
+
+@triton.jit
+def _store_e4m3(out_head, stride_os, offs_r, offs_c, y, descale, e4m3_max, seqlen, HEAD_DIM: tl.constexpr,
+                UPCAST: tl.constexpr):
+    """y / descale, clamped to +-e4m3_max and rounded to e4m3, at rows offs_r and columns offs_c of one head."""
+    scaled = tl.minimum(tl.maximum(y / descale, -e4m3_max), e4m3_max)
+    if UPCAST:
+        magnitude = round_to_e4m3(tl.abs(scaled))
+        scaled = tl.where(scaled < 0, -magnitude, magnitude)
+    keep = (offs_r[:, None] < seqlen) & (offs_c[None, :] < HEAD_DIM)
+    tl.store(out_head + offs_r[:, None].to(tl.int64) * stride_os + offs_c[None, :],
+             scaled.to(out_head.dtype.element_ty), mask=keep)
 
 
 @triton.jit
 def block_amax_kernel(
-    X, S, ColScale, Amax, seqlen, group_size, stride_xb, stride_xs, stride_xh, stride_ab, stride_ah,
+    X, S, ColScale, Amax, seqlen, group_size, stride_xb, stride_xs, stride_xh, stride_ab, stride_ah, e4m3_max,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_ROWS: tl.constexpr, ROWS: tl.constexpr,
-    COLS: tl.constexpr, ROTATE: tl.constexpr, UPCAST: tl.constexpr,
+    COLS: tl.constexpr, ROTATE: tl.constexpr, UPCAST: tl.constexpr, DESCALE: tl.constexpr,
 ):
-    """Amax (batch, nheads_k, blocks) float32: the largest |rotated x| of each BLOCK_ROWS rows of a kv head's group."""
+    """Amax (batch, nheads_k, blocks) float32: the largest |rotated x| of each BLOCK_ROWS rows of a kv head's group;
+    with DESCALE the block's descale instead, amax / e4m3_max (1 for an all-zero block)."""
     block, head_k, batch = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     amax = 0.0
     for g in range(0, group_size):
         x_head = X + batch.to(tl.int64) * stride_xb + (head_k * group_size + g).to(tl.int64) * stride_xh
         for start in range(block * BLOCK_ROWS, block * BLOCK_ROWS + BLOCK_ROWS, ROWS):
-            offs_r = start + tl.arange(0, ROWS)
-            for col0 in tl.static_range(0, BLOCK_D, COLS):
-                y, _ = _rotated_tile(x_head, stride_xs, offs_r, seqlen, S, ColScale, col0, HEAD_DIM, BLOCK_D, COLS,
-                                     ROTATE, UPCAST)
-                amax = tl.maximum(amax, tl.max(tl.abs(y)))
+            x = _row_tile(x_head, stride_xs, start + tl.arange(0, ROWS), seqlen, HEAD_DIM, BLOCK_D)
+            if ROTATE:
+                for col0 in tl.static_range(0, BLOCK_D, COLS):
+                    y = _rotated_columns(x, S, ColScale, col0, BLOCK_D, COLS, UPCAST)
+                    amax = tl.maximum(amax, tl.max(tl.abs(y)))
+            else:
+                amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32))))
+    if DESCALE:
+        amax = tl.where(amax > 0, tl.math.div_rn(amax, e4m3_max), 1.0)  # rounded as PyTorch divides
     tl.store(Amax + batch.to(tl.int64) * stride_ab + head_k * stride_ah + block, amax)
 
 
@@ -78,13 +97,12 @@ def quantize_kernel(
         out_head = Out + batch.to(tl.int64) * stride_ob + head * stride_oh
         for start in range(block * BLOCK_ROWS, block * BLOCK_ROWS + BLOCK_ROWS, ROWS):
             offs_r = start + tl.arange(0, ROWS)
-            for col0 in tl.static_range(0, BLOCK_D, COLS):
-                y, offs_c = _rotated_tile(x_head, stride_xs, offs_r, seqlen, S, ColScale, col0, HEAD_DIM, BLOCK_D,
-                                          COLS, ROTATE, UPCAST)
-                scaled = tl.minimum(tl.maximum(y / descale, -e4m3_max), e4m3_max)
-                if UPCAST:
-                    magnitude = round_to_e4m3(tl.abs(scaled))
-                    scaled = tl.where(scaled < 0, -magnitude, magnitude)
-                keep = (offs_r[:, None] < seqlen) & (offs_c[None, :] < HEAD_DIM)
-                tl.store(out_head + offs_r[:, None].to(tl.int64) * stride_os + offs_c[None, :],
-                         scaled.to(Out.dtype.element_ty), mask=keep)
+            x = _row_tile(x_head, stride_xs, offs_r, seqlen, HEAD_DIM, BLOCK_D)
+            if ROTATE:
+                for col0 in tl.static_range(0, BLOCK_D, COLS):
+                    y = _rotated_columns(x, S, ColScale, col0, BLOCK_D, COLS, UPCAST)
+                    _store_e4m3(out_head, stride_os, offs_r, col0 + tl.arange(0, COLS), y, descale, e4m3_max, seqlen,
+                                HEAD_DIM, UPCAST)
+            else:
+                _store_e4m3(out_head, stride_os, offs_r, tl.arange(0, BLOCK_D), x.to(tl.float32), descale, e4m3_max,
+                            seqlen, HEAD_DIM, UPCAST)

@@ -10,7 +10,7 @@ import torch
 
 from .. import configs
 from ..backend import interpreting
-from ..fp8 import P_SCALE, SCALE_BLOCK, has_blocks
+from ..fp8_format import P_SCALE, SCALE_BLOCK, has_blocks
 from ..options import AttentionOptions
 from ..validation import Packing
 from . import launcher
@@ -31,14 +31,12 @@ from .launcher import launch
 
 
 def transposed_v(v: torch.Tensor) -> torch.Tensor:
-    """V with its keys contiguous, as the FP8 P V product reads it (Hopper's FP8 wgmma takes its second operand
-    K-major only): dense (B, Sk, Hk, D) -> (B, Hk, D, Sk), packed (total_k, Hk, D) -> (Hk, D, total_k).
-
-    A copy, one read and one write of V's bytes (1 byte an element): at 8k keys, 8 kv heads of 128 that is 8 MiB
-    each way, a few microseconds of HBM time beside an attention of milliseconds, and memory for one more V."""
-    if v.dim() == 4:
-        return v.permute(0, 2, 3, 1).contiguous()
-    return v.permute(1, 2, 0).contiguous()
+    """V with its keys contiguous, as the Triton FP8 kernel's P V product reads it (Hopper's FP8 wgmma takes its
+    second operand K-major only): dense (B, Sk, Hk, D) -> (B, Hk, D, Sk), packed (total_k, Hk, D) -> (Hk, D, total_k).
+    One read and one write of V's bytes, and memory for one more V."""
+    if v.dim() == 3:
+        return _copy_transposed(v.unsqueeze(0), v.shape[0], permute=False)[0]
+    return _copy_transposed(v, v.shape[1], permute=False)
 
 
 def _descale_strides(descale: torch.Tensor) -> tuple[int, int, int]:
@@ -113,17 +111,25 @@ def permuted_transposed_v(v: torch.Tensor) -> torch.Tensor:
     """V^T of dense v (B, Sk, Hk, D) for the Gluon kernel: (B, Hk, D, Sk') with Sk' = Sk rounded up to 32 (zero keys
     past Sk, so that rows start 16-byte aligned, as TMA needs), its keys reordered within each 32 as the kernel's P
     operand orders them (``kernels.forward_fp8_hopper._p_operand``): position k (bits k4..k0) holds key
-    16 k4 + 8 k1 + 4 k3 + 2 k2 + k0. One copy, as ``transposed_v``, plus the padding's when Sk is not a multiple of
-    32."""
+    16 k4 + 8 k1 + 4 k3 + 2 k2 + k0. One copy, as ``transposed_v``."""
+    return _copy_transposed(v, cdiv(v.shape[1], 32) * 32, permute=True)
+
+
+def _copy_transposed(v: torch.Tensor, width: int, permute: bool) -> torch.Tensor:
+    """(B, Hk, D, width) V^T of (B, Sk, Hk, D) v by ``kernels/transpose_fp8.py``, which moves whole rows where
+    PyTorch's copy of a permuted view goes byte by byte."""
+    from ..kernels.transpose_fp8 import transpose_v_kernel
+
     batch, keys, nheads_k, head_dim = v.shape
-    padded = cdiv(keys, 32) * 32
-    data = v.view(torch.uint8) if v.dtype == torch.float8_e4m3fn else v  # the bytes: every copy kernel takes them
-    if padded != keys:
-        data = torch.cat([data, data.new_zeros(batch, padded - keys, nheads_k, head_dim)], dim=1)
-    # key bits (c4, c3, c2, c1, c0) as dims 2..6; position k's bits (k4, k3, k2, k1, k0) = (c4, c2, c1, c3, c0)
-    chunks = data.view(batch, padded // 32, 2, 2, 2, 2, 2, nheads_k, head_dim)
-    vt = chunks.permute(0, 7, 8, 1, 2, 4, 5, 3, 6).reshape(batch, nheads_k, head_dim, padded)
-    return vt.view(v.dtype)
+    vt = torch.empty(batch, nheads_k, head_dim, width, dtype=v.dtype, device=v.device)
+    if vt.numel() == 0:
+        return vt
+    source, target = (x.view(torch.uint8) if x.element_size() == 1 else x for x in (v, vt))
+    block_n, warps = configs.TRANSPOSE_V_TILE
+    launch(transpose_v_kernel, (cdiv(width, block_n), nheads_k, batch), source, target, keys, width,
+           *source.stride(), *target.stride()[:3], HEAD_DIM=head_dim, BLOCK_D=configs.padded_head_dim(head_dim),
+           BLOCK_N=block_n, PERMUTE=permute, num_warps=warps)
+    return vt
 
 
 def _vt_descriptor(vt: torch.Tensor, block_n: int):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -14,20 +15,30 @@ from .launcher import launch
 
 def rotation_operands(signs: torch.Tensor, pieces: list[int], dtype: torch.dtype, width: int):
     """(S, col_scale): the +-1 matrix diag(signs) H (block-diagonal over ``pieces``), zero-padded to ``width`` and
-    in ``dtype`` (exact), and each column's 1 / sqrt(its piece's size), float32."""
+    in ``dtype`` (exact), and each column's 1 / sqrt(its piece's size), float32. H is built once a shape and device:
+    a call costs one product with the signs."""
+    h, col_scale = _hadamard_operands(tuple(pieces), width, signs.device)
+    signs = torch.nn.functional.pad(signs, (0, width - signs.numel()))
+    return (signs[:, None] * h).to(dtype), col_scale
+
+
+@functools.lru_cache(maxsize=16)
+def _hadamard_operands(pieces: tuple[int, ...], width: int, device: torch.device):
+    """The +-1 Sylvester-Hadamard blocks of ``pieces`` on the diagonal of a (width, width) float32 matrix, and each
+    column's 1 / sqrt(its piece's size)."""
     blocks, scales = [], []
     for n in pieces:
-        h = torch.ones(1, 1, device=signs.device)
+        h = torch.ones(1, 1, device=device)
         while h.shape[0] < n:  # Sylvester: H_2n = [[H, H], [H, -H]]
             h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
         blocks.append(h)
-        scales.append(torch.full((n,), 1 / math.sqrt(n), device=signs.device))
-    head_dim = signs.numel()
-    s = torch.zeros(width, width, device=signs.device)
-    s[:head_dim, :head_dim] = signs[:, None] * torch.block_diag(*blocks)
-    col_scale = torch.zeros(width, device=signs.device)
+        scales.append(torch.full((n,), 1 / math.sqrt(n), device=device))
+    head_dim = sum(pieces)
+    s = torch.zeros(width, width, device=device)
+    s[:head_dim, :head_dim] = torch.block_diag(*blocks)
+    col_scale = torch.zeros(width, device=device)
     col_scale[:head_dim] = torch.cat(scales)
-    return s.to(dtype).contiguous(), col_scale
+    return s, col_scale
 
 
 def quantize_rows(x: torch.Tensor, rotation, nheads_k: int, block_rows: int, e4m3_max: float, per_head: bool,
@@ -43,16 +54,18 @@ def quantize_rows(x: torch.Tensor, rotation, nheads_k: int, block_rows: int, e4m
     width = configs.padded_head_dim(head_dim)
     blocks = cdiv(seqlen, block_rows)
     s, col_scale = rotation if rotation is not None else (x, x)  # any pointer: the kernels never read it
-    rows, cols, warps = configs.QUANTIZE_TILES[width]  # no spills at any width (sm90 builds)
+    # No spills at any width (sm90 builds). One stage: pipelining the row loop would stage every column chunk's S
+    # tiles at once, more shared memory than a Hopper program has.
+    rows, cols, warps, stages = configs.QUANTIZE_TILES[width]
     shapes = dict(HEAD_DIM=head_dim, BLOCK_D=width, BLOCK_ROWS=block_rows, ROWS=rows, COLS=cols,
-                  ROTATE=rotation is not None, UPCAST=interpreting(), num_warps=warps)
+                  ROTATE=rotation is not None, UPCAST=interpreting(), num_warps=warps, num_stages=stages)
     grid = (blocks, nheads_k, batch)
-    amax = torch.empty(batch, nheads_k, blocks, dtype=torch.float32, device=x.device)
-    launch(block_amax_kernel, grid, x, s, col_scale, amax, seqlen, nheads // nheads_k, x.stride(0), x.stride(1),
-           x.stride(2), amax.stride(0), amax.stride(1), **shapes)
+    descale = torch.empty(batch, nheads_k, blocks, dtype=torch.float32, device=x.device)  # per_head: the amax first
+    launch(block_amax_kernel, grid, x, s, col_scale, descale, seqlen, nheads // nheads_k, x.stride(0), x.stride(1),
+           x.stride(2), descale.stride(0), descale.stride(1), e4m3_max, DESCALE=not per_head, **shapes)
     if per_head:
-        amax = amax.amax(dim=2)
-    descale = torch.where(amax > 0, amax / e4m3_max, torch.ones_like(amax))
+        amax = descale.amax(dim=2)
+        descale = torch.where(amax > 0, amax / e4m3_max, torch.ones_like(amax))
     out = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
     launch(quantize_kernel, grid, x, s, col_scale, descale, out, seqlen, nheads // nheads_k, x.stride(0),
            x.stride(1), x.stride(2), out.stride(0), out.stride(1), out.stride(2), descale.stride(0),
