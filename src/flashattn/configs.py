@@ -36,14 +36,13 @@ class TileConfig:
     # sm90: the Hopper kernels (warp-specialized, in Gluon): forward and dQ take 64 query rows on each consumer
     # warpgroup and a TMA loader warp, K/V in a ring of num_stages; dK/dV block_n keys a program, Q/dO in the ring
     hopper: bool = False
-    # Hopper forward: one program per SM walks the tiles, taking them from a counter
-    persistent: bool = False
+    persistent: bool = False  # Hopper forward: one program per SM walks the tiles, taking them from a counter
     # Hopper forward: three consumer warpgroups (192 rows, 160 registers) instead of two (128 rows, 240 registers)
     three_consumers: bool = False
     # Hopper dK/dV: each consumer warpgroup owns 64 of 128 keys and both their gradients (FA3's layout)
     key_slices: bool = False
-    # key slices: dQ too, added into float32 by TMA reductions (5 products, not 7); deterministic calls keep 2 passes
-    fused_dq: bool = False
+    fused_dq: bool = False  # key slices: dQ too, by TMA reduce-adds into float32 (5 products); not deterministic
+    rescale_threshold: float | None = None  # Hopper 16-bit forward: O rescaled when a row max grows past it (lazy_max)
 
 
 @dataclass(frozen=True)
@@ -101,17 +100,17 @@ HOPPER_FORWARD = PhaseTable(
         (64, True): TileConfig(128, 128, 8, 3, hopper=True, three_consumers=True, persistent=True),
         (128, False): TileConfig(128, 128, 8, 2, hopper=True, persistent=True),
         (128, True): TileConfig(128, 128, 8, 2, hopper=True, persistent=True),
-        (256, False): TileConfig(128, 64, 8, 2, hopper=True, persistent=True),
-        # causal hdim 256: one program a tile (the persistent grid lost 2-3% at 2k-4k)
-        (256, True): TileConfig(128, 64, 8, 2, hopper=True),
+        (256, False): TileConfig(128, 64, 8, 2, hopper=True, persistent=True, rescale_threshold=8.0),
+        # causal hdim 256: one program a tile (the persistent grid lost 2-3% at 2k-4k); lazy rescale at hdim 256 only
+        (256, True): TileConfig(128, 64, 8, 2, hopper=True, rescale_threshold=8.0),
     },
     # short sequences: every head dim on a persistent grid; causal hdim 128 on 64-key blocks
     hopper_short={
         (64, False): TileConfig(128, 128, 8, 3, hopper=True, three_consumers=True, persistent=True),
         (128, False): TileConfig(128, 128, 8, 2, hopper=True, persistent=True),
         (128, True): TileConfig(128, 64, 8, 3, hopper=True, persistent=True),
-        (256, False): TileConfig(128, 64, 8, 2, hopper=True, persistent=True),
-        (256, True): TileConfig(128, 64, 8, 2, hopper=True, persistent=True),
+        (256, False): TileConfig(128, 64, 8, 2, hopper=True, persistent=True, rescale_threshold=8.0),
+        (256, True): TileConfig(128, 64, 8, 2, hopper=True, persistent=True, rescale_threshold=8.0),
     },
     # long sequences: one program a tile (packed calls keep the persistent grid: ``lookup``)
     hopper_long={
@@ -177,12 +176,12 @@ PORTABLE_FORWARD = PhaseTable(_buckets(TileConfig(64, 64, 4, 2), TileConfig(64, 
 PORTABLE_DKDV = PhaseTable(_buckets(TileConfig(32, 64, 4, 1), TileConfig(32, 64, 4, 1), TileConfig(16, 32, 4, 1)))
 PORTABLE_DQ = PhaseTable(_buckets(TileConfig(64, 32, 4, 1), TileConfig(64, 32, 4, 1), TileConfig(32, 16, 4, 1)))
 # FP8 forward (kernels/forward_fp8.py): BLOCK_N divides fp8.SCALE_BLOCK; swept at 16k tokens on the H200 (docs/fp8.md).
-# ``hopper``: the Gluon kernel (forward_fp8_hopper.py), the 16-bit one's consumers; 64 keys at hdim 256 (not swept)
+# ``hopper``: the Gluon kernel (forward_fp8_hopper.py), the 16-bit one's consumers; 128-key blocks at every hdim
 _FP8_GLUON = dict(hopper=True, persistent=True)
 HOPPER_FORWARD_FP8 = PhaseTable({**_buckets(*(TileConfig(128, 128, 8, 3),) * 2, TileConfig(128, 128, 8, 2)),
                                  (128, False): TileConfig(64, 128, 4, 3)},
                                 hopper=_buckets(*(TileConfig(128, n, 8, stages, three_consumers=d == 64, **_FP8_GLUON)
-                                                  for d, n, stages in ((64, 128, 3), (128, 128, 3), (256, 64, 2)))))
+                                                  for d, n, stages in ((64, 128, 3), (128, 128, 3), (256, 128, 2)))))
 PORTABLE_FORWARD_FP8 = PhaseTable(_buckets(*(TileConfig(64, 64, 4, 2),) * 2, TileConfig(64, 32, 4, 1)))
 TABLES = {("hopper", "forward"): HOPPER_FORWARD, ("hopper", "dkdv"): HOPPER_DKDV, ("hopper", "dq"): HOPPER_DQ,
           ("hopper", "forward_fp8"): HOPPER_FORWARD_FP8, ("portable", "forward"): PORTABLE_FORWARD,

@@ -308,8 +308,9 @@ def load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_f
 
 @gluon.jit
 def _softmax_step(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N: gl.constexpr,
-                  CAUSAL: gl.constexpr, MASKED: gl.constexpr, s_layout: gl.constexpr):
-    """Online softmax of one score block in base 2: (new max, new sum, P, the old accumulator's factor)."""
+                  CAUSAL: gl.constexpr, MASKED: gl.constexpr, s_layout: gl.constexpr, THRESHOLD: gl.constexpr):
+    """Online softmax of one score block in base 2: (the max used, new sum, P, the old accumulator's factor, whether
+    the accumulator needs it: ``lazy_max``)."""
     if MASKED:
         cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         visible = cols[None, :] < seqlen_k
@@ -317,16 +318,41 @@ def _softmax_step(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK
             # bottom-right aligned: query i sees keys up to i + seqlen_k - seqlen_q
             visible = visible & (cols[None, :] <= rows[:, None] + (seqlen_k - seqlen_q))
         s = gl.where(visible, s, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale_log2)
+    m_new, rescale = lazy_max(m_i, gl.max(s, axis=1) * qk_scale_log2, THRESHOLD)
+    if MASKED:
         # a row that has seen no key keeps max -inf: subtract 0 instead, so that exp2 gives 0, not NaN
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
     else:
-        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale_log2)
         m_use = m_new
     p = gl.exp2(s * qk_scale_log2 - m_use[:, None])
     alpha = gl.exp2(m_i - m_use)
     l_i = l_i * alpha + gl.sum(p, axis=1)
-    return m_new, l_i, p, alpha
+    return m_new, l_i, p, alpha, rescale
+
+
+@gluon.jit
+def lazy_max(m_i, block_max, THRESHOLD: gl.constexpr):
+    """(The max a block's P takes, whether the accumulator is rescaled to it.) THRESHOLD None: the running max. Else
+    FlashAttention-4's lazy rescale: a warpgroup's maxes move only when one of its 64 rows' would grow by more than
+    THRESHOLD (log2 units); otherwise P = exp2(s - stale max) < 2^THRESHOLD and the accumulator's factor is 1, so its
+    multiply (64-128 FMUL a thread) is skipped, on a branch uniform over the warpgroup. The lse takes the max used."""
+    m_new = gl.maximum(m_i, block_max)
+    if THRESHOLD is None:
+        return m_new, True
+    else:
+        # -inf grows past any threshold to a finite max; a row still without keys (-inf to -inf) does not. Each warp's
+        # 16 rows are reduced by shuffles, the four warps' results through shared memory (a store, barrier and load)
+        grown = gl.max(gl.reshape((m_new > m_i + THRESHOLD).to(gl.int32), [4, ROWS_PER_WARPGROUP // 4]), axis=1)
+        rescale = gl.max(gl.convert_layout(grown, gl.BlockedLayout([4], [32], [4], [0])), axis=0) > 0
+        return gl.where(rescale, m_new, m_i), rescale
+
+
+@gluon.jit
+def rescaled(acc, alpha, rescale, layout: gl.constexpr):
+    """The accumulator (``layout``) times ``alpha`` a row, where ``lazy_max`` asks for it (alpha is 1 elsewhere)."""
+    if rescale:
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, layout))[:, None]
+    return acc
 
 
 @gluon.jit
@@ -342,29 +368,29 @@ def _block_scores(q, k_bufs, stage, s_zero, HALF: gl.constexpr):
 
 @gluon.jit
 def _block_softmax(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N: gl.constexpr,
-                   CAUSAL: gl.constexpr, MASKED: gl.constexpr, HALF: gl.constexpr):
+                   CAUSAL: gl.constexpr, MASKED: gl.constexpr, HALF: gl.constexpr, THRESHOLD: gl.constexpr):
     """``_softmax_step`` of key block ``j``'s scores; with ``HALF`` of its first half's (non-causal, masked), the
     softmax state taken from and returned in the whole block's layout."""
     s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
     if HALF:
         half_layout: gl.constexpr = wgmma_layout(BLOCK_N // 2)
         # the half's columns numbered as block 2j of half-width blocks: keys j * BLOCK_N + c
-        m_half, l_half, p, alpha = _softmax_step(s, gl.convert_layout(m_i, gl.SliceLayout(1, half_layout)),
-                                                 gl.convert_layout(l_i, gl.SliceLayout(1, half_layout)), j * 2, rows,
-                                                 seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N // 2, False, True,
-                                                 half_layout)
+        m_half, l_half, p, alpha, rescale = _softmax_step(
+            s, gl.convert_layout(m_i, gl.SliceLayout(1, half_layout)),
+            gl.convert_layout(l_i, gl.SliceLayout(1, half_layout)), j * 2, rows, seqlen_q, seqlen_k, qk_scale_log2,
+            BLOCK_N // 2, False, True, half_layout, THRESHOLD)
         m_i = gl.convert_layout(m_half, gl.SliceLayout(1, s_layout))
         l_i = gl.convert_layout(l_half, gl.SliceLayout(1, s_layout))
     else:
-        m_i, l_i, p, alpha = _softmax_step(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, CAUSAL,
-                                           MASKED, s_layout)
-    return m_i, l_i, p, alpha
+        m_i, l_i, p, alpha, rescale = _softmax_step(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2,
+                                                    BLOCK_N, CAUSAL, MASKED, s_layout, THRESHOLD)
+    return m_i, l_i, p, alpha, rescale
 
 
 @gluon.jit
 def _first_block(q, k_bufs, k_ready, k_free, ring, j, m_i, l_i, acc, s_zero, rows, seqlen_q, seqlen_k,
                  qk_scale_log2, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
-                 CAUSAL: gl.constexpr, MASKED: gl.constexpr, HALF: gl.constexpr):
+                 CAUSAL: gl.constexpr, MASKED: gl.constexpr, HALF: gl.constexpr, THRESHOLD: gl.constexpr):
     """Key block ``j`` (the ring's block ``ring + j``: ``ring`` counts earlier runs' blocks) as a run's first: its
     scores and softmax, with no P V to overlap. Returns the ring stage and phase it read, the softmax state and P as
     the next P V's operand. ``HALF``: the block's first half only (``_block_scores``; P half as wide)."""
@@ -375,9 +401,9 @@ def _first_block(q, k_bufs, k_ready, k_free, ring, j, m_i, l_i, acc, s_zero, row
     s = _block_scores(q, k_bufs, stage, s_zero, HALF)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
     mbarrier.arrive(k_free.index(stage), count=1)
-    m_i, l_i, p, alpha = _block_softmax(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, CAUSAL,
-                                        MASKED, HALF)
-    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    m_i, l_i, p, alpha, rescale = _block_softmax(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N,
+                                                 CAUSAL, MASKED, HALF, THRESHOLD)
+    acc = rescaled(acc, alpha, rescale, o_layout)
     p_op = gl.convert_layout(to_16_bits(p, q.dtype), register_operand_layout(HEAD_DIM))
     return stage, phase, m_i, l_i, acc, p_op
 
@@ -385,7 +411,8 @@ def _first_block(q, k_bufs, k_ready, k_free, ring, j, m_i, l_i, acc, s_zero, row
 @gluon.jit
 def _next_block(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, ring, j, stage, phase, m_i, l_i, acc, p_op,
                 s_zero, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr, HALF: gl.constexpr):
+                NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr, HALF: gl.constexpr,
+                THRESHOLD: gl.constexpr):
     """Key block ``j`` (the ring's block ``ring + j``) after another: its Q K^T and the block before's P V
     (``p_op``, V in ``stage``; always a whole block) in flight together, then its softmax (FA3's intra-warpgroup
     overlap). Returns as ``_first_block``."""
@@ -400,12 +427,12 @@ def _next_block(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, ring, j, st
     acc = warpgroup_mma(p_op, v_bufs.index(prev_stage), acc, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
     mbarrier.arrive(k_free.index(stage), count=1)  # K is read by Q K^T alone: the loader may refill it
-    m_i, l_i, p, alpha = _block_softmax(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, CAUSAL,
-                                        MASKED, HALF)
+    m_i, l_i, p, alpha, rescale = _block_softmax(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N,
+                                                 CAUSAL, MASKED, HALF, THRESHOLD)
     # P V reads p_op from registers until it completes: keep it alive to here
     acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
     mbarrier.arrive(v_free.index(prev_stage), count=1)
-    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    acc = rescaled(acc, alpha, rescale, o_layout)
     p_op = gl.convert_layout(to_16_bits(p, q.dtype), register_operand_layout(HEAD_DIM))
     return stage, phase, m_i, l_i, acc, p_op
 
@@ -447,12 +474,12 @@ def _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, rin
     if hi > lo:
         stage, phase, m_i, l_i, acc, p_op = _first_block(
             q, k_bufs, k_ready, k_free, ring, lo, m_i, l_i, acc, s_zero, rows, seqlen_q, seqlen_k, qk_scale_log2,
-            BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, MASKED, False)
+            BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, MASKED, False, None)
         for j in range(lo + 1, hi):
             stage, phase, m_i, l_i, acc, p_op = _next_block(
                 q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, ring, j, stage, phase, m_i, l_i, acc, p_op,
                 s_zero, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, MASKED,
-                False)
+                False, None)
         if release_q:
             mbarrier.arrive(q_free, count=1)
         acc = _last_product(v_bufs, v_ready, v_free, stage, phase, acc, p_op, False)
@@ -465,7 +492,7 @@ def _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, rin
 def _tile_key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, ring, m_i, l_i, acc, rows, n_full,
                      n_blocks, seqlen_q, seqlen_k, qk_scale_log2,
                      BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                     HALF_TAILS: gl.constexpr):
+                     HALF_TAILS: gl.constexpr, THRESHOLD: gl.constexpr):
     """A forward tile's key blocks for one consumer's 64 rows, as one run: [0, n_full) seen whole, then
     [n_full, n_blocks) through the mask (the diagonal, the sequence's end); Q released after the last Q K^T. With
     ``HALF_TAILS`` (``half_tails``) a last block with at most half its keys in the sequence runs at half width.
@@ -487,19 +514,22 @@ def _tile_key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free
         # scheduled 3-4% slower than the two-run kernel's (2-3% without it; docs/perf-notes.md)
         stage, phase, m_i, l_i, acc, p_op = _first_block(
             q, k_bufs, k_ready, k_free, ring, 0, m_i, l_i, acc, s_zero, rows, seqlen_q, seqlen_k, qk_scale_log2,
-            BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, True, False)
+            BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, True, False, THRESHOLD)
         for j in range(1, n_full):
             stage, phase, m_i, l_i, acc, p_op = _next_block(
                 q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, ring, j, stage, phase, m_i, l_i, acc, p_op,
-                s_zero, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, False, False)
+                s_zero, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, False, False,
+                THRESHOLD)
         for j in range(gl.maximum(n_full, 1), n_wide):
             stage, phase, m_i, l_i, acc, p_op = _next_block(
                 q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, ring, j, stage, phase, m_i, l_i, acc, p_op,
-                s_zero, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, True, False)
+                s_zero, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, True, False,
+                THRESHOLD)
         if HALF_TAILS and n_wide < n_blocks:
             stage, phase, m_i, l_i, acc, p_half = _next_block(
                 q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, ring, n_wide, stage, phase, m_i, l_i, acc, p_op,
-                half_zero, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, True, True)
+                half_zero, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, True, True,
+                THRESHOLD)
             mbarrier.arrive(q_free, count=1)
             acc = _last_product(v_bufs, v_ready, v_free, stage, phase, acc, p_half, True)
         else:
@@ -509,7 +539,7 @@ def _tile_key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free
         # one block, at most half of it in the sequence
         stage, phase, m_i, l_i, acc, p_half = _first_block(
             q, k_bufs, k_ready, k_free, ring, 0, m_i, l_i, acc, half_zero, rows, seqlen_q, seqlen_k, qk_scale_log2,
-            BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, True, True)
+            BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, True, True, THRESHOLD)
         mbarrier.arrive(q_free, count=1)
         acc = _last_product(v_bufs, v_ready, v_free, stage, phase, acc, p_half, True)
     else:
@@ -523,7 +553,8 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
                         nheads, group_size, row_tiles, batch_heads, heads_per_section, total_tiles, qk_scale_log2,
                         WARP_GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                         NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr,
-                        NUM_CONSUMERS: gl.constexpr, WIDE_STORES: gl.constexpr, Q_BUFFERS: gl.constexpr):
+                        NUM_CONSUMERS: gl.constexpr, WIDE_STORES: gl.constexpr, Q_BUFFERS: gl.constexpr,
+                        THRESHOLD: gl.constexpr):
     s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
     o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     ring = 0
@@ -547,7 +578,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
         m_i, l_i, acc = _tile_key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free.index(slot), ring,
                                          m_i, l_i, acc, rows, own_full, own_blocks, tile_seqlen_q, tile_seqlen_k,
                                          qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL,
-                                         half_tails(IS_VARLEN, CAUSAL, BLOCK_N, NUM_CONSUMERS))
+                                         half_tails(IS_VARLEN, CAUSAL, BLOCK_N, NUM_CONSUMERS), THRESHOLD)
         # -- the tile's blocks past this consumer's last row: released as they arrive, never read --
         for j in range(own_blocks, n_blocks):
             stage = (ring + j) % NUM_STAGES
@@ -578,7 +609,7 @@ def attention_forward_hopper_kernel(
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
     IS_VARLEN: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
     CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr, DYNAMIC_TILES: gl.constexpr,
-    WIDE_STORES: gl.constexpr, Q_BUFFERS: gl.constexpr,
+    WIDE_STORES: gl.constexpr, Q_BUFFERS: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr,
 ):
     """Tiles of NUM_CONSUMERS x 64 query rows (2 or 3 consumer warpgroups), ``row_tiles`` per (sequence, head)
     and ``batch_heads`` of those; program p computes tile p first, then (persistent, when the grid is smaller than
@@ -589,7 +620,7 @@ def attention_forward_hopper_kernel(
     ``DYNAMIC_TILES`` (``_next_tile``). ``WIDE_STORES``: O stored 16 bytes a thread (``store_rows``), for tiles whose
     shared memory leaves room to convert it. ``Q_BUFFERS``: 2 gives a persistent program a second Q tile, so that the
     loader copies the next tile's Q, and then its first K/V blocks, while the consumers still work on this one; with
-    1 the copy waits for every consumer's last Q K^T."""
+    1 the copy waits for every consumer's last Q K^T. ``RESCALE_THRESHOLD``: ``lazy_max``'s (None: every block)."""
     gl.static_assert(NUM_CONSUMERS == 2 or NUM_CONSUMERS == 3, "two or three consumer warpgroups")
     total_tiles = row_tiles * batch_heads
     q_smem, q_ready, q_free, tile_slot = q_ring(q_desc, HEAD_DIM, Q_BUFFERS, NUM_CONSUMERS)
@@ -599,16 +630,16 @@ def attention_forward_hopper_kernel(
     # each consumer's partition spelled out: warp_specialize takes a literal list, one entry per partition
     if NUM_CONSUMERS == 2:
         gl.warp_specialize([
-            (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free,
-                                   tile_slot, Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb,
-                                   stride_lh, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
-                                   heads_per_section, total_tiles, qk_scale_log2, 0, HEAD_DIM, BLOCK_N,
-                                   NUM_STAGES, CAUSAL, IS_VARLEN, NUM_CONSUMERS, WIDE_STORES, Q_BUFFERS)),
-            (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free,
-                                   tile_slot, Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb,
-                                   stride_lh, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
-                                   heads_per_section, total_tiles, qk_scale_log2, 1, HEAD_DIM, BLOCK_N,
-                                   NUM_STAGES, CAUSAL, IS_VARLEN, NUM_CONSUMERS, WIDE_STORES, Q_BUFFERS)),
+            (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, tile_slot,
+                                   Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh,
+                                   seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section,
+                                   total_tiles, qk_scale_log2, 0, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN,
+                                   NUM_CONSUMERS, WIDE_STORES, Q_BUFFERS, RESCALE_THRESHOLD)),
+            (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, tile_slot,
+                                   Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh,
+                                   seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section,
+                                   total_tiles, qk_scale_log2, 1, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN,
+                                   NUM_CONSUMERS, WIDE_STORES, Q_BUFFERS, RESCALE_THRESHOLD)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready,
                                k_free, v_free, tile_slot, TileCounter, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k,
                                nheads, group_size, row_tiles, batch_heads, heads_per_section, total_tiles,
@@ -617,21 +648,21 @@ def attention_forward_hopper_kernel(
         ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
     else:
         gl.warp_specialize([
-            (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free,
-                                   tile_slot, Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb,
-                                   stride_lh, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
-                                   heads_per_section, total_tiles, qk_scale_log2, 0, HEAD_DIM, BLOCK_N,
-                                   NUM_STAGES, CAUSAL, IS_VARLEN, NUM_CONSUMERS, WIDE_STORES, Q_BUFFERS)),
-            (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free,
-                                   tile_slot, Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb,
-                                   stride_lh, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
-                                   heads_per_section, total_tiles, qk_scale_log2, 1, HEAD_DIM, BLOCK_N,
-                                   NUM_STAGES, CAUSAL, IS_VARLEN, NUM_CONSUMERS, WIDE_STORES, Q_BUFFERS)),
-            (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free,
-                                   tile_slot, Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb,
-                                   stride_lh, seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads,
-                                   heads_per_section, total_tiles, qk_scale_log2, 2, HEAD_DIM, BLOCK_N,
-                                   NUM_STAGES, CAUSAL, IS_VARLEN, NUM_CONSUMERS, WIDE_STORES, Q_BUFFERS)),
+            (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, tile_slot,
+                                   Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh,
+                                   seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section,
+                                   total_tiles, qk_scale_log2, 0, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN,
+                                   NUM_CONSUMERS, WIDE_STORES, Q_BUFFERS, RESCALE_THRESHOLD)),
+            (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, tile_slot,
+                                   Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh,
+                                   seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section,
+                                   total_tiles, qk_scale_log2, 1, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN,
+                                   NUM_CONSUMERS, WIDE_STORES, Q_BUFFERS, RESCALE_THRESHOLD)),
+            (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, tile_slot,
+                                   Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh,
+                                   seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section,
+                                   total_tiles, qk_scale_log2, 2, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN,
+                                   NUM_CONSUMERS, WIDE_STORES, Q_BUFFERS, RESCALE_THRESHOLD)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready,
                                k_free, v_free, tile_slot, TileCounter, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k,
                                nheads, group_size, row_tiles, batch_heads, heads_per_section, total_tiles,

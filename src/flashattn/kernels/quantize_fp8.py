@@ -45,8 +45,10 @@ def _rotated_columns(x, S, ColScale, col0, BLOCK_D: tl.constexpr, COLS: tl.const
 @triton.jit
 def _store_e4m3(out_head, stride_os, offs_r, offs_c, y, descale, e4m3_max, seqlen, HEAD_DIM: tl.constexpr,
                 UPCAST: tl.constexpr):
-    """y / descale, clamped to +-e4m3_max and rounded to e4m3, at rows offs_r and columns offs_c of one head."""
-    scaled = tl.minimum(tl.maximum(y / descale, -e4m3_max), e4m3_max)
+    """y / descale, clamped to +-e4m3_max and rounded to e4m3, at rows offs_r and columns offs_c of one head. The
+    division rounds as PyTorch's: 16-bit values over a descale such as amax / 448 often land next to an e4m3 midpoint,
+    where the GPU's approximate division rounds to the other side."""
+    scaled = tl.minimum(tl.maximum(tl.math.div_rn(y, descale), -e4m3_max), e4m3_max)
     if UPCAST:
         magnitude = round_to_e4m3(tl.abs(scaled))
         scaled = tl.where(scaled < 0, -magnitude, magnitude)

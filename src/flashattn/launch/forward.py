@@ -159,7 +159,7 @@ def hopper_forward_constexprs(config: configs.TileConfig, head_dim: int, causal:
                 # a persistent grid hands out its tiles as programs free up (causal and packed tiles are unequal work)
                 DYNAMIC_TILES=config.persistent,
                 WIDE_STORES=room_for_wide_stores(config, head_dim, q_buffers),
-                Q_BUFFERS=q_buffers)
+                Q_BUFFERS=q_buffers, RESCALE_THRESHOLD=config.rescale_threshold)
 
 
 def _forward_q_buffers(config: configs.TileConfig, head_dim: int) -> int:
