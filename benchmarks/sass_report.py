@@ -320,7 +320,8 @@ def hopper_dkdv_report(head_dim: int, causal: bool, config) -> dict:
 
     fused_dq = config.key_slices and config.fused_dq
     kernel, keys = hopper_dkdv_kernel(config, fused_dq)
-    dq_desc = f"tensordesc<fp32[{head_dim}, {config.block_m}],{tile_layout(head_dim, config.block_m, torch.float32)!r}>"
+    dq_rows = head_dim // 2  # a consumer's half of dQ^T
+    dq_desc = f"tensordesc<fp32[{dq_rows}, {config.block_m}],{tile_layout(dq_rows, config.block_m, torch.float32)!r}>"
     signature = dict(q_desc=_bf16_descriptor(config.block_m, head_dim),
                      k_desc=_bf16_descriptor(keys, head_dim),
                      v_desc=_bf16_descriptor(keys, head_dim),

@@ -117,13 +117,13 @@ def test_table_takes_the_hopper_dkdv_where_it_fits(head_dim, dtype, expect_launc
         check_against_reference(case, dtype, "cuda", flash_attn_func)
 
 
-# dQ fused into the key-slice dK/dV kernel (kernels/backward_fused_dq.py): float32 dQ^T tiles added by TMA
-# reductions, then a pass that transposes, scales and rounds; the default for non-deterministic calls where the
+# dQ fused into the key-slice dK/dV kernel (kernels/backward_fused_dq.py) at hdim 128: float32 dQ^T tiles added by
+# TMA reductions, then a pass that transposes, scales and rounds; the default for non-deterministic calls where the
 # table's entry asks for it (fused_dq)
 FUSED_DQ = configs.TileConfig(32, 128, 8, 3, hopper=True, key_slices=True, fused_dq=True)
-FUSED_DQ_SHAPES = [(2, 1023, 1023, 4, 1, 128), (1, 113, 203, 4, 2, 64), (1, 113, 113, 2, 2, 128),
-                   (1, 4096, 4096, 2, 2, 128), (1, 4096, 4096, 4, 1, 64), (2, 257, 1000, 2, 2, 128),
-                   (2, 1023, 777, 4, 2, 64), (1, 700, 300, 2, 2, 64), (1, 1, 300, 2, 2, 128)]
+FUSED_DQ_SHAPES = [(2, 1023, 1023, 4, 1, 128), (1, 113, 203, 4, 2, 128), (1, 113, 113, 2, 2, 128),
+                   (1, 4096, 4096, 2, 2, 128), (1, 4096, 4096, 4, 1, 128), (2, 257, 1000, 2, 2, 128),
+                   (2, 1023, 777, 4, 2, 128), (1, 700, 300, 2, 2, 128), (1, 1, 300, 2, 2, 128)]
 
 
 def fused_dq_passes(monkeypatch, expect_fused: bool):
@@ -170,24 +170,36 @@ def test_deterministic_backward_keeps_two_passes_and_repeats(head_dim, causal, m
         assert torch.equal(a, b)
 
 
-def test_table_fuses_dq_where_the_key_slices_run():
-    for head_dim in (64, 128):
-        entry = configs.lookup("hopper", "dkdv", head_dim, False, torch.bfloat16, seqlen=4096, hopper=True)
-        assert entry.key_slices and entry.fused_dq
-        assert launch_backward.fuses_dq(entry, True, AttentionOptions(0.1))
-        assert not launch_backward.fuses_dq(entry, True, AttentionOptions(0.1, deterministic=True))
+@pytest.mark.gpu
+@hopper
+def test_fused_dq_tile_stays_two_passes_at_hdim_64(monkeypatch):
+    """The fused kernel splits a head dim of 128 between its consumers: a fused tile forced at hdim 64 runs the two
+    passes."""
+    with forced_ws_dkdv(FUSED_DQ, monkeypatch), fused_dq_passes(monkeypatch, False):
+        check_against_reference(make_case((1, 700, 300, 2, 2, 64), "plain", "cuda"), torch.bfloat16, "cuda",
+                                flash_attn_func)
+
+
+def test_table_fuses_dq_at_hdim_128():
+    entry = configs.lookup("hopper", "dkdv", 128, False, torch.bfloat16, seqlen=4096, hopper=True)
+    assert entry.key_slices and entry.fused_dq
+    assert launch_backward.fuses_dq(entry, True, AttentionOptions(0.1), 128)
+    assert not launch_backward.fuses_dq(entry, True, AttentionOptions(0.1, deterministic=True), 128)
+    assert not launch_backward.fuses_dq(entry, True, AttentionOptions(0.1), 64)
+    entry = configs.lookup("hopper", "dkdv", 64, False, torch.bfloat16, seqlen=4096, hopper=True)
+    assert entry.key_slices and not entry.fused_dq and entry.block_m == 64
 
 
 @pytest.mark.parametrize("seqlen_q", [1, 7, 64, 130])
-def test_dq_accumulator_and_its_conversion(seqlen_q):
-    """The fused kernel's dQ^T accumulator: its rows padded to 4 floats (TMA's 16-byte stride), its descriptor one
-    head's rows by a query block, and the pass back to dq (transposed, scaled, rounded) under the interpreter, in
-    float16 (the interpreter's bfloat16 rounding is not round-to-nearest-even)."""
-    q = torch.empty(2, seqlen_q, 3, 64, dtype=torch.float16)
+def test_dq_accumulator_and_its_conversion(seqlen_q, triton_backend):
+    """The fused kernel's dQ^T accumulator: its rows padded to 4 floats (TMA's 16-byte stride), its descriptor half a
+    head's rows (a consumer's) by a query block, and the pass back to dq (transposed, scaled, rounded) on the GPU or
+    under the interpreter, in float16 (the interpreter's bfloat16 rounding is not round-to-nearest-even)."""
+    q = torch.empty(2, seqlen_q, 3, 128, dtype=torch.float16, device=triton_backend)
     acc = launch_backward.dq_accumulator(q)
-    assert acc.shape == (2, 3, 64, -(-seqlen_q // 4) * 4) and not acc.any()
+    assert acc.shape == (2, 3, 128, -(-seqlen_q // 4) * 4) and not acc.any()
     desc = launch_backward.dq_accumulator_descriptor(acc, seqlen_q, 32)
-    assert list(desc.shape) == [2 * 3 * 64, seqlen_q] and list(desc.strides) == [acc.stride(2), 1]
+    assert list(desc.shape) == [2 * 3 * 128, seqlen_q] and list(desc.strides) == [acc.stride(2), 1]
     assert list(desc.block_shape) == [64, 32]
     acc.normal_()
     dq = torch.empty_like(q)

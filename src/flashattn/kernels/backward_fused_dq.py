@@ -1,28 +1,28 @@
 """Hopper dK/dV with dQ in the same pass (five products where the two-pass backward computes seven), in Gluon.
 
 The key-slice kernel of ``backward_hopper.py`` (128 keys a program, 64 on each consumer warpgroup with both of
-their gradients) also computes, per (query block, key slice), dQ_i^T = K_slice^T dS_i^T and adds it into a float32
-dQ^T accumulator in global memory by a TMA reduction (FlashAttention-3's way): the order of those additions is
-unordered, so the launcher takes this form only for ``deterministic=False`` calls (``launch.backward``).
+their gradients) also computes, per query block, dQ^T = K^T dS^T over the program's 128 keys and adds it into a
+float32 dQ^T accumulator in global memory by TMA reductions (FlashAttention-3's way): the order of those additions
+is unordered, so the launcher takes this form only for ``deterministic=False`` calls (``launch.backward``).
 ``dq_from_accumulator`` then transposes, scales and rounds it.
 
 Why dQ^T and not dQ = dS K: at hdim 128 the kernel's query blocks have 32 rows (64 spilled), under wgmma's 64-row M,
-so the product puts HEAD_DIM (64 or 128) on M and the block's queries on N. Both operands come from shared memory:
-K^T is the slice's K tile read transposed, and dS^T (already in registers, 16-bit, as dK's operand) is stored to a
-per-consumer buffer once a block. The product of block i-1 is issued once block i's S^T and dP^T are spent and its
-dS^T is stored, beside block i-1's dV and dK: its 32 registers a thread are then never live with theirs (issued
-with S^T and dP^T, they were, and hdim 128 spilled about 45 values a block).
+so the product puts the head dim on M and the block's queries on N. Both operands come from shared memory: K^T is
+the K tile read transposed, and dS^T (already in registers, 16-bit, as dK's operand) is stored once a block.
 
-The result goes from the wgmma registers to a per-consumer shared buffer (HEAD_DIM x BLOCK_M float32, two a
-consumer), and one thread issues the reduction of the whole tile into the accumulator, (batch, nheads, HEAD_DIM,
-seqlen_q padded to 4) seen as (batch * nheads * HEAD_DIM) rows: a tile is one head's HEAD_DIM rows, and TMA drops
-its columns past seqlen_q. There is no per-element atomic, address or layout conversion in the loop.
+The two consumers share dQ^T as FlashAttention-3's do: each stores its 64 keys' rows of dS^T into one 128-key
+buffer, and each computes half of the head dim over all 128 keys (M = 64: hence head dim 128 only). Each keeping a
+partial of its own keys would put twice the float32 through shared memory and into L2's reductions (16 KB a
+consumer and block instead of 8) and hold 32 registers a thread for dQ^T instead of 16. A consumer waits for the
+other's half of dS^T one block late (block i-1's product is issued once block i's dS^T is stored), so the two
+consumers drift apart by at most a block, and the buffers form a ring of four: a buffer is written again only once
+both products that read it have completed (see ``_fused_partition``).
 
-Each consumer adds its own 64 keys' partial: two reductions per 128 keys. Summing the two partials in shared memory
-first would halve them, at the price of a hand-over between the consumers every block (the gradient-split kernel's
-P^T ring, which cost it 8-20%): left for a measurement to decide.
+The result goes from the wgmma registers to a per-consumer shared buffer (64 head-dim rows x BLOCK_M float32, two a
+consumer), and one thread issues the reduction of the tile into the accumulator, (batch, nheads, HEAD_DIM, seqlen_q
+padded to 4) seen as (batch * nheads * HEAD_DIM) rows: TMA drops the tile's columns past seqlen_q.
 
-Limits: the key-slice kernel's (dense 16-bit inputs, head dims 64 and 128, causal or no mask).
+Limits: the key-slice kernel's (dense 16-bit inputs, causal or no mask), at head dim 128.
 """
 
 import triton
@@ -76,11 +76,16 @@ def _score_gradients(s, dp, q_block, lse_log2, delta, seqlen_q, seqlen_k, slice_
 
 
 @gluon.jit
-def _stage_ds(ds, ds_smem):
-    """dS^T to the consumer's buffer, visible to its next wgmma: every warp's stores, then the async proxy."""
-    ds_smem.store(ds)
+def _share_ds(ds, ds_buffer, ds_ready, SLICE: gl.constexpr, last_ready=None, last_phase=0):
+    """This consumer's 64 rows of a block's dS^T to the shared 128-key buffer, then its arrive on the buffer's
+    barrier (the arrive waits for the warpgroup's stores: Gluon puts a barrier of the partition before it), so that
+    the other consumer's dQ^T may read them. ``last_ready``: first, the wait for the other consumer's rows of the
+    last block (after an arrive on the same barriers, Gluon would put another barrier before it)."""
+    ds_buffer.slice(SLICE * SLICE_KEYS, SLICE_KEYS).store(ds)
     fence_async_shared()
-    gl.thread_barrier()
+    if last_ready is not None:
+        mbarrier.wait(last_ready, last_phase)
+    mbarrier.arrive(ds_ready, count=1)
 
 
 @_core.builtin
@@ -94,40 +99,50 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 
 
 @gluon.jit
-def _add_dq(dq, dq_smem, dq_desc, batch, head, q_block, nheads, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr):
-    """dQ^T of one query block (float32, the wgmma layout) added into the accumulator's tile of (batch, head) by a
-    TMA reduction through ``dq_smem``, whose last reduction the caller has waited for. The tile's rows are one
-    head's HEAD_DIM rows, and TMA drops its columns past seqlen_q (rows of dS there are 0 in any case)."""
+def _add_dq(dq, dq_smem, dq_desc, batch, head, q_block, nheads, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+            SLICE: gl.constexpr):
+    """This consumer's half of a query block's dQ^T (float32, the wgmma layout) added into the accumulator's tile of
+    (batch, head) by a TMA reduction through ``dq_smem``, whose last reduction the caller has waited for. The tile
+    is the head's rows [SLICE * HEAD_DIM / 2, (SLICE + 1) * HEAD_DIM / 2), and TMA drops its columns past seqlen_q
+    (rows of dS there are 0 in any case)."""
     dq_smem.store(dq)
     fence_async_shared()
     gl.thread_barrier()  # every warp's part is in shared memory before the one thread issues the reduction
-    _tma_reduce_add(dq_desc, [(batch * nheads + head) * HEAD_DIM, q_block * BLOCK_M], dq_smem)
+    _tma_reduce_add(dq_desc, [(batch * nheads + head) * HEAD_DIM + SLICE * (HEAD_DIM // 2), q_block * BLOCK_M],
+                    dq_smem)
 
 
 @gluon.jit
-def _fused_partition(k_smem, v_smem, q_bufs, do_bufs, ds_bufs, dq_bufs, kv_ready, q_ready, do_ready, stage_free,
-                     Lse, Delta, DK, DV, dq_desc, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k, nheads, nheads_k,
-                     key_blocks, group_size, softmax_scale, qk_scale_log2,
+def _fused_partition(k_smem, v_smem, q_bufs, do_bufs, ds_bufs, ds_ready, dq_bufs, kv_ready, q_ready, do_ready,
+                     stage_free, Lse, Delta, DK, DV, dq_desc, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k,
+                     nheads, nheads_k, key_blocks, group_size, softmax_scale, qk_scale_log2,
                      HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                      CAUSAL: gl.constexpr, SLICE: gl.constexpr):
     """``backward_hopper._key_slice_partition`` with dQ: block i's S^T and dP^T are issued ahead of block i-1's dV
-    and dK, and block i-1's dQ^T once block i's dS^T is stored; once the three complete, dQ^T goes to the
-    accumulator by a TMA reduction. dQ is left unscaled (softmax_scale: later)."""
+    and dK, and block i-1's dQ^T (this consumer's head-dim half, over both consumers' keys) once block i's dS^T is
+    stored and the other consumer's half of block i-1's has arrived; once the three complete, dQ^T goes to the
+    accumulator by a TMA reduction. dQ is left unscaled (softmax_scale: later).
+
+    The dS^T ring: block i's rows go to buffer i % 4. Before writing block i's, this consumer has waited (in
+    iteration i-1) for the other's arrive of block i-2, which the other makes after its iteration i-3 completed
+    the product that read buffer (i-4) % 4; its own such product completed in that iteration too."""
     s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
     acc_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     operand: gl.constexpr = register_operand_layout(HEAD_DIM)
     dtype: gl.constexpr = k_smem.dtype
+    DQ_ROWS: gl.constexpr = HEAD_DIM // 2
+    DS_BUFFERS: gl.constexpr = ds_bufs.shape[0]
     batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(
         seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, BLOCK_N, CAUSAL)
     slice_start = key_start + SLICE * SLICE_KEYS
     k_slice = k_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS)
     v_slice = v_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS)
-    k_slice_t = k_slice.permute((1, 0))  # K^T: HEAD_DIM x 64 keys, dQ^T's A operand
+    k_half_t = k_smem.slice(SLICE * DQ_ROWS, DQ_ROWS, dim=1).permute((1, 0))  # K^T's half: dQ^T's A operand
     s = gl.zeros([SLICE_KEYS, BLOCK_M], gl.float32, s_layout)
     dp = gl.zeros([SLICE_KEYS, BLOCK_M], gl.float32, s_layout)
     # dQ^T's input accumulator, never read (use_acc=False): one tensor made outside the loop, so that dQ^T's registers
     # are not carried through it
-    dq_unused = gl.zeros([HEAD_DIM, BLOCK_M], gl.float32, s_layout)
+    dq_unused = gl.zeros([DQ_ROWS, BLOCK_M], gl.float32, s_layout)
     dk = gl.zeros([SLICE_KEYS, HEAD_DIM], gl.float32, acc_layout)
     dv = gl.zeros([SLICE_KEYS, HEAD_DIM], gl.float32, acc_layout)
     mbarrier.wait(kv_ready, 0)
@@ -142,17 +157,15 @@ def _fused_partition(k_smem, v_smem, q_bufs, do_bufs, ds_bufs, dq_bufs, kv_ready
     s, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s, dp))
     p_op, ds_op, ds = _score_gradients(s, dp, q_block, lse_log2, delta, seqlen_q, seqlen_k, slice_start,
                                        qk_scale_log2, dtype, BLOCK_M, CAUSAL, s_layout, operand)
-    # dS^T on a 2-buffer ring a consumer: stored as soon as computed, while the last block's dQ^T reads the other
-    # buffer, so that it does not hold registers through the products' wait
-    ds_buffer = 0
+    # block i's dS^T goes to buffer i % 4 (the ring's length is a power of two: the index and phase are bits of i)
+    _share_ds(ds, ds_bufs.index(0), ds_ready.index(0), SLICE)
     dq_buffer = 0
-    _stage_ds(ds, ds_bufs.index(2 * SLICE))
     # the block whose dV, dK and dQ^T are pending
     dq_head = head
     dq_block = q_block
     head, q_block = _next_query_block(head, q_block, first_q_block, per_head, last_head)
     lse_log2, delta = _slice_statistics(head, q_block, batch, nheads, seqlen_q, Lse, Delta, BLOCK_M, s_layout)
-    for _ in range(1, iterations):
+    for i in range(1, iterations):
         prev_stage = stage
         stage = gl.where(stage == NUM_STAGES - 1, 0, stage + 1)
         phase = gl.where(stage == 0, phase ^ 1, phase)
@@ -164,24 +177,22 @@ def _fused_partition(k_smem, v_smem, q_bufs, do_bufs, ds_bufs, dq_bufs, kv_ready
         next_p_op, next_ds_op, ds = _score_gradients(s, dp, q_block, lse_log2, delta, seqlen_q, seqlen_k,
                                                      slice_start, qk_scale_log2, dtype, BLOCK_M, CAUSAL, s_layout,
                                                      operand)
-        # the other buffer was last read by the dQ^T waited on in the iteration before
-        ds_buffer = ds_buffer ^ 1
-        # this block's dQ^T goes to the buffer whose reduction was issued two blocks ago: the issuing thread waits
-        # for it here, and _stage_ds's barrier holds every other thread until it has
-        tma.store_wait(1)
-        _stage_ds(ds, ds_bufs.index(2 * SLICE + ds_buffer))
-        # the last block's dQ^T once S^T, dP^T and dS^T are spent: its 32 registers a thread are not live beside theirs
-        dq = warpgroup_mma(k_slice_t, ds_bufs.index(2 * SLICE + (ds_buffer ^ 1)), dq_unused, use_acc=False,
-                           is_async=True)
+        # the last block's dQ^T once S^T, dP^T and dS^T are spent (its registers are not live beside theirs) and the
+        # other consumer's rows of its dS^T have arrived (waited for between this block's stores and their arrive:
+        # one barrier of the warpgroup serves both)
+        _share_ds(ds, ds_bufs.index(i % DS_BUFFERS), ds_ready.index(i % DS_BUFFERS), SLICE,
+                  ds_ready.index((i - 1) % DS_BUFFERS), ((i - 1) // DS_BUFFERS) & 1)
+        dq = warpgroup_mma(k_half_t, ds_bufs.index((i - 1) % DS_BUFFERS), dq_unused, use_acc=False, is_async=True)
         next_head = head
         next_block = q_block
         head, q_block = _next_query_block(head, q_block, first_q_block, per_head, last_head)
-        lse_log2, delta = _slice_statistics(head, q_block, batch, nheads, seqlen_q, Lse, Delta, BLOCK_M, s_layout)
         dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq, p_op, ds_op))
         mbarrier.arrive(stage_free.index(prev_stage), count=1)
         # the reduction reads its buffer while the next block's products run
         _add_dq(dq, dq_bufs.index(2 * SLICE + dq_buffer), dq_desc, batch, dq_head, dq_block, nheads, HEAD_DIM,
-                BLOCK_M)
+                BLOCK_M, SLICE)
+        # the next block's statistics after _add_dq's fence, which would wait for the loads (MEMBAR.ALL.CTA)
+        lse_log2, delta = _slice_statistics(head, q_block, batch, nheads, seqlen_q, Lse, Delta, BLOCK_M, s_layout)
         dq_buffer = dq_buffer ^ 1
         dq_head = next_head
         dq_block = next_block
@@ -189,14 +200,19 @@ def _fused_partition(k_smem, v_smem, q_bufs, do_bufs, ds_bufs, dq_bufs, kv_ready
         ds_op = next_ds_op
     prev_stage = stage
     # -- epilogue: the last block's dV, dK and dQ^T --
+    # the other consumer's rows waited for before dV and dK are issued: a wait between them and dQ^T made ptxas
+    # serialize every wgmma of the kernel (C7515)
+    last = iterations - 1
+    mbarrier.wait(ds_ready.index(last % DS_BUFFERS), (last // DS_BUFFERS) & 1)
     dv = warpgroup_mma(p_op, do_bufs.index(prev_stage), dv, is_async=True)
     dk = warpgroup_mma(ds_op, q_bufs.index(prev_stage), dk, is_async=True)
-    dq = warpgroup_mma(k_slice_t, ds_bufs.index(2 * SLICE + ds_buffer), dq_unused, use_acc=False, is_async=True)
+    dq = warpgroup_mma(k_half_t, ds_bufs.index(last % DS_BUFFERS), dq_unused, use_acc=False, is_async=True)
     dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq))
     mbarrier.arrive(stage_free.index(prev_stage), count=1)
     tma.store_wait(1)
     gl.thread_barrier()
-    _add_dq(dq, dq_bufs.index(2 * SLICE + dq_buffer), dq_desc, batch, dq_head, dq_block, nheads, HEAD_DIM, BLOCK_M)
+    _add_dq(dq, dq_bufs.index(2 * SLICE + dq_buffer), dq_desc, batch, dq_head, dq_block, nheads, HEAD_DIM, BLOCK_M,
+            SLICE)
     _store_rows(dv, DV, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh, HEAD_DIM, SLICE_KEYS,
                 acc_layout)
     _store_rows(dk * softmax_scale, DK, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh,
@@ -214,23 +230,30 @@ def dkdv_dq_key_slices_kernel(
     CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
 ):
     """``dkdv_key_slices_kernel``'s dK and dV, and dQ^T / softmax_scale added into the float32 accumulator of
-    ``dq_desc``: (batch * nheads * HEAD_DIM, seqlen_q) rows in [HEAD_DIM, BLOCK_M] blocks, zeroed by the caller."""
+    ``dq_desc``: (batch * nheads * HEAD_DIM, seqlen_q) rows in [HEAD_DIM / 2, BLOCK_M] blocks, zeroed by the
+    caller. Head dim 128 only: each consumer's half of dQ^T is one wgmma row block (M = 64)."""
+    gl.static_assert(HEAD_DIM == 2 * SLICE_KEYS, "the fused dK/dV/dQ kernel splits a head dim of 128 in two")
     BLOCK_N: gl.constexpr = KEY_SLICE_PROGRAM_KEYS
     group_size = nheads // nheads_k
     k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, stage_free, _ = _streamed_buffers(
         q_desc, k_desc, v_desc, do_desc, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, True)
-    # two dS^T buffers a consumer (consumer c's: 2c and 2c + 1), read only by its own dQ^T products
-    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([SLICE_KEYS, BLOCK_M], q_desc.dtype)
-    ds_bufs = gl.allocate_shared_memory(q_desc.dtype, [4, SLICE_KEYS, BLOCK_M], ds_layout)
-    # two dQ^T buffers a consumer, the same way, each read by a TMA reduction after the consumer's stores
-    dq_bufs = gl.allocate_shared_memory(gl.float32, [4, HEAD_DIM, BLOCK_M], dq_desc.layout)
+    # dS^T of the program's 128 keys, on a ring of four (``_fused_partition``); each buffer's barrier completes once
+    # both consumers have stored their rows
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], q_desc.dtype)
+    ds_bufs = gl.allocate_shared_memory(q_desc.dtype, [4, BLOCK_N, BLOCK_M], ds_layout)
+    ds_ready = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(4):
+        mbarrier.init(ds_ready.index(i), count=2)
+    # two dQ^T buffers a consumer (consumer c's: 2c and 2c + 1), each read by a TMA reduction after the consumer's
+    # stores
+    dq_bufs = gl.allocate_shared_memory(gl.float32, [4, HEAD_DIM // 2, BLOCK_M], dq_desc.layout)
 
     gl.warp_specialize([
-        (_fused_partition, (k_smem, v_smem, q_bufs, do_bufs, ds_bufs, dq_bufs, kv_ready, q_ready, do_ready,
+        (_fused_partition, (k_smem, v_smem, q_bufs, do_bufs, ds_bufs, ds_ready, dq_bufs, kv_ready, q_ready, do_ready,
                             stage_free, Lse, Delta, DK, DV, dq_desc, stride_gb, stride_gm, stride_gh, seqlen_q,
                             seqlen_k, nheads, nheads_k, key_blocks, group_size, softmax_scale, qk_scale_log2,
                             HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, 0)),
-        (_fused_partition, (k_smem, v_smem, q_bufs, do_bufs, ds_bufs, dq_bufs, kv_ready, q_ready, do_ready,
+        (_fused_partition, (k_smem, v_smem, q_bufs, do_bufs, ds_bufs, ds_ready, dq_bufs, kv_ready, q_ready, do_ready,
                             stage_free, Lse, Delta, DK, DV, dq_desc, stride_gb, stride_gm, stride_gh, seqlen_q,
                             seqlen_k, nheads, nheads_k, key_blocks, group_size, softmax_scale, qk_scale_log2,
                             HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, 1)),

@@ -123,10 +123,12 @@ def dkdv_compilable(config: configs.TileConfig, seqlen_q: int) -> configs.TileCo
     return config
 
 
-def fuses_dq(config: configs.TileConfig, fits_hopper: bool, opts: AttentionOptions) -> bool:
-    """Whether the dK/dV kernel computes dQ too (five products): the key-slice kernel where the table asks for it,
-    unless the call is deterministic (its reductions add in no fixed order; the two passes are bitwise repeatable)."""
-    return config.hopper and fits_hopper and config.key_slices and config.fused_dq and not opts.deterministic
+def fuses_dq(config: configs.TileConfig, fits_hopper: bool, opts: AttentionOptions, head_dim: int) -> bool:
+    """Whether the dK/dV kernel computes dQ too (five products): the key-slice kernel where the table asks for it, at
+    head dim 128 (each consumer computes half its dQ^T, one wgmma row block), unless the call is deterministic (its
+    reductions add in no fixed order; the two passes are bitwise repeatable)."""
+    return (config.hopper and fits_hopper and config.key_slices and config.fused_dq and head_dim == 128
+            and not opts.deterministic)
 
 
 def dq_accumulator(q: torch.Tensor) -> torch.Tensor:
@@ -137,13 +139,13 @@ def dq_accumulator(q: torch.Tensor) -> torch.Tensor:
 
 
 def dq_accumulator_descriptor(dq_acc: torch.Tensor, seqlen_q: int, block_m: int):
-    """A host-side TMA descriptor of ``dq_accumulator`` as (batch * nheads * head_dim, seqlen_q) rows, one head's
-    rows by ``block_m`` queries a block: the reductions' columns past seqlen_q are dropped."""
+    """A host-side TMA descriptor of ``dq_accumulator`` as (batch * nheads * head_dim, seqlen_q) rows, half a head's
+    rows (a consumer's) by ``block_m`` queries a block: the reductions' columns past seqlen_q are dropped."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     head_dim = dq_acc.shape[2]
     return TensorDescriptor(dq_acc, [dq_acc.shape[0] * dq_acc.shape[1] * head_dim, seqlen_q], [dq_acc.stride(2), 1],
-                            [head_dim, block_m], tile_layout(head_dim, block_m, torch.float32))
+                            [head_dim // 2, block_m], tile_layout(head_dim // 2, block_m, torch.float32))
 
 
 def _dq_from_accumulator(dq_acc: torch.Tensor, dq: torch.Tensor, opts: AttentionOptions) -> None:
@@ -253,7 +255,7 @@ def launch_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Atte
     # memory (H200)
     half = q.dtype != torch.float32
     dq_tma = tma_loads(dq_config.tma and half, k, v)
-    if fuses_dq(dkdv_config, fits_hopper, opts):
+    if fuses_dq(dkdv_config, fits_hopper, opts, head_dim):
         # one pass: dQ^T summed in float32 by the dK/dV kernel, then transposed, scaled and rounded
         dq_acc = dq_accumulator(q)
         _hopper_dkdv(q, k, v, dout, lse, delta, dk, dv, opts, dkdv_config, dq_acc)
