@@ -121,6 +121,8 @@ def test_table_takes_the_hopper_dkdv_where_it_fits(head_dim, dtype, expect_launc
 # TMA reductions, then a pass that transposes, scales and rounds; the default for non-deterministic calls where the
 # table's entry asks for it (fused_dq)
 FUSED_DQ = configs.TileConfig(32, 128, 8, 3, hopper=True, key_slices=True, fused_dq=True)
+# its other schedule: 64-row blocks one at a time, lse and delta through shared memory
+FUSED_DQ_64_ROWS = configs.TileConfig(64, 128, 8, 2, hopper=True, key_slices=True, fused_dq=True)
 FUSED_DQ_SHAPES = [(2, 1023, 1023, 4, 1, 128), (1, 113, 203, 4, 2, 128), (1, 113, 113, 2, 2, 128),
                    (1, 4096, 4096, 2, 2, 128), (1, 4096, 4096, 4, 1, 128), (2, 257, 1000, 2, 2, 128),
                    (2, 1023, 777, 4, 2, 128), (1, 700, 300, 2, 2, 128), (1, 1, 300, 2, 2, 128)]
@@ -133,19 +135,21 @@ def fused_dq_passes(monkeypatch, expect_fused: bool):
 
 @pytest.mark.gpu
 @hopper
+@pytest.mark.parametrize("tile", [FUSED_DQ, FUSED_DQ_64_ROWS], ids=["32-rows", "64-rows"])
 @pytest.mark.parametrize("option", ["plain", "causal"])
 @pytest.mark.parametrize("shape", FUSED_DQ_SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_fused_dq_matches_reference(shape, option, monkeypatch):
-    with forced_ws_dkdv(FUSED_DQ, monkeypatch), fused_dq_passes(monkeypatch, True):
+def test_fused_dq_matches_reference(shape, option, tile, monkeypatch):
+    with forced_ws_dkdv(tile, monkeypatch), fused_dq_passes(monkeypatch, True):
         check_against_reference(make_case(shape, option, "cuda"), torch.bfloat16, "cuda", flash_attn_func)
 
 
 @pytest.mark.gpu
 @hopper
-def test_fused_dq_fp16_and_scale(monkeypatch):
+@pytest.mark.parametrize("tile", [FUSED_DQ, FUSED_DQ_64_ROWS], ids=["32-rows", "64-rows"])
+def test_fused_dq_fp16_and_scale(tile, monkeypatch):
     case = make_case((2, 333, 517, 4, 2, 128), "causal", "cuda")
     case.options["softmax_scale"] = 0.05
-    with forced_ws_dkdv(FUSED_DQ, monkeypatch), fused_dq_passes(monkeypatch, True):
+    with forced_ws_dkdv(tile, monkeypatch), fused_dq_passes(monkeypatch, True):
         check_against_reference(case, torch.float16, "cuda", flash_attn_func)
 
 

@@ -6,17 +6,23 @@ float32 dQ^T accumulator in global memory by TMA reductions (FlashAttention-3's 
 is unordered, so the launcher takes this form only for ``deterministic=False`` calls (``launch.backward``).
 ``dq_from_accumulator`` then transposes, scales and rounds it.
 
-Why dQ^T and not dQ = dS K: at hdim 128 the kernel's query blocks have 32 rows (64 spilled), under wgmma's 64-row M,
-so the product puts the head dim on M and the block's queries on N. Both operands come from shared memory: K^T is
-the K tile read transposed, and dS^T (already in registers, 16-bit, as dK's operand) is stored once a block.
+Why dQ^T and not dQ = dS K: 32-row query blocks are under wgmma's 64-row M, so the product puts the head dim on M
+and the block's queries on N. Both operands come from shared memory: K^T is the K tile read transposed, and dS^T
+(already in registers, 16-bit, as dK's operand) is stored once a block.
 
 The two consumers share dQ^T as FlashAttention-3's do: each stores its 64 keys' rows of dS^T into one 128-key
 buffer, and each computes half of the head dim over all 128 keys (M = 64: hence head dim 128 only). Each keeping a
-partial of its own keys would put twice the float32 through shared memory and into L2's reductions (16 KB a
-consumer and block instead of 8) and hold 32 registers a thread for dQ^T instead of 16. A consumer waits for the
-other's half of dS^T one block late (block i-1's product is issued once block i's dS^T is stored), so the two
-consumers drift apart by at most a block, and the buffers form a ring of four: a buffer is written again only once
-both products that read it have completed (see ``_fused_partition``).
+partial of its own keys would put twice the float32 through shared memory and into L2's reductions and hold twice
+the registers for dQ^T.
+
+Two schedules, by the tile's query rows:
+- 32 rows (``_pipelined_partition``): block i's S^T and dP^T run under block i-1's dV, dK and dQ^T, as in the plain
+  key-slice kernel. A consumer waits for the other's half of dS^T one block late, so the two drift apart by at most
+  a block, and the dS^T buffers form a ring of four.
+- 64 rows (``_row_block_partition``): one block at a time (FlashAttention-3's schedule), the other consumer's products
+  filling the tensor cores meanwhile; its S^T, dP^T and dQ^T are N = 64 products, which read 4 KB of shared memory
+  per 32 tensor cycles where the 32-row ones read 3 KB per 16. The loader puts each block's lse and delta in shared
+  memory (``_load_with_statistics``): in registers, beside S^T, dP^T, dK and dV, they spilled.
 
 The result goes from the wgmma registers to a per-consumer shared buffer (64 head-dim rows x BLOCK_M float32, two a
 consumer), and one thread issues the reduction of the tile into the accumulator, (batch, nheads, HEAD_DIM, seqlen_q
@@ -44,6 +50,7 @@ from .backward_hopper import (
     SLICE_KEYS,
     _key_tile,
     _load_partition,
+    _lse_log2,
     _next_query_block,
     _slice_scores,
     _slice_statistics,
@@ -54,25 +61,39 @@ from .forward_hopper import register_operand_layout, wgmma_layout
 
 
 @gluon.jit
-def _score_gradients(s, dp, q_block, lse_log2, delta, seqlen_q, seqlen_k, slice_start, qk_scale_log2,
-                     dtype: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr,
-                     operand: gl.constexpr):
-    """``backward_hopper._slice_score_gradients``, also returning dS^T in the score layout (for dQ), and with keys
-    past the sequence masked: their rows of dK and dV are never stored, but their dS^T would reach dQ."""
+def _probabilities(s, q_block, lse_log2, seqlen_q, seqlen_k, slice_start, qk_scale_log2, BLOCK_M: gl.constexpr,
+                   CAUSAL: gl.constexpr, s_layout: gl.constexpr):
+    """P^T of a query block as ``backward_hopper._slice_score_gradients`` computes it, and with keys past the sequence
+    masked: their rows of dK and dV are never stored, but their dS^T would reach dQ. The masks apply to every block:
+    a branch around them (a block's worth of selects) left two paths' registers live, and the 64-row consumer spilled
+    (five stores and 26 loads a block causal, two and 16 without the mask)."""
     first_row = q_block * BLOCK_M
     if CAUSAL:
         # bottom-right aligned: query i sees keys up to i + seqlen_k - seqlen_q (so no key past the sequence)
-        if slice_start + SLICE_KEYS - 1 > first_row + (seqlen_k - seqlen_q):
-            keys = slice_start + gl.arange(0, SLICE_KEYS, layout=gl.SliceLayout(1, s_layout))
-            rows = first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-            s = gl.where(keys[:, None] <= rows[None, :] + (seqlen_k - seqlen_q), s, float("-inf"))
+        keys = slice_start + gl.arange(0, SLICE_KEYS, layout=gl.SliceLayout(1, s_layout))
+        rows = first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+        s = gl.where(keys[:, None] <= rows[None, :] + (seqlen_k - seqlen_q), s, float("-inf"))
     else:
-        if slice_start + SLICE_KEYS > seqlen_k:
-            keys = slice_start + gl.arange(0, SLICE_KEYS, layout=gl.SliceLayout(1, s_layout))
-            s = gl.where((keys < seqlen_k)[:, None], s, float("-inf"))
-    p = gl.exp2(s * qk_scale_log2 - lse_log2[None, :])
+        keys = slice_start + gl.arange(0, SLICE_KEYS, layout=gl.SliceLayout(1, s_layout))
+        s = gl.where((keys < seqlen_k)[:, None], s, float("-inf"))
+    return gl.exp2(s * qk_scale_log2 - lse_log2[None, :])
+
+
+@gluon.jit
+def _operands(p, dp, delta, dtype: gl.constexpr, operand: gl.constexpr):
+    """P^T and dS^T = P^T (dP^T - delta) as 16-bit register operands of dV and dK, and dS^T in the score layout (dQ's,
+    through shared memory)."""
     ds = (p * (dp - delta[None, :])).to(dtype)
     return gl.convert_layout(p.to(dtype), operand), gl.convert_layout(ds, operand), ds
+
+
+@gluon.jit
+def _score_gradients(s, dp, q_block, lse_log2, delta, seqlen_q, seqlen_k, slice_start, qk_scale_log2,
+                     dtype: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr,
+                     operand: gl.constexpr):
+    """``_probabilities``, then ``_operands``."""
+    p = _probabilities(s, q_block, lse_log2, seqlen_q, seqlen_k, slice_start, qk_scale_log2, BLOCK_M, CAUSAL, s_layout)
+    return _operands(p, dp, delta, dtype, operand)
 
 
 @gluon.jit
@@ -113,7 +134,7 @@ def _add_dq(dq, dq_smem, dq_desc, batch, head, q_block, nheads, HEAD_DIM: gl.con
 
 
 @gluon.jit
-def _fused_partition(k_smem, v_smem, q_bufs, do_bufs, ds_bufs, ds_ready, dq_bufs, kv_ready, q_ready, do_ready,
+def _pipelined_partition(k_smem, v_smem, q_bufs, do_bufs, ds_bufs, ds_ready, dq_bufs, kv_ready, q_ready, do_ready,
                      stage_free, Lse, Delta, DK, DV, dq_desc, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k,
                      nheads, nheads_k, key_blocks, group_size, softmax_scale, qk_scale_log2,
                      HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
@@ -220,6 +241,109 @@ def _fused_partition(k_smem, v_smem, q_bufs, do_bufs, ds_bufs, ds_ready, dq_bufs
     tma.store_wait(0)  # the shared memory stays the reductions' until they have read it
 
 
+@gluon.jit
+def _load_with_statistics(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, stats_bufs, kv_ready,
+                          q_ready, do_ready, stats_ready, stage_free, Lse, Delta, seqlen_q, seqlen_k, nheads, nheads_k,
+                          key_blocks, group_size, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                          BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    """``backward_hopper._load_partition`` (one barrier frees a stage), and each query block's lse (base 2) and delta
+    into its stage's shared memory: in the consumers' registers, a 64-row block's 32 values a thread and their
+    addresses spilled beside S^T, dP^T, dK and dV."""
+    batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(
+        seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, BLOCK_N, CAUSAL)
+    rows_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
+    block_rows = gl.arange(0, BLOCK_M, layout=rows_layout)
+    mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [batch * seqlen_k + key_start, head_k * HEAD_DIM], kv_ready, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [batch * seqlen_k + key_start, head_k * HEAD_DIM], kv_ready, v_smem)
+    for it in range(iterations):
+        head = head_k * group_size + it // per_head
+        q_block = first_q_block + it % per_head
+        stage = it % NUM_STAGES
+        phase = (it // NUM_STAGES) & 1
+        # a fresh barrier passes a wait on the phase before its first: the first round does not wait
+        mbarrier.wait(stage_free.index(stage), phase ^ 1)
+        mbarrier.expect(q_ready.index(stage), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [batch * seqlen_q + q_block * BLOCK_M, head * HEAD_DIM],
+                                        q_ready.index(stage), q_bufs.index(stage))
+        mbarrier.expect(do_ready.index(stage), do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(do_desc, [batch * seqlen_q + q_block * BLOCK_M, head * HEAD_DIM],
+                                        do_ready.index(stage), do_bufs.index(stage))
+        rows = q_block * BLOCK_M + block_rows
+        offsets = (batch * nheads + head).to(gl.int64) * seqlen_q + rows
+        stats_bufs.index(2 * stage).store(_lse_log2(Lse, offsets, rows, seqlen_q))
+        stats_bufs.index(2 * stage + 1).store(gl.load(Delta + offsets, mask=rows < seqlen_q, other=0.0))
+        mbarrier.arrive(stats_ready.index(stage), count=1)
+
+
+@gluon.jit
+def _row_block_partition(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, kv_ready, q_ready,
+                         do_ready, stats_ready, stage_free, DK, DV, dq_desc, stride_gb, stride_gm, stride_gh, seqlen_q,
+                         seqlen_k, nheads, nheads_k, key_blocks, group_size, softmax_scale, qk_scale_log2,
+                         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                         NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, SLICE: gl.constexpr):
+    """The consumer on 64-row query blocks, one block at a time: a block's S^T and dP^T, its score gradients, then its
+    dV, dQ^T and dK (two blocks' score tiles beside dK and dV would not fit 240 registers at 64 rows). lse and delta
+    come from the stage's shared memory (``_load_with_statistics``).
+
+    The dS^T ring: block i's rows go to buffer i % 2, and this consumer waits for the other's rows of the same block.
+    Before writing block i's, it has waited (in iteration i-1) for the other's arrive of block i-1, which the other
+    makes after its iteration i-2 completed the product that read buffer (i-2) % 2."""
+    s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
+    acc_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
+    operand: gl.constexpr = register_operand_layout(HEAD_DIM)
+    columns: gl.constexpr = gl.SliceLayout(0, s_layout)
+    dtype: gl.constexpr = k_smem.dtype
+    DQ_ROWS: gl.constexpr = HEAD_DIM // 2
+    DS_BUFFERS: gl.constexpr = ds_bufs.shape[0]
+    batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(
+        seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, BLOCK_N, CAUSAL)
+    slice_start = key_start + SLICE * SLICE_KEYS
+    k_slice = k_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS)
+    v_slice = v_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS)
+    k_half_t = k_smem.slice(SLICE * DQ_ROWS, DQ_ROWS, dim=1).permute((1, 0))
+    s = gl.zeros([SLICE_KEYS, BLOCK_M], gl.float32, s_layout)
+    dp = gl.zeros([SLICE_KEYS, BLOCK_M], gl.float32, s_layout)
+    dq = gl.zeros([DQ_ROWS, BLOCK_M], gl.float32, s_layout)
+    dk = gl.zeros([SLICE_KEYS, HEAD_DIM], gl.float32, acc_layout)
+    dv = gl.zeros([SLICE_KEYS, HEAD_DIM], gl.float32, acc_layout)
+    mbarrier.wait(kv_ready, 0)
+    head = head_k * group_size
+    last_head = head + group_size - 1
+    q_block = first_q_block
+    stage = 0
+    phase = 0
+    dq_buffer = 0
+    for i in range(iterations):
+        s, dp = _slice_scores(k_slice, v_slice, q_bufs, do_bufs, q_ready, do_ready, stage, phase, s, dp)
+        mbarrier.wait(stats_ready.index(stage), phase)
+        s, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s, dp))
+        # delta read once P^T is computed and lse spent: both, beside S^T, dP^T, dK and dV, spilled
+        p = _probabilities(s, q_block, stats_bufs.index(2 * stage).load(columns), seqlen_q, seqlen_k, slice_start,
+                           qk_scale_log2, BLOCK_M, CAUSAL, s_layout)
+        p_op, ds_op, ds = _operands(p, dp, stats_bufs.index(2 * stage + 1).load(columns), dtype, operand)
+        dv = warpgroup_mma(p_op, do_bufs.index(stage), dv, is_async=True)
+        _share_ds(ds, ds_bufs.index(i % DS_BUFFERS), ds_ready.index(i % DS_BUFFERS), SLICE)
+        mbarrier.wait(ds_ready.index(i % DS_BUFFERS), (i // DS_BUFFERS) & 1)
+        dq = warpgroup_mma(k_half_t, ds_bufs.index(i % DS_BUFFERS), dq, use_acc=False, is_async=True)
+        dk = warpgroup_mma(ds_op, q_bufs.index(stage), dk, is_async=True)
+        # dV and dQ^T complete; dK runs on while dQ^T goes to the accumulator
+        dv, dq, p_op = warpgroup_mma_wait(num_outstanding=1, deps=(dv, dq, p_op))
+        _add_dq(dq, dq_bufs.index(2 * SLICE + dq_buffer), dq_desc, batch, head, q_block, nheads, HEAD_DIM, BLOCK_M,
+                SLICE)
+        dq_buffer = dq_buffer ^ 1
+        dk, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ds_op))
+        mbarrier.arrive(stage_free.index(stage), count=1)
+        head, q_block = _next_query_block(head, q_block, first_q_block, per_head, last_head)
+        stage = gl.where(stage == NUM_STAGES - 1, 0, stage + 1)
+        phase = gl.where(stage == 0, phase ^ 1, phase)
+    _store_rows(dv, DV, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh, HEAD_DIM, SLICE_KEYS,
+                acc_layout)
+    _store_rows(dk * softmax_scale, DK, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh,
+                HEAD_DIM, SLICE_KEYS, acc_layout)
+    tma.store_wait(0)  # the shared memory stays the reductions' until they have read it
+
+
 # seqlen_q is not specialized as a constant, as in dkdv_key_slices_kernel (Triton 3.6's lowering fails there)
 @gluon.jit(do_not_specialize=["seqlen_q"])
 def dkdv_dq_key_slices_kernel(
@@ -237,30 +361,53 @@ def dkdv_dq_key_slices_kernel(
     group_size = nheads // nheads_k
     k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, stage_free, _ = _streamed_buffers(
         q_desc, k_desc, v_desc, do_desc, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, True)
-    # dS^T of the program's 128 keys, on a ring of four (``_fused_partition``); each buffer's barrier completes once
-    # both consumers have stored their rows
+    # dS^T of the program's 128 keys on a ring (of four on 32-row blocks, two on 64-row ones: see the partitions);
+    # each buffer's barrier completes once both consumers have stored their rows
+    DS_BUFFERS: gl.constexpr = 4 if BLOCK_M == 32 else 2
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], q_desc.dtype)
-    ds_bufs = gl.allocate_shared_memory(q_desc.dtype, [4, BLOCK_N, BLOCK_M], ds_layout)
-    ds_ready = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(4):
+    ds_bufs = gl.allocate_shared_memory(q_desc.dtype, [DS_BUFFERS, BLOCK_N, BLOCK_M], ds_layout)
+    ds_ready = gl.allocate_shared_memory(gl.int64, [DS_BUFFERS, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(DS_BUFFERS):
         mbarrier.init(ds_ready.index(i), count=2)
     # two dQ^T buffers a consumer (consumer c's: 2c and 2c + 1), each read by a TMA reduction after the consumer's
     # stores
     dq_bufs = gl.allocate_shared_memory(gl.float32, [4, HEAD_DIM // 2, BLOCK_M], dq_desc.layout)
 
-    gl.warp_specialize([
-        (_fused_partition, (k_smem, v_smem, q_bufs, do_bufs, ds_bufs, ds_ready, dq_bufs, kv_ready, q_ready, do_ready,
-                            stage_free, Lse, Delta, DK, DV, dq_desc, stride_gb, stride_gm, stride_gh, seqlen_q,
-                            seqlen_k, nheads, nheads_k, key_blocks, group_size, softmax_scale, qk_scale_log2,
-                            HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, 0)),
-        (_fused_partition, (k_smem, v_smem, q_bufs, do_bufs, ds_bufs, ds_ready, dq_bufs, kv_ready, q_ready, do_ready,
-                            stage_free, Lse, Delta, DK, DV, dq_desc, stride_gb, stride_gm, stride_gh, seqlen_q,
-                            seqlen_k, nheads, nheads_k, key_blocks, group_size, softmax_scale, qk_scale_log2,
-                            HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, 1)),
-        (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready,
-                           do_ready, stage_free, stage_free, seqlen_q, seqlen_k, nheads_k, key_blocks, group_size,
-                           HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, True)),
-    ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
+    if BLOCK_M == 32:
+        gl.warp_specialize([
+            (_pipelined_partition, (k_smem, v_smem, q_bufs, do_bufs, ds_bufs, ds_ready, dq_bufs, kv_ready, q_ready,
+                                do_ready, stage_free, Lse, Delta, DK, DV, dq_desc, stride_gb, stride_gm, stride_gh,
+                                seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, group_size, softmax_scale,
+                                qk_scale_log2, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, 0)),
+            (_pipelined_partition, (k_smem, v_smem, q_bufs, do_bufs, ds_bufs, ds_ready, dq_bufs, kv_ready, q_ready,
+                                do_ready, stage_free, Lse, Delta, DK, DV, dq_desc, stride_gb, stride_gm, stride_gh,
+                                seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, group_size, softmax_scale,
+                                qk_scale_log2, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, 1)),
+            (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready,
+                               do_ready, stage_free, stage_free, seqlen_q, seqlen_k, nheads_k, key_blocks, group_size,
+                               HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, True)),
+        ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
+    else:
+        # each stage's lse (row 2 * stage) and delta (row 2 * stage + 1), written by the loader
+        stats_bufs = gl.allocate_shared_memory(gl.float32, [2 * NUM_STAGES, BLOCK_M],
+                                               gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        stats_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(NUM_STAGES):
+            mbarrier.init(stats_ready.index(i), count=1)
+        gl.warp_specialize([
+            (_row_block_partition, (k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, kv_ready,
+                                    q_ready, do_ready, stats_ready, stage_free, DK, DV, dq_desc, stride_gb, stride_gm,
+                                    stride_gh, seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, group_size,
+                                    softmax_scale, qk_scale_log2, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, 0)),
+            (_row_block_partition, (k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, kv_ready,
+                                    q_ready, do_ready, stats_ready, stage_free, DK, DV, dq_desc, stride_gb, stride_gm,
+                                    stride_gh, seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, group_size,
+                                    softmax_scale, qk_scale_log2, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, 1)),
+            (_load_with_statistics, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, stats_bufs,
+                                     kv_ready, q_ready, do_ready, stats_ready, stage_free, Lse, Delta, seqlen_q,
+                                     seqlen_k, nheads, nheads_k, key_blocks, group_size, HEAD_DIM, BLOCK_M, BLOCK_N,
+                                     NUM_STAGES, CAUSAL)),
+        ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
 
 
 @triton.jit
