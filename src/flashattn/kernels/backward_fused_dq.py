@@ -198,6 +198,9 @@ def _pipelined_partition(k_smem, v_smem, q_bufs, do_bufs, ds_bufs, ds_ready, dq_
         next_p_op, next_ds_op, ds = _score_gradients(s, dp, q_block, lse_log2, delta, seqlen_q, seqlen_k,
                                                      slice_start, qk_scale_log2, dtype, BLOCK_M, CAUSAL, s_layout,
                                                      operand)
+        # this block's dQ^T goes to the buffer whose reduction was issued two blocks ago: the issuing thread waits
+        # for it here, and the barrier before _share_ds's arrive holds every other thread until it has
+        tma.store_wait(1)
         # the last block's dQ^T once S^T, dP^T and dS^T are spent (its registers are not live beside theirs) and the
         # other consumer's rows of its dS^T have arrived (waited for between this block's stores and their arrive:
         # one barrier of the warpgroup serves both)
@@ -323,6 +326,9 @@ def _row_block_partition(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, d
                            qk_scale_log2, BLOCK_M, CAUSAL, s_layout)
         p_op, ds_op, ds = _operands(p, dp, stats_bufs.index(2 * stage + 1).load(columns), dtype, operand)
         dv = warpgroup_mma(p_op, do_bufs.index(stage), dv, is_async=True)
+        # this block's dQ^T goes to the buffer whose reduction was issued two blocks ago: the issuing thread waits
+        # for it here, and the barrier before _share_ds's arrive holds every other thread until it has
+        tma.store_wait(1)
         _share_ds(ds, ds_bufs.index(i % DS_BUFFERS), ds_ready.index(i % DS_BUFFERS), SLICE)
         mbarrier.wait(ds_ready.index(i % DS_BUFFERS), (i // DS_BUFFERS) & 1)
         dq = warpgroup_mma(k_half_t, ds_bufs.index(i % DS_BUFFERS), dq, use_acc=False, is_async=True)
