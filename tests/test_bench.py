@@ -44,6 +44,34 @@ def test_plot_from_results(tmp_path):
     assert (tmp_path / "plot.png").stat().st_size > 10_000
 
 
+def test_fa4_provider_runs_where_flash_attn_4_imports(tmp_path, monkeypatch):
+    """The ``fa4`` provider calls ``flash_attn.cute.flash_attn_func`` (which returns (out, lse)) and is checked against
+    flashattn like the others; a stand-in module takes flash-attn-4's place, which has no CPU kernels."""
+    import sys
+    import types
+
+    from flashattn import flash_attn_func
+
+    calls = []
+
+    def stand_in(q, k, v, causal=False):
+        calls.append(causal)
+        return flash_attn_func(q, k, v, causal=causal), None
+
+    cute = types.ModuleType("flash_attn.cute")
+    cute.flash_attn_func = stand_in
+    package = types.ModuleType("flash_attn")
+    package.cute = cute
+    monkeypatch.setitem(sys.modules, "flash_attn", package)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
+    assert bench.fa4_available()
+    assert bench.main(["--seqlens", "64", "--causal", "yes", "--modes", "fwd", "--providers", "flashattn", "fa4",
+                       "--out", str(tmp_path)]) == 0
+    rows = {r["provider"]: r for r in json.loads(next(tmp_path.glob("*.json")).read_text())["results"]}
+    assert rows["fa4"]["error"] is None and rows["fa4"]["max_diff_vs_flashattn"] == 0
+    assert calls and all(calls)
+
+
 def test_missing_provider_case_is_reported_not_fatal(tmp_path, monkeypatch):
     def broken(q, k, v, causal):
         raise RuntimeError("no kernel for this case")

@@ -115,6 +115,22 @@ def _flashattn(q, k, v, causal: bool) -> Runner:
     return lambda: flash_attn_func(q, k, v, causal=causal)
 
 
+def fa4_available() -> bool:
+    """Whether FlashAttention-4 (flash-attn-4: CuTe-DSL kernels, with sm90 ones) is importable, as the ``fa4``
+    provider needs; the GPU benchmark's default providers take it then."""
+    try:
+        from flash_attn.cute import flash_attn_func  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _fa4(q, k, v, causal: bool) -> Runner:
+    from flash_attn.cute import flash_attn_func as fa4_attention
+
+    return lambda: fa4_attention(q, k, v, causal=causal)[0]  # (out, lse)
+
+
 def mixed_lengths(total: int, mean: int, seed: int = 0) -> list[int]:
     """Sequence lengths drawn uniformly from [1, 2 * mean - 1] until they add up to ``total``."""
     generator = torch.Generator().manual_seed(seed)
@@ -172,6 +188,7 @@ PROVIDERS: dict[str, Callable] = {
     "sdpa_efficient": _sdpa("EFFICIENT_ATTENTION"),
     "sdpa_math": _sdpa("MATH"),
     "flex": _flex,
+    "fa4": _fa4,
     "naive": standard_attention,
     "flashattn_varlen": _flashattn_varlen(mixed=False),
     "flashattn_varlen_mixed": _flashattn_varlen(mixed=True),
@@ -521,7 +538,7 @@ def _run(args: argparse.Namespace) -> int:
         return run_fp8(args, environment())
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     on_gpu = device.type == "cuda"
-    dense_providers = [p for p in PROVIDERS if p not in VARLEN_PROVIDERS]
+    dense_providers = [p for p in PROVIDERS if p not in VARLEN_PROVIDERS and (p != "fa4" or fa4_available())]
     providers = args.providers or (dense_providers if on_gpu else list(CPU_PROVIDERS))
     if args.varlen:
         providers = providers + [p for p in VARLEN_PROVIDERS if p not in providers]
@@ -670,7 +687,8 @@ def run_fp8(args: argparse.Namespace, env: dict) -> int:
     if args.varlen or args.providers and any(p in VARLEN_PROVIDERS for p in args.providers):
         print("flashattn bench: error: --dtype fp8 times dense calls only", file=sys.stderr)
         return EXIT_USAGE
-    baseline = [p for p in PROVIDERS if p not in VARLEN_PROVIDERS and p != "naive"] if on_gpu else ["flashattn"]
+    # the bf16 calls FP8 is to beat: flashattn's, cuDNN's and FlashAttention-4's where it is installed
+    baseline = ["flashattn", "sdpa_cudnn", *(["fa4"] if fa4_available() else [])] if on_gpu else ["flashattn"]
     providers = (args.providers or baseline) + list(FP8_PROVIDERS)
     causal = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
     if on_gpu:
