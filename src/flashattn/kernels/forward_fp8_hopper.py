@@ -42,10 +42,12 @@ from .forward_hopper import (
     _publish_tile,
     _tile_plan,
     key_ring,
+    masked_scores,
     q_ring,
     read_tile,
     rows_in_sequence,
     store_rows,
+    subtracted_max,
 )
 
 
@@ -152,18 +154,9 @@ def _softmax_step(s, row_scale, k_scale, m_i, l_i, j, rows, seqlen_q, seqlen_k, 
     s_layout: gl.constexpr = fp8_wgmma_layout(BLOCK_N)
     scale = row_scale * k_scale
     if MASKED:
-        cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        visible = cols[None, :] < seqlen_k
-        if CAUSAL:
-            # bottom-right aligned: query i sees keys up to i + seqlen_k - seqlen_q
-            visible = visible & (cols[None, :] <= rows[:, None] + (seqlen_k - seqlen_q))
-        s = gl.where(visible, s, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, axis=1) * scale)
-        # a row that has seen no key keeps max -inf: subtract 0 instead, so that exp2 gives 0, not NaN
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-    else:
-        m_new = gl.maximum(m_i, gl.max(s, axis=1) * scale)
-        m_use = m_new
+        s = masked_scores(s, j, rows, seqlen_q, seqlen_k, BLOCK_N, CAUSAL, s_layout)
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * scale)
+    m_use = subtracted_max(m_new, MASKED)
     # exp2(x + log2(P_SCALE)) = P * P_SCALE: the scaling costs a row's subtraction, not an element's multiply
     p = gl.exp2(s * scale[:, None] - (m_use - P_SCALE_LOG2)[:, None])
     alpha = gl.exp2(m_i - m_use)

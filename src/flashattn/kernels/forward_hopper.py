@@ -312,22 +312,35 @@ def _softmax_step(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK
     """Online softmax of one score block in base 2: (the max used, new sum, P, the old accumulator's factor, whether
     the accumulator needs it: ``lazy_max``)."""
     if MASKED:
-        cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        visible = cols[None, :] < seqlen_k
-        if CAUSAL:
-            # bottom-right aligned: query i sees keys up to i + seqlen_k - seqlen_q
-            visible = visible & (cols[None, :] <= rows[:, None] + (seqlen_k - seqlen_q))
-        s = gl.where(visible, s, float("-inf"))
+        s = masked_scores(s, j, rows, seqlen_q, seqlen_k, BLOCK_N, CAUSAL, s_layout)
     m_new, rescale = lazy_max(m_i, gl.max(s, axis=1) * qk_scale_log2, THRESHOLD)
-    if MASKED:
-        # a row that has seen no key keeps max -inf: subtract 0 instead, so that exp2 gives 0, not NaN
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-    else:
-        m_use = m_new
+    m_use = subtracted_max(m_new, MASKED)
     p = gl.exp2(s * qk_scale_log2 - m_use[:, None])
     alpha = gl.exp2(m_i - m_use)
     l_i = l_i * alpha + gl.sum(p, axis=1)
     return m_new, l_i, p, alpha, rescale
+
+
+@gluon.jit
+def masked_scores(s, j, rows, seqlen_q, seqlen_k, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+                  s_layout: gl.constexpr):
+    """Key block ``j``'s scores (``s_layout``) with -inf where a row may not see the key: past seqlen_k, and with
+    CAUSAL past the diagonal."""
+    cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    visible = cols[None, :] < seqlen_k
+    if CAUSAL:
+        # bottom-right aligned: query i sees keys up to i + seqlen_k - seqlen_q
+        visible = visible & (cols[None, :] <= rows[:, None] + (seqlen_k - seqlen_q))
+    return gl.where(visible, s, float("-inf"))
+
+
+@gluon.jit
+def subtracted_max(m_new, MASKED: gl.constexpr):
+    """The row max that P's exponent subtracts: with MASKED a row that has seen no key keeps max -inf and subtracts
+    0 instead, so that exp2 gives 0, not NaN."""
+    if MASKED:
+        m_new = gl.where(m_new == float("-inf"), 0.0, m_new)
+    return m_new
 
 
 @gluon.jit
