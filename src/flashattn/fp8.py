@@ -24,7 +24,7 @@ import torch
 
 from .backend import backend_for_cpu_tensors, backend_override
 from .configs import padded_head_dim
-from .fp8_format import E4M3_MAX, FP8_DTYPE, SCALE_BLOCK
+from .fp8_format import E4M3_MAX, FP8_DTYPE, SCALE_BLOCK, sylvester_hadamard
 from .fp8_format import P_SCALE as P_SCALE  # public here too: what the kernels scale P by
 from .validation import check_cu_seqlens_pair
 
@@ -60,12 +60,7 @@ def random_signs(head_dim: int, seed: int | None, device: torch.device) -> torch
 def rotation_matrix(signs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The (head_dim, head_dim) orthogonal matrix diag(signs) H: H block-diagonal over :func:`hadamard_pieces`, each
     block the normalized Sylvester-Hadamard matrix of its size (entries +-1 / sqrt(n))."""
-    blocks = []
-    for n in hadamard_pieces(signs.numel()):
-        h = torch.ones(1, 1, dtype=dtype, device=signs.device)
-        while h.shape[0] < n:  # Sylvester: H_2n = [[H, H], [H, -H]]
-            h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
-        blocks.append(h / math.sqrt(n))
+    blocks = [sylvester_hadamard(n, signs.device).to(dtype) / math.sqrt(n) for n in hadamard_pieces(signs.numel())]
     return signs.to(dtype)[:, None] * torch.block_diag(*blocks)
 
 

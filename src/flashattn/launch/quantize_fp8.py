@@ -9,6 +9,7 @@ import torch
 
 from .. import configs
 from ..backend import interpreting
+from ..fp8_format import sylvester_hadamard
 from .common import cdiv, last_dim_contiguous
 from .launcher import launch
 
@@ -26,13 +27,8 @@ def rotation_operands(signs: torch.Tensor, pieces: list[int], dtype: torch.dtype
 def _hadamard_operands(pieces: tuple[int, ...], width: int, device: torch.device):
     """The +-1 Sylvester-Hadamard blocks of ``pieces`` on the diagonal of a (width, width) float32 matrix, and each
     column's 1 / sqrt(its piece's size)."""
-    blocks, scales = [], []
-    for n in pieces:
-        h = torch.ones(1, 1, device=device)
-        while h.shape[0] < n:  # Sylvester: H_2n = [[H, H], [H, -H]]
-            h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
-        blocks.append(h)
-        scales.append(torch.full((n,), 1 / math.sqrt(n), device=device))
+    blocks = [sylvester_hadamard(n, device) for n in pieces]
+    scales = [torch.full((n,), 1 / math.sqrt(n), device=device) for n in pieces]
     head_dim = sum(pieces)
     s = torch.zeros(width, width, device=device)
     s[:head_dim, :head_dim] = torch.block_diag(*blocks)
