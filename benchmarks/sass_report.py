@@ -393,23 +393,30 @@ def _gluon_report(kernel, signature: dict, constexprs: dict) -> dict:
     return report(triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}))
 
 
-def quantize_report(head_dim: int, phase: str) -> dict:
-    """:func:`report` of the FP8 quantizer's ``phase`` kernel ("amax" or "quantize") as ``fp8.quantize`` launches it
-    on bfloat16 rows of ``head_dim``, rotated (``launch/quantize_fp8.py``)."""
+def quantize_report(head_dim: int, phase: str, group: int = 1) -> dict:
+    """:func:`report` of the FP8 quantizer's ``phase`` kernel ("amax", "quantize" or "one_pass", the last for a kv
+    head's ``group`` of query heads) as ``fp8.quantize`` launches it on bfloat16 rows of ``head_dim``, rotated, with
+    block descales (``launch/quantize_fp8.py``)."""
     from flashattn import configs
     from flashattn.kernels import quantize_fp8
 
     width = configs.padded_head_dim(head_dim)
-    rows, cols, warps, stages = configs.QUANTIZE_TILES[width]
-    kernel = {"amax": quantize_fp8.block_amax_kernel, "quantize": quantize_fp8.quantize_kernel}[phase]
-    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=width, BLOCK_ROWS=128, ROWS=rows, COLS=cols, ROTATE=True,
-                      UPCAST=False, **({"DESCALE": True} if phase == "amax" else {}))
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=width, BLOCK_ROWS=128, ROTATE=True, UPCAST=False)
+    if phase == "one_pass":
+        kernel = quantize_fp8.block_quantize_kernel
+        _, depth, warps, stages = configs.QUANTIZE_ONE_PASS_TILES[width]
+        constexprs.update(GROUP=group, TILE_ROWS=128 * configs.next_power_of_2(group), DEPTH=depth)
+    else:
+        kernel = {"amax": quantize_fp8.block_amax_kernel, "quantize": quantize_fp8.quantize_kernel}[phase]
+        rows, cols, warps, stages = configs.QUANTIZE_TILES[width]
+        constexprs.update(ROWS=rows, COLS=cols, **({"DESCALE": True} if phase == "amax" else {}))
     pointers = {"X": "*bf16", "S": "*bf16", "Out": "*fp8e4nv", "e4m3_max": "fp32"}
     types = {name: "constexpr" if name in constexprs else pointers.get(name, "*fp32" if name[0].isupper() else "i32")
              for name in inspect.signature(kernel.fn).parameters}
     source = ASTSource(fn=kernel, signature=types, constexprs=constexprs, attrs=alignment_hints(types))
-    return report(triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                                 options={"num_warps": warps, "num_stages": stages}))
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": warps, "num_stages": stages})
+    return {**report(compiled), "instructions": len(instructions(disassemble(compiled.asm["cubin"])))}
 
 
 def compile_report(kernel, num_warps: int, num_stages: int, constexprs: dict, dtype: str = "bf16",

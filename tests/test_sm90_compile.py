@@ -274,24 +274,30 @@ for head_dim, block_n, stages, new_keys, paged, query_rows, consumers, early in 
         assert result["unwritten_uniform_reads"] == 0, (tile, UNWRITTEN_READS)
 
 
-@pytest.mark.skipif(not ALL_BUILDS, reason="GPU machines (or FLASHATTN_ALL_SM90_COMPILES=1): four builds of seconds")
+# (head dim, kernel, group): the two passes, and the one pass at each width's largest group (its registers' limit)
+QUANTIZER_BUILDS = [(head_dim, phase, 1) for head_dim in (128, 256) for phase in ("amax", "quantize")] + [
+    (128, "one_pass", 1), (128, "one_pass", 2), (256, "one_pass", 1), (64, "one_pass", 4)]
+
+
+@pytest.mark.skipif(not ALL_BUILDS, reason="GPU machines (or FLASHATTN_ALL_SM90_COMPILES=1): eight builds of seconds")
 def test_fp8_quantizer_kernels_compile_without_spills():
     """The FP8 quantizer's two passes (configs.QUANTIZE_TILES) at head dims 128 and 256 keep S and the rotated rows
     out of local memory (S held whole in registers spilled up to 11 KB a thread at head dim 256) and fit Hopper's
-    shared memory (a pipelined row loop asked for 290-525 KB and failed to launch)."""
+    shared memory (a pipelined row loop asked for 290-525 KB and failed to launch); so does the one pass
+    (configs.QUANTIZE_ONE_PASS_TILES), whose rotated block stays in registers, at the largest groups it takes."""
     script = f"""
 import json, sys
 sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
 import sass_report
-for head_dim in (128, 256):
-    for phase in ("amax", "quantize"):
-        print(json.dumps([sass_report.quantize_report(head_dim, phase)]), flush=True)
+for head_dim, phase, group in {QUANTIZER_BUILDS!r}:
+    print(json.dumps([sass_report.quantize_report(head_dim, phase, group)]), flush=True)
 """
     results = _compiled(script)
-    assert len(results) == 4
-    for (result,) in results:
-        assert result["STL"] == 0 and result["LDL"] == 0, result
-        assert result["shared_bytes"] <= HOPPER_SHARED_BYTES, result
+    assert len(results) == len(QUANTIZER_BUILDS)
+    for build, (result,) in zip(QUANTIZER_BUILDS, results, strict=True):
+        assert result["STL"] == 0 and result["LDL"] == 0, (build, result)
+        assert result["shared_bytes"] <= HOPPER_SHARED_BYTES, (build, result)
+        assert result["wgmma_serialized"] is None, (build, result["wgmma_serialized"])
 
 
 def test_hopper_decode_refuses_a_ring_its_consumers_share():

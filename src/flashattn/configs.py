@@ -158,8 +158,7 @@ HOPPER_DQ = PhaseTable(
         (256, False): TileConfig(64, 64, 4, 2, tma=True),
         (256, True): TileConfig(64, 64, 4, 2, tma=True),
     },
-    # hdim 256 non-causal at <= 1k: one stage
-    short={(256, False): TileConfig(128, 64, 8, 1)},
+    short={(256, False): TileConfig(128, 64, 8, 1)},  # hdim 256 non-causal at <= 1k: one stage
     hopper={
         # K and V blocks on 3 stages; 32-key blocks at hdim 256, where Q and dO leave 96 KB for them
         (128, False): TileConfig(128, 64, 8, 3, hopper=True),
@@ -167,8 +166,7 @@ HOPPER_DQ = PhaseTable(
         (256, False): TileConfig(128, 32, 8, 3, hopper=True),
         (256, True): TileConfig(128, 32, 8, 3, hopper=True),
     },
-    # causal hdim 256 at <= 1k: the Triton dQ
-    hopper_short={(256, True): None},
+    hopper_short={(256, True): None},  # causal hdim 256 at <= 1k: the Triton dQ
 )
 
 # Other GPUs (Ampere and older, or unknown): smaller tiles that fit 100 KB of shared memory.
@@ -188,6 +186,8 @@ TABLES = {("hopper", "forward"): HOPPER_FORWARD, ("hopper", "dkdv"): HOPPER_DKDV
           ("portable", "dkdv"): PORTABLE_DKDV, ("portable", "dq"): PORTABLE_DQ,
           ("portable", "forward_fp8"): PORTABLE_FORWARD_FP8}
 QUANTIZE_TILES = {32: (64, 32, 4, 1), 64: (64, 64, 4, 1), 128: (64, 128, 4, 1), 256: (64, 64, 8, 1)}  # see fp8.md
+# the quantizer's one pass by width: (largest group, padded to a power of 2; rows of S a step, warps, stages)
+QUANTIZE_ONE_PASS_TILES = {32: (8, 32, 16, 1), 64: (4, 64, 16, 1), 128: (2, 64, 16, 2), 256: (1, 64, 16, 2)}
 TRANSPOSE_V_TILE = (64, 4)  # the FP8 forward's V^T copy (launch/forward_fp8.py): keys a program, warps
 
 
