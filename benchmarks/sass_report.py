@@ -308,17 +308,17 @@ def hopper_fp8_forward_report(head_dim: int, causal: bool, config, per_block: bo
     return _gluon_report(attention_forward_fp8_hopper_kernel, signature, constexprs)
 
 
-def hopper_dkdv_report(head_dim: int, causal: bool, config) -> dict:
+def hopper_dkdv_report(head_dim: int, causal: bool, config, fused: bool = False) -> dict:
     """:func:`report` of the Hopper dK/dV kernel (``kernels/backward_hopper.py``) with ``config``'s tile, as
-    ``launch.backward._hopper_dkdv`` launches it for bf16 inputs (with ``config.fused_dq``: the key-slice kernel's
-    form that adds dQ^T into float32 by TMA reductions, ``kernels/backward_fused_dq.py``, the non-deterministic
-    calls' kernel; then ``ptx_reductions`` counts its PTX's TMA reductions and global red/atom instructions)."""
+    ``launch.backward._hopper_dkdv`` launches it for bf16 inputs (``fused``: the key-slice kernel's form that adds
+    dQ^T into float32 by TMA reductions, ``kernels/backward_fused_dq.py``, the non-deterministic calls' kernel; then
+    ``ptx_reductions`` counts its PTX's TMA reductions and global red/atom instructions)."""
     import torch
 
     from flashattn.launch.backward import hopper_dkdv_constexprs, hopper_dkdv_kernel
     from flashattn.launch.common import tile_layout
 
-    fused_dq = config.key_slices and config.fused_dq
+    fused_dq = config.key_slices and fused
     kernel, keys = hopper_dkdv_kernel(config, fused_dq)
     dq_rows = head_dim // 2  # a consumer's half of dQ^T
     dq_desc = f"tensordesc<fp32[{dq_rows}, {config.block_m}],{tile_layout(dq_rows, config.block_m, torch.float32)!r}>"
@@ -330,6 +330,11 @@ def hopper_dkdv_report(head_dim: int, causal: bool, config) -> dict:
                      stride_gh="i32", seqlen_q="i32", seqlen_k="i32", nheads="i32", nheads_k="i32", key_blocks="i32",
                      softmax_scale="fp32", qk_scale_log2="fp32")
     return _gluon_report(kernel, signature, hopper_dkdv_constexprs(config, head_dim, causal))
+
+
+def hopper_dkdv_dq_report(head_dim: int, causal: bool, config) -> dict:
+    """:func:`hopper_dkdv_report` of the fused dK/dV/dQ kernel."""
+    return hopper_dkdv_report(head_dim, causal, config, fused=True)
 
 
 def hopper_dq_report(head_dim: int, causal: bool, config, varlen: bool = False) -> dict:

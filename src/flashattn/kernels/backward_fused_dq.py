@@ -6,23 +6,21 @@ float32 dQ^T accumulator in global memory by TMA reductions (FlashAttention-3's 
 is unordered, so the launcher takes this form only for ``deterministic=False`` calls (``launch.backward``).
 ``dq_from_accumulator`` then transposes, scales and rounds it.
 
-Why dQ^T and not dQ = dS K: 32-row query blocks are under wgmma's 64-row M, so the product puts the head dim on M
-and the block's queries on N. Both operands come from shared memory: K^T is the K tile read transposed, and dS^T
-(already in registers, 16-bit, as dK's operand) is stored once a block.
+Why dQ^T and not dQ = dS K: dQ^T puts the head dim on wgmma's M, so each consumer's half of it is one 64-row
+block. Both operands come from shared memory: K^T is the K tile read transposed, and dS^T (already in registers,
+16-bit, as dK's operand) is stored once a block.
 
 The two consumers share dQ^T as FlashAttention-3's do: each stores its 64 keys' rows of dS^T into one 128-key
 buffer, and each computes half of the head dim over all 128 keys (M = 64: hence head dim 128 only). Each keeping a
 partial of its own keys would put twice the float32 through shared memory and into L2's reductions and hold twice
 the registers for dQ^T.
 
-Two schedules, by the tile's query rows:
-- 32 rows (``_pipelined_partition``): block i's S^T and dP^T run under block i-1's dV, dK and dQ^T, as in the plain
-  key-slice kernel. A consumer waits for the other's half of dS^T one block late, so the two drift apart by at most
-  a block, and the dS^T buffers form a ring of four.
-- 64 rows (``_row_block_partition``): one block at a time (FlashAttention-3's schedule), the other consumer's products
-  filling the tensor cores meanwhile; its S^T, dP^T and dQ^T are N = 64 products, which read 4 KB of shared memory
-  per 32 tensor cycles where the 32-row ones read 3 KB per 16. The loader puts each block's lse and delta in shared
-  memory (``_load_with_statistics``): in registers, beside S^T, dP^T, dK and dV, they spilled.
+The schedule (``_row_block_partition``) takes 64-row query blocks one at a time (FlashAttention-3's), the other
+consumer's products filling the tensor cores meanwhile; its S^T, dP^T and dQ^T are N = 64 products, which read
+4 KB of shared memory per 32 tensor cycles (32-row blocks, pipelined as in the plain key-slice kernel, made them
+N = 32 products reading 3 KB per 16: bound by shared memory, and slower than the two passes). The loader puts each
+block's lse and delta in shared memory (``_load_with_statistics``): in registers, beside S^T, dP^T, dK and dV, they
+spilled.
 
 The result goes from the wgmma registers to a per-consumer shared buffer (64 head-dim rows x BLOCK_M float32, two a
 consumer), and one thread issues the reduction of the tile into the accumulator, (batch, nheads, HEAD_DIM, seqlen_q
@@ -49,11 +47,9 @@ from .backward_hopper import (
     KEY_SLICE_PROGRAM_KEYS,
     SLICE_KEYS,
     _key_tile,
-    _load_partition,
     _lse_log2,
     _next_query_block,
     _slice_scores,
-    _slice_statistics,
     _store_rows,
     _streamed_buffers,
 )
@@ -88,24 +84,12 @@ def _operands(p, dp, delta, dtype: gl.constexpr, operand: gl.constexpr):
 
 
 @gluon.jit
-def _score_gradients(s, dp, q_block, lse_log2, delta, seqlen_q, seqlen_k, slice_start, qk_scale_log2,
-                     dtype: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr,
-                     operand: gl.constexpr):
-    """``_probabilities``, then ``_operands``."""
-    p = _probabilities(s, q_block, lse_log2, seqlen_q, seqlen_k, slice_start, qk_scale_log2, BLOCK_M, CAUSAL, s_layout)
-    return _operands(p, dp, delta, dtype, operand)
-
-
-@gluon.jit
-def _share_ds(ds, ds_buffer, ds_ready, SLICE: gl.constexpr, last_ready=None, last_phase=0):
+def _share_ds(ds, ds_buffer, ds_ready, SLICE: gl.constexpr):
     """This consumer's 64 rows of a block's dS^T to the shared 128-key buffer, then its arrive on the buffer's
     barrier (the arrive waits for the warpgroup's stores: Gluon puts a barrier of the partition before it), so that
-    the other consumer's dQ^T may read them. ``last_ready``: first, the wait for the other consumer's rows of the
-    last block (after an arrive on the same barriers, Gluon would put another barrier before it)."""
+    the other consumer's dQ^T may read them."""
     ds_buffer.slice(SLICE * SLICE_KEYS, SLICE_KEYS).store(ds)
     fence_async_shared()
-    if last_ready is not None:
-        mbarrier.wait(last_ready, last_phase)
     mbarrier.arrive(ds_ready, count=1)
 
 
@@ -131,117 +115,6 @@ def _add_dq(dq, dq_smem, dq_desc, batch, head, q_block, nheads, HEAD_DIM: gl.con
     gl.thread_barrier()  # every warp's part is in shared memory before the one thread issues the reduction
     _tma_reduce_add(dq_desc, [(batch * nheads + head) * HEAD_DIM + SLICE * (HEAD_DIM // 2), q_block * BLOCK_M],
                     dq_smem)
-
-
-@gluon.jit
-def _pipelined_partition(k_smem, v_smem, q_bufs, do_bufs, ds_bufs, ds_ready, dq_bufs, kv_ready, q_ready, do_ready,
-                     stage_free, Lse, Delta, DK, DV, dq_desc, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k,
-                     nheads, nheads_k, key_blocks, group_size, softmax_scale, qk_scale_log2,
-                     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-                     CAUSAL: gl.constexpr, SLICE: gl.constexpr):
-    """``backward_hopper._key_slice_partition`` with dQ: block i's S^T and dP^T are issued ahead of block i-1's dV
-    and dK, and block i-1's dQ^T (this consumer's head-dim half, over both consumers' keys) once block i's dS^T is
-    stored and the other consumer's half of block i-1's has arrived; once the three complete, dQ^T goes to the
-    accumulator by a TMA reduction. dQ is left unscaled (softmax_scale: later).
-
-    The dS^T ring: block i's rows go to buffer i % 4. Before writing block i's, this consumer has waited (in
-    iteration i-1) for the other's arrive of block i-2, which the other makes after its iteration i-3 completed
-    the product that read buffer (i-4) % 4; its own such product completed in that iteration too."""
-    s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
-    acc_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
-    operand: gl.constexpr = register_operand_layout(HEAD_DIM)
-    dtype: gl.constexpr = k_smem.dtype
-    DQ_ROWS: gl.constexpr = HEAD_DIM // 2
-    DS_BUFFERS: gl.constexpr = ds_bufs.shape[0]
-    batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(
-        seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, BLOCK_N, CAUSAL)
-    slice_start = key_start + SLICE * SLICE_KEYS
-    k_slice = k_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS)
-    v_slice = v_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS)
-    k_half_t = k_smem.slice(SLICE * DQ_ROWS, DQ_ROWS, dim=1).permute((1, 0))  # K^T's half: dQ^T's A operand
-    s = gl.zeros([SLICE_KEYS, BLOCK_M], gl.float32, s_layout)
-    dp = gl.zeros([SLICE_KEYS, BLOCK_M], gl.float32, s_layout)
-    # dQ^T's input accumulator, never read (use_acc=False): one tensor made outside the loop, so that dQ^T's registers
-    # are not carried through it
-    dq_unused = gl.zeros([DQ_ROWS, BLOCK_M], gl.float32, s_layout)
-    dk = gl.zeros([SLICE_KEYS, HEAD_DIM], gl.float32, acc_layout)
-    dv = gl.zeros([SLICE_KEYS, HEAD_DIM], gl.float32, acc_layout)
-    mbarrier.wait(kv_ready, 0)
-    # -- prologue: block 0's scores and score gradients --
-    stage = 0
-    phase = 0
-    s, dp = _slice_scores(k_slice, v_slice, q_bufs, do_bufs, q_ready, do_ready, stage, phase, s, dp)
-    head = head_k * group_size
-    last_head = head + group_size - 1
-    q_block = first_q_block
-    lse_log2, delta = _slice_statistics(head, q_block, batch, nheads, seqlen_q, Lse, Delta, BLOCK_M, s_layout)
-    s, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s, dp))
-    p_op, ds_op, ds = _score_gradients(s, dp, q_block, lse_log2, delta, seqlen_q, seqlen_k, slice_start,
-                                       qk_scale_log2, dtype, BLOCK_M, CAUSAL, s_layout, operand)
-    # block i's dS^T goes to buffer i % 4 (the ring's length is a power of two: the index and phase are bits of i)
-    _share_ds(ds, ds_bufs.index(0), ds_ready.index(0), SLICE)
-    dq_buffer = 0
-    # the block whose dV, dK and dQ^T are pending
-    dq_head = head
-    dq_block = q_block
-    head, q_block = _next_query_block(head, q_block, first_q_block, per_head, last_head)
-    lse_log2, delta = _slice_statistics(head, q_block, batch, nheads, seqlen_q, Lse, Delta, BLOCK_M, s_layout)
-    for i in range(1, iterations):
-        prev_stage = stage
-        stage = gl.where(stage == NUM_STAGES - 1, 0, stage + 1)
-        phase = gl.where(stage == 0, phase ^ 1, phase)
-        # -- this block's S^T and dP^T, then the last block's dV and dK, in flight together --
-        s, dp = _slice_scores(k_slice, v_slice, q_bufs, do_bufs, q_ready, do_ready, stage, phase, s, dp)
-        dv = warpgroup_mma(p_op, do_bufs.index(prev_stage), dv, is_async=True)
-        dk = warpgroup_mma(ds_op, q_bufs.index(prev_stage), dk, is_async=True)
-        s, dp = warpgroup_mma_wait(num_outstanding=2, deps=(s, dp))
-        next_p_op, next_ds_op, ds = _score_gradients(s, dp, q_block, lse_log2, delta, seqlen_q, seqlen_k,
-                                                     slice_start, qk_scale_log2, dtype, BLOCK_M, CAUSAL, s_layout,
-                                                     operand)
-        # this block's dQ^T goes to the buffer whose reduction was issued two blocks ago: the issuing thread waits
-        # for it here, and the barrier before _share_ds's arrive holds every other thread until it has
-        tma.store_wait(1)
-        # the last block's dQ^T once S^T, dP^T and dS^T are spent (its registers are not live beside theirs) and the
-        # other consumer's rows of its dS^T have arrived (waited for between this block's stores and their arrive:
-        # one barrier of the warpgroup serves both)
-        _share_ds(ds, ds_bufs.index(i % DS_BUFFERS), ds_ready.index(i % DS_BUFFERS), SLICE,
-                  ds_ready.index((i - 1) % DS_BUFFERS), ((i - 1) // DS_BUFFERS) & 1)
-        dq = warpgroup_mma(k_half_t, ds_bufs.index((i - 1) % DS_BUFFERS), dq_unused, use_acc=False, is_async=True)
-        next_head = head
-        next_block = q_block
-        head, q_block = _next_query_block(head, q_block, first_q_block, per_head, last_head)
-        dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq, p_op, ds_op))
-        mbarrier.arrive(stage_free.index(prev_stage), count=1)
-        # the reduction reads its buffer while the next block's products run
-        _add_dq(dq, dq_bufs.index(2 * SLICE + dq_buffer), dq_desc, batch, dq_head, dq_block, nheads, HEAD_DIM,
-                BLOCK_M, SLICE)
-        # the next block's statistics after _add_dq's fence, which would wait for the loads (MEMBAR.ALL.CTA)
-        lse_log2, delta = _slice_statistics(head, q_block, batch, nheads, seqlen_q, Lse, Delta, BLOCK_M, s_layout)
-        dq_buffer = dq_buffer ^ 1
-        dq_head = next_head
-        dq_block = next_block
-        p_op = next_p_op
-        ds_op = next_ds_op
-    prev_stage = stage
-    # -- epilogue: the last block's dV, dK and dQ^T --
-    # the other consumer's rows waited for before dV and dK are issued: a wait between them and dQ^T made ptxas
-    # serialize every wgmma of the kernel (C7515)
-    last = iterations - 1
-    mbarrier.wait(ds_ready.index(last % DS_BUFFERS), (last // DS_BUFFERS) & 1)
-    dv = warpgroup_mma(p_op, do_bufs.index(prev_stage), dv, is_async=True)
-    dk = warpgroup_mma(ds_op, q_bufs.index(prev_stage), dk, is_async=True)
-    dq = warpgroup_mma(k_half_t, ds_bufs.index(last % DS_BUFFERS), dq_unused, use_acc=False, is_async=True)
-    dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq))
-    mbarrier.arrive(stage_free.index(prev_stage), count=1)
-    tma.store_wait(1)
-    gl.thread_barrier()
-    _add_dq(dq, dq_bufs.index(2 * SLICE + dq_buffer), dq_desc, batch, dq_head, dq_block, nheads, HEAD_DIM, BLOCK_M,
-            SLICE)
-    _store_rows(dv, DV, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh, HEAD_DIM, SLICE_KEYS,
-                acc_layout)
-    _store_rows(dk * softmax_scale, DK, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh,
-                HEAD_DIM, SLICE_KEYS, acc_layout)
-    tma.store_wait(0)  # the shared memory stays the reductions' until they have read it
 
 
 @gluon.jit
@@ -363,13 +236,14 @@ def dkdv_dq_key_slices_kernel(
     ``dq_desc``: (batch * nheads * HEAD_DIM, seqlen_q) rows in [HEAD_DIM / 2, BLOCK_M] blocks, zeroed by the
     caller. Head dim 128 only: each consumer's half of dQ^T is one wgmma row block (M = 64)."""
     gl.static_assert(HEAD_DIM == 2 * SLICE_KEYS, "the fused dK/dV/dQ kernel splits a head dim of 128 in two")
+    gl.static_assert(BLOCK_M == 64, "the fused dK/dV/dQ kernel takes 64-row query blocks one at a time")
     BLOCK_N: gl.constexpr = KEY_SLICE_PROGRAM_KEYS
     group_size = nheads // nheads_k
     k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, stage_free, _ = _streamed_buffers(
         q_desc, k_desc, v_desc, do_desc, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, True)
-    # dS^T of the program's 128 keys on a ring (of four on 32-row blocks, two on 64-row ones: see the partitions);
-    # each buffer's barrier completes once both consumers have stored their rows
-    DS_BUFFERS: gl.constexpr = 4 if BLOCK_M == 32 else 2
+    # dS^T of the program's 128 keys on a ring of two (``_row_block_partition``); each buffer's barrier completes once
+    # both consumers have stored their rows
+    DS_BUFFERS: gl.constexpr = 2
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], q_desc.dtype)
     ds_bufs = gl.allocate_shared_memory(q_desc.dtype, [DS_BUFFERS, BLOCK_N, BLOCK_M], ds_layout)
     ds_ready = gl.allocate_shared_memory(gl.int64, [DS_BUFFERS, 1], mbarrier.MBarrierLayout())
@@ -378,42 +252,26 @@ def dkdv_dq_key_slices_kernel(
     # two dQ^T buffers a consumer (consumer c's: 2c and 2c + 1), each read by a TMA reduction after the consumer's
     # stores
     dq_bufs = gl.allocate_shared_memory(gl.float32, [4, HEAD_DIM // 2, BLOCK_M], dq_desc.layout)
-
-    if BLOCK_M == 32:
-        gl.warp_specialize([
-            (_pipelined_partition, (k_smem, v_smem, q_bufs, do_bufs, ds_bufs, ds_ready, dq_bufs, kv_ready, q_ready,
-                                do_ready, stage_free, Lse, Delta, DK, DV, dq_desc, stride_gb, stride_gm, stride_gh,
-                                seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, group_size, softmax_scale,
-                                qk_scale_log2, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, 0)),
-            (_pipelined_partition, (k_smem, v_smem, q_bufs, do_bufs, ds_bufs, ds_ready, dq_bufs, kv_ready, q_ready,
-                                do_ready, stage_free, Lse, Delta, DK, DV, dq_desc, stride_gb, stride_gm, stride_gh,
-                                seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, group_size, softmax_scale,
-                                qk_scale_log2, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, 1)),
-            (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready,
-                               do_ready, stage_free, stage_free, seqlen_q, seqlen_k, nheads_k, key_blocks, group_size,
-                               HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, True)),
-        ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
-    else:
-        # each stage's lse (row 2 * stage) and delta (row 2 * stage + 1), written by the loader
-        stats_bufs = gl.allocate_shared_memory(gl.float32, [2 * NUM_STAGES, BLOCK_M],
-                                               gl.SwizzledSharedLayout(1, 1, 1, [0]))
-        stats_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(NUM_STAGES):
-            mbarrier.init(stats_ready.index(i), count=1)
-        gl.warp_specialize([
-            (_row_block_partition, (k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, kv_ready,
-                                    q_ready, do_ready, stats_ready, stage_free, DK, DV, dq_desc, stride_gb, stride_gm,
-                                    stride_gh, seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, group_size,
-                                    softmax_scale, qk_scale_log2, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, 0)),
-            (_row_block_partition, (k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, kv_ready,
-                                    q_ready, do_ready, stats_ready, stage_free, DK, DV, dq_desc, stride_gb, stride_gm,
-                                    stride_gh, seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, group_size,
-                                    softmax_scale, qk_scale_log2, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, 1)),
-            (_load_with_statistics, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, stats_bufs,
-                                     kv_ready, q_ready, do_ready, stats_ready, stage_free, Lse, Delta, seqlen_q,
-                                     seqlen_k, nheads, nheads_k, key_blocks, group_size, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                     NUM_STAGES, CAUSAL)),
-        ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
+    # each stage's lse (row 2 * stage) and delta (row 2 * stage + 1), written by the loader
+    stats_bufs = gl.allocate_shared_memory(gl.float32, [2 * NUM_STAGES, BLOCK_M],
+                                           gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    stats_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(stats_ready.index(i), count=1)
+    gl.warp_specialize([
+        (_row_block_partition, (k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, kv_ready,
+                                q_ready, do_ready, stats_ready, stage_free, DK, DV, dq_desc, stride_gb, stride_gm,
+                                stride_gh, seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, group_size,
+                                softmax_scale, qk_scale_log2, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, 0)),
+        (_row_block_partition, (k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, kv_ready,
+                                q_ready, do_ready, stats_ready, stage_free, DK, DV, dq_desc, stride_gb, stride_gm,
+                                stride_gh, seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, group_size,
+                                softmax_scale, qk_scale_log2, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, 1)),
+        (_load_with_statistics, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, stats_bufs,
+                                 kv_ready, q_ready, do_ready, stats_ready, stage_free, Lse, Delta, seqlen_q,
+                                 seqlen_k, nheads, nheads_k, key_blocks, group_size, HEAD_DIM, BLOCK_M, BLOCK_N,
+                                 NUM_STAGES, CAUSAL)),
+    ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
 
 
 @triton.jit

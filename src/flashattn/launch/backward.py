@@ -40,7 +40,7 @@ def _hopper_dkdv(q, k, v, dout, lse, delta, dk, dv, opts: AttentionOptions, conf
     """dK and dV (contiguous, k's shape) by a Hopper kernel (``config.key_slices``: the key-slice one); ``delta`` =
     rowsum(dO * O), lse's layout. ``dq_acc``: the key-slice kernel also adds dQ^T / softmax_scale into it
     (``dq_accumulator``)."""
-    kernel, keys = hopper_dkdv_kernel(config, fused_dq=dq_acc is not None)
+    kernel, keys = hopper_dkdv_kernel(config, fused=dq_acc is not None)
     batch, seqlen_q, nheads, head_dim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     key_blocks = cdiv(seqlen_k, keys)
@@ -92,14 +92,14 @@ def hopper_dq_constexprs(config: configs.TileConfig, head_dim: int, causal: bool
                 LOADER_REGISTERS=configs.HOPPER_LOADER_REGISTERS, WIDE_STORES=room_for_wide_stores(config, head_dim, 2))
 
 
-def hopper_dkdv_kernel(config: configs.TileConfig, fused_dq: bool = False):
+def hopper_dkdv_kernel(config: configs.TileConfig, fused: bool = False):
     """The Hopper dK/dV kernel of ``config`` and its keys a program: the key-slice kernel (128 keys, 64 on each
-    warpgroup; ``fused_dq``: its form that adds dQ into float32 too) or the gradient-split one (``config.block_n``)."""
+    warpgroup; ``fused``: its form that adds dQ into float32 too) or the gradient-split one (``config.block_n``)."""
     from ..kernels.backward_fused_dq import dkdv_dq_key_slices_kernel
     from ..kernels.backward_hopper import KEY_SLICE_PROGRAM_KEYS, dkdv_hopper_kernel, dkdv_key_slices_kernel
 
     if config.key_slices:
-        return (dkdv_dq_key_slices_kernel if fused_dq else dkdv_key_slices_kernel), KEY_SLICE_PROGRAM_KEYS.value
+        return (dkdv_dq_key_slices_kernel if fused else dkdv_key_slices_kernel), KEY_SLICE_PROGRAM_KEYS.value
     return dkdv_hopper_kernel, config.block_n
 
 
@@ -123,12 +123,18 @@ def dkdv_compilable(config: configs.TileConfig, seqlen_q: int) -> configs.TileCo
     return config
 
 
-def fuses_dq(config: configs.TileConfig, fits_hopper: bool, opts: AttentionOptions, head_dim: int) -> bool:
-    """Whether the dK/dV kernel computes dQ too (five products): the key-slice kernel where the table asks for it, at
-    head dim 128 (each consumer computes half its dQ^T, one wgmma row block), unless the call is deterministic (its
-    reductions add in no fixed order; the two passes are bitwise repeatable)."""
-    return (config.hopper and fits_hopper and config.key_slices and config.fused_dq and head_dim == 128
-            and not opts.deterministic)
+def fused_dq_config(q: torch.Tensor, fits_hopper: bool, opts: AttentionOptions,
+                    seqlen: int) -> configs.TileConfig | None:
+    """The tile of the dK/dV kernel that computes dQ too (five products; ``configs`` phase "dkdv_dq"), or None for
+    the two passes: the key-slice kernel at head dim 128 (each consumer computes half its dQ^T, one wgmma row block),
+    where the table has an entry, unless the call is deterministic (its reductions add in no fixed order; the two
+    passes are bitwise repeatable)."""
+    if not fits_hopper or opts.deterministic or q.shape[-1] != 128:
+        return None
+    forced = dict(configs.forced_configs())
+    if "dkdv" in forced and "dkdv_dq" not in forced:
+        return None  # a forced dK/dV tile (a sweep's, a test's) is one of the two passes'
+    return configs.tile_config("dkdv_dq", 128, opts.masked, q.dtype, q.device, False, seqlen=seqlen, hopper=True)
 
 
 def dq_accumulator(q: torch.Tensor) -> torch.Tensor:
@@ -255,10 +261,11 @@ def launch_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Atte
     # memory (H200)
     half = q.dtype != torch.float32
     dq_tma = tma_loads(dq_config.tma and half, k, v)
-    if fuses_dq(dkdv_config, fits_hopper, opts, head_dim):
+    fused_config = fused_dq_config(q, fits_hopper, opts, shorter)
+    if fused_config is not None:
         # one pass: dQ^T summed in float32 by the dK/dV kernel, then transposed, scaled and rounded
         dq_acc = dq_accumulator(q)
-        _hopper_dkdv(q, k, v, dout, lse, delta, dk, dv, opts, dkdv_config, dq_acc)
+        _hopper_dkdv(q, k, v, dout, lse, delta, dk, dv, opts, fused_config, dq_acc)
         _dq_from_accumulator(dq_acc, dq, opts)
         return dq, dk, dv, q.new_empty(0)
     # dK/dV and dQ both read only the inputs and delta, so they may run side by side
