@@ -47,9 +47,10 @@ FLOAT_ARGS = {"softmax_scale", "qk_scale", "softcap_log2", "dropout_p"}
 FP32_POINTERS = {"Lse", "Delta", "AlibiSlopes", "DMask"}
 INT32_POINTERS = {"BlockMap", "BlockTable", "CacheSeqlens", "CacheBatchIdx", "CacheLeftpad"}
 # QGMMA: the FP8 (e4m3) wgmma's SASS name
-COUNTED_OPS = ("HGMMA", "QGMMA", "HMMA", "FFMA", "FMUL", "FADD", "MUFU.EX2", "STL", "LDL")
+# REDG: per-element global reductions; UTMAREDG: TMA tile reductions (the fused dK/dV/dQ kernel's dQ)
+COUNTED_OPS = ("HGMMA", "QGMMA", "HMMA", "FFMA", "FMUL", "FADD", "MUFU.EX2", "STL", "LDL", "REDG", "UTMAREDG")
 LOOP_OPS = ("HGMMA", "QGMMA", "HMMA", "WARPGROUP.DEPBAR", "MUFU.EX2", "STL", "LDL", "BAR", "LDGSTS", "LDG", "ISETP",
-            "FSEL")
+            "FSEL", "REDG", "UTMAREDG")
 
 
 def signature(kernel, constexprs: dict, dtype: str) -> dict:
@@ -118,7 +119,18 @@ def hot_loops(sass: str) -> list[dict]:
 
 def report(compiled) -> dict:
     return {**report_cubin(compiled.asm["cubin"], compiled.metadata.shared, compiled.metadata.num_warps),
-            "wgmma_serialized": wgmma_serialization(compiled.asm["ptx"])}
+            "wgmma_serialized": wgmma_serialization(compiled.asm["ptx"]),
+            "ptx_reductions": ptx_reductions(compiled.asm["ptx"])}
+
+
+def ptx_reductions(ptx: str) -> dict:
+    """The PTX's TMA reductions (``cp.reduce.async.bulk.tensor``) and global reductions and atomics (``red.global``,
+    ``atom.global``, with their type suffixes), by instruction."""
+    found: dict = {}
+    for name in re.findall(r"\b((?:cp\.reduce\.async\.bulk\.tensor|red|atom)\.[\w:.]+)", ptx):
+        if name.startswith("cp.") or ".global" in name:
+            found[name] = found.get(name, 0) + 1
+    return found
 
 
 def wgmma_serialization(ptx: str) -> str | None:
@@ -296,19 +308,33 @@ def hopper_fp8_forward_report(head_dim: int, causal: bool, config, per_block: bo
     return _gluon_report(attention_forward_fp8_hopper_kernel, signature, constexprs)
 
 
-def hopper_dkdv_report(head_dim: int, causal: bool, config) -> dict:
+def hopper_dkdv_report(head_dim: int, causal: bool, config, fused: bool = False) -> dict:
     """:func:`report` of the Hopper dK/dV kernel (``kernels/backward_hopper.py``) with ``config``'s tile, as
-    ``launch.backward._hopper_dkdv`` launches it for bf16 inputs."""
-    from flashattn.launch.backward import hopper_dkdv_constexprs, hopper_dkdv_kernel
+    ``launch.backward._hopper_dkdv`` launches it for bf16 inputs (``fused``: the key-slice kernel's form that adds
+    dQ^T into float32 by TMA reductions, ``kernels/backward_fused_dq.py``, the non-deterministic calls' kernel; then
+    ``ptx_reductions`` counts its PTX's TMA reductions and global red/atom instructions)."""
+    import torch
 
-    kernel, keys = hopper_dkdv_kernel(config)
+    from flashattn.launch.backward import hopper_dkdv_constexprs, hopper_dkdv_kernel
+    from flashattn.launch.common import tile_layout
+
+    fused_dq = config.key_slices and fused
+    kernel, keys = hopper_dkdv_kernel(config, fused_dq)
+    dq_rows = head_dim // 2  # a consumer's half of dQ^T
+    dq_desc = f"tensordesc<fp32[{dq_rows}, {config.block_m}],{tile_layout(dq_rows, config.block_m, torch.float32)!r}>"
     signature = dict(q_desc=_bf16_descriptor(config.block_m, head_dim),
                      k_desc=_bf16_descriptor(keys, head_dim),
                      v_desc=_bf16_descriptor(keys, head_dim),
                      do_desc=_bf16_descriptor(config.block_m, head_dim), Lse="*fp32", Delta="*fp32", DK="*bf16",
-                     DV="*bf16", stride_gb="i32", stride_gm="i32", stride_gh="i32", seqlen_q="i32", seqlen_k="i32",
-                     nheads="i32", nheads_k="i32", key_blocks="i32", softmax_scale="fp32", qk_scale_log2="fp32")
+                     DV="*bf16", **(dict(dq_desc=dq_desc) if fused_dq else {}), stride_gb="i32", stride_gm="i32",
+                     stride_gh="i32", seqlen_q="i32", seqlen_k="i32", nheads="i32", nheads_k="i32", key_blocks="i32",
+                     softmax_scale="fp32", qk_scale_log2="fp32")
     return _gluon_report(kernel, signature, hopper_dkdv_constexprs(config, head_dim, causal))
+
+
+def hopper_dkdv_dq_report(head_dim: int, causal: bool, config) -> dict:
+    """:func:`hopper_dkdv_report` of the fused dK/dV/dQ kernel."""
+    return hopper_dkdv_report(head_dim, causal, config, fused=True)
 
 
 def hopper_dq_report(head_dim: int, causal: bool, config, varlen: bool = False) -> dict:
@@ -372,23 +398,30 @@ def _gluon_report(kernel, signature: dict, constexprs: dict) -> dict:
     return report(triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}))
 
 
-def quantize_report(head_dim: int, phase: str) -> dict:
-    """:func:`report` of the FP8 quantizer's ``phase`` kernel ("amax" or "quantize") as ``fp8.quantize`` launches it
-    on bfloat16 rows of ``head_dim``, rotated (``launch/quantize_fp8.py``)."""
+def quantize_report(head_dim: int, phase: str, group: int = 1) -> dict:
+    """:func:`report` of the FP8 quantizer's ``phase`` kernel ("amax", "quantize" or "one_pass", the last for a kv
+    head's ``group`` of query heads) as ``fp8.quantize`` launches it on bfloat16 rows of ``head_dim``, rotated, with
+    block descales (``launch/quantize_fp8.py``)."""
     from flashattn import configs
     from flashattn.kernels import quantize_fp8
 
     width = configs.padded_head_dim(head_dim)
-    rows, cols, warps, stages = configs.QUANTIZE_TILES[width]
-    kernel = {"amax": quantize_fp8.block_amax_kernel, "quantize": quantize_fp8.quantize_kernel}[phase]
-    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=width, BLOCK_ROWS=128, ROWS=rows, COLS=cols, ROTATE=True,
-                      UPCAST=False, **({"DESCALE": True} if phase == "amax" else {}))
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=width, BLOCK_ROWS=128, ROTATE=True, UPCAST=False)
+    if phase == "one_pass":
+        kernel = quantize_fp8.block_quantize_kernel
+        _, depth, warps, stages = configs.QUANTIZE_ONE_PASS_TILES[width]
+        constexprs.update(GROUP=group, TILE_ROWS=128 * configs.next_power_of_2(group), DEPTH=depth)
+    else:
+        kernel = {"amax": quantize_fp8.block_amax_kernel, "quantize": quantize_fp8.quantize_kernel}[phase]
+        rows, cols, warps, stages = configs.QUANTIZE_TILES[width]
+        constexprs.update(ROWS=rows, COLS=cols, **({"DESCALE": True} if phase == "amax" else {}))
     pointers = {"X": "*bf16", "S": "*bf16", "Out": "*fp8e4nv", "e4m3_max": "fp32"}
     types = {name: "constexpr" if name in constexprs else pointers.get(name, "*fp32" if name[0].isupper() else "i32")
              for name in inspect.signature(kernel.fn).parameters}
     source = ASTSource(fn=kernel, signature=types, constexprs=constexprs, attrs=alignment_hints(types))
-    return report(triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                                 options={"num_warps": warps, "num_stages": stages}))
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": warps, "num_stages": stages})
+    return {**report(compiled), "instructions": len(instructions(disassemble(compiled.asm["cubin"])))}
 
 
 def compile_report(kernel, num_warps: int, num_stages: int, constexprs: dict, dtype: str = "bf16",

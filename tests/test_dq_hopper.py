@@ -8,6 +8,8 @@ sm90 on the CPU.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from cases import make_case, make_varlen_case
@@ -27,8 +29,12 @@ WS_DQ_TILES = {"n64-s3": configs.TileConfig(128, 64, 8, 3, hopper=True),
                "n64-s3-c3": configs.TileConfig(128, 64, 8, 3, hopper=True, three_consumers=True)}
 
 
+@contextlib.contextmanager
 def forced_ws_dq(tile: configs.TileConfig | None, monkeypatch, expect_launch: bool = True):
-    return forced_launch(monkeypatch, "dq", launch_backward, "_hopper_dq", tile, expect_launch)
+    """The dQ kernel's launches under ``tile``, in the two passes (where the table would fuse dQ into dK/dV)."""
+    with configs.use_config("dkdv_dq", None), forced_launch(monkeypatch, "dq", launch_backward, "_hopper_dq", tile,
+                                                            expect_launch):
+        yield
 
 
 def test_tile_plan_arguments_dense_and_varlen():

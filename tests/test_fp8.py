@@ -197,17 +197,25 @@ def test_kvcache_appends_e4m3_and_attends(torch_backend):
     torch.testing.assert_close(out, expected, rtol=0, atol=2**-8)
 
 
+# Block descales take the one-pass kernel where a block's rotated rows fit its registers (launch.quantize_fp8.one_pass):
+# q's group of 2 at hdim 128, of 3 (padded to 4) at hdim 40, k and v (group 1) at every width; q's group of 4 at hdim
+# 96 and of 2 at hdim 256 take the two passes, as per-head descales do
 @pytest.mark.interpreter
 @pytest.mark.parametrize("shape,granularity,hadamard", [
     ((1, 140, 20, 4, 2, 128), "block", True),
     ((1, 77, 1, 2, 1, 96), "head", True),
     ((1, 130, 3, 1, 1, 256), "block", False),
     ((2, 5, 9, 4, 1, 40), "head", True),
+    ((2, 150, 70, 6, 2, 40), "block", True),
+    ((1, 200, 131, 2, 2, 64), "block", True),
+    ((1, 129, 250, 4, 1, 96), "block", True),
+    ((1, 257, 100, 2, 1, 256), "block", True),
+    ((1, 100, 140, 2, 1, 128), "block", False),
 ], ids=str)
 def test_quantizer_kernels_match_the_pytorch_quantizer(triton_backend, monkeypatch, shape, granularity, hadamard):
-    """16-bit dense inputs take the quantizer's two kernels: the PyTorch quantizer's bytes and descales, up to the
-    float32 rounding of the rotation's sums (a descale's last bits; a byte where that moves a value across a rounding
-    boundary)."""
+    """16-bit dense inputs take the quantizer's kernels (one pass or two): the PyTorch quantizer's bytes and
+    descales, up to the float32 rounding of the rotation's sums (a descale's last bits; a byte where that moves a
+    value across a rounding boundary)."""
     q, k, v = (x.to(torch.bfloat16).to(triton_backend) for x in make_inputs(*shape, outliers=True))
     kernels = fp8.quantize(q, k, v, hadamard=hadamard, seed=3, granularity=granularity)
     monkeypatch.setenv("FLASHATTN_BACKEND", "torch")
@@ -221,6 +229,35 @@ def test_quantizer_kernels_match_the_pytorch_quantizer(triton_backend, monkeypat
         step = 2**-3 * fp8.dequantize(theirs, expected, torch.float64).abs() + 2**-9 * expected.max().item()
         assert ((fp8.dequantize(ours, descale, torch.float64) - fp8.dequantize(theirs, expected, torch.float64)).abs()
                 <= step).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(2, 1000, 8, 8, 128), (1, 4097, 8, 4, 128), (1, 1000, 4, 4, 256),
+                                   (2, 300, 6, 2, 40), (1, 513, 8, 2, 64), (1, 700, 4, 4, 96)], ids=str)
+def test_one_pass_writes_the_two_passes_bytes(triton_backend, monkeypatch, shape):
+    """Block descales in one pass (block_quantize_kernel) and in two (block_amax_kernel, quantize_kernel): the same
+    bytes and descales, the rotation's float32 sums taken in the same order."""
+    from flashattn.launch import quantize_fp8
+
+    batch, seqlen, nheads, nheads_k, head_dim = shape
+    q, k, v = (x.to(torch.bfloat16) for x in make_inputs(batch, seqlen, seqlen, nheads, nheads_k, head_dim, "cuda",
+                                                          outliers=True))
+    for hadamard in (True, False):
+        one = fp8.quantize(q, k, v, hadamard=hadamard, seed=5)
+        with monkeypatch.context() as patch:
+            patch.setattr(quantize_fp8, "one_pass", lambda width, group: False)
+            two = fp8.quantize(q, k, v, hadamard=hadamard, seed=5)
+        for name in ("q", "k", "v"):
+            assert torch.equal(getattr(one, name).view(torch.uint8), getattr(two, name).view(torch.uint8)), name
+            assert torch.equal(getattr(one, f"{name}_descale"), getattr(two, f"{name}_descale")), name
+
+
+def test_one_pass_takes_the_groups_whose_rotated_block_fits_registers():
+    from flashattn.launch.quantize_fp8 import one_pass
+
+    assert all(one_pass(width, 1) for width in (32, 64, 128, 256))
+    assert one_pass(128, 2) and one_pass(64, 3) and one_pass(32, 8)
+    assert not one_pass(256, 2) and not one_pass(128, 3) and not one_pass(64, 5)
 
 
 # -- the Triton kernel --

@@ -75,6 +75,12 @@ SWEPT_DKDV_TILES = builds({  # name -> (head dim, causal, TileConfig fields)
                                               dict(_TILE_128_KEYS, block_m=64, num_stages=2, key_slices=True)),
     "key slices 32x128x8x3, hdim 128": (128, False, dict(_TILE_128_KEYS, block_m=32, num_stages=3, key_slices=True)),
 }, ["gradient-split 32x128x8x3, hdim 128", "key slices 64x128x8x2, hdim 64 causal"])
+# the key-slice kernel's form with dQ fused (kernels/backward_fused_dq.py, head dim 128): the table's tile, in CI, and
+# causal
+_FUSED_DQ = dict(_TILE_128_KEYS, block_m=64, num_stages=2, key_slices=True)
+SWEPT_FUSED_DQ_TILES = builds({"fused dQ 64x128x8x2, hdim 128": (128, False, _FUSED_DQ),
+                               "fused dQ 64x128x8x2, hdim 128 causal": (128, True, _FUSED_DQ)},
+                              ["fused dQ 64x128x8x2, hdim 128"])
 # and Hopper dQ tiles outside the table: three consumer warpgroups (192 query rows a program), swept at hdim 64
 _THREE_CONSUMERS_DQ = dict(block_m=128, block_n=64, num_warps=8, num_stages=3, hopper=True, three_consumers=True)
 SWEPT_DQ_TILES = builds({"three consumers 128x64x8x3, hdim 64": (64, False, _THREE_CONSUMERS_DQ),
@@ -91,6 +97,8 @@ SWEPT_FORWARD_TILES = builds({  # name -> (head dim, causal, varlen, TileConfig 
 # a pair of swept tiles a child, as the table's builds: report(head dim, causal, tile[, varlen])
 SWEPT_BUILDS = {**{name: ("hopper_dkdv_report", head_dim, causal, fields, None)
                    for name, (head_dim, causal, fields) in SWEPT_DKDV_TILES.items()},
+                **{name: ("hopper_dkdv_dq_report", head_dim, causal, fields, None)
+                   for name, (head_dim, causal, fields) in SWEPT_FUSED_DQ_TILES.items()},
                 **{name: ("hopper_forward_report", head_dim, causal, fields, varlen)
                    for name, (head_dim, causal, varlen, fields) in SWEPT_FORWARD_TILES.items()},
                 **{name: ("hopper_dq_report", head_dim, causal, fields, None)
@@ -110,6 +118,19 @@ for report, head_dim, causal, fields, varlen in {builds!r}:
 # sass_report's count of reads of a uniform register that a path leaves unwritten (benchmarks/sass_uniform_reads.py):
 # ptxas 12.8 built the two-Q-tile Hopper forward that way, and it read another tile's Q (docs/perf-notes.md)
 UNWRITTEN_READS = "ptxas reads a uniform register (a wgmma descriptor?) that a path leaves unwritten"
+TMA_REDUCTION = "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.bulk_group"
+
+
+def check_dq_reductions(name: str, result: dict) -> None:
+    """No per-element global reduction in a dK/dV build; the fused dK/dV/dQ kernel adds dQ^T by TMA tile reductions
+    (one a consumer, in its loop), stores nothing to local memory in its loops (with per-element reductions its
+    hdim-128 build spilled about 45 values a block) and fits one SM's shared memory."""
+    reductions = result["ptx_reductions"]
+    assert not any(op.startswith(("red.", "atom.")) for op in reductions), f"{name}: {reductions}"
+    if "fused dQ" in name or reductions:
+        assert set(reductions) == {TMA_REDUCTION} and reductions[TMA_REDUCTION] == 2, f"{name}: {reductions}"
+        assert result["loop_STL"] == 0, f"{name}: spills in its loops ({result['loops']})"
+        assert result["shared_bytes"] <= 227 * 1024, f"{name}: {result['shared_bytes']} bytes of shared memory"
 
 
 def _compiled(script: str) -> list:
@@ -135,6 +156,8 @@ def test_table_kernels_keep_wgmma_asynchronous(pair):
         assert result["HGMMA"] > 0, f"{name}: no wgmma at all (HMMA {result['HMMA']})"
         assert result["wgmma_serialized"] is None, f"{name}: ptxas serialized the wgmma: {result['wgmma_serialized']}"
         assert result["unwritten_uniform_reads"] == 0, f"{name}: {UNWRITTEN_READS}"
+        if phase.startswith("dkdv"):
+            check_dq_reductions(name, result)
 
 
 # One query: Triton makes seqlen_q = 1 a constant, and ptxas died (SIGSEGV) on the peeled causal hdim-64 dK/dV kernel
@@ -167,6 +190,8 @@ def test_swept_hopper_tiles_keep_wgmma_asynchronous(names):
         assert result["HGMMA"] > 0, f"{name}: no wgmma at all"
         assert result["wgmma_serialized"] is None, f"{name}: ptxas serialized the wgmma: {result['wgmma_serialized']}"
         assert result["unwritten_uniform_reads"] == 0, f"{name}: {UNWRITTEN_READS}"
+        if name in SWEPT_DKDV_TILES:
+            check_dq_reductions(name, result)
         if name in SWEPT_DQ_TILES:  # 160 registers a consumer thread hold the three-consumer dQ without spills
             assert result["STL"] == 0 and result["LDL"] == 0, f"{name}: spills"
 
@@ -245,24 +270,30 @@ for head_dim, block_n, stages, new_keys, paged, query_rows, consumers, early in 
         assert result["unwritten_uniform_reads"] == 0, (tile, UNWRITTEN_READS)
 
 
-@pytest.mark.skipif(not ALL_BUILDS, reason="GPU machines (or FLASHATTN_ALL_SM90_COMPILES=1): four builds of seconds")
+# (head dim, kernel, group): the two passes, and the one pass at each width's largest group (its registers' limit)
+QUANTIZER_BUILDS = [(head_dim, phase, 1) for head_dim in (128, 256) for phase in ("amax", "quantize")] + [
+    (128, "one_pass", 1), (128, "one_pass", 2), (256, "one_pass", 1), (64, "one_pass", 4)]
+
+
+@pytest.mark.skipif(not ALL_BUILDS, reason="GPU machines (or FLASHATTN_ALL_SM90_COMPILES=1): eight builds of seconds")
 def test_fp8_quantizer_kernels_compile_without_spills():
     """The FP8 quantizer's two passes (configs.QUANTIZE_TILES) at head dims 128 and 256 keep S and the rotated rows
     out of local memory (S held whole in registers spilled up to 11 KB a thread at head dim 256) and fit Hopper's
-    shared memory (a pipelined row loop asked for 290-525 KB and failed to launch)."""
+    shared memory (a pipelined row loop asked for 290-525 KB and failed to launch); so does the one pass
+    (configs.QUANTIZE_ONE_PASS_TILES), whose rotated block stays in registers, at the largest groups it takes."""
     script = f"""
 import json, sys
 sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
 import sass_report
-for head_dim in (128, 256):
-    for phase in ("amax", "quantize"):
-        print(json.dumps([sass_report.quantize_report(head_dim, phase)]), flush=True)
+for head_dim, phase, group in {QUANTIZER_BUILDS!r}:
+    print(json.dumps([sass_report.quantize_report(head_dim, phase, group)]), flush=True)
 """
     results = _compiled(script)
-    assert len(results) == 4
-    for (result,) in results:
-        assert result["STL"] == 0 and result["LDL"] == 0, result
-        assert result["shared_bytes"] <= HOPPER_SHARED_BYTES, result
+    assert len(results) == len(QUANTIZER_BUILDS)
+    for build, (result,) in zip(QUANTIZER_BUILDS, results, strict=True):
+        assert result["STL"] == 0 and result["LDL"] == 0, (build, result)
+        assert result["shared_bytes"] <= HOPPER_SHARED_BYTES, (build, result)
+        assert result["wgmma_serialized"] is None, (build, result["wgmma_serialized"])
 
 
 def test_hopper_decode_refuses_a_ring_its_consumers_share():

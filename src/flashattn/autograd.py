@@ -31,7 +31,7 @@ class FlashAttnFunction(torch.autograd.Function):
         mask_needs_grad = attn_mask is not None and ctx.needs_input_grad[5]
         dq, dk, dv, dmask = ops.eager_call(
             ops.attention_backward, ops.attention_backward_cuda, dout, q, k, v, out, lse, alibi_slopes, rng_state,
-            *ctx.opts.op_arguments(), attn_mask, mask_needs_grad,
+            *ctx.opts.op_arguments(), attn_mask, mask_needs_grad, ctx.opts.frame_argument(), ctx.opts.deterministic,
         )
         return dq, dk, dv, None, None, dmask if mask_needs_grad else None, None
 

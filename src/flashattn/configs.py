@@ -67,8 +67,7 @@ SHORT_SEQLEN = 1024
 SHORTEST_SEQLEN = 512
 LONG_SEQLEN = 8192
 
-# TRITON_INTERPRET=1: an op costs the same at 16 or 32 rows, so 32-row tiles (tests needing more blocks force smaller)
-INTERPRETER = TileConfig(32, 32, 1, 1)
+INTERPRETER = TileConfig(32, 32, 1, 1)  # TRITON_INTERPRET=1: an op costs the same at 16 or 32 rows
 
 
 def _buckets(hdim_64: TileConfig, hdim_128: TileConfig, hdim_256: TileConfig) -> dict:
@@ -89,10 +88,8 @@ HOPPER_FORWARD = PhaseTable(
         (256, True): TileConfig(128, 64, 8, 2),
     },
     # short loops do not pay back the descriptors; causal 64 x 64 tiles waste less of the diagonal
-    short={
-        (64, True): TileConfig(64, 64, 4, 3), (128, True): TileConfig(64, 64, 4, 3),
-        (128, False): TileConfig(128, 64, 8, 3), (256, False): TileConfig(128, 64, 8, 2),
-    },
+    short={(64, True): TileConfig(64, 64, 4, 3), (128, True): TileConfig(64, 64, 4, 3),
+           (128, False): TileConfig(128, 64, 8, 3), (256, False): TileConfig(128, 64, 8, 2)},
     # causal hdim 128 at <= 512 tokens: 32-key blocks, three programs an SM (the cap keeps the packed build there)
     shortest={(128, True): TileConfig(64, 32, 4, 3, max_registers=168)},
     # causal hdim 128 from 8k: the large TMA tile, once the diagonal's waste is small
@@ -160,8 +157,7 @@ HOPPER_DQ = PhaseTable(
         (256, False): TileConfig(64, 64, 4, 2, tma=True),
         (256, True): TileConfig(64, 64, 4, 2, tma=True),
     },
-    # hdim 256 non-causal at <= 1k: one stage
-    short={(256, False): TileConfig(128, 64, 8, 1)},
+    short={(256, False): TileConfig(128, 64, 8, 1)},  # hdim 256 non-causal at <= 1k: one stage
     hopper={
         # K and V blocks on 3 stages; 32-key blocks at hdim 256, where Q and dO leave 96 KB for them
         (128, False): TileConfig(128, 64, 8, 3, hopper=True),
@@ -169,8 +165,7 @@ HOPPER_DQ = PhaseTable(
         (256, False): TileConfig(128, 32, 8, 3, hopper=True),
         (256, True): TileConfig(128, 32, 8, 3, hopper=True),
     },
-    # causal hdim 256 at <= 1k: the Triton dQ
-    hopper_short={(256, True): None},
+    hopper_short={(256, True): None},  # causal hdim 256 at <= 1k: the Triton dQ
 )
 
 # Other GPUs (Ampere and older, or unknown): smaller tiles that fit 100 KB of shared memory.
@@ -185,16 +180,24 @@ HOPPER_FORWARD_FP8 = PhaseTable({**_buckets(*(TileConfig(128, 128, 8, 3),) * 2, 
                                 hopper=_buckets(*(TileConfig(128, n, 8, stages, three_consumers=d == 64, **_FP8_GLUON)
                                                   for d, n, stages in ((64, 128, 3), (128, 128, 3), (256, 128, 2)))))
 PORTABLE_FORWARD_FP8 = PhaseTable(_buckets(*(TileConfig(64, 64, 4, 2),) * 2, TileConfig(64, 32, 4, 1)))
+# dK/dV with dQ (kernels/backward_fused_dq.py), the backward of non-deterministic calls where it has an entry: key
+# slices on 64-row query blocks at hdim 128, from 1k tokens (causal: 2k; at 1k the Triton tiles are level with it)
+_FUSED_DQ = TileConfig(64, 128, 8, 2, hopper=True, key_slices=True)
+HOPPER_DKDV_DQ = PhaseTable({}, hopper={(128, False): _FUSED_DQ, (128, True): _FUSED_DQ},
+                            hopper_from={(128, False): 1024, (128, True): 2048})
 TABLES = {("hopper", "forward"): HOPPER_FORWARD, ("hopper", "dkdv"): HOPPER_DKDV, ("hopper", "dq"): HOPPER_DQ,
+          ("hopper", "dkdv_dq"): HOPPER_DKDV_DQ,
           ("hopper", "forward_fp8"): HOPPER_FORWARD_FP8, ("portable", "forward"): PORTABLE_FORWARD,
           ("portable", "dkdv"): PORTABLE_DKDV, ("portable", "dq"): PORTABLE_DQ,
           ("portable", "forward_fp8"): PORTABLE_FORWARD_FP8}
 QUANTIZE_TILES = {32: (64, 32, 4, 1), 64: (64, 64, 4, 1), 128: (64, 128, 4, 1), 256: (64, 64, 8, 1)}  # see fp8.md
+# the quantizer's one pass by width: (largest group, padded to a power of 2; rows of S a step, warps, stages)
+QUANTIZE_ONE_PASS_TILES = {32: (8, 32, 16, 1), 64: (4, 64, 16, 1), 128: (2, 64, 16, 2), 256: (1, 64, 16, 2)}
 TRANSPOSE_V_TILE = (64, 4)  # the FP8 forward's V^T copy (launch/forward_fp8.py): keys a program, warps
 
+
 def delta_rows(interpret: bool) -> int:
-    """Rows a program of the backward's delta = rowsum(dO * O) kernel takes (a bandwidth-bound pass)."""
-    return 16 if interpret else 64
+    return 16 if interpret else 64  # rows a program of the backward's delta = rowsum(dO * O) (bandwidth-bound)
 
 
 def paged_forward(config: TileConfig) -> TileConfig:
@@ -336,8 +339,7 @@ def hopper_decode_early_first_block(num_splits: int) -> bool:
 
 
 def append_keys(interpret: bool) -> int:
-    """New keys a program of the separate append kernel writes."""
-    return 16 if interpret else 32
+    return 16 if interpret else 32  # new keys a program of the separate append kernel writes
 
 
 @dataclass(frozen=True)
@@ -372,7 +374,6 @@ def combine_tiles(num_splits: int, rows: int, block_d: int, processors: int, int
 
 
 def combine_backward_tiles(num_splits: int, interpret: bool) -> tuple[int, int]:
-    """(rows a program, splits loaded at once) of the merge's backward."""
     return (16 if interpret else 32), min(4 if interpret else 16, next_power_of_2(num_splits))
 
 
@@ -393,9 +394,7 @@ def gpu_family(device: torch.device) -> str:
     if device.type != "cuda":
         return "portable"
     index = device.index if device.index is not None else torch.cuda.current_device()
-    if compute_capability(index)[0] == 9:
-        return "hopper"
-    return "portable"
+    return "hopper" if compute_capability(index)[0] == 9 else "portable"
 
 
 @functools.cache
@@ -404,13 +403,13 @@ def compute_capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
-_OVERRIDES: dict[str, TileConfig] = {}
+_OVERRIDES: dict[str, TileConfig | None] = {}
 
 
 @contextlib.contextmanager
-def use_config(phase: str, config: TileConfig):
-    """Force ``config`` for ``phase`` ("forward", "dkdv" or "dq") inside the block: how the tile sweeps try
-    candidates."""
+def use_config(phase: str, config: TileConfig | None):
+    """Force ``config`` for ``phase`` (a key of TABLES: "forward", "dkdv", ...) inside the block: how the tile sweeps
+    try candidates; None where a phase may have no tile (``dkdv_dq``: the two passes)."""
     previous = _OVERRIDES.get(phase)
     _OVERRIDES[phase] = config
     try:
@@ -428,8 +427,9 @@ def forced_configs() -> tuple:
 
 
 def lookup(family: str, phase: str, head_dim: int, masked: bool, dtype: torch.dtype, attn_mask: bool = False,
-           seqlen: int = 0, hopper: bool = False, packed: bool = False) -> TileConfig:
-    """The table's config for ``phase`` on a GPU ``family`` ("hopper" or "portable"), without a device.
+           seqlen: int = 0, hopper: bool = False, packed: bool = False) -> TileConfig | None:
+    """The table's config for ``phase`` on a GPU ``family`` ("hopper" or "portable"), without a device; None where
+    the phase has no entry (``dkdv_dq``: the two passes).
 
     ``attn_mask``: an SDPA mask streams beside K and V. ``seqlen``: the shorter of the (longest) query and key
     lengths, which picks the length entries (0: unknown, none). ``hopper``: the call fits the Hopper kernels, whose
@@ -449,8 +449,8 @@ def lookup(family: str, phase: str, head_dim: int, masked: bool, dtype: torch.dt
             config = table.hopper.get(key)
         if config is not None:
             return config
-    config = _for_length(seqlen, table.short, table.shortest, table.long).get(key) or table.base[key]
-    return fitted(config, dtype, attn_mask, width)
+    config = _for_length(seqlen, table.short, table.shortest, table.long).get(key) or table.base.get(key)
+    return None if config is None else fitted(config, dtype, attn_mask, width)  # None: a phase without this entry
 
 
 def _for_length(seqlen: int, short: dict, shortest: dict, long: dict) -> dict:
@@ -490,9 +490,9 @@ def launch_options(config: TileConfig) -> dict:
 
 def tile_config(phase: str, head_dim: int, masked: bool, dtype: torch.dtype, device: torch.device,
                 interpret: bool, attn_mask: bool = False, seqlen: int = 0, hopper: bool = False,
-                packed: bool = False) -> TileConfig:
-    """The config for ``phase`` ("forward", "dkdv", "dq", "forward_fp8") on ``device``: a forced one (``use_config``),
-    the interpreter's, or the table's (:func:`lookup`)."""
+                packed: bool = False) -> TileConfig | None:
+    """The config for ``phase`` ("forward", "dkdv", "dq", "dkdv_dq", "forward_fp8") on ``device``: a forced one
+    (``use_config``), the interpreter's, or the table's (:func:`lookup`)."""
     if phase in _OVERRIDES:
         return _OVERRIDES[phase]
     if interpret:

@@ -101,13 +101,16 @@ def attention_backward(
     attn_mask: torch.Tensor | None = None,
     mask_needs_grad: bool = False,
     frame: list[int] | None = None,
+    deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dmask), recomputed from the saved log-sum-exp; dk/dv are summed over each GQA group.
 
     dmask is the gradient of a float ``attn_mask`` (its shape and dtype) when ``mask_needs_grad``,
-    else an empty tensor. ``frame``: as in :func:`attention_forward`.
+    else an empty tensor. ``frame``: as in :func:`attention_forward`. ``deterministic``: bitwise repeatable
+    gradients (on sm90 the fused dK/dV/dQ kernel adds dQ in no fixed order, and is then not taken).
     """
-    opts = AttentionOptions(softmax_scale, window_left, window_right, softcap, dropout_p).with_frame(frame)
+    opts = AttentionOptions(softmax_scale, window_left, window_right, softcap, dropout_p,
+                            deterministic).with_frame(frame)
     if backend_for_cpu_tensors() == "triton":
         return backward.launch_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts, attn_mask,
                                         mask_needs_grad)
@@ -116,8 +119,10 @@ def attention_backward(
 
 @attention_backward.register_kernel("cuda")
 def attention_backward_cuda(dout, q, k, v, out, lse, alibi_slopes, rng_state, softmax_scale, window_left,
-                            window_right, softcap, dropout_p, attn_mask=None, mask_needs_grad=False, frame=None):
-    opts = AttentionOptions(softmax_scale, window_left, window_right, softcap, dropout_p).with_frame(frame)
+                            window_right, softcap, dropout_p, attn_mask=None, mask_needs_grad=False, frame=None,
+                            deterministic=False):
+    opts = AttentionOptions(softmax_scale, window_left, window_right, softcap, dropout_p,
+                            deterministic).with_frame(frame)
     if backend_override() == "torch":
         return cpu.backward(dout, q, k, v, out, lse, opts, alibi_slopes, rng_state, attn_mask, mask_needs_grad)
     if plans.plannable((dout, q, k, v, out, lse), alibi_slopes, rng_state, attn_mask):
@@ -128,7 +133,8 @@ def attention_backward_cuda(dout, q, k, v, out, lse, alibi_slopes, rng_state, so
 
 @attention_backward.register_fake
 def _attention_backward_fake(dout, q, k, v, out, lse, alibi_slopes, rng_state, softmax_scale, window_left,
-                             window_right, softcap, dropout_p, attn_mask=None, mask_needs_grad=False, frame=None):
+                             window_right, softcap, dropout_p, attn_mask=None, mask_needs_grad=False, frame=None,
+                             deterministic=False):
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             torch.empty_like(k, memory_format=torch.contiguous_format),
             torch.empty_like(v, memory_format=torch.contiguous_format),

@@ -307,10 +307,11 @@ def backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: AttentionOp
             key = (rows.start, rows.stop)
             if key not in lse_rows:
                 lse_rows[key] = lse[:, :, rows].contiguous()
+            # deterministic (the last argument): the ring's gradients repeat bitwise, as distributed.py says
             dq, dk, dv, _ = ops.eager_call(
                 ops.attention_backward, ops.attention_backward_cuda, dout[:, rows], q[:, rows],
                 kv[0, :, piece.keys], kv[1, :, piece.keys], out[:, rows], lse_rows[key], alibi_slopes, rng_state,
-                *piece.opts.op_arguments(), None, False, piece.opts.frame_argument())
+                *piece.opts.op_arguments(), None, False, piece.opts.frame_argument(), True)
             dq_acc[:, rows] += dq
             partials.append(((slice(None), piece.keys), dk, dv))
         return partials

@@ -1,11 +1,14 @@
-"""FP8 quantization of a (batch, seqlen, nheads, head_dim) 16-bit tensor in two passes (``fp8.quantize``).
+"""FP8 quantization of a (batch, seqlen, nheads, head_dim) 16-bit tensor (``fp8.quantize``), one program per (block
+of SCALE_BLOCK rows, kv head, batch), in one pass or two:
 
-- ``block_amax_kernel``: one program per (block of SCALE_BLOCK rows, kv head, batch) takes the amax of the block's
-  rows over the kv head's group of query heads, after the rotation;
-- ``quantize_kernel``: the same rows, rotated again, divided by their descale and rounded to e4m3.
+- ``block_quantize_kernel``: block descales where the block's rotated rows, over the kv head's group of query heads,
+  fit the program's registers: x read and rotated once, the amax taken, the descale written, the rows rounded;
+- ``block_amax_kernel``: elsewhere (larger groups; per-head descales, whose amax spans the sequence), first the amax
+  of the block's rows over the group, after the rotation;
+- ``quantize_kernel``: then the same rows, rotated again, divided by their descale and rounded to e4m3.
 
-Recomputing the rotation in the second pass costs a small matrix product a tile; keeping the rotated rows between the
-passes would cost a float32 write and read of the whole tensor. A step loads ROWS rows of x once and rotates them COLS
+In the two passes, recomputing the rotation costs a small matrix product a tile; keeping the rotated rows between
+them would cost a float32 write and read of the whole tensor. A step loads ROWS rows of x once and rotates them COLS
 columns at a time (x times COLS columns of S), so that neither S (128 KB at head dim 256) nor the rotated rows need
 to sit in one thread's registers; v, not rotated, is taken whole rows at a time. The rotation is
 ``(x @ S) * col_scale``: S is the +-1 matrix diag(signs) H (block-diagonal over the Hadamard pieces, zero-padded to
@@ -43,18 +46,24 @@ def _rotated_columns(x, S, ColScale, col0, BLOCK_D: tl.constexpr, COLS: tl.const
 
 
 @triton.jit
-def _store_e4m3(out_head, stride_os, offs_r, offs_c, y, descale, e4m3_max, seqlen, HEAD_DIM: tl.constexpr,
-                UPCAST: tl.constexpr):
-    """y / descale, clamped to +-e4m3_max and rounded to e4m3, at rows offs_r and columns offs_c of one head. The
-    division rounds as PyTorch's: 16-bit values over a descale such as amax / 448 often land next to an e4m3 midpoint,
-    where the GPU's approximate division rounds to the other side."""
+def _store_e4m3(ptrs, y, descale, e4m3_max, keep, UPCAST: tl.constexpr):
+    """y / descale, clamped to +-e4m3_max and rounded to e4m3, stored at ``ptrs`` where ``keep``. The division rounds
+    as PyTorch's: 16-bit values over a descale such as amax / 448 often land next to an e4m3 midpoint, where the GPU's
+    approximate division rounds to the other side."""
     scaled = tl.minimum(tl.maximum(tl.math.div_rn(y, descale), -e4m3_max), e4m3_max)
     if UPCAST:
         magnitude = round_to_e4m3(tl.abs(scaled))
         scaled = tl.where(scaled < 0, -magnitude, magnitude)
+    tl.store(ptrs, scaled.to(ptrs.dtype.element_ty), mask=keep)
+
+
+@triton.jit
+def _head_store_e4m3(out_head, stride_os, offs_r, offs_c, y, descale, e4m3_max, seqlen, HEAD_DIM: tl.constexpr,
+                     UPCAST: tl.constexpr):
+    """:func:`_store_e4m3` at rows offs_r and columns offs_c of one head."""
     keep = (offs_r[:, None] < seqlen) & (offs_c[None, :] < HEAD_DIM)
-    tl.store(out_head + offs_r[:, None].to(tl.int64) * stride_os + offs_c[None, :],
-             scaled.to(out_head.dtype.element_ty), mask=keep)
+    _store_e4m3(out_head + offs_r[:, None].to(tl.int64) * stride_os + offs_c[None, :], y, descale, e4m3_max, keep,
+                UPCAST)
 
 
 @triton.jit
@@ -103,8 +112,61 @@ def quantize_kernel(
             if ROTATE:
                 for col0 in tl.static_range(0, BLOCK_D, COLS):
                     y = _rotated_columns(x, S, ColScale, col0, BLOCK_D, COLS, UPCAST)
-                    _store_e4m3(out_head, stride_os, offs_r, col0 + tl.arange(0, COLS), y, descale, e4m3_max, seqlen,
-                                HEAD_DIM, UPCAST)
+                    _head_store_e4m3(out_head, stride_os, offs_r, col0 + tl.arange(0, COLS), y, descale, e4m3_max,
+                                     seqlen, HEAD_DIM, UPCAST)
             else:
-                _store_e4m3(out_head, stride_os, offs_r, tl.arange(0, BLOCK_D), x.to(tl.float32), descale, e4m3_max,
-                            seqlen, HEAD_DIM, UPCAST)
+                _head_store_e4m3(out_head, stride_os, offs_r, tl.arange(0, BLOCK_D), x.to(tl.float32), descale,
+                                 e4m3_max, seqlen, HEAD_DIM, UPCAST)
+
+
+@triton.jit
+def _rotated_block(x_rows, keep_r, S, ColScale, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DEPTH: tl.constexpr,
+                   UPCAST: tl.constexpr):
+    """The rows at ``x_rows`` (a pointer a row; ``keep_r``: rows in the sequence) rotated, x @ S * col_scale, float32.
+    DEPTH of x's columns and S's rows a step: S's shared-memory tile is DEPTH rows, not all of S (128 KB at head dim
+    256), and each step's products go into the one accumulator in the order of a single product over all of them."""
+    offs_k = tl.arange(0, DEPTH)
+    offs_d = tl.arange(0, BLOCK_D)
+    y = tl.zeros((x_rows.shape[0], BLOCK_D), dtype=tl.float32)
+    for k0 in range(0, BLOCK_D, DEPTH):  # pipelined on the launch's num_stages
+        x = tl.load(x_rows[:, None] + (k0 + offs_k)[None, :],
+                    mask=keep_r[:, None] & ((k0 + offs_k)[None, :] < HEAD_DIM), other=0.0)
+        s = tl.load(S + (k0 + offs_k)[:, None] * BLOCK_D + offs_d[None, :])
+        if UPCAST:
+            y = tl.dot(x.to(tl.float32), s.to(tl.float32), y, input_precision="ieee")
+        else:
+            y = tl.dot(x, s, y)
+    return y * tl.load(ColScale + offs_d)[None, :]
+
+
+@triton.jit
+def block_quantize_kernel(
+    X, S, ColScale, Descale, Out, seqlen, stride_xb, stride_xs, stride_xh, stride_ob, stride_os, stride_oh,
+    stride_db, stride_dh, e4m3_max,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_ROWS: tl.constexpr, GROUP: tl.constexpr,
+    TILE_ROWS: tl.constexpr, DEPTH: tl.constexpr, ROTATE: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """Both passes in one: the BLOCK_ROWS rows of a kv head's GROUP query heads, read and rotated once and kept in
+    registers while their amax is taken; then the block's descale (amax / e4m3_max, 1 for an all-zero block) and
+    Out e4m3 = rotated x / descale, as the two kernels write them. TILE_ROWS: BLOCK_ROWS * GROUP rounded up to a
+    power of two."""
+    block, head_k, batch = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    # a tile row is a (position, head) pair, the group's heads of a position next to each other as x holds them:
+    # one product rotates every head of the group
+    offs_t = tl.arange(0, TILE_ROWS)
+    offs_r = block * BLOCK_ROWS + offs_t // GROUP
+    heads = (head_k * GROUP + offs_t % GROUP).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_D)
+    keep_r = (offs_r < seqlen) & (offs_t < BLOCK_ROWS * GROUP)
+    x_rows = X + batch.to(tl.int64) * stride_xb + offs_r.to(tl.int64) * stride_xs + heads * stride_xh
+    if ROTATE:
+        y = _rotated_block(x_rows, keep_r, S, ColScale, HEAD_DIM, BLOCK_D, DEPTH, UPCAST)
+    else:
+        keep = keep_r[:, None] & (offs_d[None, :] < HEAD_DIM)
+        y = tl.load(x_rows[:, None] + offs_d[None, :], mask=keep, other=0.0).to(tl.float32)
+    amax = tl.max(tl.max(tl.abs(y), axis=1), axis=0)
+    descale = tl.where(amax > 0, tl.math.div_rn(amax, e4m3_max), 1.0)  # rounded as PyTorch divides
+    tl.store(Descale + batch.to(tl.int64) * stride_db + head_k * stride_dh + block, descale)
+    out_rows = Out + batch.to(tl.int64) * stride_ob + offs_r.to(tl.int64) * stride_os + heads * stride_oh
+    keep = keep_r[:, None] & (offs_d[None, :] < HEAD_DIM)
+    _store_e4m3(out_rows[:, None] + offs_d[None, :], y, descale, e4m3_max, keep, UPCAST)

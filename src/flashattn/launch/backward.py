@@ -25,27 +25,31 @@ from .common import (
     last_dim_contiguous,
     mask_arguments,
     strides,
+    tile_layout,
     tma_compatible,
     tma_loads,
     token_descriptor,
     token_rows,
 )
 from .forward import consumer_warpgroups, hopper_forward_fits, room_for_wide_stores, tile_plan_arguments
-from .launcher import launch
+from .launcher import launch, zeros
 
 
-def _hopper_dkdv(q, k, v, dout, lse, delta, dk, dv, opts: AttentionOptions, config: configs.TileConfig) -> None:
+def _hopper_dkdv(q, k, v, dout, lse, delta, dk, dv, opts: AttentionOptions, config: configs.TileConfig,
+                 dq_acc: torch.Tensor | None = None) -> None:
     """dK and dV (contiguous, k's shape) by a Hopper kernel (``config.key_slices``: the key-slice one); ``delta`` =
-    rowsum(dO * O), lse's layout."""
-    kernel, keys = hopper_dkdv_kernel(config)
+    rowsum(dO * O), lse's layout. ``dq_acc``: the key-slice kernel also adds dQ^T / softmax_scale into it
+    (``dq_accumulator``)."""
+    kernel, keys = hopper_dkdv_kernel(config, fused=dq_acc is not None)
     batch, seqlen_q, nheads, head_dim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     key_blocks = cdiv(seqlen_k, keys)
+    dq_arguments = () if dq_acc is None else (dq_accumulator_descriptor(dq_acc, seqlen_q, config.block_m),)
     launch(
         kernel, (key_blocks * batch * nheads_k,),
         token_descriptor(q, config.block_m), token_descriptor(k, keys), token_descriptor(v, keys),
         token_descriptor(dout, config.block_m),
-        lse, delta, dk, dv, dk.stride(0), dk.stride(1), dk.stride(2),
+        lse, delta, dk, dv, *dq_arguments, dk.stride(0), dk.stride(1), dk.stride(2),
         seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, opts.softmax_scale, opts.softmax_scale * LOG2E,
         **hopper_dkdv_constexprs(config, head_dim, opts.window_right == 0), num_warps=4,
     )
@@ -88,13 +92,14 @@ def hopper_dq_constexprs(config: configs.TileConfig, head_dim: int, causal: bool
                 LOADER_REGISTERS=configs.HOPPER_LOADER_REGISTERS, WIDE_STORES=room_for_wide_stores(config, head_dim, 2))
 
 
-def hopper_dkdv_kernel(config: configs.TileConfig):
+def hopper_dkdv_kernel(config: configs.TileConfig, fused: bool = False):
     """The Hopper dK/dV kernel of ``config`` and its keys a program: the key-slice kernel (128 keys, 64 on each
-    warpgroup) or the gradient-split one (``config.block_n``)."""
+    warpgroup; ``fused``: its form that adds dQ into float32 too) or the gradient-split one (``config.block_n``)."""
+    from ..kernels.backward_fused_dq import dkdv_dq_key_slices_kernel
     from ..kernels.backward_hopper import KEY_SLICE_PROGRAM_KEYS, dkdv_hopper_kernel, dkdv_key_slices_kernel
 
     if config.key_slices:
-        return dkdv_key_slices_kernel, KEY_SLICE_PROGRAM_KEYS.value
+        return (dkdv_dq_key_slices_kernel if fused else dkdv_key_slices_kernel), KEY_SLICE_PROGRAM_KEYS.value
     return dkdv_hopper_kernel, config.block_n
 
 
@@ -116,6 +121,47 @@ def dkdv_compilable(config: configs.TileConfig, seqlen_q: int) -> configs.TileCo
     if config.peel_diagonal and seqlen_q == 1:
         return dataclasses.replace(config, peel_diagonal=False)
     return config
+
+
+def fused_dq_config(q: torch.Tensor, fits_hopper: bool, opts: AttentionOptions,
+                    seqlen: int) -> configs.TileConfig | None:
+    """The tile of the dK/dV kernel that computes dQ too (five products; ``configs`` phase "dkdv_dq"), or None for
+    the two passes: the key-slice kernel at head dim 128 (each consumer computes half its dQ^T, one wgmma row block),
+    where the table has an entry, unless the call is deterministic (its reductions add in no fixed order; the two
+    passes are bitwise repeatable)."""
+    if not fits_hopper or opts.deterministic or q.shape[-1] != 128:
+        return None
+    forced = dict(configs.forced_configs())
+    if "dkdv" in forced and "dkdv_dq" not in forced:
+        return None  # a forced dK/dV tile (a sweep's, a test's) is one of the two passes'
+    return configs.tile_config("dkdv_dq", 128, opts.masked, q.dtype, q.device, False, seqlen=seqlen, hopper=True)
+
+
+def dq_accumulator(q: torch.Tensor) -> torch.Tensor:
+    """The fused kernel's float32 dQ^T, zeroed: (batch, nheads, head_dim, seqlen_q rounded up to 4), as TMA's row
+    stride must be a multiple of 16 bytes (the columns past seqlen_q are never written or read)."""
+    batch, seqlen_q, nheads, head_dim = q.shape
+    return zeros((batch, nheads, head_dim, cdiv(seqlen_q, 4) * 4), torch.float32, q.device)
+
+
+def dq_accumulator_descriptor(dq_acc: torch.Tensor, seqlen_q: int, block_m: int):
+    """A host-side TMA descriptor of ``dq_accumulator`` as (batch * nheads * head_dim, seqlen_q) rows, half a head's
+    rows (a consumer's) by ``block_m`` queries a block: the reductions' columns past seqlen_q are dropped."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    head_dim = dq_acc.shape[2]
+    return TensorDescriptor(dq_acc, [dq_acc.shape[0] * dq_acc.shape[1] * head_dim, seqlen_q], [dq_acc.stride(2), 1],
+                            [head_dim // 2, block_m], tile_layout(head_dim // 2, block_m, torch.float32))
+
+
+def _dq_from_accumulator(dq_acc: torch.Tensor, dq: torch.Tensor, opts: AttentionOptions) -> None:
+    """dQ (contiguous, q's shape, its type) = softmax_scale * the fused kernel's ``dq_accumulator``."""
+    from ..kernels.backward_fused_dq import dq_from_accumulator
+
+    batch, seqlen_q, nheads, head_dim = dq.shape
+    block = 64
+    launch(dq_from_accumulator, (cdiv(seqlen_q, block), batch * nheads), dq_acc, dq, opts.softmax_scale, seqlen_q,
+           nheads, dq_acc.stride(2), HEAD_DIM=head_dim, BLOCK_M=block, num_warps=4)
 
 
 def _gradient_streams_pay(q: torch.Tensor, layout: Layout, nheads_k: int, opts: AttentionOptions) -> bool:
@@ -215,6 +261,13 @@ def launch_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Atte
     # memory (H200)
     half = q.dtype != torch.float32
     dq_tma = tma_loads(dq_config.tma and half, k, v)
+    fused_config = fused_dq_config(q, fits_hopper, opts, shorter)
+    if fused_config is not None:
+        # one pass: dQ^T summed in float32 by the dK/dV kernel, then transposed, scaled and rounded
+        dq_acc = dq_accumulator(q)
+        _hopper_dkdv(q, k, v, dout, lse, delta, dk, dv, opts, fused_config, dq_acc)
+        _dq_from_accumulator(dq_acc, dq, opts)
+        return dq, dk, dv, q.new_empty(0)
     # dK/dV and dQ both read only the inputs and delta, so they may run side by side
     gradient_streams = GradientStreams(q.device) if _gradient_streams_pay(q, layout, nheads_k, opts) else None
     with gradient_streams.first() if gradient_streams else contextlib.nullcontext():

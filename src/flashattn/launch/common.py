@@ -176,11 +176,12 @@ def token_rows(x: torch.Tensor) -> int | None:
 
 @functools.cache
 def tile_layout(block_rows: int, head_dim: int, dtype: torch.dtype):
-    """The shared-memory layout of one (block_rows, head_dim) tile: built once, as it costs about 6 us of host
-    time, a third of a short forward call's descriptor work."""
+    """The shared-memory layout of one (block_rows, head_dim) tile (head_dim: its contiguous columns): built once,
+    as it costs about 6 us of host time, a third of a short forward call's descriptor work."""
     from triton.experimental.gluon import language as gl
 
-    element = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float8_e4m3fn: gl.float8e4nv}[dtype]
+    element = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float8_e4m3fn: gl.float8e4nv,
+               torch.float32: gl.float32}[dtype]
     return gl.NVMMASharedLayout.get_default_for([block_rows, head_dim], element)
 
 

@@ -53,9 +53,9 @@ def launch(kernel, grid: tuple[int, ...], *args, **kwargs):
     return compiled
 
 
-def zeros(size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A new tensor of zeros that a kernel reads (a counter): a plan's replay allocates its own tensors
-    uninitialized, except these, which it zeroes too."""
+def zeros(size: int | tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A new tensor of zeros that a kernel reads (a counter, or an accumulator it adds into): a plan's replay
+    allocates its own tensors uninitialized, except these, which it zeroes too."""
     tensor = torch.zeros(size, dtype=dtype, device=device)
     recording = getattr(RECORDING, "active", None)
     if recording is not None:

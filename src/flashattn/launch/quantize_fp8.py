@@ -1,4 +1,4 @@
-"""The FP8 quantizer's launches (``kernels/quantize_fp8.py``): the rotation's operands, the two passes."""
+"""The FP8 quantizer's launches (``kernels/quantize_fp8.py``): the rotation's operands, the one pass or the two."""
 
 from __future__ import annotations
 
@@ -43,26 +43,63 @@ def quantize_rows(x: torch.Tensor, rotation, nheads_k: int, block_rows: int, e4m
     (S, col_scale) of :func:`rotation_operands`, or None); descale = amax / e4m3_max of each ``block_rows`` rows of a
     kv head's group, (batch, nheads_k, blocks), or with ``per_head`` of the whole sequence, (batch, nheads_k); an
     all-zero block or sequence takes 1."""
-    from ..kernels.quantize_fp8 import block_amax_kernel, quantize_kernel
-
     x = last_dim_contiguous(x)
     batch, seqlen, nheads, head_dim = x.shape
     width = configs.padded_head_dim(head_dim)
-    blocks = cdiv(seqlen, block_rows)
+    group = nheads // nheads_k
+    descale = torch.empty(batch, nheads_k, cdiv(seqlen, block_rows), dtype=torch.float32, device=x.device)
+    out = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
     s, col_scale = rotation if rotation is not None else (x, x)  # any pointer: the kernels never read it
+    if not per_head and one_pass(width, group):
+        _quantize_one_pass(x, s, col_scale, rotation is not None, block_rows, group, e4m3_max, descale, out)
+        return out, descale
+    return _quantize_two_passes(x, s, col_scale, rotation is not None, nheads_k, block_rows, e4m3_max, per_head,
+                                descale, out)
+
+
+def one_pass(width: int, group: int) -> bool:
+    """Whether block descales of rows ``width`` wide in groups of ``group`` heads take the one-pass kernel: the
+    rotated float32 rows of a 128-row block (128 x group x width, the group padded to a power of two) stay in
+    registers up to 32K floats a program (sm90 builds on 16 warps: 95-120 registers, no spills); past that they would
+    spill, and the two passes read x twice instead."""
+    largest_group = configs.QUANTIZE_ONE_PASS_TILES[width][0]
+    return configs.next_power_of_2(group) <= largest_group
+
+
+def _quantize_one_pass(x, s, col_scale, rotate: bool, block_rows: int, group: int, e4m3_max: float,
+                       descale: torch.Tensor, out: torch.Tensor) -> None:
+    """One program a (block, kv head, batch): x read and rotated once (``block_quantize_kernel``)."""
+    from ..kernels.quantize_fp8 import block_quantize_kernel
+
+    batch, seqlen, _, head_dim = x.shape
+    width = configs.padded_head_dim(head_dim)
+    _, depth, warps, stages = configs.QUANTIZE_ONE_PASS_TILES[width]
+    launch(block_quantize_kernel, (descale.shape[2], descale.shape[1], batch), x, s, col_scale, descale, out, seqlen,
+           x.stride(0), x.stride(1), x.stride(2), out.stride(0), out.stride(1), out.stride(2), descale.stride(0),
+           descale.stride(1), e4m3_max, HEAD_DIM=head_dim, BLOCK_D=width, BLOCK_ROWS=block_rows, GROUP=group,
+           TILE_ROWS=block_rows * configs.next_power_of_2(group), DEPTH=depth, ROTATE=rotate, UPCAST=interpreting(),
+           num_warps=warps, num_stages=stages)
+
+
+def _quantize_two_passes(x, s, col_scale, rotate: bool, nheads_k: int, block_rows: int, e4m3_max: float,
+                         per_head: bool, descale: torch.Tensor, out: torch.Tensor):
+    """(out, descale): the block amaxes (``block_amax_kernel``), then x read and rotated again and rounded
+    (``quantize_kernel``); per-head descales reduce the blocks' amaxes in between."""
+    from ..kernels.quantize_fp8 import block_amax_kernel, quantize_kernel
+
+    batch, seqlen, nheads, head_dim = x.shape
+    width = configs.padded_head_dim(head_dim)
     # No spills at any width (sm90 builds). One stage: pipelining the row loop would stage every column chunk's S
     # tiles at once, more shared memory than a Hopper program has.
     rows, cols, warps, stages = configs.QUANTIZE_TILES[width]
-    shapes = dict(HEAD_DIM=head_dim, BLOCK_D=width, BLOCK_ROWS=block_rows, ROWS=rows, COLS=cols,
-                  ROTATE=rotation is not None, UPCAST=interpreting(), num_warps=warps, num_stages=stages)
-    grid = (blocks, nheads_k, batch)
-    descale = torch.empty(batch, nheads_k, blocks, dtype=torch.float32, device=x.device)  # per_head: the amax first
+    shapes = dict(HEAD_DIM=head_dim, BLOCK_D=width, BLOCK_ROWS=block_rows, ROWS=rows, COLS=cols, ROTATE=rotate,
+                  UPCAST=interpreting(), num_warps=warps, num_stages=stages)
+    grid = (descale.shape[2], nheads_k, batch)
     launch(block_amax_kernel, grid, x, s, col_scale, descale, seqlen, nheads // nheads_k, x.stride(0), x.stride(1),
            x.stride(2), descale.stride(0), descale.stride(1), e4m3_max, DESCALE=not per_head, **shapes)
-    if per_head:
+    if per_head:  # the blocks' amaxes first
         amax = descale.amax(dim=2)
         descale = torch.where(amax > 0, amax / e4m3_max, torch.ones_like(amax))
-    out = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
     launch(quantize_kernel, grid, x, s, col_scale, descale, out, seqlen, nheads // nheads_k, x.stride(0),
            x.stride(1), x.stride(2), out.stride(0), out.stride(1), out.stride(2), descale.stride(0),
            descale.stride(1), 0 if per_head else descale.stride(2), e4m3_max, **shapes)

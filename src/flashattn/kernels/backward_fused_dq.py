@@ -1,0 +1,293 @@
+"""Hopper dK/dV with dQ in the same pass (five products where the two-pass backward computes seven), in Gluon.
+
+The key-slice kernel of ``backward_hopper.py`` (128 keys a program, 64 on each consumer warpgroup with both of
+their gradients) also computes, per query block, dQ^T = K^T dS^T over the program's 128 keys and adds it into a
+float32 dQ^T accumulator in global memory by TMA reductions (FlashAttention-3's way): the order of those additions
+is unordered, so the launcher takes this form only for ``deterministic=False`` calls (``launch.backward``).
+``dq_from_accumulator`` then transposes, scales and rounds it.
+
+Why dQ^T and not dQ = dS K: dQ^T puts the head dim on wgmma's M, so each consumer's half of it is one 64-row
+block. Both operands come from shared memory: K^T is the K tile read transposed, and dS^T (already in registers,
+16-bit, as dK's operand) is stored once a block.
+
+The two consumers share dQ^T as FlashAttention-3's do: each stores its 64 keys' rows of dS^T into one 128-key
+buffer, and each computes half of the head dim over all 128 keys (M = 64: hence head dim 128 only). Each keeping a
+partial of its own keys would put twice the float32 through shared memory and into L2's reductions and hold twice
+the registers for dQ^T.
+
+The schedule (``_row_block_partition``) takes 64-row query blocks one at a time (FlashAttention-3's), the other
+consumer's products filling the tensor cores meanwhile; its S^T, dP^T and dQ^T are N = 64 products, which read
+4 KB of shared memory per 32 tensor cycles (32-row blocks, pipelined as in the plain key-slice kernel, made them
+N = 32 products reading 3 KB per 16: bound by shared memory, and slower than the two passes). The loader puts each
+block's lse and delta in shared memory (``_load_with_statistics``): in registers, beside S^T, dP^T, dK and dV, they
+spilled.
+
+The result goes from the wgmma registers to a per-consumer shared buffer (64 head-dim rows x BLOCK_M float32, two a
+consumer), and one thread issues the reduction of the tile into the accumulator, (batch, nheads, HEAD_DIM, seqlen_q
+padded to 4) seen as (batch * nheads * HEAD_DIM) rows: TMA drops the tile's columns past seqlen_q.
+
+Limits: the key-slice kernel's (dense 16-bit inputs, causal or no mask), at head dim 128.
+"""
+
+import triton
+import triton.language as tl
+from triton._C.libtriton import ir
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language import _core
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from .backward_hopper import (
+    KEY_SLICE_PROGRAM_KEYS,
+    SLICE_KEYS,
+    _key_tile,
+    _lse_log2,
+    _next_query_block,
+    _slice_scores,
+    _store_rows,
+    _streamed_buffers,
+)
+from .forward_hopper import register_operand_layout, wgmma_layout
+
+
+@gluon.jit
+def _probabilities(s, q_block, lse_log2, seqlen_q, seqlen_k, slice_start, qk_scale_log2, BLOCK_M: gl.constexpr,
+                   CAUSAL: gl.constexpr, s_layout: gl.constexpr):
+    """P^T of a query block as ``backward_hopper._slice_score_gradients`` computes it, and with keys past the sequence
+    masked: their rows of dK and dV are never stored, but their dS^T would reach dQ. The masks apply to every block:
+    a branch around them (a block's worth of selects) left two paths' registers live, and the 64-row consumer spilled
+    (five stores and 26 loads a block causal, two and 16 without the mask)."""
+    first_row = q_block * BLOCK_M
+    if CAUSAL:
+        # bottom-right aligned: query i sees keys up to i + seqlen_k - seqlen_q (so no key past the sequence)
+        keys = slice_start + gl.arange(0, SLICE_KEYS, layout=gl.SliceLayout(1, s_layout))
+        rows = first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+        s = gl.where(keys[:, None] <= rows[None, :] + (seqlen_k - seqlen_q), s, float("-inf"))
+    else:
+        keys = slice_start + gl.arange(0, SLICE_KEYS, layout=gl.SliceLayout(1, s_layout))
+        s = gl.where((keys < seqlen_k)[:, None], s, float("-inf"))
+    return gl.exp2(s * qk_scale_log2 - lse_log2[None, :])
+
+
+@gluon.jit
+def _operands(p, dp, delta, dtype: gl.constexpr, operand: gl.constexpr):
+    """P^T and dS^T = P^T (dP^T - delta) as 16-bit register operands of dV and dK, and dS^T in the score layout (dQ's,
+    through shared memory)."""
+    ds = (p * (dp - delta[None, :])).to(dtype)
+    return gl.convert_layout(p.to(dtype), operand), gl.convert_layout(ds, operand), ds
+
+
+@gluon.jit
+def _share_ds(ds, ds_buffer, ds_ready, SLICE: gl.constexpr):
+    """This consumer's 64 rows of a block's dS^T to the shared 128-key buffer, then its arrive on the buffer's
+    barrier (the arrive waits for the warpgroup's stores: Gluon puts a barrier of the partition before it), so that
+    the other consumer's dQ^T may read them."""
+    ds_buffer.slice(SLICE * SLICE_KEYS, SLICE_KEYS).store(ds)
+    fence_async_shared()
+    mbarrier.arrive(ds_ready, count=1)
+
+
+@_core.builtin
+def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """``src`` (shared memory, ``tensor_desc``'s layout) added element-wise into the descriptor's tile at ``coord`` by
+    one TMA reduction (``cp.reduce.async.bulk.tensor ... .add``), issued by one thread as a TMA store is, and waited
+    for as one (``tma.store_wait``). Gluon 3.6 exposes the TMA store but not the reduction, which its builder has:
+    this mirrors ``hopper.tma.async_copy_shared_to_global`` with the reduce op."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
+@gluon.jit
+def _add_dq(dq, dq_smem, dq_desc, batch, head, q_block, nheads, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+            SLICE: gl.constexpr):
+    """This consumer's half of a query block's dQ^T (float32, the wgmma layout) added into the accumulator's tile of
+    (batch, head) by a TMA reduction through ``dq_smem``, whose last reduction the caller has waited for. The tile
+    is the head's rows [SLICE * HEAD_DIM / 2, (SLICE + 1) * HEAD_DIM / 2), and TMA drops its columns past seqlen_q
+    (rows of dS there are 0 in any case)."""
+    dq_smem.store(dq)
+    fence_async_shared()
+    gl.thread_barrier()  # every warp's part is in shared memory before the one thread issues the reduction
+    _tma_reduce_add(dq_desc, [(batch * nheads + head) * HEAD_DIM + SLICE * (HEAD_DIM // 2), q_block * BLOCK_M],
+                    dq_smem)
+
+
+@gluon.jit
+def _load_with_statistics(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, stats_bufs, kv_ready,
+                          q_ready, do_ready, stats_ready, stage_free, Lse, Delta, seqlen_q, seqlen_k, nheads, nheads_k,
+                          key_blocks, group_size, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                          BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    """``backward_hopper._load_partition`` (one barrier frees a stage), and each query block's lse (base 2) and delta
+    into its stage's shared memory: in the consumers' registers, a 64-row block's 32 values a thread and their
+    addresses spilled beside S^T, dP^T, dK and dV."""
+    batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(
+        seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, BLOCK_N, CAUSAL)
+    rows_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
+    block_rows = gl.arange(0, BLOCK_M, layout=rows_layout)
+    mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [batch * seqlen_k + key_start, head_k * HEAD_DIM], kv_ready, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [batch * seqlen_k + key_start, head_k * HEAD_DIM], kv_ready, v_smem)
+    for it in range(iterations):
+        head = head_k * group_size + it // per_head
+        q_block = first_q_block + it % per_head
+        stage = it % NUM_STAGES
+        phase = (it // NUM_STAGES) & 1
+        # a fresh barrier passes a wait on the phase before its first: the first round does not wait
+        mbarrier.wait(stage_free.index(stage), phase ^ 1)
+        mbarrier.expect(q_ready.index(stage), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [batch * seqlen_q + q_block * BLOCK_M, head * HEAD_DIM],
+                                        q_ready.index(stage), q_bufs.index(stage))
+        mbarrier.expect(do_ready.index(stage), do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(do_desc, [batch * seqlen_q + q_block * BLOCK_M, head * HEAD_DIM],
+                                        do_ready.index(stage), do_bufs.index(stage))
+        rows = q_block * BLOCK_M + block_rows
+        offsets = (batch * nheads + head).to(gl.int64) * seqlen_q + rows
+        stats_bufs.index(2 * stage).store(_lse_log2(Lse, offsets, rows, seqlen_q))
+        stats_bufs.index(2 * stage + 1).store(gl.load(Delta + offsets, mask=rows < seqlen_q, other=0.0))
+        mbarrier.arrive(stats_ready.index(stage), count=1)
+
+
+@gluon.jit
+def _row_block_partition(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, kv_ready, q_ready,
+                         do_ready, stats_ready, stage_free, DK, DV, dq_desc, stride_gb, stride_gm, stride_gh, seqlen_q,
+                         seqlen_k, nheads, nheads_k, key_blocks, group_size, softmax_scale, qk_scale_log2,
+                         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                         NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, SLICE: gl.constexpr):
+    """The consumer on 64-row query blocks, one block at a time: a block's S^T and dP^T, its score gradients, then its
+    dV, dQ^T and dK (two blocks' score tiles beside dK and dV would not fit 240 registers at 64 rows). lse and delta
+    come from the stage's shared memory (``_load_with_statistics``).
+
+    The dS^T ring: block i's rows go to buffer i % 2, and this consumer waits for the other's rows of the same block.
+    Before writing block i's, it has waited (in iteration i-1) for the other's arrive of block i-1, which the other
+    makes after its iteration i-2 completed the product that read buffer (i-2) % 2."""
+    s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
+    acc_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
+    operand: gl.constexpr = register_operand_layout(HEAD_DIM)
+    columns: gl.constexpr = gl.SliceLayout(0, s_layout)
+    dtype: gl.constexpr = k_smem.dtype
+    DQ_ROWS: gl.constexpr = HEAD_DIM // 2
+    DS_BUFFERS: gl.constexpr = ds_bufs.shape[0]
+    batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(
+        seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, BLOCK_N, CAUSAL)
+    slice_start = key_start + SLICE * SLICE_KEYS
+    k_slice = k_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS)
+    v_slice = v_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS)
+    k_half_t = k_smem.slice(SLICE * DQ_ROWS, DQ_ROWS, dim=1).permute((1, 0))
+    s = gl.zeros([SLICE_KEYS, BLOCK_M], gl.float32, s_layout)
+    dp = gl.zeros([SLICE_KEYS, BLOCK_M], gl.float32, s_layout)
+    dq = gl.zeros([DQ_ROWS, BLOCK_M], gl.float32, s_layout)
+    dk = gl.zeros([SLICE_KEYS, HEAD_DIM], gl.float32, acc_layout)
+    dv = gl.zeros([SLICE_KEYS, HEAD_DIM], gl.float32, acc_layout)
+    mbarrier.wait(kv_ready, 0)
+    head = head_k * group_size
+    last_head = head + group_size - 1
+    q_block = first_q_block
+    stage = 0
+    phase = 0
+    dq_buffer = 0
+    for i in range(iterations):
+        s, dp = _slice_scores(k_slice, v_slice, q_bufs, do_bufs, q_ready, do_ready, stage, phase, s, dp)
+        mbarrier.wait(stats_ready.index(stage), phase)
+        s, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s, dp))
+        # delta read once P^T is computed and lse spent: both, beside S^T, dP^T, dK and dV, spilled
+        p = _probabilities(s, q_block, stats_bufs.index(2 * stage).load(columns), seqlen_q, seqlen_k, slice_start,
+                           qk_scale_log2, BLOCK_M, CAUSAL, s_layout)
+        p_op, ds_op, ds = _operands(p, dp, stats_bufs.index(2 * stage + 1).load(columns), dtype, operand)
+        dv = warpgroup_mma(p_op, do_bufs.index(stage), dv, is_async=True)
+        # this block's dQ^T goes to the buffer whose reduction was issued two blocks ago: the issuing thread waits
+        # for it here, and the barrier before _share_ds's arrive holds every other thread until it has
+        tma.store_wait(1)
+        _share_ds(ds, ds_bufs.index(i % DS_BUFFERS), ds_ready.index(i % DS_BUFFERS), SLICE)
+        mbarrier.wait(ds_ready.index(i % DS_BUFFERS), (i // DS_BUFFERS) & 1)
+        dq = warpgroup_mma(k_half_t, ds_bufs.index(i % DS_BUFFERS), dq, use_acc=False, is_async=True)
+        dk = warpgroup_mma(ds_op, q_bufs.index(stage), dk, is_async=True)
+        # dV and dQ^T complete; dK runs on while dQ^T goes to the accumulator
+        dv, dq, p_op = warpgroup_mma_wait(num_outstanding=1, deps=(dv, dq, p_op))
+        _add_dq(dq, dq_bufs.index(2 * SLICE + dq_buffer), dq_desc, batch, head, q_block, nheads, HEAD_DIM, BLOCK_M,
+                SLICE)
+        dq_buffer = dq_buffer ^ 1
+        dk, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ds_op))
+        mbarrier.arrive(stage_free.index(stage), count=1)
+        head, q_block = _next_query_block(head, q_block, first_q_block, per_head, last_head)
+        stage = gl.where(stage == NUM_STAGES - 1, 0, stage + 1)
+        phase = gl.where(stage == 0, phase ^ 1, phase)
+    _store_rows(dv, DV, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh, HEAD_DIM, SLICE_KEYS,
+                acc_layout)
+    _store_rows(dk * softmax_scale, DK, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh,
+                HEAD_DIM, SLICE_KEYS, acc_layout)
+    tma.store_wait(0)  # the shared memory stays the reductions' until they have read it
+
+
+# seqlen_q is not specialized as a constant, as in dkdv_key_slices_kernel (Triton 3.6's lowering fails there)
+@gluon.jit(do_not_specialize=["seqlen_q"])
+def dkdv_dq_key_slices_kernel(
+    q_desc, k_desc, v_desc, do_desc, Lse, Delta, DK, DV, dq_desc,
+    stride_gb, stride_gm, stride_gh,
+    seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, softmax_scale, qk_scale_log2,
+    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+    CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
+):
+    """``dkdv_key_slices_kernel``'s dK and dV, and dQ^T / softmax_scale added into the float32 accumulator of
+    ``dq_desc``: (batch * nheads * HEAD_DIM, seqlen_q) rows in [HEAD_DIM / 2, BLOCK_M] blocks, zeroed by the
+    caller. Head dim 128 only: each consumer's half of dQ^T is one wgmma row block (M = 64)."""
+    gl.static_assert(HEAD_DIM == 2 * SLICE_KEYS, "the fused dK/dV/dQ kernel splits a head dim of 128 in two")
+    gl.static_assert(BLOCK_M == 64, "the fused dK/dV/dQ kernel takes 64-row query blocks one at a time")
+    BLOCK_N: gl.constexpr = KEY_SLICE_PROGRAM_KEYS
+    group_size = nheads // nheads_k
+    k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, stage_free, _ = _streamed_buffers(
+        q_desc, k_desc, v_desc, do_desc, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, True)
+    # dS^T of the program's 128 keys on a ring of two (``_row_block_partition``); each buffer's barrier completes once
+    # both consumers have stored their rows
+    DS_BUFFERS: gl.constexpr = 2
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], q_desc.dtype)
+    ds_bufs = gl.allocate_shared_memory(q_desc.dtype, [DS_BUFFERS, BLOCK_N, BLOCK_M], ds_layout)
+    ds_ready = gl.allocate_shared_memory(gl.int64, [DS_BUFFERS, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(DS_BUFFERS):
+        mbarrier.init(ds_ready.index(i), count=2)
+    # two dQ^T buffers a consumer (consumer c's: 2c and 2c + 1), each read by a TMA reduction after the consumer's
+    # stores
+    dq_bufs = gl.allocate_shared_memory(gl.float32, [4, HEAD_DIM // 2, BLOCK_M], dq_desc.layout)
+    # each stage's lse (row 2 * stage) and delta (row 2 * stage + 1), written by the loader
+    stats_bufs = gl.allocate_shared_memory(gl.float32, [2 * NUM_STAGES, BLOCK_M],
+                                           gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    stats_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(stats_ready.index(i), count=1)
+    gl.warp_specialize([
+        (_row_block_partition, (k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, kv_ready,
+                                q_ready, do_ready, stats_ready, stage_free, DK, DV, dq_desc, stride_gb, stride_gm,
+                                stride_gh, seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, group_size,
+                                softmax_scale, qk_scale_log2, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, 0)),
+        (_row_block_partition, (k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, kv_ready,
+                                q_ready, do_ready, stats_ready, stage_free, DK, DV, dq_desc, stride_gb, stride_gm,
+                                stride_gh, seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, group_size,
+                                softmax_scale, qk_scale_log2, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, 1)),
+        (_load_with_statistics, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, stats_bufs,
+                                 kv_ready, q_ready, do_ready, stats_ready, stage_free, Lse, Delta, seqlen_q,
+                                 seqlen_k, nheads, nheads_k, key_blocks, group_size, HEAD_DIM, BLOCK_M, BLOCK_N,
+                                 NUM_STAGES, CAUSAL)),
+    ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
+
+
+@triton.jit
+def dq_from_accumulator(DQAcc, DQ, softmax_scale, seqlen_q, nheads, stride_acc,
+                        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    """DQ (batch, seqlen_q, nheads, HEAD_DIM), contiguous, = softmax_scale * the fused kernel's float32 dQ^T
+    accumulator, (batch, nheads, HEAD_DIM, stride_acc) contiguous, rounded to DQ's type: BLOCK_M query rows of one
+    (batch, head) a program."""
+    batch_head = tl.program_id(1)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, HEAD_DIM)
+    mask = (rows < seqlen_q)[:, None]
+    acc = tl.load(DQAcc + (batch_head.to(tl.int64) * HEAD_DIM + cols[None, :]) * stride_acc + rows[:, None],
+                  mask=mask)
+    batch = batch_head // nheads
+    head = batch_head % nheads
+    tokens = (batch.to(tl.int64) * seqlen_q + rows) * nheads + head
+    tl.store(DQ + tokens[:, None] * HEAD_DIM + cols[None, :], (acc * softmax_scale).to(DQ.dtype.element_ty),
+             mask=mask)
