@@ -186,14 +186,14 @@ _FUSED_DQ = TileConfig(64, 128, 8, 2, hopper=True, key_slices=True)
 HOPPER_DKDV_DQ = PhaseTable({}, hopper={(128, False): _FUSED_DQ, (128, True): _FUSED_DQ},
                             hopper_from={(128, False): 1024, (128, True): 2048})
 TABLES = {("hopper", "forward"): HOPPER_FORWARD, ("hopper", "dkdv"): HOPPER_DKDV, ("hopper", "dq"): HOPPER_DQ,
-          ("hopper", "dkdv_dq"): HOPPER_DKDV_DQ,
-          ("hopper", "forward_fp8"): HOPPER_FORWARD_FP8, ("portable", "forward"): PORTABLE_FORWARD,
-          ("portable", "dkdv"): PORTABLE_DKDV, ("portable", "dq"): PORTABLE_DQ,
-          ("portable", "forward_fp8"): PORTABLE_FORWARD_FP8}
+          ("hopper", "dkdv_dq"): HOPPER_DKDV_DQ, ("hopper", "forward_fp8"): HOPPER_FORWARD_FP8,
+          ("portable", "forward"): PORTABLE_FORWARD, ("portable", "dkdv"): PORTABLE_DKDV,
+          ("portable", "dq"): PORTABLE_DQ, ("portable", "forward_fp8"): PORTABLE_FORWARD_FP8}
 QUANTIZE_TILES = {32: (64, 32, 4, 1), 64: (64, 64, 4, 1), 128: (64, 128, 4, 1), 256: (64, 64, 8, 1)}  # see fp8.md
 # the quantizer's one pass by width: (largest group, padded to a power of 2; rows of S a step, warps, stages)
 QUANTIZE_ONE_PASS_TILES = {32: (8, 32, 16, 1), 64: (4, 64, 16, 1), 128: (2, 64, 16, 2), 256: (1, 64, 16, 2)}
 TRANSPOSE_V_TILE = (64, 4)  # the FP8 forward's V^T copy (launch/forward_fp8.py): keys a program, warps
+DQ_CONVERSION_ROWS = 64  # query rows a program of the fused backward's dQ pass (float32 -> dq: bandwidth-bound)
 
 
 def delta_rows(interpret: bool) -> int:
