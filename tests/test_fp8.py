@@ -2,7 +2,9 @@
 inputs, and the Triton kernel (the interpreter on tiny shapes, the GPU on awkward ones) within the FP8 rule
 (``testing.assert_fp8_within_rule``: at most twice the error of the emulated kernel arithmetic)."""
 
+import inspect
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -450,6 +452,35 @@ def test_transposed_v_dense_and_packed(triton_backend):
     assert torch.equal(transposed_v(v).view(torch.uint8), v.view(torch.uint8).permute(0, 2, 3, 1))
     packed = v[:, :, :, :64].reshape(154, 3, 64)  # a copy: the head dim's rows are strided
     assert torch.equal(transposed_v(packed[::2]).view(torch.uint8), packed[::2].view(torch.uint8).permute(1, 2, 0))
+
+
+def test_the_v_transpose_writes_the_v_t_that_a_launch_plan_replays(triton_backend, monkeypatch):
+    """The FP8 forward's launches, recorded (no kernel runs) and planned (``plans._Recording.plan``): the attention
+    kernel reads V^T from the slot that the V^T copy writes. A uint8 view of V^T passed to the copy had no ``_base``,
+    so the plan allocated it apart, and a replay's attention read a V^T that nothing wrote."""
+    from flashattn.launch import forward_fp8, plans
+    from flashattn.options import AttentionOptions
+
+    recording = plans._Recording(stream=None, device_index=0)
+
+    def record(kernel, grid, *args, **kwargs):
+        signature = inspect.signature(kernel.fn)
+        bound = signature.bind(*args, **{k: v for k, v in kwargs.items() if k in signature.parameters})
+        bound.apply_defaults()
+        compiled = SimpleNamespace(run=None, metadata=SimpleNamespace(global_scratch_size=0))
+        recording.launches.append((compiled, (*grid, 1, 1)[:3], list(bound.arguments.values()), False))
+
+    monkeypatch.setattr(forward_fp8, "launch", record)
+    for head_dim in (64, 96):  # the Gluon kernel where it fits (sm90), the Triton one
+        recording.launches.clear()
+        q, k, v = (torch.randn(1, 40, 2, head_dim, device=triton_backend).to(torch.float8_e4m3fn) for _ in range(3))
+        inputs = (q, k, v, *fp8.canonical_descales((None, None, None), 1, 2, q.device))
+        result = forward_fp8.launch_forward_fp8(q, k, v, inputs[3:], AttentionOptions(0.125, -1, -1, 0.0))
+        plan = recording.plan(inputs, result, None, None)
+        copy, attention = plan.steps
+        written = dict(copy.tensor_slots)[1]
+        assert written >= len(inputs)
+        assert written in [slot for _, slot in attention.tensor_slots] + [d[1] for d in attention.descriptor_slots]
 
 
 def needs_hopper():

@@ -92,6 +92,39 @@ def test_a_replayed_call_computes_exactly_what_the_call_computes(case, monkeypat
         assert torch.equal(got, want), f"{name} differs from the call's own path"
 
 
+# (head_dim, seqlen_q, seqlen_k, causal, granularity, softcap): the Gluon kernel (hdim 64, 128, 256; keys not a
+# multiple of V^T's 32-key rows) and the Triton one (hdim 96, or a softcap)
+FP8_CASES = [(128, 200, 113, True, "block", 0.0), (256, 130, 300, False, "head", 0.0),
+             (64, 64, 64, False, "block", 0.0), (96, 77, 150, True, "block", 0.0), (128, 100, 100, False, "head", 30.0)]
+
+
+@pytest.mark.parametrize("head_dim,seqlen_q,seqlen_k,causal,granularity,softcap", FP8_CASES, ids=str)
+def test_a_replayed_fp8_call_computes_exactly_what_the_call_computes(head_dim, seqlen_q, seqlen_k, causal,
+                                                                     granularity, softcap, monkeypatch, replays):
+    """The FP8 forward's plan (its V^T copy, a new tensor that the attention kernel reads); V^T's rows are allocated
+    from NaN-filled blocks, so a key that the copy leaves unwritten shows. A fixed seed: the quantizer's rotation
+    draws new signs on every call without one."""
+    from flashattn import fp8
+
+    def call(inputs):
+        x = fp8.quantize(*inputs[:3], seed=0, granularity=granularity)
+        return flash_attn_func(*x[:3], q_descale=x.q_descale, k_descale=x.k_descale, v_descale=x.v_descale,
+                               causal=causal, softcap=softcap)
+
+    first, second = (_inputs(torch.bfloat16, 2, seqlen_q, seqlen_k, 4, 2, head_dim, seed=s) for s in (5, 6))
+    with own_path(monkeypatch):
+        expected = call(second)
+    call(first)
+    assert not replays
+    _poison_allocator([expected])
+    vt_bytes = 2 * 2 * head_dim * -(-seqlen_k // 32) * 32  # (batch, nheads_k, head_dim, keys rounded up to 32)
+    blocks = [torch.full((vt_bytes,), 0x7F, dtype=torch.uint8, device="cuda") for _ in range(2)]  # 0x7F: e4m3's NaN
+    del blocks
+    got = call(second)
+    assert len(replays) == 1, "the FP8 forward is replayed"
+    assert torch.equal(got, expected)
+
+
 def test_calls_with_dropout_alibi_or_a_strided_last_dimension_take_their_own_path(replays):
     q, k, v, dout = _inputs(torch.bfloat16, 1, 64, 64, 2, 2, 64, seed=3)
     slopes = torch.rand(2, device="cuda", dtype=torch.float32)

@@ -198,6 +198,11 @@ def test_calls_a_replay_could_not_reproduce_get_no_plan():
     assert _recorded((compiled, (1, 1, 1), [q[1:]], False)).plan((q,), (q,), None, None) is None
     # a new tensor in the result that no kernel wrote (a zeros or a copy, made outside the launches)
     assert _recorded((compiled, (1, 1, 1), [q, written], False)).plan((q,), (torch.zeros(3),), None, None) is None
+    # a new tensor that a kernel sees through a dtype view (no _base) and another as itself: a replay would allocate
+    # the two apart, and the reader's would be unwritten
+    vt = torch.empty(4, dtype=torch.float8_e4m3fn)
+    assert _recorded((compiled, (1, 1, 1), [q, vt.view(torch.uint8)], False),
+                     (compiled, (1, 1, 1), [vt, written], False)).plan((q,), (written,), None, None) is None
     # a launch that went around the recorder, and a call with no launch at all
     assert _recorded((compiled, (1, 1, 1), [q], False), complete=False).plan((q,), (q,), None, None) is None
     assert _recorded().plan((q,), (q,), None, None) is None

@@ -18,7 +18,9 @@ import torch
 from . import cpu, validation
 from .backend import backend_for_cpu_tensors, backend_override
 from .fp8 import canonical_descales, dequantize
+from .launch import plans
 from .launch.forward_fp8 import launch_forward_fp8
+from .ops import eager_call
 from .options import AttentionOptions
 
 
@@ -59,7 +61,13 @@ def _fp8_attention_forward_cuda(q, k, v, q_descale, k_descale, v_descale, softma
     opts = _options(softmax_scale, window_left, window_right, softcap)
     if backend_override() == "torch":
         return _dense_torch(q, k, v, q_descale, k_descale, v_descale, opts)
-    return launch_forward_fp8(q, k, v, (q_descale, k_descale, v_descale), opts)
+    inputs = (q, k, v, q_descale, k_descale, v_descale)
+
+    def call():
+        return launch_forward_fp8(q, k, v, inputs[3:], opts)
+
+    # a launch plan skips the tile choice, the descriptors and the arguments' binding: most of a short call's time
+    return plans.planned("fp8_forward", inputs, opts, call) if plans.plannable(inputs) else call()
 
 
 @fp8_attention_forward.register_fake
@@ -161,8 +169,9 @@ def _fp8_varlen_attention_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_
 def dense(q, k, v, q_descale, k_descale, v_descale, opts: AttentionOptions):
     batch, nheads_k = q.shape[0], k.shape[2]
     descales = canonical_descales((q_descale, k_descale, v_descale), batch, nheads_k, q.device)
-    return fp8_attention_forward(q, k, v, *descales, opts.softmax_scale, opts.window_left, opts.window_right,
-                                 opts.softcap)
+    # eager CUDA calls skip the op's dispatch (tens of microseconds of a short call's host time)
+    return eager_call(fp8_attention_forward, _fp8_attention_forward_cuda, q, k, v, *descales, opts.softmax_scale,
+                      opts.window_left, opts.window_right, opts.softcap)
 
 
 def _per_head(descale, batch: int, nheads_k: int, device: torch.device) -> torch.Tensor:
@@ -173,9 +182,9 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k:
            v_descale, opts: AttentionOptions, block_table=None):
     batch, nheads_k = cu_seqlens_q.shape[0] - 1, k.shape[-2]
     descales = (_per_head(d, batch, nheads_k, q.device) for d in (q_descale, k_descale, v_descale))
-    return fp8_varlen_attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *descales,
-                                        opts.softmax_scale, opts.window_left, opts.window_right, opts.softcap,
-                                        block_table)
+    return eager_call(fp8_varlen_attention_forward, _fp8_varlen_attention_forward_cuda, q, k, v, cu_seqlens_q,
+                      cu_seqlens_k, max_seqlen_q, max_seqlen_k, *descales, opts.softmax_scale, opts.window_left,
+                      opts.window_right, opts.softcap, block_table)
 
 
 def kvcache(q, k_cache, v_cache, k, v, q_descale, k_descale, v_descale, attend):

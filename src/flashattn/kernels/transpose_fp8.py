@@ -5,7 +5,9 @@ One program copies BLOCK_N key positions of one (batch, kv head): it gathers the
 contiguous bytes), transposes the tile in registers and writes BLOCK_N contiguous bytes per head-dim row. With
 ``PERMUTE`` (the Gluon kernel's layout) position k of each 32 holds key 16 k4 + 8 k1 + 4 k3 + 2 k2 + k0, the order of
 the kernel's P operand (``forward_fp8_hopper._p_operand``); keys past ``seqlen`` are written as zeros, so the
-padding up to the output's width takes no separate pass. The bytes are copied as uint8: the interpreter has no fp8.
+padding up to the output's width takes no separate pass. V and VT come in their own dtype (e4m3), and the
+kernel copies their bytes as uint8: a copy needs no float8 arithmetic (the interpreter has none), and the launch
+passes the tensors themselves, which a launch plan can slot (``launch.plans``), not dtype views of them.
 """
 
 import triton
@@ -18,6 +20,7 @@ def transpose_v_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PERMUTE: tl.constexpr,
 ):
     """VT[b, h, d, p] = V[b, key(p), h, d] for p < ``width`` (0 where key(p) >= seqlen)."""
+    V, VT = V.to(tl.pointer_type(tl.uint8)), VT.to(tl.pointer_type(tl.uint8))  # bytes: no float8 arithmetic
     block, head, batch = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     pos = block * BLOCK_N + tl.arange(0, BLOCK_N)
     if PERMUTE:

@@ -124,10 +124,11 @@ def _copy_transposed(v: torch.Tensor, width: int, permute: bool) -> torch.Tensor
     vt = torch.empty(batch, nheads_k, head_dim, width, dtype=v.dtype, device=v.device)
     if vt.numel() == 0:
         return vt
-    source, target = v.view(torch.uint8), vt.view(torch.uint8)  # e4m3 as bytes: the interpreter has no fp8
     block_n, warps = configs.TRANSPOSE_V_TILE
-    launch(transpose_v_kernel, (cdiv(width, block_n), nheads_k, batch), source, target, keys, width,
-           *source.stride(), *target.stride()[:3], HEAD_DIM=head_dim, BLOCK_D=configs.padded_head_dim(head_dim),
+    # v and vt themselves (the kernel copies bytes): a launch plan slots each tensor it is passed, and a uint8 view of
+    # vt would be a second new tensor (a dtype view has no _base), which no plan can tie to vt
+    launch(transpose_v_kernel, (cdiv(width, block_n), nheads_k, batch), v, vt, keys, width,
+           *v.stride(), *vt.stride()[:3], HEAD_DIM=head_dim, BLOCK_D=configs.padded_head_dim(head_dim),
            BLOCK_N=block_n, PERMUTE=permute, num_warps=warps)
     return vt
 

@@ -233,8 +233,9 @@ def record_or_replay(key, inputs: tuple, call, fork=None, allocator=None):
     that is, the inputs' shapes, strides, dtypes, device and 16-byte alignment, the options, and every switch the
     call reads; the call's new tensors are ``torch.empty`` ones that its kernels write in full (a replay allocates
     them uninitialized) or made by :func:`zeros`, and it launches its second-stream work inside
-    ``fork(device).first()``. The first call of a key runs ``call`` and records its launches; a call that makes a view
-    of its inputs, or returns a new tensor that no kernel writes, is never replayed.
+    ``fork(device).first()``. The first call of a key runs ``call`` and records its launches; a call that passes a
+    kernel a view of its inputs or of a new tensor (a dtype view too), or returns a new tensor that no kernel writes,
+    is never replayed.
 
     Which inputs are one tensor is part of the key: a plan maps each argument to the slot of the input it was, so a
     plan recorded on ``(x, x, x)`` would pass the last input three times to a call with three tensors."""
@@ -298,9 +299,14 @@ class _Recording:
             slot = slots.get(id(x))
             if slot is not None:
                 return slot
-            # a new tensor: its own storage (not a view of an input) that a kernel writes, or an empty one
-            if x._base is not None or x.untyped_storage().data_ptr() in storages or not (written or x.numel() == 0):
+            # a new tensor: its own storage that a kernel writes, or an empty one. Not a view, nor a tensor on the
+            # storage of an input or of another new tensor: a dtype view (``x.view(torch.uint8)``) has no _base,
+            # and a replay would allocate it apart from the tensor it views
+            storage = x.untyped_storage().data_ptr()
+            if x._base is not None or storage in storages or not (written or x.numel() == 0):
                 return None
+            if x.numel():
+                storages.add(storage)
             allocations.append((x.size(), x.stride(), x.dtype, x.device, id(x) in self.zeroed))
             slots[id(x)] = slot = len(inputs) + len(allocations) - 1
             return slot
