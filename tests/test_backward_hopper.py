@@ -192,13 +192,15 @@ def test_fused_dq_tile_stays_two_passes_at_hdim_256_or_under_a_forced_dkdv_tile(
                                 flash_attn_func)
 
 
-def test_table_fuses_dq_at_hdim_128():
+def test_table_fuses_dq_at_hdim_64_and_128():
     def fused(head_dim, causal, seqlen):
         return configs.lookup("hopper", "dkdv_dq", head_dim, causal, torch.bfloat16, seqlen=seqlen, hopper=True)
 
     assert fused(128, False, 1024) == fused(128, True, 2048) == FUSED_DQ
-    assert fused(128, False, 512) is None and fused(128, True, 1024) is None
-    assert fused(64, False, 4096) is None and fused(256, True, 4096) is None
+    assert fused(64, False, 1024) == fused(64, True, 2048) == FUSED_DQ_64
+    for head_dim in (64, 128):
+        assert fused(head_dim, False, 512) is None and fused(head_dim, True, 1024) is None
+    assert fused(256, False, 4096) is None and fused(256, True, 4096) is None
     q = torch.empty(1, 4096, 2, 128, dtype=torch.bfloat16)
     assert launch_backward.fused_dq_config(q, False, AttentionOptions(0.1), 4096) is None
     with configs.use_config("dkdv_dq", FUSED_DQ):
