@@ -218,19 +218,20 @@ def test_table_fuses_dq_at_hdim_64_and_128():
         assert entry.key_slices and entry.block_m == rows
 
 
-@pytest.mark.parametrize(("seqlen_q", "head_dim"), [(1, 64), (7, 128), (64, 64), (130, 128)])
-def test_dq_accumulator_and_its_conversion(seqlen_q, head_dim, triton_backend):
+def test_dq_accumulator_and_its_conversion(triton_backend):
     """The fused kernel's dQ^T accumulator: its rows padded to 4 floats (TMA's 16-byte stride), its descriptor 64 of
     a head's rows (a consumer's tile: half of hdim 128, all of hdim 64) by a query block, and the pass back to dq
     (transposed, scaled, rounded) on the GPU or under the interpreter, in float16 (the interpreter's bfloat16
-    rounding is not round-to-nearest-even)."""
-    q = torch.empty(2, seqlen_q, 3, head_dim, dtype=torch.float16, device=triton_backend)
-    acc = launch_backward.dq_accumulator(q)
-    assert acc.shape == (2, 3, head_dim, -(-seqlen_q // 4) * 4) and not acc.any()
-    desc = launch_backward.dq_accumulator_descriptor(acc, seqlen_q, 32)
-    assert list(desc.shape) == [2 * 3 * head_dim, seqlen_q] and list(desc.strides) == [acc.stride(2), 1]
-    assert list(desc.block_shape) == [64, 32]
-    acc.normal_()
-    dq = torch.empty_like(q)
-    launch_backward._dq_from_accumulator(acc, dq, AttentionOptions(0.125))
-    assert torch.equal(dq, (acc[..., :seqlen_q].permute(0, 3, 1, 2) * 0.125).half())
+    rounding is not round-to-nearest-even): one query (padded to 4) at hdim 64, and 130 (three 64-row blocks, the
+    last partial) at hdim 128."""
+    for seqlen_q, head_dim in ((1, 64), (130, 128)):
+        q = torch.empty(2, seqlen_q, 3, head_dim, dtype=torch.float16, device=triton_backend)
+        acc = launch_backward.dq_accumulator(q)
+        assert acc.shape == (2, 3, head_dim, -(-seqlen_q // 4) * 4) and not acc.any()
+        desc = launch_backward.dq_accumulator_descriptor(acc, seqlen_q, 64)
+        assert list(desc.shape) == [2 * 3 * head_dim, seqlen_q] and list(desc.strides) == [acc.stride(2), 1]
+        assert list(desc.block_shape) == [64, 64]
+        acc.normal_()
+        dq = torch.empty_like(q)
+        launch_backward._dq_from_accumulator(acc, dq, AttentionOptions(0.125))
+        assert torch.equal(dq, (acc[..., :seqlen_q].permute(0, 3, 1, 2) * 0.125).half())
