@@ -196,8 +196,8 @@ def test_kvcache_appends_e4m3_and_attends(torch_backend):
 
 
 # Block descales take the one-pass kernel where a block's rotated rows fit its registers (launch.quantize_fp8.one_pass):
-# q's group of 2 at hdim 128, of 3 (padded to 4) at hdim 40, k and v (group 1) at every width; q's group of 4 at hdim
-# 96 and of 2 at hdim 256 take the two passes, as per-head descales do
+# q's group of 2 at hdim 128, of 3 (padded to 4) at hdim 40, k and v (group 1) at every width (64 by hdim 40's
+# padding); q's group of 2 at hdim 256 takes the two passes, as per-head descales do (the GPU test below covers more)
 @pytest.mark.interpreter
 @pytest.mark.parametrize("shape,granularity,hadamard", [
     ((1, 140, 20, 4, 2, 128), "block", True),
@@ -205,10 +205,7 @@ def test_kvcache_appends_e4m3_and_attends(torch_backend):
     ((1, 130, 3, 1, 1, 256), "block", False),
     ((2, 5, 9, 4, 1, 40), "head", True),
     ((2, 150, 70, 6, 2, 40), "block", True),
-    ((1, 200, 131, 2, 2, 64), "block", True),
-    ((1, 129, 250, 4, 1, 96), "block", True),
     ((1, 257, 100, 2, 1, 256), "block", True),
-    ((1, 100, 140, 2, 1, 128), "block", False),
 ], ids=str)
 def test_quantizer_kernels_match_the_pytorch_quantizer(triton_backend, monkeypatch, shape, granularity, hadamard):
     """16-bit dense inputs take the quantizer's kernels (one pass or two): the PyTorch quantizer's bytes and
