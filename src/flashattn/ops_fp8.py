@@ -19,7 +19,6 @@ from . import cpu, validation
 from .backend import backend_for_cpu_tensors, backend_override
 from .fp8 import canonical_descales, dequantize
 from .launch.forward_fp8 import launch_forward_fp8
-from .ops import eager_call
 from .options import AttentionOptions
 
 
@@ -162,9 +161,8 @@ def _fp8_varlen_attention_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_
 def dense(q, k, v, q_descale, k_descale, v_descale, opts: AttentionOptions):
     batch, nheads_k = q.shape[0], k.shape[2]
     descales = canonical_descales((q_descale, k_descale, v_descale), batch, nheads_k, q.device)
-    # eager CUDA calls skip the op's dispatch (tens of microseconds of a short call's host time)
-    return eager_call(fp8_attention_forward, _fp8_attention_forward_cuda, q, k, v, *descales, opts.softmax_scale,
-                      opts.window_left, opts.window_right, opts.softcap)
+    return fp8_attention_forward(q, k, v, *descales, opts.softmax_scale, opts.window_left, opts.window_right,
+                                 opts.softcap)
 
 
 def _per_head(descale, batch: int, nheads_k: int, device: torch.device) -> torch.Tensor:
@@ -175,9 +173,9 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k:
            v_descale, opts: AttentionOptions, block_table=None):
     batch, nheads_k = cu_seqlens_q.shape[0] - 1, k.shape[-2]
     descales = (_per_head(d, batch, nheads_k, q.device) for d in (q_descale, k_descale, v_descale))
-    return eager_call(fp8_varlen_attention_forward, _fp8_varlen_attention_forward_cuda, q, k, v, cu_seqlens_q,
-                      cu_seqlens_k, max_seqlen_q, max_seqlen_k, *descales, opts.softmax_scale, opts.window_left,
-                      opts.window_right, opts.softcap, block_table)
+    return fp8_varlen_attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *descales,
+                                        opts.softmax_scale, opts.window_left, opts.window_right, opts.softcap,
+                                        block_table)
 
 
 def kvcache(q, k_cache, v_cache, k, v, q_descale, k_descale, v_descale, attend):
