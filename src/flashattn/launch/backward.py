@@ -164,7 +164,7 @@ def _dq_from_accumulator(dq_acc: torch.Tensor, dq: torch.Tensor, opts: Attention
     from ..kernels.backward_fused_dq import dq_from_accumulator
 
     batch, seqlen_q, nheads, head_dim = dq.shape
-    block = 64
+    block = configs.DQ_CONVERSION_ROWS
     launch(dq_from_accumulator, (cdiv(seqlen_q, block), batch * nheads), dq_acc, dq, opts.softmax_scale, seqlen_q,
            nheads, dq_acc.stride(2), HEAD_DIM=head_dim, BLOCK_M=block, num_warps=4)
 
@@ -254,6 +254,13 @@ def launch_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Atte
     shorter = min(layout.grid_q, layout.grid_k)
     fits_hopper_dq = hopper_dq_fits(q, k, v, dout, lse, opts, alibi_slopes, attn_mask)
     fits_hopper = packing is None and fits_hopper_dq  # the Hopper dK/dV takes dense batches only
+    fused_config = fused_dq_config(q, fits_hopper, opts, shorter)
+    if fused_config is not None:
+        # one pass: dQ^T summed in float32 by the dK/dV kernel, then transposed, scaled and rounded
+        dq_acc = dq_accumulator(q)
+        _hopper_dkdv(q, k, v, dout, lse, delta, dk, dv, opts, fused_config, dq_acc)
+        _dq_from_accumulator(dq_acc, dq, opts)
+        return dq, dk, dv, q.new_empty(0)
     dkdv_config = dkdv_compilable(
         configs.tile_config("dkdv", head_dim, masked, q.dtype, q.device, interpret, attn_mask=has_mask,
                             seqlen=shorter, hopper=fits_hopper), layout.lengths[0])
@@ -266,13 +273,6 @@ def launch_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: Atte
     # memory (H200)
     half = q.dtype != torch.float32
     dq_tma = tma_loads(dq_config.tma and half, k, v)
-    fused_config = fused_dq_config(q, fits_hopper, opts, shorter)
-    if fused_config is not None:
-        # one pass: dQ^T summed in float32 by the dK/dV kernel, then transposed, scaled and rounded
-        dq_acc = dq_accumulator(q)
-        _hopper_dkdv(q, k, v, dout, lse, delta, dk, dv, opts, fused_config, dq_acc)
-        _dq_from_accumulator(dq_acc, dq, opts)
-        return dq, dk, dv, q.new_empty(0)
     # dK/dV and dQ both read only the inputs and delta, so they may run side by side
     gradient_streams = GradientStreams(q.device) if _gradient_streams_pay(q, layout, nheads_k, opts) else None
     with gradient_streams.first() if gradient_streams else contextlib.nullcontext():
