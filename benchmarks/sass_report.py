@@ -315,13 +315,13 @@ def hopper_dkdv_report(head_dim: int, causal: bool, config, fused: bool = False)
     ``ptx_reductions`` counts its PTX's TMA reductions and global red/atom instructions)."""
     import torch
 
-    from flashattn.launch.backward import hopper_dkdv_constexprs, hopper_dkdv_kernel
+    from flashattn.launch.backward import FUSED_DQ_ROWS, hopper_dkdv_constexprs, hopper_dkdv_kernel
     from flashattn.launch.common import tile_layout
 
     fused_dq = config.key_slices and fused
     kernel, keys = hopper_dkdv_kernel(config, fused_dq)
-    dq_rows = head_dim // 2  # a consumer's half of dQ^T
-    dq_desc = f"tensordesc<fp32[{dq_rows}, {config.block_m}],{tile_layout(dq_rows, config.block_m, torch.float32)!r}>"
+    dq_layout = tile_layout(FUSED_DQ_ROWS, config.block_m, torch.float32)
+    dq_desc = f"tensordesc<fp32[{FUSED_DQ_ROWS}, {config.block_m}],{dq_layout!r}>"
     signature = dict(q_desc=_bf16_descriptor(config.block_m, head_dim),
                      k_desc=_bf16_descriptor(keys, head_dim),
                      v_desc=_bf16_descriptor(keys, head_dim),

@@ -117,13 +117,19 @@ def test_table_takes_the_hopper_dkdv_where_it_fits(head_dim, dtype, expect_launc
         check_against_reference(case, dtype, "cuda", flash_attn_func)
 
 
-# dQ fused into the key-slice dK/dV kernel (kernels/backward_fused_dq.py) at hdim 128: float32 dQ^T tiles added by
-# TMA reductions, then a pass that transposes, scales and rounds; the table's choice (phase "dkdv_dq") for
-# non-deterministic calls from 1k tokens (causal: 2k), forced here at every length
+# dQ fused into the key-slice dK/dV kernel (kernels/backward_fused_dq.py) at hdim 64 and 128: float32 dQ^T tiles
+# added by TMA reductions, then a pass that transposes, scales and rounds; the table's choice (phase "dkdv_dq") for
+# non-deterministic calls from 1k tokens (causal: 2k), forced here at every length. At hdim 64 the consumers take dQ^T
+# in turns, block by block: odd block counts (1, 113 -> 2 blocks, 257 -> 5, 700 -> 11) and GQA groups among the shapes
 FUSED_DQ = configs.TileConfig(64, 128, 8, 2, hopper=True, key_slices=True)
+FUSED_DQ_64 = configs.TileConfig(64, 128, 8, 3, hopper=True, key_slices=True)
+FUSED_DQ_TILES = {64: FUSED_DQ_64, 128: FUSED_DQ}
 FUSED_DQ_SHAPES = [(2, 1023, 1023, 4, 1, 128), (1, 113, 203, 4, 2, 128), (1, 113, 113, 2, 2, 128),
                    (1, 4096, 4096, 2, 2, 128), (1, 4096, 4096, 4, 1, 128), (2, 257, 1000, 2, 2, 128),
-                   (2, 1023, 777, 4, 2, 128), (1, 700, 300, 2, 2, 128), (1, 1, 300, 2, 2, 128)]
+                   (2, 1023, 777, 4, 2, 128), (1, 700, 300, 2, 2, 128), (1, 1, 300, 2, 2, 128),
+                   (2, 1023, 1023, 4, 1, 64), (1, 113, 203, 4, 2, 64), (1, 113, 113, 2, 2, 64),
+                   (1, 4096, 4096, 2, 2, 64), (1, 4096, 4096, 8, 2, 64), (2, 257, 1000, 2, 2, 64),
+                   (3, 1023, 777, 4, 2, 64), (1, 700, 300, 2, 2, 64), (1, 1, 300, 2, 2, 64)]
 
 
 def fused_dq_passes(monkeypatch, expect_fused: bool, tile: configs.TileConfig | None = FUSED_DQ):
@@ -136,16 +142,17 @@ def fused_dq_passes(monkeypatch, expect_fused: bool, tile: configs.TileConfig | 
 @pytest.mark.parametrize("option", ["plain", "causal"])
 @pytest.mark.parametrize("shape", FUSED_DQ_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_fused_dq_matches_reference(shape, option, monkeypatch):
-    with fused_dq_passes(monkeypatch, True):
+    with fused_dq_passes(monkeypatch, True, FUSED_DQ_TILES[shape[-1]]):
         check_against_reference(make_case(shape, option, "cuda"), torch.bfloat16, "cuda", flash_attn_func)
 
 
 @pytest.mark.gpu
 @hopper
-def test_fused_dq_fp16_and_scale(monkeypatch):
-    case = make_case((2, 333, 517, 4, 2, 128), "causal", "cuda")
+@pytest.mark.parametrize(("head_dim", "stages"), [(128, 2), (64, 3), (64, 2)])
+def test_fused_dq_fp16_and_scale(head_dim, stages, monkeypatch):
+    case = make_case((2, 333, 517, 4, 2, head_dim), "causal", "cuda")
     case.options["softmax_scale"] = 0.05
-    with fused_dq_passes(monkeypatch, True):
+    with fused_dq_passes(monkeypatch, True, configs.TileConfig(64, 128, 8, stages, hopper=True, key_slices=True)):
         check_against_reference(case, torch.float16, "cuda", flash_attn_func)
 
 
@@ -173,11 +180,12 @@ def test_deterministic_backward_keeps_two_passes_and_repeats(head_dim, causal, m
 
 @pytest.mark.gpu
 @hopper
-def test_fused_dq_tile_stays_two_passes_at_hdim_64_or_under_a_forced_dkdv_tile(monkeypatch):
-    """The fused kernel splits a head dim of 128 between its consumers: at hdim 64 a forced fused tile runs the two
-    passes; so does a forced dK/dV tile (what the sweeps time) at hdim 128, where the table would fuse."""
+def test_fused_dq_tile_stays_two_passes_at_hdim_256_or_under_a_forced_dkdv_tile(monkeypatch):
+    """The fused kernel computes dQ^T in row blocks of 64 head dims, at hdim 64 and 128: at hdim 256 a forced fused
+    tile runs the two passes; so does a forced dK/dV tile (what the sweeps time) at hdim 128, where the table would
+    fuse."""
     with fused_dq_passes(monkeypatch, False):
-        check_against_reference(make_case((1, 700, 300, 2, 2, 64), "plain", "cuda"), torch.bfloat16, "cuda",
+        check_against_reference(make_case((1, 700, 300, 2, 2, 256), "plain", "cuda"), torch.bfloat16, "cuda",
                                 flash_attn_func)
     two_pass = configs.lookup("hopper", "dkdv", 128, False, torch.bfloat16, seqlen=4096, hopper=True)
     with forced_ws_dkdv(two_pass, monkeypatch), fused_dq_passes(monkeypatch, False, tile=None):
@@ -185,13 +193,15 @@ def test_fused_dq_tile_stays_two_passes_at_hdim_64_or_under_a_forced_dkdv_tile(m
                                 flash_attn_func)
 
 
-def test_table_fuses_dq_at_hdim_128():
+def test_table_fuses_dq_at_hdim_64_and_128():
     def fused(head_dim, causal, seqlen):
         return configs.lookup("hopper", "dkdv_dq", head_dim, causal, torch.bfloat16, seqlen=seqlen, hopper=True)
 
     assert fused(128, False, 1024) == fused(128, True, 2048) == FUSED_DQ
-    assert fused(128, False, 512) is None and fused(128, True, 1024) is None
-    assert fused(64, False, 4096) is None and fused(256, True, 4096) is None
+    assert fused(64, False, 1024) == fused(64, True, 2048) == FUSED_DQ_64
+    for head_dim in (64, 128):
+        assert fused(head_dim, False, 512) is None and fused(head_dim, True, 1024) is None
+    assert fused(256, False, 4096) is None and fused(256, True, 4096) is None
     q = torch.empty(1, 4096, 2, 128, dtype=torch.bfloat16)
     assert launch_backward.fused_dq_config(q, False, AttentionOptions(0.1), 4096) is None
     with configs.use_config("dkdv_dq", FUSED_DQ):
@@ -199,6 +209,10 @@ def test_table_fuses_dq_at_hdim_128():
         assert launch_backward.fused_dq_config(q, True, AttentionOptions(0.1, deterministic=True), 4096) is None
         with configs.use_config("dkdv", configs.TileConfig(32, 128, 8, 3, hopper=True, key_slices=True)):
             assert launch_backward.fused_dq_config(q, True, AttentionOptions(0.1), 4096) == FUSED_DQ
+        # the kernel covers hdim 64 too (the consumers' turns), not 256
+        assert launch_backward.fused_dq_config(q[..., :64], True, AttentionOptions(0.1), 4096) == FUSED_DQ
+        q_256 = torch.empty(1, 4096, 2, 256, dtype=torch.bfloat16)
+        assert launch_backward.fused_dq_config(q_256, True, AttentionOptions(0.1), 4096) is None
     # the two passes' tiles are the key slices' 32 rows at hdim 128, 64 at hdim 64
     for head_dim, rows in ((128, 32), (64, 64)):
         entry = configs.lookup("hopper", "dkdv", head_dim, False, torch.bfloat16, seqlen=4096, hopper=True)
@@ -206,16 +220,17 @@ def test_table_fuses_dq_at_hdim_128():
 
 
 def test_dq_accumulator_and_its_conversion(triton_backend):
-    """The fused kernel's dQ^T accumulator: its rows padded to 4 floats (TMA's 16-byte stride), its descriptor half a
-    head's rows (a consumer's) by a query block, and the pass back to dq (transposed, scaled, rounded) on the GPU or
-    under the interpreter, in float16 (the interpreter's bfloat16 rounding is not round-to-nearest-even): one query
-    (padded to 4), and 130 (three 64-row blocks, the last partial)."""
-    for seqlen_q in (1, 130):
-        q = torch.empty(2, seqlen_q, 3, 128, dtype=torch.float16, device=triton_backend)
+    """The fused kernel's dQ^T accumulator: its rows padded to 4 floats (TMA's 16-byte stride), its descriptor 64 of
+    a head's rows (a consumer's tile: half of hdim 128, all of hdim 64) by a query block, and the pass back to dq
+    (transposed, scaled, rounded) on the GPU or under the interpreter, in float16 (the interpreter's bfloat16
+    rounding is not round-to-nearest-even): one query (padded to 4) at hdim 64, and 130 (three 64-row blocks, the
+    last partial) at hdim 128."""
+    for seqlen_q, head_dim in ((1, 64), (130, 128)):
+        q = torch.empty(2, seqlen_q, 3, head_dim, dtype=torch.float16, device=triton_backend)
         acc = launch_backward.dq_accumulator(q)
-        assert acc.shape == (2, 3, 128, -(-seqlen_q // 4) * 4) and not acc.any()
+        assert acc.shape == (2, 3, head_dim, -(-seqlen_q // 4) * 4) and not acc.any()
         desc = launch_backward.dq_accumulator_descriptor(acc, seqlen_q, 64)
-        assert list(desc.shape) == [2 * 3 * 128, seqlen_q] and list(desc.strides) == [acc.stride(2), 1]
+        assert list(desc.shape) == [2 * 3 * head_dim, seqlen_q] and list(desc.strides) == [acc.stride(2), 1]
         assert list(desc.block_shape) == [64, 64]
         acc.normal_()
         dq = torch.empty_like(q)

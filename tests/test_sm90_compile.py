@@ -69,18 +69,22 @@ def pairs(items: list) -> list[tuple]:
 # Hopper dK/dV tiles outside the table that the sweeps and the GPU tests use: 128 keys a program in both of the
 # kernel's forms (gradient split and key slices), so that a change that breaks their compile shows in CI
 _TILE_128_KEYS = dict(block_n=128, num_warps=8, hopper=True)
+# (in CI the gradient-split form; the key-slice form is the table's hdim-64 build)
 SWEPT_DKDV_TILES = builds({  # name -> (head dim, causal, TileConfig fields)
     "gradient-split 32x128x8x3, hdim 128": (128, False, dict(_TILE_128_KEYS, block_m=32, num_stages=3)),
     "key slices 64x128x8x2, hdim 64 causal": (64, True,
                                               dict(_TILE_128_KEYS, block_m=64, num_stages=2, key_slices=True)),
     "key slices 32x128x8x3, hdim 128": (128, False, dict(_TILE_128_KEYS, block_m=32, num_stages=3, key_slices=True)),
-}, ["gradient-split 32x128x8x3, hdim 128", "key slices 64x128x8x2, hdim 64 causal"])
-# the key-slice kernel's form with dQ fused (kernels/backward_fused_dq.py, head dim 128): the table's tile, in CI, and
-# causal
+}, ["gradient-split 32x128x8x3, hdim 128"])
+# the key-slice kernel's form with dQ fused (kernels/backward_fused_dq.py): the hdim-128 tile (the consumers' head-dim
+# halves) and the hdim-64 ones (dQ^T in turns; 3 stages, and 2), causal or not; in CI one of each head dim
 _FUSED_DQ = dict(_TILE_128_KEYS, block_m=64, num_stages=2, key_slices=True)
 SWEPT_FUSED_DQ_TILES = builds({"fused dQ 64x128x8x2, hdim 128": (128, False, _FUSED_DQ),
-                               "fused dQ 64x128x8x2, hdim 128 causal": (128, True, _FUSED_DQ)},
-                              ["fused dQ 64x128x8x2, hdim 128"])
+                               "fused dQ 64x128x8x2, hdim 128 causal": (128, True, _FUSED_DQ),
+                               "fused dQ 64x128x8x3, hdim 64": (64, False, dict(_FUSED_DQ, num_stages=3)),
+                               "fused dQ 64x128x8x3, hdim 64 causal": (64, True, dict(_FUSED_DQ, num_stages=3)),
+                               "fused dQ 64x128x8x2, hdim 64 causal": (64, True, _FUSED_DQ)},
+                              ["fused dQ 64x128x8x2, hdim 128", "fused dQ 64x128x8x3, hdim 64 causal"])
 # and Hopper dQ tiles outside the table: three consumer warpgroups (192 query rows a program), swept at hdim 64
 _THREE_CONSUMERS_DQ = dict(block_m=128, block_n=64, num_warps=8, num_stages=3, hopper=True, three_consumers=True)
 SWEPT_DQ_TILES = builds({"three consumers 128x64x8x3, hdim 64": (64, False, _THREE_CONSUMERS_DQ),
@@ -121,16 +125,19 @@ UNWRITTEN_READS = "ptxas reads a uniform register (a wgmma descriptor?) that a p
 TMA_REDUCTION = "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.bulk_group"
 
 
-def check_dq_reductions(name: str, result: dict) -> None:
+def check_dq_reductions(name: str, result: dict, head_dim: int) -> None:
     """No per-element global reduction in a dK/dV build; the fused dK/dV/dQ kernel adds dQ^T by TMA tile reductions
-    (one a consumer, in its loop), stores nothing to local memory in its loops (with per-element reductions its
-    hdim-128 build spilled about 45 values a block) and fits one SM's shared memory."""
+    (hdim 128: one a consumer, in its loop; hdim 64: one a consumer in its loop of two blocks, and consumer 0's in an
+    odd last block), stores nothing to local memory in its loops (with per-element reductions its hdim-128 build
+    spilled about 45 values a block) and fits one SM's shared memory."""
     reductions = result["ptx_reductions"]
     assert not any(op.startswith(("red.", "atom.")) for op in reductions), f"{name}: {reductions}"
     if "fused dQ" in name or reductions:
-        assert set(reductions) == {TMA_REDUCTION} and reductions[TMA_REDUCTION] == 2, f"{name}: {reductions}"
+        expected = {TMA_REDUCTION: 2 if head_dim == 128 else 3}
+        assert reductions == expected, f"{name}: {reductions}"
+        assert all(loop["UTMAREDG"] == 1 for loop in result["loops"]), f"{name}: {result['loops']}"
         assert result["loop_STL"] == 0, f"{name}: spills in its loops ({result['loops']})"
-        assert result["shared_bytes"] <= 227 * 1024, f"{name}: {result['shared_bytes']} bytes of shared memory"
+        assert result["shared_bytes"] <= HOPPER_SHARED_BYTES, f"{name}: {result['shared_bytes']} B of shared memory"
 
 
 def _compiled(script: str) -> list:
@@ -157,7 +164,7 @@ def test_table_kernels_keep_wgmma_asynchronous(pair):
         assert result["wgmma_serialized"] is None, f"{name}: ptxas serialized the wgmma: {result['wgmma_serialized']}"
         assert result["unwritten_uniform_reads"] == 0, f"{name}: {UNWRITTEN_READS}"
         if phase.startswith("dkdv"):
-            check_dq_reductions(name, result)
+            check_dq_reductions(name, result, head_dim)
 
 
 # One query: Triton makes seqlen_q = 1 a constant, and ptxas died (SIGSEGV) on the peeled causal hdim-64 dK/dV kernel
@@ -190,8 +197,8 @@ def test_swept_hopper_tiles_keep_wgmma_asynchronous(names):
         assert result["HGMMA"] > 0, f"{name}: no wgmma at all"
         assert result["wgmma_serialized"] is None, f"{name}: ptxas serialized the wgmma: {result['wgmma_serialized']}"
         assert result["unwritten_uniform_reads"] == 0, f"{name}: {UNWRITTEN_READS}"
-        if name in SWEPT_DKDV_TILES:
-            check_dq_reductions(name, result)
+        if name in SWEPT_DKDV_TILES or name in SWEPT_FUSED_DQ_TILES:
+            check_dq_reductions(name, result, SWEPT_BUILDS[name][1])
         if name in SWEPT_DQ_TILES:  # 160 registers a consumer thread hold the three-consumer dQ without spills
             assert result["STL"] == 0 and result["LDL"] == 0, f"{name}: spills"
 

@@ -6,14 +6,17 @@ float32 dQ^T accumulator in global memory by TMA reductions (FlashAttention-3's 
 is unordered, so the launcher takes this form only for ``deterministic=False`` calls (``launch.backward``).
 ``dq_from_accumulator`` then transposes, scales and rounds it.
 
-Why dQ^T and not dQ = dS K: dQ^T puts the head dim on wgmma's M, so each consumer's half of it is one 64-row
-block. Both operands come from shared memory: K^T is the K tile read transposed, and dS^T (already in registers,
-16-bit, as dK's operand) is stored once a block.
+Why dQ^T and not dQ = dS K: dQ^T puts the head dim on wgmma's M, so 64 head dims are one row block. Both operands
+come from shared memory: K^T is the K tile read transposed, and dS^T (already in registers, 16-bit, as dK's
+operand) is stored once a block.
 
 The two consumers share dQ^T as FlashAttention-3's do: each stores its 64 keys' rows of dS^T into one 128-key
-buffer, and each computes half of the head dim over all 128 keys (M = 64: hence head dim 128 only). Each keeping a
-partial of its own keys would put twice the float32 through shared memory and into L2's reductions and hold twice
-the registers for dQ^T.
+buffer, and dQ^T is computed over all 128 keys. At head dim 128 each consumer computes one head-dim half of it
+(M = 64) every block. At head dim 64 dQ^T is one row block, and the consumers take it in turns: block i's is
+consumer i % 2's, which waits for the other's rows, the other going on to its next block (64 head dims do not
+split into two wgmma row blocks; each consumer keeping a partial of its own keys would put twice the float32 through
+shared memory and into L2's reductions: 1792 shared-memory cycles per 128 keys x 64 queries against 1536,
+docs/perf-notes.md).
 
 The schedule (``_row_block_partition``) takes 64-row query blocks one at a time (FlashAttention-3's), the other
 consumer's products filling the tensor cores meanwhile; its S^T, dP^T and dQ^T are N = 64 products, which read
@@ -23,10 +26,11 @@ block's lse and delta in shared memory (``_load_with_statistics``): in registers
 spilled.
 
 The result goes from the wgmma registers to a per-consumer shared buffer (64 head-dim rows x BLOCK_M float32, two a
-consumer), and one thread issues the reduction of the tile into the accumulator, (batch, nheads, HEAD_DIM, seqlen_q
-padded to 4) seen as (batch * nheads * HEAD_DIM) rows: TMA drops the tile's columns past seqlen_q.
+consumer at head dim 128, one at 64), and one thread issues the reduction of the tile into the accumulator, (batch,
+nheads, HEAD_DIM, seqlen_q padded to 4) seen as (batch * nheads * HEAD_DIM) rows: TMA drops the tile's columns past
+seqlen_q.
 
-Limits: the key-slice kernel's (dense 16-bit inputs, causal or no mask), at head dim 128.
+Limits: the key-slice kernel's (dense 16-bit inputs, causal or no mask), at head dims 64 and 128.
 """
 
 import triton
@@ -54,6 +58,8 @@ from .backward_hopper import (
     _streamed_buffers,
 )
 from .forward_hopper import register_operand_layout, wgmma_layout
+
+DQ_ROWS = gl.constexpr(64)  # the dQ^T rows (head dims) of one product: a wgmma row block (M = 64)
 
 
 @gluon.jit
@@ -105,15 +111,15 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 
 @gluon.jit
 def _add_dq(dq, dq_smem, dq_desc, batch, head, q_block, nheads, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-            SLICE: gl.constexpr):
-    """This consumer's half of a query block's dQ^T (float32, the wgmma layout) added into the accumulator's tile of
-    (batch, head) by a TMA reduction through ``dq_smem``, whose last reduction the caller has waited for. The tile
-    is the head's rows [SLICE * HEAD_DIM / 2, (SLICE + 1) * HEAD_DIM / 2), and TMA drops its columns past seqlen_q
-    (rows of dS there are 0 in any case)."""
+            FIRST_ROW: gl.constexpr):
+    """This consumer's DQ_ROWS rows of a query block's dQ^T (float32, the wgmma layout) added into the accumulator's
+    tile of (batch, head) by a TMA reduction through ``dq_smem``, whose last reduction the caller has waited for. The
+    tile is the head's rows [FIRST_ROW, FIRST_ROW + DQ_ROWS), and TMA drops its columns past seqlen_q (rows of dS
+    there are 0 in any case)."""
     dq_smem.store(dq)
     fence_async_shared()
     gl.thread_barrier()  # every warp's part is in shared memory before the one thread issues the reduction
-    _tma_reduce_add(dq_desc, [(batch * nheads + head) * HEAD_DIM + SLICE * (HEAD_DIM // 2), q_block * BLOCK_M],
+    _tma_reduce_add(dq_desc, [(batch * nheads + head) * HEAD_DIM + FIRST_ROW, q_block * BLOCK_M],
                     dq_smem)
 
 
@@ -153,31 +159,89 @@ def _load_with_statistics(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_buf
 
 
 @gluon.jit
+def _scores_and_gradients(k_slice, v_slice, q_bufs, do_bufs, stats_bufs, q_ready, do_ready, stats_ready, stage, phase,
+                          s, dp, q_block, seqlen_q, seqlen_k, slice_start, qk_scale_log2, BLOCK_M: gl.constexpr,
+                          CAUSAL: gl.constexpr, s_layout: gl.constexpr, operand: gl.constexpr):
+    """A query block's S^T and dP^T over the slice's keys (into the last block's tiles), then its P^T and dS^T
+    (``_operands``), lse and delta from the stage's shared memory."""
+    columns: gl.constexpr = gl.SliceLayout(0, s_layout)
+    s, dp = _slice_scores(k_slice, v_slice, q_bufs, do_bufs, q_ready, do_ready, stage, phase, s, dp)
+    mbarrier.wait(stats_ready.index(stage), phase)
+    s, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s, dp))
+    # delta read once P^T is computed and lse spent: both, beside S^T, dP^T, dK and dV, spilled
+    p = _probabilities(s, q_block, stats_bufs.index(2 * stage).load(columns), seqlen_q, seqlen_k, slice_start,
+                       qk_scale_log2, BLOCK_M, CAUSAL, s_layout)
+    p_op, ds_op, ds = _operands(p, dp, stats_bufs.index(2 * stage + 1).load(columns), k_slice.dtype, operand)
+    return s, dp, p_op, ds_op, ds
+
+
+@gluon.jit
+def _alternating_block(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready,
+                       stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, stage, phase,
+                       ds_phase, first_q_block, per_head, last_head, seqlen_q, seqlen_k, nheads, slice_start,
+                       qk_scale_log2, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                       SLICE: gl.constexpr, BUFFER: gl.constexpr):
+    """One query block at head dim 64, the block of dS^T buffer ``BUFFER`` (the block's parity): this consumer's dV
+    and dK, and the block's whole dQ^T over the 128 keys where BUFFER == SLICE (after dV and dK, which do not wait for
+    the other consumer's rows of dS^T). Returns the tiles and the walk's position after the block."""
+    HEAD_DIM: gl.constexpr = DQ_ROWS  # this form's head dim: dQ^T is one row block
+    s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
+    k_slice = k_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS)
+    v_slice = v_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS)
+    s, dp, p_op, ds_op, ds = _scores_and_gradients(k_slice, v_slice, q_bufs, do_bufs, stats_bufs, q_ready, do_ready,
+                                                   stats_ready, stage, phase, s, dp, q_block, seqlen_q, seqlen_k,
+                                                   slice_start, qk_scale_log2, BLOCK_M, CAUSAL, s_layout,
+                                                   register_operand_layout(HEAD_DIM))
+    dv = warpgroup_mma(p_op, do_bufs.index(stage), dv, is_async=True)
+    if BUFFER == SLICE:
+        # this consumer's dQ^T buffer was last read by the reduction it issued two blocks ago: the issuing thread
+        # waits for it here, and the barrier before _share_ds's arrive holds every other thread until it has
+        tma.store_wait(0)
+    _share_ds(ds, ds_bufs.index(BUFFER), ds_ready.index(BUFFER), SLICE)
+    dk = warpgroup_mma(ds_op, q_bufs.index(stage), dk, is_async=True)
+    if BUFFER == SLICE:
+        mbarrier.wait(ds_ready.index(BUFFER), ds_phase)
+        dq = warpgroup_mma(k_smem.permute((1, 0)), ds_bufs.index(BUFFER), dq, use_acc=False, is_async=True)
+        # dV and dK complete and the stage is released while dQ^T runs on
+        dv, dk, p_op, ds_op = warpgroup_mma_wait(num_outstanding=1, deps=(dv, dk, p_op, ds_op))
+        mbarrier.arrive(stage_free.index(stage), count=1)
+        dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
+        _add_dq(dq, dq_bufs.index(SLICE), dq_desc, batch, head, q_block, nheads, HEAD_DIM, BLOCK_M, 0)
+    else:
+        dv, dk, p_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, p_op, ds_op))
+        mbarrier.arrive(stage_free.index(stage), count=1)
+    head, q_block = _next_query_block(head, q_block, first_q_block, per_head, last_head)
+    stage = gl.where(stage == NUM_STAGES - 1, 0, stage + 1)
+    phase = gl.where(stage == 0, phase ^ 1, phase)
+    return s, dp, dq, dk, dv, head, q_block, stage, phase
+
+
+@gluon.jit
 def _row_block_partition(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, kv_ready, q_ready,
                          do_ready, stats_ready, stage_free, DK, DV, dq_desc, stride_gb, stride_gm, stride_gh, seqlen_q,
                          seqlen_k, nheads, nheads_k, key_blocks, group_size, softmax_scale, qk_scale_log2,
                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                          NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, SLICE: gl.constexpr):
     """The consumer on 64-row query blocks, one block at a time: a block's S^T and dP^T, its score gradients, then its
-    dV, dQ^T and dK (two blocks' score tiles beside dK and dV would not fit 240 registers at 64 rows). lse and delta
-    come from the stage's shared memory (``_load_with_statistics``).
+    dV, dK and its share of dQ^T (two blocks' score tiles beside dK and dV would not fit 240 registers at 64 rows,
+    head dim 128). lse and delta come from the stage's shared memory (``_load_with_statistics``). Head dim 128: each
+    block, this consumer's head-dim half of dQ^T over the 128 keys. Head dim 64: the whole of dQ^T on the blocks of
+    its parity (block i's is consumer i % 2's), nothing on the others.
 
-    The dS^T ring: block i's rows go to buffer i % 2, and this consumer waits for the other's rows of the same block.
-    Before writing block i's, it has waited (in iteration i-1) for the other's arrive of block i-1, which the other
-    makes after its iteration i-2 completed the product that read buffer (i-2) % 2."""
+    The dS^T ring: block i's rows go to buffer i % 2, and a consumer that computes block i's dQ^T waits for the
+    other's rows. Before writing block i's, each consumer has waited (in iteration i-1) for the other's arrive of
+    block i-1 (head dim 64: or computed block i-2's dQ^T itself), which the other makes after its iteration i-2
+    completed the product that read buffer (i-2) % 2. Head dim 64: the waits alternate, so neither consumer runs
+    more than a block ahead of the other, and no buffer's barrier takes a block's arrive before the last one's."""
     s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
     acc_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     operand: gl.constexpr = register_operand_layout(HEAD_DIM)
-    columns: gl.constexpr = gl.SliceLayout(0, s_layout)
-    dtype: gl.constexpr = k_smem.dtype
-    DQ_ROWS: gl.constexpr = HEAD_DIM // 2
     DS_BUFFERS: gl.constexpr = ds_bufs.shape[0]
     batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(
         seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, BLOCK_N, CAUSAL)
     slice_start = key_start + SLICE * SLICE_KEYS
     k_slice = k_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS)
     v_slice = v_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS)
-    k_half_t = k_smem.slice(SLICE * DQ_ROWS, DQ_ROWS, dim=1).permute((1, 0))
     s = gl.zeros([SLICE_KEYS, BLOCK_M], gl.float32, s_layout)
     dp = gl.zeros([SLICE_KEYS, BLOCK_M], gl.float32, s_layout)
     dq = gl.zeros([DQ_ROWS, BLOCK_M], gl.float32, s_layout)
@@ -189,33 +253,54 @@ def _row_block_partition(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, d
     q_block = first_q_block
     stage = 0
     phase = 0
-    dq_buffer = 0
-    for i in range(iterations):
-        s, dp = _slice_scores(k_slice, v_slice, q_bufs, do_bufs, q_ready, do_ready, stage, phase, s, dp)
-        mbarrier.wait(stats_ready.index(stage), phase)
-        s, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s, dp))
-        # delta read once P^T is computed and lse spent: both, beside S^T, dP^T, dK and dV, spilled
-        p = _probabilities(s, q_block, stats_bufs.index(2 * stage).load(columns), seqlen_q, seqlen_k, slice_start,
-                           qk_scale_log2, BLOCK_M, CAUSAL, s_layout)
-        p_op, ds_op, ds = _operands(p, dp, stats_bufs.index(2 * stage + 1).load(columns), dtype, operand)
-        dv = warpgroup_mma(p_op, do_bufs.index(stage), dv, is_async=True)
-        # this block's dQ^T goes to the buffer whose reduction was issued two blocks ago: the issuing thread waits
-        # for it here, and the barrier before _share_ds's arrive holds every other thread until it has
-        tma.store_wait(1)
-        _share_ds(ds, ds_bufs.index(i % DS_BUFFERS), ds_ready.index(i % DS_BUFFERS), SLICE)
-        mbarrier.wait(ds_ready.index(i % DS_BUFFERS), (i // DS_BUFFERS) & 1)
-        dq = warpgroup_mma(k_half_t, ds_bufs.index(i % DS_BUFFERS), dq, use_acc=False, is_async=True)
-        dk = warpgroup_mma(ds_op, q_bufs.index(stage), dk, is_async=True)
-        # dV and dQ^T complete; dK runs on while dQ^T goes to the accumulator
-        dv, dq, p_op = warpgroup_mma_wait(num_outstanding=1, deps=(dv, dq, p_op))
-        _add_dq(dq, dq_bufs.index(2 * SLICE + dq_buffer), dq_desc, batch, head, q_block, nheads, HEAD_DIM, BLOCK_M,
-                SLICE)
-        dq_buffer = dq_buffer ^ 1
-        dk, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ds_op))
-        mbarrier.arrive(stage_free.index(stage), count=1)
-        head, q_block = _next_query_block(head, q_block, first_q_block, per_head, last_head)
-        stage = gl.where(stage == NUM_STAGES - 1, 0, stage + 1)
-        phase = gl.where(stage == 0, phase ^ 1, phase)
+    if HEAD_DIM == 2 * DQ_ROWS:
+        k_half_t = k_smem.slice(SLICE * DQ_ROWS, DQ_ROWS, dim=1).permute((1, 0))
+        dq_buffer = 0
+        for i in range(iterations):
+            s, dp, p_op, ds_op, ds = _scores_and_gradients(k_slice, v_slice, q_bufs, do_bufs, stats_bufs, q_ready,
+                                                           do_ready, stats_ready, stage, phase, s, dp, q_block,
+                                                           seqlen_q, seqlen_k, slice_start, qk_scale_log2, BLOCK_M,
+                                                           CAUSAL, s_layout, operand)
+            dv = warpgroup_mma(p_op, do_bufs.index(stage), dv, is_async=True)
+            # this block's dQ^T goes to the buffer whose reduction was issued two blocks ago: the issuing thread
+            # waits for it here, and the barrier before _share_ds's arrive holds every other thread until it has
+            tma.store_wait(1)
+            _share_ds(ds, ds_bufs.index(i % DS_BUFFERS), ds_ready.index(i % DS_BUFFERS), SLICE)
+            mbarrier.wait(ds_ready.index(i % DS_BUFFERS), (i // DS_BUFFERS) & 1)
+            dq = warpgroup_mma(k_half_t, ds_bufs.index(i % DS_BUFFERS), dq, use_acc=False, is_async=True)
+            dk = warpgroup_mma(ds_op, q_bufs.index(stage), dk, is_async=True)
+            # dV and dQ^T complete; dK runs on while dQ^T goes to the accumulator
+            dv, dq, p_op = warpgroup_mma_wait(num_outstanding=1, deps=(dv, dq, p_op))
+            _add_dq(dq, dq_bufs.index(2 * SLICE + dq_buffer), dq_desc, batch, head, q_block, nheads, HEAD_DIM,
+                    BLOCK_M, SLICE * DQ_ROWS)
+            dq_buffer = dq_buffer ^ 1
+            dk, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ds_op))
+            mbarrier.arrive(stage_free.index(stage), count=1)
+            head, q_block = _next_query_block(head, q_block, first_q_block, per_head, last_head)
+            stage = gl.where(stage == NUM_STAGES - 1, 0, stage + 1)
+            phase = gl.where(stage == 0, phase ^ 1, phase)
+    else:
+        # two blocks a round, so that each consumer's part in each is fixed at compile time (Gluon takes no wgmma
+        # accumulator into a run-time branch); an odd last block is consumer 0's
+        ds_phase = 0
+        for _ in range(iterations // 2):
+            s, dp, dq, dk, dv, head, q_block, stage, phase = _alternating_block(
+                k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready,
+                stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, stage, phase, ds_phase,
+                first_q_block, per_head, last_head, seqlen_q, seqlen_k, nheads, slice_start, qk_scale_log2, BLOCK_M,
+                NUM_STAGES, CAUSAL, SLICE, 0)
+            s, dp, dq, dk, dv, head, q_block, stage, phase = _alternating_block(
+                k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready,
+                stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, stage, phase, ds_phase,
+                first_q_block, per_head, last_head, seqlen_q, seqlen_k, nheads, slice_start, qk_scale_log2, BLOCK_M,
+                NUM_STAGES, CAUSAL, SLICE, 1)
+            ds_phase = ds_phase ^ 1
+        if iterations % 2 == 1:
+            s, dp, dq, dk, dv, head, q_block, stage, phase = _alternating_block(
+                k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready,
+                stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, stage, phase, ds_phase,
+                first_q_block, per_head, last_head, seqlen_q, seqlen_k, nheads, slice_start, qk_scale_log2, BLOCK_M,
+                NUM_STAGES, CAUSAL, SLICE, 0)
     _store_rows(dv, DV, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh, HEAD_DIM, SLICE_KEYS,
                 acc_layout)
     _store_rows(dk * softmax_scale, DK, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh,
@@ -233,9 +318,11 @@ def dkdv_dq_key_slices_kernel(
     CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
 ):
     """``dkdv_key_slices_kernel``'s dK and dV, and dQ^T / softmax_scale added into the float32 accumulator of
-    ``dq_desc``: (batch * nheads * HEAD_DIM, seqlen_q) rows in [HEAD_DIM / 2, BLOCK_M] blocks, zeroed by the
-    caller. Head dim 128 only: each consumer's half of dQ^T is one wgmma row block (M = 64)."""
-    gl.static_assert(HEAD_DIM == 2 * SLICE_KEYS, "the fused dK/dV/dQ kernel splits a head dim of 128 in two")
+    ``dq_desc``: (batch * nheads * HEAD_DIM, seqlen_q) rows in [DQ_ROWS, BLOCK_M] blocks, zeroed by the caller.
+    Head dim 128 (each consumer's half of dQ^T is one wgmma row block) or 64 (the consumers take dQ^T's one row
+    block in turns)."""
+    gl.static_assert((HEAD_DIM == 2 * DQ_ROWS) | (HEAD_DIM == DQ_ROWS),
+                     "the fused dK/dV/dQ kernel takes head dims of 128 (two halves of dQ^T) or 64 (one)")
     gl.static_assert(BLOCK_M == 64, "the fused dK/dV/dQ kernel takes 64-row query blocks one at a time")
     BLOCK_N: gl.constexpr = KEY_SLICE_PROGRAM_KEYS
     group_size = nheads // nheads_k
@@ -249,9 +336,10 @@ def dkdv_dq_key_slices_kernel(
     ds_ready = gl.allocate_shared_memory(gl.int64, [DS_BUFFERS, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(DS_BUFFERS):
         mbarrier.init(ds_ready.index(i), count=2)
-    # two dQ^T buffers a consumer (consumer c's: 2c and 2c + 1), each read by a TMA reduction after the consumer's
-    # stores
-    dq_bufs = gl.allocate_shared_memory(gl.float32, [4, HEAD_DIM // 2, BLOCK_M], dq_desc.layout)
+    # dQ^T buffers, each read by a TMA reduction after a consumer's stores: two a consumer (consumer c's: 2c and 2c + 1)
+    # at head dim 128, one at 64 (used every other block)
+    DQ_BUFFERS: gl.constexpr = 4 if HEAD_DIM == 2 * DQ_ROWS else 2
+    dq_bufs = gl.allocate_shared_memory(gl.float32, [DQ_BUFFERS, DQ_ROWS, BLOCK_M], dq_desc.layout)
     # each stage's lse (row 2 * stage) and delta (row 2 * stage + 1), written by the loader
     stats_bufs = gl.allocate_shared_memory(gl.float32, [2 * NUM_STAGES, BLOCK_M],
                                            gl.SwizzledSharedLayout(1, 1, 1, [0]))

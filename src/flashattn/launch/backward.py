@@ -34,6 +34,9 @@ from .common import (
 from .forward import consumer_warpgroups, hopper_forward_fits, room_for_wide_stores, tile_plan_arguments
 from .launcher import launch, zeros
 
+# the fused dK/dV/dQ kernel's dQ^T tile rows: one wgmma row block (kernels/backward_fused_dq.py's DQ_ROWS)
+FUSED_DQ_ROWS = 64
+
 
 def _hopper_dkdv(q, k, v, dout, lse, delta, dk, dv, opts: AttentionOptions, config: configs.TileConfig,
                  dq_acc: torch.Tensor | None = None) -> None:
@@ -126,15 +129,16 @@ def dkdv_compilable(config: configs.TileConfig, seqlen_q: int) -> configs.TileCo
 def fused_dq_config(q: torch.Tensor, fits_hopper: bool, opts: AttentionOptions,
                     seqlen: int) -> configs.TileConfig | None:
     """The tile of the dK/dV kernel that computes dQ too (five products; ``configs`` phase "dkdv_dq"), or None for
-    the two passes: the key-slice kernel at head dim 128 (each consumer computes half its dQ^T, one wgmma row block),
-    where the table has an entry, unless the call is deterministic (its reductions add in no fixed order; the two
-    passes are bitwise repeatable)."""
-    if not fits_hopper or opts.deterministic or q.shape[-1] != 128:
+    the two passes: the key-slice kernel at head dim 64 or 128 (dQ^T's rows in wgmma row blocks of 64: one a consumer
+    at 128, the consumers' turns at 64), where the table has an entry, unless the call is deterministic (its
+    reductions add in no fixed order; the two passes are bitwise repeatable)."""
+    head_dim = q.shape[-1]
+    if not fits_hopper or opts.deterministic or head_dim not in (64, 128):
         return None
     forced = dict(configs.forced_configs())
     if "dkdv" in forced and "dkdv_dq" not in forced:
         return None  # a forced dK/dV tile (a sweep's, a test's) is one of the two passes'
-    return configs.tile_config("dkdv_dq", 128, opts.masked, q.dtype, q.device, False, seqlen=seqlen, hopper=True)
+    return configs.tile_config("dkdv_dq", head_dim, opts.masked, q.dtype, q.device, False, seqlen=seqlen, hopper=True)
 
 
 def dq_accumulator(q: torch.Tensor) -> torch.Tensor:
@@ -145,13 +149,14 @@ def dq_accumulator(q: torch.Tensor) -> torch.Tensor:
 
 
 def dq_accumulator_descriptor(dq_acc: torch.Tensor, seqlen_q: int, block_m: int):
-    """A host-side TMA descriptor of ``dq_accumulator`` as (batch * nheads * head_dim, seqlen_q) rows, half a head's
-    rows (a consumer's) by ``block_m`` queries a block: the reductions' columns past seqlen_q are dropped."""
+    """A host-side TMA descriptor of ``dq_accumulator`` as (batch * nheads * head_dim, seqlen_q) rows, in blocks of
+    FUSED_DQ_ROWS rows (a consumer's dQ^T tile) by ``block_m`` queries: the reductions' columns past seqlen_q are
+    dropped."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    head_dim = dq_acc.shape[2]
-    return TensorDescriptor(dq_acc, [dq_acc.shape[0] * dq_acc.shape[1] * head_dim, seqlen_q], [dq_acc.stride(2), 1],
-                            [head_dim // 2, block_m], tile_layout(head_dim // 2, block_m, torch.float32))
+    rows = dq_acc.shape[0] * dq_acc.shape[1] * dq_acc.shape[2]
+    return TensorDescriptor(dq_acc, [rows, seqlen_q], [dq_acc.stride(2), 1], [FUSED_DQ_ROWS, block_m],
+                            tile_layout(FUSED_DQ_ROWS, block_m, torch.float32))
 
 
 def _dq_from_accumulator(dq_acc: torch.Tensor, dq: torch.Tensor, opts: AttentionOptions) -> None:
