@@ -122,8 +122,6 @@ def test_table_takes_the_hopper_dkdv_where_it_fits(head_dim, dtype, expect_launc
 # non-deterministic calls from 1k tokens (causal: 2k), forced here at every length. At hdim 64 the consumers take dQ^T
 # in turns, block by block: odd block counts (1, 113 -> 2 blocks, 257 -> 5, 700 -> 11) and GQA groups among the shapes
 FUSED_DQ = configs.TileConfig(64, 128, 8, 2, hopper=True, key_slices=True)
-FUSED_DQ_64 = configs.TileConfig(64, 128, 8, 3, hopper=True, key_slices=True)
-FUSED_DQ_TILES = {64: FUSED_DQ_64, 128: FUSED_DQ}
 FUSED_DQ_SHAPES = [(2, 1023, 1023, 4, 1, 128), (1, 113, 203, 4, 2, 128), (1, 113, 113, 2, 2, 128),
                    (1, 4096, 4096, 2, 2, 128), (1, 4096, 4096, 4, 1, 128), (2, 257, 1000, 2, 2, 128),
                    (2, 1023, 777, 4, 2, 128), (1, 700, 300, 2, 2, 128), (1, 1, 300, 2, 2, 128),
@@ -142,7 +140,7 @@ def fused_dq_passes(monkeypatch, expect_fused: bool, tile: configs.TileConfig | 
 @pytest.mark.parametrize("option", ["plain", "causal"])
 @pytest.mark.parametrize("shape", FUSED_DQ_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_fused_dq_matches_reference(shape, option, monkeypatch):
-    with fused_dq_passes(monkeypatch, True, FUSED_DQ_TILES[shape[-1]]):
+    with fused_dq_passes(monkeypatch, True, FUSED_DQ):
         check_against_reference(make_case(shape, option, "cuda"), torch.bfloat16, "cuda", flash_attn_func)
 
 
@@ -198,7 +196,7 @@ def test_table_fuses_dq_at_hdim_64_and_128():
         return configs.lookup("hopper", "dkdv_dq", head_dim, causal, torch.bfloat16, seqlen=seqlen, hopper=True)
 
     assert fused(128, False, 1024) == fused(128, True, 2048) == FUSED_DQ
-    assert fused(64, False, 1024) == fused(64, True, 2048) == FUSED_DQ_64
+    assert fused(64, False, 1024) == fused(64, True, 2048) == FUSED_DQ
     for head_dim in (64, 128):
         assert fused(head_dim, False, 512) is None and fused(head_dim, True, 1024) is None
     assert fused(256, False, 4096) is None and fused(256, True, 4096) is None

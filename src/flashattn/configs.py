@@ -180,10 +180,10 @@ HOPPER_FORWARD_FP8 = PhaseTable({**_buckets(*(TileConfig(128, 128, 8, 3),) * 2, 
                                 hopper=_buckets(*(TileConfig(128, n, 8, stages, three_consumers=d == 64, **_FP8_GLUON)
                                                   for d, n, stages in ((64, 128, 3), (128, 128, 3), (256, 128, 2)))))
 PORTABLE_FORWARD_FP8 = PhaseTable(_buckets(*(TileConfig(64, 64, 4, 2),) * 2, TileConfig(64, 32, 4, 1)))
-# dK/dV with dQ (kernels/backward_fused_dq.py) for non-deterministic calls: 64-row query blocks from 1k tokens, causal
-# from 2k (Triton's tiles level at 1k, hdim 128); hdim 64 on 3 stages not yet measured (docs/perf-notes.md)
-_FUSED_DQ = {d: TileConfig(64, 128, 8, stages, hopper=True, key_slices=True) for d, stages in ((64, 3), (128, 2))}
-HOPPER_DKDV_DQ = PhaseTable({}, hopper={(d, c): _FUSED_DQ[d] for d in (64, 128) for c in (False, True)},
+# dK/dV with dQ (kernels/backward_fused_dq.py) for non-deterministic calls: 64-row query blocks at hdim 64 and 128
+# from 1k tokens, causal from 2k (at 1k causal the two passes are level); 2 stages (docs/perf-notes.md)
+_FUSED_DQ = TileConfig(64, 128, 8, 2, hopper=True, key_slices=True)
+HOPPER_DKDV_DQ = PhaseTable({}, hopper={(d, c): _FUSED_DQ for d in (64, 128) for c in (False, True)},
                             hopper_from={(d, c): 2048 if c else 1024 for d in (64, 128) for c in (False, True)})
 TABLES = {("hopper", "forward"): HOPPER_FORWARD, ("hopper", "dkdv"): HOPPER_DKDV, ("hopper", "dq"): HOPPER_DQ,
           ("hopper", "dkdv_dq"): HOPPER_DKDV_DQ, ("hopper", "forward_fp8"): HOPPER_FORWARD_FP8,
