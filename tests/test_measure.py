@@ -156,8 +156,9 @@ def test_gpu_measure_matches_the_model(capsys):
         assert lse <= cells[(seqlen, "inference", "flashattn")]["measured_bytes"] <= lse + 4096
         assert lse <= cells[(seqlen, "training", "flashattn")]["measured_bytes"] <= lse + 4096
         assert scores <= cells[(seqlen, "training", "standard")]["measured_bytes"] <= scores + 2 * q_bytes
-        # flashattn's backward scratch is O(N): the delta rows (and rounding), nothing N x N
-        assert cells[(seqlen, "training", "flashattn")]["peak_bytes"] <= 4 * lse + 4096
+        # flashattn's backward scratch is O(N): the delta rows and, where dQ is fused (sm90 from 1k tokens), dQ's
+        # float32 accumulator (N x d, twice q's bytes), nothing N x N
+        assert cells[(seqlen, "training", "flashattn")]["peak_bytes"] <= 4 * lse + 2 * q_bytes + 4096
 
 
 @pytest.fixture

@@ -258,7 +258,8 @@ def memory_notes(config: ModelConfig, device: torch.device, batch: int = 1) -> l
         "measured, inference: peak allocated during the forward above the inputs, less the output",
         "measured, training: what the forward leaves allocated for the backward, less the output",
         "peak fwd+bwd: peak over forward and backward above the inputs, less the output and the gradients: "
-        "what is saved plus the backward's scratch (standard: dP and dS, N x N each; flashattn: the delta rows)",
+        "what is saved plus the backward's scratch (standard: dP and dS, N x N each; flashattn: the delta rows, "
+        "and where the backward fuses dQ (sm90, non-deterministic, head dims 64 and 128) dQ in float32)",
         "standard training measures about half of its model: eager autograd keeps P for the backward and frees "
         "S (softmax's backward needs only its output); the model counts both, as the seeds do",
     ]
