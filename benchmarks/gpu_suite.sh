@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The test suite on a GPU machine (one H200, 16 cores), and the benchmarks.
-#     SKIP_BENCH=1 bash benchmarks/gpu_suite.sh     # every test, in one call of under 10 minutes (545 s for the
-#                                                   # suite, 45 for the Nsight Compute tests: a cold run is compiles)
+#     SKIP_BENCH=1 bash benchmarks/gpu_suite.sh     # every test (over 550 s on a cold Triton cache: past one
+#                                                   # 10-minute device call with the Nsight Compute tests)
+#     PARTS=2 SHARD=1 SKIP_BENCH=1 bash benchmarks/gpu_suite.sh; then SHARD=2   # the same in two calls
 #     bash benchmarks/gpu_suite.sh                  # every test, then the benchmarks (dense, varlen, decode)
-#     SHARD=1 bash benchmarks/gpu_suite.sh ... SHARD=5   # one fifth of the tests, no benchmark
+#     SHARD=1 bash benchmarks/gpu_suite.sh ... SHARD=5   # one fifth of the tests (PARTS=5), no benchmark
 # The tests run in WORKERS (default 14) pytest-xdist workers that share the GPU, compile kernels into one Triton cache
 # (a cold cache's compiles are most of a first run) and steal work from each other; the tests of one xdist_group take
 # turns (a lock file per group, tests/conftest.py), so those that take tens of GB of GPU memory (float32 references of
 # long sequences: tests/cases.py, GPU_MEMORY_GROUP) run one at a time. SHARD splits the run by a hash of the test id
-# (tests/conftest.py: FLASHATTN_TEST_SHARD), each part a fifth of every test file. TESTS picks test files or folders
+# (tests/conftest.py: FLASHATTN_TEST_SHARD), each part a PARTS-th of every test file. TESTS picks test files or folders
 # (default tests). test_transformers needs transformers: wheels under .wheels/ are installed to /tmp/hf. The Nsight
 # Compute tests profile the GPU and run alone, after the whole run or part 5's.
 # The benchmarks write benchmarks/results/<gpu>-<mode>.json (BENCH_OUT: another folder; SKIP_BENCH=1: none), their
@@ -17,7 +18,7 @@
 # Logs go to $OUT (default gpu-out): suite[-<part>].log, bench-<mode>.log; failures and pytest's summary last.
 set -u -o pipefail
 OUT=${OUT:-gpu-out}
-PARTS=5
+PARTS=${PARTS:-5}
 TESTS=${TESTS:-tests}
 mkdir -p "$OUT"
 export PYTHONPATH=src:tests PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
