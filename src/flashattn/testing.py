@@ -333,7 +333,8 @@ E4M3_HALF_SUBNORMAL = 2.0 ** -10  # half e4m3's smallest subnormal step (2^-9), 
 def _rounding_variance(x: torch.Tensor, descale: torch.Tensor | float) -> torch.Tensor:
     """Upper bound of the variance of x's rounding to e4m3 under ``descale``: an error uniform within half an ulp,
     u |x| in the normal range and half the subnormal step below it."""
-    half_ulp = torch.maximum(E4M3_UNIT_ROUNDOFF * x.abs(), torch.as_tensor(E4M3_HALF_SUBNORMAL) * descale)
+    floor = E4M3_HALF_SUBNORMAL * torch.as_tensor(descale, dtype=x.dtype, device=x.device)
+    half_ulp = torch.maximum(E4M3_UNIT_ROUNDOFF * x.abs(), floor)
     return half_ulp.square() / 3
 
 
