@@ -104,15 +104,16 @@ def test_gradients_are_in_the_inputs_basis(torch_backend):
 
 
 def test_dtype_views_and_inputs(torch_backend):
-    """float16 stays float16 (out and gradients); a strided view gives a contiguous copy's results bit for bit; the
-    inputs are left as they were; the lse is the FP8 forward's on fp8.quantize's tensors."""
+    """float16 stays float16 (out and gradients, contiguous as the backward op's fake says); a strided view gives a
+    contiguous copy's results bit for bit; the inputs are left as they were; the lse is the FP8 forward's on
+    fp8.quantize's tensors."""
     q, k, v, dout = make_inputs(2, 40, 56, 4, 2, 64, dtype=torch.float16)
     wide = torch.randn(2, 40, 4, 128, dtype=torch.float16)
     q_view = wide[..., ::2]
     q_view.copy_(q)
     before = [x.clone() for x in (q_view, k, v)]
     out, grads = fp8_gradients(q_view, k, v, dout, seed=2, causal=True)
-    assert out.dtype == torch.float16 and all(g.dtype == torch.float16 for g in grads)
+    assert out.dtype == torch.float16 and all(g.dtype == torch.float16 and g.is_contiguous() for g in grads)
     out_copy, grads_copy = fp8_gradients(q_view.contiguous(), k, v, dout, seed=2, causal=True)
     assert torch.equal(out, out_copy) and all(torch.equal(a, b) for a, b in zip(grads, grads_copy, strict=True))
     assert all(torch.equal(a, b) for a, b in zip(before, (q_view, k, v), strict=True))

@@ -96,4 +96,6 @@ def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         # q and k were rotated as x M, so the gradient of x is the rotated one times M^T
         back = rotation_matrix(signs, torch.float32).T
         dq, dk = dq @ back, dk @ back
-    return (_ungrouped(dq).to(dout.dtype), dk.transpose(1, 2).to(dout.dtype), dv.transpose(1, 2).to(dout.dtype))
+    # contiguous in the inputs' (B, S, H, D) layout, as the op's fake promises
+    return tuple(x.to(dout.dtype, memory_format=torch.contiguous_format)
+                 for x in (_ungrouped(dq), dk.transpose(1, 2), dv.transpose(1, 2)))
