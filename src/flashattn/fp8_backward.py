@@ -65,13 +65,14 @@ def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     dq = torch.zeros_like(qf)
     dk, dv = torch.zeros_like(kf), torch.zeros_like(vf)
     key_lo, key_hi = masks.visible_key_range(seqlen_q, seqlen_k, opts.window_left, opts.window_right)
-    for start in range(key_lo, key_hi, BLOCK_N):
-        end = min(start + BLOCK_N, key_hi)
+    # tiles start at multiples of BLOCK_N and DS_BLOCK_M whatever the mask, so that a dS descale covers fixed keys and
+    # rows (the ones no query sees have P = 0 and leave the amax alone)
+    for block in range(key_lo - key_lo % BLOCK_N, key_hi, BLOCK_N):
+        start, end = max(block, key_lo), min(block + BLOCK_N, key_hi)
         k_block, v_block = kf[:, :, None, start:end], vf[:, :, None, start:end]  # (B, Hk, 1, n, D)
         key_idx = torch.arange(start, end, device=q.device).view(1, -1)
         query_lo, query_hi = masks.visible_query_range(start, end, seqlen_q, seqlen_k, opts.window_left,
                                                        opts.window_right)
-        # tiles start at multiples of DS_BLOCK_M whatever the mask, so that a dS descale covers fixed rows
         for first in range(query_lo - query_lo % DS_BLOCK_M, query_hi, DS_BLOCK_M):
             rows = slice(max(query_lo, first), min(query_hi, first + DS_BLOCK_M))
             q_rows, do_rows = qf[..., rows, :], dof[..., rows, :]
