@@ -1,11 +1,13 @@
-"""The autograd layer: bookkeeping only. It saves q, k, v, out, the LSE, the dropout seed and the SDPA mask."""
+"""The autograd layer: bookkeeping only. It saves q, k, v, out, the LSE, the dropout seed and the SDPA mask (the
+trainable FP8 attention: the e4m3 q, k, v and their descales instead of q, k, v)."""
 
 from __future__ import annotations
 
 import torch
 
-from . import all_to_all, ops, ring, ring_varlen
-from .options import AttentionOptions, new_rng_state
+from . import all_to_all, ops, ops_fp8, ring, ring_varlen
+from .fp8_quantize import Quantized
+from .options import AttentionOptions, FP8Options, new_rng_state
 
 
 class FlashAttnFunction(torch.autograd.Function):
@@ -34,6 +36,26 @@ class FlashAttnFunction(torch.autograd.Function):
             *ctx.opts.op_arguments(), attn_mask, mask_needs_grad, ctx.opts.frame_argument(), ctx.opts.deterministic,
         )
         return dq, dk, dv, None, None, dmask if mask_needs_grad else None, None
+
+
+class FP8FlashAttnFunction(torch.autograd.Function):
+    """16-bit q, k, v quantized to e4m3 inside (``fp8.flash_attn_func``). It saves the e4m3 tensors, a byte an
+    element where the 16-bit function saves two, and rebuilds the rotation from the options' seed."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, options: FP8Options):
+        quantized, out, lse = ops_fp8.train_forward(q, k, v, options)
+        ctx.save_for_backward(*quantized, out, lse)
+        ctx.options = options
+        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # as in FlashAttnFunction
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        *quantized, out, lse = ctx.saved_tensors
+        dq, dk, dv = ops_fp8.train_backward(dout, Quantized(*quantized), out, lse, ctx.options)
+        return dq, dk, dv, None
 
 
 class FlashAttnVarlenFunction(torch.autograd.Function):

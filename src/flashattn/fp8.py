@@ -1,4 +1,5 @@
-"""FP8 (e4m3) inputs for the forward: quantization with incoherent processing, descales, and their checks.
+"""FP8 (e4m3) attention: quantization with incoherent processing, descales, their checks, and trainable FP8
+attention.
 
 FlashAttention-3's FP8 forward (Shah et al., 2024, arXiv:2407.08608, section 3.3) takes q, k, v in
 ``torch.float8_e4m3fn`` with float32 *descales*: the real value of an element is ``x_fp8 * descale``. A descale
@@ -13,190 +14,90 @@ every channel, so that the block's amax (and with it the quantization step) shri
 would have to be rotated back). A head dim that is not a power of two is cut into power-of-two pieces, largest
 first (96 = 64 + 32, 80 = 64 + 16), each rotated on its own: a block-diagonal Hadamard matrix, still orthogonal,
 that spreads an outlier over its own piece only.
+
+:func:`flash_attn_func` here is the trainable form: it takes 16-bit q, k, v, quantizes them inside (block descales,
+the rotation), runs the FP8 forward, and differentiates through an FP8 backward whose products see e4m3 dO, P and
+dS (``fp8_backward``; docs/fp8.md, "The backward"). The quantizer itself lives in ``fp8_quantize``, below the ops,
+and is re-exported here.
 """
 
 from __future__ import annotations
 
-import math
-from typing import NamedTuple
-
 import torch
 
-from .backend import backend_for_cpu_tensors, backend_override
-from .configs import padded_head_dim
-from .fp8_format import E4M3_MAX, FP8_DTYPE, SCALE_BLOCK, sylvester_hadamard
-from .fp8_format import P_SCALE as P_SCALE  # public here too: what the kernels scale P by
-from .validation import check_cu_seqlens_pair
+from .autograd import FP8FlashAttnFunction
+from .fp8_format import E4M3_MAX as E4M3_MAX
+from .fp8_format import FP8_DTYPE as FP8_DTYPE
+from .fp8_format import P_SCALE as P_SCALE  # what the kernels scale P by
+from .fp8_format import SCALE_BLOCK as SCALE_BLOCK
+from .fp8_quantize import Quantized as Quantized
+from .fp8_quantize import canonical_descales as canonical_descales
+from .fp8_quantize import dequantize as dequantize
+from .fp8_quantize import hadamard_pieces as hadamard_pieces
+from .fp8_quantize import quantize as quantize
+from .fp8_quantize import quantize_packed as quantize_packed
+from .fp8_quantize import quantize_tensor as quantize_tensor
+from .fp8_quantize import random_signs as random_signs
+from .fp8_quantize import rotate as rotate
+from .fp8_quantize import rotation_matrix as rotation_matrix
+from .fp8_quantize import round_to_e4m3 as round_to_e4m3
+from .options import AttentionOptions, FP8Options
+from .validation import check_dense
 
 
-class Quantized(NamedTuple):
-    """What :func:`quantize` returns: e4m3 q, k, v and their float32 descales (value = x_fp8 * descale)."""
+def flash_attn_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    *,
+    hadamard: bool = True,
+    seed: int | None = None,
+    granularity: str = "block",
+):
+    """Trainable FP8 attention: :func:`flashattn.flash_attn_func`'s arguments on bfloat16 / float16 q, k, v, which
+    it quantizes to e4m3 inside; the forward is the FP8 forward, the backward rounds dO, P and dS to e4m3 too.
 
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    q_descale: torch.Tensor
-    k_descale: torch.Tensor
-    v_descale: torch.Tensor
+    Args:
+        q: (batch, seqlen_q, nheads, headdim), bfloat16 or float16, headdim 1..256.
+        k, v: (batch, seqlen_k, nheads_k, headdim), q's dtype; nheads divisible by nheads_k (GQA/MQA).
+        softmax_scale, causal, window_size, softcap: as in :func:`flashattn.flash_attn_func` (the causal mask is
+            aligned to the bottom-right corner: query i sees key j when j <= i + seqlen_k - seqlen_q).
+        dropout_p, alibi_slopes: refused (the FP8 forward has neither); the defaults only.
+        deterministic: accepted; the backward (the PyTorch path until the Hopper kernel lands) is deterministic.
+        return_attn_probs: also return the log-sum-exp, as flash_attn_func does.
+        hadamard: rotate q and k by a random orthogonal matrix before quantizing (see :func:`quantize`); dq and dk
+            are rotated back, so the gradients are in q's and k's own basis either way.
+        seed: the rotation's random signs (None: drawn from torch's default generator at the call).
+        granularity: "block" (a descale per 128 rows of a kv head's group) or "head" (one per batch and kv head),
+            for q, k, v and dO alike.
 
-
-def hadamard_pieces(head_dim: int) -> list[int]:
-    """The power-of-two pieces of the head dim that are rotated separately, largest first (its binary digits)."""
-    return [1 << bit for bit in reversed(range(head_dim.bit_length())) if head_dim >> bit & 1]
-
-
-def random_signs(head_dim: int, seed: int | None, device: torch.device) -> torch.Tensor:
-    """+-1 float32 signs of the rotation, drawn from ``seed`` (None: from torch's default generator) on the CPU, so
-    that a seed gives the same rotation on any device. The copy to a GPU is from pinned memory, asynchronous: from
-    pageable memory the driver may wait for the stream's earlier work, which would drain a quantize call's queue."""
-    generator = torch.Generator()
-    generator.manual_seed(int(torch.randint(0, 2**62, (1,))) if seed is None else seed)
-    signs = torch.randint(0, 2, (head_dim,), generator=generator).to(torch.float32) * 2 - 1
-    if device.type == "cuda":
-        return signs.pin_memory().to(device, non_blocking=True)
-    return signs.to(device)
-
-
-def rotation_matrix(signs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The (head_dim, head_dim) orthogonal matrix diag(signs) H: H block-diagonal over :func:`hadamard_pieces`, each
-    block the normalized Sylvester-Hadamard matrix of its size (entries +-1 / sqrt(n))."""
-    blocks = [sylvester_hadamard(n, signs.device).to(dtype) / math.sqrt(n) for n in hadamard_pieces(signs.numel())]
-    return signs.to(dtype)[:, None] * torch.block_diag(*blocks)
-
-
-def rotate(x: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
-    """x (..., head_dim) times the orthogonal matrix diag(signs) H, in float32 at least.
-
-    One matrix product with the explicit matrix rather than the fast transform's log2(n) passes of additions: at head
-    dims up to 256 the product is one read and one write of x on the GPU (the n log n transform is 8 elementwise
-    passes over x in PyTorch), and its float32 sums differ from the transform's by rounding only."""
-    work = x.float() if x.dtype != torch.float64 else x
-    return work @ rotation_matrix(signs, work.dtype)
-
-
-def quantize_tensor(x: torch.Tensor, nheads_k: int, granularity: str = "block") -> tuple[torch.Tensor, torch.Tensor]:
-    """x (batch, seqlen, nheads, head_dim) -> (e4m3 x, float32 descale), scale = amax / E4M3_MAX.
-
-    ``granularity`` "block": amax over each SCALE_BLOCK rows of a kv head's group of heads, descale (batch, nheads_k,
-    ceil(seqlen / SCALE_BLOCK)); "head": over the whole sequence, descale (batch, nheads_k). An all-zero block takes
-    descale 1.
+    Returns:
+        out of q's shape and dtype (the FP8 forward computes bfloat16; float16 inputs get it converted); with
+        ``return_attn_probs``, ``(out, softmax_lse, None)``. Gradients of q, k, v come in their dtype.
     """
+    check_dense(q, k, v, dropout_p, window_size, softcap, alibi_slopes, softmax_scale)
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"q must be bfloat16 or float16 (the FP8 attention quantizes 16-bit inputs), got {q.dtype}")
+    refuse_options(dropout_p=dropout_p, alibi_slopes=alibi_slopes)
     if granularity not in ("block", "head"):
         raise ValueError(f"granularity must be 'block' or 'head', got {granularity!r}")
-    batch, seqlen, nheads, head_dim = x.shape
-    group = nheads // nheads_k
-    grouped = x.float().reshape(batch, seqlen, nheads_k, group * head_dim)
-    if granularity == "head":
-        amax = grouped.abs().amax(dim=(1, 3)) if seqlen else grouped.new_zeros(batch, nheads_k)  # (b, nheads_k)
-        per_row = amax[:, None, :, None]
-    else:
-        blocks = -(-seqlen // SCALE_BLOCK)
-        padded = torch.nn.functional.pad(grouped, (0, 0, 0, 0, 0, blocks * SCALE_BLOCK - seqlen))
-        amax = padded.abs().reshape(batch, blocks, SCALE_BLOCK, nheads_k, -1).amax(dim=(2, 4))  # (b, blocks, hk)
-        per_row = amax.repeat_interleave(SCALE_BLOCK, dim=1)[:, :seqlen, :, None]
-        amax = amax.transpose(1, 2)
-    descale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax)).contiguous()
-    scale = torch.where(per_row > 0, per_row / E4M3_MAX, torch.ones_like(per_row))
-    quantized = (grouped / scale).clamp(-E4M3_MAX, E4M3_MAX).to(FP8_DTYPE)
-    return quantized.reshape(x.shape), descale
-
-
-def quantize_packed(x: torch.Tensor, cu_seqlens: torch.Tensor, nheads_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """x (total, nheads, head_dim), sequence b its rows cu_seqlens[b]:cu_seqlens[b + 1] -> (e4m3 x, float32 descale
-    (batch, nheads_k)): amax over each sequence's rows of a kv head's group of heads, read on the device (no copy of
-    the lengths to the host). An empty or all-zero sequence takes descale 1."""
-    total, nheads, head_dim = x.shape
-    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
-    batch = lengths.numel()
-    sequence = torch.repeat_interleave(torch.arange(batch, device=x.device), lengths, output_size=total)
-    grouped = x.float().reshape(total, nheads_k, nheads // nheads_k * head_dim)
-    row_amax = grouped.abs().amax(dim=2)  # (total, nheads_k)
-    amax = row_amax.new_zeros(batch, nheads_k).scatter_reduce_(0, sequence[:, None].expand_as(row_amax), row_amax,
-                                                               "amax")
-    descale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
-    quantized = (grouped / descale[sequence][:, :, None]).clamp(-E4M3_MAX, E4M3_MAX).to(FP8_DTYPE)
-    return quantized.reshape(x.shape), descale
-
-
-def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hadamard: bool = True, seed: int | None = None,
-             granularity: str = "block", cu_seqlens_q: torch.Tensor | None = None,
-             cu_seqlens_k: torch.Tensor | None = None) -> Quantized:
-    """FP8 inputs for :func:`flashattn.flash_attn_func` from q (batch, seqlen_q, nheads, head_dim) and k, v
-    (batch, seqlen_k, nheads_k, head_dim) of any float dtype; or, with ``cu_seqlens_q`` and ``cu_seqlens_k``, for
-    :func:`flashattn.flash_attn_varlen_func` from packed q (total_q, nheads, head_dim) and k, v (total_k, nheads_k,
-    head_dim), one descale per sequence and kv head.
-
-    ``hadamard``: rotate q and k first by the same random orthogonal matrix (random signs from ``seed``, then the
-    Walsh-Hadamard transform; see the module docstring), which leaves q k^T unchanged and spreads outliers.
-    ``granularity``: "block" (one descale per SCALE_BLOCK rows, the default for dense inputs) or "head" (one per
-    batch and kv head; what :func:`flashattn.flash_attn_with_kvcache` takes, and packed inputs always get).
-    """
-    packed = cu_seqlens_q is not None or cu_seqlens_k is not None
-    if packed:
-        check_cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k, q.device)
-    rank, layout = (3, "(total, nheads, headdim)") if packed else (4, "(batch, seqlen, nheads, headdim)")
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor) or x.dim() != rank or not x.dtype.is_floating_point:
-            raise ValueError(f"{name} must be a {rank}-dim float tensor {layout}")
-    if granularity not in ("block", "head"):
-        raise ValueError(f"granularity must be 'block' or 'head', got {granularity!r}")
-    nheads_k = k.shape[-2]
-    signs = random_signs(q.shape[-1], seed, q.device) if hadamard else None
-    if not packed and _kernels_quantize(q, k, v):
-        from .launch.quantize_fp8 import quantize_rows, rotation_operands
-
-        rotation = None
-        if hadamard:
-            rotation = rotation_operands(signs, hadamard_pieces(q.shape[-1]), q.dtype, padded_head_dim(q.shape[-1]))
-        (q8, q_descale), (k8, k_descale), (v8, v_descale) = (
-            quantize_rows(x, r, nheads_k, SCALE_BLOCK, E4M3_MAX, granularity == "head", FP8_DTYPE)
-            for x, r in ((q, rotation), (k, rotation), (v, None)))
-        return Quantized(q8, k8, v8, q_descale, k_descale, v_descale)
-    if hadamard:
-        q, k = rotate(q, signs), rotate(k, signs)
-    if packed:
-        (q8, q_descale), (k8, k_descale), (v8, v_descale) = (
-            quantize_packed(x, cu, nheads_k) for x, cu in ((q, cu_seqlens_q), (k, cu_seqlens_k), (v, cu_seqlens_k)))
-    else:
-        (q8, q_descale), (k8, k_descale), (v8, v_descale) = (
-            quantize_tensor(x, nheads_k, granularity) for x in (q, k, v))
-    return Quantized(q8, k8, v8, q_descale, k_descale, v_descale)
-
-
-def _kernels_quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether dense 16-bit q, k, v take the quantizer's kernels (``kernels/quantize_fp8.py``): on a GPU unless
-    FLASHATTN_BACKEND=torch, on CPU tensors under the Triton interpreter; non-empty sequences."""
-    if not all(x.dtype in (torch.bfloat16, torch.float16) and x.dtype == q.dtype for x in (q, k, v)):
-        return False
-    if q.shape[1] == 0 or k.shape[1] == 0 or q.shape[-1] > 256 or q.shape[2] % k.shape[2]:
-        return False
-    if q.is_cuda:
-        return backend_override() != "torch"
-    return backend_for_cpu_tensors() == "triton"
-
-
-def dequantize(x: torch.Tensor, descale: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """x_fp8 (batch, seqlen, nheads, head_dim) times its descale ((batch, nheads_k), (batch, nheads_k, blocks) or
-    None for 1), in ``dtype``: the values the attention computes with."""
-    values = x.to(dtype)
-    if descale is None:
-        return values
-    batch, seqlen, nheads, head_dim = x.shape
-    nheads_k = descale.shape[1]
-    per_row = descale.to(dtype)
-    if per_row.dim() == 3 and per_row.shape[2] == 1:
-        per_row = per_row[:, :, 0]  # one block: one descale for the sequence (``canonical_descales``)
-    if per_row.dim() == 3:
-        per_row = per_row.repeat_interleave(SCALE_BLOCK, dim=2)[:, :, :seqlen].transpose(1, 2)  # (b, s, hk)
-    else:
-        per_row = per_row[:, None, :]
-    grouped = values.reshape(batch, seqlen, nheads_k, nheads // nheads_k, head_dim)
-    return (grouped * per_row[..., None, None]).reshape(x.shape)
-
-
-def round_to_e4m3(x: torch.Tensor) -> torch.Tensor:
-    """x rounded to the nearest e4m3 value (saturating at E4M3_MAX), in x's dtype: what the kernel does to P."""
-    return x.clamp(-E4M3_MAX, E4M3_MAX).to(FP8_DTYPE).to(x.dtype)
+    if not isinstance(hadamard, bool):
+        raise TypeError(f"hadamard must be a bool, got {type(hadamard).__name__}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+    if seed is None:
+        seed = int(torch.randint(0, 2**62, (1,)))
+    attention = AttentionOptions.build(q.shape[-1], softmax_scale, causal, window_size, softcap, 0.0, deterministic)
+    out, lse = FP8FlashAttnFunction.apply(q, k, v, FP8Options(attention, hadamard, seed, granularity))
+    return (out, lse, None) if return_attn_probs else out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -253,11 +154,3 @@ def check_descales(q: torch.Tensor, k: torch.Tensor, descales: dict, batch: int,
             raise ValueError(f"{name} must have shape {wanted} (batch, nheads_k"
                              f"{'[, seqlen blocks of ' + str(SCALE_BLOCK) + ']' if seqlens else ''}), "
                              f"got {tuple(descale.shape)}")
-
-
-def canonical_descales(descales: tuple, batch: int, nheads_k: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """(q, k, v) descales as (batch, nheads_k, blocks) float32 views: None becomes ones, a (batch, nheads_k) one
-    gains a blocks dim of 1 (which the kernel reads with stride 0, at any block)."""
-    ones = torch.ones(1, 1, 1, device=device).expand(batch, nheads_k, 1)
-    views = [ones if d is None else d if d.dim() == 3 else d[:, :, None] for d in descales]
-    return tuple(views)

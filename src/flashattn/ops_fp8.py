@@ -6,6 +6,9 @@ for dense, packed and paged keys and the KV cache; ``testing.fp8_emulated_attent
 where a test or the accuracy table needs it. Per-(batch, kv head) descales are exact to fold: k_descale into the
 queries' scale and v_descale into the output, so packed, paged and cached keys are upcast as they are.
 
+The trainable FP8 attention (``fp8.flash_attn_func``) quantizes and runs the dense forward op here
+(:func:`train_forward`); its backward op runs ``fp8_backward``, the blocked PyTorch reference path, on every device.
+
 The CUDA path is the Triton kernel (``launch/forward_fp8.py``; on sm90 the Gluon kernel for the dense calls it covers)
 for dense and packed keys; paged keys and the KV cache have no FP8 kernel, and are refused there unless
 ``FLASHATTN_BACKEND=torch``.
@@ -15,13 +18,13 @@ from __future__ import annotations
 
 import torch
 
-from . import cpu, validation
+from . import cpu, fp8_backward, validation
 from .backend import backend_for_cpu_tensors, backend_override
-from .fp8 import canonical_descales, dequantize
+from .fp8_quantize import Quantized, canonical_descales, dequantize, quantize, random_signs
 from .launch import plans
 from .launch.forward_fp8 import launch_forward_fp8
 from .ops import eager_call
-from .options import AttentionOptions
+from .options import AttentionOptions, FP8Options
 
 
 def _options(softmax_scale, window_left, window_right, softcap) -> AttentionOptions:
@@ -208,3 +211,57 @@ def _kernels(q: torch.Tensor) -> bool:
     if q.is_cuda:
         return backend_override() != "torch"
     return backend_for_cpu_tensors() == "triton"
+
+
+# ---------------------------------------------------------------------------------------------
+# The trainable FP8 attention: quantize, the dense forward op; the backward's op
+# ---------------------------------------------------------------------------------------------
+
+
+def train_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: FP8Options):
+    """(quantized, out in q's dtype, lse) of 16-bit q, k, v: quantized as ``fp8.quantize`` does (the rotation drawn
+    from ``options.seed``), then the FP8 forward (the kernel on a GPU, the dequantized attention on the CPU)."""
+    quantized = quantize(q, k, v, options.hadamard, options.seed, options.granularity)
+    out, lse = dense(*quantized, options.attention)
+    return quantized, out.to(q.dtype), lse
+
+
+@torch.library.custom_op("flashattn::fp8_attention_backward", mutates_args=())
+def fp8_attention_backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_descale: torch.Tensor,
+    k_descale: torch.Tensor,
+    v_descale: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    signs: torch.Tensor | None,
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    granularity: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) in dout's dtype of the FP8 forward's saved e4m3 q, k, v (q and k rotated by diag(signs) H when
+    ``signs`` is given) and descales; every device runs the PyTorch path (``fp8_backward``)."""
+    opts = _options(softmax_scale, window_left, window_right, softcap)
+    return fp8_backward.backward(dout, q, k, v, (q_descale, k_descale, v_descale), out, lse, signs, opts,
+                                 granularity)
+
+
+@fp8_attention_backward.register_fake
+def _fp8_attention_backward_fake(dout, q, k, v, q_descale, k_descale, v_descale, out, lse, signs, softmax_scale,
+                                 window_left, window_right, softcap, granularity):
+    return (dout.new_empty(q.shape), dout.new_empty(k.shape), dout.new_empty(v.shape))
+
+
+def train_backward(dout: torch.Tensor, quantized: Quantized, out: torch.Tensor, lse: torch.Tensor,
+                   options: FP8Options):
+    """The gradients of :func:`train_forward`'s q, k, v, the rotation rebuilt from ``options.seed``."""
+    signs = random_signs(quantized.q.shape[-1], options.seed, dout.device) if options.hadamard else None
+    opts = options.attention
+    return fp8_attention_backward(dout, *quantized, out, lse, signs, opts.softmax_scale, opts.window_left,
+                                  opts.window_right, opts.softcap, options.granularity)
+

@@ -101,3 +101,17 @@ def new_rng_state() -> torch.Tensor:
     """
     seed = torch.randint(0, 2**62, (1,), dtype=torch.int64)
     return torch.cat([seed, torch.zeros(1, dtype=torch.int64)])
+
+
+@dataclass(frozen=True)
+class FP8Options:
+    """What a trainable FP8 call (``fp8.flash_attn_func``) computes: the attention's options and the quantizer's.
+
+    ``seed`` is always a number here (the public function draws one when given None), so that the backward
+    rebuilds the forward's rotation from it instead of saving the matrix.
+    """
+
+    attention: AttentionOptions
+    hadamard: bool = True
+    seed: int = 0
+    granularity: str = "block"

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .fp8 import P_SCALE, round_to_e4m3
+from .fp8_format import E4M3_MAX, P_SCALE
+from .fp8_quantize import round_to_e4m3
 from .masks import visible
 from .options import new_rng_state
 from .reference import attention_ref, varlen_attention_ref
@@ -323,3 +324,85 @@ def assert_fp8_within_rule(name: str, actual: torch.Tensor, oracle: torch.Tensor
     error = (actual.double() - oracle).abs().max().item()
     assert error <= bound, (f"{name}: error {error:.3e} > bound {bound:.3e} (emulated FP8 error {emulated_error:.3e})"
                             f"; {max_error_report(name, actual.double(), oracle)}")
+
+
+E4M3_UNIT_ROUNDOFF = 2.0 ** -4  # half an ulp of e4m3 relative to the value: 3 stored mantissa bits
+E4M3_HALF_SUBNORMAL = 2.0 ** -10  # half e4m3's smallest subnormal step (2^-9), in units of the descale
+
+
+def _rounding_variance(x: torch.Tensor, descale: torch.Tensor | float) -> torch.Tensor:
+    """Upper bound of the variance of x's rounding to e4m3 under ``descale``: an error uniform within half an ulp,
+    u |x| in the normal range and half the subnormal step below it."""
+    floor = E4M3_HALF_SUBNORMAL * torch.as_tensor(descale, dtype=x.dtype, device=x.device)
+    half_ulp = torch.maximum(E4M3_UNIT_ROUNDOFF * x.abs(), floor)
+    return half_ulp.square() / 3
+
+
+@dataclass(frozen=True)
+class FP8GradientBound:
+    """The first-order error model of the FP8 backward (``fp8_backward``), per gradient row: ``rms`` (the predicted
+    root-mean-square error norm of each row) and ``offset`` (the norm of the error the model takes as given: delta's
+    use of the forward's rounded output). Rows: (batch, heads, seqlen, ...) in the rotated basis, whose row norms the
+    rotation back to q's basis does not change."""
+
+    rms: dict
+    offset: dict
+
+
+def fp8_gradient_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, out: torch.Tensor,
+                       softmax_scale: float, causal: bool = False, window_size: tuple[int, int] = (-1, -1),
+                       softcap: float = 0.0) -> FP8GradientBound:
+    """The FP8 backward's predicted error on q, k (the rotated, dequantized values its products see), v, dout and
+    the forward's output ``out`` (all (B, S, H, D), any float dtype; materializes seqlen_q x seqlen_k in float64).
+
+    Each of dO, P and dS is rounded to e4m3 once, an error within half an ulp (u = 2^-4 of the value, or half the
+    subnormal step under its descale), modelled as uniform and independent between elements, so a sum of such
+    errors has a variance of sum (coefficient^2 half_ulp^2 / 3). The coefficients are the float64 values of the
+    products they enter: dV = P^T dO; dK = scale dS^T Q and dQ = scale dS K, where dS = P (dP - delta) c carries dO's
+    error through dP - delta = dO . (v_j - O_i) (delta and dP see the same rounded dO and the returned output O; c
+    is the softcap's derivative). Each descale is bounded by its batch element's amax / 448, which can only raise
+    the subnormal term."""
+    f64 = torch.float64
+    batch, seqlen_q, nheads, head_dim = q.shape
+    group = nheads // k.shape[2]
+    qf, dof, of = (x.to(f64).transpose(1, 2) for x in (q, dout, out))  # (B, H, Sq, D)
+    kf, vf = (x.to(f64).transpose(1, 2).repeat_interleave(group, dim=1) for x in (k, v))
+    scores = softmax_scale * qf @ kf.transpose(-1, -2)
+    slope = torch.ones_like(scores)
+    if softcap > 0:
+        capped = torch.tanh(scores / softcap)
+        scores, slope = softcap * capped, 1 - capped.square()
+    query_idx = torch.arange(seqlen_q, device=q.device).view(-1, 1)
+    key_idx = torch.arange(k.shape[1], device=q.device).view(1, -1)
+    seen = visible(query_idx, key_idx, seqlen_q, k.shape[1], window_size[0], 0 if causal else window_size[1])
+    probs = torch.softmax(scores.masked_fill(~seen, float("-inf")), dim=-1).nan_to_num(0.0)
+    out_exact = probs @ vf
+    dscores = probs * (dof @ vf.transpose(-1, -2) - (dof * out_exact).sum(-1, keepdim=True)) * slope
+    weight = probs * slope  # dS's sensitivity to dP - delta
+    # the path's dP - delta = dO8 . (v_j - O_i) with O as the forward returned it splits exactly into the exact value,
+    # dO's rounding times (v_j - O_i), and dO . (O_exact - O_i), a given row-wise error (the offset)
+    delta_error = (dof * (of - out_exact)).sum(-1, keepdim=True)
+    everything = (1, 2, 3)  # a batch element's amax bounds each of its descales (a GQA group shares them)
+    var_do = _rounding_variance(dof, dof.abs().amax(dim=everything, keepdim=True) / E4M3_MAX)
+    var_p = _rounding_variance(probs, 1.0 / P_SCALE)
+    ds_seen = dscores.abs() + (weight * delta_error).abs()  # what dS's rounding applies to, at most
+    var_ds = _rounding_variance(ds_seen, ds_seen.amax(dim=everything, keepdim=True) / E4M3_MAX)
+    # w_ij = sum_d var(dO_id) (v_jd - O_id)^2: the variance dO's rounding gives dP_ij - delta_i
+    w = var_do @ vf.square().transpose(-1, -2) - 2 * (var_do * of) @ vf.transpose(-1, -2) \
+        + (var_do * of.square()).sum(-1, keepdim=True)
+    var_dv = probs.square().transpose(-1, -2) @ var_do + var_p.transpose(-1, -2) @ dof.square()
+    var_dk = softmax_scale ** 2 * (var_ds + weight.square() * w).transpose(-1, -2) @ qf.square()
+    # dQ_i sums one row's dO error over every key, coherently: its dO term is sum_x var(dO_ix) (T_ixd)^2
+    coherent = torch.einsum("bhij,bhjx,bhjd->bhixd", weight, vf, kf) - of[..., None] * (weight @ kf)[..., None, :]
+    var_dq = softmax_scale ** 2 * (var_ds @ kf.square() + torch.einsum("bhix,bhixd->bhid", var_do, coherent.square()))
+    offset_dq = softmax_scale * (weight * delta_error) @ kf
+    offset_dk = softmax_scale * (weight * delta_error).transpose(-1, -2) @ qf
+
+    def per_kv_head(x):  # (B, H, Sk, D) -> (B, Hk, Sk, D): the group's heads add up
+        return x.unflatten(1, (-1, group)).sum(2)
+
+    rms = {"dq": var_dq.sum(-1).sqrt(), "dk": per_kv_head(var_dk).sum(-1).sqrt(),
+           "dv": per_kv_head(var_dv).sum(-1).sqrt()}
+    offset = {"dq": offset_dq.norm(dim=-1), "dk": per_kv_head(offset_dk).norm(dim=-1),
+              "dv": torch.zeros_like(rms["dv"])}
+    return FP8GradientBound(rms, offset)

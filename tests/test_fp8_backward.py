@@ -1,0 +1,150 @@
+"""The trainable FP8 attention, ``fp8.flash_attn_func``: its gradients against the float64 attention of the values
+the FP8 forward computes with, within the FP8 backward's error model (``testing.fp8_gradient_bound``).
+
+The model predicts each gradient row's RMS error from e4m3's unit roundoff (2^-4) applied once to every element of
+dO, P and dS. A row (one query's dq, one key's dk or dv, over the head dim) sums many independent roundings, so its
+error norm stays under ROW_SIGMAS times the predicted RMS except in a far tail; over a whole tensor the sum of
+squares concentrates, so the tensor's error norm must be within TENSOR_FACTOR of the predicted one. Both also allow
+the error the model takes as given (delta's use of the forward's rounded output) and twice the rounding of the
+reference to the gradients' dtype.
+"""
+
+import pytest
+import torch
+
+from flashattn import flash_attn_func, fp8
+from flashattn.reference import attention_ref
+from flashattn.testing import fp8_gradient_bound
+
+ROW_SIGMAS = 5.0
+TENSOR_FACTOR = 1.5
+
+
+def make_inputs(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, dtype=torch.bfloat16, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    shapes = ((batch, seqlen_q, nheads, head_dim), (batch, seqlen_k, nheads_k, head_dim),
+              (batch, seqlen_k, nheads_k, head_dim), (batch, seqlen_q, nheads, head_dim))
+    return [torch.randn(shape, generator=generator).to(dtype) for shape in shapes]
+
+
+def fp8_gradients(q, k, v, dout, **options):
+    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+    out = fp8.flash_attn_func(q, k, v, **options)
+    return out, torch.autograd.grad(out, (q, k, v), dout)
+
+
+def reference(q, k, v, dout, seed, hadamard=True, granularity="block", **options):
+    """The float64 values the FP8 forward computes with (q and k rotated back to their own basis) and their output and
+    gradients: ((q, k rotated, v), out, (dq, dk, dv))."""
+    quantized = fp8.quantize(q, k, v, hadamard=hadamard, seed=seed, granularity=granularity)
+    rotated = [fp8.dequantize(x, d, torch.float64) for x, d in zip(quantized[:3], quantized[3:], strict=True)]
+    back = torch.eye(q.shape[-1], dtype=torch.float64, device=q.device)
+    if hadamard:
+        back = fp8.rotation_matrix(fp8.random_signs(q.shape[-1], seed, q.device), torch.float64).T
+    leaves = [(rotated[0] @ back).requires_grad_(), (rotated[1] @ back).requires_grad_(), rotated[2].requires_grad_()]
+    out, _ = attention_ref(*leaves, upcast=True, **options)
+    return rotated, out, torch.autograd.grad(out, leaves, dout.double())
+
+
+def row_norms(x: torch.Tensor) -> torch.Tensor:
+    """(B, S, H, D) -> the norms over the head dim, (B, H, S): the bound's rows."""
+    return x.norm(dim=-1).transpose(1, 2)
+
+
+def check_gradients(q, k, v, dout, seed=0, hadamard=True, granularity="block", **options):
+    out, grads = fp8_gradients(q, k, v, dout, seed=seed, hadamard=hadamard, granularity=granularity, **options)
+    rotated, _, oracle = reference(q, k, v, dout, seed, hadamard, granularity, **options)
+    scale = options.get("softmax_scale") or q.shape[-1] ** -0.5
+    bound = fp8_gradient_bound(*rotated, dout, out, scale, options.get("causal", False),
+                               options.get("window_size", (-1, -1)), options.get("softcap", 0.0))
+    for name, grad, want in zip(("dq", "dk", "dv"), grads, oracle, strict=True):
+        assert grad.dtype == q.dtype and grad.shape == want.shape
+        error = row_norms(grad.double() - want)
+        rounding = row_norms(want.to(grad.dtype).double() - want)
+        rms, offset = bound.rms[name], bound.offset[name]
+        row_bound = ROW_SIGMAS * rms + offset + 2 * rounding
+        worst = int((error - row_bound).argmax())
+        assert (error <= row_bound).all(), (
+            f"{name}: row {tuple(torch.unravel_index(torch.tensor(worst), error.shape))} error "
+            f"{error.flatten()[worst]:.3e} > {ROW_SIGMAS} x predicted RMS {rms.flatten()[worst]:.3e} + offset "
+            f"{offset.flatten()[worst]:.3e} + 2 x rounding {rounding.flatten()[worst]:.3e}")
+        total, predicted = error.norm().item(), rms.norm().item()
+        allowed = TENSOR_FACTOR * predicted + offset.norm().item() + 2 * rounding.norm().item()
+        assert total <= allowed, f"{name}: error norm {total:.3e} > {TENSOR_FACTOR} x predicted {predicted:.3e} + ..."
+    return grads
+
+
+@pytest.mark.parametrize("shape,options", [
+    ((1, 113, 113, 2, 2, 128), {}),
+    ((2, 1, 77, 4, 2, 40), {}),  # one query, GQA
+    ((1, 113, 200, 4, 2, 96), {"causal": True}),  # seqlen_q != seqlen_k, two key blocks, head dim 64 + 32
+    ((1, 77, 1, 2, 1, 64), {"causal": True}),  # one key (MQA): dS is about 0
+    ((1, 150, 150, 2, 2, 64), {"window_size": (20, 5), "softcap": 4.0}),
+], ids=str)
+def test_gradients_within_the_fp8_error_model(torch_backend, shape, options):
+    check_gradients(*make_inputs(*shape), seed=3, **options)
+
+
+@pytest.mark.parametrize("hadamard,granularity", [(False, "head"), (True, "head")])
+def test_gradients_without_rotation_or_with_per_head_descales(torch_backend, hadamard, granularity):
+    check_gradients(*make_inputs(1, 130, 130, 2, 2, 64), seed=1, hadamard=hadamard, granularity=granularity,
+                    causal=True)
+
+
+def test_gradients_are_in_the_inputs_basis(torch_backend):
+    """dq and dk come back in q's and k's basis: near the reference there, far from it in the rotated basis."""
+    q, k, v, dout = make_inputs(1, 64, 64, 2, 2, 64)
+    _, (dq, dk, _) = fp8_gradients(q, k, v, dout, seed=5)
+    _, _, (want_q, want_k, _) = reference(q, k, v, dout, 5)
+    rotation = fp8.rotation_matrix(fp8.random_signs(64, 5, q.device), torch.float64)
+    for grad, want in ((dq, want_q), (dk, want_k)):
+        relative = ((grad.double() - want).norm() / want.norm()).item()
+        rotated = ((grad.double() - want @ rotation).norm() / want.norm()).item()
+        assert relative < 0.15 < 1.0 < rotated, (relative, rotated)
+
+
+def test_dtype_views_and_inputs(torch_backend):
+    """float16 stays float16 (out and gradients, contiguous as the backward op's fake says); a strided view gives a
+    contiguous copy's results bit for bit; the inputs are left as they were; the lse is the FP8 forward's on
+    fp8.quantize's tensors."""
+    q, k, v, dout = make_inputs(2, 40, 56, 4, 2, 64, dtype=torch.float16)
+    wide = torch.randn(2, 40, 4, 128, dtype=torch.float16)
+    q_view = wide[..., ::2]
+    q_view.copy_(q)
+    before = [x.clone() for x in (q_view, k, v)]
+    out, grads = fp8_gradients(q_view, k, v, dout, seed=2, causal=True)
+    assert out.dtype == torch.float16 and all(g.dtype == torch.float16 and g.is_contiguous() for g in grads)
+    out_copy, grads_copy = fp8_gradients(q_view.contiguous(), k, v, dout, seed=2, causal=True)
+    assert torch.equal(out, out_copy) and all(torch.equal(a, b) for a, b in zip(grads, grads_copy, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(before, (q_view, k, v), strict=True))
+    _, lse, _ = fp8.flash_attn_func(q, k, v, seed=2, causal=True, return_attn_probs=True)
+    x = fp8.quantize(q, k, v, seed=2)
+    _, want_lse, _ = flash_attn_func(x.q, x.k, x.v, q_descale=x.q_descale, k_descale=x.k_descale,
+                                     v_descale=x.v_descale, causal=True, return_attn_probs=True)
+    assert torch.equal(lse, want_lse)
+
+
+@pytest.mark.parametrize("change,message", [
+    ({x: torch.zeros(1, 8, 2, 32) for x in "qkv"}, "q must be bfloat16 or float16"),
+    ({"k": torch.zeros(1, 8, 2, 32, dtype=torch.float16)}, "k must have q's dtype"),
+    ({"q": torch.zeros(8, 2, 32, dtype=torch.bfloat16)}, "q must have 4 dimensions"),
+    ({"dropout_p": 0.1}, "dropout_p is not supported"),
+    ({"alibi_slopes": torch.ones(2)}, "alibi_slopes is not supported"),
+    ({"granularity": "row"}, "granularity must be 'block' or 'head'"),
+    ({"hadamard": 1}, "hadamard must be a bool"),
+    ({"seed": 1.5}, "seed must be an int or None"),
+    ({"window_size": (3,)}, "window_size must be a pair"),
+], ids=lambda x: x if isinstance(x, str) else "-".join(x))
+def test_bad_input_names_the_argument(change, message):
+    arguments = dict(zip("qkv", make_inputs(1, 8, 8, 2, 2, 32)[:3], strict=True))
+    arguments.update(change)
+    with pytest.raises((TypeError, ValueError), match=message):
+        fp8.flash_attn_func(**arguments)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,options", [((2, 300, 300, 8, 4, 128), {"causal": True}), ((1, 257, 513, 4, 4, 64), {})],
+                         ids=str)
+def test_gradients_within_the_fp8_error_model_gpu(shape, options):
+    """The GPU's FP8 forward (the kernel, P rounded to e4m3) under the same backward and bound."""
+    check_gradients(*(x.cuda() for x in make_inputs(*shape)), seed=3, **options)
