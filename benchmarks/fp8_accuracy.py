@@ -14,7 +14,7 @@ to e4m3 as the Hopper kernel is to (its forward on the CPU computes on the dequa
 which reaches the gradients through delta = rowsum(dO * O) only).
 
     python benchmarks/fp8_accuracy.py              # writes benchmarks/results/cpu-accuracy.json and the table
-    python benchmarks/fp8_accuracy.py --gradients  # writes benchmarks/results/cpu-accuracy-gradients.json
+    python benchmarks/fp8_accuracy.py --gradients  # writes benchmarks/results/cpu-gradients.json
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--causal", nargs="+", type=int, default=[0], choices=(0, 1))
     parser.add_argument("--gradients", action="store_true", help="the gradients' error (dQ, dK, dV) instead")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="folder of cpu-accuracy[-gradients].json")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder of cpu-accuracy.json / cpu-gradients.json")
     args = parser.parse_args(argv)
     run, render = (measure_gradients, gradients_markdown) if args.gradients else (measure, markdown)
     rows = []
@@ -131,7 +131,7 @@ def main(argv=None) -> int:
                 rows.append(run(1, seqlen, args.nheads, head_dim, bool(causal), args.seed))
                 print("\n".join(render(rows[-1:]).splitlines()[2:]), flush=True)
     table = render(rows)
-    mode = "accuracy-gradients" if args.gradients else "accuracy"
+    mode = "gradients" if args.gradients else "accuracy"
     path = write_results(args.out, environment(), mode, rows, machine="cpu")
     print(table)
     print(f"results: {path}")

@@ -30,12 +30,13 @@ SUMMARY_START = "<!-- speed-summary:start -->"
 SUMMARY_END = "<!-- speed-summary:end -->"
 SUMMARY_FROM_SEQLEN = 2048  # the README's dense ranges: sequences of this many tokens and more
 OURS = "flashattn"
-MODES = ("dense", "varlen", "decode", "blocks", "ring", "ring_varlen", "fp8", "accuracy")
+MODES = ("dense", "varlen", "decode", "blocks", "ring", "ring_varlen", "fp8", "accuracy", "gradients")
 MODE_TITLES = {"dense": "attention, forward and backward", "varlen": "packed (varlen) against dense calls",
                "decode": "decode over a KV cache", "blocks": "tile sweeps",
                "ring": "ring attention (context parallelism), forward and backward",
                "ring_varlen": "ring attention over packed batches of documents",
-               "fp8": "FP8 forward beside the 16-bit ones", "accuracy": "FP8 error against float64 (emulated)"}
+               "fp8": "FP8 forward beside the 16-bit ones", "accuracy": "FP8 error against float64 (emulated)",
+               "gradients": "FP8 gradients' error against float64 (the backward's reference path)"}
 PROVIDER_NOTES = {
     "flashattn": "this library (`flash_attn_func`)",
     "flashattn_varlen": "`flash_attn_varlen_func` on the same batch packed, equal lengths (same FLOPs)",
@@ -656,6 +657,21 @@ def accuracy_section(results: Results) -> list[str]:
                    numeric_from=2), ""]
 
 
+def gradients_section(results: Results) -> list[str]:
+    variants = list(results.rows[0]["rmse"]) if results.rows else []
+    body = []
+    for r in results.rows:
+        rmse = r["rmse"]
+        cells = [" / ".join(f"{rmse[v][g]:.2e}" for g in ("dq", "dk", "dv")) for v in variants]
+        gain = " / ".join(f"{rmse[variants[-2]][g] / rmse[variants[-1]][g]:.2f}x" for g in ("dq", "dk", "dv"))
+        body.append([str(r["head_dim"]), fmt_tokens(r["seqlen"]), "yes" if r["causal"] else "no", *cells, gain])
+    return ["RMSE of dQ / dK / dV against float64 on FlashAttention-3's outlier inputs, from "
+            "`python benchmarks/fp8_accuracy.py --gradients` (`fp8.flash_attn_func`'s backward on its reference "
+            "path: e4m3 dO, P and dS; [docs/fp8.md](docs/fp8.md)). Last column: the rotation's gain.", "",
+            *table(["hdim", "tokens", "causal", *variants, f"{variants[-2]} / {variants[-1]}" if variants else ""],
+                   body, numeric_from=3), ""]
+
+
 # ---------------------------------------------------------------------------------------------
 # The documents
 # ---------------------------------------------------------------------------------------------
@@ -663,7 +679,8 @@ def accuracy_section(results: Results) -> list[str]:
 SECTIONS: dict[str, Callable[[Results], list[str]]] = {"varlen": varlen_section, "decode": decode_section,
                                                        "blocks": blocks_section, "ring": ring_section,
                                                        "ring_varlen": ring_varlen_section,
-                                                       "fp8": fp8_section, "accuracy": accuracy_section}
+                                                       "fp8": fp8_section, "accuracy": accuracy_section,
+                                                       "gradients": gradients_section}
 
 
 def figure_name(results: Results) -> str:
