@@ -68,6 +68,7 @@ from flashattn.nn import SelfAttention
 from flashattn.tools.bench import environment
 from flashattn.tools.results import write_results
 
+STARTED = time.perf_counter()  # --time-limit counts from the start, imports and the corpus included
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 FIGURES = ROOT / "docs" / "figures"
@@ -181,7 +182,9 @@ def evaluate(model: ByteLM, data: torch.Tensor, starts: torch.Tensor, args, devi
     return total / (len(starts) * args.context)
 
 
-def train(args) -> list[dict]:
+def train(args, save_rows) -> tuple[list[dict], bool]:
+    """The rows, and whether the run finished: False when ``--time-limit`` cut it short (after saving
+    ``--checkpoint``, from which the same command goes on). ``save_rows(rows)`` runs after each evaluation."""
     device = torch.device(args.device)
     train_data, validation_data = corpus()
     torch.manual_seed(args.seed)
@@ -197,9 +200,20 @@ def train(args) -> list[dict]:
     print(f"{args.attention}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
           f"{tokens} tokens a step, {step_flops / 1e12:.2f} TFLOP a step; training {len(train_data) / 1e6:.1f} MB, "
           f"validation {len(validation_data) / 1e6:.1f} MB", flush=True)
-    rows, running, since = [], torch.zeros((), device=device), 0
+    rows, first, before = [], 0, 0.0
+    if args.checkpoint is not None and args.checkpoint.exists():
+        state = torch.load(args.checkpoint, map_location=device, weights_only=False)
+        if state["settings"] != settings(args):
+            raise SystemExit(f"{args.checkpoint} is another run's (settings {state['settings']}): remove it")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        batches.set_state(state["batches"])
+        torch.set_rng_state(state["rng"])  # the FP8 rotations' seeds are drawn from it
+        rows, first, before = state["rows"], state["step"], state["time_s"]
+        print(f"resumed from {args.checkpoint} at step {first}", flush=True)
+    running, since = torch.zeros((), device=device), 0
     start = time.perf_counter()
-    for step in range(args.steps):
+    for step in range(first, args.steps):
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, args.lr, args.warmup, args.steps)
         starts = torch.randint(0, len(train_data) - args.context - 1, (args.batch,), generator=batches)
@@ -213,17 +227,35 @@ def train(args) -> list[dict]:
         optimizer.step()
         running += loss.detach()
         since += 1
-        if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
-            train_loss = running.item() / since
-            elapsed = time.perf_counter() - start  # .item() above waited for the device
-            row = {"step": step + 1, "train_loss": train_loss,
-                   "validation_loss": evaluate(model, validation_data, val_starts, args, device), "time_s": elapsed}
-            rows.append(row)
-            running.zero_()
-            since = 0
-            print(f"step {row['step']:5d}  train {train_loss:.4f}  validation {row['validation_loss']:.4f}  "
-                  f"{elapsed:7.1f} s", flush=True)
-    return rows
+        if (step + 1) % args.eval_every and step + 1 != args.steps:
+            continue
+        train_loss = running.item() / since
+        elapsed = before + time.perf_counter() - start  # .item() above waited for the device
+        rows.append({"step": step + 1, "train_loss": train_loss,
+                     "validation_loss": evaluate(model, validation_data, val_starts, args, device), "time_s": elapsed})
+        running.zero_()
+        since = 0
+        print(f"step {step + 1:5d}  train {train_loss:.4f}  validation {rows[-1]['validation_loss']:.4f}  "
+              f"{elapsed:7.1f} s", flush=True)
+        save_rows(rows)
+        out_of_time = args.time_limit is not None and time.perf_counter() - STARTED > args.time_limit
+        if args.checkpoint is not None and step + 1 < args.steps and out_of_time:
+            state = {"settings": settings(args), "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                     "batches": batches.get_state(), "rng": torch.get_rng_state(), "rows": rows, "step": step + 1,
+                     "time_s": elapsed}
+            partial = args.checkpoint.with_name(args.checkpoint.name + ".partial")
+            torch.save(state, partial)
+            os.replace(partial, args.checkpoint)  # whole or not at all: a run killed while saving keeps the last one
+            print(f"--time-limit: stopped at step {step + 1}, saved {args.checkpoint}; run the same command again to "
+                  "go on", flush=True)
+            return rows, False
+    return rows, True
+
+
+def settings(args) -> dict:
+    """What defines a run (a checkpoint resumes only the same one), JSON's types."""
+    skipped = {"plot", "figure", "out", "checkpoint", "time_limit", "device"}
+    return {k: v for k, v in vars(args).items() if k not in skipped}
 
 
 # -- the two runs' curves --
@@ -280,6 +312,10 @@ def main(argv=None) -> int:
     parser.add_argument("--eval-batches", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--checkpoint", type=Path, default=None,
+                        help="with --time-limit: where a run cut short saves its state, and from which it goes on")
+    parser.add_argument("--time-limit", type=float, default=None,
+                        help="seconds: stop at the first evaluation after this (from the start of the process)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="the folder of <machine>-train_<attention>.json")
     parser.add_argument("--plot", type=Path, nargs="+", metavar="JSON",
                         help="no training: compare these runs (bf16 first) and draw their curves")
@@ -292,13 +328,17 @@ def main(argv=None) -> int:
         return 0
     if args.d_model % args.heads:
         parser.error(f"--d-model ({args.d_model}) must be a multiple of --heads ({args.heads})")
-    rows = train(args)
     env = environment()
-    env["settings"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "plot"}
-    path = write_results(args.out, env, f"train_{args.attention}", rows)
-    print(f"final validation loss {rows[-1]['validation_loss']:.4f}; wrote {path}")
-    return 0
+    env["settings"] = settings(args) | {"device": args.device}
 
+    def save_rows(rows):  # after each evaluation: a run cut short keeps its rows so far
+        return write_results(args.out, env, f"train_{args.attention}", rows)
+
+    rows, finished = train(args, save_rows)
+    if not finished:
+        return 3
+    print(f"final validation loss {rows[-1]['validation_loss']:.4f}; wrote {save_rows(rows)}")
+    return 0
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -46,3 +46,16 @@ def test_tiny_runs_write_finite_curves(script, tmp_path, capsys):
     script.main(["--plot", *map(str, paths), "--figure", str(tmp_path / "curves.png")])
     printed = capsys.readouterr().out
     assert "relative difference" in printed and (tmp_path / "curves.png").stat().st_size > 0
+
+
+def test_a_run_cut_by_its_time_limit_goes_on_where_it_stopped(script, tmp_path):
+    """--time-limit 0 stops at each evaluation; the same command resumes from --checkpoint (weights, optimizer, the
+    batches' generator and the FP8 rotations' seeds), so the pieces give the uninterrupted run's losses exactly."""
+    tiny = [*TINY.split(), "--steps", "2", "--eval-every", "1", "--attention", "fp8", "--device", "cpu"]
+    assert script.main([*tiny, "--out", str(tmp_path / "whole")]) == 0
+    cut = [*tiny, "--out", str(tmp_path / "cut"), "--checkpoint", str(tmp_path / "state.pt"), "--time-limit", "0"]
+    assert [script.main(cut) for _ in range(2)] == [3, 0]
+    whole, pieces = (json.loads((tmp_path / name / "cpu-train_fp8.json").read_text())["results"]
+                     for name in ("whole", "cut"))
+    assert len(whole) == 2 and [(r["train_loss"], r["validation_loss"]) for r in whole] == [
+        (r["train_loss"], r["validation_loss"]) for r in pieces]
