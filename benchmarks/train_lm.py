@@ -25,13 +25,19 @@ rounds dO, P and dS to e4m3 in its backward. Everything else is the same code in
 AdamW (betas 0.9 / 0.95, weight decay 0.1 on the matrices only), a linear warm-up over ``--warmup`` steps to
 ``--lr``, then a cosine to a tenth of it at ``--steps``; gradients clipped to norm 1.
 
-The default run on an H200: 8 layers, d-model 1024 (8 heads of 128), 2k context, batch 16: 32,768 tokens a step.
-About 101M parameters in the blocks: 6 x 101M = 604M FLOPs a token for the matmuls, and 8 causal attentions at
-3.5 x 2 x 2048 x 1024 = 14.7M each (forward and backward, flashattn.flops' convention), 117M: 0.72 GFLOP a token,
-23.6 TFLOP a step, 0.08 s at 300 TFLOP/s effective: 2000 steps in about 2.6 minutes, evaluations (20 x 8 forward
-batches) adding about 5%. The FP8 run's forward is the FP8 kernel, but its backward is the blocked PyTorch path until
-the Hopper kernel lands: the attention's backward, a sixth of the step's FLOPs, may run several times slower there,
-so expect the FP8 run to take longer. The script prints its own count at the start.
+The default run on an H200: 6 layers, d-model 1024 (8 heads of 128), 2k context, batch 16: 32,768 tokens a step,
+76M parameters. 6 FLOPs a token per matmul weight (75.5M in the blocks, 0.26M in the head): 455M; 6 causal
+attentions at 3.5 x 2 x 2048 x 1024 = 14.7M each (forward and backward, flashattn.flops' convention): 88M; 0.54
+GFLOP a token, 17.8 TFLOP a step, 0.06 s at 300 TFLOP/s effective: 2000 steps in about 2 minutes, evaluations
+(20 x 8 forward batches) adding about 5%. The script prints its count at the start.
+
+The FP8 run costs more than its FLOPs: its forward is the FP8 kernel, but its backward is the blocked PyTorch path
+(``fp8_backward``) until the Hopper kernel lands, about 30 small operations for each of 272 tiles of 128 keys x 64
+queries a layer at 2k context, whatever the batch. On a CPU they take 0.25 s a call in dispatch alone (head dim 16,
+one head); at 0.15-0.25 s a layer on the H200's host, 1-1.5 s a step, the FP8 run takes 30-50 minutes. A run longer
+than one command goes on from ``--checkpoint`` (weights, AdamW's state, the batches' generator and the default
+generator, which draws the FP8 rotations' seeds; about 0.9 GB at the default size) when ``--time-limit`` stops it,
+as long as the machine keeps its disk: the same losses as one uninterrupted run.
 
 Every ``--eval-every`` steps (and after the last) a row: the step, the mean training loss since the previous row,
 the validation loss, and the seconds since training started. ``--out`` gets ``<machine>-train_<attention>.json``
@@ -302,7 +308,7 @@ def main(argv=None) -> int:
     parser.add_argument("--attention", choices=tuple(ATTENTION), default="bf16")
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--d-model", type=int, default=1024)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--context", type=int, default=2048)
