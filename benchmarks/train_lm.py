@@ -288,8 +288,9 @@ def compare(paths: list[Path], figure: Path | None) -> None:
     for (data, _), color in zip(runs, ("tab:blue", "tab:orange", "tab:green"), strict=False):
         rows, label = data["results"], data["environment"]["settings"]["attention"]
         steps = [r["step"] for r in rows]
-        axes.plot(steps, [r["train_loss"] for r in rows], "--", color=color, alpha=0.6, label=f"{label} training")
-        axes.plot(steps, [r["validation_loss"] for r in rows], "-", color=color, label=f"{label} validation")
+        style = dict(marker=".", color=color)  # markers: a run of one evaluation is still drawn
+        axes.plot(steps, [r["train_loss"] for r in rows], "--", alpha=0.6, label=f"{label} training", **style)
+        axes.plot(steps, [r["validation_loss"] for r in rows], "-", label=f"{label} validation", **style)
     env = runs[0][0]["environment"]
     settings = env["settings"]
     axes.set(xlabel="step", ylabel="loss (nats per byte)",
