@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from flashattn import flash_attn_func
 from flashattn.nn import MultiheadAttention, RotaryEmbedding, SelfAttention
 from flashattn.testing import assert_within_rule
 
@@ -168,6 +169,27 @@ def test_self_attention_block_matches_its_explicit_form(torch_backend):
         oracle = explicit_self_attention(block, x.double(), mask)
         assert_within_rule("out", out, oracle, explicit_self_attention(block, x, mask), factor=2)
     torch.testing.assert_close(block(x, torch.ones(2, 27, dtype=torch.bool)), block(x), rtol=1e-5, atol=1e-6)
+
+
+def test_self_attention_calls_the_attention_it_is_given(torch_backend):
+    """``attention=``: fp8.flash_attn_func, say, in the unmasked path; the other paths refuse another function."""
+    calls = []
+
+    def attention(q, k, v, dropout_p, causal):
+        calls.append((q.shape, dropout_p, causal))
+        return flash_attn_func(q, k, v, dropout_p, causal=causal)
+
+    torch.manual_seed(0)
+    block = SelfAttention(32, num_heads=2, attention=attention)
+    x = torch.randn(2, 9, 32)
+    plain = SelfAttention(32, num_heads=2)
+    plain.load_state_dict(block.state_dict())
+    torch.testing.assert_close(block(x), plain(x))
+    assert calls == [((2, 9, 2, 16), 0.0, True)]
+    with pytest.raises(ValueError, match="attention_mask"):
+        block(x, attention_mask=torch.ones(2, 9, dtype=torch.bool))
+    with pytest.raises(ValueError, match="process_group"):
+        SelfAttention(32, num_heads=2, attention=attention, process_group=object())
 
 
 def test_readme_training_loop_reduces_the_loss(torch_backend):

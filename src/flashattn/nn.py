@@ -13,6 +13,7 @@ runs context-parallel on this rank's shard of the sequence (``flashattn.distribu
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -186,13 +187,19 @@ class SelfAttention(nn.Module):
     (``ring_flash_attn_func`` with ``context_parallel_mode``: "ring", "all_to_all" or "auto"), the rotary
     embedding at the global positions of the local tokens. The module's parameters are replicated: reduce their
     gradients over the group (a sum, with each rank's loss a part of the whole) as data parallelism does.
+
+    ``attention``: the function the single-process path without ``attention_mask`` calls, with
+    :func:`flashattn.flash_attn_func`'s signature (the default), e.g. ``flashattn.fp8.flash_attn_func`` for FP8
+    attention; the masked and context-parallel paths have their own functions and refuse another.
     """
 
     def __init__(self, dim: int, num_heads: int, num_kv_heads: int | None = None, *, head_dim: int | None = None,
                  causal: bool = True, rotary: bool = True, rotary_base: float = 10000.0, dropout: float = 0.0,
-                 bias: bool = False, process_group=None, context_parallel_mode: str = "ring", device=None,
-                 dtype=None) -> None:
+                 bias: bool = False, process_group=None, context_parallel_mode: str = "ring",
+                 attention: Callable = flash_attn_func, device=None, dtype=None) -> None:
         super().__init__()
+        if attention is not flash_attn_func and process_group is not None:
+            raise ValueError("attention: a process_group runs ring_flash_attn_func, not another attention function")
         num_kv_heads = num_kv_heads or num_heads
         head_dim = head_dim or dim // num_heads
         if num_heads % num_kv_heads:
@@ -200,6 +207,7 @@ class SelfAttention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.causal, self.dropout = causal, dropout
         self.process_group, self.context_parallel_mode = process_group, context_parallel_mode
+        self.attention = attention
         factory = dict(device=device, dtype=dtype)
         self.qkv = nn.Linear(dim, (num_heads + 2 * num_kv_heads) * head_dim, bias=bias, **factory)
         self.out = nn.Linear(num_heads * head_dim, dim, bias=bias, **factory)
@@ -216,6 +224,8 @@ class SelfAttention(nn.Module):
             raise ValueError("attention_mask is not taken with a process_group: pack the sequences instead")
         if not parallel and seqlen is not None:
             raise ValueError("seqlen is the whole length of a sharded sequence: it needs a process_group")
+        if attention_mask is not None and self.attention is not flash_attn_func:
+            raise ValueError("attention_mask runs scaled_dot_product_attention, not the module's attention function")
         sizes = (self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
                  self.num_kv_heads * self.head_dim)
         q, k, v = (t.unflatten(-1, (-1, self.head_dim)) for t in self.qkv(x).split(sizes, dim=-1))  # (B, L, H, D)
@@ -231,7 +241,7 @@ class SelfAttention(nn.Module):
             out = ring_flash_attn_func(q, k, v, self.process_group, self.causal, dropout_p=dropout_p, seqlen=seqlen,
                                        mode=self.context_parallel_mode)
         elif attention_mask is None:
-            out = flash_attn_func(q, k, v, dropout_p, causal=self.causal)
+            out = self.attention(q, k, v, dropout_p, causal=self.causal)
         else:
             keep = attention_mask.to(torch.bool).view(batch, 1, 1, local_seqlen)
             out = scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), keep,
