@@ -286,7 +286,7 @@ def _row_block_partition(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, d
     dk, dv, _, _, _ = walk_query_blocks(
         k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready, stats_ready,
         stage_free, dq_desc, batch, head_k * group_size, first_q_block, per_head, iterations, group_size, 0, 0, 0, 0,
-        seqlen_q, seqlen_k, nheads, slice_start, qk_scale_log2, HEAD_DIM, BLOCK_M, NUM_STAGES, CAUSAL, SLICE, False)
+        seqlen_q, seqlen_k, nheads, slice_start, qk_scale_log2, HEAD_DIM, BLOCK_M, NUM_STAGES, CAUSAL, SLICE)
     store_gradients(dk, dv, DK, DV, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh,
                     softmax_scale, HEAD_DIM)
     tma.store_wait(0)  # the shared memory stays the reductions' until they have read it
@@ -297,13 +297,13 @@ def walk_query_blocks(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_r
                       stats_ready, stage_free, dq_desc, batch, first_head, first_q_block, per_head, iterations,
                       group_size, ring, dq_buffer, stage, phase, seqlen_q, seqlen_k, nheads, slice_start,
                       qk_scale_log2, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr,
-                      CAUSAL: gl.constexpr, SLICE: gl.constexpr, ANY_PARITY: gl.constexpr):
+                      CAUSAL: gl.constexpr, SLICE: gl.constexpr):
     """A tile's ``iterations`` query blocks (``per_head`` from ``first_q_block`` in each query head of the group from
     ``first_head``) on this consumer: its dK and dV (returned), its part of each block's dQ^T added into the
     accumulator, and the position after the tile of the stage ring (``stage``, ``phase``) and of the head-dim-128
     staging buffers (``dq_buffer``). ``ring``: the program's query blocks before this tile, whose parity picks the
-    dS^T buffer and, at head dim 64, the consumer whose turn dQ^T is; ``ANY_PARITY`` (a persistent program) takes an
-    odd one, with a first block of its own."""
+    dS^T buffer and, at head dim 64, the consumer whose turn dQ^T is (an odd one, a persistent program's, starts the
+    tile with a block of its own)."""
     s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
     acc_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     s = gl.zeros([SLICE_KEYS, BLOCK_M], gl.float32, s_layout)
@@ -331,15 +331,15 @@ def walk_query_blocks(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_r
         # program's next tile) an odd first block consumer 1's
         ds_phase = gl.to_tensor((ring // 2) & 1)
         rest = iterations
-        if ANY_PARITY:
-            if ring % 2 == 1:
-                s, dp, dq, dk, dv, head, q_block, stage, phase = _alternating_block(
-                    k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready,
-                    stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, stage, phase,
-                    ds_phase, first_q_block, per_head, last_head, seqlen_q, seqlen_k, nheads, slice_start,
-                    qk_scale_log2, BLOCK_M, NUM_STAGES, CAUSAL, SLICE, 1)
-                ds_phase = ds_phase ^ 1
-                rest = iterations - 1
+        # the one-tile kernel passes ring = 0, a constant: there this branch is not built
+        if ring % 2 == 1:
+            s, dp, dq, dk, dv, head, q_block, stage, phase = _alternating_block(
+                k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready,
+                stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, stage, phase,
+                ds_phase, first_q_block, per_head, last_head, seqlen_q, seqlen_k, nheads, slice_start,
+                qk_scale_log2, BLOCK_M, NUM_STAGES, CAUSAL, SLICE, 1)
+            ds_phase = ds_phase ^ 1
+            rest = iterations - 1
         for _ in range(rest // 2):
             s, dp, dq, dk, dv, head, q_block, stage, phase = _alternating_block(
                 k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready,
