@@ -186,12 +186,11 @@ def _scores_and_gradients(k_slice, v_slice, q_bufs, do_bufs, stats_bufs, q_ready
 @gluon.jit
 def _halves_block(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready,
                   stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, stage, phase, ring,
-                  dq_buffer, first_q_block, per_head, last_head, seqlen_q, seqlen_k, nheads, slice_start,
-                  qk_scale_log2, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                  SLICE: gl.constexpr):
-    """One query block at head dim 128, the ``ring``-th block of the dS^T ring: this consumer's dV and dK, and its
-    head-dim half of dQ^T over the 128 keys, reduced from staging buffer ``dq_buffer`` of its two. Returns the tiles
-    and the walk's position after the block."""
+                  first_q_block, per_head, last_head, seqlen_q, seqlen_k, nheads, slice_start, qk_scale_log2,
+                  BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, SLICE: gl.constexpr):
+    """One query block at head dim 128, the program's ``ring``-th: this consumer's dV and dK, and its head-dim half of
+    dQ^T over the 128 keys, reduced from its staging buffer of the ring's parity. Returns the tiles and the walk's
+    position after the block."""
     HEAD_DIM: gl.constexpr = 2 * DQ_ROWS
     DS_BUFFERS: gl.constexpr = ds_bufs.shape[0]
     s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
@@ -211,14 +210,14 @@ def _halves_block(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready
     dk = warpgroup_mma(ds_op, q_bufs.index(stage), dk, is_async=True)
     # dV and dQ^T complete; dK runs on while dQ^T goes to the accumulator
     dv, dq, p_op = warpgroup_mma_wait(num_outstanding=1, deps=(dv, dq, p_op))
-    _add_dq(dq, dq_bufs.index(2 * SLICE + dq_buffer), dq_desc, batch, head, q_block, nheads, HEAD_DIM, BLOCK_M,
+    _add_dq(dq, dq_bufs.index(2 * SLICE + ring % 2), dq_desc, batch, head, q_block, nheads, HEAD_DIM, BLOCK_M,
             SLICE * DQ_ROWS)
     dk, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ds_op))
     mbarrier.arrive(stage_free.index(stage), count=1)
     head, q_block = _next_query_block(head, q_block, first_q_block, per_head, last_head)
     stage = gl.where(stage == NUM_STAGES - 1, 0, stage + 1)
     phase = gl.where(stage == 0, phase ^ 1, phase)
-    return s, dp, dq, dk, dv, head, q_block, stage, phase, dq_buffer ^ 1
+    return s, dp, dq, dk, dv, head, q_block, stage, phase
 
 
 @gluon.jit
@@ -283,9 +282,9 @@ def _row_block_partition(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, d
         seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, BLOCK_N, CAUSAL)
     slice_start = key_start + SLICE * SLICE_KEYS
     mbarrier.wait(kv_ready, 0)
-    dk, dv, _, _, _ = walk_query_blocks(
+    dk, dv, _, _ = walk_query_blocks(
         k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready, stats_ready,
-        stage_free, dq_desc, batch, head_k * group_size, first_q_block, per_head, iterations, group_size, 0, 0, 0, 0,
+        stage_free, dq_desc, batch, head_k * group_size, first_q_block, per_head, iterations, group_size, 0, 0, 0,
         seqlen_q, seqlen_k, nheads, slice_start, qk_scale_log2, HEAD_DIM, BLOCK_M, NUM_STAGES, CAUSAL, SLICE)
     store_gradients(dk, dv, DK, DV, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh,
                     softmax_scale, HEAD_DIM)
@@ -295,7 +294,7 @@ def _row_block_partition(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, d
 @gluon.jit
 def walk_query_blocks(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready,
                       stats_ready, stage_free, dq_desc, batch, first_head, first_q_block, per_head, iterations,
-                      group_size, ring, dq_buffer, stage, phase, seqlen_q, seqlen_k, nheads, slice_start,
+                      group_size, ring, stage, phase, seqlen_q, seqlen_k, nheads, slice_start,
                       qk_scale_log2, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr,
                       CAUSAL: gl.constexpr, SLICE: gl.constexpr):
     """A tile's ``iterations`` query blocks (``per_head`` from ``first_q_block`` in each query head of the group from
@@ -318,13 +317,12 @@ def walk_query_blocks(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_r
     stage = gl.to_tensor(stage)
     phase = gl.to_tensor(phase)
     if HEAD_DIM == 2 * DQ_ROWS:
-        dq_buffer = gl.to_tensor(dq_buffer)
-        for i in range(iterations):
-            s, dp, dq, dk, dv, head, q_block, stage, phase, dq_buffer = _halves_block(
+        for i in range(ring, ring + iterations):
+            s, dp, dq, dk, dv, head, q_block, stage, phase = _halves_block(
                 k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready,
-                stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, stage, phase, ring + i,
-                dq_buffer, first_q_block, per_head, last_head, seqlen_q, seqlen_k, nheads, slice_start,
-                qk_scale_log2, BLOCK_M, NUM_STAGES, CAUSAL, SLICE)
+                stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, stage, phase, i,
+                first_q_block, per_head, last_head, seqlen_q, seqlen_k, nheads, slice_start, qk_scale_log2, BLOCK_M,
+                NUM_STAGES, CAUSAL, SLICE)
     else:
         # two blocks a round, so that each consumer's part in each is fixed at compile time (Gluon takes no wgmma
         # accumulator into a run-time branch); an odd last block is consumer 0's, and after it (a persistent
@@ -358,7 +356,7 @@ def walk_query_blocks(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_r
                 stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, stage, phase, ds_phase,
                 first_q_block, per_head, last_head, seqlen_q, seqlen_k, nheads, slice_start, qk_scale_log2, BLOCK_M,
                 NUM_STAGES, CAUSAL, SLICE, 0)
-    return dk, dv, stage, phase, dq_buffer
+    return dk, dv, stage, phase
 
 
 @gluon.jit

@@ -108,39 +108,48 @@ def _persistent_loader(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, 
 
 @gluon.jit
 def _persistent_consumer(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, kv_ready, kv_free,
-                         tile_slot, q_ready, do_ready, stats_ready, stage_free, DK, DV, dq_desc, stride_gb, stride_gm,
-                         stride_gh, seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, group_size, batch_heads_k,
-                         heads_per_section, softmax_scale, qk_scale_log2, HEAD_DIM: gl.constexpr,
+                         tile_slot, round_slots, q_ready, do_ready, stats_ready, stage_free, DK, DV, dq_desc,
+                         stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, group_size,
+                         batch_heads_k, heads_per_section, softmax_scale, qk_scale_log2, HEAD_DIM: gl.constexpr,
                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                          CAUSAL: gl.constexpr, SLICE: gl.constexpr):
     """``backward_fused_dq._row_block_partition`` over the tiles the loader hands out: each tile's blocks
-    (``walk_query_blocks``, its ring positions carried on), then the release of K and V, then dK and dV stored
-    while the loader fetches the next tile's."""
+    (``walk_query_blocks``, the ring positions carried on), then the release of K and V, then dK and dV stored while
+    the loader fetches the next tile's.
+
+    Only what the loop reads stays in registers through it: the tile count waits in this consumer's slot of
+    ``round_slots`` (an int32 through shared memory, as the tile number is), and the tile's plan is read again from
+    ``tile_slot`` for the stores. Kept in registers, the two pushed the head-dim-128 loop past 240 registers: ptxas
+    reloaded spilled values in it, 3 a block without a mask and 15 causal."""
     total_tiles = key_blocks * batch_heads_k
     rounds = 0  # tiles done: the K/V barriers' phase
-    ring = 0  # query blocks done: the dS^T ring's position
+    ring = 0  # query blocks done: the position in the dS^T ring and the staging buffers
     stage = 0
     phase = 0
-    dq_buffer = 0
+    round_slot = round_slots.index(SLICE)
     mbarrier.wait(kv_ready, 0)
     tile_id = read_tile(tile_slot)
     while tile_id < total_tiles:
         batch, head_k, key_start, first_q_block, per_head, iterations = _persistent_tile(
             tile_id, seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, batch_heads_k, heads_per_section,
             BLOCK_M, BLOCK_N, CAUSAL)
-        slice_start = key_start + SLICE * SLICE_KEYS
-        dk, dv, stage, phase, dq_buffer = walk_query_blocks(
+        _publish_tile(round_slot, rounds)
+        dk, dv, stage, phase = walk_query_blocks(
             k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready, stats_ready,
             stage_free, dq_desc, batch, head_k * group_size, first_q_block, per_head, iterations, group_size, ring,
-            dq_buffer, stage, phase, seqlen_q, seqlen_k, nheads, slice_start, qk_scale_log2, HEAD_DIM, BLOCK_M,
-            NUM_STAGES, CAUSAL, SLICE)
+            stage, phase, seqlen_q, seqlen_k, nheads, key_start + SLICE * SLICE_KEYS, qk_scale_log2, HEAD_DIM,
+            BLOCK_M, NUM_STAGES, CAUSAL, SLICE)
         ring += iterations
+        # the slot holds this tile's number until the loader's wait on the arrive below
+        batch, head_k, key_start, _, _, _ = _persistent_tile(
+            read_tile(tile_slot), seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, batch_heads_k,
+            heads_per_section, BLOCK_M, BLOCK_N, CAUSAL)
+        rounds = read_tile(round_slot) + 1
         # every product of the tile has completed (each block waits for its own), so none reads K or V any more:
         # the arrive's partition barrier holds it until every warp is past its last wait
         mbarrier.arrive(kv_free, count=1)
-        store_gradients(dk, dv, DK, DV, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh,
-                        softmax_scale, HEAD_DIM)
-        rounds += 1
+        store_gradients(dk, dv, DK, DV, batch, head_k, key_start + SLICE * SLICE_KEYS, seqlen_k, stride_gb,
+                        stride_gm, stride_gh, softmax_scale, HEAD_DIM)
         mbarrier.wait(kv_ready, rounds & 1)
         tile_id = read_tile(tile_slot)
     tma.store_wait(0)  # the shared memory stays the reductions' until they have read it
@@ -169,17 +178,18 @@ def dkdv_dq_persistent_kernel(
     kv_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_free, count=2)
     tile_slot = gl.allocate_shared_memory(gl.int32, [1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    round_slots = gl.allocate_shared_memory(gl.int32, [2, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))  # a consumer's
     gl.warp_specialize([
         (_persistent_consumer, (k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, kv_ready,
-                                kv_free, tile_slot, q_ready, do_ready, stats_ready, stage_free, DK, DV, dq_desc,
-                                stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k, nheads, nheads_k, key_blocks,
-                                group_size, batch_heads_k, heads_per_section, softmax_scale, qk_scale_log2, HEAD_DIM,
-                                BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, 0)),
+                                kv_free, tile_slot, round_slots, q_ready, do_ready, stats_ready, stage_free, DK,
+                                DV, dq_desc, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k, nheads, nheads_k,
+                                key_blocks, group_size, batch_heads_k, heads_per_section, softmax_scale,
+                                qk_scale_log2, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, 0)),
         (_persistent_consumer, (k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, kv_ready,
-                                kv_free, tile_slot, q_ready, do_ready, stats_ready, stage_free, DK, DV, dq_desc,
-                                stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k, nheads, nheads_k, key_blocks,
-                                group_size, batch_heads_k, heads_per_section, softmax_scale, qk_scale_log2, HEAD_DIM,
-                                BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, 1)),
+                                kv_free, tile_slot, round_slots, q_ready, do_ready, stats_ready, stage_free, DK,
+                                DV, dq_desc, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k, nheads, nheads_k,
+                                key_blocks, group_size, batch_heads_k, heads_per_section, softmax_scale,
+                                qk_scale_log2, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, 1)),
         (_persistent_loader, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, stats_bufs, kv_ready,
                               kv_free, tile_slot, q_ready, do_ready, stats_ready, stage_free, TileCounter, Lse, Delta,
                               seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, group_size, batch_heads_k,
