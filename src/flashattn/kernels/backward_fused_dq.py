@@ -294,15 +294,15 @@ def _row_block_partition(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, d
 @gluon.jit
 def walk_query_blocks(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready,
                       stats_ready, stage_free, dq_desc, batch, first_head, first_q_block, per_head, iterations,
-                      group_size, ring, stage, phase, seqlen_q, seqlen_k, nheads, slice_start,
-                      qk_scale_log2, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr,
+                      group_size, ring, stage, phase, seqlen_q, seqlen_k, nheads, slice_start, qk_scale_log2,
+                      HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr,
                       CAUSAL: gl.constexpr, SLICE: gl.constexpr):
     """A tile's ``iterations`` query blocks (``per_head`` from ``first_q_block`` in each query head of the group from
     ``first_head``) on this consumer: its dK and dV (returned), its part of each block's dQ^T added into the
-    accumulator, and the position after the tile of the stage ring (``stage``, ``phase``) and of the head-dim-128
-    staging buffers (``dq_buffer``). ``ring``: the program's query blocks before this tile, whose parity picks the
-    dS^T buffer and, at head dim 64, the consumer whose turn dQ^T is (an odd one, a persistent program's, starts the
-    tile with a block of its own)."""
+    accumulator, and the stage ring's position after the tile (``stage``, ``phase``: before it). ``ring``: the
+    program's query blocks before this tile, whose parity picks the dS^T buffer, at head dim 128 the staging buffer,
+    and at head dim 64 the consumer whose turn dQ^T is (an odd one, a persistent program's, starts the tile with a
+    block of its own)."""
     s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
     acc_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     s = gl.zeros([SLICE_KEYS, BLOCK_M], gl.float32, s_layout)
