@@ -317,10 +317,10 @@ def walk_query_blocks(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_r
     stage = gl.to_tensor(stage)
     phase = gl.to_tensor(phase)
     if HEAD_DIM == 2 * DQ_ROWS:
-        for i in range(ring, ring + iterations):
+        for i in range(iterations):
             s, dp, dq, dk, dv, head, q_block, stage, phase = _halves_block(
                 k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready,
-                stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, stage, phase, i,
+                stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, stage, phase, ring + i,
                 first_q_block, per_head, last_head, seqlen_q, seqlen_k, nheads, slice_start, qk_scale_log2, BLOCK_M,
                 NUM_STAGES, CAUSAL, SLICE)
     else:
