@@ -311,14 +311,16 @@ def hopper_fp8_forward_report(head_dim: int, causal: bool, config, per_block: bo
 def hopper_dkdv_report(head_dim: int, causal: bool, config, fused: bool = False) -> dict:
     """:func:`report` of the Hopper dK/dV kernel (``kernels/backward_hopper.py``) with ``config``'s tile, as
     ``launch.backward._hopper_dkdv`` launches it for bf16 inputs (``fused``: the key-slice kernel's form that adds
-    dQ^T into float32 by TMA reductions, ``kernels/backward_fused_dq.py``, the non-deterministic calls' kernel; then
+    dQ^T into float32 by TMA reductions, ``kernels/backward_fused_dq.py``, the non-deterministic calls' kernel, or with
+    ``config.persistent`` its persistent form, ``kernels/backward_fused_dq_persistent.py``; then
     ``ptx_reductions`` counts its PTX's TMA reductions and global red/atom instructions)."""
     import torch
 
-    from flashattn.launch.backward import FUSED_DQ_ROWS, hopper_dkdv_constexprs, hopper_dkdv_kernel
+    from flashattn.launch.backward import FUSED_DQ_ROWS, fused_persistent, hopper_dkdv_constexprs, hopper_dkdv_kernel
     from flashattn.launch.common import tile_layout
 
     fused_dq = config.key_slices and fused
+    persistent = fused_dq and fused_persistent(config)
     kernel, keys = hopper_dkdv_kernel(config, fused_dq)
     dq_layout = tile_layout(FUSED_DQ_ROWS, config.block_m, torch.float32)
     dq_desc = f"tensordesc<fp32[{FUSED_DQ_ROWS}, {config.block_m}],{dq_layout!r}>"
@@ -326,8 +328,10 @@ def hopper_dkdv_report(head_dim: int, causal: bool, config, fused: bool = False)
                      k_desc=_bf16_descriptor(keys, head_dim),
                      v_desc=_bf16_descriptor(keys, head_dim),
                      do_desc=_bf16_descriptor(config.block_m, head_dim), Lse="*fp32", Delta="*fp32", DK="*bf16",
-                     DV="*bf16", **(dict(dq_desc=dq_desc) if fused_dq else {}), stride_gb="i32", stride_gm="i32",
+                     DV="*bf16", **(dict(dq_desc=dq_desc) if fused_dq else {}),
+                     **(dict(TileCounter="*i32") if persistent else {}), stride_gb="i32", stride_gm="i32",
                      stride_gh="i32", seqlen_q="i32", seqlen_k="i32", nheads="i32", nheads_k="i32", key_blocks="i32",
+                     **(dict(batch_heads_k="i32", heads_per_section="i32") if persistent else {}),
                      softmax_scale="fp32", qk_scale_log2="fp32")
     return _gluon_report(kernel, signature, hopper_dkdv_constexprs(config, head_dim, causal))
 

@@ -144,6 +144,26 @@ def test_fused_dq_matches_reference(shape, option, monkeypatch):
         check_against_reference(make_case(shape, option, "cuda"), torch.bfloat16, "cuda", flash_attn_func)
 
 
+# its persistent form (kernels/backward_fused_dq_persistent.py): tiles from a counter in L2 sections, a program's rings
+# run on from tile to tile. Fewer tiles than SMs and more (224 and 352 on an H200's 132), odd block counts (777 -> 13
+# query blocks: at hdim 64 a program's next tile then starts on consumer 1's turn), GQA, seqlen_q != seqlen_k, sections
+# of 2 and 1 (kv) heads (4096 queries at hdim 128, group 2: 4 MB of Q and dO a head), one query row
+PERSISTENT_FUSED_DQ = configs.TileConfig(64, 128, 8, 2, hopper=True, key_slices=True, persistent=True)
+PERSISTENT_FUSED_DQ_SHAPES = [(2, 1023, 777, 4, 2, 128), (1, 113, 203, 4, 2, 64), (8, 777, 777, 4, 4, 64),
+                              (4, 1500, 1300, 16, 8, 128), (1, 4096, 3000, 6, 3, 128), (1, 1, 300, 2, 2, 64)]
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("option", ["plain", "causal"])
+@pytest.mark.parametrize("shape", PERSISTENT_FUSED_DQ_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_persistent_fused_dq_matches_reference(shape, option, monkeypatch):
+    kernel, _ = launch_backward.hopper_dkdv_kernel(PERSISTENT_FUSED_DQ, fused=True)
+    assert kernel.fn.__name__ == "dkdv_dq_persistent_kernel"
+    with fused_dq_passes(monkeypatch, True, PERSISTENT_FUSED_DQ):
+        check_against_reference(make_case(shape, option, "cuda"), torch.bfloat16, "cuda", flash_attn_func)
+
+
 @pytest.mark.gpu
 @hopper
 @pytest.mark.parametrize(("head_dim", "stages"), [(128, 2), (64, 3), (64, 2)])

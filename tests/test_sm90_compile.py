@@ -77,12 +77,18 @@ SWEPT_DKDV_TILES = builds({  # name -> (head dim, causal, TileConfig fields)
     "key slices 32x128x8x3, hdim 128": (128, False, dict(_TILE_128_KEYS, block_m=32, num_stages=3, key_slices=True)),
 }, ["gradient-split 32x128x8x3, hdim 128"])
 # the key-slice kernel's form with dQ fused (kernels/backward_fused_dq.py): the hdim-128 tile (the consumers' head-dim
-# halves) and the hdim-64 one (dQ^T in turns), causal or not; in CI one of each head dim
+# halves) and the hdim-64 one (dQ^T in turns), causal or not, and their persistent form
+# (kernels/backward_fused_dq_persistent.py); in CI one of each head dim
 _FUSED_DQ = dict(_TILE_128_KEYS, block_m=64, num_stages=2, key_slices=True)
+_FUSED_DQ_PERSISTENT = dict(_FUSED_DQ, persistent=True)
 SWEPT_FUSED_DQ_TILES = builds({"fused dQ 64x128x8x2, hdim 128": (128, False, _FUSED_DQ),
                                "fused dQ 64x128x8x2, hdim 128 causal": (128, True, _FUSED_DQ),
                                "fused dQ 64x128x8x2, hdim 64": (64, False, _FUSED_DQ),
-                               "fused dQ 64x128x8x2, hdim 64 causal": (64, True, _FUSED_DQ)},
+                               "fused dQ 64x128x8x2, hdim 64 causal": (64, True, _FUSED_DQ),
+                               "fused dQ persistent 64x128x8x2, hdim 128": (128, False, _FUSED_DQ_PERSISTENT),
+                               "fused dQ persistent 64x128x8x2, hdim 128 causal": (128, True, _FUSED_DQ_PERSISTENT),
+                               "fused dQ persistent 64x128x8x2, hdim 64": (64, False, _FUSED_DQ_PERSISTENT),
+                               "fused dQ persistent 64x128x8x2, hdim 64 causal": (64, True, _FUSED_DQ_PERSISTENT)},
                               ["fused dQ 64x128x8x2, hdim 128", "fused dQ 64x128x8x2, hdim 64 causal"])
 # and Hopper dQ tiles outside the table: three consumer warpgroups (192 query rows a program), swept at hdim 64
 _THREE_CONSUMERS_DQ = dict(block_m=128, block_n=64, num_warps=8, num_stages=3, hopper=True, three_consumers=True)
@@ -122,20 +128,27 @@ for report, head_dim, causal, fields, varlen in {builds!r}:
 # ptxas 12.8 built the two-Q-tile Hopper forward that way, and it read another tile's Q (docs/perf-notes.md)
 UNWRITTEN_READS = "ptxas reads a uniform register (a wgmma descriptor?) that a path leaves unwritten"
 TMA_REDUCTION = "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.bulk_group"
+TILE_COUNTER = "atom.global.gpu.relaxed.add.u32"  # a persistent grid's tiles taken (forward_hopper._next_tile)
 
 
 def check_dq_reductions(name: str, result: dict, head_dim: int) -> None:
     """No per-element global reduction in a dK/dV build; the fused dK/dV/dQ kernel adds dQ^T by TMA tile reductions
     (hdim 128: one a consumer, in its loop; hdim 64: one a consumer in its loop of two blocks, and consumer 0's in an
-    odd last block), stores nothing to local memory in its loops (with per-element reductions its hdim-128 build
-    spilled about 45 values a block) and fits one SM's shared memory."""
-    reductions = result["ptx_reductions"]
+    odd last block, and in the persistent form consumer 1's in a tile's odd first block), stores nothing to local
+    memory in its loops (with per-element reductions its hdim-128 build spilled about 45 values a block) and fits one
+    SM's shared memory. The persistent form takes its tiles by one atomic add, and loads nothing from local memory in
+    its loops either (its tiles' state beside the hdim-128 loop's had ptxas reload 3-15 values a block)."""
+    reductions = dict(result["ptx_reductions"])
+    persistent = "persistent" in name
+    if persistent:
+        assert reductions.pop(TILE_COUNTER, 0) == 1, f"{name}: {result['ptx_reductions']}"
     assert not any(op.startswith(("red.", "atom.")) for op in reductions), f"{name}: {reductions}"
     if "fused dQ" in name or reductions:
-        expected = {TMA_REDUCTION: 2 if head_dim == 128 else 3}
+        expected = {TMA_REDUCTION: 2 if head_dim == 128 else 4 if persistent else 3}
         assert reductions == expected, f"{name}: {reductions}"
         assert all(loop["UTMAREDG"] == 1 for loop in result["loops"]), f"{name}: {result['loops']}"
         assert result["loop_STL"] == 0, f"{name}: spills in its loops ({result['loops']})"
+        assert not persistent or result["loop_LDL"] == 0, f"{name}: reloads in its loops ({result['loops']})"
         assert result["shared_bytes"] <= HOPPER_SHARED_BYTES, f"{name}: {result['shared_bytes']} B of shared memory"
 
 

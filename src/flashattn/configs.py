@@ -36,7 +36,7 @@ class TileConfig:
     # sm90: the Hopper kernels (warp-specialized, in Gluon): forward and dQ take 64 query rows on each consumer
     # warpgroup and a TMA loader warp, K/V in a ring of num_stages; dK/dV block_n keys a program, Q/dO in the ring
     hopper: bool = False
-    persistent: bool = False  # Hopper forward: one program per SM walks the tiles, taking them from a counter
+    persistent: bool = False  # Hopper forward, fused dK/dV/dQ: one program per SM walks tiles taken from a counter
     # Hopper forward: three consumer warpgroups (192 rows, 160 registers) instead of two (128 rows, 240 registers)
     three_consumers: bool = False
     # Hopper dK/dV: each consumer warpgroup owns 64 of 128 keys and both their gradients (FA3's layout)

@@ -133,29 +133,37 @@ def _load_with_statistics(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_buf
     addresses spilled beside S^T, dP^T, dK and dV."""
     batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(
         seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, BLOCK_N, CAUSAL)
-    rows_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
-    block_rows = gl.arange(0, BLOCK_M, layout=rows_layout)
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [batch * seqlen_k + key_start, head_k * HEAD_DIM], kv_ready, k_smem)
     tma.async_copy_global_to_shared(v_desc, [batch * seqlen_k + key_start, head_k * HEAD_DIM], kv_ready, v_smem)
     for it in range(iterations):
-        head = head_k * group_size + it // per_head
-        q_block = first_q_block + it % per_head
-        stage = it % NUM_STAGES
-        phase = (it // NUM_STAGES) & 1
-        # a fresh barrier passes a wait on the phase before its first: the first round does not wait
-        mbarrier.wait(stage_free.index(stage), phase ^ 1)
-        mbarrier.expect(q_ready.index(stage), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [batch * seqlen_q + q_block * BLOCK_M, head * HEAD_DIM],
-                                        q_ready.index(stage), q_bufs.index(stage))
-        mbarrier.expect(do_ready.index(stage), do_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(do_desc, [batch * seqlen_q + q_block * BLOCK_M, head * HEAD_DIM],
-                                        do_ready.index(stage), do_bufs.index(stage))
-        rows = q_block * BLOCK_M + block_rows
-        offsets = (batch * nheads + head).to(gl.int64) * seqlen_q + rows
-        stats_bufs.index(2 * stage).store(_lse_log2(Lse, offsets, rows, seqlen_q))
-        stats_bufs.index(2 * stage + 1).store(gl.load(Delta + offsets, mask=rows < seqlen_q, other=0.0))
-        mbarrier.arrive(stats_ready.index(stage), count=1)
+        load_query_block(q_desc, do_desc, q_bufs, do_bufs, stats_bufs, q_ready, do_ready, stats_ready, stage_free,
+                         Lse, Delta, batch, head_k * group_size + it // per_head, first_q_block + it % per_head, it,
+                         seqlen_q, nheads, HEAD_DIM, BLOCK_M, NUM_STAGES)
+
+
+@gluon.jit
+def load_query_block(q_desc, do_desc, q_bufs, do_bufs, stats_bufs, q_ready, do_ready, stats_ready, stage_free, Lse,
+                     Delta, batch, head, q_block, position, seqlen_q, nheads, HEAD_DIM: gl.constexpr,
+                     BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """Query block ``q_block`` of query head ``head``: its Q and dO by TMA, its lse (base 2) and delta by the loader's
+    loads, into the ring's stage of ``position`` (the blocks loaded so far), once both consumers have freed it."""
+    rows_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
+    stage = position % NUM_STAGES
+    phase = (position // NUM_STAGES) & 1
+    # a fresh barrier passes a wait on the phase before its first: the first round does not wait
+    mbarrier.wait(stage_free.index(stage), phase ^ 1)
+    mbarrier.expect(q_ready.index(stage), q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [batch * seqlen_q + q_block * BLOCK_M, head * HEAD_DIM],
+                                    q_ready.index(stage), q_bufs.index(stage))
+    mbarrier.expect(do_ready.index(stage), do_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(do_desc, [batch * seqlen_q + q_block * BLOCK_M, head * HEAD_DIM],
+                                    do_ready.index(stage), do_bufs.index(stage))
+    rows = q_block * BLOCK_M + gl.arange(0, BLOCK_M, layout=rows_layout)
+    offsets = (batch * nheads + head).to(gl.int64) * seqlen_q + rows
+    stats_bufs.index(2 * stage).store(_lse_log2(Lse, offsets, rows, seqlen_q))
+    stats_bufs.index(2 * stage + 1).store(gl.load(Delta + offsets, mask=rows < seqlen_q, other=0.0))
+    mbarrier.arrive(stats_ready.index(stage), count=1)
 
 
 @gluon.jit
@@ -173,6 +181,43 @@ def _scores_and_gradients(k_slice, v_slice, q_bufs, do_bufs, stats_bufs, q_ready
                        qk_scale_log2, BLOCK_M, CAUSAL, s_layout)
     p_op, ds_op, ds = _operands(p, dp, stats_bufs.index(2 * stage + 1).load(columns), k_slice.dtype, operand)
     return s, dp, p_op, ds_op, ds
+
+
+@gluon.jit
+def _halves_block(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready,
+                  stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, stage, phase, ring,
+                  first_q_block, per_head, last_head, seqlen_q, seqlen_k, nheads, slice_start, qk_scale_log2,
+                  BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, SLICE: gl.constexpr):
+    """One query block at head dim 128, the program's ``ring``-th: this consumer's dV and dK, and its head-dim half of
+    dQ^T over the 128 keys, reduced from its staging buffer of the ring's parity. Returns the tiles and the walk's
+    position after the block."""
+    HEAD_DIM: gl.constexpr = 2 * DQ_ROWS
+    DS_BUFFERS: gl.constexpr = ds_bufs.shape[0]
+    s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
+    k_half_t = k_smem.slice(SLICE * DQ_ROWS, DQ_ROWS, dim=1).permute((1, 0))
+    s, dp, p_op, ds_op, ds = _scores_and_gradients(k_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS),
+                                                   v_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS), q_bufs, do_bufs,
+                                                   stats_bufs, q_ready, do_ready, stats_ready, stage, phase, s, dp,
+                                                   q_block, seqlen_q, seqlen_k, slice_start, qk_scale_log2, BLOCK_M,
+                                                   CAUSAL, s_layout, register_operand_layout(HEAD_DIM))
+    dv = warpgroup_mma(p_op, do_bufs.index(stage), dv, is_async=True)
+    # this block's dQ^T goes to the buffer whose reduction was issued two blocks ago: the issuing thread waits for it
+    # here, and the barrier before _share_ds's arrive holds every other thread until it has
+    tma.store_wait(1)
+    _share_ds(ds, ds_bufs.index(ring % DS_BUFFERS), ds_ready.index(ring % DS_BUFFERS), SLICE)
+    mbarrier.wait(ds_ready.index(ring % DS_BUFFERS), (ring // DS_BUFFERS) & 1)
+    dq = warpgroup_mma(k_half_t, ds_bufs.index(ring % DS_BUFFERS), dq, use_acc=False, is_async=True)
+    dk = warpgroup_mma(ds_op, q_bufs.index(stage), dk, is_async=True)
+    # dV and dQ^T complete; dK runs on while dQ^T goes to the accumulator
+    dv, dq, p_op = warpgroup_mma_wait(num_outstanding=1, deps=(dv, dq, p_op))
+    _add_dq(dq, dq_bufs.index(2 * SLICE + ring % 2), dq_desc, batch, head, q_block, nheads, HEAD_DIM, BLOCK_M,
+            SLICE * DQ_ROWS)
+    dk, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ds_op))
+    mbarrier.arrive(stage_free.index(stage), count=1)
+    head, q_block = _next_query_block(head, q_block, first_q_block, per_head, last_head)
+    stage = gl.where(stage == NUM_STAGES - 1, 0, stage + 1)
+    phase = gl.where(stage == 0, phase ^ 1, phase)
+    return s, dp, dq, dk, dv, head, q_block, stage, phase
 
 
 @gluon.jit
@@ -233,57 +278,67 @@ def _row_block_partition(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, d
     block i-1 (head dim 64: or computed block i-2's dQ^T itself), which the other makes after its iteration i-2
     completed the product that read buffer (i-2) % 2. Head dim 64: the waits alternate, so neither consumer runs
     more than a block ahead of the other, and no buffer's barrier takes a block's arrive before the last one's."""
-    s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
-    acc_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
-    operand: gl.constexpr = register_operand_layout(HEAD_DIM)
-    DS_BUFFERS: gl.constexpr = ds_bufs.shape[0]
     batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(
         seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, BLOCK_N, CAUSAL)
     slice_start = key_start + SLICE * SLICE_KEYS
-    k_slice = k_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS)
-    v_slice = v_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS)
+    mbarrier.wait(kv_ready, 0)
+    dk, dv, _, _ = walk_query_blocks(
+        k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready, stats_ready,
+        stage_free, dq_desc, batch, head_k * group_size, first_q_block, per_head, iterations, group_size, 0, 0, 0,
+        seqlen_q, seqlen_k, nheads, slice_start, qk_scale_log2, HEAD_DIM, BLOCK_M, NUM_STAGES, CAUSAL, SLICE)
+    store_gradients(dk, dv, DK, DV, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh,
+                    softmax_scale, HEAD_DIM)
+    tma.store_wait(0)  # the shared memory stays the reductions' until they have read it
+
+
+@gluon.jit
+def walk_query_blocks(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready,
+                      stats_ready, stage_free, dq_desc, batch, first_head, first_q_block, per_head, iterations,
+                      group_size, ring, stage, phase, seqlen_q, seqlen_k, nheads, slice_start, qk_scale_log2,
+                      HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr,
+                      CAUSAL: gl.constexpr, SLICE: gl.constexpr):
+    """A tile's ``iterations`` query blocks (``per_head`` from ``first_q_block`` in each query head of the group from
+    ``first_head``) on this consumer: its dK and dV (returned), its part of each block's dQ^T added into the
+    accumulator, and the stage ring's position after the tile (``stage``, ``phase``: before it). ``ring``: the
+    program's query blocks before this tile, whose parity picks the dS^T buffer, at head dim 128 the staging buffer,
+    and at head dim 64 the consumer whose turn dQ^T is (an odd one, a persistent program's, starts the tile with a
+    block of its own)."""
+    s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
+    acc_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     s = gl.zeros([SLICE_KEYS, BLOCK_M], gl.float32, s_layout)
     dp = gl.zeros([SLICE_KEYS, BLOCK_M], gl.float32, s_layout)
     dq = gl.zeros([DQ_ROWS, BLOCK_M], gl.float32, s_layout)
     dk = gl.zeros([SLICE_KEYS, HEAD_DIM], gl.float32, acc_layout)
     dv = gl.zeros([SLICE_KEYS, HEAD_DIM], gl.float32, acc_layout)
-    mbarrier.wait(kv_ready, 0)
-    head = head_k * group_size
-    last_head = head + group_size - 1
+    head = first_head
+    last_head = first_head + group_size - 1
     q_block = first_q_block
-    stage = 0
-    phase = 0
+    # carried through the loops as run-time values, whatever the caller passes (the one-tile kernel: 0)
+    stage = gl.to_tensor(stage)
+    phase = gl.to_tensor(phase)
     if HEAD_DIM == 2 * DQ_ROWS:
-        k_half_t = k_smem.slice(SLICE * DQ_ROWS, DQ_ROWS, dim=1).permute((1, 0))
-        dq_buffer = 0
         for i in range(iterations):
-            s, dp, p_op, ds_op, ds = _scores_and_gradients(k_slice, v_slice, q_bufs, do_bufs, stats_bufs, q_ready,
-                                                           do_ready, stats_ready, stage, phase, s, dp, q_block,
-                                                           seqlen_q, seqlen_k, slice_start, qk_scale_log2, BLOCK_M,
-                                                           CAUSAL, s_layout, operand)
-            dv = warpgroup_mma(p_op, do_bufs.index(stage), dv, is_async=True)
-            # this block's dQ^T goes to the buffer whose reduction was issued two blocks ago: the issuing thread
-            # waits for it here, and the barrier before _share_ds's arrive holds every other thread until it has
-            tma.store_wait(1)
-            _share_ds(ds, ds_bufs.index(i % DS_BUFFERS), ds_ready.index(i % DS_BUFFERS), SLICE)
-            mbarrier.wait(ds_ready.index(i % DS_BUFFERS), (i // DS_BUFFERS) & 1)
-            dq = warpgroup_mma(k_half_t, ds_bufs.index(i % DS_BUFFERS), dq, use_acc=False, is_async=True)
-            dk = warpgroup_mma(ds_op, q_bufs.index(stage), dk, is_async=True)
-            # dV and dQ^T complete; dK runs on while dQ^T goes to the accumulator
-            dv, dq, p_op = warpgroup_mma_wait(num_outstanding=1, deps=(dv, dq, p_op))
-            _add_dq(dq, dq_bufs.index(2 * SLICE + dq_buffer), dq_desc, batch, head, q_block, nheads, HEAD_DIM,
-                    BLOCK_M, SLICE * DQ_ROWS)
-            dq_buffer = dq_buffer ^ 1
-            dk, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ds_op))
-            mbarrier.arrive(stage_free.index(stage), count=1)
-            head, q_block = _next_query_block(head, q_block, first_q_block, per_head, last_head)
-            stage = gl.where(stage == NUM_STAGES - 1, 0, stage + 1)
-            phase = gl.where(stage == 0, phase ^ 1, phase)
+            s, dp, dq, dk, dv, head, q_block, stage, phase = _halves_block(
+                k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready,
+                stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, stage, phase, ring + i,
+                first_q_block, per_head, last_head, seqlen_q, seqlen_k, nheads, slice_start, qk_scale_log2, BLOCK_M,
+                NUM_STAGES, CAUSAL, SLICE)
     else:
         # two blocks a round, so that each consumer's part in each is fixed at compile time (Gluon takes no wgmma
-        # accumulator into a run-time branch); an odd last block is consumer 0's
-        ds_phase = 0
-        for _ in range(iterations // 2):
+        # accumulator into a run-time branch); an odd last block is consumer 0's, and after it (a persistent
+        # program's next tile) an odd first block consumer 1's
+        ds_phase = gl.to_tensor((ring // 2) & 1)
+        rest = iterations
+        # the one-tile kernel passes ring = 0, a constant: there this branch is not built
+        if ring % 2 == 1:
+            s, dp, dq, dk, dv, head, q_block, stage, phase = _alternating_block(
+                k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready,
+                stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, stage, phase,
+                ds_phase, first_q_block, per_head, last_head, seqlen_q, seqlen_k, nheads, slice_start,
+                qk_scale_log2, BLOCK_M, NUM_STAGES, CAUSAL, SLICE, 1)
+            ds_phase = ds_phase ^ 1
+            rest = iterations - 1
+        for _ in range(rest // 2):
             s, dp, dq, dk, dv, head, q_block, stage, phase = _alternating_block(
                 k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready,
                 stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, stage, phase, ds_phase,
@@ -295,37 +350,32 @@ def _row_block_partition(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, d
                 first_q_block, per_head, last_head, seqlen_q, seqlen_k, nheads, slice_start, qk_scale_log2, BLOCK_M,
                 NUM_STAGES, CAUSAL, SLICE, 1)
             ds_phase = ds_phase ^ 1
-        if iterations % 2 == 1:
+        if rest % 2 == 1:
             s, dp, dq, dk, dv, head, q_block, stage, phase = _alternating_block(
                 k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready,
                 stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, stage, phase, ds_phase,
                 first_q_block, per_head, last_head, seqlen_q, seqlen_k, nheads, slice_start, qk_scale_log2, BLOCK_M,
                 NUM_STAGES, CAUSAL, SLICE, 0)
+    return dk, dv, stage, phase
+
+
+@gluon.jit
+def store_gradients(dk, dv, DK, DV, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh,
+                    softmax_scale, HEAD_DIM: gl.constexpr):
+    """A consumer's 64 keys' rows of dV and dK (scaled), from the wgmma layout."""
+    acc_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     _store_rows(dv, DV, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh, HEAD_DIM, SLICE_KEYS,
                 acc_layout)
     _store_rows(dk * softmax_scale, DK, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh,
                 HEAD_DIM, SLICE_KEYS, acc_layout)
-    tma.store_wait(0)  # the shared memory stays the reductions' until they have read it
 
 
-# seqlen_q is not specialized as a constant, as in dkdv_key_slices_kernel (Triton 3.6's lowering fails there)
-@gluon.jit(do_not_specialize=["seqlen_q"])
-def dkdv_dq_key_slices_kernel(
-    q_desc, k_desc, v_desc, do_desc, Lse, Delta, DK, DV, dq_desc,
-    stride_gb, stride_gm, stride_gh,
-    seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, softmax_scale, qk_scale_log2,
-    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-    CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
-):
-    """``dkdv_key_slices_kernel``'s dK and dV, and dQ^T / softmax_scale added into the float32 accumulator of
-    ``dq_desc``: (batch * nheads * HEAD_DIM, seqlen_q) rows in [DQ_ROWS, BLOCK_M] blocks, zeroed by the caller.
-    Head dim 128 (each consumer's half of dQ^T is one wgmma row block) or 64 (the consumers take dQ^T's one row
-    block in turns)."""
-    gl.static_assert((HEAD_DIM == 2 * DQ_ROWS) | (HEAD_DIM == DQ_ROWS),
-                     "the fused dK/dV/dQ kernel takes head dims of 128 (two halves of dQ^T) or 64 (one)")
-    gl.static_assert(BLOCK_M == 64, "the fused dK/dV/dQ kernel takes 64-row query blocks one at a time")
+@gluon.jit
+def fused_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                  NUM_STAGES: gl.constexpr):
+    """The fused kernel's shared memory and barriers: the key-slice kernel's K, V and stages of Q and dO, the dS^T
+    ring, the dQ^T staging buffers and each stage's lse and delta."""
     BLOCK_N: gl.constexpr = KEY_SLICE_PROGRAM_KEYS
-    group_size = nheads // nheads_k
     k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, stage_free, _ = _streamed_buffers(
         q_desc, k_desc, v_desc, do_desc, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, True)
     # dS^T of the program's 128 keys on a ring of two (``_row_block_partition``); each buffer's barrier completes once
@@ -346,6 +396,30 @@ def dkdv_dq_key_slices_kernel(
     stats_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(stats_ready.index(i), count=1)
+    return (k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, stage_free, ds_bufs, ds_ready, dq_bufs,
+            stats_bufs, stats_ready)
+
+
+# seqlen_q is not specialized as a constant, as in dkdv_key_slices_kernel (Triton 3.6's lowering fails there)
+@gluon.jit(do_not_specialize=["seqlen_q"])
+def dkdv_dq_key_slices_kernel(
+    q_desc, k_desc, v_desc, do_desc, Lse, Delta, DK, DV, dq_desc,
+    stride_gb, stride_gm, stride_gh,
+    seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, softmax_scale, qk_scale_log2,
+    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+    CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
+):
+    """``dkdv_key_slices_kernel``'s dK and dV, and dQ^T / softmax_scale added into the float32 accumulator of
+    ``dq_desc``: (batch * nheads * HEAD_DIM, seqlen_q) rows in [DQ_ROWS, BLOCK_M] blocks, zeroed by the caller.
+    Head dim 128 (each consumer's half of dQ^T is one wgmma row block) or 64 (the consumers take dQ^T's one row
+    block in turns)."""
+    gl.static_assert((HEAD_DIM == 2 * DQ_ROWS) | (HEAD_DIM == DQ_ROWS),
+                     "the fused dK/dV/dQ kernel takes head dims of 128 (two halves of dQ^T) or 64 (one)")
+    gl.static_assert(BLOCK_M == 64, "the fused dK/dV/dQ kernel takes 64-row query blocks one at a time")
+    BLOCK_N: gl.constexpr = KEY_SLICE_PROGRAM_KEYS
+    group_size = nheads // nheads_k
+    (k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, stage_free, ds_bufs, ds_ready, dq_bufs, stats_bufs,
+     stats_ready) = fused_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, HEAD_DIM, BLOCK_M, NUM_STAGES)
     gl.warp_specialize([
         (_row_block_partition, (k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, kv_ready,
                                 q_ready, do_ready, stats_ready, stage_free, DK, DV, dq_desc, stride_gb, stride_gm,

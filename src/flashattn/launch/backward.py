@@ -24,6 +24,7 @@ from .common import (
     kernel_scalars,
     last_dim_contiguous,
     mask_arguments,
+    sm_count,
     strides,
     tile_layout,
     tma_compatible,
@@ -47,15 +48,39 @@ def _hopper_dkdv(q, k, v, dout, lse, delta, dk, dv, opts: AttentionOptions, conf
     batch, seqlen_q, nheads, head_dim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     key_blocks = cdiv(seqlen_k, keys)
-    dq_arguments = () if dq_acc is None else (dq_accumulator_descriptor(dq_acc, seqlen_q, config.block_m),)
+    tiles = key_blocks * batch * nheads_k
+    programs, dq_arguments, plan = tiles, (), ()
+    if dq_acc is not None:
+        dq_arguments = (dq_accumulator_descriptor(dq_acc, seqlen_q, config.block_m),)
+        if fused_persistent(config):
+            # one program an SM walks the tiles (kernels/backward_fused_dq_persistent.py), taking each after its first
+            # from a counter: a fresh zero for every call, which a plan's replay zeroes too
+            programs = min(tiles, sm_count(q.device.index))
+            dq_arguments += (zeros(1, torch.int32, q.device),)
+            plan = (batch * nheads_k, _kv_heads_per_section(batch * nheads_k, nheads // nheads_k, seqlen_q, head_dim,
+                                                            q.element_size()))
     launch(
-        kernel, (key_blocks * batch * nheads_k,),
+        kernel, (programs,),
         token_descriptor(q, config.block_m), token_descriptor(k, keys), token_descriptor(v, keys),
         token_descriptor(dout, config.block_m),
         lse, delta, dk, dv, *dq_arguments, dk.stride(0), dk.stride(1), dk.stride(2),
-        seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, opts.softmax_scale, opts.softmax_scale * LOG2E,
+        seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, *plan, opts.softmax_scale, opts.softmax_scale * LOG2E,
         **hopper_dkdv_constexprs(config, head_dim, opts.window_right == 0), num_warps=4,
     )
+
+
+def fused_persistent(config: configs.TileConfig) -> bool:
+    """Whether the fused dK/dV/dQ tile ``config`` runs on a persistent grid (its ``persistent`` field; the two
+    passes' dK/dV kernels have no persistent form)."""
+    return config.key_slices and config.persistent
+
+
+def _kv_heads_per_section(batch_heads_k: int, group_size: int, seqlen_q: int, head_dim: int, element_size: int) -> int:
+    """How many (batch, kv head) pairs the persistent fused kernel walks together: as many as have their GQA group's
+    Q and dO within ``configs.HOPPER_L2_SECTION_BYTES`` (the forward's sections, for the tensors every key block of a
+    head reads again)."""
+    pair_bytes = 2 * group_size * seqlen_q * head_dim * element_size
+    return max(1, min(batch_heads_k, configs.HOPPER_L2_SECTION_BYTES // max(pair_bytes, 1)))
 
 
 def hopper_dq_fits(q, k, v, dout, lse, opts: AttentionOptions, alibi_slopes, attn_mask) -> bool:
@@ -97,12 +122,17 @@ def hopper_dq_constexprs(config: configs.TileConfig, head_dim: int, causal: bool
 
 def hopper_dkdv_kernel(config: configs.TileConfig, fused: bool = False):
     """The Hopper dK/dV kernel of ``config`` and its keys a program: the key-slice kernel (128 keys, 64 on each
-    warpgroup; ``fused``: its form that adds dQ into float32 too) or the gradient-split one (``config.block_n``)."""
+    warpgroup; ``fused``: its form that adds dQ into float32 too, on a persistent grid with ``config.persistent``) or
+    the gradient-split one (``config.block_n``)."""
     from ..kernels.backward_fused_dq import dkdv_dq_key_slices_kernel
+    from ..kernels.backward_fused_dq_persistent import dkdv_dq_persistent_kernel
     from ..kernels.backward_hopper import KEY_SLICE_PROGRAM_KEYS, dkdv_hopper_kernel, dkdv_key_slices_kernel
 
     if config.key_slices:
-        return (dkdv_dq_key_slices_kernel if fused else dkdv_key_slices_kernel), KEY_SLICE_PROGRAM_KEYS.value
+        if fused:
+            kernel = dkdv_dq_persistent_kernel if fused_persistent(config) else dkdv_dq_key_slices_kernel
+            return kernel, KEY_SLICE_PROGRAM_KEYS.value
+        return dkdv_key_slices_kernel, KEY_SLICE_PROGRAM_KEYS.value
     return dkdv_hopper_kernel, config.block_n
 
 
