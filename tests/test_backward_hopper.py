@@ -119,7 +119,7 @@ def test_table_takes_the_hopper_dkdv_where_it_fits(head_dim, dtype, expect_launc
 
 # dQ fused into the key-slice dK/dV kernel (kernels/backward_fused_dq.py) at hdim 64 and 128: float32 dQ^T tiles
 # added by TMA reductions, then a pass that transposes, scales and rounds; the table's choice (phase "dkdv_dq") for
-# non-deterministic calls from 1k tokens (causal: 2k), forced here at every length. At hdim 64 the consumers take dQ^T
+# non-deterministic calls from 1k tokens (causal hdim 128: 2k), forced here at every length. At hdim 64 the consumers take dQ^T
 # in turns, block by block: odd block counts (1, 113 -> 2 blocks, 257 -> 5, 700 -> 11) and GQA groups among the shapes
 FUSED_DQ = configs.TileConfig(64, 128, 8, 2, hopper=True, key_slices=True)
 FUSED_DQ_SHAPES = [(2, 1023, 1023, 4, 1, 128), (1, 113, 203, 4, 2, 128), (1, 113, 113, 2, 2, 128),
@@ -216,9 +216,11 @@ def test_table_fuses_dq_at_hdim_64_and_128():
         return configs.lookup("hopper", "dkdv_dq", head_dim, causal, torch.bfloat16, seqlen=seqlen, hopper=True)
 
     assert fused(128, False, 1024) == fused(128, True, 2048) == FUSED_DQ
-    assert fused(64, False, 1024) == fused(64, True, 2048) == FUSED_DQ
+    # hdim 64: the persistent form, causal from 1k too
+    assert fused(64, False, 1024) == fused(64, True, 1024) == fused(64, True, 16384) == PERSISTENT_FUSED_DQ
     for head_dim in (64, 128):
-        assert fused(head_dim, False, 512) is None and fused(head_dim, True, 1024) is None
+        assert fused(head_dim, False, 512) is None and fused(head_dim, True, 512) is None
+    assert fused(128, True, 1024) is None
     assert fused(256, False, 4096) is None and fused(256, True, 4096) is None
     q = torch.empty(1, 4096, 2, 128, dtype=torch.bfloat16)
     assert launch_backward.fused_dq_config(q, False, AttentionOptions(0.1), 4096) is None

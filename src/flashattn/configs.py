@@ -39,8 +39,7 @@ class TileConfig:
     persistent: bool = False  # Hopper forward, fused dK/dV/dQ: one program per SM walks tiles taken from a counter
     # Hopper forward: three consumer warpgroups (192 rows, 160 registers) instead of two (128 rows, 240 registers)
     three_consumers: bool = False
-    # Hopper dK/dV: each consumer warpgroup owns 64 of 128 keys and both their gradients (FA3's layout)
-    key_slices: bool = False
+    key_slices: bool = False  # Hopper dK/dV: each consumer warpgroup owns 64 of 128 keys and their gradients (FA3's)
     rescale_threshold: float | None = None  # Hopper 16-bit forward: O rescaled when a row max grows past it (lazy_max)
 
 
@@ -180,11 +179,12 @@ HOPPER_FORWARD_FP8 = PhaseTable({**_buckets(*(TileConfig(128, 128, 8, 3),) * 2, 
                                 hopper=_buckets(*(TileConfig(128, n, 8, stages, three_consumers=d == 64, **_FP8_GLUON)
                                                   for d, n, stages in ((64, 128, 3), (128, 128, 3), (256, 128, 2)))))
 PORTABLE_FORWARD_FP8 = PhaseTable(_buckets(*(TileConfig(64, 64, 4, 2),) * 2, TileConfig(64, 32, 4, 1)))
-# dK/dV with dQ (kernels/backward_fused_dq.py) for non-deterministic calls: 64-row query blocks at hdim 64 and 128
-# from 1k tokens, causal from 2k (at 1k causal the two passes are level); 2 stages (docs/perf-notes.md)
+# dK/dV with dQ (kernels/backward_fused_dq.py) for non-deterministic calls, from 1k tokens (causal hdim 128 from 2k:
+# at 1k the two passes are level); 2 stages; persistent at hdim 64, whose short programs leave a tail (perf-notes)
 _FUSED_DQ = TileConfig(64, 128, 8, 2, hopper=True, key_slices=True)
-HOPPER_DKDV_DQ = PhaseTable({}, hopper={(d, c): _FUSED_DQ for d in (64, 128) for c in (False, True)},
-                            hopper_from={(d, c): 2048 if c else 1024 for d in (64, 128) for c in (False, True)})
+HOPPER_DKDV_DQ = PhaseTable({}, hopper={(d, c): dataclasses.replace(_FUSED_DQ, persistent=d == 64)
+                                        for d in (64, 128) for c in (False, True)},
+                            hopper_from={(64, False): 1024, (64, True): 1024, (128, False): 1024, (128, True): 2048})
 TABLES = {("hopper", "forward"): HOPPER_FORWARD, ("hopper", "dkdv"): HOPPER_DKDV, ("hopper", "dq"): HOPPER_DQ,
           ("hopper", "dkdv_dq"): HOPPER_DKDV_DQ, ("hopper", "forward_fp8"): HOPPER_FORWARD_FP8,
           ("portable", "forward"): PORTABLE_FORWARD, ("portable", "dkdv"): PORTABLE_DKDV,
