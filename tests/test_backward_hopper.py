@@ -119,8 +119,8 @@ def test_table_takes_the_hopper_dkdv_where_it_fits(head_dim, dtype, expect_launc
 
 # dQ fused into the key-slice dK/dV kernel (kernels/backward_fused_dq.py) at hdim 64 and 128: float32 dQ^T tiles
 # added by TMA reductions, then a pass that transposes, scales and rounds; the table's choice (phase "dkdv_dq") for
-# non-deterministic calls from 1k tokens (causal hdim 128: 2k), forced here at every length. At hdim 64 the consumers take dQ^T
-# in turns, block by block: odd block counts (1, 113 -> 2 blocks, 257 -> 5, 700 -> 11) and GQA groups among the shapes
+# non-deterministic calls from 1k tokens (causal hdim 128: 2k), forced here at every length. At hdim 64 the consumers
+# take dQ^T in turns, block by block: odd block counts (1, 113 -> 2 blocks, 257 -> 5, 700 -> 11) and GQA groups
 FUSED_DQ = configs.TileConfig(64, 128, 8, 2, hopper=True, key_slices=True)
 FUSED_DQ_SHAPES = [(2, 1023, 1023, 4, 1, 128), (1, 113, 203, 4, 2, 128), (1, 113, 113, 2, 2, 128),
                    (1, 4096, 4096, 2, 2, 128), (1, 4096, 4096, 4, 1, 128), (2, 257, 1000, 2, 2, 128),

@@ -17,6 +17,13 @@ def script():
     return benchmark_scripts.load("train_lm")
 
 
+def written(folder, attention):
+    """The one results file a run wrote to ``folder``: named after the machine (the GPU's where there is one, even for
+    a run on its CPU)."""
+    (path,) = folder.glob(f"*-train_{attention}.json")
+    return path
+
+
 def test_split_is_disjoint_and_deterministic(script):
     files = script.stdlib_files()
     assert files == sorted(files) == script.stdlib_files() and len(set(files)) == len(files)
@@ -33,7 +40,7 @@ def test_split_is_disjoint_and_deterministic(script):
 def test_tiny_runs_write_finite_curves(script, tmp_path, capsys):
     for attention in ("bf16", "fp8"):
         assert script.main([*TINY.split(), "--attention", attention, "--device", "cpu", "--out", str(tmp_path)]) == 0
-    paths = [tmp_path / f"cpu-train_{attention}.json" for attention in ("bf16", "fp8")]
+    paths = [written(tmp_path, attention) for attention in ("bf16", "fp8")]
     for path, attention in zip(paths, ("bf16", "fp8"), strict=True):
         data = json.loads(path.read_text())
         assert data["environment"]["settings"]["attention"] == attention
@@ -55,7 +62,7 @@ def test_a_run_cut_by_its_time_limit_goes_on_where_it_stopped(script, tmp_path):
     assert script.main([*tiny, "--out", str(tmp_path / "whole")]) == 0
     cut = [*tiny, "--out", str(tmp_path / "cut"), "--checkpoint", str(tmp_path / "state.pt"), "--time-limit", "0"]
     assert [script.main(cut) for _ in range(2)] == [3, 0]
-    whole, pieces = (json.loads((tmp_path / name / "cpu-train_fp8.json").read_text())["results"]
+    whole, pieces = (json.loads(written(tmp_path / name, "fp8").read_text())["results"]
                      for name in ("whole", "cut"))
     assert len(whole) == 2 and [(r["train_loss"], r["validation_loss"]) for r in whole] == [
         (r["train_loss"], r["validation_loss"]) for r in pieces]
