@@ -180,9 +180,9 @@ HOPPER_FORWARD_FP8 = PhaseTable({**_buckets(*(TileConfig(128, 128, 8, 3),) * 2, 
                                                   for d, n, stages in ((64, 128, 3), (128, 128, 3), (256, 128, 2)))))
 PORTABLE_FORWARD_FP8 = PhaseTable(_buckets(*(TileConfig(64, 64, 4, 2),) * 2, TileConfig(64, 32, 4, 1)))
 # dK/dV with dQ (kernels/backward_fused_dq.py) for non-deterministic calls, from 1k tokens (causal hdim 128 from 2k:
-# at 1k the two passes are level); 2 stages; persistent at hdim 64, whose short programs leave a tail (perf-notes)
+# at 1k the two passes are level); 2 stages; persistent for causal hdim 64, whose short tiles leave a tail (perf-notes)
 _FUSED_DQ = TileConfig(64, 128, 8, 2, hopper=True, key_slices=True)
-HOPPER_DKDV_DQ = PhaseTable({}, hopper={(d, c): dataclasses.replace(_FUSED_DQ, persistent=d == 64)
+HOPPER_DKDV_DQ = PhaseTable({}, hopper={(d, c): dataclasses.replace(_FUSED_DQ, persistent=c and d == 64)
                                         for d in (64, 128) for c in (False, True)},
                             hopper_from={(64, False): 1024, (64, True): 1024, (128, False): 1024, (128, True): 2048})
 TABLES = {("hopper", "forward"): HOPPER_FORWARD, ("hopper", "dkdv"): HOPPER_DKDV, ("hopper", "dq"): HOPPER_DQ,
