@@ -31,7 +31,7 @@ from .backward_fused_dq import (
     store_gradients,
     walk_query_blocks,
 )
-from .backward_hopper import KEY_SLICE_PROGRAM_KEYS, SLICE_KEYS, _next_query_block
+from .backward_hopper import KEY_SLICE_PROGRAM_KEYS, SLICE_KEYS, _next_query_block, key_tile_plan
 from .forward_hopper import _next_tile, _publish_tile, read_tile
 
 
@@ -45,15 +45,8 @@ def _persistent_tile(tile_id, seqlen_q, seqlen_k, nheads_k, key_blocks, group_si
     first_pair = section * heads_per_section
     section_pairs = gl.minimum(heads_per_section, batch_heads_k - first_pair)  # the last section may be short
     in_section = tile_id - section * section_tiles
-    batch_head_k = first_pair + in_section % section_pairs
-    key_start = (in_section // section_pairs) * BLOCK_N
-    first_q_block = 0
-    if CAUSAL:
-        # bottom-right aligned: rows before key_start - (seqlen_k - seqlen_q) see none of this block's keys
-        first_q_block = gl.maximum(key_start - (seqlen_k - seqlen_q), 0) // BLOCK_M
-    per_head = gl.maximum(gl.cdiv(seqlen_q, BLOCK_M) - first_q_block, 0)
-    return (batch_head_k // nheads_k, batch_head_k % nheads_k, key_start, first_q_block, per_head,
-            per_head * group_size)
+    return key_tile_plan(first_pair + in_section % section_pairs, (in_section // section_pairs) * BLOCK_N, seqlen_q,
+                         seqlen_k, nheads_k, group_size, BLOCK_M, CAUSAL)
 
 
 @gluon.jit

@@ -46,8 +46,15 @@ def _key_tile(seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M: gl.
     over the whole group): every partition derives the same plan. Key blocks of one head are consecutive programs,
     so the programs in flight share that head's Q and dO in L2."""
     tile_id = gl.program_id(0)
-    batch_head_k = tile_id // key_blocks
-    key_start = (tile_id % key_blocks) * BLOCK_N
+    return key_tile_plan(tile_id // key_blocks, (tile_id % key_blocks) * BLOCK_N, seqlen_q, seqlen_k, nheads_k,
+                         group_size, BLOCK_M, CAUSAL)
+
+
+@gluon.jit
+def key_tile_plan(batch_head_k, key_start, seqlen_q, seqlen_k, nheads_k, group_size, BLOCK_M: gl.constexpr,
+                  CAUSAL: gl.constexpr):
+    """The plan of the key tile at ``key_start`` of (batch, kv head) pair ``batch_head_k``: its batch and kv head, first
+    key, and its query blocks (the first, how many per query head, and over the whole group)."""
     first_q_block = 0
     if CAUSAL:
         # bottom-right aligned: query i sees keys up to i + seqlen_k - seqlen_q; rows before key_start - (seqlen_k
