@@ -375,6 +375,9 @@ def fused_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, HEAD_DIM: gl.constex
                   NUM_STAGES: gl.constexpr):
     """The fused kernel's shared memory and barriers: the key-slice kernel's K, V and stages of Q and dO, the dS^T
     ring, the dQ^T staging buffers and each stage's lse and delta."""
+    gl.static_assert((HEAD_DIM == 2 * DQ_ROWS) | (HEAD_DIM == DQ_ROWS),
+                     "the fused dK/dV/dQ kernel takes head dims of 128 (two halves of dQ^T) or 64 (one)")
+    gl.static_assert(BLOCK_M == 64, "the fused dK/dV/dQ kernel takes 64-row query blocks one at a time")
     BLOCK_N: gl.constexpr = KEY_SLICE_PROGRAM_KEYS
     k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, stage_free, _ = _streamed_buffers(
         q_desc, k_desc, v_desc, do_desc, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, True)
@@ -413,9 +416,6 @@ def dkdv_dq_key_slices_kernel(
     ``dq_desc``: (batch * nheads * HEAD_DIM, seqlen_q) rows in [DQ_ROWS, BLOCK_M] blocks, zeroed by the caller.
     Head dim 128 (each consumer's half of dQ^T is one wgmma row block) or 64 (the consumers take dQ^T's one row
     block in turns)."""
-    gl.static_assert((HEAD_DIM == 2 * DQ_ROWS) | (HEAD_DIM == DQ_ROWS),
-                     "the fused dK/dV/dQ kernel takes head dims of 128 (two halves of dQ^T) or 64 (one)")
-    gl.static_assert(BLOCK_M == 64, "the fused dK/dV/dQ kernel takes 64-row query blocks one at a time")
     BLOCK_N: gl.constexpr = KEY_SLICE_PROGRAM_KEYS
     group_size = nheads // nheads_k
     (k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, stage_free, ds_bufs, ds_ready, dq_bufs, stats_bufs,

@@ -25,7 +25,6 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from .backward_fused_dq import (
-    DQ_ROWS,
     fused_buffers,
     load_query_block,
     store_gradients,
@@ -160,9 +159,6 @@ def dkdv_dq_persistent_kernel(
     """``dkdv_dq_key_slices_kernel``'s gradients on a grid of at most one program an SM: ``key_blocks`` *
     ``batch_heads_k`` tiles, each program's first its program id, the others taken from ``TileCounter`` (an int32,
     zeroed by the caller), in sections of ``heads_per_section`` (batch, kv head) pairs."""
-    gl.static_assert((HEAD_DIM == 2 * DQ_ROWS) | (HEAD_DIM == DQ_ROWS),
-                     "the fused dK/dV/dQ kernel takes head dims of 128 (two halves of dQ^T) or 64 (one)")
-    gl.static_assert(BLOCK_M == 64, "the fused dK/dV/dQ kernel takes 64-row query blocks one at a time")
     BLOCK_N: gl.constexpr = KEY_SLICE_PROGRAM_KEYS
     group_size = nheads // nheads_k
     (k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, stage_free, ds_bufs, ds_ready, dq_bufs, stats_bufs,
