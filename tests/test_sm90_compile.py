@@ -78,7 +78,7 @@ SWEPT_DKDV_TILES = builds({  # name -> (head dim, causal, TileConfig fields)
 }, ["gradient-split 32x128x8x3, hdim 128"])
 # the key-slice kernel's form with dQ fused (kernels/backward_fused_dq.py): the hdim-128 tile (the consumers' head-dim
 # halves) and the hdim-64 one (dQ^T in turns), causal or not, and their persistent form
-# (kernels/backward_fused_dq_persistent.py); in CI one of each head dim
+# (kernels/backward_fused_dq_persistent.py); in CI the table's at each head dim
 _FUSED_DQ = dict(_TILE_128_KEYS, block_m=64, num_stages=2, key_slices=True)
 _FUSED_DQ_PERSISTENT = dict(_FUSED_DQ, persistent=True)
 SWEPT_FUSED_DQ_TILES = builds({"fused dQ 64x128x8x2, hdim 128": (128, False, _FUSED_DQ),
@@ -89,7 +89,7 @@ SWEPT_FUSED_DQ_TILES = builds({"fused dQ 64x128x8x2, hdim 128": (128, False, _FU
                                "fused dQ persistent 64x128x8x2, hdim 128 causal": (128, True, _FUSED_DQ_PERSISTENT),
                                "fused dQ persistent 64x128x8x2, hdim 64": (64, False, _FUSED_DQ_PERSISTENT),
                                "fused dQ persistent 64x128x8x2, hdim 64 causal": (64, True, _FUSED_DQ_PERSISTENT)},
-                              ["fused dQ 64x128x8x2, hdim 128", "fused dQ 64x128x8x2, hdim 64 causal"])
+                              ["fused dQ 64x128x8x2, hdim 128", "fused dQ persistent 64x128x8x2, hdim 64 causal"])
 # and Hopper dQ tiles outside the table: three consumer warpgroups (192 query rows a program), swept at hdim 64
 _THREE_CONSUMERS_DQ = dict(block_m=128, block_n=64, num_warps=8, num_stages=3, hopper=True, three_consumers=True)
 SWEPT_DQ_TILES = builds({"three consumers 128x64x8x3, hdim 64": (64, False, _THREE_CONSUMERS_DQ),
