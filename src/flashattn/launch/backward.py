@@ -32,7 +32,13 @@ from .common import (
     token_descriptor,
     token_rows,
 )
-from .forward import consumer_warpgroups, hopper_forward_fits, room_for_wide_stores, tile_plan_arguments
+from .forward import (
+    consumer_warpgroups,
+    hopper_forward_fits,
+    l2_section_units,
+    room_for_wide_stores,
+    tile_plan_arguments,
+)
 from .launcher import launch, zeros
 
 # the fused dK/dV/dQ kernel's dQ^T tile rows: one wgmma row block (kernels/backward_fused_dq.py's DQ_ROWS)
@@ -57,8 +63,9 @@ def _hopper_dkdv(q, k, v, dout, lse, delta, dk, dv, opts: AttentionOptions, conf
             # from a counter: a fresh zero for every call, which a plan's replay zeroes too
             programs = min(tiles, sm_count(q.device.index))
             dq_arguments += (zeros(1, torch.int32, q.device),)
-            plan = (batch * nheads_k, _kv_heads_per_section(batch * nheads_k, nheads // nheads_k, seqlen_q, head_dim,
-                                                            q.element_size()))
+            # L2 sections of (batch, kv head) pairs: the GQA group's Q and dO are what every key tile of a pair reads
+            group_bytes = 2 * (nheads // nheads_k) * seqlen_q * head_dim * q.element_size()
+            plan = (batch * nheads_k, l2_section_units(batch * nheads_k, group_bytes))
     launch(
         kernel, (programs,),
         token_descriptor(q, config.block_m), token_descriptor(k, keys), token_descriptor(v, keys),
@@ -73,14 +80,6 @@ def fused_persistent(config: configs.TileConfig) -> bool:
     """Whether the fused dK/dV/dQ tile ``config`` runs on a persistent grid (its ``persistent`` field; the two
     passes' dK/dV kernels have no persistent form)."""
     return config.key_slices and config.persistent
-
-
-def _kv_heads_per_section(batch_heads_k: int, group_size: int, seqlen_q: int, head_dim: int, element_size: int) -> int:
-    """How many (batch, kv head) pairs the persistent fused kernel walks together: as many as have their GQA group's
-    Q and dO within ``configs.HOPPER_L2_SECTION_BYTES`` (the forward's sections, for the tensors every key block of a
-    head reads again)."""
-    pair_bytes = 2 * group_size * seqlen_q * head_dim * element_size
-    return max(1, min(batch_heads_k, configs.HOPPER_L2_SECTION_BYTES // max(pair_bytes, 1)))
 
 
 def hopper_dq_fits(q, k, v, dout, lse, opts: AttentionOptions, alibi_slopes, attn_mask) -> bool:

@@ -144,8 +144,13 @@ def _heads_per_section(batch_heads: int, group_size: int, kv_head_bytes: int) ->
     """How many (sequence, head) pairs the Hopper forward walks together (``_tile_plan``): as many as have K and V
     within ``configs.HOPPER_L2_SECTION_BYTES``, where ``kv_head_bytes`` is one K (or V) head of the longest sequence.
     The query heads of a GQA group are consecutive and share one K/V head."""
-    kv_bytes_per_query_head = 2 * kv_head_bytes / group_size
-    return max(1, min(batch_heads, int(configs.HOPPER_L2_SECTION_BYTES // max(kv_bytes_per_query_head, 1))))
+    return l2_section_units(batch_heads, 2 * kv_head_bytes / group_size)
+
+
+def l2_section_units(units: int, unit_bytes: float) -> int:
+    """How many of a persistent grid's ``units`` it walks together, each with ``unit_bytes`` that all its tiles read
+    again: as many as fit ``configs.HOPPER_L2_SECTION_BYTES``, at least one, at most ``units``."""
+    return max(1, min(units, int(configs.HOPPER_L2_SECTION_BYTES // max(unit_bytes, 1))))
 
 
 def hopper_forward_constexprs(config: configs.TileConfig, head_dim: int, causal: bool, is_varlen: bool) -> dict:
