@@ -11,9 +11,10 @@ log-sum-exp) and dO, and rounds every operand of the backward's products to e4m3
 - dS = P * (dP - delta): rounded with its own descale, amax / 448 over each tile of ``DS_BLOCK_M`` queries x
   ``BLOCK_N`` keys of one query head, for dK = dS^T Q and dQ = dS K.
 
-Products take those values dequantized (e4m3 value x descale) and sum in float32, tile by tile, into float32
-gradients; dQ and dK are then rotated back by the transpose of the forward's rotation and, like dV, returned in dO's
-dtype. Nothing of size seqlen_q x seqlen_k is built.
+Products take those values dequantized (e4m3 value x descale) and sum in float32 into float32 gradients, a key block
+at a time with all its query tiles in one product (a few dozen operations a key block, not a tile: the path's cost on a
+GPU is dispatch); dQ and dK are then rotated back by the transpose of the forward's rotation and, like dV, returned
+in dO's dtype. Nothing of size seqlen_q x seqlen_k is built.
 """
 
 from __future__ import annotations
@@ -47,6 +48,15 @@ def rounded_tile(x: torch.Tensor) -> torch.Tensor:
     return round_to_e4m3(x / descale) * descale
 
 
+def _rounded_row_tiles(x: torch.Tensor) -> torch.Tensor:
+    """x (..., rows, keys), its rows from a multiple of DS_BLOCK_M: :func:`rounded_tile` over each DS_BLOCK_M rows
+    (the last tile may be short: zero rows pad it, which leave its amax alone)."""
+    rows = x.shape[-2]
+    padded = torch.nn.functional.pad(x, (0, 0, 0, -rows % DS_BLOCK_M))
+    tiles = padded.unflatten(-2, (-1, DS_BLOCK_M))
+    return rounded_tile(tiles).flatten(-3, -2)[..., :rows, :]
+
+
 def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, descales: tuple, out: torch.Tensor,
              lse: torch.Tensor, signs: torch.Tensor | None, opts: AttentionOptions, granularity: str,
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -66,32 +76,34 @@ def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     dk, dv = torch.zeros_like(kf), torch.zeros_like(vf)
     key_lo, key_hi = masks.visible_key_range(seqlen_q, seqlen_k, opts.window_left, opts.window_right)
     # tiles start at multiples of BLOCK_N and DS_BLOCK_M whatever the mask, so that a dS descale covers fixed keys and
-    # rows (the ones no query sees have P = 0 and leave the amax alone)
+    # rows (the ones no query sees have P = 0 and leave the amax alone); a key block takes all its query tiles at once
     for block in range(key_lo - key_lo % BLOCK_N, key_hi, BLOCK_N):
         start, end = max(block, key_lo), min(block + BLOCK_N, key_hi)
-        k_block, v_block = kf[:, :, None, start:end], vf[:, :, None, start:end]  # (B, Hk, 1, n, D)
-        key_idx = torch.arange(start, end, device=q.device).view(1, -1)
         query_lo, query_hi = masks.visible_query_range(start, end, seqlen_q, seqlen_k, opts.window_left,
                                                        opts.window_right)
-        for first in range(query_lo - query_lo % DS_BLOCK_M, query_hi, DS_BLOCK_M):
-            rows = slice(max(query_lo, first), min(query_hi, first + DS_BLOCK_M))
-            q_rows, do_rows = qf[..., rows, :], dof[..., rows, :]
-            scores = (q_rows * opts.softmax_scale) @ k_block.transpose(-1, -2)
-            capped = None
-            if opts.softcap > 0:
-                capped = torch.tanh(scores / opts.softcap)
-                scores = opts.softcap * capped
-            query_idx = torch.arange(rows.start, rows.stop, device=q.device).view(-1, 1)
-            seen = masks.visible(query_idx, key_idx, seqlen_q, seqlen_k, opts.window_left, opts.window_right)
-            probs = scores.masked_fill(~seen, float("-inf")).sub_(lse_g[..., rows, None]).exp_()
-            dscores = probs * (do_rows @ v_block.transpose(-1, -2) - delta[..., rows, None])
-            if capped is not None:
-                dscores = dscores * (1.0 - capped * capped)
-            probs8 = round_to_e4m3(probs * P_SCALE) / P_SCALE
-            dscores8 = rounded_tile(dscores)
-            dv[:, :, start:end] += (probs8.transpose(-1, -2) @ do_rows).sum(dim=2)
-            dk[:, :, start:end] += (dscores8.transpose(-1, -2) @ q_rows).sum(dim=2)
-            dq[..., rows, :] += dscores8 @ k_block
+        if query_lo >= query_hi:
+            continue
+        rows = slice(query_lo - query_lo % DS_BLOCK_M, query_hi)
+        k_block, v_block = kf[:, :, None, start:end], vf[:, :, None, start:end]  # (B, Hk, 1, n, D)
+        q_rows, do_rows = qf[..., rows, :], dof[..., rows, :]
+        scores = (q_rows * opts.softmax_scale) @ k_block.transpose(-1, -2)
+        capped = None
+        if opts.softcap > 0:
+            capped = torch.tanh(scores / opts.softcap)
+            scores = opts.softcap * capped
+        query_idx = torch.arange(rows.start, rows.stop, device=q.device).view(-1, 1)
+        key_idx = torch.arange(start, end, device=q.device).view(1, -1)
+        seen = masks.visible(query_idx, key_idx, seqlen_q, seqlen_k, opts.window_left, opts.window_right)
+        # a row that sees no key anywhere has lse = -inf: where, not masked_fill, keeps its P at 0 rather than NaN
+        probs = torch.where(seen, (scores - lse_g[..., rows, None]).exp(), 0.0)
+        dscores = probs * (do_rows @ v_block.transpose(-1, -2) - delta[..., rows, None])
+        if capped is not None:
+            dscores = dscores * (1.0 - capped * capped)
+        probs8 = round_to_e4m3(probs * P_SCALE) / P_SCALE
+        dscores8 = _rounded_row_tiles(dscores)
+        dv[:, :, start:end] += (probs8.transpose(-1, -2) @ do_rows).sum(dim=2)
+        dk[:, :, start:end] += (dscores8.transpose(-1, -2) @ q_rows).sum(dim=2)
+        dq[..., rows, :] += dscores8 @ k_block
     dq, dk = dq * opts.softmax_scale, dk * opts.softmax_scale
     if signs is not None:
         # q and k were rotated as x M, so the gradient of x is the rotated one times M^T
