@@ -12,7 +12,7 @@ reference to the gradients' dtype.
 import pytest
 import torch
 
-from flashattn import flash_attn_func, fp8
+from flashattn import flash_attn_func, fp8, fp8_backward
 from flashattn.reference import attention_ref
 from flashattn.testing import fp8_gradient_bound
 
@@ -122,6 +122,18 @@ def test_dtype_views_and_inputs(torch_backend):
     _, want_lse, _ = flash_attn_func(x.q, x.k, x.v, q_descale=x.q_descale, k_descale=x.k_descale,
                                      v_descale=x.v_descale, causal=True, return_attn_probs=True)
     assert torch.equal(lse, want_lse)
+
+
+def test_ds_tiles_round_by_their_amax_and_denormal_ones_to_zero():
+    """dS's e4m3 rounding: within half an e4m3 step of each value (relative 2^-4, or the subnormal step 2^-9 of the
+    tile's descale); a tile whose amax / 448 is below float32's range (P about e^-100 in trained attention) rounds to
+    zeros, not 0 / 0."""
+    x = torch.randn(3, 64, 128, generator=torch.Generator().manual_seed(0)) * torch.tensor([1.0, 1e-30, 1e-3])[:, None,
+                                                                                                                None]
+    descale = x.abs().amax(dim=(-2, -1), keepdim=True) / 448
+    assert ((fp8_backward.rounded_tile(x) - x).abs() <= x.abs() / 16 + descale / 2**9).all()
+    tiny = torch.tensor([[[1e-44, -2e-43, 0.0]]])  # amax / 448 rounds to 0 in float32
+    assert torch.equal(fp8_backward.rounded_tile(tiny), torch.zeros_like(tiny))
 
 
 @pytest.mark.parametrize("change,message", [

@@ -42,9 +42,11 @@ def _ungrouped(x: torch.Tensor) -> torch.Tensor:
 
 
 def rounded_tile(x: torch.Tensor) -> torch.Tensor:
-    """x (..., rows, keys) rounded to e4m3 with one descale per (..., tile): amax / 448, 1 where the tile is 0."""
+    """x (..., rows, keys) rounded to e4m3 with one descale per (..., tile): amax / 448, never below float32's
+    smallest normal number. A tile of dS whose P is about e^-100 (trained attention reaches logits past 100) has an
+    amax under 448 x 2^-149, so amax / 448 would be 0 and the tile 0 / 0; at the floor its values round to zero."""
     amax = x.abs().amax(dim=(-2, -1), keepdim=True)
-    descale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    descale = (amax / E4M3_MAX).clamp_min(torch.finfo(torch.float32).tiny)
     return round_to_e4m3(x / descale) * descale
 
 
