@@ -98,7 +98,9 @@ def ring_flash_attn_func(
         causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p: as in ``flash_attn_func``,
             in the full sequence's positions. Dropout draws the single call's mask: one seed and offset for the
             whole group (rank 0's, broadcast), and counters from global positions.
-        deterministic: the backward is always deterministic: a fixed order of accumulation around the ring.
+        deterministic: as in ``flash_attn_func``: with it every step's backward is the two passes and the gradients
+            repeat bitwise (the ring fixes every other order of accumulation); without it a step takes the single
+            call's fastest backward (on Hopper the fused one, whose dQ adds are atomic).
         return_attn_probs: also return the local rows' log-sum-exp (as ``flash_attn_func``).
         seqlen: the full sequence's length; default W x local_seqlen (every rank holds as many tokens, which is
             what :func:`shard` gives when W divides the length).

@@ -307,11 +307,12 @@ def backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: AttentionOp
             key = (rows.start, rows.stop)
             if key not in lse_rows:
                 lse_rows[key] = lse[:, :, rows].contiguous()
-            # deterministic (the last argument): the ring's gradients repeat bitwise, as distributed.py says
+            # the caller's deterministic: with it the ring's gradients repeat bitwise (the two passes); without it a
+            # step takes the single call's fastest backward (on Hopper the fused one, whose dQ adds are atomic)
             dq, dk, dv, _ = ops.eager_call(
                 ops.attention_backward, ops.attention_backward_cuda, dout[:, rows], q[:, rows],
                 kv[0, :, piece.keys], kv[1, :, piece.keys], out[:, rows], lse_rows[key], alibi_slopes, rng_state,
-                *piece.opts.op_arguments(), None, False, piece.opts.frame_argument(), True)
+                *piece.opts.op_arguments(), None, False, piece.opts.frame_argument(), piece.opts.deterministic)
             dq_acc[:, rows] += dq
             partials.append(((slice(None), piece.keys), dk, dv))
         return partials

@@ -219,12 +219,12 @@ def backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: AttentionOp
                 partials.append((slice(None), dk, dv))
             else:
                 rows = call.rows
-                # deterministic (the last argument): the ring's gradients repeat bitwise, as distributed.py says
+                # the caller's deterministic, as in ring.backward
                 dq, dk, dv, _ = ops.eager_call(
                     ops.attention_backward, ops.attention_backward_cuda, dout[None, rows], q[None, rows],
                     kv[0, None, call.keys], kv[1, None, call.keys], out[None, rows], lse[None, :, rows].contiguous(),
                     _slopes(alibi_slopes, call.sequence), rng_state, *call.opts.op_arguments(), None, False,
-                    call.opts.frame_argument(), True)
+                    call.opts.frame_argument(), call.opts.deterministic)
                 dq_acc[rows] += dq[0]
                 partials.append((call.keys, dk[0], dv[0]))
         return partials
