@@ -15,8 +15,10 @@ barriers; a case's time is the median iteration of the slowest rank. torch's con
 ``--torch-cp-max-seqlen`` and, once a call of it takes more than ``--torch-cp-timeout`` seconds, at every longer
 length: those rows say why instead of a time.
 
-A case whose warm-up call takes longer than ``--single-call-seconds`` (the longest sequences; their kernels were
-compiled by the shorter cases before them) is measured by that call alone.
+A provider's first case of each mask starts with one more, untimed call: the first call of a process compiles
+the kernels and sets up NCCL's connections (seconds, enough to pass for a long case below). A case whose warm-up call
+takes longer than ``--single-call-seconds`` (the longest sequences; their kernels were compiled by the shorter cases
+before them) is measured by that call alone.
 
 ``--packed``: each total length is a packed batch of documents instead of one sequence (``document_lengths``: a
 seeded lognormal draw, mean 4k tokens, capped at 64k), timed with ``flash_attn_varlen_func`` on one device against
@@ -172,6 +174,12 @@ def run_cases(args: argparse.Namespace, device: torch.device, written: Callable[
     single_build, ring_build = (_single_varlen_call, _ring_varlen_call) if args.packed else (_single_call, _ring_call)
     rows: list[RingMeasurement] = []
     torch_cp_stopped: str | None = None
+    started: set[tuple[str, bool]] = set()  # (provider, causal) that have run once in this process
+
+    def measure(case: RingCase, provider: str, build, **options) -> RingMeasurement:
+        first_call = (provider, case.causal) not in started
+        started.add((provider, case.causal))
+        return _measure(case, provider, build, device, args, first_call=first_call, **options)
     for causal in masks:
         seqlens = ([n for group in args.seqlens for n in group] if args.seqlens
                    else default_seqlens(device, causal, args.packed))
@@ -181,10 +189,10 @@ def run_cases(args: argparse.Namespace, device: torch.device, written: Callable[
             first = len(rows)
             single = None
             if not args.no_single:
-                single = _measure(case, "flashattn", single_build, device, args, only_rank0=True)
+                single = measure(case, "flashattn", single_build, only_rank0=True)
                 rows.append(single)
             for mode in dict.fromkeys(args.mode):
-                ring = _measure(case, MODES[mode], functools.partial(ring_build, mode=mode), device, args)
+                ring = measure(case, MODES[mode], functools.partial(ring_build, mode=mode))
                 rows.append(ring)
                 if single is not None and single.tflops_per_device and ring.tflops_per_device:
                     ring.efficiency = ring.tflops_per_device / single.tflops_per_device
@@ -195,8 +203,7 @@ def run_cases(args: argparse.Namespace, device: torch.device, written: Callable[
                 if skip:
                     rows.append(RingMeasurement("torch_cp", case, world_size, error=skip))
                 else:
-                    measured = _measure(case, "torch_cp", _torch_cp_call, device, args,
-                                        timeout=args.torch_cp_timeout)
+                    measured = measure(case, "torch_cp", _torch_cp_call, timeout=args.torch_cp_timeout)
                     if single is not None and single.tflops_per_device and measured.tflops_per_device:
                         measured.efficiency = measured.tflops_per_device / single.tflops_per_device
                     rows.append(measured)
@@ -360,9 +367,10 @@ def _timed(call: Callable[[], object], device: torch.device, group: bool) -> flo
 
 
 def _measure(case: RingCase, provider: str, build, device: torch.device, args: argparse.Namespace,
-             only_rank0: bool = False, timeout: float | None = None) -> RingMeasurement:
+             only_rank0: bool = False, timeout: float | None = None, first_call: bool = False) -> RingMeasurement:
     """Time ``build(case, device)()`` on every rank (on rank 0 alone when ``only_rank0``: the others wait at a
-    barrier). A provider that fails on a case is reported, not fatal."""
+    barrier), after one untimed call when it is the provider's ``first_call`` in the process. A provider that fails
+    on a case is reported, not fatal."""
     devices = 1 if only_rank0 else dist.get_world_size()
     measurement = RingMeasurement(provider, case, devices)
     runs_here = dist.get_rank() == 0 or not only_rank0
@@ -370,6 +378,8 @@ def _measure(case: RingCase, provider: str, build, device: torch.device, args: a
     if runs_here:
         try:
             call = build(case, device)
+            if first_call:
+                _timed(call, device, group=not only_rank0)
             baseline = _reset_peak(device)
             first = _timed(call, device, group=not only_rank0)  # warm-up: compiles, communicators, allocations
             peak = _peak_mib(device, baseline)
