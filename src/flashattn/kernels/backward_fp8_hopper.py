@@ -1,0 +1,247 @@
+"""Hopper FP8 dK/dV in Gluon: the FP8 backward's key-block products (``fp8_backward``'s arithmetic) on e4m3 wgmma.
+
+The structure is the 16-bit key-slice kernel's (``backward_hopper.dkdv_key_slices_kernel``): one program owns 128 keys
+of one (batch, kv head), a loader warp brings K and V once and then each 64-query block of every query head of the
+kv head's group into a ring of ``NUM_STAGES`` stages, and two consumer warpgroups each take 64 of the keys with both
+of their gradients. Per query block, a consumer computes (keys along the rows, swapAB):
+
+- S^T = K Q^T and dP^T = V dO^T, e4m3 x e4m3 with K and V from shared memory as A, Q and dO row-major as B
+  (K-major for a contraction over the head dim);
+- P^T = exp(S^T * softmax_scale * q_descale * k_descale - lse) in float32, masked, and
+  dS^T = P^T (dP^T * do_descale * v_descale - delta), as the reference path does;
+- P^T * 256 rounded to e4m3 (saturating), and dS^T rounded with one descale per 64 queries x 128 keys of one query
+  head: max(amax / 448, float32's smallest normal). The tile's amax spans both consumers' 64-key halves: each
+  stores its keys' row maxima into its half of a 128-float shared buffer and arrives on the buffer's barrier
+  (count 2), then both wait and reduce the 128 values. Two buffers alternate by query block: a consumer writes
+  buffer i % 2 again only after the other has arrived for block i + 1, which it does after reading block i's.
+- dV += (P^T dO)_tile * (do_descale / 256) and dK += (dS^T Q)_tile * (ds_descale * q_descale), each tile's product
+  into a fresh accumulator (use_acc=False), added to the float32 gradient in registers. Hopper's e4m3 wgmma sums
+  with about 13 fraction bits, truncated: chained over thousands of queries in one accumulator that put gradients
+  3e-3 to 9e-3 off the float32 sums (docs/fp8.md); a fresh accumulator keeps the truncation within one tile's 64
+  queries, and each tile's descales are applied once, in float32.
+
+Operands: FP8 wgmma reads both shared-memory operands K-major, so the products that contract over the queries take
+Q^T and dO^T (head dim x queries, queries contiguous), which the launcher writes (``launch.backward_fp8``) with
+each 32 queries in the order of the register operand (``forward_fp8_hopper._p_operand``: P^T and dS^T go from the
+score layout to the operand layout without moving values between threads). The loader streams four tiles a query
+block: Q and dO (row-major, for S^T and dP^T) and Q^T and dO^T.
+
+Limits, checked by the launcher: dense calls, head dims 64 and 128, no softcap; causal, windows, GQA, block and
+per-head descales. dQ is not computed here (the launcher takes it from the reference path's arithmetic).
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+from .backward_hopper import LOG2E, _store_rows
+from .forward_fp8_hopper import _p_operand, fp8_wgmma_layout
+
+SLICE_KEYS = gl.constexpr(64)  # a consumer warpgroup's keys: one wgmma row block
+PROGRAM_KEYS = gl.constexpr(128)  # a program's keys: one k and v descale block, the keys of a dS descale
+BLOCK_M = gl.constexpr(64)  # queries a block: the rows of a dS descale
+E4M3_MAX = gl.constexpr(448.0)
+FLOAT32_TINY = gl.constexpr(1.1754943508222875e-38)  # dS's descale floor (fp8_backward.rounded_tile)
+
+
+@gluon.jit
+def _key_tile(seqlen_q, seqlen_k, nheads_k, key_blocks, window_left, window_right, WINDOW_LEFT: gl.constexpr,
+              WINDOW_RIGHT: gl.constexpr):
+    """This program's batch, kv head, first key, and its query blocks per query head (the first, how many): those
+    with a query that sees one of its keys (``masks.visible_query_range``). Every partition derives the same plan."""
+    tile_id = gl.program_id(0)
+    batch_head_k = tile_id // key_blocks
+    key_start = (tile_id % key_blocks) * PROGRAM_KEYS
+    offset = seqlen_k - seqlen_q
+    lo = 0
+    hi = seqlen_q
+    if WINDOW_RIGHT:
+        lo = gl.maximum(key_start - offset - window_right, 0)
+    if WINDOW_LEFT:
+        hi = gl.minimum(gl.minimum(key_start + PROGRAM_KEYS, seqlen_k) - offset + window_left, seqlen_q)
+    first_q_block = lo // BLOCK_M
+    per_head = gl.maximum(gl.cdiv(hi, BLOCK_M) - first_q_block, 0)
+    return batch_head_k // nheads_k, batch_head_k % nheads_k, key_start, first_q_block, per_head
+
+
+@gluon.jit
+def _load_partition(q_desc, do_desc, qt_desc, dot_desc, k_desc, v_desc, k_smem, v_smem, q_bufs, do_bufs, qt_bufs,
+                    dot_bufs, kv_ready, ready, stage_free, seqlen_q, seqlen_k, nheads, nheads_k, key_blocks,
+                    window_left, window_right, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
+                    WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr):
+    """K and V once, then each query block's Q, dO (rows [block * 64, + 64) of the head's columns) and Q^T, dO^T
+    (the (batch, head)'s head-dim rows, the block's columns) into the stage of its position, behind one barrier."""
+    batch, head_k, key_start, first_q_block, per_head = _key_tile(
+        seqlen_q, seqlen_k, nheads_k, key_blocks, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT)
+    group_size = nheads // nheads_k
+    mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [batch * seqlen_k + key_start, head_k * HEAD_DIM], kv_ready, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [batch * seqlen_k + key_start, head_k * HEAD_DIM], kv_ready, v_smem)
+    for it in range(per_head * group_size):
+        head = head_k * group_size + it // per_head
+        q_block = first_q_block + it % per_head
+        stage = it % NUM_STAGES
+        phase = (it // NUM_STAGES) & 1
+        # a fresh barrier passes a wait on the phase before its first: the first round does not wait
+        mbarrier.wait(stage_free.index(stage), phase ^ 1)
+        mbarrier.expect(ready.index(stage), 2 * q_desc.block_type.nbytes + 2 * qt_desc.block_type.nbytes)
+        row = batch * seqlen_q + q_block * BLOCK_M
+        tma.async_copy_global_to_shared(q_desc, [row, head * HEAD_DIM], ready.index(stage), q_bufs.index(stage))
+        tma.async_copy_global_to_shared(do_desc, [row, head * HEAD_DIM], ready.index(stage), do_bufs.index(stage))
+        t_row = (batch * nheads + head) * HEAD_DIM
+        tma.async_copy_global_to_shared(qt_desc, [t_row, q_block * BLOCK_M], ready.index(stage),
+                                        qt_bufs.index(stage))
+        tma.async_copy_global_to_shared(dot_desc, [t_row, q_block * BLOCK_M], ready.index(stage),
+                                        dot_bufs.index(stage))
+
+
+@gluon.jit
+def _seen(keys, rows, seqlen_q, seqlen_k, window_left, window_right, WINDOW_LEFT: gl.constexpr,
+          WINDOW_RIGHT: gl.constexpr):
+    """Whether query ``rows`` (columns of S^T) sees ``keys`` (its rows): ``masks.visible``, and rows within the
+    sequence (a TMA tile may hold the next sequence's rows)."""
+    diagonal = rows[None, :] + (seqlen_k - seqlen_q)
+    seen = (keys[:, None] < seqlen_k) & (rows[None, :] < seqlen_q)
+    if WINDOW_LEFT:
+        seen = seen & (keys[:, None] >= diagonal - window_left)
+    if WINDOW_RIGHT:
+        seen = seen & (keys[:, None] <= diagonal + window_right)
+    return seen
+
+
+@gluon.jit
+def _tile_amax(ds, amax_bufs, amax_ready, it, SLICE: gl.constexpr):
+    """The amax of |dS^T| over the 128-key tile: this consumer's 64 keys' row maxima into its half of buffer it % 2,
+    an arrive, the other consumer's arrive awaited, the 128 values reduced."""
+    flat: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    buffer = amax_bufs.index(it % 2)
+    key_max = gl.max(gl.abs(ds), axis=1)
+    buffer.slice(SLICE * SLICE_KEYS, SLICE_KEYS).store(key_max)
+    gl.thread_barrier()  # every warp's values are stored before the one thread arrives
+    mbarrier.arrive(amax_ready.index(it % 2), count=1)
+    mbarrier.wait(amax_ready.index(it % 2), (it // 2) & 1)
+    return gl.max(buffer.load(flat), axis=0)
+
+
+@gluon.jit
+def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, qt_bufs, dot_bufs, amax_bufs, kv_ready, ready, stage_free,
+                         amax_ready, Lse, Delta, DK, DV, QDescale, KDescale, VDescale, DODescale, stride_gb,
+                         stride_gm, stride_gh, stride_ds_b, stride_ds_h, stride_ds_blk, seqlen_q, seqlen_k, nheads,
+                         nheads_k, key_blocks, window_left, window_right, softmax_scale, qk_scale_log2,
+                         HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, WINDOW_LEFT: gl.constexpr,
+                         WINDOW_RIGHT: gl.constexpr, SLICE: gl.constexpr):
+    """dK and dV of keys [SLICE * 64, + 64) of the program's 128: every query block's four e4m3 products, one at a
+    time (the other consumer's fill the tensor cores meanwhile), the tile products added into float32 dK and dV."""
+    s_layout: gl.constexpr = fp8_wgmma_layout(BLOCK_M)
+    acc_layout: gl.constexpr = fp8_wgmma_layout(HEAD_DIM)
+    batch, head_k, key_start, first_q_block, per_head = _key_tile(
+        seqlen_q, seqlen_k, nheads_k, key_blocks, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT)
+    group_size = nheads // nheads_k
+    slice_start = key_start + SLICE * SLICE_KEYS
+    k_slice = k_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS)
+    v_slice = v_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS)
+    keys = slice_start + gl.arange(0, SLICE_KEYS, layout=gl.SliceLayout(1, s_layout))
+    # the descales of this (batch, kv head): the key block lies in one k and v block (PROGRAM_KEYS = SCALE_BLOCK), a
+    # query block in one q and dO block (a stride of 0 where there is one descale a head)
+    descales = batch * stride_ds_b + head_k * stride_ds_h
+    key_block = key_start // PROGRAM_KEYS
+    k_descale = gl.load(KDescale + descales + key_block * stride_ds_blk)
+    v_descale = gl.load(VDescale + descales + key_block * stride_ds_blk)
+    # S^T, dP^T and the tile product overwrite the last block's (use_acc=False): zero tiles held through the loop
+    # would cost the registers of more tiles
+    s = gl.zeros([SLICE_KEYS, BLOCK_M], gl.float32, s_layout)
+    dp = gl.zeros([SLICE_KEYS, BLOCK_M], gl.float32, s_layout)
+    part = gl.zeros([SLICE_KEYS, HEAD_DIM], gl.float32, acc_layout)
+    dk = gl.zeros([SLICE_KEYS, HEAD_DIM], gl.float32, acc_layout)
+    dv = gl.zeros([SLICE_KEYS, HEAD_DIM], gl.float32, acc_layout)
+    mbarrier.wait(kv_ready, 0)
+    for it in range(per_head * group_size):
+        head = head_k * group_size + it // per_head
+        q_block = first_q_block + it % per_head
+        stage = it % NUM_STAGES
+        phase = (it // NUM_STAGES) & 1
+        mbarrier.wait(ready.index(stage), phase)
+        # -- S^T = K Q^T and dP^T = V dO^T over the head dim --
+        s = warpgroup_mma(k_slice, q_bufs.index(stage).permute((1, 0)), s, use_acc=False, is_async=True)
+        dp = warpgroup_mma(v_slice, do_bufs.index(stage).permute((1, 0)), dp, use_acc=False, is_async=True)
+        rows = q_block * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+        stats = (batch * nheads + head).to(gl.int64) * seqlen_q + rows
+        lse_log2 = gl.load(Lse + stats, mask=rows < seqlen_q, other=float("inf")) * LOG2E
+        delta = gl.load(Delta + stats, mask=rows < seqlen_q, other=0.0)
+        q_scale_block = (q_block * BLOCK_M) // PROGRAM_KEYS
+        q_descale = gl.load(QDescale + descales + q_scale_block * stride_ds_blk)
+        do_descale = gl.load(DODescale + descales + q_scale_block * stride_ds_blk)
+        seen = _seen(keys, rows, seqlen_q, seqlen_k, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT)
+        s, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s, dp))
+        # -- P^T and dS^T in float32 (a row that sees no key may have lse = -inf: where, not a -inf score) --
+        p = gl.where(seen, gl.exp2(s * (qk_scale_log2 * q_descale * k_descale) - lse_log2[None, :]), 0.0)
+        ds = p * (dp * (do_descale * v_descale) - delta[None, :])
+        # -- dV's tile product on P^T * 256 in e4m3, in flight while the dS tile's amax is shared --
+        part = warpgroup_mma(_p_operand(p * 256.0, HEAD_DIM, BLOCK_M), dot_bufs.index(stage).permute((1, 0)), part,
+                             use_acc=False, is_async=True)
+        ds_descale = gl.maximum(_tile_amax(ds, amax_bufs, amax_ready, it, SLICE) / E4M3_MAX, FLOAT32_TINY)
+        ds_op = _p_operand(ds / ds_descale, HEAD_DIM, BLOCK_M)
+        part = warpgroup_mma_wait(num_outstanding=0, deps=(part, ))
+        dv += part * (do_descale / 256.0)
+        # -- dK's tile product on dS^T in e4m3 --
+        part = warpgroup_mma(ds_op, qt_bufs.index(stage).permute((1, 0)), part, use_acc=False, is_async=True)
+        part = warpgroup_mma_wait(num_outstanding=0, deps=(part, ))
+        mbarrier.arrive(stage_free.index(stage), count=1)
+        dk += part * (ds_descale * q_descale)
+    _store_rows(dv, DV, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh, HEAD_DIM, SLICE_KEYS,
+                acc_layout)
+    _store_rows(dk * softmax_scale, DK, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh,
+                HEAD_DIM, SLICE_KEYS, acc_layout)
+
+
+# seqlen_q is not specialized as a constant (the 16-bit key-slice kernel's lowering fails for seqlen_q = 1)
+@gluon.jit(do_not_specialize=["seqlen_q"])
+def dkdv_fp8_hopper_kernel(
+    q_desc, do_desc, qt_desc, dot_desc, k_desc, v_desc, Lse, Delta, DK, DV, QDescale, KDescale, VDescale, DODescale,
+    stride_gb, stride_gm, stride_gh, stride_ds_b, stride_ds_h, stride_ds_blk,
+    seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, window_left, window_right, softmax_scale, qk_scale_log2,
+    HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr,
+    CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
+):
+    """dK and dV of 128 keys a program, ``key_blocks`` programs per (batch, kv head).
+
+    q_desc / do_desc: e4m3 Q and dO as (batch * seqlen_q, nheads * HEAD_DIM) in (64, HEAD_DIM) tiles; qt_desc /
+    dot_desc: their transposed copies (batch * nheads * HEAD_DIM, padded queries) in (HEAD_DIM, 64) tiles, each 32
+    queries permuted as the register operand orders them; k_desc / v_desc: e4m3 (batch * seqlen_k, nheads_k *
+    HEAD_DIM) in (128, HEAD_DIM) tiles. Lse (natural log) and Delta: float32 (batch, nheads, seqlen_q) contiguous. DK
+    and DV: (batch, seqlen_k, nheads_k, HEAD_DIM) with strides (stride_gb, stride_gm, stride_gh, 1). The descales:
+    float32 (batch, nheads_k, blocks), one set of strides for the four (a per-head descale repeated over the blocks).
+    ``qk_scale_log2``: softmax_scale * log2(e)."""
+    gl.static_assert((HEAD_DIM == 64) | (HEAD_DIM == 128), "the FP8 dK/dV kernel takes head dims 64 and 128")
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [PROGRAM_KEYS, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [PROGRAM_KEYS, HEAD_DIM], v_desc.layout)
+    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
+    do_bufs = gl.allocate_shared_memory(do_desc.dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+    qt_bufs = gl.allocate_shared_memory(qt_desc.dtype, [NUM_STAGES, HEAD_DIM, BLOCK_M], qt_desc.layout)
+    dot_bufs = gl.allocate_shared_memory(dot_desc.dtype, [NUM_STAGES, HEAD_DIM, BLOCK_M], dot_desc.layout)
+    amax_bufs = gl.allocate_shared_memory(gl.float32, [2, PROGRAM_KEYS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    stage_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    amax_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_ready, count=1)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(stage_free.index(i), count=2)  # both consumers read every stage
+    for i in gl.static_range(2):
+        mbarrier.init(amax_ready.index(i), count=2)  # both consumers' halves of the dS tile
+    gl.warp_specialize([
+        (_key_slice_partition, (k_smem, v_smem, q_bufs, do_bufs, qt_bufs, dot_bufs, amax_bufs, kv_ready, ready,
+                                stage_free, amax_ready, Lse, Delta, DK, DV, QDescale, KDescale, VDescale, DODescale,
+                                stride_gb, stride_gm, stride_gh, stride_ds_b, stride_ds_h, stride_ds_blk, seqlen_q,
+                                seqlen_k, nheads, nheads_k, key_blocks, window_left, window_right, softmax_scale,
+                                qk_scale_log2, HEAD_DIM, NUM_STAGES, WINDOW_LEFT, WINDOW_RIGHT, 0)),
+        (_key_slice_partition, (k_smem, v_smem, q_bufs, do_bufs, qt_bufs, dot_bufs, amax_bufs, kv_ready, ready,
+                                stage_free, amax_ready, Lse, Delta, DK, DV, QDescale, KDescale, VDescale, DODescale,
+                                stride_gb, stride_gm, stride_gh, stride_ds_b, stride_ds_h, stride_ds_blk, seqlen_q,
+                                seqlen_k, nheads, nheads_k, key_blocks, window_left, window_right, softmax_scale,
+                                qk_scale_log2, HEAD_DIM, NUM_STAGES, WINDOW_LEFT, WINDOW_RIGHT, 1)),
+        (_load_partition, (q_desc, do_desc, qt_desc, dot_desc, k_desc, v_desc, k_smem, v_smem, q_bufs, do_bufs,
+                           qt_bufs, dot_bufs, kv_ready, ready, stage_free, seqlen_q, seqlen_k, nheads, nheads_k,
+                           key_blocks, window_left, window_right, HEAD_DIM, NUM_STAGES, WINDOW_LEFT, WINDOW_RIGHT)),
+    ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
