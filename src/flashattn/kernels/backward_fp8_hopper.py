@@ -176,11 +176,12 @@ def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, qt_bufs, dot_bufs, ama
         # -- P^T and dS^T in float32 (a row that sees no key may have lse = -inf: where, not a -inf score) --
         p = gl.where(seen, gl.exp2(s * (qk_scale_log2 * q_descale * k_descale) - lse_log2[None, :]), 0.0)
         ds = p * (dp * (do_descale * v_descale) - delta[None, :])
-        # -- dV's tile product on P^T * 256 in e4m3, in flight while the dS tile's amax is shared --
-        part = warpgroup_mma(_p_operand(p * 256.0, HEAD_DIM, BLOCK_M), dot_bufs.index(stage).permute((1, 0)), part,
-                             use_acc=False, is_async=True)
+        # -- the e4m3 operands: P^T * 256, and dS^T by the tile's descale --
+        p_op = _p_operand(p * 256.0, HEAD_DIM, BLOCK_M)
         ds_descale = gl.maximum(_tile_amax(ds, amax_bufs, amax_ready, it, SLICE) / E4M3_MAX, FLOAT32_TINY)
         ds_op = _p_operand(ds / ds_descale, HEAD_DIM, BLOCK_M)
+        # -- dV's tile product --
+        part = warpgroup_mma(p_op, dot_bufs.index(stage).permute((1, 0)), part, use_acc=False, is_async=True)
         part = warpgroup_mma_wait(num_outstanding=0, deps=(part, ))
         dv += part * (do_descale / 256.0)
         # -- dK's tile product on dS^T in e4m3 --
