@@ -362,3 +362,38 @@ def test_fp8_gluon_forward_keeps_wgmma_asynchronous(pair):
         assert result["unwritten_uniform_reads"] == 0, f"{name}: {UNWRITTEN_READS}"
         if head_dim <= 128:
             assert result["loop_STL"] == 0 and result["loop_LDL"] == 0, f"{name}: spills in its loops"
+
+
+# The Gluon FP8 dK/dV kernel (kernels/backward_fp8_hopper.py) as launch/backward_fp8.py builds it, (head dim, causal,
+# left window): e4m3 wgmma only (QGMMA; no HGMMA fallback), kept asynchronous, within shared memory. Its loops as
+# measured: none spill at hdim 64; at hdim 128 the two 64 x 128 float32 gradients and the tile product's accumulator
+# (192 of the 240 registers) leave a few loop-invariant scalars in local memory, reloaded every query block
+# (FP8_DKDV_LOOP_SPILLS: the most (stores, loads) per build, summed over the two consumers' loops)
+FP8_DKDV_BUILDS = builds([(d, c, w) for d in (64, 128) for c in (False, True) for w in (False, True)],
+                         [(64, False, False), (64, True, False), (128, False, False), (128, True, False)])
+FP8_DKDV_LOOP_SPILLS = {64: (0, 0), 128: (2, 40)}
+COMPILE_FP8_DKDV = f"""
+import json, sys
+sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
+import sass_report
+for head_dim, causal, window_left in {{builds!r}}:
+    print(json.dumps([sass_report.hopper_fp8_dkdv_report(head_dim, causal, window_left)]), flush=True)
+"""
+
+
+@pytest.mark.parametrize("pair", pairs(FP8_DKDV_BUILDS),
+                         ids=lambda pair: "+".join(f"fp8-dkdv-{d}-{'causal' if c else 'full'}{'-window' if w else ''}"
+                                                   for d, c, w in pair))
+def test_fp8_gluon_dkdv_takes_e4m3_wgmma(pair):
+    results = _compiled(COMPILE_FP8_DKDV.format(builds=list(pair)))
+    assert len(results) == len(pair)
+    for (head_dim, causal, window_left), (result,) in zip(pair, results, strict=True):
+        name = f"fp8 dK/dV hdim {head_dim} causal {causal} window_left {window_left}"
+        assert result["QGMMA"] > 0 and result["HGMMA"] == 0, f"{name}: QGMMA {result['QGMMA']}, HGMMA {result['HGMMA']}"
+        assert result["wgmma_serialized"] is None, f"{name}: ptxas serialized the wgmma: {result['wgmma_serialized']}"
+        assert result["unwritten_uniform_reads"] == 0, f"{name}: {UNWRITTEN_READS}"
+        assert result["shared_bytes"] <= HOPPER_SHARED_BYTES, f"{name}: {result['shared_bytes']} B of shared memory"
+        assert result["hot_loops"] == 2, f"{name}: one query-block loop a consumer ({result['loops']})"
+        stores, loads = FP8_DKDV_LOOP_SPILLS[head_dim]
+        assert result["loop_STL"] <= stores and result["loop_LDL"] <= loads, (
+            f"{name}: {result['loop_STL']} spill stores, {result['loop_LDL']} loads in its loops ({result['loops']})")
