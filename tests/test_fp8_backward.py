@@ -12,7 +12,8 @@ reference to the gradients' dtype.
 import pytest
 import torch
 
-from flashattn import flash_attn_func, fp8, fp8_backward
+from flashattn import flash_attn_func, fp8, fp8_backward, ops_fp8
+from flashattn.options import AttentionOptions
 from flashattn.reference import attention_ref
 from flashattn.testing import fp8_gradient_bound
 
@@ -160,3 +161,78 @@ def test_bad_input_names_the_argument(change, message):
 def test_gradients_within_the_fp8_error_model_gpu(shape, options):
     """The GPU's FP8 forward (the kernel, P rounded to e4m3) under the same backward and bound."""
     check_gradients(*(x.cuda() for x in make_inputs(*shape)), seed=3, **options)
+
+
+def saved_forward(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, granularity="block", hadamard=True,
+                  causal=False, window_size=(-1, -1)):
+    """(dout, quantized, out, lse, signs, opts) on the GPU: what the FP8 autograd function hands its backward op."""
+    q, k, v, dout = (x.cuda() for x in make_inputs(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim))
+    quantized = fp8.quantize(q, k, v, hadamard=hadamard, seed=4, granularity=granularity)
+    opts = AttentionOptions(head_dim**-0.5, window_size[0], 0 if causal else window_size[1])
+    out, lse = ops_fp8.dense(*quantized, opts)
+    signs = fp8.random_signs(head_dim, 4, q.device) if hadamard else None
+    return dout, quantized, out.to(dout.dtype), lse, signs, opts
+
+
+def kernel_errors(dout, quantized, out, lse, signs, opts, granularity, monkeypatch) -> dict:
+    """The backward op's dK and dV (the Gluon kernel) against ``fp8_backward``'s on the same saved tensors: per
+    gradient, the tensor's error norm over its norm and the worst row's error over its bound (see the test). The
+    reference path may run only for dQ (``dkdv=False``), whose result is its own arithmetic."""
+    arguments = (dout, *quantized, out, lse, signs, opts.softmax_scale, opts.window_left, opts.window_right,
+                 opts.softcap, granularity)
+    want = fp8_backward.backward(dout, *quantized[:3], tuple(quantized[3:]), out, lse, signs, opts, granularity)
+    reference_path = fp8_backward.backward
+
+    def dq_only(*args, **kwargs):
+        assert kwargs.get("dkdv") is False, "the reference path computed dK/dV where the kernel covers the call"
+        return reference_path(*args, **kwargs)
+
+    monkeypatch.setattr(fp8_backward, "backward", dq_only)
+    got = ops_fp8.fp8_attention_backward(*arguments)
+    dq_error = (got[0].double() - want[0].double()).norm() / want[0].double().norm().clamp_min(1e-30)
+    assert dq_error <= 1e-3, f"dq is the reference path's arithmetic: {dq_error:.2e}"
+    # a single query-key term of a dK row without cancellation: softmax_scale |q| |dO| |v|, the largest rows'
+    q32, v32 = (fp8.dequantize(x, d) for x, d in ((quantized.q, quantized.q_descale),
+                                                   (quantized.v, quantized.v_descale)))
+    term = opts.softmax_scale * (q32.norm(dim=-1).max() * dout.float().norm(dim=-1).max() * v32.norm(dim=-1).max())
+    errors = {}
+    for name, grad, expected, floor in zip(("dk", "dv"), got[1:], want[1:], (1e-3 * term.item(), 0.0), strict=True):
+        assert grad.dtype == expected.dtype and grad.shape == expected.shape and grad.is_contiguous()
+        error, expected = grad.double() - expected.double(), expected.double()
+        relative = error.norm().item() / (expected.norm().item() + floor + 1e-30)
+        rows = row_norms(error) / (2**-5 * row_norms(expected) + floor + 1e-30)
+        worst = tuple(int(i) for i in torch.unravel_index(rows.argmax(), rows.shape))
+        errors[name] = (relative, rows.max().item(), worst)
+    return errors
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,options", [
+    ((1, 1, 1, 2, 2, 64), {}),  # one query, one key: dK is rounding noise
+    ((1, 113, 113, 4, 2, 128), {"causal": True}),
+    ((2, 1023, 1023, 4, 1, 64), {}),  # MQA, partial last blocks
+    ((1, 113, 1023, 4, 4, 128), {}),
+    ((1, 1023, 113, 4, 2, 128), {"causal": True}),  # bottom-right diagonal: most queries see every key
+    ((1, 257, 257, 4, 2, 128), {"window_size": (64, 16)}),
+    ((1, 257, 300, 2, 2, 64), {"window_size": (-1, 40)}),
+], ids=str)
+@pytest.mark.parametrize("granularity,hadamard", [("block", True), ("head", False)], ids=str)
+def test_gluon_dkdv_matches_the_reference_path_gpu(triton_backend, monkeypatch, shape, options, granularity,
+                                                   hadamard):
+    """The Gluon FP8 dK/dV (``kernels/backward_fp8_hopper.py``) against ``fp8_backward``'s float32 sums of the same
+    e4m3 operands: the same roundings of P, dS and dO at the same tiles, so the two differ by summation order and by
+    the wgmma's sums (S^T and dP^T over the head dim, each tile product over 64 queries, truncated to about 13
+    fraction bits, never chained across tiles), then wherever that moves an e4m3 rounding of P or dS across a
+    boundary. The tensor's error norm stays within 1e-3 of its norm (a few e4m3 steps among thousands of terms); a
+    row's within 2^-5 of its norm (one e4m3 step, 2^-4 relative, on a few of its terms).
+
+    Rows of pure rounding noise have no norm to be relative to: a query that sees a single key has dS = P (dP - delta)
+    = 0 up to rounding (dP and delta are the same sum, taken in two orders), so its keys' dK rows are noise in both
+    results (the 1 x 1 case's whole dK). dK is held in addition to an absolute floor of 1e-3 times the size of one
+    query-key term without cancellation, softmax_scale |q| |dO| |v| (the largest rows'); a wrong dK row is of that
+    size."""
+    saved = saved_forward(*shape, granularity, hadamard, causal=options.get("causal", False),
+                          window_size=options.get("window_size", (-1, -1)))
+    for name, (relative, row, worst) in kernel_errors(*saved, granularity, monkeypatch).items():
+        assert relative <= 1e-3 and row <= 1.0, (
+            f"{name}: relative error norm {relative:.2e}; worst row (batch, head, key) {worst}: {row:.2f} of its bound")

@@ -178,8 +178,9 @@ def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, qt_bufs, dot_bufs, ama
         ds = p * (dp * (do_descale * v_descale) - delta[None, :])
         # -- the e4m3 operands: P^T * 256, and dS^T by the tile's descale --
         p_op = _p_operand(p * 256.0, HEAD_DIM, BLOCK_M)
-        ds_descale = gl.maximum(_tile_amax(ds, amax_bufs, amax_ready, it, SLICE) / E4M3_MAX, FLOAT32_TINY)
-        ds_op = _p_operand(ds / ds_descale, HEAD_DIM, BLOCK_M)
+        # IEEE divisions (``/`` is div.full, two ulps off): the reference path's descale and quotients exactly
+        ds_descale = gl.maximum(gl.div_rn(_tile_amax(ds, amax_bufs, amax_ready, it, SLICE), E4M3_MAX), FLOAT32_TINY)
+        ds_op = _p_operand(gl.div_rn(ds, ds_descale), HEAD_DIM, BLOCK_M)
         # -- dV's tile product --
         part = warpgroup_mma(p_op, dot_bufs.index(stage).permute((1, 0)), part, use_acc=False, is_async=True)
         part = warpgroup_mma_wait(num_outstanding=0, deps=(part, ))
