@@ -308,21 +308,25 @@ def hopper_fp8_forward_report(head_dim: int, causal: bool, config, per_block: bo
     return _gluon_report(attention_forward_fp8_hopper_kernel, signature, constexprs)
 
 
-def hopper_fp8_dkdv_report(head_dim: int, causal: bool, window_left: bool = False) -> dict:
+def hopper_fp8_dkdv_report(head_dim: int, causal: bool, window_left: bool = False, scores_16bit: bool = False) -> dict:
     """:func:`report` of the Gluon FP8 dK/dV kernel (``kernels/backward_fp8_hopper.py``) as
-    ``launch.backward_fp8`` launches it (``causal``: window_right = 0; ``window_left``: a left window)."""
+    ``launch.backward_fp8`` launches it (``causal``: window_right = 0; ``window_left``: a left window;
+    ``scores_16bit``: S^T and dP^T on float16 copies, ``launch.backward_fp8.SCORES_16BIT``)."""
     import torch
 
     from flashattn.kernels.backward_fp8_hopper import dkdv_fp8_hopper_kernel
     from flashattn.launch.backward_fp8 import hopper_fp8_dkdv_constexprs
     from flashattn.launch.common import tile_layout
 
-    def descriptor(rows: int, columns: int) -> str:
-        return f"tensordesc<fp8e4nv[{rows}, {columns}],{tile_layout(rows, columns, torch.float8_e4m3fn)!r}>"
+    def descriptor(rows: int, columns: int, wide: bool = False) -> str:
+        dtype, name = (torch.float16, "fp16") if wide else (torch.float8_e4m3fn, "fp8e4nv")
+        return f"tensordesc<{name}[{rows}, {columns}],{tile_layout(rows, columns, dtype)!r}>"
 
-    signature = dict(q_desc=descriptor(64, head_dim), do_desc=descriptor(64, head_dim),
+    wide = scores_16bit
+    signature = dict(q_desc=descriptor(64, head_dim, wide), do_desc=descriptor(64, head_dim, wide),
                      qt_desc=descriptor(head_dim, 64), dot_desc=descriptor(head_dim, 64),
-                     k_desc=descriptor(128, head_dim), v_desc=descriptor(128, head_dim), Lse="*fp32", Delta="*fp32",
+                     k_desc=descriptor(128, head_dim, wide), v_desc=descriptor(128, head_dim, wide), Lse="*fp32",
+                     Delta="*fp32",
                      DK="*fp32", DV="*bf16", QDescale="*fp32", KDescale="*fp32", VDescale="*fp32", DODescale="*fp32",
                      **{name: "i32" for name in ("stride_gb", "stride_gm", "stride_gh", "stride_ds_b", "stride_ds_h",
                                                  "stride_ds_blk", "seqlen_q", "seqlen_k", "nheads", "nheads_k",

@@ -365,31 +365,38 @@ def test_fp8_gluon_forward_keeps_wgmma_asynchronous(pair):
 
 
 # The Gluon FP8 dK/dV kernel (kernels/backward_fp8_hopper.py) as launch/backward_fp8.py builds it, (head dim, causal,
-# left window): e4m3 wgmma only (QGMMA; no HGMMA fallback), kept asynchronous, within shared memory. Its loops as
-# measured: none spill at hdim 64; at hdim 128 the two 64 x 128 float32 gradients and the tile product's accumulator
-# (192 of the 240 registers) leave a few loop-invariant scalars in local memory, reloaded every query block
-# (FP8_DKDV_LOOP_SPILLS: the most (stores, loads) per build, summed over the two consumers' loops)
-FP8_DKDV_BUILDS = builds([(d, c, w) for d in (64, 128) for c in (False, True) for w in (False, True)],
-                         [(64, False, False), (64, True, False), (128, False, False), (128, True, False)])
-FP8_DKDV_LOOP_SPILLS = {64: (0, 0), 128: (2, 40)}
+# left window, S^T and dP^T on float16 copies): the tile products dV and dK on e4m3 wgmma (QGMMA), and with e4m3
+# scores no 16-bit wgmma at all (HGMMA); kept asynchronous, within shared memory. Its loops as measured: none spill at
+# hdim 64; at hdim 128 the two 64 x 128 float32 gradients and the tile product's accumulator (192 of the 240
+# registers) leave loop-invariant values in local memory, reloaded every query block (FP8_DKDV_LOOP_SPILLS: the most
+# (stores, loads) per build, summed over the two consumers' loops; measured 3 and 25-31 with e4m3 scores, 4 and
+# 51-62 with float16 ones)
+FP8_DKDV_BUILDS = builds([(d, c, w, f) for d in (64, 128) for c in (False, True) for w in (False, True)
+                          for f in (False, True)],
+                         [(64, False, False, False), (64, True, False, True), (128, False, False, True),
+                          (128, True, False, False)])
+FP8_DKDV_LOOP_SPILLS = {64: (0, 0), 128: (4, 64)}
 COMPILE_FP8_DKDV = f"""
 import json, sys
 sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
 import sass_report
-for head_dim, causal, window_left in {{builds!r}}:
-    print(json.dumps([sass_report.hopper_fp8_dkdv_report(head_dim, causal, window_left)]), flush=True)
+for head_dim, causal, window_left, scores_16bit in {{builds!r}}:
+    print(json.dumps([sass_report.hopper_fp8_dkdv_report(head_dim, causal, window_left, scores_16bit)]), flush=True)
 """
 
 
 @pytest.mark.parametrize("pair", pairs(FP8_DKDV_BUILDS),
                          ids=lambda pair: "+".join(f"fp8-dkdv-{d}-{'causal' if c else 'full'}{'-window' if w else ''}"
-                                                   for d, c, w in pair))
+                                                   f"{'-fp16-scores' if f else ''}" for d, c, w, f in pair))
 def test_fp8_gluon_dkdv_takes_e4m3_wgmma(pair):
     results = _compiled(COMPILE_FP8_DKDV.format(builds=list(pair)))
     assert len(results) == len(pair)
-    for (head_dim, causal, window_left), (result,) in zip(pair, results, strict=True):
-        name = f"fp8 dK/dV hdim {head_dim} causal {causal} window_left {window_left}"
-        assert result["QGMMA"] > 0 and result["HGMMA"] == 0, f"{name}: QGMMA {result['QGMMA']}, HGMMA {result['HGMMA']}"
+    for (head_dim, causal, window_left, scores_16bit), (result,) in zip(pair, results, strict=True):
+        name = f"fp8 dK/dV hdim {head_dim} causal {causal} window_left {window_left} scores_16bit {scores_16bit}"
+        assert result["QGMMA"] > 0, f"{name}: no e4m3 wgmma"
+        # S^T and dP^T: HEAD_DIM / 16 float16 wgmma each, in each of the two consumers' loops
+        hgmma = 2 * 2 * head_dim // 16 if scores_16bit else 0
+        assert result["HGMMA"] == hgmma, f"{name}: {result['HGMMA']} 16-bit wgmma, not {hgmma}"
         assert result["wgmma_serialized"] is None, f"{name}: ptxas serialized the wgmma: {result['wgmma_serialized']}"
         assert result["unwritten_uniform_reads"] == 0, f"{name}: {UNWRITTEN_READS}"
         assert result["shared_bytes"] <= HOPPER_SHARED_BYTES, f"{name}: {result['shared_bytes']} B of shared memory"

@@ -36,12 +36,20 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 
 from .backward_hopper import LOG2E, _store_rows
 from .forward_fp8_hopper import _p_operand, fp8_wgmma_layout
+from .forward_hopper import wgmma_layout
 
 SLICE_KEYS = gl.constexpr(64)  # a consumer warpgroup's keys: one wgmma row block
 PROGRAM_KEYS = gl.constexpr(128)  # a program's keys: one k and v descale block, the keys of a dS descale
 BLOCK_M = gl.constexpr(64)  # queries a block: the rows of a dS descale
 E4M3_MAX = gl.constexpr(448.0)
 FLOAT32_TINY = gl.constexpr(1.1754943508222875e-38)  # dS's descale floor (fp8_backward.rounded_tile)
+
+
+@gluon.constexpr_function
+def score_layout(dtype):
+    """S^T's and dP^T's accumulator layout for operands of ``dtype``: the wgmma's K (32 for e4m3, 16 for 16-bit)
+    tags the layout; the registers are the same."""
+    return fp8_wgmma_layout(BLOCK_M) if dtype.primitive_bitwidth == 8 else wgmma_layout(BLOCK_M)
 
 
 @gluon.jit
@@ -132,7 +140,7 @@ def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, qt_bufs, dot_bufs, ama
                          WINDOW_RIGHT: gl.constexpr, SLICE: gl.constexpr):
     """dK and dV of keys [SLICE * 64, + 64) of the program's 128: every query block's four e4m3 products, one at a
     time (the other consumer's fill the tensor cores meanwhile), the tile products added into float32 dK and dV."""
-    s_layout: gl.constexpr = fp8_wgmma_layout(BLOCK_M)
+    s_layout: gl.constexpr = score_layout(k_smem.dtype)
     acc_layout: gl.constexpr = fp8_wgmma_layout(HEAD_DIM)
     batch, head_k, key_start, first_q_block, per_head = _key_tile(
         seqlen_q, seqlen_k, nheads_k, key_blocks, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT)
@@ -178,9 +186,11 @@ def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, qt_bufs, dot_bufs, ama
         ds = p * (dp * (do_descale * v_descale) - delta[None, :])
         # -- the e4m3 operands: P^T * 256, and dS^T by the tile's descale --
         p_op = _p_operand(p * 256.0, HEAD_DIM, BLOCK_M)
-        # IEEE divisions (``/`` is div.full, two ulps off): the reference path's descale and quotients exactly
+        # the reference path's descale exactly (an IEEE division: ``/`` is div.full, two ulps off); dS times its
+        # reciprocal, a float32 ulp from the quotient at most (an IEEE division a value cost 12 instructions, half
+        # again the loop's), which moves an e4m3 rounding only within an ulp of a tie
         ds_descale = gl.maximum(gl.div_rn(_tile_amax(ds, amax_bufs, amax_ready, it, SLICE), E4M3_MAX), FLOAT32_TINY)
-        ds_op = _p_operand(gl.div_rn(ds, ds_descale), HEAD_DIM, BLOCK_M)
+        ds_op = _p_operand(ds * gl.div_rn(1.0, ds_descale), HEAD_DIM, BLOCK_M)
         # -- dV's tile product --
         part = warpgroup_mma(p_op, dot_bufs.index(stage).permute((1, 0)), part, use_acc=False, is_async=True)
         part = warpgroup_mma_wait(num_outstanding=0, deps=(part, ))

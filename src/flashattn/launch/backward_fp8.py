@@ -24,6 +24,12 @@ from .quantize_fp8 import quantize_rows
 
 BLOCK_M = 64  # queries a block: the rows of a dS descale (fp8_backward.DS_BLOCK_M)
 BLOCK_N = SCALE_BLOCK  # keys a program: one k and v descale block, the keys of a dS descale
+# S^T = K Q^T and dP^T = V dO^T on float16 copies of the e4m3 tensors (exact conversions; float16 wgmma sums in about
+# float32) rather than e4m3 wgmma, whose sums over the head dim keep about 13 fraction bits, truncated: modelled on
+# the CPU (products exact, each 32-wide step truncated below the largest term), those put dK and dV 2e-3 to 3e-3
+# (norm-relative) off the reference path at 256 x 256, hdim 128, with the tile products exact, and fresh accumulators
+# per 32 still 1.5e-3; the tile products' own truncation, 7e-4. The e4m3 build (False) is the faster one to measure.
+SCORES_16BIT = True
 
 
 def hopper_fp8_dkdv_fits(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -36,6 +42,11 @@ def hopper_fp8_dkdv_fits(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
             and opts.softcap == 0 and opts.frame is None and q.numel() > 0 and k.numel() > 0
             and configs.gpu_family(q.device) == "hopper" and not interpreting()
             and all(token_rows(x) is not None for x in (q, k, v)) and tma_compatible(q, k, v))
+
+
+def score_operands(q, do8, k, v, scores_16bit: bool) -> tuple[torch.Tensor, ...]:
+    """The operands of S^T and dP^T: the e4m3 tensors, or their float16 copies (``SCORES_16BIT``)."""
+    return tuple(x.to(torch.float16) for x in (q, do8, k, v)) if scores_16bit else (q, do8, k, v)
 
 
 def hopper_fp8_dkdv_constexprs(head_dim: int, window_left: bool, window_right: bool) -> dict:
@@ -92,10 +103,11 @@ def launch_dkdv_fp8(dout, q, k, v, descales: tuple, out, lse, signs, opts: Atten
     dv = torch.empty(v.shape, dtype=dout.dtype, device=q.device)
     key_blocks = cdiv(seqlen_k, BLOCK_N)
     constexprs = hopper_fp8_dkdv_constexprs(head_dim, opts.window_left >= 0, opts.window_right >= 0)
+    q_s, do_s, k_s, v_s = score_operands(q, do8, k, v, SCORES_16BIT)
     launch(dkdv_fp8_hopper_kernel, (key_blocks * batch * nheads_k,),
-           token_descriptor(q, BLOCK_M), token_descriptor(do8, BLOCK_M),
+           token_descriptor(q_s, BLOCK_M), token_descriptor(do_s, BLOCK_M),
            _transposed_descriptor(transposed_queries(q)), _transposed_descriptor(transposed_queries(do8)),
-           token_descriptor(k, BLOCK_N), token_descriptor(v, BLOCK_N), lse, delta, dk, dv, *all_descales,
+           token_descriptor(k_s, BLOCK_N), token_descriptor(v_s, BLOCK_N), lse, delta, dk, dv, *all_descales,
            dk.stride(0), dk.stride(1), dk.stride(2), *all_descales.stride()[1:],
            seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, opts.window_left, opts.window_right,
            opts.softmax_scale, opts.softmax_scale * LOG2E, **constexprs, num_warps=4)
