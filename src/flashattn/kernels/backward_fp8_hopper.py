@@ -175,14 +175,15 @@ def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, qt_bufs, dot_bufs, ama
         rows = q_block * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
         stats = (batch * nheads + head).to(gl.int64) * seqlen_q + rows
         lse_log2 = gl.load(Lse + stats, mask=rows < seqlen_q, other=float("inf")) * LOG2E
-        delta = gl.load(Delta + stats, mask=rows < seqlen_q, other=0.0)
         q_scale_block = (q_block * BLOCK_M) // PROGRAM_KEYS
         q_descale = gl.load(QDescale + descales + q_scale_block * stride_ds_blk)
         do_descale = gl.load(DODescale + descales + q_scale_block * stride_ds_blk)
-        seen = _seen(keys, rows, seqlen_q, seqlen_k, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT)
         s, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s, dp))
-        # -- P^T and dS^T in float32 (a row that sees no key may have lse = -inf: where, not a -inf score) --
+        # -- P^T and dS^T in float32 (a row that sees no key may have lse = -inf: where, not a -inf score); delta
+        # loaded once lse is spent: both beside S^T, dP^T and the gradients spill --
+        seen = _seen(keys, rows, seqlen_q, seqlen_k, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT)
         p = gl.where(seen, gl.exp2(s * (qk_scale_log2 * q_descale * k_descale) - lse_log2[None, :]), 0.0)
+        delta = gl.load(Delta + stats, mask=rows < seqlen_q, other=0.0)
         ds = p * (dp * (do_descale * v_descale) - delta[None, :])
         # -- the e4m3 operands: P^T * 256, and dS^T by the tile's descale --
         p_op = _p_operand(p * 256.0, HEAD_DIM, BLOCK_M)
@@ -194,7 +195,7 @@ def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, qt_bufs, dot_bufs, ama
         # -- dV's tile product --
         part = warpgroup_mma(p_op, dot_bufs.index(stage).permute((1, 0)), part, use_acc=False, is_async=True)
         part = warpgroup_mma_wait(num_outstanding=0, deps=(part, ))
-        dv += part * (do_descale / 256.0)
+        dv += part * (do_descale * (1.0 / 256.0))  # P_SCALE
         # -- dK's tile product on dS^T in e4m3 --
         part = warpgroup_mma(ds_op, qt_bufs.index(stage).permute((1, 0)), part, use_acc=False, is_async=True)
         part = warpgroup_mma_wait(num_outstanding=0, deps=(part, ))
