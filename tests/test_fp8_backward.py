@@ -163,6 +163,20 @@ def test_gradients_within_the_fp8_error_model_gpu(shape, options):
     check_gradients(*(x.cuda() for x in make_inputs(*shape)), seed=3, **options)
 
 
+def test_transposed_queries_pad_to_query_blocks_in_operand_order(triton_backend):
+    """Q^T and dO^T for the Gluon dK/dV kernel: (B, Sq, H, D) -> (B, H, D, Sq rounded up to 64), zeros past Sq, position
+    p of each 32 holding query 16 p4 + 8 p1 + 4 p3 + 2 p2 + p0 (the register operand's order of P^T and dS^T)."""
+    from flashattn.launch.backward_fp8 import transposed_queries
+
+    x = torch.randn(2, 113, 3, 64, device=triton_backend).to(torch.float8_e4m3fn)
+    xt = transposed_queries(x).view(torch.uint8)
+    assert xt.shape == (2, 3, 64, 128) and xt.is_contiguous()
+    bits = [(torch.arange(128) >> i) & 1 for i in range(5)]
+    order = torch.arange(128) // 32 * 32 + 16 * bits[4] + 8 * bits[1] + 4 * bits[3] + 2 * bits[2] + bits[0]
+    padded = torch.cat([x.cpu().view(torch.uint8), torch.zeros(2, 15, 3, 64, dtype=torch.uint8)], 1)
+    assert torch.equal(xt.cpu(), padded[:, order].permute(0, 2, 3, 1))
+
+
 def saved_forward(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, granularity="block", hadamard=True,
                   causal=False, window_size=(-1, -1)):
     """(dout, quantized, out, lse, signs, opts) on the GPU: what the FP8 autograd function hands its backward op."""

@@ -18,7 +18,7 @@ from ..fp8_format import E4M3_MAX, FP8_DTYPE, SCALE_BLOCK
 from ..fp8_quantize import dequantize, rotation_matrix
 from ..options import AttentionOptions
 from .common import LOG2E, cdiv, last_dim_contiguous, tile_layout, tma_compatible, token_descriptor, token_rows
-from .forward_fp8 import _copy_transposed
+from .forward_fp8 import transposed_tokens
 from .launcher import launch
 from .quantize_fp8 import quantize_rows
 
@@ -72,7 +72,7 @@ def transposed_queries(x: torch.Tensor) -> torch.Tensor:
     """(B, H, D, Sq') copy of e4m3 (B, Sq, H, D) q or dO, Sq' = Sq rounded up to a 64-query block (zeros past Sq), each
     32 queries in the register operand's order (``forward_fp8_hopper._p_operand``): the K-major B operand of the
     products that contract over the queries."""
-    return _copy_transposed(x, cdiv(x.shape[1], BLOCK_M) * BLOCK_M, permute=True)
+    return transposed_tokens(x, cdiv(x.shape[1], BLOCK_M) * BLOCK_M, permute=True)
 
 
 def _transposed_descriptor(xt: torch.Tensor):

@@ -115,6 +115,13 @@ def permuted_transposed_v(v: torch.Tensor) -> torch.Tensor:
     return _copy_transposed(v, cdiv(v.shape[1], 32) * 32, permute=True)
 
 
+def transposed_tokens(x: torch.Tensor, width: int, permute: bool) -> torch.Tensor:
+    """(B, H, D, width) copy of e4m3 (B, S, H, D) x with its tokens contiguous, zeros past S (``permute``: each 32 in
+    the Gluon kernels' register-operand order): the K-major operand of a product that contracts over the tokens (the
+    FP8 backward's Q^T and dO^T, ``launch/backward_fp8.py``)."""
+    return _copy_transposed(x, width, permute)
+
+
 def _copy_transposed(v: torch.Tensor, width: int, permute: bool) -> torch.Tensor:
     """(B, Hk, D, width) V^T of (B, Sk, Hk, D) v by ``kernels/transpose_fp8.py``, which moves whole rows where
     PyTorch's copy of a permuted view goes byte by byte."""
