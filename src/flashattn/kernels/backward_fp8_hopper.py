@@ -5,8 +5,10 @@ of one (batch, kv head), a loader warp brings K and V once and then each 64-quer
 kv head's group into a ring of ``NUM_STAGES`` stages, and two consumer warpgroups each take 64 of the keys with both
 of their gradients. Per query block, a consumer computes (keys along the rows, swapAB):
 
-- S^T = K Q^T and dP^T = V dO^T, e4m3 x e4m3 with K and V from shared memory as A, Q and dO row-major as B
-  (K-major for a contraction over the head dim);
+- S^T = K Q^T and dP^T = V dO^T with K and V from shared memory as A, Q and dO row-major as B (K-major for a
+  contraction over the head dim): e4m3 tiles, or float16 copies of them (the launcher's choice, by the descriptors'
+  dtype: float16 wgmma sums in about float32, where e4m3's truncated sums over the head dim move P and dS across
+  e4m3 rounding boundaries; ``launch.backward_fp8.SCORES_16BIT``);
 - P^T = exp(S^T * softmax_scale * q_descale * k_descale - lse) in float32, masked, and
   dS^T = P^T (dP^T * do_descale * v_descale - delta), as the reference path does;
 - P^T * 256 rounded to e4m3 (saturating), and dS^T rounded with one descale per 64 queries x 128 keys of one query
