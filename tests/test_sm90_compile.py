@@ -369,8 +369,8 @@ def test_fp8_gluon_forward_keeps_wgmma_asynchronous(pair):
 # scores no 16-bit wgmma at all (HGMMA); kept asynchronous, within shared memory. Its loops as measured: none spill at
 # hdim 64; at hdim 128 the two 64 x 128 float32 gradients and the tile product's accumulator (192 of the 240
 # registers) leave loop-invariant values in local memory, reloaded every query block (FP8_DKDV_LOOP_SPILLS: the most
-# (stores, loads) per build, summed over the two consumers' loops; measured 3 and 25-31 with e4m3 scores, 4 and
-# 51-62 with float16 ones)
+# (stores, loads) per build, summed over the two consumers' loops; measured 1-3 and 25-31 with e4m3 scores, 3-4 and
+# 51-64 with float16 ones)
 FP8_DKDV_BUILDS = builds([(d, c, w, f) for d in (64, 128) for c in (False, True) for w in (False, True)
                           for f in (False, True)],
                          [(64, False, False, False), (64, True, False, True), (128, False, False, True),
