@@ -2,8 +2,8 @@
 
 The structure is the 16-bit key-slice kernel's (``backward_hopper.dkdv_key_slices_kernel``): one program owns 128 keys
 of one (batch, kv head), a loader warp brings K and V once and then each 64-query block of every query head of the
-kv head's group into a ring of ``NUM_STAGES`` stages, and two consumer warpgroups each take 64 of the keys with both
-of their gradients. Per query block, a consumer computes (keys along the rows, swapAB):
+kv head's group (its tiles, its lse and delta) into a ring of ``NUM_STAGES`` stages, and two consumer warpgroups each
+take 64 of the keys with both of their gradients. Per query block, a consumer computes (keys along the rows, swapAB):
 
 - S^T = K Q^T and dP^T = V dO^T with K and V from shared memory as A, Q and dO row-major as B (K-major for a
   contraction over the head dim): e4m3 tiles, or float16 copies of them (the launcher's choice, by the descriptors'
@@ -76,11 +76,14 @@ def _key_tile(seqlen_q, seqlen_k, nheads_k, key_blocks, window_left, window_righ
 
 @gluon.jit
 def _load_partition(q_desc, do_desc, qt_desc, dot_desc, k_desc, v_desc, k_smem, v_smem, q_bufs, do_bufs, qt_bufs,
-                    dot_bufs, kv_ready, ready, stage_free, seqlen_q, seqlen_k, nheads, nheads_k, key_blocks,
-                    window_left, window_right, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
-                    WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr):
+                    dot_bufs, stats_bufs, kv_ready, ready, stats_ready, stage_free, Lse, Delta, seqlen_q, seqlen_k,
+                    nheads, nheads_k, key_blocks, window_left, window_right, HEAD_DIM: gl.constexpr,
+                    NUM_STAGES: gl.constexpr, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr):
     """K and V once, then each query block's Q, dO (rows [block * 64, + 64) of the head's columns) and Q^T, dO^T
-    (the (batch, head)'s head-dim rows, the block's columns) into the stage of its position, behind one barrier."""
+    (the (batch, head)'s head-dim rows, the block's columns) into the stage of its position, behind one barrier, and
+    its lse (base 2; +inf past the sequence, so that P = 0 there) and delta into the stage's statistics, behind
+    another: loaded by the consumers, they and their addresses beside S^T, dP^T and the two gradients spilled."""
+    rows_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
     batch, head_k, key_start, first_q_block, per_head = _key_tile(
         seqlen_q, seqlen_k, nheads_k, key_blocks, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT)
     group_size = nheads // nheads_k
@@ -103,6 +106,11 @@ def _load_partition(q_desc, do_desc, qt_desc, dot_desc, k_desc, v_desc, k_smem, 
                                         qt_bufs.index(stage))
         tma.async_copy_global_to_shared(dot_desc, [t_row, q_block * BLOCK_M], ready.index(stage),
                                         dot_bufs.index(stage))
+        rows = q_block * BLOCK_M + gl.arange(0, BLOCK_M, layout=rows_layout)
+        stats = (batch * nheads + head).to(gl.int64) * seqlen_q + rows
+        stats_bufs.index(2 * stage).store(gl.load(Lse + stats, mask=rows < seqlen_q, other=float("inf")) * LOG2E)
+        stats_bufs.index(2 * stage + 1).store(gl.load(Delta + stats, mask=rows < seqlen_q, other=0.0))
+        mbarrier.arrive(stats_ready.index(stage), count=1)
 
 
 @gluon.jit
@@ -134,10 +142,10 @@ def _tile_amax(ds, amax_bufs, amax_ready, it, SLICE: gl.constexpr):
 
 
 @gluon.jit
-def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, qt_bufs, dot_bufs, amax_bufs, kv_ready, ready, stage_free,
-                         amax_ready, Lse, Delta, DK, DV, QDescale, KDescale, VDescale, DODescale, stride_gb,
-                         stride_gm, stride_gh, stride_ds_b, stride_ds_h, stride_ds_blk, seqlen_q, seqlen_k, nheads,
-                         nheads_k, key_blocks, window_left, window_right, softmax_scale, qk_scale_log2,
+def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, qt_bufs, dot_bufs, stats_bufs, amax_bufs, kv_ready, ready,
+                         stats_ready, stage_free, amax_ready, DK, DV, QDescale, KDescale, VDescale, DODescale,
+                         stride_gb, stride_gm, stride_gh, stride_ds_b, stride_ds_h, stride_ds_blk, seqlen_q, seqlen_k,
+                         nheads, nheads_k, key_blocks, window_left, window_right, softmax_scale, qk_scale_log2,
                          HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, WINDOW_LEFT: gl.constexpr,
                          WINDOW_RIGHT: gl.constexpr, SLICE: gl.constexpr):
     """dK and dV of keys [SLICE * 64, + 64) of the program's 128: every query block's four e4m3 products, one at a
@@ -166,7 +174,6 @@ def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, qt_bufs, dot_bufs, ama
     dv = gl.zeros([SLICE_KEYS, HEAD_DIM], gl.float32, acc_layout)
     mbarrier.wait(kv_ready, 0)
     for it in range(per_head * group_size):
-        head = head_k * group_size + it // per_head
         q_block = first_q_block + it % per_head
         stage = it % NUM_STAGES
         phase = (it // NUM_STAGES) & 1
@@ -174,18 +181,18 @@ def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, qt_bufs, dot_bufs, ama
         # -- S^T = K Q^T and dP^T = V dO^T over the head dim --
         s = warpgroup_mma(k_slice, q_bufs.index(stage).permute((1, 0)), s, use_acc=False, is_async=True)
         dp = warpgroup_mma(v_slice, do_bufs.index(stage).permute((1, 0)), dp, use_acc=False, is_async=True)
-        rows = q_block * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-        stats = (batch * nheads + head).to(gl.int64) * seqlen_q + rows
-        lse_log2 = gl.load(Lse + stats, mask=rows < seqlen_q, other=float("inf")) * LOG2E
         q_scale_block = (q_block * BLOCK_M) // PROGRAM_KEYS
         q_descale = gl.load(QDescale + descales + q_scale_block * stride_ds_blk)
         do_descale = gl.load(DODescale + descales + q_scale_block * stride_ds_blk)
+        mbarrier.wait(stats_ready.index(stage), phase)
         s, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s, dp))
-        # -- P^T and dS^T in float32 (a row that sees no key may have lse = -inf: where, not a -inf score); delta
-        # loaded once lse is spent: both beside S^T, dP^T and the gradients spill --
+        # -- P^T and dS^T in float32 (a row that sees no key may have lse = -inf: where, not a -inf score); lse and
+        # delta read from the stage as they are used --
+        rows = q_block * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
         seen = _seen(keys, rows, seqlen_q, seqlen_k, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT)
+        lse_log2 = stats_bufs.index(2 * stage).load(gl.SliceLayout(0, s_layout))
         p = gl.where(seen, gl.exp2(s * (qk_scale_log2 * q_descale * k_descale) - lse_log2[None, :]), 0.0)
-        delta = gl.load(Delta + stats, mask=rows < seqlen_q, other=0.0)
+        delta = stats_bufs.index(2 * stage + 1).load(gl.SliceLayout(0, s_layout))
         ds = p * (dp * (do_descale * v_descale) - delta[None, :])
         # -- the e4m3 operands: P^T * 256, and dS^T by the tile's descale --
         p_op = _p_operand(p * 256.0, HEAD_DIM, BLOCK_M)
@@ -234,29 +241,34 @@ def dkdv_fp8_hopper_kernel(
     do_bufs = gl.allocate_shared_memory(do_desc.dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
     qt_bufs = gl.allocate_shared_memory(qt_desc.dtype, [NUM_STAGES, HEAD_DIM, BLOCK_M], qt_desc.layout)
     dot_bufs = gl.allocate_shared_memory(dot_desc.dtype, [NUM_STAGES, HEAD_DIM, BLOCK_M], dot_desc.layout)
+    # each stage's lse (row 2 * stage) and delta (row 2 * stage + 1), written by the loader
+    stats_bufs = gl.allocate_shared_memory(gl.float32, [2 * NUM_STAGES, BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     amax_bufs = gl.allocate_shared_memory(gl.float32, [2, PROGRAM_KEYS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    stats_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     stage_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     amax_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_ready, count=1)
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(stats_ready.index(i), count=1)
         mbarrier.init(stage_free.index(i), count=2)  # both consumers read every stage
     for i in gl.static_range(2):
         mbarrier.init(amax_ready.index(i), count=2)  # both consumers' halves of the dS tile
     gl.warp_specialize([
-        (_key_slice_partition, (k_smem, v_smem, q_bufs, do_bufs, qt_bufs, dot_bufs, amax_bufs, kv_ready, ready,
-                                stage_free, amax_ready, Lse, Delta, DK, DV, QDescale, KDescale, VDescale, DODescale,
-                                stride_gb, stride_gm, stride_gh, stride_ds_b, stride_ds_h, stride_ds_blk, seqlen_q,
-                                seqlen_k, nheads, nheads_k, key_blocks, window_left, window_right, softmax_scale,
-                                qk_scale_log2, HEAD_DIM, NUM_STAGES, WINDOW_LEFT, WINDOW_RIGHT, 0)),
-        (_key_slice_partition, (k_smem, v_smem, q_bufs, do_bufs, qt_bufs, dot_bufs, amax_bufs, kv_ready, ready,
-                                stage_free, amax_ready, Lse, Delta, DK, DV, QDescale, KDescale, VDescale, DODescale,
-                                stride_gb, stride_gm, stride_gh, stride_ds_b, stride_ds_h, stride_ds_blk, seqlen_q,
-                                seqlen_k, nheads, nheads_k, key_blocks, window_left, window_right, softmax_scale,
-                                qk_scale_log2, HEAD_DIM, NUM_STAGES, WINDOW_LEFT, WINDOW_RIGHT, 1)),
+        (_key_slice_partition, (k_smem, v_smem, q_bufs, do_bufs, qt_bufs, dot_bufs, stats_bufs, amax_bufs, kv_ready,
+                                ready, stats_ready, stage_free, amax_ready, DK, DV, QDescale, KDescale, VDescale,
+                                DODescale, stride_gb, stride_gm, stride_gh, stride_ds_b, stride_ds_h, stride_ds_blk,
+                                seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, window_left, window_right,
+                                softmax_scale, qk_scale_log2, HEAD_DIM, NUM_STAGES, WINDOW_LEFT, WINDOW_RIGHT, 0)),
+        (_key_slice_partition, (k_smem, v_smem, q_bufs, do_bufs, qt_bufs, dot_bufs, stats_bufs, amax_bufs, kv_ready,
+                                ready, stats_ready, stage_free, amax_ready, DK, DV, QDescale, KDescale, VDescale,
+                                DODescale, stride_gb, stride_gm, stride_gh, stride_ds_b, stride_ds_h, stride_ds_blk,
+                                seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, window_left, window_right,
+                                softmax_scale, qk_scale_log2, HEAD_DIM, NUM_STAGES, WINDOW_LEFT, WINDOW_RIGHT, 1)),
         (_load_partition, (q_desc, do_desc, qt_desc, dot_desc, k_desc, v_desc, k_smem, v_smem, q_bufs, do_bufs,
-                           qt_bufs, dot_bufs, kv_ready, ready, stage_free, seqlen_q, seqlen_k, nheads, nheads_k,
-                           key_blocks, window_left, window_right, HEAD_DIM, NUM_STAGES, WINDOW_LEFT, WINDOW_RIGHT)),
+                           qt_bufs, dot_bufs, stats_bufs, kv_ready, ready, stats_ready, stage_free, Lse, Delta,
+                           seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, window_left, window_right, HEAD_DIM,
+                           NUM_STAGES, WINDOW_LEFT, WINDOW_RIGHT)),
     ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
