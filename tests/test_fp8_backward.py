@@ -241,10 +241,12 @@ def test_gluon_dkdv_matches_the_reference_path_gpu(triton_backend, monkeypatch, 
     row's within 2^-5 of its norm (one e4m3 step, 2^-4 relative, on a few of its terms).
 
     Rows of pure rounding noise have no norm to be relative to: a query that sees a single key has dS = P (dP - delta)
-    = 0 up to rounding (dP and delta are the same sum, taken in two orders), so its keys' dK rows are noise in both
-    results (the 1 x 1 case's whole dK). dK is held in addition to an absolute floor of 1e-3 times the size of one
-    query-key term without cancellation, softmax_scale |q| |dO| |v| (the largest rows'); a wrong dK row is of that
-    size."""
+    = 0 up to rounding (its output is that key's v, rounded to bfloat16: delta = dO . O is dP within 2^-8), so its
+    keys' dK rows are rounding noise in both results (the 1 x 1 case's whole dK), where one e4m3 step of a dS value
+    that sits near a tie moves the row by 2^-4 of itself. dK is therefore held to an absolute floor besides: 1e-3
+    times one query-key term without cancellation, softmax_scale |q| |dO| |v| (the largest rows'), about four such
+    steps of a noise row (2^-8 x 2^-4 of a term each); a wrong dK row is of the size of the term itself. The floor
+    leaves the tensor's bound as it is wherever the tensor holds more than a few rows."""
     saved = saved_forward(*shape, granularity, hadamard, causal=options.get("causal", False),
                           window_size=options.get("window_size", (-1, -1)))
     for name, (relative, row, worst) in kernel_errors(*saved, granularity, monkeypatch).items():
