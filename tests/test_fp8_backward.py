@@ -252,3 +252,21 @@ def test_gluon_dkdv_matches_the_reference_path_gpu(triton_backend, monkeypatch, 
     for name, (relative, row, worst) in kernel_errors(*saved, granularity, monkeypatch).items():
         assert relative <= 1e-3 and row <= 1.0, (
             f"{name}: relative error norm {relative:.2e}; worst row (batch, head, key) {worst}: {row:.2f} of its bound")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim,softcap", [(96, 0.0), (64, 5.0)])
+def test_calls_the_kernel_does_not_cover_take_the_reference_path_gpu(triton_backend, monkeypatch, head_dim, softcap):
+    """Head dims other than 64 and 128, and a softcap, keep the whole reference path (dK and dV included)."""
+    dout, quantized, out, lse, signs, opts = saved_forward(1, 70, 90, 2, 1, head_dim)
+    calls = []
+    reference_path = fp8_backward.backward
+
+    def recorded(*args, **kwargs):
+        calls.append(kwargs.get("dkdv", True))
+        return reference_path(*args, **kwargs)
+
+    monkeypatch.setattr(fp8_backward, "backward", recorded)
+    ops_fp8.fp8_attention_backward(dout, *quantized, out, lse, signs, opts.softmax_scale, opts.window_left,
+                                   opts.window_right, softcap, "block")
+    assert calls == [True]
