@@ -128,17 +128,20 @@ def _seen(keys, rows, seqlen_q, seqlen_k, window_left, window_right, WINDOW_LEFT
 
 
 @gluon.jit
-def _tile_amax(ds, amax_bufs, amax_ready, it, SLICE: gl.constexpr):
-    """The amax of |dS^T| over the 128-key tile: this consumer's 64 keys' row maxima into its half of buffer it % 2,
-    an arrive, the other consumer's arrive awaited, the 128 values reduced."""
-    flat: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    buffer = amax_bufs.index(it % 2)
-    key_max = gl.max(gl.abs(ds), axis=1)
-    buffer.slice(SLICE * SLICE_KEYS, SLICE_KEYS).store(key_max)
+def _share_key_max(ds, amax_bufs, amax_ready, it, SLICE: gl.constexpr):
+    """This consumer's 64 keys' maxima of |dS^T| into its half of the amax buffer of block ``it`` (buffer it % 2),
+    then its arrive on the buffer's barrier."""
+    amax_bufs.index(it % 2).slice(SLICE * SLICE_KEYS, SLICE_KEYS).store(gl.max(gl.abs(ds), axis=1))
     gl.thread_barrier()  # every warp's values are stored before the one thread arrives
     mbarrier.arrive(amax_ready.index(it % 2), count=1)
+
+
+@gluon.jit
+def _tile_amax(amax_bufs, amax_ready, it):
+    """The amax of |dS^T| over block ``it``'s 128-key tile, once both consumers' halves are in."""
+    flat: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     mbarrier.wait(amax_ready.index(it % 2), (it // 2) & 1)
-    return gl.max(buffer.load(flat), axis=0)
+    return gl.max(amax_bufs.index(it % 2).load(flat), axis=0)
 
 
 @gluon.jit
@@ -152,6 +155,8 @@ def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, qt_bufs, dot_bufs, sta
     time (the other consumer's fill the tensor cores meanwhile), the tile products added into float32 dK and dV."""
     s_layout: gl.constexpr = score_layout(k_smem.dtype)
     acc_layout: gl.constexpr = fp8_wgmma_layout(HEAD_DIM)
+    # at hdim 64 the dV product's accumulator fits beside dS^T while the amax is exchanged; at 128 it spilled
+    EARLY_DV: gl.constexpr = HEAD_DIM == 64
     batch, head_k, key_start, first_q_block, per_head = _key_tile(
         seqlen_q, seqlen_k, nheads_k, key_blocks, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT)
     group_size = nheads // nheads_k
@@ -194,15 +199,18 @@ def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, qt_bufs, dot_bufs, sta
         p = gl.where(seen, gl.exp2(s * (qk_scale_log2 * q_descale * k_descale) - lse_log2[None, :]), 0.0)
         delta = stats_bufs.index(2 * stage + 1).load(gl.SliceLayout(0, s_layout))
         ds = p * (dp * (do_descale * v_descale) - delta[None, :])
-        # -- the e4m3 operands: P^T * 256, and dS^T by the tile's descale --
+        # -- the e4m3 operands: P^T * 256, and dS^T by the tile's descale, whose amax the consumers exchange --
+        _share_key_max(ds, amax_bufs, amax_ready, it, SLICE)
         p_op = _p_operand(p * 256.0, HEAD_DIM, BLOCK_M)
+        if EARLY_DV:  # dV's tile product in flight while the other consumer's half comes
+            part = warpgroup_mma(p_op, dot_bufs.index(stage).permute((1, 0)), part, use_acc=False, is_async=True)
         # the reference path's descale exactly (an IEEE division: ``/`` is div.full, two ulps off); dS times its
         # reciprocal, a float32 ulp from the quotient at most (an IEEE division a value cost 12 instructions, half
         # again the loop's), which moves an e4m3 rounding only within an ulp of a tie
-        ds_descale = gl.maximum(gl.div_rn(_tile_amax(ds, amax_bufs, amax_ready, it, SLICE), E4M3_MAX), FLOAT32_TINY)
+        ds_descale = gl.maximum(gl.div_rn(_tile_amax(amax_bufs, amax_ready, it), E4M3_MAX), FLOAT32_TINY)
         ds_op = _p_operand(ds * gl.div_rn(1.0, ds_descale), HEAD_DIM, BLOCK_M)
-        # -- dV's tile product --
-        part = warpgroup_mma(p_op, dot_bufs.index(stage).permute((1, 0)), part, use_acc=False, is_async=True)
+        if not EARLY_DV:  # dV's tile product once dS is spent
+            part = warpgroup_mma(p_op, dot_bufs.index(stage).permute((1, 0)), part, use_acc=False, is_async=True)
         part = warpgroup_mma_wait(num_outstanding=0, deps=(part, ))
         dv += part * (do_descale * (1.0 / 256.0))  # P_SCALE
         # -- dK's tile product on dS^T in e4m3 --
