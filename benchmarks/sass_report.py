@@ -336,6 +336,34 @@ def hopper_fp8_dkdv_report(head_dim: int, causal: bool, window_left: bool = Fals
                          hopper_fp8_dkdv_constexprs(head_dim, window_left, causal))
 
 
+def hopper_fp8_dq_report(head_dim: int, causal: bool, window_left: bool = False, scores_16bit: bool = False) -> dict:
+    """:func:`hopper_fp8_dkdv_report` of the Gluon FP8 dQ kernel (``kernels/backward_fp8_dq_hopper.py``)."""
+    from flashattn.kernels.backward_fp8_dq_hopper import dq_fp8_hopper_kernel
+    from flashattn.launch.backward_fp8 import hopper_fp8_dkdv_constexprs
+
+    wide = scores_16bit
+    signature = dict(q_desc=_fp8_descriptor(64, head_dim, wide), do_desc=_fp8_descriptor(64, head_dim, wide),
+                     k_desc=_fp8_descriptor(128, head_dim, wide), v_desc=_fp8_descriptor(128, head_dim, wide),
+                     kt_desc=_fp8_descriptor(head_dim, 128), Lse="*fp32", Delta="*fp32", DQ="*fp32",
+                     QDescale="*fp32", KDescale="*fp32", VDescale="*fp32", DODescale="*fp32",
+                     **{name: "i32" for name in ("stride_gb", "stride_gm", "stride_gh", "stride_ds_b", "stride_ds_h",
+                                                 "stride_ds_blk", "seqlen_q", "seqlen_k", "nheads", "nheads_k",
+                                                 "row_tiles", "window_left", "window_right")},
+                     softmax_scale="fp32", qk_scale_log2="fp32")
+    return _gluon_report(dq_fp8_hopper_kernel, signature,
+                         hopper_fp8_dkdv_constexprs(head_dim, window_left, causal, dq=True))
+
+
+def _fp8_descriptor(rows: int, columns: int, wide: bool = False) -> str:
+    """The signature type of a TMA descriptor of (rows, columns) e4m3 tiles (``wide``: their float16 copies')."""
+    import torch
+
+    from flashattn.launch.common import tile_layout
+
+    dtype, name = (torch.float16, "fp16") if wide else (torch.float8_e4m3fn, "fp8e4nv")
+    return f"tensordesc<{name}[{rows}, {columns}],{tile_layout(rows, columns, dtype)!r}>"
+
+
 def hopper_dkdv_report(head_dim: int, causal: bool, config, fused: bool = False) -> dict:
     """:func:`report` of the Hopper dK/dV kernel (``kernels/backward_hopper.py``) with ``config``'s tile, as
     ``launch.backward._hopper_dkdv`` launches it for bf16 inputs (``fused``: the key-slice kernel's form that adds

@@ -8,8 +8,7 @@ queries' scale and v_descale into the output, so packed, paged and cached keys a
 
 The trainable FP8 attention (``fp8.flash_attn_func``) quantizes and runs the dense forward op here
 (:func:`train_forward`); its backward op runs ``fp8_backward``, the blocked PyTorch reference path, except on sm90 at
-head dims 64 and 128 without softcap, where the Gluon kernel computes dK and dV (``launch/backward_fp8.py``) and dQ
-still comes from the reference path's arithmetic.
+head dims 64 and 128 without softcap, where the Gluon kernels compute dQ, dK and dV (``launch/backward_fp8.py``).
 
 The CUDA path is the Triton kernel (``launch/forward_fp8.py``; on sm90 the Gluon kernel for the dense calls it covers)
 for dense and packed keys; paged keys and the KV cache have no FP8 kernel, and are refused there unless
@@ -24,7 +23,7 @@ from . import cpu, fp8_backward, validation
 from .backend import backend_for_cpu_tensors, backend_override
 from .fp8_quantize import Quantized, canonical_descales, dequantize, quantize, random_signs
 from .launch import plans
-from .launch.backward_fp8 import hopper_fp8_dkdv_fits, launch_dkdv_fp8
+from .launch.backward_fp8 import hopper_fp8_backward_fits, launch_backward_fp8
 from .launch.forward_fp8 import launch_forward_fp8
 from .ops import eager_call
 from .options import AttentionOptions, FP8Options
@@ -257,15 +256,13 @@ def fp8_attention_backward(
 @fp8_attention_backward.register_kernel("cuda")
 def _fp8_attention_backward_cuda(dout, q, k, v, q_descale, k_descale, v_descale, out, lse, signs, softmax_scale,
                                  window_left, window_right, softcap, granularity):
-    """dK and dV by the Gluon kernel where it covers the call (``hopper_fp8_dkdv_fits``), dQ by the reference path's
-    arithmetic (no dQ kernel yet); the whole reference path elsewhere and under ``FLASHATTN_BACKEND=torch``."""
+    """dQ, dK and dV by the Gluon kernels where they cover the call (``hopper_fp8_backward_fits``); the reference
+    path elsewhere and under ``FLASHATTN_BACKEND=torch``."""
     opts = _options(softmax_scale, window_left, window_right, softcap)
     descales = (q_descale, k_descale, v_descale)
-    if backend_override() == "torch" or not hopper_fp8_dkdv_fits(dout, q, k, v, opts):
+    if backend_override() == "torch" or not hopper_fp8_backward_fits(dout, q, k, v, opts):
         return fp8_backward.backward(dout, q, k, v, descales, out, lse, signs, opts, granularity)
-    dq, _, _ = fp8_backward.backward(dout, q, k, v, descales, out, lse, signs, opts, granularity, dkdv=False)
-    dk, dv = launch_dkdv_fp8(dout, q, k, v, descales, out, lse, signs, opts, granularity)
-    return dq, dk, dv
+    return launch_backward_fp8(dout, q, k, v, descales, out, lse, signs, opts, granularity)
 
 
 @fp8_attention_backward.register_fake

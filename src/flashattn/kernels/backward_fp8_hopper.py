@@ -48,10 +48,10 @@ FLOAT32_TINY = gl.constexpr(1.1754943508222875e-38)  # dS's descale floor (fp8_b
 
 
 @gluon.constexpr_function
-def score_layout(dtype):
-    """S^T's and dP^T's accumulator layout for operands of ``dtype``: the wgmma's K (32 for e4m3, 16 for 16-bit)
-    tags the layout; the registers are the same."""
-    return fp8_wgmma_layout(BLOCK_M) if dtype.primitive_bitwidth == 8 else wgmma_layout(BLOCK_M)
+def score_layout(dtype, columns):
+    """The scores' and their gradient's accumulator layout (``columns`` wide) for operands of ``dtype``: the wgmma's
+    K (32 for e4m3, 16 for 16-bit) tags the layout; the registers are the same."""
+    return fp8_wgmma_layout(columns) if dtype.primitive_bitwidth == 8 else wgmma_layout(columns)
 
 
 @gluon.jit
@@ -153,7 +153,7 @@ def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, qt_bufs, dot_bufs, sta
                          WINDOW_RIGHT: gl.constexpr, SLICE: gl.constexpr):
     """dK and dV of keys [SLICE * 64, + 64) of the program's 128: every query block's four e4m3 products, one at a
     time (the other consumer's fill the tensor cores meanwhile), the tile products added into float32 dK and dV."""
-    s_layout: gl.constexpr = score_layout(k_smem.dtype)
+    s_layout: gl.constexpr = score_layout(k_smem.dtype, BLOCK_M)
     acc_layout: gl.constexpr = fp8_wgmma_layout(HEAD_DIM)
     # at hdim 64 the dV product's accumulator fits beside dS^T while the amax is exchanged; at 128 it spilled
     EARLY_DV: gl.constexpr = HEAD_DIM == 64
