@@ -163,17 +163,19 @@ def test_gradients_within_the_fp8_error_model_gpu(shape, options):
     check_gradients(*(x.cuda() for x in make_inputs(*shape)), seed=3, **options)
 
 
-def test_transposed_queries_pad_to_query_blocks_in_operand_order(triton_backend):
-    """Q^T and dO^T for the Gluon dK/dV kernel: (B, Sq, H, D) -> (B, H, D, Sq rounded up to 64), zeros past Sq, position
-    p of each 32 holding query 16 p4 + 8 p1 + 4 p3 + 2 p2 + p0 (the register operand's order of P^T and dS^T)."""
-    from flashattn.launch.backward_fp8 import transposed_queries
+@pytest.mark.parametrize("name,tokens,width", [("transposed_queries", 113, 128), ("transposed_keys", 130, 256)])
+def test_transposed_copies_pad_to_blocks_in_operand_order(triton_backend, name, tokens, width):
+    """Q^T and dO^T for the Gluon dK/dV kernel, K^T for the dQ kernel: (B, S, H, D) -> (B, H, D, S rounded up to a
+    64-query or 128-key block), zeros past S, position p of each 32 holding token 16 p4 + 8 p1 + 4 p3 + 2 p2 + p0
+    (the register operand's order of P^T and dS^T, or of dS)."""
+    from flashattn.launch import backward_fp8
 
-    x = torch.randn(2, 113, 3, 64, device=triton_backend).to(torch.float8_e4m3fn)
-    xt = transposed_queries(x).view(torch.uint8)
-    assert xt.shape == (2, 3, 64, 128) and xt.is_contiguous()
-    bits = [(torch.arange(128) >> i) & 1 for i in range(5)]
-    order = torch.arange(128) // 32 * 32 + 16 * bits[4] + 8 * bits[1] + 4 * bits[3] + 2 * bits[2] + bits[0]
-    padded = torch.cat([x.cpu().view(torch.uint8), torch.zeros(2, 15, 3, 64, dtype=torch.uint8)], 1)
+    x = torch.randn(2, tokens, 3, 64, device=triton_backend).to(torch.float8_e4m3fn)
+    xt = getattr(backward_fp8, name)(x).view(torch.uint8)
+    assert xt.shape == (2, 3, 64, width) and xt.is_contiguous()
+    bits = [(torch.arange(width) >> i) & 1 for i in range(5)]
+    order = torch.arange(width) // 32 * 32 + 16 * bits[4] + 8 * bits[1] + 4 * bits[3] + 2 * bits[2] + bits[0]
+    padded = torch.cat([x.cpu().view(torch.uint8), torch.zeros(2, width - tokens, 3, 64, dtype=torch.uint8)], 1)
     assert torch.equal(xt.cpu(), padded[:, order].permute(0, 2, 3, 1))
 
 
@@ -189,28 +191,25 @@ def saved_forward(batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, granula
 
 
 def kernel_errors(dout, quantized, out, lse, signs, opts, granularity, monkeypatch) -> dict:
-    """The backward op's dK and dV (the Gluon kernel) against ``fp8_backward``'s on the same saved tensors: per
-    gradient, the tensor's error norm over its norm and the worst row's error over its bound (see the test). The
-    reference path may run only for dQ (``dkdv=False``), whose result is its own arithmetic."""
+    """The backward op's dQ, dK and dV (the Gluon kernels; the reference path is not called) against
+    ``fp8_backward``'s on the same saved tensors: per gradient, the tensor's error norm over its norm and the worst
+    row's error over its bound (see the test)."""
     arguments = (dout, *quantized, out, lse, signs, opts.softmax_scale, opts.window_left, opts.window_right,
                  opts.softcap, granularity)
     want = fp8_backward.backward(dout, *quantized[:3], tuple(quantized[3:]), out, lse, signs, opts, granularity)
-    reference_path = fp8_backward.backward
 
-    def dq_only(*args, **kwargs):
-        assert kwargs.get("dkdv") is False, "the reference path computed dK/dV where the kernel covers the call"
-        return reference_path(*args, **kwargs)
+    def refused(*args, **kwargs):
+        raise AssertionError("the reference path ran where the kernels cover the call")
 
-    monkeypatch.setattr(fp8_backward, "backward", dq_only)
+    monkeypatch.setattr(fp8_backward, "backward", refused)
     got = ops_fp8.fp8_attention_backward(*arguments)
-    dq_error = (got[0].double() - want[0].double()).norm() / want[0].double().norm().clamp_min(1e-30)
-    assert dq_error <= 1e-3, f"dq is the reference path's arithmetic: {dq_error:.2e}"
-    # a single query-key term of a dK row without cancellation: softmax_scale |q| |dO| |v|, the largest rows'
-    q32, v32 = (fp8.dequantize(x, d) for x, d in ((quantized.q, quantized.q_descale),
-                                                   (quantized.v, quantized.v_descale)))
-    term = opts.softmax_scale * (q32.norm(dim=-1).max() * dout.float().norm(dim=-1).max() * v32.norm(dim=-1).max())
+    # a single query-key term of a dQ (dK) row without cancellation: softmax_scale |k| (|q|) |dO| |v|, the largest
+    # rows'
+    q32, k32, v32 = (fp8.dequantize(x, d) for x, d in zip(quantized[:3], quantized[3:], strict=True))
+    term = opts.softmax_scale * dout.float().norm(dim=-1).max() * v32.norm(dim=-1).max()
+    floors = (1e-3 * (term * k32.norm(dim=-1).max()).item(), 1e-3 * (term * q32.norm(dim=-1).max()).item(), 0.0)
     errors = {}
-    for name, grad, expected, floor in zip(("dk", "dv"), got[1:], want[1:], (1e-3 * term.item(), 0.0), strict=True):
+    for name, grad, expected, floor in zip(("dq", "dk", "dv"), got, want, floors, strict=True):
         assert grad.dtype == expected.dtype and grad.shape == expected.shape and grad.is_contiguous()
         error, expected = grad.double() - expected.double(), expected.double()
         relative = error.norm().item() / (expected.norm().item() + floor + 1e-30)
@@ -231,39 +230,41 @@ def kernel_errors(dout, quantized, out, lse, signs, opts, granularity, monkeypat
     ((1, 257, 300, 2, 2, 64), {"window_size": (-1, 40)}),
 ], ids=str)
 @pytest.mark.parametrize("granularity,hadamard", [("block", True), ("head", False)], ids=str)
-def test_gluon_dkdv_matches_the_reference_path_gpu(triton_backend, monkeypatch, shape, options, granularity,
-                                                   hadamard):
-    """The Gluon FP8 dK/dV (``kernels/backward_fp8_hopper.py``) against ``fp8_backward``'s float32 sums of the same
-    e4m3 operands: the same roundings of P, dS and dO at the same tiles, so the two differ by summation order and by
-    the wgmma's sums (S^T and dP^T over the head dim, each tile product over 64 queries, truncated to about 13
-    fraction bits, never chained across tiles), then wherever that moves an e4m3 rounding of P or dS across a
-    boundary. The tensor's error norm stays within 1e-3 of its norm (a few e4m3 steps among thousands of terms); a
-    row's within 2^-5 of its norm (one e4m3 step, 2^-4 relative, on a few of its terms).
+def test_gluon_backward_matches_the_reference_path_gpu(triton_backend, monkeypatch, shape, options, granularity,
+                                                       hadamard):
+    """The Gluon FP8 dK/dV and dQ (``kernels/backward_fp8_hopper.py``, ``kernels/backward_fp8_dq_hopper.py``) against
+    ``fp8_backward``'s float32 sums of the same e4m3 operands: the same roundings of P, dS and dO at the same tiles,
+    so the two differ by summation order and by the wgmma's sums (S and dP over the head dim, each tile product over
+    64 queries or 128 keys, truncated to about 13 fraction bits, never chained across tiles), then wherever that
+    moves an e4m3 rounding of P or dS across a boundary. The tensor's error norm stays within 1e-3 of its norm (a
+    few e4m3 steps among thousands of terms); a row's within 2^-5 of its norm (one e4m3 step, 2^-4 relative, on a few
+    of its terms).
 
     Rows of pure rounding noise have no norm to be relative to: a query that sees a single key has dS = P (dP - delta)
     = 0 up to rounding (its output is that key's v, rounded to bfloat16: delta = dO . O is dP within 2^-8), so its
-    keys' dK rows are rounding noise in both results (the 1 x 1 case's whole dK), where one e4m3 step of a dS value
-    that sits near a tie moves the row by 2^-4 of itself. dK is therefore held to an absolute floor besides: 1e-3
-    times one query-key term without cancellation, softmax_scale |q| |dO| |v| (the largest rows'), about four such
-    steps of a noise row (2^-8 x 2^-4 of a term each); a wrong dK row is of the size of the term itself. The floor
-    leaves the tensor's bound as it is wherever the tensor holds more than a few rows."""
+    keys' dK rows and its own dQ row are rounding noise in both results (the 1 x 1 case's whole dK and dQ), where one
+    e4m3 step of a dS value that sits near a tie moves the row by 2^-4 of itself. dK and dQ are therefore held to an
+    absolute floor besides: 1e-3 times one query-key term without cancellation, softmax_scale |q| (|k| for dQ) |dO|
+    |v| (the largest rows'), about four such steps of a noise row (2^-8 x 2^-4 of a term each); a wrong row is of the
+    size of the term itself. The floor leaves the tensor's bound as it is wherever the tensor holds more than a few
+    rows."""
     saved = saved_forward(*shape, granularity, hadamard, causal=options.get("causal", False),
                           window_size=options.get("window_size", (-1, -1)))
     for name, (relative, row, worst) in kernel_errors(*saved, granularity, monkeypatch).items():
-        assert relative <= 1e-3 and row <= 1.0, (
-            f"{name}: relative error norm {relative:.2e}; worst row (batch, head, key) {worst}: {row:.2f} of its bound")
+        assert relative <= 1e-3 and row <= 1.0, (f"{name}: relative error norm {relative:.2e}; worst row (batch, head, "
+                                                 f"token) {worst}: {row:.2f} of its bound")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("head_dim,softcap", [(96, 0.0), (64, 5.0)])
 def test_calls_the_kernel_does_not_cover_take_the_reference_path_gpu(triton_backend, monkeypatch, head_dim, softcap):
-    """Head dims other than 64 and 128, and a softcap, keep the whole reference path (dK and dV included)."""
+    """Head dims other than 64 and 128, and a softcap, keep the whole reference path."""
     dout, quantized, out, lse, signs, opts = saved_forward(1, 70, 90, 2, 1, head_dim)
     calls = []
     reference_path = fp8_backward.backward
 
     def recorded(*args, **kwargs):
-        calls.append(kwargs.get("dkdv", True))
+        calls.append(True)
         return reference_path(*args, **kwargs)
 
     monkeypatch.setattr(fp8_backward, "backward", recorded)

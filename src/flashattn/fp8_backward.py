@@ -60,10 +60,9 @@ def _rounded_row_tiles(x: torch.Tensor) -> torch.Tensor:
 
 
 def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, descales: tuple, out: torch.Tensor,
-             lse: torch.Tensor, signs: torch.Tensor | None, opts: AttentionOptions, granularity: str,
-             dkdv: bool = True) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """(dq, dk, dv) in dout's dtype, dq and dk in the unrotated basis; with ``dkdv=False`` (dq, None, None), for the
-    GPU backward whose kernel computes dK and dV (``launch.backward_fp8``) and takes dQ from here.
+             lse: torch.Tensor, signs: torch.Tensor | None, opts: AttentionOptions,
+             granularity: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) in dout's dtype, dq and dk in the unrotated basis.
 
     dout, out: (B, Sq, H, D) 16-bit; q: e4m3 (B, Sq, H, D) and k, v: e4m3 (B, Sk, Hk, D) as the forward quantized
     them (q and k rotated by diag(signs) H when ``signs`` is given); descales: (q, k, v)'s; lse: float32 (B, H, Sq).
@@ -103,17 +102,15 @@ def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         if capped is not None:
             dscores = dscores * (1.0 - capped * capped)
         dscores8 = _rounded_row_tiles(dscores)
-        if dkdv:
-            probs8 = round_to_e4m3(probs * P_SCALE) / P_SCALE
-            dv[:, :, start:end] += (probs8.transpose(-1, -2) @ do_rows).sum(dim=2)
-            dk[:, :, start:end] += (dscores8.transpose(-1, -2) @ q_rows).sum(dim=2)
+        probs8 = round_to_e4m3(probs * P_SCALE) / P_SCALE
+        dv[:, :, start:end] += (probs8.transpose(-1, -2) @ do_rows).sum(dim=2)
+        dk[:, :, start:end] += (dscores8.transpose(-1, -2) @ q_rows).sum(dim=2)
         dq[..., rows, :] += dscores8 @ k_block
     dq, dk = dq * opts.softmax_scale, dk * opts.softmax_scale
     if signs is not None:
         # q and k were rotated as x M, so the gradient of x is the rotated one times M^T
         back = rotation_matrix(signs, torch.float32).T
-        dq, dk = dq @ back, dk @ back if dkdv else dk
+        dq, dk = dq @ back, dk @ back
     # contiguous in the inputs' (B, S, H, D) layout, as the op's fake promises
-    grads = (_ungrouped(dq), dk.transpose(1, 2), dv.transpose(1, 2)) if dkdv else (_ungrouped(dq), )
-    grads = tuple(x.to(dout.dtype, memory_format=torch.contiguous_format) for x in grads)
-    return grads if dkdv else (grads[0], None, None)
+    grads = (_ungrouped(dq), dk.transpose(1, 2), dv.transpose(1, 2))
+    return tuple(x.to(dout.dtype, memory_format=torch.contiguous_format) for x in grads)
