@@ -108,40 +108,44 @@ def _seen(rows, keys, seqlen_q, seqlen_k, window_left, window_right, WINDOW_LEFT
 
 
 @gluon.jit
-def _consumer_partition(q_smem, do_smem, k_bufs, v_bufs, kt_bufs, rows_ready, ready, stage_free, DQ, Lse, Delta,
-                        QDescale, KDescale, VDescale, DODescale, stride_gb, stride_gm, stride_gh, stride_ds_b,
-                        stride_ds_h, stride_ds_blk, seqlen_q, seqlen_k, nheads, nheads_k, row_tiles, window_left,
-                        window_right, softmax_scale, qk_scale_log2, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
-                        WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr, CONSUMER: gl.constexpr):
-    """dQ of queries [CONSUMER * 64, + 64) of the program's 128: every key block's three products, one at a time
-    (the other consumer's fill the tensor cores meanwhile), the tile products added into float32 dQ."""
+def _full_blocks(seqlen_q, seqlen_k, q_start, first_k_block, n_blocks, window_left, window_right,
+                 WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr):
+    """The key blocks [lo, hi) of the program's that every one of its queries sees whole
+    (``masks.block_fully_visible``), a range within its blocks: those run without the mask's selects (a mask column
+    index a register, hoisted out of the loop, spilled at hdim 128). Rows past the sequence need no mask: their
+    lse = +inf gives P = 0."""
+    offset = seqlen_k - seqlen_q
+    last = first_k_block + n_blocks
+    lo = first_k_block
+    hi = gl.minimum(seqlen_k // BLOCK_N, last)
+    if WINDOW_LEFT:
+        # the last row's first key: key_start >= (its diagonal) - window_left
+        lo = gl.maximum(gl.cdiv(gl.maximum(gl.minimum(q_start + PROGRAM_ROWS, seqlen_q) - 1 + offset - window_left, 0),
+                                BLOCK_N), lo)
+        lo = gl.minimum(lo, last)
+    if WINDOW_RIGHT:
+        # the first row's last key: key_end - 1 <= its diagonal + window_right
+        hi = gl.minimum(gl.maximum(q_start + offset + window_right + 1, 0) // BLOCK_N, hi)
+    return lo, gl.maximum(hi, lo)
+
+
+@gluon.jit
+def _key_blocks(q, do, k_bufs, v_bufs, kt_bufs, ready, stage_free, dq, rows, lse_log2, delta, KDescale, VDescale,
+                descales, stride_ds_blk, qk_scale, do_descale, lo, hi, first_k_block, seqlen_q, seqlen_k, window_left,
+                window_right, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, WINDOW_LEFT: gl.constexpr,
+                WINDOW_RIGHT: gl.constexpr, MASKED: gl.constexpr):
+    """Key blocks [lo, hi) into one consumer's float32 dQ (``MASKED``: with the mask), each block's three products
+    one at a time (the other consumer's fill the tensor cores meanwhile)."""
     s_layout: gl.constexpr = score_layout(k_bufs.dtype, BLOCK_N)
     acc_layout: gl.constexpr = fp8_wgmma_layout(HEAD_DIM)
-    batch, head, head_k, q_start, first_k_block, n_blocks = _query_tile(
-        seqlen_q, seqlen_k, nheads, nheads_k, row_tiles, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT)
-    first_row = q_start + CONSUMER * ROWS
-    rows = first_row + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
-    stats = (batch * nheads + head).to(gl.int64) * seqlen_q + rows
-    # rows past the sequence: lse = +inf gives P = 0 (the tile may hold the next sequence's rows)
-    lse_log2 = gl.load(Lse + stats, mask=rows < seqlen_q, other=float("inf")) * LOG2E
-    delta = gl.load(Delta + stats, mask=rows < seqlen_q, other=0.0)
-    # the descales of this (batch, kv head): the program's rows lie in one q and dO block (PROGRAM_ROWS =
-    # SCALE_BLOCK), a key block in one k and v block (a stride of 0 where there is one descale a head)
-    descales = batch * stride_ds_b + head_k * stride_ds_h
-    q_descale = gl.load(QDescale + descales + (q_start // PROGRAM_ROWS) * stride_ds_blk)
-    do_descale = gl.load(DODescale + descales + (q_start // PROGRAM_ROWS) * stride_ds_blk)
-    q = q_smem.index(CONSUMER)
-    do = do_smem.index(CONSUMER)
     # S, dP and the tile product overwrite the last block's (use_acc=False), as in the dK/dV kernel
     s = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
     dp = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
     part = gl.zeros([ROWS, HEAD_DIM], gl.float32, acc_layout)
-    dq = gl.zeros([ROWS, HEAD_DIM], gl.float32, acc_layout)
-    mbarrier.wait(rows_ready, 0)
-    for j in range(n_blocks):
-        key_block = first_k_block + j
-        stage = j % NUM_STAGES
-        mbarrier.wait(ready.index(stage), (j // NUM_STAGES) & 1)
+    for key_block in range(lo, hi):
+        position = key_block - first_k_block
+        stage = position % NUM_STAGES
+        mbarrier.wait(ready.index(stage), (position // NUM_STAGES) & 1)
         # -- S = Q K^T and dP = dO V^T over the head dim --
         s = warpgroup_mma(q, k_bufs.index(stage).permute((1, 0)), s, use_acc=False, is_async=True)
         dp = warpgroup_mma(do, v_bufs.index(stage).permute((1, 0)), dp, use_acc=False, is_async=True)
@@ -149,9 +153,11 @@ def _consumer_partition(q_smem, do_smem, k_bufs, v_bufs, kt_bufs, rows_ready, re
         v_descale = gl.load(VDescale + descales + key_block * stride_ds_blk)
         s, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s, dp))
         # -- P and dS in float32 (a row that sees no key may have lse = -inf: where, not a -inf score) --
-        keys = key_block * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        seen = _seen(rows, keys, seqlen_q, seqlen_k, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT)
-        p = gl.where(seen, gl.exp2(s * (qk_scale_log2 * q_descale * k_descale) - lse_log2[:, None]), 0.0)
+        p = gl.exp2(s * (qk_scale * k_descale) - lse_log2[:, None])
+        if MASKED:
+            keys = key_block * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            p = gl.where(_seen(rows, keys, seqlen_q, seqlen_k, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT),
+                         p, 0.0)
         ds = p * (dp * (do_descale * v_descale) - delta[:, None])
         # -- dS in e4m3 by its tile's descale, computed as the dK/dV kernel computes it (an IEEE division, then dS
         # times its reciprocal) --
@@ -163,6 +169,51 @@ def _consumer_partition(q_smem, do_smem, k_bufs, v_bufs, kt_bufs, rows_ready, re
         part = warpgroup_mma_wait(num_outstanding=0, deps=(part, ))  # at once: e4m3 registers cannot be deps
         mbarrier.arrive(stage_free.index(stage), count=1)
         dq += part * (ds_descale * k_descale)
+    return dq
+
+
+@gluon.jit
+def _consumer_partition(q_smem, do_smem, k_bufs, v_bufs, kt_bufs, rows_ready, ready, stage_free, DQ, Lse, Delta,
+                        QDescale, KDescale, VDescale, DODescale, stride_gb, stride_gm, stride_gh, stride_ds_b,
+                        stride_ds_h, stride_ds_blk, seqlen_q, seqlen_k, nheads, nheads_k, row_tiles, window_left,
+                        window_right, softmax_scale, qk_scale_log2, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
+                        WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr, CONSUMER: gl.constexpr):
+    """dQ of queries [CONSUMER * 64, + 64) of the program's 128: the key blocks its rows see whole between the masked
+    ones (a left window's first, the diagonal's and the sequence end's last)."""
+    s_layout: gl.constexpr = score_layout(k_bufs.dtype, BLOCK_N)
+    acc_layout: gl.constexpr = fp8_wgmma_layout(HEAD_DIM)
+    batch, head, head_k, q_start, first_k_block, n_blocks = _query_tile(
+        seqlen_q, seqlen_k, nheads, nheads_k, row_tiles, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT)
+    full_lo, full_hi = _full_blocks(seqlen_q, seqlen_k, q_start, first_k_block, n_blocks, window_left, window_right,
+                                    WINDOW_LEFT, WINDOW_RIGHT)
+    first_row = q_start + CONSUMER * ROWS
+    rows = first_row + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
+    stats = (batch * nheads + head).to(gl.int64) * seqlen_q + rows
+    # rows past the sequence: lse = +inf gives P = 0 (the tile may hold the next sequence's rows)
+    lse_log2 = gl.load(Lse + stats, mask=rows < seqlen_q, other=float("inf")) * LOG2E
+    delta = gl.load(Delta + stats, mask=rows < seqlen_q, other=0.0)
+    # the descales of this (batch, kv head): the program's rows lie in one q and dO block (PROGRAM_ROWS =
+    # SCALE_BLOCK), a key block in one k and v block (a stride of 0 where there is one descale a head)
+    descales = batch * stride_ds_b + head_k * stride_ds_h
+    q_descale = gl.load(QDescale + descales + (q_start // PROGRAM_ROWS) * stride_ds_blk)
+    do_descale = gl.load(DODescale + descales + (q_start // PROGRAM_ROWS) * stride_ds_blk)
+    qk_scale = qk_scale_log2 * q_descale  # times each block's k_descale: the dK/dV kernel's product, in its order
+    q = q_smem.index(CONSUMER)
+    do = do_smem.index(CONSUMER)
+    dq = gl.zeros([ROWS, HEAD_DIM], gl.float32, acc_layout)
+    mbarrier.wait(rows_ready, 0)
+    if WINDOW_LEFT:
+        dq = _key_blocks(q, do, k_bufs, v_bufs, kt_bufs, ready, stage_free, dq, rows, lse_log2, delta, KDescale,
+                         VDescale, descales, stride_ds_blk, qk_scale, do_descale, first_k_block, full_lo,
+                         first_k_block, seqlen_q, seqlen_k, window_left, window_right, HEAD_DIM, NUM_STAGES,
+                         WINDOW_LEFT, WINDOW_RIGHT, True)
+    dq = _key_blocks(q, do, k_bufs, v_bufs, kt_bufs, ready, stage_free, dq, rows, lse_log2, delta, KDescale, VDescale,
+                     descales, stride_ds_blk, qk_scale, do_descale, full_lo, full_hi, first_k_block, seqlen_q,
+                     seqlen_k, window_left, window_right, HEAD_DIM, NUM_STAGES, WINDOW_LEFT, WINDOW_RIGHT, False)
+    dq = _key_blocks(q, do, k_bufs, v_bufs, kt_bufs, ready, stage_free, dq, rows, lse_log2, delta, KDescale, VDescale,
+                     descales, stride_ds_blk, qk_scale, do_descale, full_hi, first_k_block + n_blocks, first_k_block,
+                     seqlen_q, seqlen_k, window_left, window_right, HEAD_DIM, NUM_STAGES, WINDOW_LEFT, WINDOW_RIGHT,
+                     True)
     _store_rows(dq * softmax_scale, DQ, batch, head, first_row, seqlen_q, stride_gb, stride_gm, stride_gh, HEAD_DIM,
                 ROWS, acc_layout)
 
