@@ -18,6 +18,9 @@ consumer computes:
   the float32 dQ in registers. Hopper's e4m3 wgmma sums with about 13 fraction bits, truncated: chained over the
   keys in one accumulator that put gradients 3e-3 to 9e-3 off the float32 sums (docs/fp8.md).
 
+The key blocks every query of the program sees whole run in a loop without the mask's selects, between loops over
+the masked ones (a left window's first blocks, the diagonal's and the sequence end's last), as in the 16-bit kernel.
+
 Operands: FP8 wgmma reads its shared-memory B operand K-major, so dS K takes K^T (head dim x keys, keys contiguous),
 which the launcher writes (``launch.backward_fp8``) with each 32 keys in the order of dS's register operand
 (``forward_fp8_hopper._p_operand``, the FP8 forward's V^T order: dS has P's layout), so that dS goes from the score
