@@ -1,8 +1,9 @@
-"""The FP8 backward's arithmetic in blocked PyTorch: the reference path, on CPU and CUDA tensors alike, until a GPU
-kernel implements it (docs/fp8.md, "The backward").
+"""The FP8 backward's arithmetic in blocked PyTorch: the reference path, on CPU and on CUDA calls that the sm90 Gluon
+kernels (``launch/backward_fp8.py``) do not cover, and what those kernels are tested against (docs/fp8.md, "The
+backward").
 
 It takes what the FP8 forward saved (e4m3 q and k in the rotated basis, e4m3 v, their descales, the output and the
-log-sum-exp) and dO, and rounds every operand of the backward's products to e4m3 where the planned kernel will:
+log-sum-exp) and dO, and rounds every operand of the backward's products to e4m3 where the kernels do:
 
 - dO: quantized like q (``fp8_quantize.quantize_tensor``: a descale per 128 rows of a kv head's group, or per head),
   when the backward starts; delta = rowsum(dO * O) takes the rounded dO, the one dP = dO V^T sees, so that each row
@@ -27,7 +28,7 @@ from .fp8_quantize import dequantize, quantize_tensor, rotation_matrix, round_to
 from .options import AttentionOptions
 
 BLOCK_N = SCALE_BLOCK  # keys per tile: a key block lies in one block descale of k and v
-DS_BLOCK_M = 64  # queries per dS descale: the query block of the planned Hopper kernel at head dim 128
+DS_BLOCK_M = 64  # queries per dS descale: the Hopper kernels' query block (dK/dV) and consumer rows (dQ)
 
 
 def _grouped(x: torch.Tensor, nheads_k: int) -> torch.Tensor:

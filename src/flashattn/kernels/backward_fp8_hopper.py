@@ -29,7 +29,7 @@ score layout to the operand layout without moving values between threads). The l
 block: Q and dO (row-major, for S^T and dP^T) and Q^T and dO^T.
 
 Limits, checked by the launcher: dense calls, head dims 64 and 128, no softcap; causal, windows, GQA, block and
-per-head descales. dQ is not computed here (the launcher takes it from the reference path's arithmetic).
+per-head descales. dQ is the dQ kernel's (``backward_fp8_dq_hopper.py``), which rounds dS as this kernel does.
 """
 
 from triton.experimental import gluon
