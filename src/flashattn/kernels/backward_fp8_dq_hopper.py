@@ -48,10 +48,11 @@ BLOCK_N = PROGRAM_KEYS  # keys a block: one k and v descale block, the keys of a
 def _query_tile(seqlen_q, seqlen_k, nheads, nheads_k, row_tiles, window_left, window_right, WINDOW_LEFT: gl.constexpr,
                 WINDOW_RIGHT: gl.constexpr):
     """This program's batch, query head, kv head, first query, and its key blocks (the first, how many): those with a
-    key one of its queries sees (``masks.visible`` over its rows). Every partition derives the same plan."""
+    key one of its queries sees (``masks.visible`` over its rows). Every partition derives the same plan. A head's
+    last rows come first: under a causal mask they see the most keys, and the short tiles fill the grid's tail."""
     tile_id = gl.program_id(0)
     batch_head = tile_id // row_tiles
-    q_start = (tile_id % row_tiles) * PROGRAM_ROWS
+    q_start = (row_tiles - 1 - tile_id % row_tiles) * PROGRAM_ROWS
     offset = seqlen_k - seqlen_q
     lo = 0
     hi = seqlen_k
