@@ -117,6 +117,34 @@ def test_packed_ring_steps_cover_each_visible_score_once(world_size, seqlens, wi
     assert torch.equal(covered, expected)
 
 
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_ring_steps_take_the_callers_deterministic(deterministic, monkeypatch):
+    """Each step's backward call gets the caller's ``deterministic`` (on Hopper: the two passes or the fused one), and
+    a one-rank ring's gradients are the single call's, bit for bit. The CPU path is deterministic either way, so the
+    flag is read off the op's arguments."""
+    from flashattn import flash_attn_func, ops, ring
+
+    flags = []
+    eager_call = ops.eager_call
+
+    def recording(op, cuda_op, *arguments):
+        if op is ops.attention_backward:
+            flags.append(arguments[-1])
+        return eager_call(op, cuda_op, *arguments)
+
+    monkeypatch.setattr(ops, "eager_call", recording)
+    q, k, v, dout = (torch.randn(1, 40, 2, 16) for _ in range(4))
+    opts = AttentionOptions.build(16, None, True, (-1, -1), 0.0, 0.0, deterministic)
+    one_rank = Ring(None, 0, 1, ZigzagLayout(40, 1))
+    out, lse = ring.forward(q, k, v, None, None, opts, one_rank)
+    grads = ring.backward(dout, q, k, v, out, lse, None, None, opts, one_rank)
+    assert flags and all(flag is deterministic for flag in flags)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    want = torch.autograd.grad(flash_attn_func(*leaves, causal=True), leaves, dout)
+    for got, expected in zip(grads, want, strict=True):
+        assert torch.equal(got, expected)
+
+
 @pytest.mark.xdist_group(SPAWN_GROUP)
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_ring_attention_over_gloo(world_size, tmp_path, monkeypatch):
