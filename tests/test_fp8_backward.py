@@ -92,6 +92,14 @@ def test_gradients_without_rotation_or_with_per_head_descales(torch_backend, had
                     causal=True)
 
 
+def test_gradients_a_row_slab_at_a_time(torch_backend, monkeypatch):
+    """Long sequences take each key block's queries a slab at a time (``fp8_backward.ROW_SLAB``): slabs of one and
+    two dS tiles, causal with seqlen_q != seqlen_k, hold the same bound."""
+    for slab in (64, 128):
+        monkeypatch.setattr(fp8_backward, "ROW_SLAB", slab)
+        check_gradients(*make_inputs(1, 300, 200, 2, 1, 64), seed=4, causal=True)
+
+
 def test_gradients_are_in_the_inputs_basis(torch_backend):
     """dq and dk come back in q's and k's basis: near the reference there, far from it in the rotated basis."""
     q, k, v, dout = make_inputs(1, 64, 64, 2, 2, 64)

@@ -13,9 +13,9 @@ log-sum-exp) and dO, and rounds every operand of the backward's products to e4m3
   ``BLOCK_N`` keys of one query head, for dK = dS^T Q and dQ = dS K.
 
 Products take those values dequantized (e4m3 value x descale) and sum in float32 into float32 gradients, a key block
-at a time with all its query tiles in one product (a few dozen operations a key block, not a tile: the path's cost on a
-GPU is dispatch); dQ and dK are then rotated back by the transpose of the forward's rotation and, like dV, returned
-in dO's dtype. Nothing of size seqlen_q x seqlen_k is built.
+at a time with up to ``ROW_SLAB`` of its queries in one product, not a 64-row tile at a time; dQ and dK are then
+rotated back by the transpose of the forward's rotation and, like dV, returned in dO's dtype. Nothing of size
+seqlen_q x seqlen_k is built.
 """
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ from .options import AttentionOptions
 
 BLOCK_N = SCALE_BLOCK  # keys per tile: a key block lies in one block descale of k and v
 DS_BLOCK_M = 64  # queries per dS descale: the Hopper kernels' query block (dK/dV) and consumer rows (dQ)
+# queries a product takes at once: few operations a key block (on a GPU the path's cost is their dispatch), and a
+# slab's float32 temporaries of (batch, heads, ROW_SLAB, BLOCK_N) bounded whatever the length
+ROW_SLAB = 128 * DS_BLOCK_M
 
 
 def _grouped(x: torch.Tensor, nheads_k: int) -> torch.Tensor:
@@ -79,34 +82,36 @@ def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     dk, dv = torch.zeros_like(kf), torch.zeros_like(vf)
     key_lo, key_hi = masks.visible_key_range(seqlen_q, seqlen_k, opts.window_left, opts.window_right)
     # tiles start at multiples of BLOCK_N and DS_BLOCK_M whatever the mask, so that a dS descale covers fixed keys and
-    # rows (the ones no query sees have P = 0 and leave the amax alone); a key block takes all its query tiles at once
+    # rows (the ones no query sees have P = 0 and leave the amax alone); a key block takes its query tiles a slab at a
+    # time
     for block in range(key_lo - key_lo % BLOCK_N, key_hi, BLOCK_N):
         start, end = max(block, key_lo), min(block + BLOCK_N, key_hi)
         query_lo, query_hi = masks.visible_query_range(start, end, seqlen_q, seqlen_k, opts.window_left,
                                                        opts.window_right)
         if query_lo >= query_hi:
             continue
-        rows = slice(query_lo - query_lo % DS_BLOCK_M, query_hi)
         k_block, v_block = kf[:, :, None, start:end], vf[:, :, None, start:end]  # (B, Hk, 1, n, D)
-        q_rows, do_rows = qf[..., rows, :], dof[..., rows, :]
-        scores = (q_rows * opts.softmax_scale) @ k_block.transpose(-1, -2)
-        capped = None
-        if opts.softcap > 0:
-            capped = torch.tanh(scores / opts.softcap)
-            scores = opts.softcap * capped
-        query_idx = torch.arange(rows.start, rows.stop, device=q.device).view(-1, 1)
         key_idx = torch.arange(start, end, device=q.device).view(1, -1)
-        seen = masks.visible(query_idx, key_idx, seqlen_q, seqlen_k, opts.window_left, opts.window_right)
-        # a row that sees no key anywhere has lse = -inf: where, not masked_fill, keeps its P at 0 rather than NaN
-        probs = torch.where(seen, (scores - lse_g[..., rows, None]).exp(), 0.0)
-        dscores = probs * (do_rows @ v_block.transpose(-1, -2) - delta[..., rows, None])
-        if capped is not None:
-            dscores = dscores * (1.0 - capped * capped)
-        dscores8 = _rounded_row_tiles(dscores)
-        probs8 = round_to_e4m3(probs * P_SCALE) / P_SCALE
-        dv[:, :, start:end] += (probs8.transpose(-1, -2) @ do_rows).sum(dim=2)
-        dk[:, :, start:end] += (dscores8.transpose(-1, -2) @ q_rows).sum(dim=2)
-        dq[..., rows, :] += dscores8 @ k_block
+        for first in range(query_lo - query_lo % DS_BLOCK_M, query_hi, ROW_SLAB):
+            rows = slice(first, min(query_hi, first + ROW_SLAB))
+            q_rows, do_rows = qf[..., rows, :], dof[..., rows, :]
+            scores = (q_rows * opts.softmax_scale) @ k_block.transpose(-1, -2)
+            capped = None
+            if opts.softcap > 0:
+                capped = torch.tanh(scores / opts.softcap)
+                scores = opts.softcap * capped
+            query_idx = torch.arange(rows.start, rows.stop, device=q.device).view(-1, 1)
+            seen = masks.visible(query_idx, key_idx, seqlen_q, seqlen_k, opts.window_left, opts.window_right)
+            # a row that sees no key anywhere has lse = -inf: where, not masked_fill, keeps its P at 0 rather than NaN
+            probs = torch.where(seen, (scores - lse_g[..., rows, None]).exp(), 0.0)
+            dscores = probs * (do_rows @ v_block.transpose(-1, -2) - delta[..., rows, None])
+            if capped is not None:
+                dscores = dscores * (1.0 - capped * capped)
+            probs8 = round_to_e4m3(probs * P_SCALE) / P_SCALE
+            dscores8 = _rounded_row_tiles(dscores)
+            dv[:, :, start:end] += (probs8.transpose(-1, -2) @ do_rows).sum(dim=2)
+            dk[:, :, start:end] += (dscores8.transpose(-1, -2) @ q_rows).sum(dim=2)
+            dq[..., rows, :] += dscores8 @ k_block
     dq, dk = dq * opts.softmax_scale, dk * opts.softmax_scale
     if signs is not None:
         # q and k were rotated as x M, so the gradient of x is the rotated one times M^T
