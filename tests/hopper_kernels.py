@@ -17,6 +17,15 @@ def _on_hopper() -> bool:
 hopper = pytest.mark.skipif(not _on_hopper(), reason="the Hopper kernels are built for sm90")
 
 
+def gpu_cases(shapes: list[tuple[int, ...]]):
+    """A Hopper GPU test's cases: each of ``shapes`` (ids such as 1x113x203x4x2x128), plain and causal."""
+    def mark(test):
+        test = pytest.mark.parametrize("shape", shapes, ids=lambda s: "x".join(map(str, s)))(test)
+        test = pytest.mark.parametrize("option", ["plain", "causal"])(test)
+        return pytest.mark.gpu(hopper(test))
+    return mark
+
+
 @contextlib.contextmanager
 def forced_launch(monkeypatch, phase: str, module, launcher: str, tile: configs.TileConfig | None,
                   expect_launch: bool = True):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from cases import make_case
-from hopper_kernels import forced_launch, hopper
+from hopper_kernels import forced_launch, gpu_cases, hopper
 
 from flashattn import configs, flash_attn_func
 from flashattn.launch import backward as launch_backward
@@ -56,10 +56,7 @@ GPU_SHAPES = [
 ]
 
 
-@pytest.mark.gpu
-@hopper
-@pytest.mark.parametrize("option", ["plain", "causal"])
-@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@gpu_cases(GPU_SHAPES)
 def test_ws_dkdv_matches_reference(shape, option, monkeypatch):
     with forced_ws_dkdv(WS_DKDV, monkeypatch):
         check_against_reference(make_case(shape, option, "cuda"), torch.bfloat16, "cuda", flash_attn_func)
@@ -76,10 +73,7 @@ WIDE_KEY_SHAPES = [(2, 1023, 1023, 4, 1, 128), (1, 113, 203, 4, 2, 128), (1, 1, 
                    (1, 700, 300, 2, 2, 64), (2, 257, 1000, 2, 2, 128), (2, 1023, 777, 4, 2, 64)]
 
 
-@pytest.mark.gpu
-@hopper
-@pytest.mark.parametrize("option", ["plain", "causal"])
-@pytest.mark.parametrize("shape", WIDE_KEY_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@gpu_cases(WIDE_KEY_SHAPES)
 @pytest.mark.parametrize("tile", WIDE_KEY_TILES,
                          ids=lambda t: f"{t.block_m}x{t.block_n}x{t.num_stages}{'-slices' if t.key_slices else ''}")
 def test_ws_dkdv_128_keys_matches_reference(tile, shape, option, monkeypatch):
@@ -135,10 +129,7 @@ def fused_dq_passes(monkeypatch, expect_fused: bool, tile: configs.TileConfig | 
     return forced_launch(monkeypatch, "dkdv_dq", launch_backward, "_dq_from_accumulator", tile, expect_fused)
 
 
-@pytest.mark.gpu
-@hopper
-@pytest.mark.parametrize("option", ["plain", "causal"])
-@pytest.mark.parametrize("shape", FUSED_DQ_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@gpu_cases(FUSED_DQ_SHAPES)
 def test_fused_dq_matches_reference(shape, option, monkeypatch):
     with fused_dq_passes(monkeypatch, True, FUSED_DQ):
         check_against_reference(make_case(shape, option, "cuda"), torch.bfloat16, "cuda", flash_attn_func)
@@ -153,10 +144,7 @@ PERSISTENT_FUSED_DQ_SHAPES = [(2, 1023, 777, 4, 2, 128), (1, 113, 203, 4, 2, 64)
                               (4, 1500, 1300, 16, 8, 128), (1, 4096, 3000, 6, 3, 128), (1, 1, 300, 2, 2, 64)]
 
 
-@pytest.mark.gpu
-@hopper
-@pytest.mark.parametrize("option", ["plain", "causal"])
-@pytest.mark.parametrize("shape", PERSISTENT_FUSED_DQ_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@gpu_cases(PERSISTENT_FUSED_DQ_SHAPES)
 def test_persistent_fused_dq_matches_reference(shape, option, monkeypatch):
     kernel, _ = launch_backward.hopper_dkdv_kernel(PERSISTENT_FUSED_DQ, fused=True)
     assert kernel.fn.__name__ == "dkdv_dq_persistent_kernel"

@@ -13,7 +13,7 @@ import contextlib
 import pytest
 import torch
 from cases import make_case, make_varlen_case
-from hopper_kernels import forced_launch, hopper
+from hopper_kernels import forced_launch, gpu_cases, hopper
 
 from flashattn import configs, flash_attn_func, validation
 from flashattn.launch import backward as launch_backward
@@ -61,20 +61,14 @@ GPU_SHAPES = [
 SHAPES_256 = [(2, 1023, 1023, 4, 2, 256), (1, 113, 203, 4, 4, 256), (1, 700, 300, 2, 2, 256)]
 
 
-@pytest.mark.gpu
-@hopper
-@pytest.mark.parametrize("option", ["plain", "causal"])
-@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@gpu_cases(GPU_SHAPES)
 @pytest.mark.parametrize("tile", ["n64-s3", "n64-s2", "n32-s3", "n64-s3-c3"])
 def test_ws_dq_matches_reference(tile, shape, option, monkeypatch):
     with forced_ws_dq(WS_DQ_TILES[tile], monkeypatch):
         check_against_reference(make_case(shape, option, "cuda"), torch.bfloat16, "cuda", flash_attn_func)
 
 
-@pytest.mark.gpu
-@hopper
-@pytest.mark.parametrize("option", ["plain", "causal"])
-@pytest.mark.parametrize("shape", SHAPES_256, ids=lambda s: "x".join(map(str, s)))
+@gpu_cases(SHAPES_256)
 def test_ws_dq_256_matches_reference(shape, option, monkeypatch):
     with forced_ws_dq(WS_DQ_TILES["n32-s3"], monkeypatch):
         check_against_reference(make_case(shape, option, "cuda"), torch.bfloat16, "cuda", flash_attn_func)

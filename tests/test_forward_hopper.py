@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 import torch
 from cases import make_case, make_varlen_case
-from hopper_kernels import forced_launch, hopper
+from hopper_kernels import forced_launch, gpu_cases, hopper
 
 from flashattn import configs, flash_attn_func, flash_attn_qkvpacked_func
 from flashattn.launch import common
@@ -137,11 +137,8 @@ GPU_SHAPES = [
 ]
 
 
-@pytest.mark.gpu
-@hopper
+@gpu_cases(GPU_SHAPES)
 @pytest.mark.parametrize("tile", list(HOPPER_TILES), ids=list(HOPPER_TILES))
-@pytest.mark.parametrize("option", ["plain", "causal"])
-@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_ws_forward_matches_reference(shape, option, tile, monkeypatch):
     if HOPPER_TILES[tile].block_n == 128 and shape[-1] == 256:
         pytest.skip("hdim 256 with 128-key blocks does not fit in registers")
