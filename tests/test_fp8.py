@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from flashattn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, fp8
+from flashattn.fp8_format import E4M3_MAX, SCALE_BLOCK
+from flashattn.fp8_quantize import quantize_tensor
 from flashattn.reference import attention_ref
 from flashattn.testing import (
     assert_fp8_within_rule,
@@ -226,6 +228,23 @@ def test_quantizer_kernels_match_the_pytorch_quantizer(triton_backend, monkeypat
         step = 2**-3 * fp8.dequantize(theirs, expected, torch.float64).abs() + 2**-9 * expected.max().item()
         assert ((fp8.dequantize(ours, descale, torch.float64) - fp8.dequantize(theirs, expected, torch.float64)).abs()
                 <= step).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("granularity", ["block", "head"])
+@pytest.mark.parametrize("shape", [(2, 1023, 4, 1, 64), (2, 4096, 16, 16, 128), (3, 300, 6, 2, 40)], ids=str)
+def test_unrotated_quantizer_kernels_are_the_pytorch_quantizer_bit_for_bit(shape, granularity):
+    """Without the rotation the quantizer's kernels and the PyTorch quantizer do the same IEEE divisions, amax / 448
+    and x / descale: the same descales and bytes on the GPU, where the FP8 backward's kernels take dO from the one
+    and its reference path from the other."""
+    from flashattn.launch.quantize_fp8 import quantize_rows
+
+    batch, seqlen, nheads, nheads_k, head_dim = shape
+    x = make_inputs(batch, seqlen, seqlen, nheads, nheads_k, head_dim, "cuda", outliers=True)[0].to(torch.bfloat16)
+    ours, descale = quantize_rows(x, None, nheads_k, SCALE_BLOCK, E4M3_MAX, granularity == "head", fp8.FP8_DTYPE)
+    theirs, expected = quantize_tensor(x, nheads_k, granularity)
+    assert torch.equal(descale.view(expected.shape), expected)
+    assert torch.equal(ours.view(torch.uint8), theirs.view(torch.uint8))
 
 
 @pytest.mark.gpu

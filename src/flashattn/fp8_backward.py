@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from . import masks
-from .fp8_format import E4M3_MAX, P_SCALE, SCALE_BLOCK
+from .fp8_format import P_SCALE, SCALE_BLOCK, amax_over_e4m3_max
 from .fp8_quantize import dequantize, quantize_tensor, rotation_matrix, round_to_e4m3
 from .options import AttentionOptions
 
@@ -50,7 +50,7 @@ def rounded_tile(x: torch.Tensor) -> torch.Tensor:
     smallest normal number. A tile of dS whose P is about e^-100 (trained attention reaches logits past 100) has an
     amax under 448 x 2^-149, so amax / 448 would be 0 and the tile 0 / 0; at the floor its values round to zero."""
     amax = x.abs().amax(dim=(-2, -1), keepdim=True)
-    descale = (amax / E4M3_MAX).clamp_min(torch.finfo(torch.float32).tiny)
+    descale = amax_over_e4m3_max(amax).clamp_min(torch.finfo(torch.float32).tiny)
     return round_to_e4m3(x / descale) * descale
 
 

@@ -1,6 +1,6 @@
 """The FP8 format, shared by the public FP8 functions (``fp8``) and the launches below them (``launch.forward_fp8``,
 ``launch.quantize_fp8``): the element type, its range, the block of sequence rows a descale covers, the scale P takes
-before its rounding to e4m3, and the Hadamard matrices of the rotation."""
+before its rounding to e4m3, how a descale divides, and the Hadamard matrices of the rotation."""
 
 from __future__ import annotations
 
@@ -13,6 +13,14 @@ P_SCALE = 256.0
 """The kernel's probabilities P in [0, 1] are multiplied by this before their rounding to e4m3 (and the output
 divided by it): 256 P stays below E4M3_MAX, a power of two scales exactly, and it keeps P down to 2^-17 out of
 e4m3's subnormals (P < 2^-10 would round to zero unscaled)."""
+
+
+def amax_over_e4m3_max(amax: torch.Tensor) -> torch.Tensor:
+    """amax / E4M3_MAX rounded as one IEEE division on every device, as the kernels' ``div_rn`` rounds it. PyTorch's
+    CUDA division by a Python number multiplies by its reciprocal instead, an ulp off the quotient for some amaxes, and
+    a descale an ulp apart moves the e4m3 rounding of the 16-bit values that lie on a midpoint between two e4m3
+    values (about one in a thousand of a block's)."""
+    return amax / torch.full_like(amax, E4M3_MAX)
 
 
 def has_blocks(descales: tuple[torch.Tensor, ...]) -> bool:
