@@ -30,13 +30,16 @@ SUMMARY_START = "<!-- speed-summary:start -->"
 SUMMARY_END = "<!-- speed-summary:end -->"
 SUMMARY_FROM_SEQLEN = 2048  # the README's dense ranges: sequences of this many tokens and more
 OURS = "flashattn"
-MODES = ("dense", "varlen", "decode", "blocks", "ring", "ring_varlen", "fp8", "accuracy", "gradients")
+MODES = ("dense", "varlen", "decode", "blocks", "ring", "ring_varlen", "fp8", "accuracy", "gradients", "train_bf16",
+         "train_fp8")
 MODE_TITLES = {"dense": "attention, forward and backward", "varlen": "packed (varlen) against dense calls",
                "decode": "decode over a KV cache", "blocks": "tile sweeps",
                "ring": "ring attention (context parallelism), forward and backward",
                "ring_varlen": "ring attention over packed batches of documents",
                "fp8": "FP8 forward beside the 16-bit ones", "accuracy": "FP8 error against float64 (emulated)",
-               "gradients": "FP8 gradients' error against float64 (the backward's reference path)"}
+               "gradients": "FP8 gradients' error against float64 (the backward's reference path)",
+               "train_bf16": "training a byte-level language model, bf16 attention",
+               "train_fp8": "training a byte-level language model, FP8 attention forward and backward"}
 PROVIDER_NOTES = {
     "flashattn": "this library (`flash_attn_func`)",
     "flashattn_varlen": "`flash_attn_varlen_func` on the same batch packed, equal lengths (same FLOPs)",
@@ -672,6 +675,32 @@ def gradients_section(results: Results) -> list[str]:
                    body, numeric_from=3), ""]
 
 
+def train_section(results: Results) -> list[str]:
+    """A ``benchmarks/train_lm.py`` run: its final and lowest validation loss and its final training loss; the FP8
+    run's against the same machine's bf16 run (issue 45's parity: the final validation loss within 1%)."""
+    rows = results.rows
+    if not rows:
+        return environment_lines(results) + ["", "No evaluations.", ""]
+    settings = results.env.get("settings", {})
+    baseline = results.path.with_name(f"{results.machine}-train_bf16.json")
+    reference = None
+    if results.mode == "train_fp8" and baseline.exists():
+        reference = (json.loads(baseline.read_text()).get("results") or [None])[-1]
+    last, lowest = rows[-1], min(rows, key=lambda r: r["validation_loss"])
+    versus = (f"{last['validation_loss'] / reference['validation_loss'] - 1:+.2%}"
+              if reference and reference["step"] == last["step"] else "-")
+    body = [[str(last["step"]), f"{last['validation_loss']:.4f}", versus,
+             f"{lowest['validation_loss']:.4f} (step {lowest['step']})", f"{last['train_loss']:.4f}",
+             f"{last['time_s']:.0f}"]]
+    model = (f"{settings.get('layers')} layers, d-model {settings.get('d_model')}, {settings.get('heads')} heads, "
+             f"{settings.get('context')} context, batch {settings.get('batch')}, seed {settings.get('seed')}")
+    return environment_lines(results) + [
+        "", f"`python benchmarks/train_lm.py --attention {settings.get('attention')}` ({model}); the curves: "
+        "[docs/fp8.md](docs/fp8.md#training-parity).", "",
+        *table(["steps", "final validation loss", "vs bf16", "lowest validation loss", "final training loss",
+                "seconds"], body, numeric_from=1), ""]
+
+
 # ---------------------------------------------------------------------------------------------
 # The documents
 # ---------------------------------------------------------------------------------------------
@@ -680,7 +709,8 @@ SECTIONS: dict[str, Callable[[Results], list[str]]] = {"varlen": varlen_section,
                                                        "blocks": blocks_section, "ring": ring_section,
                                                        "ring_varlen": ring_varlen_section,
                                                        "fp8": fp8_section, "accuracy": accuracy_section,
-                                                       "gradients": gradients_section}
+                                                       "gradients": gradients_section, "train_bf16": train_section,
+                                                       "train_fp8": train_section}
 
 
 def figure_name(results: Results) -> str:
