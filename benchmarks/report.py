@@ -30,13 +30,15 @@ SUMMARY_START = "<!-- speed-summary:start -->"
 SUMMARY_END = "<!-- speed-summary:end -->"
 SUMMARY_FROM_SEQLEN = 2048  # the README's dense ranges: sequences of this many tokens and more
 OURS = "flashattn"
-MODES = ("dense", "varlen", "decode", "blocks", "ring", "ring_varlen", "fp8", "accuracy", "gradients", "train_bf16",
-         "train_fp8")
+MODES = ("dense", "varlen", "decode", "blocks", "ring", "ring_varlen", "fp8", "fp8_train", "accuracy", "gradients",
+         "train_bf16", "train_fp8")
 MODE_TITLES = {"dense": "attention, forward and backward", "varlen": "packed (varlen) against dense calls",
                "decode": "decode over a KV cache", "blocks": "tile sweeps",
                "ring": "ring attention (context parallelism), forward and backward",
                "ring_varlen": "ring attention over packed batches of documents",
-               "fp8": "FP8 forward beside the 16-bit ones", "accuracy": "FP8 error against float64 (emulated)",
+               "fp8": "FP8 forward beside the 16-bit ones",
+               "fp8_train": "FP8 training steps (forward + backward) beside the 16-bit ones",
+               "accuracy": "FP8 error against float64 (emulated)",
                "gradients": "FP8 gradients' error against float64 (the backward's reference path)",
                "train_bf16": "training a byte-level language model, bf16 attention",
                "train_fp8": "training a byte-level language model, FP8 attention forward and backward"}
@@ -647,6 +649,35 @@ def fp8_section(results: Results) -> list[str]:
         *table(["hdim", "causal", "seqlen", *providers, "fp8 / bf16"], body, numeric_from=3), ""]
 
 
+def fp8_train_section(results: Results) -> list[str]:
+    """Training steps (forward + backward) of ``fp8.flash_attn_func`` beside the bf16 providers': each step's
+    milliseconds, the FP8 step's TFLOP/s, and each bf16 step's time over the FP8 one (above 1: FP8 is faster)."""
+    fp8_name = "flashattn_fp8"
+    providers = [p for p in providers_of(results.rows) if p != fp8_name] + [fp8_name]
+    cases: dict[tuple, dict[str, float | None]] = {}
+    flops: dict[tuple, float] = {}
+    for r in results.rows:
+        c = r["case"]
+        key = (c["head_dim"], c["causal"], c["seqlen"])
+        step = None if r.get("fwd_ms") is None or r.get("bwd_ms") is None else r["fwd_ms"] + r["bwd_ms"]
+        cases.setdefault(key, {})[r["provider"]] = step
+        if r.get("fwd_tflops") and r.get("fwd_ms"):
+            flops[key] = r["fwd_tflops"] * r["fwd_ms"] * 1e9  # the forward's FLOPs
+    body = []
+    for key, steps in sorted(cases.items()):
+        ours = steps.get(fp8_name)
+        rate = 3.5 * flops[key] / ours / 1e9 if ours and key in flops else None
+        body.append([str(key[0]), "yes" if key[1] else "no", fmt_tokens(key[2])]
+                    + [f"{steps[p]:.3f}" if steps.get(p) else "-" for p in providers] + [fmt_rate(rate)]
+                    + [fmt_ratio(ratio(steps.get(p), ours)) for p in providers[:-1]])
+    return environment_lines(results) + [
+        "", "Training-step milliseconds (forward + backward; the FP8 step quantizes q, k, v and dO inside), from "
+        "`python -m flashattn.tools.bench --dtype fp8 --training`; the FP8 step's TFLOP/s count the forward's FLOPs "
+        "3.5 times; last columns: each bf16 step's time over the FP8 step's.", "",
+        *table(["hdim", "causal", "seqlen", *(f"{p} ms" for p in providers), "fp8 TFLOP/s",
+                *(f"{p} / fp8" for p in providers[:-1])], body, numeric_from=3), ""]
+
+
 def accuracy_section(results: Results) -> list[str]:
     body = []
     for r in results.rows:
@@ -708,7 +739,8 @@ def train_section(results: Results) -> list[str]:
 SECTIONS: dict[str, Callable[[Results], list[str]]] = {"varlen": varlen_section, "decode": decode_section,
                                                        "blocks": blocks_section, "ring": ring_section,
                                                        "ring_varlen": ring_varlen_section,
-                                                       "fp8": fp8_section, "accuracy": accuracy_section,
+                                                       "fp8": fp8_section, "fp8_train": fp8_train_section,
+                                                       "accuracy": accuracy_section,
                                                        "gradients": gradients_section, "train_bf16": train_section,
                                                        "train_fp8": train_section}
 
@@ -728,6 +760,9 @@ def benchmarks_markdown(report: Report) -> str:
            "--seqlens 512 1024 16384",
            "python -m flashattn.tools.bench --out benchmarks/results --mode decode  # decode: <machine>-decode.json",
            "torchrun --nproc-per-node 2 -m flashattn ring --torch-cp --out benchmarks/results  # <machine>x2-ring.json",
+           "python -m flashattn.tools.bench --out benchmarks/results --dtype fp8  # <machine>-fp8.json",
+           "python -m flashattn.tools.bench --out benchmarks/results --dtype fp8 --training  # fp8_train",
+           "python benchmarks/train_lm.py --attention bf16     # <machine>-train_bf16.json (and --attention fp8)",
            "python benchmarks/report.py                        # this file, its figures, the README's summary",
            "```", "",
            "A run replaces the results file of its machine and mode in `--out` (without it, in the current directory). "

@@ -581,3 +581,36 @@ def test_fp8_bench_rows(torch_backend):
     for row in rows:
         assert row.error is None and row.fwd_ms > 0, row
         assert (row.fwd_tflops is None) == (row.provider == "quantize"), row
+
+
+def test_fp8_training_bench_writes_steps(torch_backend, tmp_path, monkeypatch):
+    """``flashattn bench --dtype fp8 --training``: a row a provider with both halves of the step timed (one call
+    each here: the timing loop is ``timing``'s, tested there), the FP8 output compared with flashattn's bf16 one
+    (within FP8's error of it), and the results file."""
+    import json
+    import time
+
+    from flashattn.tools import bench
+    from flashattn.tools.bench import TRAIN_PROVIDER, step_ms
+    from flashattn.tools.cli import main
+    from flashattn.tools.timing import Timing
+
+    def once(fn, device):
+        started = time.perf_counter()
+        fn()
+        return Timing(time.perf_counter() - started, 0.0, 1, True)
+
+    monkeypatch.setattr(bench, "time_call", once)
+
+    args = ["bench", "--dtype", "fp8", "--training", "--head-dims", "32", "--seqlens", "64", "--causal", "yes",
+            "--tokens", "128", "--hidden", "64", "--out", str(tmp_path)]
+    assert main(args) == 0
+    (path,) = tmp_path.glob("*-fp8_train.json")
+    rows = json.loads(path.read_text())["results"]
+    assert [row["provider"] for row in rows] == ["flashattn", TRAIN_PROVIDER]
+    for row in rows:
+        assert row["error"] is None and row["fwd_ms"] > 0 and row["bwd_ms"] > 0, row
+        assert row["case"]["seqlen"] == 64 and row["case"]["causal"] and row["case"]["head_dim"] == 32
+    assert 0 < rows[1]["max_diff_vs_flashattn"] < 0.25  # e4m3 inputs and P: a few percent of |out| <= max |v|
+    assert step_ms(SimpleNamespace(fwd_ms=1.0, bwd_ms=2.5)) == 3.5
+    assert step_ms(SimpleNamespace(fwd_ms=1.0, bwd_ms=None)) is None

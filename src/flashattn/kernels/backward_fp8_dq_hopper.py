@@ -35,7 +35,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .backward_fp8_hopper import E4M3_MAX, FLOAT32_TINY, PROGRAM_KEYS, score_layout
+from .backward_fp8_hopper import E4M3_MAX, FLOAT32_TINY, PROGRAM_KEYS, score_layout, seen_keys
 from .backward_hopper import LOG2E, _store_rows
 from .forward_fp8_hopper import _p_operand, fp8_wgmma_layout
 
@@ -98,20 +98,6 @@ def _load_partition(q_desc, do_desc, k_desc, v_desc, kt_desc, q_smem, do_smem, k
 
 
 @gluon.jit
-def _seen(rows, keys, seqlen_q, seqlen_k, window_left, window_right, WINDOW_LEFT: gl.constexpr,
-          WINDOW_RIGHT: gl.constexpr):
-    """Whether query ``rows`` sees ``keys`` (``masks.visible``), and the rows within the sequence (a TMA tile may
-    hold the next sequence's rows)."""
-    diagonal = rows[:, None] + (seqlen_k - seqlen_q)
-    seen = (keys[None, :] < seqlen_k) & (rows[:, None] < seqlen_q)
-    if WINDOW_LEFT:
-        seen = seen & (keys[None, :] >= diagonal - window_left)
-    if WINDOW_RIGHT:
-        seen = seen & (keys[None, :] <= diagonal + window_right)
-    return seen
-
-
-@gluon.jit
 def _full_blocks(seqlen_q, seqlen_k, q_start, first_k_block, n_blocks, window_left, window_right,
                  WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr):
     """The key blocks [lo, hi) of the program's that every one of its queries sees whole
@@ -160,8 +146,9 @@ def _key_blocks(q, do, k_bufs, v_bufs, kt_bufs, ready, stage_free, dq, rows, lse
         p = gl.exp2(s * (qk_scale * k_descale) - lse_log2[:, None])
         if MASKED:
             keys = key_block * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-            p = gl.where(_seen(rows, keys, seqlen_q, seqlen_k, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT),
-                         p, 0.0)
+            seen = seen_keys(rows[:, None], keys[None, :], seqlen_q, seqlen_k, window_left, window_right,
+                             WINDOW_LEFT, WINDOW_RIGHT)
+            p = gl.where(seen, p, 0.0)
         ds = p * (dp * (do_descale * v_descale) - delta[:, None])
         # -- dS in e4m3 by its tile's descale, computed as the dK/dV kernel computes it (an IEEE division, then dS
         # times its reciprocal) --

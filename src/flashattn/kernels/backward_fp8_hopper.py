@@ -36,7 +36,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .backward_hopper import LOG2E, _store_rows
+from .backward_hopper import LOG2E, store_key_slice
 from .forward_fp8_hopper import _p_operand, fp8_wgmma_layout
 from .forward_hopper import wgmma_layout
 
@@ -114,16 +114,17 @@ def _load_partition(q_desc, do_desc, qt_desc, dot_desc, k_desc, v_desc, k_smem, 
 
 
 @gluon.jit
-def _seen(keys, rows, seqlen_q, seqlen_k, window_left, window_right, WINDOW_LEFT: gl.constexpr,
-          WINDOW_RIGHT: gl.constexpr):
-    """Whether query ``rows`` (columns of S^T) sees ``keys`` (its rows): ``masks.visible``, and rows within the
-    sequence (a TMA tile may hold the next sequence's rows)."""
-    diagonal = rows[None, :] + (seqlen_k - seqlen_q)
-    seen = (keys[:, None] < seqlen_k) & (rows[None, :] < seqlen_q)
+def seen_keys(rows, keys, seqlen_q, seqlen_k, window_left, window_right, WINDOW_LEFT: gl.constexpr,
+              WINDOW_RIGHT: gl.constexpr):
+    """Whether query ``rows`` sees ``keys`` (``masks.visible``), and the rows within the sequence (a TMA tile may
+    hold the next sequence's rows): rows and keys indices broadcast along the tile's two axes, S^T's (keys, rows)
+    here, S's (rows, keys) in the dQ kernel."""
+    diagonal = rows + (seqlen_k - seqlen_q)
+    seen = (keys < seqlen_k) & (rows < seqlen_q)
     if WINDOW_LEFT:
-        seen = seen & (keys[:, None] >= diagonal - window_left)
+        seen = seen & (keys >= diagonal - window_left)
     if WINDOW_RIGHT:
-        seen = seen & (keys[:, None] <= diagonal + window_right)
+        seen = seen & (keys <= diagonal + window_right)
     return seen
 
 
@@ -194,7 +195,8 @@ def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, qt_bufs, dot_bufs, sta
         # -- P^T and dS^T in float32 (a row that sees no key may have lse = -inf: where, not a -inf score); lse and
         # delta read from the stage as they are used --
         rows = q_block * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-        seen = _seen(keys, rows, seqlen_q, seqlen_k, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT)
+        seen = seen_keys(rows[None, :], keys[:, None], seqlen_q, seqlen_k, window_left, window_right,
+                         WINDOW_LEFT, WINDOW_RIGHT)
         lse_log2 = stats_bufs.index(2 * stage).load(gl.SliceLayout(0, s_layout))
         p = gl.where(seen, gl.exp2(s * (qk_scale_log2 * q_descale * k_descale) - lse_log2[None, :]), 0.0)
         delta = stats_bufs.index(2 * stage + 1).load(gl.SliceLayout(0, s_layout))
@@ -218,10 +220,8 @@ def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, qt_bufs, dot_bufs, sta
         part = warpgroup_mma_wait(num_outstanding=0, deps=(part, ))
         mbarrier.arrive(stage_free.index(stage), count=1)
         dk += part * (ds_descale * q_descale)
-    _store_rows(dv, DV, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh, HEAD_DIM, SLICE_KEYS,
-                acc_layout)
-    _store_rows(dk * softmax_scale, DK, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh,
-                HEAD_DIM, SLICE_KEYS, acc_layout)
+    store_key_slice(dk, dv, DK, DV, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh,
+                    softmax_scale, HEAD_DIM, SLICE_KEYS, acc_layout)
 
 
 # seqlen_q is not specialized as a constant (the 16-bit key-slice kernel's lowering fails for seqlen_q = 1)

@@ -54,8 +54,8 @@ from .backward_hopper import (
     _lse_log2,
     _next_query_block,
     _slice_scores,
-    _store_rows,
     _streamed_buffers,
+    store_key_slice,
 )
 from .forward_hopper import register_operand_layout, wgmma_layout
 
@@ -364,10 +364,8 @@ def store_gradients(dk, dv, DK, DV, batch, head_k, slice_start, seqlen_k, stride
                     softmax_scale, HEAD_DIM: gl.constexpr):
     """A consumer's 64 keys' rows of dV and dK (scaled), from the wgmma layout."""
     acc_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
-    _store_rows(dv, DV, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh, HEAD_DIM, SLICE_KEYS,
-                acc_layout)
-    _store_rows(dk * softmax_scale, DK, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh,
-                HEAD_DIM, SLICE_KEYS, acc_layout)
+    store_key_slice(dk, dv, DK, DV, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh,
+                    softmax_scale, HEAD_DIM, SLICE_KEYS, acc_layout)
 
 
 @gluon.jit

@@ -138,6 +138,16 @@ def _store_rows(acc, Grad, batch, head_k, key_start, seqlen_k, stride_gb, stride
 
 
 @gluon.jit
+def store_key_slice(dk, dv, DK, DV, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh,
+                    softmax_scale, HEAD_DIM: gl.constexpr, SLICE_KEYS: gl.constexpr, acc_layout: gl.constexpr):
+    """A key slice's dV, and its dK times softmax_scale (the scale the scores carried), into DV and DK."""
+    _store_rows(dv, DV, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh, HEAD_DIM, SLICE_KEYS,
+                acc_layout)
+    _store_rows(dk * softmax_scale, DK, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh,
+                HEAD_DIM, SLICE_KEYS, acc_layout)
+
+
+@gluon.jit
 def _hand_over(p, buffer, ready):
     """P^T to the dK warpgroup: every warp's stores land before one thread signals (an mbarrier arrive is issued by
     the partition's first thread)."""
@@ -468,10 +478,8 @@ def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_
     dk = warpgroup_mma(ds_op, q_bufs.index(prev_stage), dk, is_async=True)
     dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
     mbarrier.arrive(stage_free.index(prev_stage), count=1)
-    _store_rows(dv, DV, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh, HEAD_DIM, SLICE_KEYS,
-                acc_layout)
-    _store_rows(dk * softmax_scale, DK, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh,
-                HEAD_DIM, SLICE_KEYS, acc_layout)
+    store_key_slice(dk, dv, DK, DV, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh,
+                    softmax_scale, HEAD_DIM, SLICE_KEYS, acc_layout)
 
 
 # seqlen_q = 1 is not specialized as a constant: Triton 3.6's lowering to LLVM fails an assertion (an LLVM SmallVector

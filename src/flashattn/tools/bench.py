@@ -11,11 +11,12 @@ interquartile range of the runs over their median; a time that never settled is 
 peak allocation above what was allocated before it, its output included, from the CUDA allocator's counters on a
 GPU and from torch.profiler's allocation events on the CPU (``demo.allocation_window``).
 
-A run writes ``<machine>-<mode>.json`` (``h200-dense.json``, ``cpu-dense.json``; modes ``dense``, ``varlen`` and
-``decode``) into ``--out``, the current directory unless given, replacing the previous run of that mode on that kind
-of machine there: the device, versions, commit and date, then one row per provider and case. The maintained runs
-write into ``benchmarks/results`` (``--out benchmarks/results``), from which ``python benchmarks/report.py`` builds
-BENCHMARKS.md. The table is printed; a provider that is missing or fails on a case is reported, not fatal.
+A run writes ``<machine>-<mode>.json`` (``h200-dense.json``, ``cpu-dense.json``; modes ``dense``, ``varlen``,
+``decode``, and ``fp8`` and ``fp8_train`` with ``--dtype fp8``) into ``--out``, the current directory unless given,
+replacing the previous run of that mode on that kind of machine there: the device, versions, commit and date, then
+one row per provider and case. The maintained runs write into ``benchmarks/results`` (``--out
+benchmarks/results``), from which ``python benchmarks/report.py`` builds BENCHMARKS.md. The table is printed; a
+provider that is missing or fails on a case is reported, not fatal.
 
 ``--varlen`` adds two packed providers on the same tokens (batch * seqlen): ``flashattn_varlen``
 (the batch packed, equal lengths: the cost of the varlen path against the dense one, same FLOPs) and
@@ -225,8 +226,10 @@ def host_microseconds(fn: Callable[[], object], device: torch.device, calls: int
 
 
 def measure(provider: str, case: BenchCase, device: torch.device, modes: tuple[str, ...],
-            reference_out: torch.Tensor | None,
-            clocks: ClockMonitor | None = None) -> tuple[Measurement, torch.Tensor | None]:
+            reference_out: torch.Tensor | None, clocks: ClockMonitor | None = None,
+            builder: Callable | None = None) -> tuple[Measurement, torch.Tensor | None]:
+    """One provider on one case: its forward and backward times (``modes``), peak memory and largest difference
+    from ``reference_out``; ``builder`` in place of the registry's (``PROVIDERS[provider]``)."""
     result = Measurement(provider, case)
     dtype = getattr(torch, case.dtype)
     nheads_k = case.nheads_k or case.nheads
@@ -237,7 +240,7 @@ def measure(provider: str, case: BenchCase, device: torch.device, modes: tuple[s
         q = torch.randn(shape_q, device=device, dtype=dtype, generator=generator, requires_grad=True)
         k = torch.randn(shape_k, device=device, dtype=dtype, generator=generator, requires_grad=True)
         v = torch.randn(shape_k, device=device, dtype=dtype, generator=generator, requires_grad=True)
-        fn = PROVIDERS[provider](q, k, v, case.causal)
+        fn = (builder or PROVIDERS[provider])(q, k, v, case.causal)
         kept: dict[str, torch.Tensor] = {}
 
         def forward() -> None:
@@ -452,6 +455,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--causal", choices=("both", "yes", "no"), default="both")
     parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32", "fp8"), default=None,
                         help="fp8: the FP8 forward beside the bf16 ones, the quantizer and the FP8 matmul ceiling")
+    parser.add_argument("--training", action="store_true",
+                        help="with --dtype fp8: training steps (forward + backward, quantization included) of "
+                             "fp8.flash_attn_func beside the bf16 providers' (<machine>-fp8_train.json)")
     parser.add_argument("--tokens", type=positive_int, default=16384, help="batch * seqlen (default 16384)")
     parser.add_argument("--hidden", type=positive_int, default=2048, help="heads * headdim (default 2048)")
     parser.add_argument("--gqa", type=positive_int, default=1, help="query heads per kv head (default 1)")
@@ -596,20 +602,27 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-
 # ---------------------------------------------------------------------------------------------
 # --dtype fp8
 # ---------------------------------------------------------------------------------------------
 
-# ``flashattn bench --dtype fp8``: the FP8 forward beside the bf16 ones, the quantizer apart, and the FP8 ceiling.
+# ``flashattn bench --dtype fp8``: FP8 attention beside the bf16 providers, in one run.
 #
-# Each case times, forward only, on the same bf16 inputs: flashattn's bf16 forward and torch's SDPA backends (on a
-# GPU), then the FP8 kernel on inputs quantized beforehand, with block descales (``flashattn_fp8``) and per-head ones
-# (``flashattn_fp8_head``). The quantizer (``fp8.quantize``: Hadamard rotation of q and k, block scales, the e4m3
-# casts) is timed on its own, as ``quantize`` (ms only: it does no attention FLOPs). The header gives two ceilings
-# measured on random 8192^3 matrices: bf16 ``a @ b`` and FP8 ``torch._scaled_mm`` (e4m3 in, bf16 out).
+# Forward (the default). Each case times, forward only, on the same bf16 inputs: flashattn's bf16 forward and torch's
+# SDPA backends (on a GPU), then the FP8 kernel on inputs quantized beforehand, with block descales
+# (``flashattn_fp8``) and per-head ones (``flashattn_fp8_head``). The quantizer (``fp8.quantize``: Hadamard rotation
+# of q and k, block scales, the e4m3 casts) is timed on its own, as ``quantize`` (ms only: it does no attention FLOPs).
+# The header gives two ceilings measured on random 8192^3 matrices: bf16 ``a @ b`` and FP8 ``torch._scaled_mm`` (e4m3
+# in, bf16 out). Writes ``<machine>-fp8.json``.
 #
-# Writes ``<machine>-fp8.json`` into ``--out`` (the rows as ``flashattn bench`` writes them) and prints the table.
+# Training (``--training``). Each case times a training step's two halves, as ``flashattn bench`` times every
+# provider (the backward as ``torch.autograd.grad(..., retain_graph=True)``): flashattn's bf16 ``flash_attn_func``,
+# SDPA's cuDNN backend and FlashAttention-4 where installed (on a GPU), and ``fp8.flash_attn_func`` on the same bf16
+# inputs as ``flashattn_fp8``, whose forward quantizes q, k and v (the rotation, block descales) and whose backward
+# quantizes dO, runs the FP8 backward and rotates dQ and dK back. The step is the sum; its TFLOP/s count the forward's
+# FLOPs 3.5 times. Writes ``<machine>-fp8_train.json``.
+#
+# Either prints its table; a provider that is missing or fails on a case is reported, not fatal.
 
 FP8_PROVIDERS = ("flashattn_fp8", "flashattn_fp8_head", "quantize")
 CEILING_SIZE = 8192
@@ -681,25 +694,43 @@ def fp8_table(measurements: list[Measurement], providers: list[str]) -> str:
     return "\n".join(lines)
 
 
-def run_fp8(args: argparse.Namespace, env: dict) -> int:
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    on_gpu = device.type == "cuda"
-    if args.varlen or args.providers and any(p in VARLEN_PROVIDERS for p in args.providers):
-        print("flashattn bench: error: --dtype fp8 times dense calls only", file=sys.stderr)
-        return EXIT_USAGE
-    # the bf16 calls FP8 is to beat: flashattn's, cuDNN's and FlashAttention-4's where it is installed
-    baseline = ["flashattn", "sdpa_cudnn", *(["fa4"] if fa4_available() else [])] if on_gpu else ["flashattn"]
-    providers = (args.providers or baseline) + list(FP8_PROVIDERS)
+def _baseline(on_gpu: bool) -> list[str]:
+    """The bf16 calls FP8 is to beat: flashattn's, cuDNN's and FlashAttention-4's where it is installed."""
+    return ["flashattn", "sdpa_cudnn", *(["fa4"] if fa4_available() else [])] if on_gpu else ["flashattn"]
+
+
+def _grid(args: argparse.Namespace, on_gpu: bool, default_head_dims: tuple[int, ...]) -> list[BenchCase]:
+    """The cases: the anchors' grid on a GPU, a small one on the CPU (the PyTorch paths: checks the run, measures
+    nothing of interest); ``--gqa`` query heads a kv head."""
     causal = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
     if on_gpu:
-        grid = anchor_grid(tuple(args.head_dims or (64, 128, 256)), tuple(args.seqlens or (1024, 4096, 16384)),
+        grid = anchor_grid(tuple(args.head_dims or default_head_dims), tuple(args.seqlens or (1024, 4096, 16384)),
                            causal, args.tokens, args.hidden)
-    else:  # a small CPU grid (the PyTorch path): checks the run, measures nothing of interest
+    else:
         grid = anchor_grid(tuple(args.head_dims or (64,)), tuple(args.seqlens or (256,)), causal,
                            tokens=min(args.tokens, 512), hidden=min(args.hidden, 128))
     if args.gqa > 1:
         grid = [BenchCase(c.batch, c.seqlen, c.nheads, c.head_dim, c.causal, c.dtype, c.nheads // args.gqa)
                 for c in grid]
+    return grid
+
+
+def _finish(args: argparse.Namespace, env: dict, mode: str, measurements: list[Measurement], table: str) -> int:
+    """The table, the failures, and the results file written once more."""
+    print(table)
+    for m in measurements:
+        if m.error:
+            print(f"{m.provider} d{m.case.head_dim} n{m.case.seqlen} causal={int(m.case.causal)}: {m.error}")
+    path = write_results(args.out, env, mode, [asdict(m) for m in measurements])
+    print(f"results: {path.resolve()}")
+    return 0
+
+
+def run_fp8_forward(args: argparse.Namespace, env: dict) -> int:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    on_gpu = device.type == "cuda"
+    providers = (args.providers or _baseline(on_gpu)) + list(FP8_PROVIDERS)
+    grid = _grid(args, on_gpu, default_head_dims=(64, 128, 256))
     env["matmul_tflops"] = measured_matmul_tflops(device)
     env["fp8_matmul_tflops"] = scaled_mm_tflops(device)
     print(f"# {env.get('device')}  torch {env['torch']}  triton {env['triton']}  commit {env['commit']}  "
@@ -710,13 +741,79 @@ def run_fp8(args: argparse.Namespace, env: dict) -> int:
         measurements += measure_fp8_case(case, device, providers)
         print(fp8_table(measurements, providers).splitlines()[-1], flush=True)
         write_results(args.out, env, "fp8", [asdict(m) for m in measurements])
-    print(fp8_table(measurements, providers))
-    for m in measurements:
-        if m.error:
-            print(f"{m.provider} d{m.case.head_dim} n{m.case.seqlen} causal={int(m.case.causal)}: {m.error}")
-    path = write_results(args.out, env, "fp8", [asdict(m) for m in measurements])
-    print(f"results: {path.resolve()}")
-    return 0
+    return _finish(args, env, "fp8", measurements, fp8_table(measurements, providers))
+
+
+# ---------------------------------------------------------------------------------------------
+# --training
+# ---------------------------------------------------------------------------------------------
+
+TRAIN_PROVIDER = "flashattn_fp8"  # fp8.flash_attn_func: quantized inside, FP8 forward and backward
+STEP_FLOPS = 3.5  # a training step's FLOPs over the forward's
+
+
+def _fp8_training(q, k, v, causal: bool):
+    def run():
+        return fp8.flash_attn_func(q, k, v, causal=causal)
+
+    return run
+
+
+def step_ms(m: Measurement) -> float | None:
+    """A training step's milliseconds: its forward's and its backward's."""
+    return None if m.fwd_ms is None or m.bwd_ms is None else m.fwd_ms + m.bwd_ms
+
+
+def measure_training_case(case: BenchCase, device: torch.device, providers: list[str]) -> list[Measurement]:
+    """One row a provider, forward and backward timed, the FP8 output compared with flashattn's bf16 one."""
+    rows, reference_out = [], None
+    for provider in providers:
+        builder = _fp8_training if provider == TRAIN_PROVIDER else None
+        m, out = measure(provider, case, device, ("fwd", "bwd"), reference_out, builder=builder)
+        if provider == "flashattn":
+            reference_out = out
+        rows.append(m)
+    return rows
+
+
+def training_table(measurements: list[Measurement], providers: list[str]) -> str:
+    """Step milliseconds a provider, the FP8 step's TFLOP/s, and the other steps' times over the FP8 one."""
+    others = [p for p in providers if p != TRAIN_PROVIDER]
+    lines = ["| hdim | causal | seqlen | " + " | ".join(f"{p} ms" for p in providers) + f" | {TRAIN_PROVIDER} TF/s | "
+             + " | ".join(f"fp8 / {p}" for p in others) + " |",
+             "|---|---|---|" + "---|" * (2 * len(providers))]
+    for case in dict.fromkeys(m.case for m in measurements):
+        steps = {m.provider: step_ms(m) for m in measurements if m.case == case}
+        fp8_ms = steps.get(TRAIN_PROVIDER)
+        cells = [f"{steps[p]:.3f}" if steps.get(p) else "-" for p in providers]
+        rate = STEP_FLOPS * case.forward_flops() / fp8_ms / 1e9 if fp8_ms else None
+        ratios = [f"{steps[p] / fp8_ms:.2f}x" if fp8_ms and steps.get(p) else "-" for p in others]
+        lines.append(f"| {case.head_dim} | {int(case.causal)} | {case.seqlen} | " + " | ".join(cells)
+                     + f" | {format_rate(rate)} | " + " | ".join(ratios) + " |")
+    return "\n".join(lines)
+
+
+def run_fp8_training(args: argparse.Namespace, env: dict) -> int:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    on_gpu = device.type == "cuda"
+    providers = (args.providers or _baseline(on_gpu)) + [TRAIN_PROVIDER]
+    grid = _grid(args, on_gpu, default_head_dims=(128,))
+    env["matmul_tflops"] = measured_matmul_tflops(device)
+    print(f"# {env.get('device')}  torch {env['torch']}  triton {env['triton']}  commit {env['commit']}  "
+          f"bf16 matmul {format_rate(env['matmul_tflops'])} TFLOP/s", flush=True)
+    measurements: list[Measurement] = []
+    for case in grid:
+        measurements += measure_training_case(case, device, providers)
+        print(training_table(measurements, providers).splitlines()[-1], flush=True)
+        write_results(args.out, env, "fp8_train", [asdict(m) for m in measurements])
+    return _finish(args, env, "fp8_train", measurements, training_table(measurements, providers))
+
+
+def run_fp8(args: argparse.Namespace, env: dict) -> int:
+    if args.varlen or args.providers and any(p in VARLEN_PROVIDERS for p in args.providers):
+        print("flashattn bench: error: --dtype fp8 times dense calls only", file=sys.stderr)
+        return EXIT_USAGE
+    return run_fp8_training(args, env) if args.training else run_fp8_forward(args, env)
 
 
 def main(argv=None) -> int:
