@@ -651,7 +651,7 @@ def fp8_section(results: Results) -> list[str]:
 
 def fp8_train_section(results: Results) -> list[str]:
     """Training steps (forward + backward) of ``fp8.flash_attn_func`` beside the bf16 providers': each step's
-    milliseconds, the FP8 step's TFLOP/s, and each bf16 step's time over the FP8 one (above 1: FP8 is faster)."""
+    milliseconds, the FP8 step's TFLOP/s, and FP8's speed over each bf16 provider's (above 1: FP8 is faster)."""
     fp8_name = "flashattn_fp8"
     providers = [p for p in providers_of(results.rows) if p != fp8_name] + [fp8_name]
     cases: dict[tuple, dict[str, float | None]] = {}
@@ -673,9 +673,9 @@ def fp8_train_section(results: Results) -> list[str]:
     return environment_lines(results) + [
         "", "Training-step milliseconds (forward + backward; the FP8 step quantizes q, k, v and dO inside), from "
         "`python -m flashattn.tools.bench --dtype fp8 --training`; the FP8 step's TFLOP/s count the forward's FLOPs "
-        "3.5 times; last columns: each bf16 step's time over the FP8 step's.", "",
+        "3.5 times; last columns: FP8's speed over each bf16 provider's (its step's time over the FP8 step's).", "",
         *table(["hdim", "causal", "seqlen", *(f"{p} ms" for p in providers), "fp8 TFLOP/s",
-                *(f"{p} / fp8" for p in providers[:-1])], body, numeric_from=3), ""]
+                *(f"fp8 / {p}" for p in providers[:-1])], body, numeric_from=3), ""]
 
 
 def accuracy_section(results: Results) -> list[str]:
