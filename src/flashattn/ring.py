@@ -10,7 +10,7 @@ receives the next one from rank r - 1 (batched isend/irecv) while it attends to 
 merged into float32 accumulators by their log-sum-exps (:class:`Merge`). Backward: the same ring, each step
 recomputing with the *global* output and log-sum-exp (so the partial gradients are exact parts of the full ones); dQ
 accumulates locally in float32, and each K/V shard's dK/dV accumulator (float32) travels the ring with it and arrives
-home after W steps.
+home after W steps (the last hop, a finished sum, already rounded to the inputs' dtype).
 
 Which queries see which keys at a step. Without position-dependent options (causal or no mask, softcap, GQA), the
 chunk order alone decides, with no position offsets:
@@ -198,7 +198,8 @@ def run_forward_ring(ring: Ring, kv: torch.Tensor, compute: Callable[[int, torch
 def run_backward_ring(ring: Ring, kv: torch.Tensor, gradients: Callable[[int, torch.Tensor], list]) -> torch.Tensor:
     """The backward's ring: dQ stays (``gradients(step, kv)`` adds to it), each shard's float32 dK/dV accumulator
     travels with the shard. ``gradients`` returns the step's (index into a K/V shard, dk, dv) parts. Returns this
-    rank's own accumulator (2, ...) once every rank has added to it."""
+    rank's own dK/dV (2, ...) once every rank has added to it: in the inputs' dtype after a ring of two or more
+    ranks (the last hop's), float32 for one."""
     pending = None  # (works, buffer): the dK/dV accumulator of the shard held next, on its way from rank - 1
     for step in range(ring.world_size):
         kv_works = []
@@ -225,7 +226,11 @@ def run_backward_ring(ring: Ring, kv: torch.Tensor, gradients: Callable[[int, to
         # comes from the previous one
         if ring.world_size == 1:
             break
-        incoming = _kv_buffer(kv, ring.layout.rank_length(ring.source(step + 1)), torch.float32)
+        if step + 1 == ring.world_size:
+            # the last hop carries a finished sum home, where it is only rounded to the inputs' dtype: rounded here
+            # instead, it is the same bits in half the bytes (this transfer is the one that nothing overlaps)
+            dkv = dkv.to(kv.dtype)
+        incoming = _kv_buffer(kv, ring.layout.rank_length(ring.source(step + 1)), dkv.dtype)
         pending = (_exchange(ring, dkv, incoming), incoming, dkv)  # dkv stays referenced until it is sent
         if kv_works:
             _wait(kv_works)
