@@ -545,8 +545,8 @@ def ring_section(results: Results) -> list[str]:
 
 PACKED_RING_NOTES = {
     OURS: "`flash_attn_varlen_func` on the whole packed batch, one device",
-    "flashattn_ring": "`flashattn.distributed.ring_flash_attn_varlen_func` on every rank's zigzag part of each "
-                      "document",
+    "flashattn_ring": "`flashattn.distributed.ring_flash_attn_varlen_func` on every rank's part of the batch "
+                      "(`shard` with cu_seqlens)",
     "flashattn_all_to_all": "`ring_flash_attn_varlen_func(mode=\"all_to_all\")`: the parts exchanged for head "
                             "shards of whole documents, one packed call, and back",
 }
@@ -560,9 +560,10 @@ def ring_varlen_section(results: Results) -> list[str]:
     dense = ring_cells(json.loads(dense_path.read_text())["results"]) if dense_path.exists() else {}
     out = [*environment_lines(results, [("devices", str(world)), ("backend", results.env.get("backend"))]), "",
            "Each case is a packed batch of documents (`flashattn ring --packed`: lengths drawn lognormal, mean 4k "
-           "tokens, capped at 64k, the last cut to fit; the count below), every document cut into its own zigzag over "
-           f"the {world} devices; TFLOP/s are the documents' own FLOPs. 1 device: `flash_attn_varlen_func` on the "
-           "whole batch. Efficiency as for the dense ring; the dense ring's is that of one sequence of the same "
+           "tokens, capped at 64k, the last cut to fit; the count below), sharded over the "
+           f"{world} devices as `shard` does (short documents whole on one device, long ones cut in their own zigzag); "
+           "TFLOP/s are the documents' own FLOPs. 1 device: `flash_attn_varlen_func` on the whole batch. Efficiency "
+           "as for the dense ring; the dense ring's is that of one sequence of the same "
            f"total tokens ([{dense_path.name}](benchmarks/results/{dense_path.name})).", "",
            *provider_legend(providers_of(rows), {}, PACKED_RING_NOTES), ""]
     header = ["causal", "tokens", "documents", "longest", "1 device TFLOP/s", "ring TFLOP/s/dev", "ring efficiency",

@@ -283,6 +283,10 @@ def check_varlen_errors(device: torch.device) -> None:
         block(torch.randn(1, 4, 32, device=device), attention_mask=torch.ones(1, 4, dtype=torch.bool, device=device))
 
 
+# a packed batch whose first sequence is cut over the ranks and whose others stay whole (ring_varlen.place_sequences)
+MIXED = (40, 3, 5, 2, 4, 6, 1, 3, 2, 5)
+
+
 def smoke_cases(world_size: int) -> list[RingCase]:
     """The CI set: every option of the ring once, lengths that 2W does not divide (and W neither), GQA, the three
     dtypes, and the deterministic check; the packed form (sequences shorter than 2W among them), the all-to-all
@@ -300,6 +304,10 @@ def smoke_cases(world_size: int) -> list[RingCase]:
             VarlenRingCase((7, 12, 1, 9), (4, 2, 32), "window-dropout-scale", "fp32"),
             VarlenRingCase((10, 5, 13), (4, 1, 32), "causal-alibi-softcap", "fp16"),
             VarlenRingCase((7, 12, 3, 9), (4, 2, 32), "causal", "bf16", "all_to_all"),
+            VarlenRingCase(MIXED, (2, 2, 32), "causal", "bf16"),  # one sequence cut, the others whole
+            VarlenRingCase(MIXED, (4, 2, 32), "window-dropout-scale", "fp32"),
+            VarlenRingCase(MIXED, (4, 2, 32), "causal", "fp16", "all_to_all"),
+            VarlenRingCase((2,) * 20, (2, 1, 32), "causal-alibi-softcap", "fp32"),  # every sequence whole: no ring
             RingCase(21, (2, 4, 2, 32), "window-dropout-scale", "fp32", mode="all_to_all"),
             RingCase(22, (2, 2, 2, 40), "causal-alibi-softcap", "fp16", packing="kvpacked", mode="auto"),
             ModuleCase(23),
@@ -311,6 +319,7 @@ def smoke_cases(world_size: int) -> list[RingCase]:
         RingCase(30, (1, 2, 1, 40), "window-left", "fp32"),
         RingCase(33, (1, 2, 2, 32), "dropout", "fp32"),
         VarlenRingCase((3, 17, 9), (2, 2, 32), "causal", "fp32"),  # 3 tokens over 8 chunks
+        VarlenRingCase((*MIXED, 4, 3), (2, 2, 32), "causal", "fp32"),  # whole sequences on every rank
         RingCase(30, (1, 2 * world_size, world_size, 32), "causal", "bf16", mode="all_to_all"),
     ]
 

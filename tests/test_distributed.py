@@ -16,10 +16,10 @@ import pytest
 import ring_cases
 import torch
 
-from flashattn import head_parallel, masks
+from flashattn import head_parallel, masks, ring_varlen
 from flashattn.options import AttentionOptions
 from flashattn.ring import Ring, ZigzagLayout, step_pieces
-from flashattn.ring_varlen import PackedCall, PackedZigzagLayout, plan
+from flashattn.ring_varlen import PackedCall, PackedLayout, plan
 
 # the spawning tests take turns across pytest-xdist workers (tests/conftest.py): each group fills the cores itself
 SPAWN_GROUP = "ring-processes"
@@ -77,12 +77,37 @@ def _runs_positions(runs) -> torch.Tensor:
     return torch.cat([torch.arange(start, start + length) for start, length in runs])
 
 
+@pytest.mark.parametrize("world_size", [2, 3, 4, 8])
+def test_packed_layout_keeps_short_sequences_whole_and_balances_ranks(world_size):
+    """Sequences with more than WHOLE_SHARE of a rank's even attention are cut; the others stay whole, each on one
+    rank, and no rank's tokens pass WHOLE_SHARE over the even count; every rank sends exactly its cut parts."""
+    generator = torch.Generator().manual_seed(world_size)
+    seqlens = tuple(int(n) for n in torch.empty(300).log_normal_(6.0, 1.0, generator=generator).clamp(1, 20000))
+    layout = PackedLayout(seqlens, world_size)
+    even_cost, even_tokens = sum(n * n for n in seqlens) / world_size, sum(seqlens) / world_size
+    for b, owner in enumerate(layout.owners):
+        if owner is not None:
+            assert seqlens[b] ** 2 <= ring_varlen.WHOLE_SHARE * even_cost
+    assert any(owner is None for owner in layout.owners) and any(owner is not None for owner in layout.owners)
+    for rank in range(world_size):
+        assert layout.rank_length(rank) <= (1 + ring_varlen.WHOLE_SHARE) * even_tokens + 2 * len(seqlens)
+        cut = [b for b, owner in enumerate(layout.owners) if owner is None]
+        assert layout.sent_length(rank) == sum(length for b in cut for _, length in layout.chunks(b, rank))
+        positions = _runs_positions(layout.runs(rank))  # what it sends comes first
+        starts = layout.starts()
+        first = positions[:layout.sent_length(rank)]
+        assert all(any(starts[b] <= p < starts[b + 1] for b in cut) for p in first.tolist()[:50])
+    assert PackedLayout(seqlens, world_size).owners == layout.owners  # every rank places alike
+
+
 @pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (3, 0), (2, 5)])
-@pytest.mark.parametrize("world_size,seqlens", [(2, (7, 1, 12, 5)), (3, (13, 0, 6)), (4, (3, 17, 9))])
+@pytest.mark.parametrize("world_size,seqlens", [(2, (7, 1, 12, 5)), (3, (13, 0, 6)), (4, (3, 17, 9)),
+                                                (2, ring_cases.MIXED), (4, (*ring_cases.MIXED, 4, 3)),
+                                                (2, (2,) * 20)])
 def test_packed_ring_steps_cover_each_visible_score_once(world_size, seqlens, window):
     """The packed ring's calls, one varlen call a step (segments that face an empty side skipped) or framed pairs of
     chunks, cover every visible (query, key) pair of every sequence exactly once, and nothing across sequences."""
-    layout = PackedZigzagLayout(seqlens, world_size)
+    layout = PackedLayout(seqlens, world_size)
     total, starts = layout.seqlen, layout.starts()
     opts = AttentionOptions(1.0, *window)
     framed = window not in ((-1, -1), (-1, 0))
@@ -101,7 +126,8 @@ def test_packed_ring_steps_cover_each_visible_score_once(world_size, seqlens, wi
         rows_global = _runs_positions(layout.runs(rank))
         for step in range(world_size):
             src = ring.source(step)
-            keys_global = _runs_positions(layout.runs(src))
+            keys_global = _runs_positions(layout.runs(src))  # what travels: the first sent_length tokens
+            keys_global = keys_global if src == rank else keys_global[:layout.sent_length(src)]
             for call in plan(ring, opts, framed, torch.device("cpu"))[step]:
                 if isinstance(call, PackedCall):
                     cu_q, cu_k = call.cu_seqlens_q.tolist(), call.cu_seqlens_k.tolist()

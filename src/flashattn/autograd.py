@@ -120,7 +120,7 @@ class RingFlashAttnFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, alibi_slopes, opts: AttentionOptions, group: ring.Ring):
         rng_state = group.shared_rng_state(q.device) if opts.dropout_p > 0 else None
-        engine = ring_varlen if isinstance(group.layout, ring_varlen.PackedZigzagLayout) else ring
+        engine = ring_varlen if isinstance(group.layout, ring_varlen.PackedLayout) else ring
         out, lse = engine.forward(q, k, v, alibi_slopes, rng_state, opts, group)
         ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, rng_state)
         ctx.opts, ctx.group = opts, group
@@ -131,7 +131,7 @@ class RingFlashAttnFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse, alibi_slopes, rng_state = ctx.saved_tensors
-        engine = ring_varlen if isinstance(ctx.group.layout, ring_varlen.PackedZigzagLayout) else ring
+        engine = ring_varlen if isinstance(ctx.group.layout, ring_varlen.PackedLayout) else ring
         dq, dk, dv = engine.backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, ctx.opts, ctx.group)
         return dq, dk, dv, None, None, None
 

@@ -15,10 +15,11 @@ results back together. The design: docs/context-parallel.md.
 Lengths that 2W does not divide are cut into chunks of two sizes, one token apart (nothing is padded). When W
 does not divide the length the ranks hold different numbers of tokens: pass the full length as ``seqlen``.
 
-Packed batches (:func:`ring_flash_attn_varlen_func`): every sequence in its own zigzag, ``shard(x,
-cu_seqlens=...)``. ``mode``: "ring" passes K/V around the ring; "all_to_all" exchanges sequence shards for head
-shards and back (the group's size must divide the key/value heads); "auto" picks the all-to-all when it can and
-the ranks hold 32k tokens or more (``head_parallel.choose_mode``), the ring otherwise.
+Packed batches (:func:`ring_flash_attn_varlen_func`): short sequences whole on one rank, long ones each in its own
+zigzag (``ring_varlen.PackedLayout``), ``shard(x, cu_seqlens=...)``. ``mode``: "ring" passes K/V around the
+ring; "all_to_all" exchanges sequence shards for head shards and back (the group's size must divide the key/value
+heads); "auto" picks the all-to-all when it can and the ranks hold 32k tokens or more
+(``head_parallel.choose_mode``), the ring otherwise.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from . import head_parallel
 from .autograd import RingFlashAttnFunction
 from .options import AttentionOptions
 from .ring import Ring
-from .ring_varlen import PackedZigzagLayout
+from .ring_varlen import PackedLayout
 from .validation import check_dense, check_tensor, check_varlen, max_seqlen_argument
 
 __all__ = [
@@ -167,7 +168,7 @@ def _packed_ring(group, cu_seqlens, local_tokens: int | None, name: str, local_n
         raise ValueError(f"{name} must start at 0 and never decrease (the whole batch's running sequence lengths), "
                          f"got {bounds}")
     ring = Ring.of(group, 0)
-    ring = dataclasses.replace(ring, layout=PackedZigzagLayout(tuple(seqlens), ring.world_size))
+    ring = dataclasses.replace(ring, layout=PackedLayout(tuple(seqlens), ring.world_size))
     expected = ring.layout.rank_length(ring.rank)
     if local_tokens is not None and local_tokens != expected:
         raise ValueError(f"{local_name} holds {local_tokens} tokens on rank {ring.rank}, but the packed batch of "
@@ -195,13 +196,16 @@ def ring_flash_attn_varlen_func(
     return_attn_probs: bool = False,
     mode: str = "ring",
 ):
-    """:func:`flashattn.flash_attn_varlen_func` over a packed batch sharded across ``group``, every sequence in its
-    own zigzag (``shard(x, group, cu_seqlens=cu_seqlens)``).
+    """:func:`flashattn.flash_attn_varlen_func` over a packed batch sharded across ``group`` by
+    ``shard(x, group, cu_seqlens=cu_seqlens)``.
 
-    Every rank holds its part of every sequence: sequence b's chunks r and 2W-1-r of 2W (cut as the dense layout
-    cuts a sequence: lengths 2W does not divide give chunks one token apart, a sequence shorter than 2W tokens
-    leaves some chunks empty; nothing is padded), the sequences in the batch's order. Each rank gets the attention
-    of its own query rows over their whole sequences, exactly, and gradients for its own q, k and v.
+    A sequence whose attention is a small share of a rank's load is held whole by one rank, placed so that the
+    ranks get about as much attention and as many tokens; a longer one is cut over every rank, sequence b's chunks
+    r and 2W-1-r of 2W on rank r (cut as the dense layout cuts a sequence: lengths 2W does not divide give chunks
+    one token apart; nothing is padded). A rank holds its parts of the cut sequences, then its whole ones, each in
+    the batch's order (``ring_varlen.PackedLayout``); only the parts of cut sequences travel the ring. Each rank
+    gets the attention of its own query rows over their whole sequences, exactly, and gradients for its own q, k
+    and v.
 
     Args:
         q: (local_tokens, nheads, headdim), this rank's packed shard of the queries.
@@ -274,8 +278,8 @@ def shard(x: torch.Tensor, group: dist.ProcessGroup | None = None, dim: int | No
     padded, and ``unshard(shard(x))`` is ``x``.
 
     ``cu_seqlens``: x is a packed batch (:func:`ring_flash_attn_varlen_func`'s layout, ``dim`` default 0 for
-    (total_tokens, ...)) of these whole-batch cu_seqlens: every sequence is cut as above, and rank r gets its
-    part of every sequence, in the batch's order.
+    (total_tokens, ...)) of these whole-batch cu_seqlens: short sequences go whole to one rank, long ones are cut
+    as above (:func:`ring_flash_attn_varlen_func` says how), and rank r gets its parts.
     """
     dim = _check_dim(x, (0 if cu_seqlens is not None else 1) if dim is None else dim)
     if cu_seqlens is None and not dist.is_initialized():

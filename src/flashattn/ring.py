@@ -74,8 +74,13 @@ class ZigzagLayout:
 
     def runs(self, rank: int) -> list[tuple[int, int]]:
         """(global start, length) of the rank's runs of tokens, in the order the rank holds them (``shard``'s
-        cut; ``ring_varlen.PackedZigzagLayout`` has the same method)."""
+        cut; ``ring_varlen.PackedLayout`` has the same method)."""
         return list(self.chunks(rank))
+
+    def sent_length(self, rank: int) -> int:
+        """How many of rank ``rank``'s tokens travel the ring (the first ones it holds): all of them here; a packed
+        layout keeps whole sequences home (``ring_varlen.PackedLayout``)."""
+        return self.rank_length(rank)
 
 
 @dataclass(frozen=True)
@@ -85,7 +90,7 @@ class Ring:
     group: dist.ProcessGroup
     rank: int
     world_size: int
-    layout: ZigzagLayout  # or a packed batch's, ``ring_varlen.PackedZigzagLayout``
+    layout: ZigzagLayout  # or a packed batch's, ``ring_varlen.PackedLayout``
 
     @classmethod
     def of(cls, group: dist.ProcessGroup | None, seqlen: int) -> Ring:
@@ -163,6 +168,18 @@ def _halves(first: int, second: int) -> tuple[slice, slice]:
     return slice(0, first), slice(first, first + second)
 
 
+def _sent(kv: torch.Tensor, length: int) -> torch.Tensor:
+    """The first ``length`` tokens of a K/V (or dK/dV) buffer, contiguous, as they travel."""
+    return kv if kv.shape[-3] == length else kv.narrow(-3, 0, length).contiguous()
+
+
+def _steps(ring: Ring) -> int:
+    """The ring's steps: W, or only the rank's own when no rank has tokens that travel (every packed sequence
+    whole on one rank)."""
+    alone = not any(ring.layout.sent_length(rank) for rank in range(ring.world_size))
+    return 1 if alone else ring.world_size
+
+
 def _exchange(ring: Ring, send: torch.Tensor, recv: torch.Tensor) -> list:
     """Send ``send`` to the next rank and receive ``recv`` from the previous one, asynchronously (on NCCL, on its
     own stream: compute on the current stream goes on meanwhile). Returns the works to wait for."""
@@ -183,12 +200,14 @@ def _kv_buffer(kv: torch.Tensor, length: int, dtype: torch.dtype | None = None) 
 
 def run_forward_ring(ring: Ring, kv: torch.Tensor, compute: Callable[[int, torch.Tensor], None]) -> None:
     """The forward's ring: at each step ``compute(step, kv)`` queues the work on the K/V shard held while the next
-    one travels from the previous rank."""
-    for step in range(ring.world_size):
+    one travels from the previous rank. The travelling shards are the tokens each rank sends
+    (``layout.sent_length``: the first ones it holds)."""
+    steps = _steps(ring)
+    for step in range(steps):
         works = []
-        if step + 1 < ring.world_size:
-            next_kv = _kv_buffer(kv, ring.layout.rank_length(ring.source(step + 1)))
-            works = _exchange(ring, kv, next_kv)
+        if step + 1 < steps:
+            next_kv = _kv_buffer(kv, ring.layout.sent_length(ring.source(step + 1)))
+            works = _exchange(ring, _sent(kv, ring.layout.sent_length(ring.source(step))), next_kv)
         compute(step, kv)
         if works:
             _wait(works)
@@ -201,11 +220,13 @@ def run_backward_ring(ring: Ring, kv: torch.Tensor, gradients: Callable[[int, to
     rank's own dK/dV (2, ...) once every rank has added to it: in the inputs' dtype after a ring of two or more
     ranks (the last hop's), float32 for one."""
     pending = None  # (works, buffer): the dK/dV accumulator of the shard held next, on its way from rank - 1
-    for step in range(ring.world_size):
+    home = None  # the dK/dV of tokens that do not travel (whole packed sequences): finished at the own step
+    steps = _steps(ring)
+    for step in range(steps):
         kv_works = []
-        if step + 1 < ring.world_size:
-            next_kv = _kv_buffer(kv, ring.layout.rank_length(ring.source(step + 1)))
-            kv_works = _exchange(ring, kv, next_kv)
+        if step + 1 < steps:
+            next_kv = _kv_buffer(kv, ring.layout.sent_length(ring.source(step + 1)))
+            kv_works = _exchange(ring, _sent(kv, ring.layout.sent_length(ring.source(step))), next_kv)
         partials = gradients(step, kv)
         # this shard's accumulator: what the ranks before added (waited for only now, after this step's compute
         # was queued), plus this rank's part
@@ -224,13 +245,16 @@ def run_backward_ring(ring: Ring, kv: torch.Tensor, gradients: Callable[[int, to
             dkv[1][index] += dv
         # on to the next rank; the accumulator of the shard held next (after the last step: this rank's own)
         # comes from the previous one
-        if ring.world_size == 1:
+        if steps == 1:
             break
-        if step + 1 == ring.world_size:
+        sent = ring.layout.sent_length(ring.source(step))
+        if step == 0 and dkv.shape[-3] > sent:
+            home, dkv = dkv.narrow(-3, sent, dkv.shape[-3] - sent), _sent(dkv, sent)
+        if step + 1 == steps:
             # the last hop carries a finished sum home, where it is only rounded to the inputs' dtype: rounded here
             # instead, it is the same bits in half the bytes (this transfer is the one that nothing overlaps)
             dkv = dkv.to(kv.dtype)
-        incoming = _kv_buffer(kv, ring.layout.rank_length(ring.source(step + 1)), dkv.dtype)
+        incoming = _kv_buffer(kv, ring.layout.sent_length(ring.source(step + 1)), dkv.dtype)
         pending = (_exchange(ring, dkv, incoming), incoming, dkv)  # dkv stays referenced until it is sent
         if kv_works:
             _wait(kv_works)
@@ -238,6 +262,8 @@ def run_backward_ring(ring: Ring, kv: torch.Tensor, gradients: Callable[[int, to
     if pending is not None:
         _wait(pending[0])
         dkv = pending[1]
+    if home is not None:
+        dkv = torch.cat((dkv, home.to(dkv.dtype)), dim=-3)
     return dkv
 
 

@@ -1,9 +1,12 @@
-"""Ring attention over packed (varlen) batches: ``ring.py``'s ring, each sequence in its own zigzag layout.
+"""Ring attention over packed (varlen) batches: ``ring.py``'s ring over the sequences too long to stay on one rank.
 
-Layout: every sequence b of a packed batch (``N_b`` tokens) is cut into 2W chunks as ``ring.ZigzagLayout`` cuts a
-dense one (two sizes one token apart when 2W does not divide ``N_b``, nothing padded); rank r holds chunks r and
-2W-1-r of every sequence, the sequences in the batch's order, each sequence's two chunks contiguous. A rank's
-packed shard is then itself a packed batch, with local cu_seqlens of its own (:class:`PackedZigzagLayout`).
+Layout (:class:`PackedLayout`): a sequence whose attention is a small share of a rank's load stays whole on one
+rank, placed so that every rank gets about as much attention and as many tokens (:func:`place_sequences`); a longer
+one is cut into 2W chunks as ``ring.ZigzagLayout`` cuts a dense sequence (two sizes one token apart when 2W does
+not divide ``N_b``, nothing padded), rank r holding chunks r and 2W-1-r. A rank holds its parts of the cut
+sequences first, then its whole sequences: only the first part travels the ring, and a whole sequence's K/V and
+dK/dV never leave its rank. A rank's packed shard is itself a packed batch, with local cu_seqlens of its own; a
+sequence a rank does not hold is an empty segment there.
 
 Steps. Without position-dependent options each step is **one** varlen call over the whole local q and the whole
 received K/V: the step kinds of ``ring.py`` become per-sequence segments, and the keys or queries a step must not
@@ -19,6 +22,7 @@ total x total tokens), which is exactly the varlen dropout counter and each sequ
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from itertools import accumulate
 
@@ -28,11 +32,55 @@ from . import masks, ops
 from .options import AttentionOptions, PositionFrame
 from .ring import Merge, Ring, Sum, ZigzagLayout, needs_frame, run_backward_ring, run_forward_ring
 
+# a sequence stays whole on one rank while its attention (N² of its tokens, causal or not) is at most this share of
+# a rank's even load and its tokens fit under the same share above a rank's even count; longer ones are cut
+WHOLE_SHARE = 1 / 8
+
+
+def place_sequences(seqlens: tuple[int, ...], world_size: int) -> tuple[int | None, ...]:
+    """For each sequence of a packed batch, the rank that holds it whole, or None: cut in the zigzag over every rank.
+
+    Sequences whose attention is more than ``WHOLE_SHARE`` of a rank's even load are cut (every rank then takes an
+    even part of their work). The others, longest first, go whole to the rank with the least attention so far among
+    those whose tokens stay within ``WHOLE_SHARE`` of the even count (the rest of a model's work goes by tokens); a
+    sequence that fits no rank is cut too. A pure function of the lengths: every rank places alike."""
+    costs = [n * n for n in seqlens]
+    even_cost, even_tokens = sum(costs) / world_size, sum(seqlens) / world_size
+    load, tokens = [0.0] * world_size, [0.0] * world_size
+    owners: list[int | None] = [None] * len(seqlens)
+
+    def cut(b: int) -> None:
+        for rank in range(world_size):
+            load[rank] += costs[b] / world_size
+            tokens[rank] += seqlens[b] / world_size
+
+    whole = []
+    for b in sorted(range(len(seqlens)), key=lambda b: (-costs[b], b)):
+        if world_size > 1 and costs[b] > WHOLE_SHARE * even_cost:
+            cut(b)
+        else:
+            whole.append(b)
+    for b in whole:
+        fits = [rank for rank in range(world_size) if tokens[rank] + seqlens[b] <= (1 + WHOLE_SHARE) * even_tokens]
+        if not fits:
+            cut(b)
+            continue
+        rank = min(fits, key=lambda rank: (load[rank], tokens[rank], rank))
+        owners[b] = rank
+        load[rank] += costs[b]
+        tokens[rank] += seqlens[b]
+    return tuple(owners)
+
 
 @dataclass(frozen=True)
-class PackedZigzagLayout:
-    """Where each rank's tokens lie in a packed batch of sequences of ``seqlens`` tokens over ``world_size`` ranks:
-    every sequence in ``ZigzagLayout``'s zigzag, a rank's parts of the sequences in the batch's order.
+class PackedLayout:
+    """Where each rank's tokens lie in a packed batch of sequences of ``seqlens`` tokens over ``world_size`` ranks.
+
+    Each sequence is either whole on one rank or cut over every rank in ``ZigzagLayout``'s zigzag
+    (:func:`place_sequences`). A rank holds its parts of the cut sequences first, each sequence's two chunks
+    together, then its whole sequences, each group in the batch's order: the parts that travel the ring are the
+    first ``sent_length`` tokens, and whole sequences never leave their rank. Every per-sequence list below follows
+    ``order()``, the same on every rank.
 
     ``plans`` keeps the calls of a call's steps (:func:`plan`) from its forward to its backward."""
 
@@ -40,34 +88,53 @@ class PackedZigzagLayout:
     world_size: int
     plans: dict = field(default_factory=dict, compare=False, repr=False)
 
+    @functools.cached_property
+    def owners(self) -> tuple[int | None, ...]:
+        return place_sequences(self.seqlens, self.world_size)
+
     @property
     def seqlen(self) -> int:
         """All tokens of the batch (total_tokens)."""
         return sum(self.seqlens)
 
-    def sequence(self, index: int) -> ZigzagLayout:
-        return ZigzagLayout(self.seqlens[index], self.world_size)
-
     def starts(self) -> list[int]:
         """The global cu_seqlens."""
         return [0, *accumulate(self.seqlens)]
 
-    def chunk_lengths(self, rank: int) -> list[tuple[int, int]]:
-        """(first, second) chunk lengths of every sequence on rank ``rank``."""
-        return [(layout.chunks(rank)[0][1], layout.chunks(rank)[1][1])
-                for layout in map(self.sequence, range(len(self.seqlens)))]
+    def order(self) -> list[int]:
+        """The sequences in the order every rank holds them: the cut ones, then the whole ones."""
+        cut = [b for b, owner in enumerate(self.owners) if owner is None]
+        return cut + [b for b, owner in enumerate(self.owners) if owner is not None]
+
+    def chunks(self, sequence: int, rank: int, sent: bool = False) -> tuple[tuple[int, int], tuple[int, int]]:
+        """(start in the sequence, length) of the sequence's first and second chunk on rank ``rank`` (of what it
+        sends, with ``sent``): a cut sequence's zigzag chunks; a whole one's (0, N), (N, 0) on its rank, empty
+        elsewhere and in what travels."""
+        n, owner = self.seqlens[sequence], self.owners[sequence]
+        if owner is None:
+            return ZigzagLayout(n, self.world_size).chunks(rank)
+        length = n if owner == rank and not sent else 0
+        return (0, length), (length, 0)
+
+    def chunk_lengths(self, rank: int, sent: bool = False) -> list[tuple[int, int]]:
+        """(first, second) chunk lengths of every sequence in ``order()`` on rank ``rank`` (of what it sends)."""
+        return [(first[1], second[1]) for first, second in (self.chunks(b, rank, sent) for b in self.order())]
 
     def rank_length(self, rank: int) -> int:
-        return sum(self.sequence(b).rank_length(rank) for b in range(len(self.seqlens)))
+        return sum(first + second for first, second in self.chunk_lengths(rank))
 
-    def local_cu_seqlens(self, rank: int) -> list[int]:
-        return [0, *accumulate(first + second for first, second in self.chunk_lengths(rank))]
+    def sent_length(self, rank: int) -> int:
+        """Rank ``rank``'s tokens that travel the ring: its parts of the cut sequences, the first it holds."""
+        return sum(first + second for first, second in self.chunk_lengths(rank, sent=True))
+
+    def local_cu_seqlens(self, rank: int, sent: bool = False) -> list[int]:
+        return [0, *accumulate(first + second for first, second in self.chunk_lengths(rank, sent))]
 
     def runs(self, rank: int) -> list[tuple[int, int]]:
         """(global start, length) of the rank's runs of tokens, in the order the rank holds them."""
         starts = self.starts()
-        return [(starts[b] + start, length) for b in range(len(self.seqlens))
-                for start, length in self.sequence(b).chunks(rank)]
+        return [(starts[b] + start, length) for b in self.order() for start, length in self.chunks(b, rank)
+                if length]
 
 
 @dataclass(frozen=True)
@@ -131,8 +198,8 @@ def _segments(q_lengths: list[int], k_lengths: list[int], opts: AttentionOptions
 def step_segments(ring: Ring, src: int, opts: AttentionOptions, framed: bool) -> list:
     """The calls of the step that attends to rank ``src``'s K/V (see the module docstring): framed pieces, or one
     (query lengths, key lengths, options) of segments for a varlen call."""
-    layout: PackedZigzagLayout = ring.layout
-    local, received = layout.chunk_lengths(ring.rank), layout.chunk_lengths(src)
+    layout: PackedLayout = ring.layout
+    local, received = layout.chunk_lengths(ring.rank), layout.chunk_lengths(src, sent=src != ring.rank)
     if framed:
         return _framed_pieces(ring, src, opts)
     if opts.window_right < 0 or src == ring.rank:
@@ -150,16 +217,15 @@ def step_segments(ring: Ring, src: int, opts: AttentionOptions, framed: bool) ->
 
 
 def _framed_pieces(ring: Ring, src: int, opts: AttentionOptions) -> list[FramedPiece]:
-    layout: PackedZigzagLayout = ring.layout
-    starts, total = layout.starts(), layout.seqlen
-    local_starts, received_starts = layout.local_cu_seqlens(ring.rank), layout.local_cu_seqlens(src)
+    layout: PackedLayout = ring.layout
+    starts, total, sent = layout.starts(), layout.seqlen, src != ring.rank
+    local_starts, received_starts = layout.local_cu_seqlens(ring.rank), layout.local_cu_seqlens(src, sent)
     pieces = []
-    for b in range(len(layout.seqlens)):
-        sequence = layout.sequence(b)
-        q_chunks, k_chunks = sequence.chunks(ring.rank), sequence.chunks(src)
-        q_offset = local_starts[b]
+    for i, b in enumerate(layout.order()):
+        q_chunks, k_chunks = layout.chunks(b, ring.rank), layout.chunks(b, src, sent)
+        q_offset = local_starts[i]
         for q_start, q_len in q_chunks:
-            k_offset = received_starts[b]
+            k_offset = received_starts[i]
             for k_start, k_len in k_chunks:
                 frame = PositionFrame(starts[b] + q_start, starts[b] + k_start, total, total)
                 lo, hi = masks.visible_key_range(q_len, k_len, opts.window_left, opts.window_right,
