@@ -134,6 +134,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--torch-cp-max-seqlen", type=positive_int, default=65536)
     parser.add_argument("--torch-cp-timeout", type=float, default=60.0,
                         help="seconds a torch context_parallel call may take before longer lengths are skipped")
+    parser.add_argument("--sm-margin", type=int, default=0,
+                        help="SMs the ring's persistent kernels leave to NCCL (ring_flash_attn_func's sm_margin)")
     parser.add_argument("--out", type=Path, default=Path("."), help="folder of the results file (default: .)")
 
 
@@ -197,7 +199,10 @@ def run_cases(args: argparse.Namespace, device: torch.device, written: Callable[
                 single = measure(case, "flashattn", single_build, only_rank0=True)
                 rows.append(single)
             for mode in dict.fromkeys(args.mode):
-                ring = measure(case, MODES[mode], functools.partial(ring_build, mode=mode))
+                build = functools.partial(ring_build, mode=mode, sm_margin=args.sm_margin)
+                ring = measure(case, MODES[mode], build)
+                if args.sm_margin:
+                    ring.extra["sm_margin"] = args.sm_margin
                 rows.append(ring)
                 if single is not None and single.tflops_per_device and ring.tflops_per_device:
                     ring.efficiency = ring.tflops_per_device / single.tflops_per_device
@@ -249,14 +254,14 @@ def _single_call(case: RingCase, device: torch.device) -> Callable[[], object]:
     return call
 
 
-def _ring_call(case: RingCase, device: torch.device, mode: str = "ring") -> Callable[[], object]:
+def _ring_call(case: RingCase, device: torch.device, mode: str = "ring", sm_margin: int = 0) -> Callable[[], object]:
     from ..distributed import ring_flash_attn_func, shard
 
     q, k, v = (shard(x.detach()).requires_grad_() for x in _inputs(case, device, requires_grad=False))
     dout = torch.randn_like(q)
 
     def call():
-        out = ring_flash_attn_func(q, k, v, causal=case.causal, seqlen=case.seqlen, mode=mode)
+        out = ring_flash_attn_func(q, k, v, causal=case.causal, seqlen=case.seqlen, mode=mode, sm_margin=sm_margin)
         return torch.autograd.grad(out, (q, k, v), dout)
 
     return call
@@ -284,7 +289,8 @@ def _single_varlen_call(case: RingCase, device: torch.device) -> Callable[[], ob
     return call
 
 
-def _ring_varlen_call(case: RingCase, device: torch.device, mode: str = "ring") -> Callable[[], object]:
+def _ring_varlen_call(case: RingCase, device: torch.device, mode: str = "ring",
+                      sm_margin: int = 0) -> Callable[[], object]:
     from ..distributed import ring_flash_attn_varlen_func, shard
 
     q, k, v, cu_seqlens, longest = _packed_inputs(case, device)
@@ -293,7 +299,7 @@ def _ring_varlen_call(case: RingCase, device: torch.device, mode: str = "ring") 
 
     def call():
         out = ring_flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, longest, longest, causal=case.causal,
-                                          mode=mode)
+                                          mode=mode, sm_margin=sm_margin)
         return torch.autograd.grad(out, (q, k, v), dout)
 
     return call
