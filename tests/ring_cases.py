@@ -320,6 +320,7 @@ def smoke_cases(world_size: int) -> list[RingCase]:
         RingCase(33, (1, 2, 2, 32), "dropout", "fp32"),
         VarlenRingCase((3, 17, 9), (2, 2, 32), "causal", "fp32"),  # 3 tokens over 8 chunks
         VarlenRingCase((*MIXED, 4, 3), (2, 2, 32), "causal", "fp32"),  # whole sequences on every rank
+        VarlenRingCase((3,) + (1,) * 23, (2, 2, 32), "causal", "fp32"),  # one rank sends nothing: empty transfers
         RingCase(30, (1, 2 * world_size, world_size, 32), "causal", "bf16", mode="all_to_all"),
     ]
 
