@@ -308,6 +308,7 @@ def smoke_cases(world_size: int) -> list[RingCase]:
             VarlenRingCase(MIXED, (4, 2, 32), "window-dropout-scale", "fp32"),
             VarlenRingCase(MIXED, (4, 2, 32), "causal", "fp16", "all_to_all"),
             VarlenRingCase((2,) * 20, (2, 1, 32), "causal-alibi-softcap", "fp32"),  # every sequence whole: no ring
+            VarlenRingCase((1,), (2, 2, 32), "causal", "fp32"),  # rank 1 holds no token at all
             RingCase(21, (2, 4, 2, 32), "window-dropout-scale", "fp32", mode="all_to_all"),
             RingCase(22, (2, 2, 2, 40), "causal-alibi-softcap", "fp16", packing="kvpacked", mode="auto"),
             ModuleCase(23),

@@ -75,7 +75,7 @@ def test_ring_steps_cover_each_visible_score_once(world_size, seqlen, window, fr
 
 
 def _runs_positions(runs) -> torch.Tensor:
-    return torch.cat([torch.arange(start, start + length) for start, length in runs])
+    return torch.cat([torch.arange(start, start + length) for start, length in runs] or [torch.arange(0)])
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4, 8])
@@ -104,7 +104,7 @@ def test_packed_layout_keeps_short_sequences_whole_and_balances_ranks(world_size
 @pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (3, 0), (2, 5)])
 @pytest.mark.parametrize("world_size,seqlens", [(2, (7, 1, 12, 5)), (3, (13, 0, 6)), (4, (3, 17, 9)),
                                                 (2, ring_cases.MIXED), (4, (*ring_cases.MIXED, 4, 3)),
-                                                (2, (2,) * 20)])
+                                                (2, (2,) * 20), (2, (1,)), (8, (5, 3))])
 def test_packed_ring_steps_cover_each_visible_score_once(world_size, seqlens, window):
     """The packed ring's calls, one varlen call a step (segments that face an empty side skipped) or framed pairs of
     chunks, cover every visible (query, key) pair of every sequence exactly once, and nothing across sequences."""

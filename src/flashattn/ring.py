@@ -218,7 +218,7 @@ def run_backward_ring(ring: Ring, kv: torch.Tensor, gradients: Callable[[int, to
     """The backward's ring: dQ stays (``gradients(step, kv)`` adds to it), each shard's float32 dK/dV accumulator
     travels with the shard. ``gradients`` returns the step's (index into a K/V shard, dk, dv) parts. Returns this
     rank's own dK/dV (2, ...) once every rank has added to it: in the inputs' dtype after a ring of two or more
-    ranks (the last hop's), float32 for one."""
+    steps (the last hop's), float32 after one (a group of one, or no token travelling)."""
     pending = None  # (works, buffer): the dK/dV accumulator of the shard held next, on its way from rank - 1
     home = None  # the dK/dV of tokens that do not travel (whole packed sequences): finished at the own step
     steps = _steps(ring)
@@ -244,7 +244,10 @@ def run_backward_ring(ring: Ring, kv: torch.Tensor, gradients: Callable[[int, to
             break
         sent = ring.layout.sent_length(ring.source(step))
         if step == 0 and dkv.shape[-3] > sent:
-            home, dkv = dkv.narrow(-3, sent, dkv.shape[-3] - sent), _sent(dkv, sent)
+            # the tokens that stay are finished at the own step (only this rank's queries see them): rounded now,
+            # so that the whole float32 accumulator is not held through the ring
+            home = dkv.narrow(-3, sent, dkv.shape[-3] - sent).to(kv.dtype, copy=True)
+            dkv = _sent(dkv, sent)
         if step + 1 == steps:
             # the last hop carries a finished sum home, where it is only rounded to the inputs' dtype: rounded here
             # instead, it is the same bits in half the bytes (this transfer is the one that nothing overlaps)
@@ -258,7 +261,7 @@ def run_backward_ring(ring: Ring, kv: torch.Tensor, gradients: Callable[[int, to
         _wait(pending[0])
         dkv = pending[1]
     if home is not None:
-        dkv = torch.cat((dkv, home.to(dkv.dtype)), dim=-3)
+        dkv = torch.cat((dkv, home), dim=-3)
     return dkv
 
 

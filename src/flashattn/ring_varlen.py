@@ -131,10 +131,10 @@ class PackedLayout:
         return [0, *accumulate(first + second for first, second in self.chunk_lengths(rank, sent))]
 
     def runs(self, rank: int) -> list[tuple[int, int]]:
-        """(global start, length) of the rank's runs of tokens, in the order the rank holds them."""
+        """(global start, length) of the rank's runs of tokens, in the order the rank holds them: two a sequence,
+        empty ones included (a rank may hold no token at all, and ``shard`` still cuts it an empty part)."""
         starts = self.starts()
-        return [(starts[b] + start, length) for b in self.order() for start, length in self.chunks(b, rank)
-                if length]
+        return [(starts[b] + start, length) for b in self.order() for start, length in self.chunks(b, rank)]
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ variants (tile choices depend on the length), and then one more call is the meas
 
 ``--packed``: each total length is a packed batch of documents instead of one sequence (``document_lengths``: a
 seeded lognormal draw, mean 4k tokens, capped at 64k), timed with ``flash_attn_varlen_func`` on one device against
-``ring_flash_attn_varlen_func`` on every rank's part of every document; the FLOPs are the documents' own.
+``ring_flash_attn_varlen_func`` on every rank's part of the batch (``shard`` with cu_seqlens: short documents
+whole on one rank, long ones cut); the FLOPs are the documents' own.
 
 Results go to ``<machine>x<W>-ring.json`` in ``--out`` (``h200x2-ring.json``; ``-ring_varlen.json`` with
 ``--packed``), with the environment of ``flashattn bench``, rewritten after every case: a run cut short keeps what
@@ -48,7 +49,7 @@ import torch
 import torch.distributed as dist
 
 from .. import flops
-from .units import EXIT_USAGE, positive_int, positive_int_list
+from .units import EXIT_USAGE, non_negative_int, positive_int, positive_int_list
 
 MODES = {"ring": "flashattn_ring", "all_to_all": "flashattn_all_to_all"}  # mode -> provider
 GPU_SEQLENS = (8192, 16384, 32768, 65536, 131072, 262144, 524288)
@@ -134,7 +135,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--torch-cp-max-seqlen", type=positive_int, default=65536)
     parser.add_argument("--torch-cp-timeout", type=float, default=60.0,
                         help="seconds a torch context_parallel call may take before longer lengths are skipped")
-    parser.add_argument("--sm-margin", type=int, default=0,
+    parser.add_argument("--sm-margin", type=non_negative_int, default=0,
                         help="SMs the ring's persistent kernels leave to NCCL (ring_flash_attn_func's sm_margin)")
     parser.add_argument("--out", type=Path, default=Path("."), help="folder of the results file (default: .)")
 
