@@ -7,7 +7,6 @@ CI runs one group of 2 processes and one of 4, each through its list of cases; F
 option in every dtype (and a group of 3). The ``gpu`` tests run the cases at real sizes over NCCL on 2 (and 4) GPUs.
 """
 
-import dataclasses
 import os
 import subprocess
 import sys
@@ -146,46 +145,33 @@ def test_packed_ring_steps_cover_each_visible_score_once(world_size, seqlens, wi
 
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_ring_steps_take_the_callers_deterministic(deterministic, monkeypatch):
-    """Each step's backward call gets the caller's ``deterministic`` (on Hopper: the two passes or the fused one) and
-    every call its ``sm_margin``, and a one-rank ring's gradients are the single call's, bit for bit. The CPU path is
-    deterministic either way and has no SMs to leave, so both are read off the ops' arguments."""
+    """Each step's backward call gets the caller's ``deterministic`` (on Hopper: the two passes or the fused one), and
+    a one-rank ring's gradients are the single call's, bit for bit. The CPU path is deterministic either way, so the
+    flag is read off the op's arguments."""
     from flashattn import flash_attn_func, ops, ring
 
-    flags, margins = [], []
+    flags = []
     eager_call = ops.eager_call
 
     def recording(op, cuda_op, *arguments):
         if op is ops.attention_backward:
-            flags.append(arguments[-2])
-        margins.append(arguments[-1])
+            flags.append(arguments[-1])
         return eager_call(op, cuda_op, *arguments)
 
     monkeypatch.setattr(ops, "eager_call", recording)
     q, k, v, dout = (torch.randn(1, 40, 2, 16) for _ in range(4))
-    opts = dataclasses.replace(AttentionOptions.build(16, None, True, (-1, -1), 0.0, 0.0, deterministic), sm_margin=3)
+    opts = AttentionOptions.build(16, None, True, (-1, -1), 0.0, 0.0, deterministic)
     one_rank = Ring(None, 0, 1, ZigzagLayout(40, 1))
     out, lse = ring.forward(q, k, v, None, None, opts, one_rank)
     grads = ring.backward(dout, q, k, v, out, lse, None, None, opts, one_rank)
     assert flags and all(flag is deterministic for flag in flags)
-    assert len(margins) == 2 and margins == [3, 3]
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     want = torch.autograd.grad(flash_attn_func(*leaves, causal=True), leaves, dout)
     for got, expected in zip(grads, want, strict=True):
         assert torch.equal(got, expected)
 
 
-def test_persistent_grids_leave_sm_margin_processors(monkeypatch):
-    """A persistent kernel's grid: one program an SM, fewer by ``sm_margin``, never more than the tiles nor fewer than
-    one."""
-    from flashattn.launch import common
-
-    monkeypatch.setattr(common, "sm_count", lambda index: 132)
-    assert common.persistent_programs(1000, 0, 0) == 132
-    assert common.persistent_programs(1000, 0, 2) == 130
-    assert common.persistent_programs(100, 0, 2) == 100
-    assert common.persistent_programs(1000, 0, 500) == 1
-
-
+@pytest.mark.xdist_group(SPAWN_GROUP)
 @pytest.mark.parametrize("nheads_k, ranks, seqlen, expected", [
     (8, 2, 65536, "all_to_all"), (8, 2, 65535, "ring"), (8, 4, 131072, "all_to_all"), (8, 4, 65536, "ring"),
     (6, 4, 1 << 20, "ring"), (1, 2, 1 << 20, "ring")])
@@ -202,7 +188,6 @@ def test_modes_that_cannot_run_are_refused_by_name():
         head_parallel.choose_mode("ulysses", 8, 2, 1 << 20)
 
 
-@pytest.mark.xdist_group(SPAWN_GROUP)
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_ring_attention_over_gloo(world_size, tmp_path, monkeypatch):
     monkeypatch.setenv("FLASHATTN_BACKEND", "torch")

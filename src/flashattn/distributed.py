@@ -85,7 +85,6 @@ def ring_flash_attn_func(
     return_attn_probs: bool = False,
     seqlen: int | None = None,
     mode: str = "ring",
-    sm_margin: int = 0,
 ):
     """:func:`flashattn.flash_attn_func` over a sequence sharded across ``group`` (zigzag, see :func:`shard`).
 
@@ -111,9 +110,6 @@ def ring_flash_attn_func(
             call on the whole sequence for H / W heads, and back; the group's size must divide nheads_k), or
             "auto": "all_to_all" when the group's size divides nheads_k and the ranks hold 32k tokens or more,
             else "ring" (the rule measured in docs/context-parallel.md). Every mode computes the same function.
-        sm_margin: SMs the ring's persistent kernels leave free during its steps, for NCCL's transfers to run beside
-            them (FA3's argument of that name; 0: a transfer waits for the step's kernel to end,
-            docs/context-parallel.md "Overlap"). The all-to-all mode's exchanges do not overlap and ignore it.
 
     Returns:
         out (q's shape and dtype), or ``(out, softmax_lse, None)`` with softmax_lse float32
@@ -125,8 +121,8 @@ def ring_flash_attn_func(
                          f"q has local seqlen {q.shape[1]}, k {k.shape[1]}")
     ring = _group_ring(group, seqlen, q.shape[1])
     mode = head_parallel.choose_mode(mode, k.shape[2], ring.world_size, ring.layout.seqlen)
-    opts = _with_margin(AttentionOptions.build(q.shape[-1], softmax_scale, causal, window_size, softcap, dropout_p,
-                                               deterministic), sm_margin)
+    opts = AttentionOptions.build(q.shape[-1], softmax_scale, causal, window_size, softcap, dropout_p,
+                                  deterministic)
     if mode == "all_to_all":
         out, lse = head_parallel.dense_attention(q, k, v, alibi_slopes, opts, ring)
     else:
@@ -136,26 +132,26 @@ def ring_flash_attn_func(
 
 def ring_flash_attn_kvpacked_func(q, kv, group=None, causal=False, softmax_scale=None, window_size=(-1, -1),
                                   softcap=0.0, alibi_slopes=None, dropout_p=0.0, deterministic=False,
-                                  return_attn_probs=False, seqlen=None, mode="ring", sm_margin=0):
+                                  return_attn_probs=False, seqlen=None, mode="ring"):
     """:func:`ring_flash_attn_func` on q and kv of shape (batch, local_seqlen, 2, nheads_k, headdim)."""
     check_tensor("kv", kv, 5)
     if kv.shape[2] != 2:
         raise ValueError(f"kv must have shape (batch, seqlen, 2, nheads_k, headdim), got {tuple(kv.shape)}")
     k, v = kv.unbind(dim=2)
     return ring_flash_attn_func(q, k, v, group, causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p,
-                                deterministic, return_attn_probs, seqlen, mode, sm_margin)
+                                deterministic, return_attn_probs, seqlen, mode)
 
 
 def ring_flash_attn_qkvpacked_func(qkv, group=None, causal=False, softmax_scale=None, window_size=(-1, -1),
                                    softcap=0.0, alibi_slopes=None, dropout_p=0.0, deterministic=False,
-                                   return_attn_probs=False, seqlen=None, mode="ring", sm_margin=0):
+                                   return_attn_probs=False, seqlen=None, mode="ring"):
     """:func:`ring_flash_attn_func` on qkv of shape (batch, local_seqlen, 3, nheads, headdim)."""
     check_tensor("qkv", qkv, 5)
     if qkv.shape[2] != 3:
         raise ValueError(f"qkv must have shape (batch, seqlen, 3, nheads, headdim), got {tuple(qkv.shape)}")
     q, k, v = qkv.unbind(dim=2)
     return ring_flash_attn_func(q, k, v, group, causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p,
-                                deterministic, return_attn_probs, seqlen, mode, sm_margin)
+                                deterministic, return_attn_probs, seqlen, mode)
 
 
 def _packed_ring(group, cu_seqlens, local_tokens: int | None, name: str, local_name: str) -> Ring:
@@ -199,7 +195,6 @@ def ring_flash_attn_varlen_func(
     deterministic: bool = False,
     return_attn_probs: bool = False,
     mode: str = "ring",
-    sm_margin: int = 0,
 ):
     """:func:`flashattn.flash_attn_varlen_func` over a packed batch sharded across ``group`` by
     ``shard(x, group, cu_seqlens=cu_seqlens)``.
@@ -222,9 +217,9 @@ def ring_flash_attn_varlen_func(
             are read on the host (on a GPU, one small copy and a synchronization per call).
         max_seqlen_q, max_seqlen_k: accepted as in ``flash_attn_varlen_func`` (the exact maxima come from
             cu_seqlens).
-        group, causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p, deterministic, mode,
-            sm_margin: as in :func:`ring_flash_attn_func`, per sequence (each sequence's own mask and ALiBi, in its
-            full positions; dropout draws the single packed call's mask).
+        group, causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p, deterministic, mode: as in
+            :func:`ring_flash_attn_func`, per sequence (each sequence's own mask and ALiBi, in its full positions;
+            dropout draws the single packed call's mask).
         return_attn_probs: also return the local rows' log-sum-exp.
 
     Returns:
@@ -241,19 +236,13 @@ def ring_flash_attn_varlen_func(
                          f"({q.shape[0]})")
     ring = _packed_ring(group, cu_seqlens_q, q.shape[0], "cu_seqlens_q", "q")
     mode = head_parallel.choose_mode(mode, k.shape[1], ring.world_size, ring.layout.seqlen)
-    opts = _with_margin(AttentionOptions.build(q.shape[-1], softmax_scale, causal, window_size, softcap, dropout_p,
-                                               deterministic), sm_margin)
+    opts = AttentionOptions.build(q.shape[-1], softmax_scale, causal, window_size, softcap, dropout_p,
+                                  deterministic)
     if mode == "all_to_all":
         out, lse = head_parallel.varlen_attention(q, k, v, cu_seqlens_q, alibi_slopes, opts, ring)
     else:
         out, lse = RingFlashAttnFunction.apply(q, k, v, alibi_slopes, opts, ring)
     return (out, lse, None) if return_attn_probs else out
-
-
-def _with_margin(opts: AttentionOptions, sm_margin) -> AttentionOptions:
-    if isinstance(sm_margin, bool) or not isinstance(sm_margin, int) or sm_margin < 0:
-        raise ValueError(f"sm_margin must be an int >= 0 (SMs left to the ring's transfers), got {sm_margin!r}")
-    return dataclasses.replace(opts, sm_margin=sm_margin)
 
 
 def _check_dim(x, dim: int) -> int:

@@ -51,17 +51,14 @@ def attention_forward(
     dropout_p: float,
     attn_mask: torch.Tensor | None = None,
     frame: list[int] | None = None,
-    sm_margin: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) for q (B, Sq, Hq, D), k/v (B, Sk, Hk, D); lse is float32 (B, Hq, Sq), natural log.
 
     ``attn_mask``: an SDPA mask (bool: True = take part; float: added to the scores) of 4 dims
     broadcastable to (B, Hq, Sq, Sk). ``frame``: a position frame (``options.PositionFrame``: query_start,
-    key_start, seqlen_q, seqlen_k) placing the call in a larger problem (ring attention's steps). ``sm_margin``:
-    SMs a persistent kernel leaves to concurrent work (``AttentionOptions.sm_margin``).
+    key_start, seqlen_q, seqlen_k) placing the call in a larger problem (ring attention's steps).
     """
-    opts = AttentionOptions(softmax_scale, window_left, window_right, softcap, dropout_p,
-                            sm_margin=sm_margin).with_frame(frame)
+    opts = AttentionOptions(softmax_scale, window_left, window_right, softcap, dropout_p).with_frame(frame)
     if backend_for_cpu_tensors() == "triton":
         return forward.launch_forward(q, k, v, alibi_slopes, rng_state, opts, attn_mask)
     return cpu.forward(q, k, v, opts, alibi_slopes, rng_state, attn_mask)
@@ -69,9 +66,8 @@ def attention_forward(
 
 @attention_forward.register_kernel("cuda")
 def attention_forward_cuda(q, k, v, alibi_slopes, rng_state, softmax_scale, window_left, window_right,
-                           softcap, dropout_p, attn_mask=None, frame=None, sm_margin=0):
-    opts = AttentionOptions(softmax_scale, window_left, window_right, softcap, dropout_p,
-                            sm_margin=sm_margin).with_frame(frame)
+                           softcap, dropout_p, attn_mask=None, frame=None):
+    opts = AttentionOptions(softmax_scale, window_left, window_right, softcap, dropout_p).with_frame(frame)
     if backend_override() == "torch":
         return cpu.forward(q, k, v, opts, alibi_slopes, rng_state, attn_mask)
     if plans.plannable((q, k, v), alibi_slopes, rng_state, attn_mask):
@@ -81,7 +77,7 @@ def attention_forward_cuda(q, k, v, alibi_slopes, rng_state, softmax_scale, wind
 
 @attention_forward.register_fake
 def _attention_forward_fake(q, k, v, alibi_slopes, rng_state, softmax_scale, window_left, window_right,
-                            softcap, dropout_p, attn_mask=None, frame=None, sm_margin=0):
+                            softcap, dropout_p, attn_mask=None, frame=None):
     batch, seqlen_q, nheads, _ = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     return out, q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
@@ -106,17 +102,15 @@ def attention_backward(
     mask_needs_grad: bool = False,
     frame: list[int] | None = None,
     deterministic: bool = False,
-    sm_margin: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dmask), recomputed from the saved log-sum-exp; dk/dv are summed over each GQA group.
 
     dmask is the gradient of a float ``attn_mask`` (its shape and dtype) when ``mask_needs_grad``,
     else an empty tensor. ``frame``: as in :func:`attention_forward`. ``deterministic``: bitwise repeatable
     gradients (on sm90 the fused dK/dV/dQ kernel adds dQ in no fixed order, and is then not taken).
-    ``sm_margin``: as in :func:`attention_forward`.
     """
     opts = AttentionOptions(softmax_scale, window_left, window_right, softcap, dropout_p,
-                            deterministic, sm_margin=sm_margin).with_frame(frame)
+                            deterministic).with_frame(frame)
     if backend_for_cpu_tensors() == "triton":
         return backward.launch_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts, attn_mask,
                                         mask_needs_grad)
@@ -126,9 +120,9 @@ def attention_backward(
 @attention_backward.register_kernel("cuda")
 def attention_backward_cuda(dout, q, k, v, out, lse, alibi_slopes, rng_state, softmax_scale, window_left,
                             window_right, softcap, dropout_p, attn_mask=None, mask_needs_grad=False, frame=None,
-                            deterministic=False, sm_margin=0):
+                            deterministic=False):
     opts = AttentionOptions(softmax_scale, window_left, window_right, softcap, dropout_p,
-                            deterministic, sm_margin=sm_margin).with_frame(frame)
+                            deterministic).with_frame(frame)
     if backend_override() == "torch":
         return cpu.backward(dout, q, k, v, out, lse, opts, alibi_slopes, rng_state, attn_mask, mask_needs_grad)
     if plans.plannable((dout, q, k, v, out, lse), alibi_slopes, rng_state, attn_mask):
@@ -140,7 +134,7 @@ def attention_backward_cuda(dout, q, k, v, out, lse, alibi_slopes, rng_state, so
 @attention_backward.register_fake
 def _attention_backward_fake(dout, q, k, v, out, lse, alibi_slopes, rng_state, softmax_scale, window_left,
                              window_right, softcap, dropout_p, attn_mask=None, mask_needs_grad=False, frame=None,
-                             deterministic=False, sm_margin=0):
+                             deterministic=False):
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             torch.empty_like(k, memory_format=torch.contiguous_format),
             torch.empty_like(v, memory_format=torch.contiguous_format),
@@ -193,15 +187,13 @@ def varlen_attention_forward(
     softcap: float,
     dropout_p: float,
     block_table: torch.Tensor | None = None,
-    sm_margin: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of a packed batch; lse is float32 (Hq, total_q). max_seqlen -1: derive it.
 
     ``block_table``: int32 (batch, max_pages); k and v are then page pools (num_pages, page_size, Hk, D)
-    and sequence b's key j is ``k[block_table[b, j // page_size], j % page_size]``. ``sm_margin``: as in
-    :func:`attention_forward`.
+    and sequence b's key j is ``k[block_table[b, j // page_size], j % page_size]``.
     """
-    opts = AttentionOptions(softmax_scale, window_left, window_right, softcap, dropout_p, sm_margin=sm_margin)
+    opts = AttentionOptions(softmax_scale, window_left, window_right, softcap, dropout_p)
     return _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
                            rng_state, opts, backend_for_cpu_tensors(), block_table)
 
@@ -209,8 +201,8 @@ def varlen_attention_forward(
 @varlen_attention_forward.register_kernel("cuda")
 def varlen_attention_forward_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
                                   rng_state, softmax_scale, window_left, window_right, softcap, dropout_p,
-                                  block_table=None, sm_margin=0):
-    opts = AttentionOptions(softmax_scale, window_left, window_right, softcap, dropout_p, sm_margin=sm_margin)
+                                  block_table=None):
+    opts = AttentionOptions(softmax_scale, window_left, window_right, softcap, dropout_p)
     backend = backend_override() or "triton"
     inputs = (q, k, v, cu_seqlens_q, cu_seqlens_k, block_table)
     if backend == "triton" and plans.varlen_plannable(inputs, max_seqlen_q, max_seqlen_k, alibi_slopes, rng_state):
@@ -223,7 +215,7 @@ def varlen_attention_forward_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqle
 @varlen_attention_forward.register_fake
 def _varlen_attention_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
                                    rng_state, softmax_scale, window_left, window_right, softcap, dropout_p,
-                                   block_table=None, sm_margin=0):
+                                   block_table=None):
     total_q, nheads, _ = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     return out, q.new_empty((nheads, total_q), dtype=torch.float32)
@@ -248,11 +240,9 @@ def varlen_attention_backward(
     window_right: int,
     softcap: float,
     dropout_p: float,
-    sm_margin: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of a packed batch; tokens of sequences that see nothing get 0. ``sm_margin``: as in
-    :func:`attention_forward`."""
-    opts = AttentionOptions(softmax_scale, window_left, window_right, softcap, dropout_p, sm_margin=sm_margin)
+    """(dq, dk, dv) of a packed batch; tokens of sequences that see nothing get 0."""
+    opts = AttentionOptions(softmax_scale, window_left, window_right, softcap, dropout_p)
     return _varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                             alibi_slopes, rng_state, opts, backend_for_cpu_tensors())
 
@@ -260,8 +250,8 @@ def varlen_attention_backward(
 @varlen_attention_backward.register_kernel("cuda")
 def varlen_attention_backward_cuda(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                    alibi_slopes, rng_state, softmax_scale, window_left, window_right, softcap,
-                                   dropout_p, sm_margin=0):
-    opts = AttentionOptions(softmax_scale, window_left, window_right, softcap, dropout_p, sm_margin=sm_margin)
+                                   dropout_p):
+    opts = AttentionOptions(softmax_scale, window_left, window_right, softcap, dropout_p)
     backend = backend_override() or "triton"
     inputs = (dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
     if backend == "triton" and plans.varlen_plannable(inputs, max_seqlen_q, max_seqlen_k, alibi_slopes, rng_state):
@@ -275,7 +265,7 @@ def varlen_attention_backward_cuda(dout, q, k, v, out, lse, cu_seqlens_q, cu_seq
 @varlen_attention_backward.register_fake
 def _varlen_attention_backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                     alibi_slopes, rng_state, softmax_scale, window_left, window_right, softcap,
-                                    dropout_p, sm_margin=0):
+                                    dropout_p):
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             torch.empty_like(k, memory_format=torch.contiguous_format),
             torch.empty_like(v, memory_format=torch.contiguous_format))

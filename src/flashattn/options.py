@@ -51,9 +51,6 @@ class AttentionOptions:
     dropout_p: float = 0.0
     deterministic: bool = False
     frame: PositionFrame | None = None
-    # SMs a persistent kernel leaves free for concurrent work: a ring's transfers, whose NCCL kernels need SMs of their
-    # own while a persistent program holds its SM to the end (FA3's ``sm_margin``); other grids ignore it
-    sm_margin: int = 0
 
     @classmethod
     def build(

@@ -341,7 +341,7 @@ def forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, ring: Ring
             out, lse = ops.eager_call(
                 ops.attention_forward, ops.attention_forward_cuda, q[:, piece.rows], kv[0, :, piece.keys],
                 kv[1, :, piece.keys], alibi_slopes, rng_state, *piece.opts.op_arguments(), None,
-                piece.opts.frame_argument(), piece.opts.sm_margin)
+                piece.opts.frame_argument())
             merged.add(out, lse, piece.rows)
 
     run_forward_ring(ring, torch.stack((k, v)), compute)  # one contiguous buffer travels: (2, B, local, Hk, D)
@@ -366,8 +366,7 @@ def backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: AttentionOp
             dq, dk, dv, _ = ops.eager_call(
                 ops.attention_backward, ops.attention_backward_cuda, dout[:, rows], q[:, rows],
                 kv[0, :, piece.keys], kv[1, :, piece.keys], out[:, rows], lse_rows[key], alibi_slopes, rng_state,
-                *piece.opts.op_arguments(), None, False, piece.opts.frame_argument(), piece.opts.deterministic,
-                piece.opts.sm_margin)
+                *piece.opts.op_arguments(), None, False, piece.opts.frame_argument(), piece.opts.deterministic)
             dq_sum.add(dq, (slice(None), rows))
             partials.append(((slice(None), piece.keys), dk, dv))
         return partials

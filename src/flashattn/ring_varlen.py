@@ -254,14 +254,13 @@ def forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, ring: Ring
         for call in steps[step]:
             if isinstance(call, PackedCall):
                 out, lse = ops.eager_call(ops.varlen_attention_forward, ops.varlen_attention_forward_cuda, q, kv[0],
-                                          kv[1], *call.arguments(), None, None, *call.opts.op_arguments(), None,
-                                          call.opts.sm_margin)
+                                          kv[1], *call.arguments(), None, None, *call.opts.op_arguments())
                 merged.add(out[None], lse[None])
             else:
                 out, lse = ops.eager_call(
                     ops.attention_forward, ops.attention_forward_cuda, q[None, call.rows], kv[0, None, call.keys],
                     kv[1, None, call.keys], _slopes(alibi_slopes, call.sequence), rng_state,
-                    *call.opts.op_arguments(), None, call.opts.frame_argument(), call.opts.sm_margin)
+                    *call.opts.op_arguments(), None, call.opts.frame_argument())
                 merged.add(out, lse, call.rows)
 
     run_forward_ring(ring, torch.stack((k, v)), compute)  # (2, total_local, Hk, D)
@@ -281,7 +280,7 @@ def backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: AttentionOp
             if isinstance(call, PackedCall):
                 dq, dk, dv = ops.eager_call(
                     ops.varlen_attention_backward, ops.varlen_attention_backward_cuda, dout, q, kv[0], kv[1], out,
-                    lse, *call.arguments(), None, None, *call.opts.op_arguments(), call.opts.sm_margin)
+                    lse, *call.arguments(), None, None, *call.opts.op_arguments())
                 dq_sum.add(dq)
                 partials.append((slice(None), dk, dv))
             else:
@@ -291,7 +290,7 @@ def backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: AttentionOp
                     ops.attention_backward, ops.attention_backward_cuda, dout[None, rows], q[None, rows],
                     kv[0, None, call.keys], kv[1, None, call.keys], out[None, rows], lse[None, :, rows].contiguous(),
                     _slopes(alibi_slopes, call.sequence), rng_state, *call.opts.op_arguments(), None, False,
-                    call.opts.frame_argument(), call.opts.deterministic, call.opts.sm_margin)
+                    call.opts.frame_argument(), call.opts.deterministic)
                 dq_sum.add(dq[0], rows)
                 partials.append((call.keys, dk[0], dv[0]))
         return partials

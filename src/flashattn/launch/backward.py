@@ -24,7 +24,7 @@ from .common import (
     kernel_scalars,
     last_dim_contiguous,
     mask_arguments,
-    persistent_programs,
+    sm_count,
     strides,
     tile_layout,
     tma_compatible,
@@ -61,7 +61,7 @@ def _hopper_dkdv(q, k, v, dout, lse, delta, dk, dv, opts: AttentionOptions, conf
         if fused_persistent(config):
             # one program an SM walks the tiles (kernels/backward_fused_dq_persistent.py), taking each after its first
             # from a counter: a fresh zero for every call, which a plan's replay zeroes too
-            programs = persistent_programs(tiles, q.device.index, opts.sm_margin)
+            programs = min(tiles, sm_count(q.device.index))
             dq_arguments += (zeros(1, torch.int32, q.device),)
             # L2 sections of (batch, kv head) pairs: the GQA group's Q and dO are what every key tile of a pair reads
             group_bytes = 2 * (nheads // nheads_k) * seqlen_q * head_dim * q.element_size()

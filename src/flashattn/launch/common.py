@@ -201,11 +201,6 @@ def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def persistent_programs(tiles: int, device_index: int, sm_margin: int) -> int:
-    """A persistent grid's programs: one an SM for at most ``tiles``, less the SMs ``sm_margin`` leaves free."""
-    return max(1, min(tiles, sm_count(device_index) - sm_margin))
-
-
 
 def cuda_index(device: torch.device) -> int:
     """The CUDA device's index (the current device for a bare "cuda")."""

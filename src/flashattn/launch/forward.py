@@ -20,7 +20,7 @@ from .common import (
     kernel_scalars,
     last_dim_contiguous,
     mask_arguments,
-    persistent_programs,
+    sm_count,
     strides,
     tma_compatible,
     tma_loads,
@@ -111,7 +111,7 @@ def _hopper_forward(q, k, v, out, lse, layout: Layout, config: configs.TileConfi
     tiles, plan = tile_plan_arguments(q, k, lse, layout, 64 * consumer_warpgroups(config))
     # persistent: one program per SM walks the tiles, its loader fetching the next tile's Q, K and V while the
     # consumers finish the last one
-    programs = persistent_programs(tiles, q.device.index, opts.sm_margin) if config.persistent else tiles
+    programs = min(tiles, sm_count(q.device.index)) if config.persistent else tiles
     constexprs = hopper_forward_constexprs(config, head_dim, opts.window_right == 0, layout.is_varlen)
     # the tiles taken beyond each program's first (forward_hopper._next_tile): a fresh zero for every call, so that
     # calls on different streams never share it

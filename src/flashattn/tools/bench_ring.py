@@ -18,8 +18,9 @@ length: those rows say why instead of a time.
 A provider's first case of each mask starts with one more, untimed call: the first call of a process compiles
 the kernels and sets up NCCL's connections (seconds, enough to pass for a long case below). A case whose warm-up call
 takes longer than ``--single-call-seconds`` (the longest sequences) is measured by that call alone, unless the call
-took more than twice what the provider's rate on its previous case predicts: a new length can still compile kernel
-variants (tile choices depend on the length), and then one more call is the measurement.
+took more than ``RECOMPILED`` times what the provider's rate on its previous case predicts: a new length can still
+compile kernel variants (tile choices depend on the length) and grow the allocator's pools, and then one more call is
+the measurement.
 
 ``--packed``: each total length is a packed batch of documents instead of one sequence (``document_lengths``: a
 seeded lognormal draw, mean 4k tokens, capped at 64k), timed with ``flash_attn_varlen_func`` on one device against
@@ -49,10 +50,13 @@ import torch
 import torch.distributed as dist
 
 from .. import flops
-from .units import EXIT_USAGE, non_negative_int, positive_int, positive_int_list
+from .units import EXIT_USAGE, positive_int, positive_int_list
 
 MODES = {"ring": "flashattn_ring", "all_to_all": "flashattn_all_to_all"}  # mode -> provider
 GPU_SEQLENS = (8192, 16384, 32768, 65536, 131072, 262144, 524288)
+# a long warm-up call slower than this times the predicted seconds paid for one-time work: one more call is timed.
+# A longer case's rate is at least its predecessor's, so an honest call stays under it.
+RECOMPILED = 1.2
 GPU_CAUSAL_ONLY_SEQLENS = (1048576,)  # a million tokens: causal only (the non-causal call takes twice as long)
 CPU_SEQLENS = (256, 512)
 GPU_PACKED_SEQLENS = (262144,)
@@ -135,8 +139,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--torch-cp-max-seqlen", type=positive_int, default=65536)
     parser.add_argument("--torch-cp-timeout", type=float, default=60.0,
                         help="seconds a torch context_parallel call may take before longer lengths are skipped")
-    parser.add_argument("--sm-margin", type=non_negative_int, default=0,
-                        help="SMs the ring's persistent kernels leave to NCCL (ring_flash_attn_func's sm_margin)")
     parser.add_argument("--out", type=Path, default=Path("."), help="folder of the results file (default: .)")
 
 
@@ -200,10 +202,7 @@ def run_cases(args: argparse.Namespace, device: torch.device, written: Callable[
                 single = measure(case, "flashattn", single_build, only_rank0=True)
                 rows.append(single)
             for mode in dict.fromkeys(args.mode):
-                build = functools.partial(ring_build, mode=mode, sm_margin=args.sm_margin)
-                ring = measure(case, MODES[mode], build)
-                if args.sm_margin:
-                    ring.extra["sm_margin"] = args.sm_margin
+                ring = measure(case, MODES[mode], functools.partial(ring_build, mode=mode))
                 rows.append(ring)
                 if single is not None and single.tflops_per_device and ring.tflops_per_device:
                     ring.efficiency = ring.tflops_per_device / single.tflops_per_device
@@ -255,14 +254,14 @@ def _single_call(case: RingCase, device: torch.device) -> Callable[[], object]:
     return call
 
 
-def _ring_call(case: RingCase, device: torch.device, mode: str = "ring", sm_margin: int = 0) -> Callable[[], object]:
+def _ring_call(case: RingCase, device: torch.device, mode: str = "ring") -> Callable[[], object]:
     from ..distributed import ring_flash_attn_func, shard
 
     q, k, v = (shard(x.detach()).requires_grad_() for x in _inputs(case, device, requires_grad=False))
     dout = torch.randn_like(q)
 
     def call():
-        out = ring_flash_attn_func(q, k, v, causal=case.causal, seqlen=case.seqlen, mode=mode, sm_margin=sm_margin)
+        out = ring_flash_attn_func(q, k, v, causal=case.causal, seqlen=case.seqlen, mode=mode)
         return torch.autograd.grad(out, (q, k, v), dout)
 
     return call
@@ -290,8 +289,7 @@ def _single_varlen_call(case: RingCase, device: torch.device) -> Callable[[], ob
     return call
 
 
-def _ring_varlen_call(case: RingCase, device: torch.device, mode: str = "ring",
-                      sm_margin: int = 0) -> Callable[[], object]:
+def _ring_varlen_call(case: RingCase, device: torch.device, mode: str = "ring") -> Callable[[], object]:
     from ..distributed import ring_flash_attn_varlen_func, shard
 
     q, k, v, cu_seqlens, longest = _packed_inputs(case, device)
@@ -300,7 +298,7 @@ def _ring_varlen_call(case: RingCase, device: torch.device, mode: str = "ring",
 
     def call():
         out = ring_flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, longest, longest, causal=case.causal,
-                                          mode=mode, sm_margin=sm_margin)
+                                          mode=mode)
         return torch.autograd.grad(out, (q, k, v), dout)
 
     return call
@@ -383,9 +381,9 @@ def _measure(case: RingCase, provider: str, build, device: torch.device, args: a
              predicted: float | None = None) -> RingMeasurement:
     """Time ``build(case, device)()`` on every rank (on rank 0 alone when ``only_rank0``: the others wait at a
     barrier), after one untimed call when it is the provider's ``first_call`` in the process. A long warm-up call
-    is the measurement, unless it took more than twice the ``predicted`` seconds (the provider's rate on its
-    previous case): then it compiled kernels for this length, and one more call is timed. A provider that fails on
-    a case is reported, not fatal."""
+    is the measurement, unless it took more than ``RECOMPILED`` times the ``predicted`` seconds (the provider's rate
+    on its previous case): then it compiled kernels or grew memory pools for this length, and one more call is
+    timed. A provider that fails on a case is reported, not fatal."""
     devices = 1 if only_rank0 else dist.get_world_size()
     measurement = RingMeasurement(provider, case, devices)
     runs_here = dist.get_rank() == 0 or not only_rank0
@@ -409,7 +407,7 @@ def _measure(case: RingCase, provider: str, build, device: torch.device, args: a
     one_call = timed_out or slowest_first > args.single_call_seconds  # the warm-up call is the measurement
     iterations = 1 if one_call else _broadcast_int(max(args.min_iters, int(args.target_seconds / max(first, 1e-6))),
                                                    device)
-    if one_call and not timed_out and predicted is not None and slowest_first > 2 * predicted:
+    if one_call and not timed_out and predicted is not None and slowest_first > RECOMPILED * predicted:
         first = _timed(call, device, group=not only_rank0) if runs_here else 0.0
         slowest_first = _max_over_ranks(first, device)
     seconds = [first]

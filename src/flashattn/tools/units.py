@@ -22,24 +22,15 @@ def format_bytes(count: float | None) -> str:
     return f"{value:.1f} {unit}" if abs(value) >= 10 else f"{value:.2f} {unit}"
 
 
-def _int_at_least(text: str, least: int, what: str) -> int:
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1, so that a typo is a usage error (exit 2), not a traceback."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-    if value < least:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1, so that a typo is a usage error (exit 2), not a traceback."""
-    return _int_at_least(text, 1, "a positive integer")
-
-
-def non_negative_int(text: str) -> int:
-    """An argparse type: an integer >= 0."""
-    return _int_at_least(text, 0, "an integer >= 0")
 
 
 def positive_float(text: str) -> float:
