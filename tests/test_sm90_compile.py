@@ -375,24 +375,34 @@ def test_fp8_gluon_forward_keeps_wgmma_asynchronous(pair):
 # float16 ones)
 FP8_DKDV_BUILDS = builds([(d, c, w, f) for d in (64, 128) for c in (False, True) for w in (False, True)
                           for f in (False, True)],
-                         [(64, False, True, False), (128, True, False, True)])
+                         [(128, True, False, True)])
 FP8_DKDV_LOOP_SPILLS = {64: (0, 0), 128: (3, 24)}
-COMPILE_FP8_DKDV = f"""
+# each FP8 backward kernel's builds (head dim, causal, left window, float16 scores), compiled in one process
+COMPILE_FP8_BACKWARD = f"""
 import json, sys
 sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
 import sass_report
 for head_dim, causal, window_left, scores_16bit in {{builds!r}}:
-    print(json.dumps([sass_report.hopper_fp8_dkdv_report(head_dim, causal, window_left, scores_16bit)]), flush=True)
+    report = sass_report.hopper_fp8_{{kernel}}_report(head_dim, causal, window_left, scores_16bit)
+    print(json.dumps([report]), flush=True)
 """
 
 
-@pytest.mark.parametrize("pair", pairs(FP8_DKDV_BUILDS),
-                         ids=lambda pair: "+".join(f"fp8-dkdv-{d}-{'causal' if c else 'full'}{'-window' if w else ''}"
-                                                   f"{'-fp16-scores' if f else ''}" for d, c, w, f in pair))
-def test_fp8_gluon_dkdv_takes_e4m3_wgmma(pair):
-    results = _compiled(COMPILE_FP8_DKDV.format(builds=list(pair)))
+def _fp8_backward_ids(kernel: str):
+    return lambda pair: "+".join(f"fp8-{kernel}-{d}-{'causal' if c else 'full'}{'-window' if w else ''}"
+                                 f"{'-fp16-scores' if f else ''}" for d, c, w, f in pair)
+
+
+def _fp8_backward_reports(kernel: str, pair: tuple) -> list[tuple[tuple, dict]]:
+    """(build, sass_report's report) of each build of ``pair``, the FP8 ``kernel`` ("dkdv" or "dq")."""
+    results = _compiled(COMPILE_FP8_BACKWARD.format(kernel=kernel, builds=list(pair)))
     assert len(results) == len(pair)
-    for (head_dim, causal, window_left, scores_16bit), (result,) in zip(pair, results, strict=True):
+    return [(build, result) for build, (result,) in zip(pair, results, strict=True)]
+
+
+@pytest.mark.parametrize("pair", pairs(FP8_DKDV_BUILDS), ids=_fp8_backward_ids("dkdv"))
+def test_fp8_gluon_dkdv_takes_e4m3_wgmma(pair):
+    for (head_dim, causal, window_left, scores_16bit), result in _fp8_backward_reports("dkdv", pair):
         name = f"fp8 dK/dV hdim {head_dim} causal {causal} window_left {window_left} scores_16bit {scores_16bit}"
         assert result["QGMMA"] > 0, f"{name}: no e4m3 wgmma"
         # S^T and dP^T: HEAD_DIM / 16 float16 wgmma each, in each of the two consumers' loops (one a consumer)
@@ -423,25 +433,14 @@ def _assert_fp8_backward_build(name: str, result: dict, hgmma: int, loops: int, 
 # every loop; measured 2-3 and 2-3 with e4m3 scores, 2-9 and 2-34 with float16 ones)
 FP8_DQ_BUILDS = builds([(d, c, w, f) for d in (64, 128) for c in (False, True) for w in (False, True)
                         for f in (False, True)],
-                       [(64, False, False, False), (128, True, True, True)])
+                       [(128, True, True, True)])
 FP8_DQ_LOOP_SPILLS = {64: (0, 0), 128: (9, 34)}
 FP8_DQ_FULL_LOOP_SPILLS = {64: (0, 0), 128: (1, 3)}
-COMPILE_FP8_DQ = f"""
-import json, sys
-sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
-import sass_report
-for head_dim, causal, window_left, scores_16bit in {{builds!r}}:
-    print(json.dumps([sass_report.hopper_fp8_dq_report(head_dim, causal, window_left, scores_16bit)]), flush=True)
-"""
 
 
-@pytest.mark.parametrize("pair", pairs(FP8_DQ_BUILDS),
-                         ids=lambda pair: "+".join(f"fp8-dq-{d}-{'causal' if c else 'full'}{'-window' if w else ''}"
-                                                   f"{'-fp16-scores' if f else ''}" for d, c, w, f in pair))
+@pytest.mark.parametrize("pair", pairs(FP8_DQ_BUILDS), ids=_fp8_backward_ids("dq"))
 def test_fp8_gluon_dq_takes_e4m3_wgmma(pair):
-    results = _compiled(COMPILE_FP8_DQ.format(builds=list(pair)))
-    assert len(results) == len(pair)
-    for (head_dim, causal, window_left, scores_16bit), (result,) in zip(pair, results, strict=True):
+    for (head_dim, causal, window_left, scores_16bit), result in _fp8_backward_reports("dq", pair):
         name = f"fp8 dQ hdim {head_dim} causal {causal} window_left {window_left} scores_16bit {scores_16bit}"
         # in each loop: dS K over 128 keys (K = 32 a QGMMA), S and dP over the head dim (K = 16 a float16 HGMMA, 32
         # an e4m3 QGMMA)

@@ -30,16 +30,16 @@ from .fp8_format import E4M3_MAX as E4M3_MAX
 from .fp8_format import FP8_DTYPE as FP8_DTYPE
 from .fp8_format import P_SCALE as P_SCALE  # what the kernels scale P by
 from .fp8_format import SCALE_BLOCK as SCALE_BLOCK
+from .fp8_format import dequantize as dequantize
+from .fp8_format import hadamard_pieces as hadamard_pieces
+from .fp8_format import rotation_matrix as rotation_matrix
 from .fp8_quantize import Quantized as Quantized
 from .fp8_quantize import canonical_descales as canonical_descales
-from .fp8_quantize import dequantize as dequantize
-from .fp8_quantize import hadamard_pieces as hadamard_pieces
 from .fp8_quantize import quantize as quantize
 from .fp8_quantize import quantize_packed as quantize_packed
 from .fp8_quantize import quantize_tensor as quantize_tensor
 from .fp8_quantize import random_signs as random_signs
 from .fp8_quantize import rotate as rotate
-from .fp8_quantize import rotation_matrix as rotation_matrix
 from .fp8_quantize import round_to_e4m3 as round_to_e4m3
 from .options import AttentionOptions, FP8Options
 from .validation import check_dense

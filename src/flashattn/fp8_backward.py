@@ -23,8 +23,8 @@ from __future__ import annotations
 import torch
 
 from . import masks
-from .fp8_format import P_SCALE, SCALE_BLOCK, amax_over_e4m3_max
-from .fp8_quantize import dequantize, quantize_tensor, rotation_matrix, round_to_e4m3
+from .fp8_format import P_SCALE, SCALE_BLOCK, amax_over_e4m3_max, dequantize, rotation_matrix
+from .fp8_quantize import quantize_tensor, round_to_e4m3
 from .options import AttentionOptions
 
 BLOCK_N = SCALE_BLOCK  # keys per tile: a key block lies in one block descale of k and v

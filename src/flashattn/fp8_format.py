@@ -1,8 +1,11 @@
 """The FP8 format, shared by the public FP8 functions (``fp8``) and the launches below them (``launch.forward_fp8``,
 ``launch.quantize_fp8``): the element type, its range, the block of sequence rows a descale covers, the scale P takes
-before its rounding to e4m3, how a descale divides, and the Hadamard matrices of the rotation."""
+before its rounding to e4m3, how a descale divides and what a descaled e4m3 tensor stands for, and the
+Hadamard matrices of the rotation."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -34,3 +37,34 @@ def sylvester_hadamard(n: int, device: torch.device) -> torch.Tensor:
     while h.shape[0] < n:  # H_2n = [[H, H], [H, -H]]
         h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
     return h
+
+
+def hadamard_pieces(head_dim: int) -> list[int]:
+    """The power-of-two pieces of the head dim that are rotated separately, largest first (its binary digits)."""
+    return [1 << bit for bit in reversed(range(head_dim.bit_length())) if head_dim >> bit & 1]
+
+
+def rotation_matrix(signs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The (head_dim, head_dim) orthogonal matrix diag(signs) H: H block-diagonal over :func:`hadamard_pieces`, each
+    block the normalized Sylvester-Hadamard matrix of its size (entries +-1 / sqrt(n))."""
+    blocks = [sylvester_hadamard(n, signs.device).to(dtype) / math.sqrt(n) for n in hadamard_pieces(signs.numel())]
+    return signs.to(dtype)[:, None] * torch.block_diag(*blocks)
+
+
+def dequantize(x: torch.Tensor, descale: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """x_fp8 (batch, seqlen, nheads, head_dim) times its descale ((batch, nheads_k), (batch, nheads_k, blocks) or
+    None for 1), in ``dtype``: the values the attention computes with."""
+    values = x.to(dtype)
+    if descale is None:
+        return values
+    batch, seqlen, nheads, head_dim = x.shape
+    nheads_k = descale.shape[1]
+    per_row = descale.to(dtype)
+    if per_row.dim() == 3 and per_row.shape[2] == 1:
+        per_row = per_row[:, :, 0]  # one block: one descale for the sequence (``canonical_descales``)
+    if per_row.dim() == 3:
+        per_row = per_row.repeat_interleave(SCALE_BLOCK, dim=2)[:, :, :seqlen].transpose(1, 2)  # (b, s, hk)
+    else:
+        per_row = per_row[:, None, :]
+    grouped = values.reshape(batch, seqlen, nheads_k, nheads // nheads_k, head_dim)
+    return (grouped * per_row[..., None, None]).reshape(x.shape)

@@ -7,14 +7,20 @@ without an import circle. The module docstring of :mod:`flashattn.fp8` describes
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
 
 from .backend import backend_for_cpu_tensors, backend_override
 from .configs import padded_head_dim
-from .fp8_format import E4M3_MAX, FP8_DTYPE, SCALE_BLOCK, amax_over_e4m3_max, sylvester_hadamard
+from .fp8_format import (
+    E4M3_MAX,
+    FP8_DTYPE,
+    SCALE_BLOCK,
+    amax_over_e4m3_max,
+    hadamard_pieces,
+    rotation_matrix,
+)
 from .validation import check_cu_seqlens_pair
 
 
@@ -29,11 +35,6 @@ class Quantized(NamedTuple):
     v_descale: torch.Tensor
 
 
-def hadamard_pieces(head_dim: int) -> list[int]:
-    """The power-of-two pieces of the head dim that are rotated separately, largest first (its binary digits)."""
-    return [1 << bit for bit in reversed(range(head_dim.bit_length())) if head_dim >> bit & 1]
-
-
 def random_signs(head_dim: int, seed: int | None, device: torch.device) -> torch.Tensor:
     """+-1 float32 signs of the rotation, drawn from ``seed`` (None: from torch's default generator) on the CPU, so
     that a seed gives the same rotation on any device. The copy to a GPU is from pinned memory, asynchronous: from
@@ -44,13 +45,6 @@ def random_signs(head_dim: int, seed: int | None, device: torch.device) -> torch
     if device.type == "cuda":
         return signs.pin_memory().to(device, non_blocking=True)
     return signs.to(device)
-
-
-def rotation_matrix(signs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The (head_dim, head_dim) orthogonal matrix diag(signs) H: H block-diagonal over :func:`hadamard_pieces`, each
-    block the normalized Sylvester-Hadamard matrix of its size (entries +-1 / sqrt(n))."""
-    blocks = [sylvester_hadamard(n, signs.device).to(dtype) / math.sqrt(n) for n in hadamard_pieces(signs.numel())]
-    return signs.to(dtype)[:, None] * torch.block_diag(*blocks)
 
 
 def rotate(x: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
@@ -162,25 +156,6 @@ def _kernels_quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool
     if q.is_cuda:
         return backend_override() != "torch"
     return backend_for_cpu_tensors() == "triton"
-
-
-def dequantize(x: torch.Tensor, descale: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """x_fp8 (batch, seqlen, nheads, head_dim) times its descale ((batch, nheads_k), (batch, nheads_k, blocks) or
-    None for 1), in ``dtype``: the values the attention computes with."""
-    values = x.to(dtype)
-    if descale is None:
-        return values
-    batch, seqlen, nheads, head_dim = x.shape
-    nheads_k = descale.shape[1]
-    per_row = descale.to(dtype)
-    if per_row.dim() == 3 and per_row.shape[2] == 1:
-        per_row = per_row[:, :, 0]  # one block: one descale for the sequence (``canonical_descales``)
-    if per_row.dim() == 3:
-        per_row = per_row.repeat_interleave(SCALE_BLOCK, dim=2)[:, :, :seqlen].transpose(1, 2)  # (b, s, hk)
-    else:
-        per_row = per_row[:, None, :]
-    grouped = values.reshape(batch, seqlen, nheads_k, nheads // nheads_k, head_dim)
-    return (grouped * per_row[..., None, None]).reshape(x.shape)
 
 
 def round_to_e4m3(x: torch.Tensor) -> torch.Tensor:

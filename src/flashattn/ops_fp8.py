@@ -21,7 +21,8 @@ import torch
 
 from . import cpu, fp8_backward, validation
 from .backend import backend_for_cpu_tensors, backend_override
-from .fp8_quantize import Quantized, canonical_descales, dequantize, quantize, random_signs
+from .fp8_format import dequantize
+from .fp8_quantize import Quantized, canonical_descales, quantize, random_signs
 from .launch import plans
 from .launch.backward_fp8 import hopper_fp8_backward_fits, launch_backward_fp8
 from .launch.forward_fp8 import launch_forward_fp8

@@ -13,8 +13,7 @@ import torch
 
 from .. import configs
 from ..backend import interpreting
-from ..fp8_format import E4M3_MAX, FP8_DTYPE, SCALE_BLOCK
-from ..fp8_quantize import rotation_matrix
+from ..fp8_format import E4M3_MAX, FP8_DTYPE, SCALE_BLOCK, rotation_matrix
 from ..options import AttentionOptions
 from .common import LOG2E, cdiv, last_dim_contiguous, tile_layout, tma_compatible, token_descriptor, token_rows
 from .forward_fp8 import transposed_tokens

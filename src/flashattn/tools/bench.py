@@ -715,9 +715,17 @@ def _grid(args: argparse.Namespace, on_gpu: bool, default_head_dims: tuple[int, 
     return grid
 
 
-def _finish(args: argparse.Namespace, env: dict, mode: str, measurements: list[Measurement], table: str) -> int:
-    """The table, the failures, and the results file written once more."""
-    print(table)
+def _run_grid(args: argparse.Namespace, env: dict, mode: str, grid: list[BenchCase],
+              measure_case: Callable[[BenchCase], list[Measurement]],
+              table: Callable[[list[Measurement]], str]) -> int:
+    """Each case measured and its row printed, the results file rewritten after each (a run cut short keeps the cases
+    it finished); then the table, the failures, and the file once more."""
+    measurements: list[Measurement] = []
+    for case in grid:
+        measurements += measure_case(case)
+        print(table(measurements).splitlines()[-1], flush=True)
+        write_results(args.out, env, mode, [asdict(m) for m in measurements])
+    print(table(measurements))
     for m in measurements:
         if m.error:
             print(f"{m.provider} d{m.case.head_dim} n{m.case.seqlen} causal={int(m.case.causal)}: {m.error}")
@@ -736,12 +744,8 @@ def run_fp8_forward(args: argparse.Namespace, env: dict) -> int:
     print(f"# {env.get('device')}  torch {env['torch']}  triton {env['triton']}  commit {env['commit']}  "
           f"bf16 matmul {format_rate(env['matmul_tflops'])} TFLOP/s  fp8 _scaled_mm ({CEILING_SIZE}^3) "
           f"{format_rate(env['fp8_matmul_tflops'])} TFLOP/s", flush=True)
-    measurements: list[Measurement] = []
-    for case in grid:
-        measurements += measure_fp8_case(case, device, providers)
-        print(fp8_table(measurements, providers).splitlines()[-1], flush=True)
-        write_results(args.out, env, "fp8", [asdict(m) for m in measurements])
-    return _finish(args, env, "fp8", measurements, fp8_table(measurements, providers))
+    return _run_grid(args, env, "fp8", grid, lambda case: measure_fp8_case(case, device, providers),
+                     lambda measurements: fp8_table(measurements, providers))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -801,12 +805,8 @@ def run_fp8_training(args: argparse.Namespace, env: dict) -> int:
     env["matmul_tflops"] = measured_matmul_tflops(device)
     print(f"# {env.get('device')}  torch {env['torch']}  triton {env['triton']}  commit {env['commit']}  "
           f"bf16 matmul {format_rate(env['matmul_tflops'])} TFLOP/s", flush=True)
-    measurements: list[Measurement] = []
-    for case in grid:
-        measurements += measure_training_case(case, device, providers)
-        print(training_table(measurements, providers).splitlines()[-1], flush=True)
-        write_results(args.out, env, "fp8_train", [asdict(m) for m in measurements])
-    return _finish(args, env, "fp8_train", measurements, training_table(measurements, providers))
+    return _run_grid(args, env, "fp8_train", grid, lambda case: measure_training_case(case, device, providers),
+                     lambda measurements: training_table(measurements, providers))
 
 
 def run_fp8(args: argparse.Namespace, env: dict) -> int:
