@@ -286,8 +286,7 @@ def test_do_quantizer_writes_delta_from_the_rounded_rows(triton_backend):
     """``quantize_rows_and_delta``, the FP8 backward's dO quantization: dO's bytes and descales as the quantizer
     writes them, and delta = rowsum(dequantized e4m3 dO * O) in the same pass, as the reference path takes it. Block
     descales in one pass (a GQA group of 4, seqlen past a block), per-head ones in two; O a strided view."""
-    from flashattn.fp8_format import E4M3_MAX, FP8_DTYPE, SCALE_BLOCK
-    from flashattn.fp8_format import dequantize
+    from flashattn.fp8_format import E4M3_MAX, FP8_DTYPE, SCALE_BLOCK, dequantize
     from flashattn.fp8_quantize import quantize_tensor
     from flashattn.launch.quantize_fp8 import quantize_rows_and_delta
 
