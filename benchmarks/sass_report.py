@@ -458,15 +458,18 @@ def _gluon_report(kernel, signature: dict, constexprs: dict) -> dict:
     return report(triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}))
 
 
-def quantize_report(head_dim: int, phase: str, group: int = 1) -> dict:
+def quantize_report(head_dim: int, phase: str, group: int = 1, delta: bool = False) -> dict:
     """:func:`report` of the FP8 quantizer's ``phase`` kernel ("amax", "quantize" or "one_pass", the last for a kv
     head's ``group`` of query heads) as ``fp8.quantize`` launches it on bfloat16 rows of ``head_dim``, rotated, with
-    block descales (``launch/quantize_fp8.py``)."""
+    block descales (``launch/quantize_fp8.py``); with ``delta``, as the FP8 backward quantizes dO (not rotated, delta
+    from O in the same pass)."""
     from flashattn import configs
     from flashattn.kernels import quantize_fp8
 
     width = configs.padded_head_dim(head_dim)
-    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=width, BLOCK_ROWS=128, ROTATE=True, UPCAST=False)
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=width, BLOCK_ROWS=128, ROTATE=not delta, UPCAST=False)
+    if phase != "amax":
+        constexprs["DELTA"] = delta
     if phase == "one_pass":
         kernel = quantize_fp8.block_quantize_kernel
         _, depth, warps, stages = configs.QUANTIZE_ONE_PASS_TILES[width]
@@ -475,7 +478,7 @@ def quantize_report(head_dim: int, phase: str, group: int = 1) -> dict:
         kernel = {"amax": quantize_fp8.block_amax_kernel, "quantize": quantize_fp8.quantize_kernel}[phase]
         rows, cols, warps, stages = configs.QUANTIZE_TILES[width]
         constexprs.update(ROWS=rows, COLS=cols, **({"DESCALE": True} if phase == "amax" else {}))
-    pointers = {"X": "*bf16", "S": "*bf16", "Out": "*fp8e4nv", "e4m3_max": "fp32"}
+    pointers = {"X": "*bf16", "S": "*bf16", "Out": "*fp8e4nv", "O": "*bf16", "e4m3_max": "fp32"}
     types = {name: "constexpr" if name in constexprs else pointers.get(name, "*fp32" if name[0].isupper() else "i32")
              for name in inspect.signature(kernel.fn).parameters}
     source = ASTSource(fn=kernel, signature=types, constexprs=constexprs, attrs=alignment_hints(types))

@@ -279,3 +279,29 @@ def test_calls_the_kernel_does_not_cover_take_the_reference_path_gpu(triton_back
     ops_fp8.fp8_attention_backward(dout, *quantized, out, lse, signs, opts.softmax_scale, opts.window_left,
                                    opts.window_right, softcap, "block")
     assert calls == [True]
+
+
+@pytest.mark.interpreter
+def test_do_quantizer_writes_delta_from_the_rounded_rows(triton_backend):
+    """``quantize_rows_and_delta``, the FP8 backward's dO quantization: dO's bytes and descales as the quantizer
+    writes them, and delta = rowsum(dequantized e4m3 dO * O) in the same pass, as the reference path takes it. Block
+    descales in one pass (a GQA group of 4, seqlen past a block), per-head ones in two; O a strided view."""
+    from flashattn.fp8_format import E4M3_MAX, FP8_DTYPE, SCALE_BLOCK, dequantize
+    from flashattn.fp8_quantize import quantize_tensor
+    from flashattn.launch.quantize_fp8 import quantize_rows_and_delta
+
+    for (batch, seqlen, nheads, nheads_k, head_dim), granularity in (((2, 130, 4, 1, 64), "block"),
+                                                                     ((1, 77, 6, 2, 40), "head")):
+        dout = torch.randn(batch, seqlen, nheads, head_dim).to(torch.bfloat16).to(triton_backend)
+        o = torch.randn(batch, seqlen, head_dim, nheads).to(torch.bfloat16).to(triton_backend).transpose(2, 3)
+        do8, descale, delta = quantize_rows_and_delta(dout, o, nheads_k, SCALE_BLOCK, E4M3_MAX, granularity == "head",
+                                                      FP8_DTYPE)
+        want8, want_descale = quantize_tensor(dout, nheads_k, granularity)
+        assert torch.equal(descale.view(want_descale.shape), want_descale)
+        assert torch.equal(do8.view(torch.uint8), want8.view(torch.uint8))
+        products = dequantize(want8, want_descale, torch.float64) * o.double()
+        want = products.sum(-1).transpose(1, 2)  # (batch, nheads, seqlen)
+        assert delta.shape == want.shape and delta.dtype == torch.float32 and delta.is_contiguous()
+        # float32 sums in another order: within a few ulps of the sum of magnitudes
+        bound = 8 * torch.finfo(torch.float32).eps * products.abs().sum(-1).transpose(1, 2) + 1e-30
+        assert ((delta.double() - want).abs() <= bound).all(), granularity

@@ -289,12 +289,14 @@ for head_dim, block_n, stages, new_keys, paged, query_rows, consumers, early in 
         assert result["unwritten_uniform_reads"] == 0, (tile, UNWRITTEN_READS)
 
 
-# (head dim, kernel, group): the two passes, and the one pass at each width's largest group (its registers' limit)
-QUANTIZER_BUILDS = [(head_dim, phase, 1) for head_dim in (128, 256) for phase in ("amax", "quantize")] + [
-    (128, "one_pass", 1), (128, "one_pass", 2), (256, "one_pass", 1), (64, "one_pass", 4)]
+# (head dim, kernel, group, delta): the two passes, the one pass at each width's largest group (its registers' limit),
+# and dO's quantization with its delta (the FP8 backward's: block descales in one pass, per-head ones in two)
+QUANTIZER_BUILDS = [(head_dim, phase, 1, False) for head_dim in (128, 256) for phase in ("amax", "quantize")] + [
+    (128, "one_pass", 1, False), (128, "one_pass", 2, False), (256, "one_pass", 1, False), (64, "one_pass", 4, False),
+    (128, "one_pass", 2, True), (64, "one_pass", 4, True), (128, "quantize", 1, True)]
 
 
-@pytest.mark.skipif(not ALL_BUILDS, reason="GPU machines (or FLASHATTN_ALL_SM90_COMPILES=1): eight builds of seconds")
+@pytest.mark.skipif(not ALL_BUILDS, reason="GPU machines (or FLASHATTN_ALL_SM90_COMPILES=1): 11 builds of seconds")
 def test_fp8_quantizer_kernels_compile_without_spills():
     """The FP8 quantizer's two passes (configs.QUANTIZE_TILES) at head dims 128 and 256 keep S and the rotated rows
     out of local memory (S held whole in registers spilled up to 11 KB a thread at head dim 256) and fit Hopper's
@@ -304,8 +306,8 @@ def test_fp8_quantizer_kernels_compile_without_spills():
 import json, sys
 sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
 import sass_report
-for head_dim, phase, group in {QUANTIZER_BUILDS!r}:
-    print(json.dumps([sass_report.quantize_report(head_dim, phase, group)]), flush=True)
+for head_dim, phase, group, delta in {QUANTIZER_BUILDS!r}:
+    print(json.dumps([sass_report.quantize_report(head_dim, phase, group, delta)]), flush=True)
 """
     results = _compiled(script)
     assert len(results) == len(QUANTIZER_BUILDS)

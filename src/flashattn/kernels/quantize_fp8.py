@@ -47,23 +47,32 @@ def _rotated_columns(x, S, ColScale, col0, BLOCK_D: tl.constexpr, COLS: tl.const
 
 @triton.jit
 def _store_e4m3(ptrs, y, descale, e4m3_max, keep, UPCAST: tl.constexpr):
-    """y / descale, clamped to +-e4m3_max and rounded to e4m3, stored at ``ptrs`` where ``keep``. The division rounds
-    as PyTorch's: 16-bit values over a descale such as amax / 448 often land next to an e4m3 midpoint, where the GPU's
-    approximate division rounds to the other side."""
+    """y / descale, clamped to +-e4m3_max and rounded to e4m3, stored at ``ptrs`` where ``keep``; the stored values,
+    float32. The division rounds as PyTorch's: 16-bit values over a descale such as amax / 448 often land next to an
+    e4m3 midpoint, where the GPU's approximate division rounds to the other side."""
     scaled = tl.minimum(tl.maximum(tl.math.div_rn(y, descale), -e4m3_max), e4m3_max)
     if UPCAST:
         magnitude = round_to_e4m3(tl.abs(scaled))
         scaled = tl.where(scaled < 0, -magnitude, magnitude)
-    tl.store(ptrs, scaled.to(ptrs.dtype.element_ty), mask=keep)
+    rounded = scaled.to(ptrs.dtype.element_ty)
+    tl.store(ptrs, rounded, mask=keep)
+    return rounded.to(tl.float32)
+
+
+@triton.jit
+def _store_delta(Delta, delta_rows, rounded, descale, o_ptrs, keep, keep_r):
+    """delta = rowsum(dequantized dO * O) of the rounded rows, the values dP = dO V^T sees, at ``delta_rows``."""
+    o = tl.load(o_ptrs, mask=keep, other=0.0).to(tl.float32)
+    tl.store(Delta + delta_rows, tl.sum(rounded * descale * o, axis=1), mask=keep_r)
 
 
 @triton.jit
 def _head_store_e4m3(out_head, stride_os, offs_r, offs_c, y, descale, e4m3_max, seqlen, HEAD_DIM: tl.constexpr,
                      UPCAST: tl.constexpr):
-    """:func:`_store_e4m3` at rows offs_r and columns offs_c of one head."""
+    """:func:`_store_e4m3` at rows offs_r and columns offs_c of one head; the stored values, float32."""
     keep = (offs_r[:, None] < seqlen) & (offs_c[None, :] < HEAD_DIM)
-    _store_e4m3(out_head + offs_r[:, None].to(tl.int64) * stride_os + offs_c[None, :], y, descale, e4m3_max, keep,
-                UPCAST)
+    return _store_e4m3(out_head + offs_r[:, None].to(tl.int64) * stride_os + offs_c[None, :], y, descale, e4m3_max,
+                       keep, UPCAST)
 
 
 @triton.jit
@@ -93,13 +102,14 @@ def block_amax_kernel(
 
 @triton.jit
 def quantize_kernel(
-    X, S, ColScale, Descale, Out, seqlen, group_size, stride_xb, stride_xs, stride_xh, stride_ob, stride_os,
-    stride_oh, stride_db, stride_dh, stride_dblock, e4m3_max,
+    X, S, ColScale, Descale, Out, O, Delta, seqlen, group_size, stride_xb, stride_xs, stride_xh, stride_ob,
+    stride_os, stride_oh, stride_db, stride_dh, stride_dblock, stride_Ob, stride_Os, stride_Oh, e4m3_max,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_ROWS: tl.constexpr, ROWS: tl.constexpr,
-    COLS: tl.constexpr, ROTATE: tl.constexpr, UPCAST: tl.constexpr,
+    COLS: tl.constexpr, ROTATE: tl.constexpr, UPCAST: tl.constexpr, DELTA: tl.constexpr,
 ):
     """Out e4m3 = rotated x / descale (clamped to +-e4m3_max); the descale of the block (stride_dblock 0: of the
-    whole sequence)."""
+    whole sequence). With DELTA (x = dO, not rotated) also Delta (batch, nheads, seqlen) contiguous float32 =
+    rowsum(dequantized Out * O), O's strides (stride_Ob, stride_Os, stride_Oh, 1)."""
     block, head_k, batch = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     descale = tl.load(Descale + batch.to(tl.int64) * stride_db + head_k * stride_dh + block * stride_dblock)
     for g in range(0, group_size):
@@ -115,8 +125,16 @@ def quantize_kernel(
                     _head_store_e4m3(out_head, stride_os, offs_r, col0 + tl.arange(0, COLS), y, descale, e4m3_max,
                                      seqlen, HEAD_DIM, UPCAST)
             else:
-                _head_store_e4m3(out_head, stride_os, offs_r, tl.arange(0, BLOCK_D), x.to(tl.float32), descale,
-                                 e4m3_max, seqlen, HEAD_DIM, UPCAST)
+                offs_d = tl.arange(0, BLOCK_D)
+                rounded = _head_store_e4m3(out_head, stride_os, offs_r, offs_d, x.to(tl.float32), descale, e4m3_max,
+                                           seqlen, HEAD_DIM, UPCAST)
+                if DELTA:
+                    o_ptrs = (O + batch.to(tl.int64) * stride_Ob + head * stride_Oh
+                              + offs_r[:, None].to(tl.int64) * stride_Os + offs_d[None, :])
+                    keep_r = offs_r < seqlen
+                    _store_delta(Delta, (batch * tl.num_programs(1) * group_size + head).to(tl.int64) * seqlen
+                                 + offs_r, rounded, descale, o_ptrs, keep_r[:, None] & (offs_d[None, :] < HEAD_DIM),
+                                 keep_r)
 
 
 @triton.jit
@@ -141,15 +159,15 @@ def _rotated_block(x_rows, keep_r, S, ColScale, HEAD_DIM: tl.constexpr, BLOCK_D:
 
 @triton.jit
 def block_quantize_kernel(
-    X, S, ColScale, Descale, Out, seqlen, stride_xb, stride_xs, stride_xh, stride_ob, stride_os, stride_oh,
-    stride_db, stride_dh, e4m3_max,
+    X, S, ColScale, Descale, Out, O, Delta, seqlen, stride_xb, stride_xs, stride_xh, stride_ob, stride_os,
+    stride_oh, stride_db, stride_dh, stride_Ob, stride_Os, stride_Oh, e4m3_max,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_ROWS: tl.constexpr, GROUP: tl.constexpr,
-    TILE_ROWS: tl.constexpr, DEPTH: tl.constexpr, ROTATE: tl.constexpr, UPCAST: tl.constexpr,
+    TILE_ROWS: tl.constexpr, DEPTH: tl.constexpr, ROTATE: tl.constexpr, UPCAST: tl.constexpr, DELTA: tl.constexpr,
 ):
     """Both passes in one: the BLOCK_ROWS rows of a kv head's GROUP query heads, read and rotated once and kept in
     registers while their amax is taken; then the block's descale (amax / e4m3_max, 1 for an all-zero block) and
     Out e4m3 = rotated x / descale, as the two kernels write them. TILE_ROWS: BLOCK_ROWS * GROUP rounded up to a
-    power of two."""
+    power of two. With DELTA (x = dO, not rotated) also Delta as ``quantize_kernel`` writes it."""
     block, head_k, batch = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     # a tile row is a (position, head) pair, the group's heads of a position next to each other as x holds them:
     # one product rotates every head of the group
@@ -169,4 +187,8 @@ def block_quantize_kernel(
     tl.store(Descale + batch.to(tl.int64) * stride_db + head_k * stride_dh + block, descale)
     out_rows = Out + batch.to(tl.int64) * stride_ob + offs_r.to(tl.int64) * stride_os + heads * stride_oh
     keep = keep_r[:, None] & (offs_d[None, :] < HEAD_DIM)
-    _store_e4m3(out_rows[:, None] + offs_d[None, :], y, descale, e4m3_max, keep, UPCAST)
+    rounded = _store_e4m3(out_rows[:, None] + offs_d[None, :], y, descale, e4m3_max, keep, UPCAST)
+    if DELTA:
+        o_rows = O + batch.to(tl.int64) * stride_Ob + offs_r.to(tl.int64) * stride_Os + heads * stride_Oh
+        delta_rows = (batch * tl.num_programs(1) * GROUP + heads) * seqlen + offs_r
+        _store_delta(Delta, delta_rows, rounded, descale, o_rows[:, None] + offs_d[None, :], keep, keep_r)

@@ -1,6 +1,6 @@
 """The FP8 backward's launch on sm90 (``kernels/backward_fp8_hopper.py`` for dK/dV,
-``kernels/backward_fp8_dq_hopper.py`` for dQ): dO quantized by the quantizer's kernels, delta, the transposed copies
-of Q, dO and K, the two kernels, then dQ and dK rotated back.
+``kernels/backward_fp8_dq_hopper.py`` for dQ): dO quantized by the quantizer's kernels with delta in the same pass,
+the transposed copies of Q, dO and K, the two kernels, then dQ and dK rotated back.
 
 The rotation back is a float32 torch matmul: with a rotation the kernels write float32 dQ and dK, which one (rows x D)
 @ (D x D) product each takes back to the inputs' basis before the rounding to dO's dtype, the reference path's
@@ -13,12 +13,12 @@ import torch
 
 from .. import configs
 from ..backend import interpreting
-from ..fp8_format import E4M3_MAX, FP8_DTYPE, SCALE_BLOCK, dequantize, rotation_matrix
+from ..fp8_format import E4M3_MAX, FP8_DTYPE, SCALE_BLOCK, rotation_matrix
 from ..options import AttentionOptions
 from .common import LOG2E, cdiv, last_dim_contiguous, tile_layout, tma_compatible, token_descriptor, token_rows
 from .forward_fp8 import transposed_tokens
 from .launcher import launch
-from .quantize_fp8 import quantize_rows
+from .quantize_fp8 import quantize_rows_and_delta
 
 BLOCK_M = 64  # queries a block: the rows of a dS descale (fp8_backward.DS_BLOCK_M)
 BLOCK_N = SCALE_BLOCK  # keys a program (dK/dV), a block (dQ): one k and v descale block, the keys of a dS descale
@@ -102,10 +102,10 @@ def launch_backward_fp8(dout, q, k, v, descales: tuple, out, lse, signs, opts: A
     dout, out = last_dim_contiguous(dout), last_dim_contiguous(out)
     batch, seqlen_q, nheads, head_dim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
-    do8, do_descale = quantize_rows(dout, None, nheads_k, SCALE_BLOCK, E4M3_MAX, granularity == "head", FP8_DTYPE)
+    # dO in e4m3 and, in the same pass, delta = rowsum(dO * O) on the rounded dO, the one dP sees (fp8_backward's)
+    do8, do_descale, delta = quantize_rows_and_delta(dout, out, nheads_k, SCALE_BLOCK, E4M3_MAX, granularity == "head",
+                                                     FP8_DTYPE)
     all_descales = _descales(descales, do_descale, cdiv(max(seqlen_q, seqlen_k), SCALE_BLOCK))
-    # delta = rowsum(dO * O) on the rounded dO, the one dP sees (fp8_backward's)
-    delta = (dequantize(do8, do_descale) * out.float()).sum(-1).transpose(1, 2).contiguous()  # (B, H, Sq)
     lse = lse.contiguous()
     # with a rotation dQ and dK stay float32 until they are rotated back
     grad_dtype = torch.float32 if signs is not None else dout.dtype
