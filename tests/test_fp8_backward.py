@@ -171,18 +171,24 @@ def test_gradients_within_the_fp8_error_model_gpu(shape, options):
     check_gradients(*(x.cuda() for x in make_inputs(*shape)), seed=3, **options)
 
 
-@pytest.mark.parametrize("name,tokens,width", [("transposed_queries", 113, 128), ("transposed_keys", 130, 256)])
-def test_transposed_copies_pad_to_blocks_in_operand_order(triton_backend, name, tokens, width):
+@pytest.mark.parametrize("name,tokens,width,pairs", [("transposed_queries", 113, 128, False),
+                                                     ("transposed_keys", 130, 256, False),
+                                                     ("transposed_keys", 130, 256, True)])
+def test_transposed_copies_pad_to_blocks_in_operand_order(triton_backend, name, tokens, width, pairs):
     """Q^T and dO^T for the Gluon dK/dV kernel, K^T for the dQ kernel: (B, S, H, D) -> (B, H, D, S rounded up to a
     64-query or 128-key block), zeros past S, position p of each 32 holding token 16 p4 + 8 p1 + 4 p3 + 2 p2 + p0
-    (the register operand's order of P^T and dS^T, or of dS)."""
+    (the register operand's order of P^T and dS^T, or of dS); the fused kernel's K^T (``pairs``), position p of each
+    16 holding key 8 p0 + (p >> 1 & 7) (its dS byte pairs)."""
     from flashattn.launch import backward_fp8
 
     x = torch.randn(2, tokens, 3, 64, device=triton_backend).to(torch.float8_e4m3fn)
-    xt = getattr(backward_fp8, name)(x).view(torch.uint8)
+    xt = getattr(backward_fp8, name)(x, **({"pairs": True} if pairs else {})).view(torch.uint8)
     assert xt.shape == (2, 3, 64, width) and xt.is_contiguous()
     bits = [(torch.arange(width) >> i) & 1 for i in range(5)]
-    order = torch.arange(width) // 32 * 32 + 16 * bits[4] + 8 * bits[1] + 4 * bits[3] + 2 * bits[2] + bits[0]
+    if pairs:
+        order = torch.arange(width) // 16 * 16 + 8 * bits[0] + (torch.arange(width) >> 1 & 7)
+    else:
+        order = torch.arange(width) // 32 * 32 + 16 * bits[4] + 8 * bits[1] + 4 * bits[3] + 2 * bits[2] + bits[0]
     padded = torch.cat([x.cpu().view(torch.uint8), torch.zeros(2, width - tokens, 3, 64, dtype=torch.uint8)], 1)
     assert torch.equal(xt.cpu(), padded[:, order].permute(0, 2, 3, 1))
 

@@ -76,11 +76,12 @@ def transposed_queries(x: torch.Tensor) -> torch.Tensor:
     return transposed_tokens(x, cdiv(x.shape[1], BLOCK_M) * BLOCK_M, permute=True)
 
 
-def transposed_keys(k: torch.Tensor) -> torch.Tensor:
-    """(B, Hk, D, Sk') copy of e4m3 (B, Sk, Hk, D) k, Sk' = Sk rounded up to a 128-key block (zeros past Sk), each 32
-    keys in the register operand's order, as the FP8 forward's V^T: the K-major B operand of dQ = dS K, whose dS has
-    the forward's P layout."""
-    return transposed_tokens(k, cdiv(k.shape[1], BLOCK_N) * BLOCK_N, permute=True)
+def transposed_keys(k: torch.Tensor, pairs: bool = False) -> torch.Tensor:
+    """(B, Hk, D, Sk') copy of e4m3 (B, Sk, Hk, D) k, Sk' = Sk rounded up to a 128-key block (zeros past Sk): the
+    K-major B operand of dQ = dS K. Each 32 keys in the register operand's order, as the FP8 forward's V^T, for the
+    dQ kernel, whose dS has the forward's P layout; with ``pairs`` each 16 keys as 0, 8, 1, 9, ..., 7, 15, for the
+    fused kernel, which stores the keys g and g + 8 of its dS^T accumulator as one 16-bit word."""
+    return transposed_tokens(k, cdiv(k.shape[1], BLOCK_N) * BLOCK_N, permute=not pairs, pairs=pairs)
 
 
 def _transposed_descriptor(xt: torch.Tensor, block: int):
