@@ -48,10 +48,15 @@ def score_operands(q, do8, k, v, scores_16bit: bool) -> tuple[torch.Tensor, ...]
     return tuple(x.to(torch.float16) for x in (q, do8, k, v)) if scores_16bit else (q, do8, k, v)
 
 
-def hopper_fp8_dkdv_constexprs(head_dim: int, window_left: bool, window_right: bool, dq: bool = False) -> dict:
-    """The dK/dV kernel's compile-time arguments (``dq``: the dQ kernel's), also what benchmarks/sass_report.py
-    compiles; causal is window_right."""
-    stages = configs.HOPPER_DQ_FP8_STAGES[head_dim] if dq else configs.HOPPER_DKDV_FP8_STAGES
+def hopper_fp8_dkdv_constexprs(head_dim: int, window_left: bool, window_right: bool, dq: bool = False,
+                               fused: bool = False) -> dict:
+    """The dK/dV kernel's compile-time arguments (``dq``: the dQ kernel's; ``fused``: the dK/dV/dQ kernel's, 2 stages
+    at hdim 128, where its dS ring and dQ staging take the third's shared memory), also what
+    benchmarks/sass_report.py compiles; causal is window_right."""
+    if fused:
+        stages = configs.HOPPER_DKDV_DQ_FP8_STAGES[head_dim]
+    else:
+        stages = configs.HOPPER_DQ_FP8_STAGES[head_dim] if dq else configs.HOPPER_DKDV_FP8_STAGES
     return dict(HEAD_DIM=head_dim, NUM_STAGES=stages, WINDOW_LEFT=window_left, WINDOW_RIGHT=window_right,
                 CONSUMER_REGISTERS=configs.HOPPER_CONSUMER_REGISTERS[2],
                 LOADER_REGISTERS=configs.HOPPER_LOADER_REGISTERS)
