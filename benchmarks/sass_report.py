@@ -48,9 +48,10 @@ FP32_POINTERS = {"Lse", "Delta", "AlibiSlopes", "DMask"}
 INT32_POINTERS = {"BlockMap", "BlockTable", "CacheSeqlens", "CacheBatchIdx", "CacheLeftpad"}
 # QGMMA: the FP8 (e4m3) wgmma's SASS name
 # REDG: per-element global reductions; UTMAREDG: TMA tile reductions (the fused dK/dV/dQ kernel's dQ)
+# STSM: stmatrix (the FP8 dK/dV/dQ kernel's dS store)
 COUNTED_OPS = ("HGMMA", "QGMMA", "HMMA", "FFMA", "FMUL", "FADD", "MUFU.EX2", "STL", "LDL", "REDG", "UTMAREDG")
 LOOP_OPS = ("HGMMA", "QGMMA", "HMMA", "WARPGROUP.DEPBAR", "MUFU.EX2", "STL", "LDL", "BAR", "LDGSTS", "LDG", "ISETP",
-            "FSEL", "REDG", "UTMAREDG")
+            "FSEL", "REDG", "UTMAREDG", "STSM")
 
 
 def signature(kernel, constexprs: dict, dtype: str) -> dict:
