@@ -17,7 +17,7 @@ from ..fp8_format import E4M3_MAX, FP8_DTYPE, SCALE_BLOCK, dequantize, rotation_
 from ..options import AttentionOptions
 from .common import LOG2E, cdiv, last_dim_contiguous, tile_layout, tma_compatible, token_descriptor, token_rows
 from .forward_fp8 import transposed_tokens
-from .launcher import launch
+from .launcher import launch, zeros
 from .quantize_fp8 import quantize_rows
 
 BLOCK_M = 64  # queries a block: the rows of a dS descale (fp8_backward.DS_BLOCK_M)
@@ -29,6 +29,11 @@ DQ_ROWS = SCALE_BLOCK  # queries a dQ program: two consumers' 64, one q and dO d
 # (norm-relative) off the reference path at 256 x 256, hdim 128, with the tile products exact, and fresh accumulators
 # per 32 still 1.5e-3; the tile products' own truncation, 7e-4. The e4m3 build (False) is the faster one to measure.
 SCORES_16BIT = True
+# dQ inside the dK/dV kernel (``kernels/backward_fp8_fused_hopper.py``), added into float32 by TMA reductions in any
+# order: dQ not bitwise repeatable, one kernel and three products fewer. Off: no GPU test covers that kernel yet, and
+# ``deterministic`` does not reach this launch (``ops_fp8``'s backward op has no such argument) to keep the two
+# passes for the calls that ask for them.
+FUSED_DQ = False
 
 
 def hopper_fp8_backward_fits(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -98,6 +103,17 @@ def _transposed_descriptor(xt: torch.Tensor, block: int):
                             tile_layout(head_dim, block, xt.dtype))
 
 
+def _dq_accumulator(dq: torch.Tensor):
+    """A TMA descriptor of float32 (B, Sq, H, D) dQ as (B * Sq, H * D) rows in (64 queries, D / 2) tiles: a fused
+    consumer's head-dim half of a query block. A batch's last block also covers the next batch's first rows, into
+    which it adds its exact zeros (dS is 0 past seqlen_q); TMA clips the tensor's end."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    batch, seqlen_q, nheads, head_dim = dq.shape
+    return TensorDescriptor(dq, [batch * seqlen_q, nheads * head_dim], [nheads * head_dim, 1],
+                            [BLOCK_M, head_dim // 2], tile_layout(BLOCK_M, head_dim // 2, torch.float32))
+
+
 def launch_backward_fp8(dout, q, k, v, descales: tuple, out, lse, signs, opts: AttentionOptions,
                         granularity: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) in dout's dtype, contiguous, as ``fp8_backward.backward`` returns them (its arguments), for a call
@@ -115,7 +131,6 @@ def launch_backward_fp8(dout, q, k, v, descales: tuple, out, lse, signs, opts: A
     lse = lse.contiguous()
     # with a rotation dQ and dK stay float32 until they are rotated back
     grad_dtype = torch.float32 if signs is not None else dout.dtype
-    dq = torch.empty(q.shape, dtype=grad_dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=grad_dtype, device=q.device)
     dv = torch.empty(v.shape, dtype=dout.dtype, device=q.device)
     window_left, window_right = opts.window_left >= 0, opts.window_right >= 0
@@ -124,18 +139,29 @@ def launch_backward_fp8(dout, q, k, v, descales: tuple, out, lse, signs, opts: A
     q_desc, do_desc = token_descriptor(q_s, BLOCK_M), token_descriptor(do_s, BLOCK_M)
     masks = (opts.window_left, opts.window_right, opts.softmax_scale, opts.softmax_scale * LOG2E)
     key_blocks = cdiv(seqlen_k, BLOCK_N)
-    launch(dkdv_fp8_hopper_kernel, (key_blocks * batch * nheads_k,), q_desc, do_desc,
-           _transposed_descriptor(transposed_queries(q), BLOCK_M),
-           _transposed_descriptor(transposed_queries(do8), BLOCK_M), k_desc, v_desc, lse, delta, dk, dv,
-           *all_descales, dk.stride(0), dk.stride(1), dk.stride(2), *all_descales.stride()[1:],
-           seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, *masks,
-           **hopper_fp8_dkdv_constexprs(head_dim, window_left, window_right), num_warps=4)
-    row_tiles = cdiv(seqlen_q, DQ_ROWS)
-    launch(dq_fp8_hopper_kernel, (row_tiles * batch * nheads,), q_desc, do_desc, k_desc, v_desc,
-           _transposed_descriptor(transposed_keys(k), BLOCK_N), lse, delta, dq, *all_descales,
-           dq.stride(0), dq.stride(1), dq.stride(2), *all_descales.stride()[1:],
-           seqlen_q, seqlen_k, nheads, nheads_k, row_tiles, *masks,
-           **hopper_fp8_dkdv_constexprs(head_dim, window_left, window_right, dq=True), num_warps=4)
+    key_block_arguments = (_transposed_descriptor(transposed_queries(q), BLOCK_M),
+                           _transposed_descriptor(transposed_queries(do8), BLOCK_M), k_desc, v_desc)
+    gradient_arguments = (lse, delta, dk, dv, *all_descales, dk.stride(0), dk.stride(1), dk.stride(2),
+                          *all_descales.stride()[1:], seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, *masks)
+    if FUSED_DQ:
+        from ..kernels.backward_fp8_fused_hopper import dkdv_dq_fp8_hopper_kernel
+
+        # float32 dQ in q's layout, added into (zeroed by a plan's replay too), rotated back or rounded below
+        dq = zeros(q.shape, torch.float32, q.device)
+        launch(dkdv_dq_fp8_hopper_kernel, (key_blocks * batch * nheads_k,), q_desc, do_desc, *key_block_arguments,
+               _transposed_descriptor(transposed_keys(k, pairs=True), BLOCK_N), _dq_accumulator(dq),
+               *gradient_arguments, **hopper_fp8_dkdv_constexprs(head_dim, window_left, window_right, fused=True),
+               num_warps=4)
+    else:
+        dq = torch.empty(q.shape, dtype=grad_dtype, device=q.device)
+        launch(dkdv_fp8_hopper_kernel, (key_blocks * batch * nheads_k,), q_desc, do_desc, *key_block_arguments,
+               *gradient_arguments, **hopper_fp8_dkdv_constexprs(head_dim, window_left, window_right), num_warps=4)
+        row_tiles = cdiv(seqlen_q, DQ_ROWS)
+        launch(dq_fp8_hopper_kernel, (row_tiles * batch * nheads,), q_desc, do_desc, k_desc, v_desc,
+               _transposed_descriptor(transposed_keys(k), BLOCK_N), lse, delta, dq, *all_descales,
+               dq.stride(0), dq.stride(1), dq.stride(2), *all_descales.stride()[1:],
+               seqlen_q, seqlen_k, nheads, nheads_k, row_tiles, *masks,
+               **hopper_fp8_dkdv_constexprs(head_dim, window_left, window_right, dq=True), num_warps=4)
     if signs is not None:
         # q and k were rotated as x M, so the gradient of x is the rotated one times M^T
         back = rotation_matrix(signs, torch.float32).T
