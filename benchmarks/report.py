@@ -498,6 +498,17 @@ def fmt_share_range(values: list[float]) -> str:
     return low if low == high else f"{low[:-1]}-{high}"
 
 
+def _source_lines(env: dict) -> list[str]:
+    """A results file put together from runs of the same machine kind (``environment["sources"]``, each row's
+    ``extra`` naming its commit): which rows came from which run."""
+    sources = env.get("sources") or []
+    if not sources:
+        return []
+    runs = "; ".join(f"{s['rows']}: `{s['commit']}`, {s['date']}" for s in sources)
+    return [f"Rows from {len(sources)} runs on this machine kind (each row's commit is in the results file): "
+            f"{runs}.", ""]
+
+
 def ring_section(results: Results) -> list[str]:
     rows = results.rows
     env = results.env
@@ -510,7 +521,7 @@ def ring_section(results: Results) -> list[str]:
            "(3.5 x 4 x batch x heads x seqlen² x head dim, half when causal) over the time and the devices; "
            "efficiency: a provider's TFLOP/s per device over the 1-device call's on the same sequence. Peak: the "
            "most a device allocated above its inputs. n/a: the provider failed or was not run (the results file "
-           "says why).", "", *provider_legend(providers_of(rows), {}), "",
+           "says why).", "", *_source_lines(env), *provider_legend(providers_of(rows), {}), "",
            f"![scaling efficiency against seqlen, {env.get('device')} x {world}](docs/figures/"
            f"{ring_figure_name(results)})", ""]
     header = ["causal", "seqlen", "1 device TFLOP/s", "ring TFLOP/s/dev", "ring efficiency", "ring peak MiB",

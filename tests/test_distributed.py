@@ -16,7 +16,7 @@ import pytest
 import ring_cases
 import torch
 
-from flashattn import masks
+from flashattn import head_parallel, masks
 from flashattn.options import AttentionOptions
 from flashattn.ring import Ring, ZigzagLayout, step_pieces
 from flashattn.ring_varlen import PackedCall, PackedZigzagLayout, plan
@@ -146,6 +146,22 @@ def test_ring_steps_take_the_callers_deterministic(deterministic, monkeypatch):
 
 
 @pytest.mark.xdist_group(SPAWN_GROUP)
+@pytest.mark.parametrize("nheads_k, ranks, seqlen, expected", [
+    (8, 2, 65536, "all_to_all"), (8, 2, 65535, "ring"), (8, 4, 131072, "all_to_all"), (8, 4, 65536, "ring"),
+    (6, 4, 1 << 20, "ring"), (1, 2, 1 << 20, "ring")])
+def test_auto_mode_takes_the_all_to_all_from_32k_tokens_a_rank_when_the_heads_divide(nheads_k, ranks, seqlen,
+                                                                                     expected):
+    assert head_parallel.choose_mode("auto", nheads_k, ranks, seqlen) == expected
+    assert head_parallel.choose_mode("ring", nheads_k, ranks, seqlen) == "ring"
+
+
+def test_modes_that_cannot_run_are_refused_by_name():
+    with pytest.raises(ValueError, match="mode='all_to_all'.*divide"):
+        head_parallel.choose_mode("all_to_all", 6, 4, 1 << 20)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        head_parallel.choose_mode("ulysses", 8, 2, 1 << 20)
+
+
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_ring_attention_over_gloo(world_size, tmp_path, monkeypatch):
     monkeypatch.setenv("FLASHATTN_BACKEND", "torch")

@@ -17,7 +17,8 @@ does not divide the length the ranks hold different numbers of tokens: pass the 
 
 Packed batches (:func:`ring_flash_attn_varlen_func`): every sequence in its own zigzag, ``shard(x,
 cu_seqlens=...)``. ``mode``: "ring" passes K/V around the ring; "all_to_all" exchanges sequence shards for head
-shards and back (the group's size must divide the key/value heads); "auto" picks the all-to-all when it can.
+shards and back (the group's size must divide the key/value heads); "auto" picks the all-to-all when it can and
+the ranks hold 32k tokens or more (``head_parallel.choose_mode``), the ring otherwise.
 """
 
 from __future__ import annotations
@@ -106,8 +107,8 @@ def ring_flash_attn_func(
             what :func:`shard` gives when W divides the length).
         mode: "ring" (K/V passed around the ring), "all_to_all" (sequence shards exchanged for head shards, one
             call on the whole sequence for H / W heads, and back; the group's size must divide nheads_k), or
-            "auto": "all_to_all" when the group's size divides nheads_k, else "ring". Every mode computes the same
-            function; which is faster depends on the interconnect and the shape (docs/context-parallel.md).
+            "auto": "all_to_all" when the group's size divides nheads_k and the ranks hold 32k tokens or more,
+            else "ring" (the rule measured in docs/context-parallel.md). Every mode computes the same function.
 
     Returns:
         out (q's shape and dtype), or ``(out, softmax_lse, None)`` with softmax_lse float32
@@ -118,7 +119,7 @@ def ring_flash_attn_func(
         raise ValueError(f"k and v must hold the same tokens as q (self-attention over the sharded sequence): "
                          f"q has local seqlen {q.shape[1]}, k {k.shape[1]}")
     ring = _group_ring(group, seqlen, q.shape[1])
-    mode = head_parallel.choose_mode(mode, k.shape[2], ring.world_size)
+    mode = head_parallel.choose_mode(mode, k.shape[2], ring.world_size, ring.layout.seqlen)
     opts = AttentionOptions.build(q.shape[-1], softmax_scale, causal, window_size, softcap, dropout_p,
                                   deterministic)
     if mode == "all_to_all":
@@ -230,7 +231,7 @@ def ring_flash_attn_varlen_func(
                          f"cu_seqlens_k must equal cu_seqlens_q, and k.shape[0] ({k.shape[0]}) q.shape[0] "
                          f"({q.shape[0]})")
     ring = _packed_ring(group, cu_seqlens_q, q.shape[0], "cu_seqlens_q", "q")
-    mode = head_parallel.choose_mode(mode, k.shape[1], ring.world_size)
+    mode = head_parallel.choose_mode(mode, k.shape[1], ring.world_size, ring.layout.seqlen)
     opts = AttentionOptions.build(q.shape[-1], softmax_scale, causal, window_size, softcap, dropout_p,
                                   deterministic)
     if mode == "all_to_all":

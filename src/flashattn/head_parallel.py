@@ -24,16 +24,23 @@ from .options import AttentionOptions
 from .ring import Ring, shared_rng_state
 
 MODES = ("ring", "all_to_all", "auto")
+# "auto" takes the all-to-all from this many tokens a rank: its exchanges do not overlap the compute, a cost that
+# grows with the tokens as the causal compute grows with their square; below it the ring was faster (2 x H200,
+# 32 / 8 heads, causal 32k tokens: 98% of ideal against 87%), from it the two tie or the all-to-all leads, with less
+# memory (docs/context-parallel.md, "Choosing a mode")
+ALL_TO_ALL_TOKENS_PER_RANK = 32768
 
 
-def choose_mode(mode: str, nheads_k: int, world_size: int) -> str:
-    """"ring" or "all_to_all" for ``mode``. ``auto``: the all-to-all when the group's size divides the number of
-    key/value heads (every rank then gets whole GQA groups), the ring otherwise (docs/context-parallel.md)."""
+def choose_mode(mode: str, nheads_k: int, world_size: int, seqlen: int) -> str:
+    """"ring" or "all_to_all" for ``mode`` over a sequence (or packed batch) of ``seqlen`` tokens in all. ``auto``:
+    the all-to-all when the group's size divides the number of key/value heads (every rank then gets whole GQA
+    groups) and the ranks hold ``ALL_TO_ALL_TOKENS_PER_RANK`` tokens or more, the ring otherwise. Decided from the
+    whole length, which every rank knows alike (docs/context-parallel.md)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
     divides = nheads_k % world_size == 0
     if mode == "auto":
-        return "all_to_all" if divides else "ring"
+        return "all_to_all" if divides and seqlen >= ALL_TO_ALL_TOKENS_PER_RANK * world_size else "ring"
     if mode == "all_to_all" and not divides:
         raise ValueError(f"mode='all_to_all' shards the heads over the group: its size ({world_size}) must divide "
                          f"the number of key/value heads (k.shape[-2] = {nheads_k}); use mode='ring' (or 'auto')")

@@ -10,7 +10,7 @@ receives the next one from rank r - 1 (batched isend/irecv) while it attends to 
 merged into float32 accumulators by their log-sum-exps (:class:`Merge`). Backward: the same ring, each step
 recomputing with the *global* output and log-sum-exp (so the partial gradients are exact parts of the full ones); dQ
 accumulates locally in float32, and each K/V shard's dK/dV accumulator (float32) travels the ring with it and arrives
-home after W steps.
+home after W steps (the last hop, a finished sum, already rounded to the inputs' dtype).
 
 Which queries see which keys at a step. Without position-dependent options (causal or no mask, softcap, GQA), the
 chunk order alone decides, with no position offsets:
@@ -198,7 +198,8 @@ def run_forward_ring(ring: Ring, kv: torch.Tensor, compute: Callable[[int, torch
 def run_backward_ring(ring: Ring, kv: torch.Tensor, gradients: Callable[[int, torch.Tensor], list]) -> torch.Tensor:
     """The backward's ring: dQ stays (``gradients(step, kv)`` adds to it), each shard's float32 dK/dV accumulator
     travels with the shard. ``gradients`` returns the step's (index into a K/V shard, dk, dv) parts. Returns this
-    rank's own accumulator (2, ...) once every rank has added to it."""
+    rank's own dK/dV (2, ...) once every rank has added to it: in the inputs' dtype after a ring of two or more
+    ranks (the last hop's), float32 for one."""
     pending = None  # (works, buffer): the dK/dV accumulator of the shard held next, on its way from rank - 1
     for step in range(ring.world_size):
         kv_works = []
@@ -211,6 +212,11 @@ def run_backward_ring(ring: Ring, kv: torch.Tensor, gradients: Callable[[int, to
         if pending is not None:
             _wait(pending[0])
             dkv = pending[1]
+        elif len(partials) == 1 and partials[0][1].shape == kv.shape[1:]:  # covers the shard: copied, not added to 0
+            dkv = torch.empty(kv.shape, dtype=torch.float32, device=kv.device)
+            dkv[0].copy_(partials[0][1])
+            dkv[1].copy_(partials[0][2])
+            partials = []
         else:
             dkv = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
         for index, dk, dv in partials:
@@ -220,7 +226,11 @@ def run_backward_ring(ring: Ring, kv: torch.Tensor, gradients: Callable[[int, to
         # comes from the previous one
         if ring.world_size == 1:
             break
-        incoming = _kv_buffer(kv, ring.layout.rank_length(ring.source(step + 1)), torch.float32)
+        if step + 1 == ring.world_size:
+            # the last hop carries a finished sum home, where it is only rounded to the inputs' dtype: rounded here
+            # instead, it is the same bits in half the bytes (this transfer is the one that nothing overlaps)
+            dkv = dkv.to(kv.dtype)
+        incoming = _kv_buffer(kv, ring.layout.rank_length(ring.source(step + 1)), dkv.dtype)
         pending = (_exchange(ring, dkv, incoming), incoming, dkv)  # dkv stays referenced until it is sent
         if kv_works:
             _wait(kv_works)
@@ -262,8 +272,8 @@ class Merge:
         shift = new_top.masked_fill(new_top == float("-inf"), 0.0)  # rows no part has seen: both weights 0
         old_scale, new_weight = torch.exp(top - shift), torch.exp(lse - shift)
         weight.mul_(old_scale).add_(new_weight)
-        out_acc.mul_(old_scale.transpose(1, 2).unsqueeze(-1)).add_(
-            out.float() * new_weight.transpose(1, 2).unsqueeze(-1))  # (B, S, H, 1) weights
+        out_acc.mul_(old_scale.transpose(1, 2).unsqueeze(-1)).addcmul_(
+            out, new_weight.transpose(1, 2).unsqueeze(-1))  # (B, S, H, 1) weights; one pass, no float32 copy
         top.copy_(new_top)
 
     def result(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -273,8 +283,28 @@ class Merge:
                      torch.full((self.shape[0], self.shape[2], self.shape[1]), float("inf"), device=self.device))
         seen = self.weight > 0
         lse = torch.where(seen, self.top + torch.log(self.weight), float("inf"))
-        out = self.out.div_(torch.where(seen, self.weight, 1.0).transpose(1, 2).unsqueeze(-1))
-        return out.to(dtype), lse
+        out = torch.empty(self.shape, dtype=dtype, device=self.device)  # divided and rounded in one pass
+        torch.div(self.out, torch.where(seen, self.weight, 1.0).transpose(1, 2).unsqueeze(-1), out=out)
+        return out, lse
+
+
+class Sum:
+    """A float32 sum of parts of a tensor of ``shape`` (dQ over a ring's steps). A first part that covers the whole
+    shape becomes the sum by one conversion: no zero fill and no read of zeros."""
+
+    def __init__(self, shape: torch.Size, device: torch.device) -> None:
+        self.shape, self.device, self.total = shape, device, None
+
+    def add(self, part: torch.Tensor, index=slice(None)) -> None:
+        if self.total is None:
+            if part.shape == self.shape:  # a part of the whole shape is the whole
+                self.total = part.to(torch.float32, copy=True)
+                return
+            self.total = torch.zeros(self.shape, dtype=torch.float32, device=self.device)
+        self.total[index] += part
+
+    def result(self, dtype: torch.dtype) -> torch.Tensor:
+        return torch.zeros(self.shape, dtype=dtype, device=self.device) if self.total is None else self.total.to(dtype)
 
 
 def forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, ring: Ring):
@@ -297,7 +327,7 @@ def forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, ring: Ring
 def backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: AttentionOptions, ring: Ring):
     """(dq, dk, dv) of the local shards, from the global out and lse of :func:`forward`."""
     framed = needs_frame(opts, alibi_slopes)
-    dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dq_sum = Sum(q.shape, q.device)
     lse_rows: dict[tuple[int, int], torch.Tensor] = {}  # the kernels read a contiguous lse
 
     def gradients(step: int, kv: torch.Tensor) -> list:
@@ -313,9 +343,9 @@ def backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: AttentionOp
                 ops.attention_backward, ops.attention_backward_cuda, dout[:, rows], q[:, rows],
                 kv[0, :, piece.keys], kv[1, :, piece.keys], out[:, rows], lse_rows[key], alibi_slopes, rng_state,
                 *piece.opts.op_arguments(), None, False, piece.opts.frame_argument(), piece.opts.deterministic)
-            dq_acc[:, rows] += dq
+            dq_sum.add(dq, (slice(None), rows))
             partials.append(((slice(None), piece.keys), dk, dv))
         return partials
 
     dkv = run_backward_ring(ring, torch.stack((k, v)), gradients)
-    return dq_acc.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
+    return dq_sum.result(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)

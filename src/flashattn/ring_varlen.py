@@ -26,7 +26,7 @@ import torch
 
 from . import masks, ops
 from .options import AttentionOptions, PositionFrame
-from .ring import Merge, Ring, ZigzagLayout, needs_frame, run_backward_ring, run_forward_ring
+from .ring import Merge, Ring, Sum, ZigzagLayout, needs_frame, run_backward_ring, run_forward_ring
 
 
 @dataclass(frozen=True)
@@ -206,7 +206,7 @@ def backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: AttentionOp
     """(dq, dk, dv) of the local packed shards, from the global out and lse of :func:`forward` (``ring.backward``'s
     ring: dQ stays, each shard's dK/dV accumulator travels with it)."""
     steps = plan(ring, opts, needs_frame(opts, alibi_slopes), q.device)
-    dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dq_sum = Sum(q.shape, q.device)
 
     def gradients(step: int, kv: torch.Tensor) -> list:
         partials = []
@@ -215,7 +215,7 @@ def backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: AttentionOp
                 dq, dk, dv = ops.eager_call(
                     ops.varlen_attention_backward, ops.varlen_attention_backward_cuda, dout, q, kv[0], kv[1], out,
                     lse, *call.arguments(), None, None, *call.opts.op_arguments())
-                dq_acc.add_(dq)
+                dq_sum.add(dq)
                 partials.append((slice(None), dk, dv))
             else:
                 rows = call.rows
@@ -225,9 +225,9 @@ def backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: AttentionOp
                     kv[0, None, call.keys], kv[1, None, call.keys], out[None, rows], lse[None, :, rows].contiguous(),
                     _slopes(alibi_slopes, call.sequence), rng_state, *call.opts.op_arguments(), None, False,
                     call.opts.frame_argument(), call.opts.deterministic)
-                dq_acc[rows] += dq[0]
+                dq_sum.add(dq[0], rows)
                 partials.append((call.keys, dk[0], dv[0]))
         return partials
 
     dkv = run_backward_ring(ring, torch.stack((k, v)), gradients)
-    return dq_acc.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
+    return dq_sum.result(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)

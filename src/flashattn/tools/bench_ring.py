@@ -17,8 +17,9 @@ length: those rows say why instead of a time.
 
 A provider's first case of each mask starts with one more, untimed call: the first call of a process compiles
 the kernels and sets up NCCL's connections (seconds, enough to pass for a long case below). A case whose warm-up call
-takes longer than ``--single-call-seconds`` (the longest sequences; their kernels were compiled by the shorter cases
-before them) is measured by that call alone.
+takes longer than ``--single-call-seconds`` (the longest sequences) is measured by that call alone, unless the call
+took more than twice what the provider's rate on its previous case predicts: a new length can still compile kernel
+variants (tile choices depend on the length), and then one more call is the measurement.
 
 ``--packed``: each total length is a packed batch of documents instead of one sequence (``document_lengths``: a
 seeded lognormal draw, mean 4k tokens, capped at 64k), timed with ``flash_attn_varlen_func`` on one device against
@@ -174,12 +175,16 @@ def run_cases(args: argparse.Namespace, device: torch.device, written: Callable[
     single_build, ring_build = (_single_varlen_call, _ring_varlen_call) if args.packed else (_single_call, _ring_call)
     rows: list[RingMeasurement] = []
     torch_cp_stopped: str | None = None
-    started: set[tuple[str, bool]] = set()  # (provider, causal) that have run once in this process
+    seconds_per_flop: dict[tuple[str, bool], float] = {}  # (provider, causal) -> its last case's rate
 
     def measure(case: RingCase, provider: str, build, **options) -> RingMeasurement:
-        first_call = (provider, case.causal) not in started
-        started.add((provider, case.causal))
-        return _measure(case, provider, build, device, args, first_call=first_call, **options)
+        key = (provider, case.causal)
+        rate = seconds_per_flop.get(key)
+        measured = _measure(case, provider, build, device, args, first_call=rate is None,
+                            predicted=None if rate is None else rate * case.flops(), **options)
+        if measured.ms:
+            seconds_per_flop[key] = measured.ms / 1e3 / case.flops()
+        return measured
     for causal in masks:
         seqlens = ([n for group in args.seqlens for n in group] if args.seqlens
                    else default_seqlens(device, causal, args.packed))
@@ -367,10 +372,13 @@ def _timed(call: Callable[[], object], device: torch.device, group: bool) -> flo
 
 
 def _measure(case: RingCase, provider: str, build, device: torch.device, args: argparse.Namespace,
-             only_rank0: bool = False, timeout: float | None = None, first_call: bool = False) -> RingMeasurement:
+             only_rank0: bool = False, timeout: float | None = None, first_call: bool = False,
+             predicted: float | None = None) -> RingMeasurement:
     """Time ``build(case, device)()`` on every rank (on rank 0 alone when ``only_rank0``: the others wait at a
-    barrier), after one untimed call when it is the provider's ``first_call`` in the process. A provider that fails
-    on a case is reported, not fatal."""
+    barrier), after one untimed call when it is the provider's ``first_call`` in the process. A long warm-up call
+    is the measurement, unless it took more than twice the ``predicted`` seconds (the provider's rate on its
+    previous case): then it compiled kernels for this length, and one more call is timed. A provider that fails on
+    a case is reported, not fatal."""
     devices = 1 if only_rank0 else dist.get_world_size()
     measurement = RingMeasurement(provider, case, devices)
     runs_here = dist.get_rank() == 0 or not only_rank0
@@ -394,6 +402,9 @@ def _measure(case: RingCase, provider: str, build, device: torch.device, args: a
     one_call = timed_out or slowest_first > args.single_call_seconds  # the warm-up call is the measurement
     iterations = 1 if one_call else _broadcast_int(max(args.min_iters, int(args.target_seconds / max(first, 1e-6))),
                                                    device)
+    if one_call and not timed_out and predicted is not None and slowest_first > 2 * predicted:
+        first = _timed(call, device, group=not only_rank0) if runs_here else 0.0
+        slowest_first = _max_over_ranks(first, device)
     seconds = [first]
     if runs_here and not one_call:
         seconds = [_timed(call, device, group=not only_rank0) for _ in range(iterations)]
