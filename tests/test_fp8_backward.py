@@ -285,3 +285,34 @@ def test_calls_the_kernel_does_not_cover_take_the_reference_path_gpu(triton_back
     ops_fp8.fp8_attention_backward(dout, *quantized, out, lse, signs, opts.softmax_scale, opts.window_left,
                                    opts.window_right, softcap, "block")
     assert calls == [True]
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_deterministic_reaches_the_fp8_backward_launch(deterministic, monkeypatch):
+    """``fp8.flash_attn_func(..., deterministic=)`` reaches the Gluon backward's launch (which keeps the two passes
+    for it): the autograd caller passes it to the op, the op's CUDA kernel into the launch's options."""
+    from flashattn.options import FP8Options
+
+    seen = {}
+
+    def op(*args):
+        seen["op"] = args[-1]
+        return args[1], args[2], args[3]
+
+    monkeypatch.setattr(ops_fp8, "fp8_attention_backward", op)
+    q, k, v = (torch.randn(1, 8, 2, 64) for _ in range(3))
+    options = FP8Options(AttentionOptions(0.125, deterministic=deterministic), hadamard=False)
+    quantized = ops_fp8.Quantized(q, k, v, torch.ones(1, 2, 1), torch.ones(1, 2, 1), torch.ones(1, 2, 1))
+    ops_fp8.train_backward(q, quantized, q, torch.zeros(1, 2, 8), options)
+    assert seen["op"] is deterministic
+
+    def launch(dout, q, k, v, descales, out, lse, signs, opts, granularity):
+        seen["launch"] = opts.deterministic
+        return q, k, v
+
+    monkeypatch.setattr(ops_fp8, "hopper_fp8_backward_fits", lambda *args: True)
+    monkeypatch.setattr(ops_fp8, "launch_backward_fp8", launch)
+    ones = torch.ones(1, 2, 1)
+    ops_fp8._fp8_attention_backward_cuda(q, q, k, v, ones, ones, ones, q, torch.zeros(1, 2, 8), None, 0.125, -1, -1,
+                                         0.0, "block", deterministic)
+    assert seen["launch"] is deterministic
