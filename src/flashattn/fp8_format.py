@@ -26,6 +26,12 @@ def amax_over_e4m3_max(amax: torch.Tensor) -> torch.Tensor:
     return amax / torch.full_like(amax, E4M3_MAX)
 
 
+def e4m3_descale(amax: torch.Tensor) -> torch.Tensor:
+    """The descale of a block (or row, or head) of this amax: :func:`amax_over_e4m3_max`, 1 where the amax is 0 (an
+    all-zero block quantizes exactly at any scale)."""
+    return torch.where(amax > 0, amax_over_e4m3_max(amax), torch.ones_like(amax))
+
+
 def has_blocks(descales: tuple[torch.Tensor, ...]) -> bool:
     """Whether any of the (batch, nheads_k, blocks) descales has more than one block (block quantization)."""
     return any(d.shape[2] > 1 for d in descales)

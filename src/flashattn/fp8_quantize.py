@@ -17,7 +17,7 @@ from .fp8_format import (
     E4M3_MAX,
     FP8_DTYPE,
     SCALE_BLOCK,
-    amax_over_e4m3_max,
+    e4m3_descale,
     hadamard_pieces,
     rotation_matrix,
 )
@@ -78,8 +78,8 @@ def quantize_tensor(x: torch.Tensor, nheads_k: int, granularity: str = "block") 
         amax = padded.abs().reshape(batch, blocks, SCALE_BLOCK, nheads_k, -1).amax(dim=(2, 4))  # (b, blocks, hk)
         per_row = amax.repeat_interleave(SCALE_BLOCK, dim=1)[:, :seqlen, :, None]
         amax = amax.transpose(1, 2)
-    descale = torch.where(amax > 0, amax_over_e4m3_max(amax), torch.ones_like(amax)).contiguous()
-    scale = torch.where(per_row > 0, amax_over_e4m3_max(per_row), torch.ones_like(per_row))
+    descale = e4m3_descale(amax).contiguous()
+    scale = e4m3_descale(per_row)
     quantized = (grouped / scale).clamp(-E4M3_MAX, E4M3_MAX).to(FP8_DTYPE)
     return quantized.reshape(x.shape), descale
 
@@ -96,7 +96,7 @@ def quantize_packed(x: torch.Tensor, cu_seqlens: torch.Tensor, nheads_k: int) ->
     row_amax = grouped.abs().amax(dim=2)  # (total, nheads_k)
     amax = row_amax.new_zeros(batch, nheads_k).scatter_reduce_(0, sequence[:, None].expand_as(row_amax), row_amax,
                                                                "amax")
-    descale = torch.where(amax > 0, amax_over_e4m3_max(amax), torch.ones_like(amax))
+    descale = e4m3_descale(amax)
     quantized = (grouped / descale[sequence][:, :, None]).clamp(-E4M3_MAX, E4M3_MAX).to(FP8_DTYPE)
     return quantized.reshape(x.shape), descale
 

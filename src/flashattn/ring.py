@@ -212,11 +212,6 @@ def run_backward_ring(ring: Ring, kv: torch.Tensor, gradients: Callable[[int, to
         if pending is not None:
             _wait(pending[0])
             dkv = pending[1]
-        elif len(partials) == 1 and partials[0][1].shape == kv.shape[1:]:  # covers the shard: copied, not added to 0
-            dkv = torch.empty(kv.shape, dtype=torch.float32, device=kv.device)
-            dkv[0].copy_(partials[0][1])
-            dkv[1].copy_(partials[0][2])
-            partials = []
         else:
             dkv = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
         for index, dk, dv in partials:

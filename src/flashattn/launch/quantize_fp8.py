@@ -9,7 +9,7 @@ import torch
 
 from .. import configs
 from ..backend import interpreting
-from ..fp8_format import amax_over_e4m3_max, sylvester_hadamard
+from ..fp8_format import e4m3_descale, sylvester_hadamard
 from .common import cdiv, last_dim_contiguous
 from .launcher import launch
 
@@ -99,7 +99,7 @@ def _quantize_two_passes(x, s, col_scale, rotate: bool, nheads_k: int, block_row
            x.stride(2), descale.stride(0), descale.stride(1), e4m3_max, DESCALE=not per_head, **shapes)
     if per_head:  # the blocks' amaxes first
         amax = descale.amax(dim=2)
-        descale = torch.where(amax > 0, amax_over_e4m3_max(amax), torch.ones_like(amax))
+        descale = e4m3_descale(amax)
     launch(quantize_kernel, grid, x, s, col_scale, descale, out, seqlen, nheads // nheads_k, x.stride(0),
            x.stride(1), x.stride(2), out.stride(0), out.stride(1), out.stride(2), descale.stride(0),
            descale.stride(1), 0 if per_head else descale.stride(2), e4m3_max, **shapes)

@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .. import __version__, fp8
+from .. import __version__, flops, fp8
 from ..interface import flash_attn_func
 from ..validation import MAX_HEAD_DIM
 from ..varlen import flash_attn_varlen_func
@@ -65,8 +65,12 @@ class BenchCase:
     nheads_k: int | None = None
 
     def forward_flops(self) -> float:
-        flops = 4.0 * self.batch * self.nheads * self.seqlen * self.seqlen * self.head_dim
-        return flops / 2 if self.causal else flops
+        return float(flops.forward_flops(self.batch, self.seqlen, self.seqlen, self.nheads, self.head_dim, self.causal))
+
+    def step_flops(self) -> float:
+        """A training step's: the forward's and the backward's (``flops.py``)."""
+        return self.forward_flops() + flops.backward_flops(self.batch, self.seqlen, self.seqlen, self.nheads,
+                                                           self.head_dim, self.causal)
 
 
 @dataclass
@@ -255,7 +259,7 @@ def measure(provider: str, case: BenchCase, device: torch.device, modes: tuple[s
             result.extra["not_compared"] = "no flashattn output" if provider != "flashattn" else "the reference"
         else:
             result.max_diff_vs_flashattn = (out.float() - reference_out.float()).abs().max().item()
-        flops = getattr(fn, "forward_flops", None) or case.forward_flops()
+        fwd_flops = getattr(fn, "forward_flops", None) or case.forward_flops()
         if "fwd" in modes:
             started = time.monotonic()
             with torch.no_grad():
@@ -263,7 +267,7 @@ def measure(provider: str, case: BenchCase, device: torch.device, modes: tuple[s
             result.fwd_ms, result.fwd_spread, result.fwd_settled = _timing_fields(timing)
             if clocks is not None:
                 result.fwd_sm_mhz, result.fwd_power_w = clocks.window(started, time.monotonic())
-            result.fwd_tflops = flops / result.fwd_ms / 1e9
+            result.fwd_tflops = fwd_flops / result.fwd_ms / 1e9
             if device.type == "cuda" and result.fwd_ms < HOST_TIMING_MAX_MS:
                 with torch.no_grad():
                     result.fwd_host_us = host_microseconds(fn, device)
@@ -277,7 +281,7 @@ def measure(provider: str, case: BenchCase, device: torch.device, modes: tuple[s
             result.bwd_ms, result.bwd_spread, result.bwd_settled = _timing_fields(time_call(backward, device))
             if clocks is not None:
                 result.bwd_sm_mhz, result.bwd_power_w = clocks.window(started, time.monotonic())
-            result.bwd_tflops = 2.5 * flops / result.bwd_ms / 1e9
+            result.bwd_tflops = 2.5 * fwd_flops / result.bwd_ms / 1e9
             if device.type == "cuda" and result.bwd_ms < HOST_TIMING_MAX_MS:
                 result.bwd_host_us = host_microseconds(backward, device)
         return result, out.detach()
@@ -753,7 +757,6 @@ def run_fp8_forward(args: argparse.Namespace, env: dict) -> int:
 # ---------------------------------------------------------------------------------------------
 
 TRAIN_PROVIDER = "flashattn_fp8"  # fp8.flash_attn_func: quantized inside, FP8 forward and backward
-STEP_FLOPS = 3.5  # a training step's FLOPs over the forward's
 
 
 def _fp8_training(q, k, v, causal: bool):
@@ -790,7 +793,7 @@ def training_table(measurements: list[Measurement], providers: list[str]) -> str
         steps = {m.provider: step_ms(m) for m in measurements if m.case == case}
         fp8_ms = steps.get(TRAIN_PROVIDER)
         cells = [f"{steps[p]:.3f}" if steps.get(p) else "-" for p in providers]
-        rate = STEP_FLOPS * case.forward_flops() / fp8_ms / 1e9 if fp8_ms else None
+        rate = case.step_flops() / fp8_ms / 1e9 if fp8_ms else None
         ratios = [f"{steps[p] / fp8_ms:.2f}x" if fp8_ms and steps.get(p) else "-" for p in others]
         lines.append(f"| {case.head_dim} | {int(case.causal)} | {case.seqlen} | " + " | ".join(cells)
                      + f" | {format_rate(rate)} | " + " | ".join(ratios) + " |")
