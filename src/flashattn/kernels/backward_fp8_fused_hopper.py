@@ -1,7 +1,9 @@
 """Hopper FP8 dK/dV and dQ in one Gluon kernel: ``backward_fp8_hopper``'s key-block program (128 keys, two 64-key
 consumers, S^T and dP^T, the e4m3 dV and dK tile products) also adds each query block's dQ = dS K into a float32
 accumulator by TMA reductions, as the 16-bit ``backward_fused_dq`` does beside ``backward_hopper``. The two-pass form
-(that kernel and ``backward_fp8_dq_hopper``) stays for deterministic calls: the reductions land in any order.
+(that kernel and ``backward_fp8_dq_hopper``) stays for deterministic calls, the reductions landing in any order, and
+for head dim 128, where this kernel's loops spill (the dQ tile and the dS ring beside dK, dV and the tile product) and
+the two passes are faster (docs/perf-notes.md, "FP8 backward").
 
 dQ's tile product is dQ = dS K with both operands in shared memory (M = 64 queries, K = the program's 128 keys, N a
 head-dim half): each consumer computes its own half of the head dim over all 128 keys. A register A operand would
@@ -122,8 +124,6 @@ def _key_slice_partition(k_smem, v_smem, kt_smem, q_bufs, do_bufs, qt_bufs, dot_
     HALF: gl.constexpr = HEAD_DIM // 2
     s_layout: gl.constexpr = score_layout(k_smem.dtype, BLOCK_M)
     acc_layout: gl.constexpr = fp8_wgmma_layout(HEAD_DIM)
-    # at hdim 64 the dV product's accumulator fits beside dS^T while the amax is exchanged; at 128 it spilled
-    EARLY_DV: gl.constexpr = HEAD_DIM == 64
     batch, head_k, key_start, first_q_block, per_head = _key_tile(
         seqlen_q, seqlen_k, nheads_k, key_blocks, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT)
     group_size = nheads // nheads_k
@@ -168,8 +168,8 @@ def _key_slice_partition(k_smem, v_smem, kt_smem, q_bufs, do_bufs, qt_bufs, dot_
         tma.store_wait(0)
         _share_key_max(ds, amax_bufs, amax_ready, it, SLICE)
         p_op = _p_operand(p * 256.0, HEAD_DIM, BLOCK_M)
-        if EARLY_DV:
-            part = warpgroup_mma(p_op, dot_bufs.index(stage).permute((1, 0)), part, use_acc=False, is_async=True)
+        # the dV product runs while the amax is exchanged: its accumulator fits beside dS^T at hdim 64
+        part = warpgroup_mma(p_op, dot_bufs.index(stage).permute((1, 0)), part, use_acc=False, is_async=True)
         ds_descale = gl.maximum(gl.div_rn(_tile_amax(amax_bufs, amax_ready, it), E4M3_MAX), FLOAT32_TINY)
         # dK's and dQ's operands from one float32 quotient and one rounding: the reference path's single e4m3 dS
         ds_scaled = ds * gl.div_rn(1.0, ds_descale)
@@ -178,8 +178,6 @@ def _key_slice_partition(k_smem, v_smem, kt_smem, q_bufs, do_bufs, qt_bufs, dot_
         fence_async_shared()
         gl.thread_barrier()  # every warp's pairs are stored before the one thread arrives
         mbarrier.arrive(ds_ready.index(it % 2), count=1)
-        if not EARLY_DV:
-            part = warpgroup_mma(p_op, dot_bufs.index(stage).permute((1, 0)), part, use_acc=False, is_async=True)
         part = warpgroup_mma_wait(num_outstanding=0, deps=(part, ))
         dv += part * (do_descale * (1.0 / 256.0))  # P_SCALE
         # -- dK's tile product on dS^T in e4m3 --
@@ -212,7 +210,7 @@ def dkdv_dq_fp8_hopper_kernel(
     The arguments of ``backward_fp8_hopper.dkdv_fp8_hopper_kernel``, and: kt_desc: e4m3 K^T (batch * nheads_k *
     HEAD_DIM, padded keys) in (HEAD_DIM, 128) tiles, each 16 keys in the pair order; dq_desc: the zeroed float32 dQ
     accumulator (batch * seqlen_q, nheads * HEAD_DIM) in (64, HEAD_DIM / 2) tiles, which the kernel adds into."""
-    gl.static_assert((HEAD_DIM == 64) | (HEAD_DIM == 128), "the FP8 dK/dV/dQ kernel takes head dims 64 and 128")
+    gl.static_assert(HEAD_DIM == 64, "the FP8 dK/dV/dQ kernel takes head dim 64 (at 128 the two passes are faster)")
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [PROGRAM_KEYS, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [PROGRAM_KEYS, HEAD_DIM], v_desc.layout)
     kt_smem = gl.allocate_shared_memory(kt_desc.dtype, [HEAD_DIM, PROGRAM_KEYS], kt_desc.layout)

@@ -29,10 +29,6 @@ DQ_ROWS = SCALE_BLOCK  # queries a dQ program: two consumers' 64, one q and dO d
 # (norm-relative) off the reference path at 256 x 256, hdim 128, with the tile products exact, and fresh accumulators
 # per 32 still 1.5e-3; the tile products' own truncation, 7e-4. The e4m3 build (False) is the faster one to measure.
 SCORES_16BIT = True
-# dQ inside the dK/dV kernel (``kernels/backward_fp8_fused_hopper.py``), added into float32 by TMA reductions in any
-# order: dQ not bitwise repeatable, one kernel and three products fewer; calls with ``deterministic`` keep the two
-# passes. Off until a GPU run has held that kernel to the reference path and timed it against the two passes.
-FUSED_DQ = False
 
 
 def hopper_fp8_backward_fits(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -142,7 +138,10 @@ def launch_backward_fp8(dout, q, k, v, descales: tuple, out, lse, signs, opts: A
                            _transposed_descriptor(transposed_queries(do8), BLOCK_M), k_desc, v_desc)
     gradient_arguments = (lse, delta, dk, dv, *all_descales, dk.stride(0), dk.stride(1), dk.stride(2),
                           *all_descales.stride()[1:], seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, *masks)
-    if FUSED_DQ and not opts.deterministic:
+    # dQ inside the dK/dV kernel (``kernels/backward_fp8_fused_hopper.py``) at the head dims configs gives it stages
+    # (64: at 128 its loops spill and the two passes are faster, docs/perf-notes.md), added into float32 by TMA
+    # reductions in any order: not bitwise repeatable, so calls with ``deterministic`` keep the two passes
+    if head_dim in configs.HOPPER_DKDV_DQ_FP8_STAGES and not opts.deterministic:
         from ..kernels.backward_fp8_fused_hopper import dkdv_dq_fp8_hopper_kernel
 
         # float32 dQ in q's layout, added into (zeroed by a plan's replay too), rotated back or rounded below
