@@ -48,9 +48,10 @@ FP32_POINTERS = {"Lse", "Delta", "AlibiSlopes", "DMask"}
 INT32_POINTERS = {"BlockMap", "BlockTable", "CacheSeqlens", "CacheBatchIdx", "CacheLeftpad"}
 # QGMMA: the FP8 (e4m3) wgmma's SASS name
 # REDG: per-element global reductions; UTMAREDG: TMA tile reductions (the fused dK/dV/dQ kernel's dQ)
+# STSM: stmatrix (the FP8 dK/dV/dQ kernel's dS store)
 COUNTED_OPS = ("HGMMA", "QGMMA", "HMMA", "FFMA", "FMUL", "FADD", "MUFU.EX2", "STL", "LDL", "REDG", "UTMAREDG")
 LOOP_OPS = ("HGMMA", "QGMMA", "HMMA", "WARPGROUP.DEPBAR", "MUFU.EX2", "STL", "LDL", "BAR", "LDGSTS", "LDG", "ISETP",
-            "FSEL", "REDG", "UTMAREDG")
+            "FSEL", "REDG", "UTMAREDG", "STSM")
 
 
 def signature(kernel, constexprs: dict, dtype: str) -> dict:
@@ -352,6 +353,33 @@ def hopper_fp8_dq_report(head_dim: int, causal: bool, window_left: bool = False,
                      softmax_scale="fp32", qk_scale_log2="fp32")
     return _gluon_report(dq_fp8_hopper_kernel, signature,
                          hopper_fp8_dkdv_constexprs(head_dim, window_left, causal, dq=True))
+
+
+def hopper_fp8_dkdv_dq_report(head_dim: int, causal: bool, window_left: bool = False,
+                              scores_16bit: bool = False) -> dict:
+    """:func:`hopper_fp8_dkdv_report` of the Gluon FP8 dK/dV/dQ kernel (``kernels/backward_fp8_fused_hopper.py``):
+    the dK/dV kernel's arguments, K^T and the float32 dQ accumulator in (64, head_dim / 2) tiles."""
+    import torch
+
+    from flashattn.kernels.backward_fp8_fused_hopper import dkdv_dq_fp8_hopper_kernel
+    from flashattn.launch.backward_fp8 import hopper_fp8_dkdv_constexprs
+    from flashattn.launch.common import tile_layout
+
+    wide = scores_16bit
+    half = head_dim // 2
+    signature = dict(q_desc=_fp8_descriptor(64, head_dim, wide), do_desc=_fp8_descriptor(64, head_dim, wide),
+                     qt_desc=_fp8_descriptor(head_dim, 64), dot_desc=_fp8_descriptor(head_dim, 64),
+                     k_desc=_fp8_descriptor(128, head_dim, wide), v_desc=_fp8_descriptor(128, head_dim, wide),
+                     kt_desc=_fp8_descriptor(head_dim, 128),
+                     dq_desc=f"tensordesc<fp32[64, {half}],{tile_layout(64, half, torch.float32)!r}>",
+                     Lse="*fp32", Delta="*fp32", DK="*fp32", DV="*bf16", QDescale="*fp32", KDescale="*fp32",
+                     VDescale="*fp32", DODescale="*fp32",
+                     **{name: "i32" for name in ("stride_gb", "stride_gm", "stride_gh", "stride_ds_b", "stride_ds_h",
+                                                 "stride_ds_blk", "seqlen_q", "seqlen_k", "nheads", "nheads_k",
+                                                 "key_blocks", "window_left", "window_right")},
+                     softmax_scale="fp32", qk_scale_log2="fp32")
+    return _gluon_report(dkdv_dq_fp8_hopper_kernel, signature,
+                         hopper_fp8_dkdv_constexprs(head_dim, window_left, causal, fused=True))
 
 
 def _fp8_descriptor(rows: int, columns: int, wide: bool = False) -> str:

@@ -171,18 +171,24 @@ def test_gradients_within_the_fp8_error_model_gpu(shape, options):
     check_gradients(*(x.cuda() for x in make_inputs(*shape)), seed=3, **options)
 
 
-@pytest.mark.parametrize("name,tokens,width", [("transposed_queries", 113, 128), ("transposed_keys", 130, 256)])
-def test_transposed_copies_pad_to_blocks_in_operand_order(triton_backend, name, tokens, width):
+@pytest.mark.parametrize("name,tokens,width,pairs", [("transposed_queries", 113, 128, False),
+                                                     ("transposed_keys", 130, 256, False),
+                                                     ("transposed_keys", 130, 256, True)])
+def test_transposed_copies_pad_to_blocks_in_operand_order(triton_backend, name, tokens, width, pairs):
     """Q^T and dO^T for the Gluon dK/dV kernel, K^T for the dQ kernel: (B, S, H, D) -> (B, H, D, S rounded up to a
     64-query or 128-key block), zeros past S, position p of each 32 holding token 16 p4 + 8 p1 + 4 p3 + 2 p2 + p0
-    (the register operand's order of P^T and dS^T, or of dS)."""
+    (the register operand's order of P^T and dS^T, or of dS); the fused kernel's K^T (``pairs``), position p of each
+    16 holding key 8 p0 + (p >> 1 & 7) (its dS byte pairs)."""
     from flashattn.launch import backward_fp8
 
     x = torch.randn(2, tokens, 3, 64, device=triton_backend).to(torch.float8_e4m3fn)
-    xt = getattr(backward_fp8, name)(x).view(torch.uint8)
+    xt = getattr(backward_fp8, name)(x, **({"pairs": True} if pairs else {})).view(torch.uint8)
     assert xt.shape == (2, 3, 64, width) and xt.is_contiguous()
     bits = [(torch.arange(width) >> i) & 1 for i in range(5)]
-    order = torch.arange(width) // 32 * 32 + 16 * bits[4] + 8 * bits[1] + 4 * bits[3] + 2 * bits[2] + bits[0]
+    if pairs:
+        order = torch.arange(width) // 16 * 16 + 8 * bits[0] + (torch.arange(width) >> 1 & 7)
+    else:
+        order = torch.arange(width) // 32 * 32 + 16 * bits[4] + 8 * bits[1] + 4 * bits[3] + 2 * bits[2] + bits[0]
     padded = torch.cat([x.cpu().view(torch.uint8), torch.zeros(2, width - tokens, 3, 64, dtype=torch.uint8)], 1)
     assert torch.equal(xt.cpu(), padded[:, order].permute(0, 2, 3, 1))
 
@@ -305,3 +311,34 @@ def test_do_quantizer_writes_delta_from_the_rounded_rows(triton_backend):
         # float32 sums in another order: within a few ulps of the sum of magnitudes
         bound = 8 * torch.finfo(torch.float32).eps * products.abs().sum(-1).transpose(1, 2) + 1e-30
         assert ((delta.double() - want).abs() <= bound).all(), granularity
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_deterministic_reaches_the_fp8_backward_launch(deterministic, monkeypatch):
+    """``fp8.flash_attn_func(..., deterministic=)`` reaches the Gluon backward's launch (which keeps the two passes
+    for it): the autograd caller passes it to the op, the op's CUDA kernel into the launch's options."""
+    from flashattn.options import FP8Options
+
+    seen = {}
+
+    def op(*args):
+        seen["op"] = args[-1]
+        return args[1], args[2], args[3]
+
+    monkeypatch.setattr(ops_fp8, "fp8_attention_backward", op)
+    q, k, v = (torch.randn(1, 8, 2, 64) for _ in range(3))
+    options = FP8Options(AttentionOptions(0.125, deterministic=deterministic), hadamard=False)
+    quantized = ops_fp8.Quantized(q, k, v, torch.ones(1, 2, 1), torch.ones(1, 2, 1), torch.ones(1, 2, 1))
+    ops_fp8.train_backward(q, quantized, q, torch.zeros(1, 2, 8), options)
+    assert seen["op"] is deterministic
+
+    def launch(dout, q, k, v, descales, out, lse, signs, opts, granularity):
+        seen["launch"] = opts.deterministic
+        return q, k, v
+
+    monkeypatch.setattr(ops_fp8, "hopper_fp8_backward_fits", lambda *args: True)
+    monkeypatch.setattr(ops_fp8, "launch_backward_fp8", launch)
+    ones = torch.ones(1, 2, 1)
+    ops_fp8._fp8_attention_backward_cuda(q, q, k, v, ones, ones, ones, q, torch.zeros(1, 2, 8), None, 0.125, -1, -1,
+                                         0.0, "block", deterministic)
+    assert seen["launch"] is deterministic

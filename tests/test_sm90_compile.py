@@ -394,7 +394,7 @@ def _fp8_backward_ids(kernel: str):
 
 
 def _fp8_backward_reports(kernel: str, pair: tuple) -> list[tuple[tuple, dict]]:
-    """(build, sass_report's report) of each build of ``pair``, the FP8 ``kernel`` ("dkdv" or "dq")."""
+    """(build, sass_report's report) of each build of ``pair``, the FP8 ``kernel`` ("dkdv", "dq" or "dkdv_dq")."""
     results = _compiled(COMPILE_FP8_BACKWARD.format(kernel=kernel, builds=list(pair)))
     assert len(results) == len(pair)
     return [(build, result) for build, (result,) in zip(pair, results, strict=True)]
@@ -408,6 +408,29 @@ def test_fp8_gluon_dkdv_takes_e4m3_wgmma(pair):
         # S^T and dP^T: HEAD_DIM / 16 float16 wgmma each, in each of the two consumers' loops (one a consumer)
         _assert_fp8_backward_build(name, result, 2 * 2 * head_dim // 16 if scores_16bit else 0, 2,
                                    FP8_DKDV_LOOP_SPILLS[head_dim])
+
+
+# The Gluon FP8 dK/dV/dQ kernel (kernels/backward_fp8_fused_hopper.py), the dK/dV kernel's builds: in each of the two
+# consumers' loops the dV and dK tile products (2 QGMMA each), dQ's over the 128 keys (K = 32 a QGMMA: 4), S^T and dP^T
+# as in the dK/dV kernel; dS stored by 2 stmatrix (STSM) and dQ's half added by 1 TMA reduction (UTMAREDG) a block.
+# Head dim 64 only (the launch's), without spills (FP8_DKDV_DQ_LOOP_SPILLS: the most (stores, loads) per build, summed
+# over the two loops).
+FP8_DKDV_DQ_BUILDS = builds([(64, c, w, f) for c in (False, True) for w in (False, True) for f in (False, True)],
+                            [(64, True, True, True)])
+FP8_DKDV_DQ_LOOP_SPILLS = {64: (0, 0)}
+
+
+@pytest.mark.parametrize("pair", pairs(FP8_DKDV_DQ_BUILDS), ids=_fp8_backward_ids("dkdv_dq"))
+def test_fp8_gluon_dkdv_dq_takes_e4m3_wgmma(pair):
+    for (head_dim, causal, window_left, scores_16bit), result in _fp8_backward_reports("dkdv_dq", pair):
+        name = f"fp8 dK/dV/dQ hdim {head_dim} causal {causal} window_left {window_left} scores_16bit {scores_16bit}"
+        scores = 2 * head_dim // (16 if scores_16bit else 32)
+        qgmma = 2 * (2 + 2 + 128 // 32 + (0 if scores_16bit else scores))
+        assert result["QGMMA"] == qgmma, f"{name}: {result['QGMMA']} e4m3 wgmma, not {qgmma}"
+        _assert_fp8_backward_build(name, result, 2 * scores if scores_16bit else 0, 2,
+                                   FP8_DKDV_DQ_LOOP_SPILLS[head_dim])
+        for loop in result["loops"]:
+            assert loop["STSM"] == 2 and loop["UTMAREDG"] == 1, f"{name}: not dS's 2 stmatrix and 1 reduction: {loop}"
 
 
 def _assert_fp8_backward_build(name: str, result: dict, hgmma: int, loops: int, spills: tuple[int, int]):

@@ -193,7 +193,7 @@ QUANTIZE_TILES = {32: (64, 32, 4, 1), 64: (64, 64, 4, 1), 128: (64, 128, 4, 1), 
 # the quantizer's one pass by width: (largest group, padded to a power of 2; rows of S a step, warps, stages)
 QUANTIZE_ONE_PASS_TILES = {32: (8, 32, 16, 1), 64: (4, 64, 16, 1), 128: (2, 64, 16, 2), 256: (1, 64, 16, 2)}
 TRANSPOSE_V_TILE = (64, 4)  # the FP8 forward's V^T copy (launch/forward_fp8.py): keys a program, warps
-HOPPER_DKDV_FP8_STAGES, HOPPER_DQ_FP8_STAGES = 3, {64: 3, 128: 2}  # FP8 dK/dV's ring, dQ's of K, V, K^T by hdim
+HOPPER_DKDV_FP8_STAGES, HOPPER_DQ_FP8_STAGES, HOPPER_DKDV_DQ_FP8_STAGES = 3, {64: 3, 128: 2}, {64: 3}  # rings
 DQ_CONVERSION_ROWS = 64  # query rows a program of the fused backward's dQ pass (float32 -> dq: bandwidth-bound)
 
 

@@ -71,7 +71,8 @@ def flash_attn_func(
         softmax_scale, causal, window_size, softcap: as in :func:`flashattn.flash_attn_func` (the causal mask is
             aligned to the bottom-right corner: query i sees key j when j <= i + seqlen_k - seqlen_q).
         dropout_p, alibi_slopes: refused (the FP8 forward has neither); the defaults only.
-        deterministic: accepted; the backward is deterministic on every path (no kernel of it adds atomically).
+        deterministic: as in ``flash_attn_func``: with it the backward repeats bitwise; without it the sm90 kernels
+            add dQ in any order at head dim 64 (dQ inside the dK/dV kernel).
         return_attn_probs: also return the log-sum-exp, as flash_attn_func does.
         hadamard: rotate q and k by a random orthogonal matrix before quantizing (see :func:`quantize`); dq and dk
             are rotated back, so the gradients are in q's and k's own basis either way.

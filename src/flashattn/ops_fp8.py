@@ -17,6 +17,8 @@ for dense and packed keys; paged keys and the KV cache have no FP8 kernel, and a
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from . import cpu, fp8_backward, validation
@@ -246,9 +248,11 @@ def fp8_attention_backward(
     window_right: int,
     softcap: float,
     granularity: str,
+    deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) in dout's dtype of the FP8 forward's saved e4m3 q, k, v (q and k rotated by diag(signs) H when
-    ``signs`` is given) and descales: the PyTorch path (``fp8_backward``); on CUDA see the kernel below."""
+    ``signs`` is given) and descales: the PyTorch path (``fp8_backward``, deterministic either way); on CUDA see
+    the kernel below."""
     opts = _options(softmax_scale, window_left, window_right, softcap)
     return fp8_backward.backward(dout, q, k, v, (q_descale, k_descale, v_descale), out, lse, signs, opts,
                                  granularity)
@@ -256,10 +260,11 @@ def fp8_attention_backward(
 
 @fp8_attention_backward.register_kernel("cuda")
 def _fp8_attention_backward_cuda(dout, q, k, v, q_descale, k_descale, v_descale, out, lse, signs, softmax_scale,
-                                 window_left, window_right, softcap, granularity):
-    """dQ, dK and dV by the Gluon kernels where they cover the call (``hopper_fp8_backward_fits``); the reference
-    path elsewhere and under ``FLASHATTN_BACKEND=torch``."""
-    opts = _options(softmax_scale, window_left, window_right, softcap)
+                                 window_left, window_right, softcap, granularity, deterministic=False):
+    """dQ, dK and dV by the Gluon kernels where they cover the call (``hopper_fp8_backward_fits``; ``deterministic``
+    keeps their bitwise-repeatable form); the reference path elsewhere and under ``FLASHATTN_BACKEND=torch``."""
+    opts = dataclasses.replace(_options(softmax_scale, window_left, window_right, softcap),
+                               deterministic=deterministic)
     descales = (q_descale, k_descale, v_descale)
     if backend_override() == "torch" or not hopper_fp8_backward_fits(dout, q, k, v, opts):
         return fp8_backward.backward(dout, q, k, v, descales, out, lse, signs, opts, granularity)
@@ -268,7 +273,7 @@ def _fp8_attention_backward_cuda(dout, q, k, v, q_descale, k_descale, v_descale,
 
 @fp8_attention_backward.register_fake
 def _fp8_attention_backward_fake(dout, q, k, v, q_descale, k_descale, v_descale, out, lse, signs, softmax_scale,
-                                 window_left, window_right, softcap, granularity):
+                                 window_left, window_right, softcap, granularity, deterministic=False):
     return (dout.new_empty(q.shape), dout.new_empty(k.shape), dout.new_empty(v.shape))
 
 
@@ -278,5 +283,5 @@ def train_backward(dout: torch.Tensor, quantized: Quantized, out: torch.Tensor, 
     signs = random_signs(quantized.q.shape[-1], options.seed, dout.device) if options.hadamard else None
     opts = options.attention
     return fp8_attention_backward(dout, *quantized, out, lse, signs, opts.softmax_scale, opts.window_left,
-                                  opts.window_right, opts.softcap, options.granularity)
+                                  opts.window_right, opts.softcap, options.granularity, opts.deterministic)
 

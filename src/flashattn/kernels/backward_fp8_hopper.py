@@ -83,13 +83,24 @@ def _load_partition(q_desc, do_desc, qt_desc, dot_desc, k_desc, v_desc, k_smem, 
     (the (batch, head)'s head-dim rows, the block's columns) into the stage of its position, behind one barrier, and
     its lse (base 2; +inf past the sequence, so that P = 0 there) and delta into the stage's statistics, behind
     another: loaded by the consumers, they and their addresses beside S^T, dP^T and the two gradients spilled."""
-    rows_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
     batch, head_k, key_start, first_q_block, per_head = _key_tile(
         seqlen_q, seqlen_k, nheads_k, key_blocks, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT)
-    group_size = nheads // nheads_k
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [batch * seqlen_k + key_start, head_k * HEAD_DIM], kv_ready, k_smem)
     tma.async_copy_global_to_shared(v_desc, [batch * seqlen_k + key_start, head_k * HEAD_DIM], kv_ready, v_smem)
+    load_query_blocks(q_desc, do_desc, qt_desc, dot_desc, q_bufs, do_bufs, qt_bufs, dot_bufs, stats_bufs, ready,
+                      stats_ready, stage_free, Lse, Delta, batch, head_k, first_q_block, per_head, seqlen_q, nheads,
+                      nheads_k, HEAD_DIM, NUM_STAGES)
+
+
+@gluon.jit
+def load_query_blocks(q_desc, do_desc, qt_desc, dot_desc, q_bufs, do_bufs, qt_bufs, dot_bufs, stats_bufs, ready,
+                      stats_ready, stage_free, Lse, Delta, batch, head_k, first_q_block, per_head, seqlen_q, nheads,
+                      nheads_k, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """The loader's loop over the program's query blocks (every query head of the kv head's group), shared by the
+    dK/dV kernel and the fused dK/dV/dQ kernel (``backward_fp8_fused_hopper``)."""
+    rows_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
+    group_size = nheads // nheads_k
     for it in range(per_head * group_size):
         head = head_k * group_size + it // per_head
         q_block = first_q_block + it % per_head
@@ -126,6 +137,22 @@ def seen_keys(rows, keys, seqlen_q, seqlen_k, window_left, window_right, WINDOW_
     if WINDOW_RIGHT:
         seen = seen & (keys <= diagonal + window_right)
     return seen
+
+
+@gluon.jit
+def probabilities_and_ds(s, dp, stats_bufs, stage, q_block, keys, q_descale, k_descale, do_descale, v_descale,
+                         seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, WINDOW_LEFT: gl.constexpr,
+                         WINDOW_RIGHT: gl.constexpr):
+    """P^T and dS^T in float32 from S^T and dP^T (keys along the rows) and the stage's lse and delta, read as they
+    are used. A row that sees no key may have lse = -inf: ``where``, not a -inf score."""
+    s_layout: gl.constexpr = s.type.layout
+    rows = q_block * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+    seen = seen_keys(rows[None, :], keys[:, None], seqlen_q, seqlen_k, window_left, window_right,
+                     WINDOW_LEFT, WINDOW_RIGHT)
+    lse_log2 = stats_bufs.index(2 * stage).load(gl.SliceLayout(0, s_layout))
+    p = gl.where(seen, gl.exp2(s * (qk_scale_log2 * q_descale * k_descale) - lse_log2[None, :]), 0.0)
+    delta = stats_bufs.index(2 * stage + 1).load(gl.SliceLayout(0, s_layout))
+    return p, p * (dp * (do_descale * v_descale) - delta[None, :])
 
 
 @gluon.jit
@@ -192,15 +219,10 @@ def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, qt_bufs, dot_bufs, sta
         do_descale = gl.load(DODescale + descales + q_scale_block * stride_ds_blk)
         mbarrier.wait(stats_ready.index(stage), phase)
         s, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s, dp))
-        # -- P^T and dS^T in float32 (a row that sees no key may have lse = -inf: where, not a -inf score); lse and
-        # delta read from the stage as they are used --
-        rows = q_block * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-        seen = seen_keys(rows[None, :], keys[:, None], seqlen_q, seqlen_k, window_left, window_right,
-                         WINDOW_LEFT, WINDOW_RIGHT)
-        lse_log2 = stats_bufs.index(2 * stage).load(gl.SliceLayout(0, s_layout))
-        p = gl.where(seen, gl.exp2(s * (qk_scale_log2 * q_descale * k_descale) - lse_log2[None, :]), 0.0)
-        delta = stats_bufs.index(2 * stage + 1).load(gl.SliceLayout(0, s_layout))
-        ds = p * (dp * (do_descale * v_descale) - delta[None, :])
+        # -- P^T and dS^T in float32 --
+        p, ds = probabilities_and_ds(s, dp, stats_bufs, stage, q_block, keys, q_descale, k_descale, do_descale,
+                                     v_descale, seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2,
+                                     WINDOW_LEFT, WINDOW_RIGHT)
         # -- the e4m3 operands: P^T * 256, and dS^T by the tile's descale, whose amax the consumers exchange --
         _share_key_max(ds, amax_bufs, amax_ready, it, SLICE)
         p_op = _p_operand(p * 256.0, HEAD_DIM, BLOCK_M)

@@ -4,7 +4,9 @@ the kernels take V with its keys contiguous, (head_dim, keys) per batch and kv h
 One program copies BLOCK_N key positions of one (batch, kv head): it gathers the keys' rows (each row head_dim
 contiguous bytes), transposes the tile in registers and writes BLOCK_N contiguous bytes per head-dim row. With
 ``PERMUTE`` (the Gluon kernel's layout) position k of each 32 holds key 16 k4 + 8 k1 + 4 k3 + 2 k2 + k0, the order of
-the kernel's P operand (``forward_fp8_hopper._p_operand``); keys past ``seqlen`` are written as zeros, so the
+the kernel's P operand (``forward_fp8_hopper._p_operand``). With ``PAIRS`` (the fused FP8 backward's K^T) position p of
+each 16 holds key 8 p0 + (p >> 1 & 7): keys g and g + 8 side by side, the byte pairs in which that kernel stores dS
+(``backward_fp8_fused_hopper._store_ds_pairs``); keys past ``seqlen`` are written as zeros, so the
 padding up to the output's width takes no separate pass. V and VT come in their own dtype (e4m3), and the
 kernel copies their bytes as uint8: a copy needs no float8 arithmetic (the interpreter has none), and the launch
 passes the tensors themselves, which a launch plan can slot (``launch.plans``), not dtype views of them.
@@ -18,6 +20,7 @@ import triton.language as tl
 def transpose_v_kernel(
     V, VT, seqlen, width, stride_vb, stride_vs, stride_vh, stride_vd, stride_tb, stride_th, stride_td,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PERMUTE: tl.constexpr,
+    PAIRS: tl.constexpr = False,
 ):
     """VT[b, h, d, p] = V[b, key(p), h, d] for p < ``width`` (0 where key(p) >= seqlen)."""
     V, VT = V.to(tl.pointer_type(tl.uint8)), VT.to(tl.pointer_type(tl.uint8))  # bytes: no float8 arithmetic
@@ -26,6 +29,9 @@ def transpose_v_kernel(
     if PERMUTE:
         low = pos % 32
         key = pos - low + (low & 16) + ((low & 2) << 2) + ((low & 8) >> 1) + ((low & 4) >> 1) + (low & 1)
+    elif PAIRS:
+        low = pos % 16
+        key = pos - low + ((low & 1) << 3) + (low >> 1)
     else:
         key = pos
     offs_d = tl.arange(0, BLOCK_D)

@@ -17,7 +17,7 @@ from ..fp8_format import E4M3_MAX, FP8_DTYPE, SCALE_BLOCK, rotation_matrix
 from ..options import AttentionOptions
 from .common import LOG2E, cdiv, last_dim_contiguous, tile_layout, tma_compatible, token_descriptor, token_rows
 from .forward_fp8 import transposed_tokens
-from .launcher import launch
+from .launcher import launch, zeros
 from .quantize_fp8 import quantize_rows_and_delta
 
 BLOCK_M = 64  # queries a block: the rows of a dS descale (fp8_backward.DS_BLOCK_M)
@@ -48,10 +48,15 @@ def score_operands(q, do8, k, v, scores_16bit: bool) -> tuple[torch.Tensor, ...]
     return tuple(x.to(torch.float16) for x in (q, do8, k, v)) if scores_16bit else (q, do8, k, v)
 
 
-def hopper_fp8_dkdv_constexprs(head_dim: int, window_left: bool, window_right: bool, dq: bool = False) -> dict:
-    """The dK/dV kernel's compile-time arguments (``dq``: the dQ kernel's), also what benchmarks/sass_report.py
-    compiles; causal is window_right."""
-    stages = configs.HOPPER_DQ_FP8_STAGES[head_dim] if dq else configs.HOPPER_DKDV_FP8_STAGES
+def hopper_fp8_dkdv_constexprs(head_dim: int, window_left: bool, window_right: bool, dq: bool = False,
+                               fused: bool = False) -> dict:
+    """The dK/dV kernel's compile-time arguments (``dq``: the dQ kernel's; ``fused``: the dK/dV/dQ kernel's, 2 stages
+    at hdim 128, where its dS ring and dQ staging take the third's shared memory), also what
+    benchmarks/sass_report.py compiles; causal is window_right."""
+    if fused:
+        stages = configs.HOPPER_DKDV_DQ_FP8_STAGES[head_dim]
+    else:
+        stages = configs.HOPPER_DQ_FP8_STAGES[head_dim] if dq else configs.HOPPER_DKDV_FP8_STAGES
     return dict(HEAD_DIM=head_dim, NUM_STAGES=stages, WINDOW_LEFT=window_left, WINDOW_RIGHT=window_right,
                 CONSUMER_REGISTERS=configs.HOPPER_CONSUMER_REGISTERS[2],
                 LOADER_REGISTERS=configs.HOPPER_LOADER_REGISTERS)
@@ -76,11 +81,12 @@ def transposed_queries(x: torch.Tensor) -> torch.Tensor:
     return transposed_tokens(x, cdiv(x.shape[1], BLOCK_M) * BLOCK_M, permute=True)
 
 
-def transposed_keys(k: torch.Tensor) -> torch.Tensor:
-    """(B, Hk, D, Sk') copy of e4m3 (B, Sk, Hk, D) k, Sk' = Sk rounded up to a 128-key block (zeros past Sk), each 32
-    keys in the register operand's order, as the FP8 forward's V^T: the K-major B operand of dQ = dS K, whose dS has
-    the forward's P layout."""
-    return transposed_tokens(k, cdiv(k.shape[1], BLOCK_N) * BLOCK_N, permute=True)
+def transposed_keys(k: torch.Tensor, pairs: bool = False) -> torch.Tensor:
+    """(B, Hk, D, Sk') copy of e4m3 (B, Sk, Hk, D) k, Sk' = Sk rounded up to a 128-key block (zeros past Sk): the
+    K-major B operand of dQ = dS K. Each 32 keys in the register operand's order, as the FP8 forward's V^T, for the
+    dQ kernel, whose dS has the forward's P layout; with ``pairs`` each 16 keys as 0, 8, 1, 9, ..., 7, 15, for the
+    fused kernel, which stores the keys g and g + 8 of its dS^T accumulator as one 16-bit word."""
+    return transposed_tokens(k, cdiv(k.shape[1], BLOCK_N) * BLOCK_N, permute=not pairs, pairs=pairs)
 
 
 def _transposed_descriptor(xt: torch.Tensor, block: int):
@@ -90,6 +96,17 @@ def _transposed_descriptor(xt: torch.Tensor, block: int):
     batch, nheads, head_dim, width = xt.shape
     return TensorDescriptor(xt, [batch * nheads * head_dim, width], [xt.stride(2), 1], [head_dim, block],
                             tile_layout(head_dim, block, xt.dtype))
+
+
+def _dq_accumulator(dq: torch.Tensor):
+    """A TMA descriptor of float32 (B, Sq, H, D) dQ as (B * Sq, H * D) rows in (64 queries, D / 2) tiles: a fused
+    consumer's head-dim half of a query block. A batch's last block also covers the next batch's first rows, into
+    which it adds its exact zeros (dS is 0 past seqlen_q); TMA clips the tensor's end."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    batch, seqlen_q, nheads, head_dim = dq.shape
+    return TensorDescriptor(dq, [batch * seqlen_q, nheads * head_dim], [nheads * head_dim, 1],
+                            [BLOCK_M, head_dim // 2], tile_layout(BLOCK_M, head_dim // 2, torch.float32))
 
 
 def launch_backward_fp8(dout, q, k, v, descales: tuple, out, lse, signs, opts: AttentionOptions,
@@ -109,7 +126,6 @@ def launch_backward_fp8(dout, q, k, v, descales: tuple, out, lse, signs, opts: A
     lse = lse.contiguous()
     # with a rotation dQ and dK stay float32 until they are rotated back
     grad_dtype = torch.float32 if signs is not None else dout.dtype
-    dq = torch.empty(q.shape, dtype=grad_dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=grad_dtype, device=q.device)
     dv = torch.empty(v.shape, dtype=dout.dtype, device=q.device)
     window_left, window_right = opts.window_left >= 0, opts.window_right >= 0
@@ -118,18 +134,32 @@ def launch_backward_fp8(dout, q, k, v, descales: tuple, out, lse, signs, opts: A
     q_desc, do_desc = token_descriptor(q_s, BLOCK_M), token_descriptor(do_s, BLOCK_M)
     masks = (opts.window_left, opts.window_right, opts.softmax_scale, opts.softmax_scale * LOG2E)
     key_blocks = cdiv(seqlen_k, BLOCK_N)
-    launch(dkdv_fp8_hopper_kernel, (key_blocks * batch * nheads_k,), q_desc, do_desc,
-           _transposed_descriptor(transposed_queries(q), BLOCK_M),
-           _transposed_descriptor(transposed_queries(do8), BLOCK_M), k_desc, v_desc, lse, delta, dk, dv,
-           *all_descales, dk.stride(0), dk.stride(1), dk.stride(2), *all_descales.stride()[1:],
-           seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, *masks,
-           **hopper_fp8_dkdv_constexprs(head_dim, window_left, window_right), num_warps=4)
-    row_tiles = cdiv(seqlen_q, DQ_ROWS)
-    launch(dq_fp8_hopper_kernel, (row_tiles * batch * nheads,), q_desc, do_desc, k_desc, v_desc,
-           _transposed_descriptor(transposed_keys(k), BLOCK_N), lse, delta, dq, *all_descales,
-           dq.stride(0), dq.stride(1), dq.stride(2), *all_descales.stride()[1:],
-           seqlen_q, seqlen_k, nheads, nheads_k, row_tiles, *masks,
-           **hopper_fp8_dkdv_constexprs(head_dim, window_left, window_right, dq=True), num_warps=4)
+    key_block_arguments = (_transposed_descriptor(transposed_queries(q), BLOCK_M),
+                           _transposed_descriptor(transposed_queries(do8), BLOCK_M), k_desc, v_desc)
+    gradient_arguments = (lse, delta, dk, dv, *all_descales, dk.stride(0), dk.stride(1), dk.stride(2),
+                          *all_descales.stride()[1:], seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, *masks)
+    # dQ inside the dK/dV kernel (``kernels/backward_fp8_fused_hopper.py``) at the head dims configs gives it stages
+    # (64: at 128 its loops spill and the two passes are faster, docs/perf-notes.md), added into float32 by TMA
+    # reductions in any order: not bitwise repeatable, so calls with ``deterministic`` keep the two passes
+    if head_dim in configs.HOPPER_DKDV_DQ_FP8_STAGES and not opts.deterministic:
+        from ..kernels.backward_fp8_fused_hopper import dkdv_dq_fp8_hopper_kernel
+
+        # float32 dQ in q's layout, added into (zeroed by a plan's replay too), rotated back or rounded below
+        dq = zeros(q.shape, torch.float32, q.device)
+        launch(dkdv_dq_fp8_hopper_kernel, (key_blocks * batch * nheads_k,), q_desc, do_desc, *key_block_arguments,
+               _transposed_descriptor(transposed_keys(k, pairs=True), BLOCK_N), _dq_accumulator(dq),
+               *gradient_arguments, **hopper_fp8_dkdv_constexprs(head_dim, window_left, window_right, fused=True),
+               num_warps=4)
+    else:
+        dq = torch.empty(q.shape, dtype=grad_dtype, device=q.device)
+        launch(dkdv_fp8_hopper_kernel, (key_blocks * batch * nheads_k,), q_desc, do_desc, *key_block_arguments,
+               *gradient_arguments, **hopper_fp8_dkdv_constexprs(head_dim, window_left, window_right), num_warps=4)
+        row_tiles = cdiv(seqlen_q, DQ_ROWS)
+        launch(dq_fp8_hopper_kernel, (row_tiles * batch * nheads,), q_desc, do_desc, k_desc, v_desc,
+               _transposed_descriptor(transposed_keys(k), BLOCK_N), lse, delta, dq, *all_descales,
+               dq.stride(0), dq.stride(1), dq.stride(2), *all_descales.stride()[1:],
+               seqlen_q, seqlen_k, nheads, nheads_k, row_tiles, *masks,
+               **hopper_fp8_dkdv_constexprs(head_dim, window_left, window_right, dq=True), num_warps=4)
     if signs is not None:
         # q and k were rotated as x M, so the gradient of x is the rotated one times M^T
         back = rotation_matrix(signs, torch.float32).T

@@ -115,14 +115,15 @@ def permuted_transposed_v(v: torch.Tensor) -> torch.Tensor:
     return _copy_transposed(v, cdiv(v.shape[1], 32) * 32, permute=True)
 
 
-def transposed_tokens(x: torch.Tensor, width: int, permute: bool) -> torch.Tensor:
+def transposed_tokens(x: torch.Tensor, width: int, permute: bool, pairs: bool = False) -> torch.Tensor:
     """(B, H, D, width) copy of e4m3 (B, S, H, D) x with its tokens contiguous, zeros past S (``permute``: each 32 in
-    the Gluon kernels' register-operand order): the K-major operand of a product that contracts over the tokens (the
-    FP8 backward's Q^T and dO^T, ``launch/backward_fp8.py``)."""
-    return _copy_transposed(x, width, permute)
+    the Gluon kernels' register-operand order; ``pairs``: each 16 in the fused backward's dS byte-pair order): the
+    K-major operand of a product that contracts over the tokens (the FP8 backward's Q^T and dO^T,
+    ``launch/backward_fp8.py``)."""
+    return _copy_transposed(x, width, permute, pairs)
 
 
-def _copy_transposed(v: torch.Tensor, width: int, permute: bool) -> torch.Tensor:
+def _copy_transposed(v: torch.Tensor, width: int, permute: bool, pairs: bool = False) -> torch.Tensor:
     """(B, Hk, D, width) V^T of (B, Sk, Hk, D) v by ``kernels/transpose_fp8.py``, which moves whole rows where
     PyTorch's copy of a permuted view goes byte by byte."""
     from ..kernels.transpose_fp8 import transpose_v_kernel
@@ -136,7 +137,7 @@ def _copy_transposed(v: torch.Tensor, width: int, permute: bool) -> torch.Tensor
     # vt would be a second new tensor (a dtype view has no _base), which no plan can tie to vt
     launch(transpose_v_kernel, (cdiv(width, block_n), nheads_k, batch), v, vt, keys, width,
            *v.stride(), *vt.stride()[:3], HEAD_DIM=head_dim, BLOCK_D=configs.padded_head_dim(head_dim),
-           BLOCK_N=block_n, PERMUTE=permute, num_warps=warps)
+           BLOCK_N=block_n, PERMUTE=permute, PAIRS=pairs, num_warps=warps)
     return vt
 
 
