@@ -48,8 +48,8 @@ from .backward_fp8_hopper import (
     _key_tile,
     _share_key_max,
     _tile_amax,
+    block_scores,
     load_query_blocks,
-    probabilities_and_ds,
     score_layout,
 )
 from .backward_fused_dq import _tma_reduce_add
@@ -147,22 +147,10 @@ def _key_slice_partition(k_smem, v_smem, kt_smem, q_bufs, do_bufs, qt_bufs, dot_
     mbarrier.wait(kv_ready, 0)
     for it in range(per_head * group_size):
         head = head_k * group_size + it // per_head
-        q_block = first_q_block + it % per_head
-        stage = it % NUM_STAGES
-        phase = (it // NUM_STAGES) & 1
-        mbarrier.wait(ready.index(stage), phase)
-        # -- S^T = K Q^T and dP^T = V dO^T over the head dim --
-        s = warpgroup_mma(k_slice, q_bufs.index(stage).permute((1, 0)), s, use_acc=False, is_async=True)
-        dp = warpgroup_mma(v_slice, do_bufs.index(stage).permute((1, 0)), dp, use_acc=False, is_async=True)
-        q_scale_block = (q_block * BLOCK_M) // PROGRAM_KEYS
-        q_descale = gl.load(QDescale + descales + q_scale_block * stride_ds_blk)
-        do_descale = gl.load(DODescale + descales + q_scale_block * stride_ds_blk)
-        mbarrier.wait(stats_ready.index(stage), phase)
-        s, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s, dp))
-        # -- P^T and dS^T in float32 --
-        p, ds = probabilities_and_ds(s, dp, stats_bufs, stage, q_block, keys, q_descale, k_descale, do_descale,
-                                     v_descale, seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2,
-                                     WINDOW_LEFT, WINDOW_RIGHT)
+        q_block, stage, s, dp, p, ds, q_descale, do_descale = block_scores(
+            k_slice, v_slice, q_bufs, do_bufs, stats_bufs, ready, stats_ready, s, dp, it, first_q_block, per_head,
+            keys, descales, k_descale, v_descale, QDescale, DODescale, stride_ds_blk, seqlen_q, seqlen_k, window_left,
+            window_right, qk_scale_log2, NUM_STAGES, WINDOW_LEFT, WINDOW_RIGHT)
         # the last block's dQ reduction has read its staging buffer before this block's is written: the amax
         # exchange's thread barrier publishes the wait to every warp
         tma.store_wait(0)

@@ -156,6 +156,32 @@ def probabilities_and_ds(s, dp, stats_bufs, stage, q_block, keys, q_descale, k_d
 
 
 @gluon.jit
+def block_scores(k_slice, v_slice, q_bufs, do_bufs, stats_bufs, ready, stats_ready, s, dp, it, first_q_block, per_head,
+                 keys, descales, k_descale, v_descale, QDescale, DODescale, stride_ds_blk, seqlen_q, seqlen_k,
+                 window_left, window_right, qk_scale_log2, NUM_STAGES: gl.constexpr, WINDOW_LEFT: gl.constexpr,
+                 WINDOW_RIGHT: gl.constexpr):
+    """A consumer's block ``it`` up to its float32 P^T and dS^T: once the loader's stage is in, S^T = K Q^T and
+    dP^T = V dO^T over the head dim (into ``s`` and ``dp``, overwritten), the block's q and dO descales, and once its
+    lse and delta are in, :func:`probabilities_and_ds`. Returns (q_block, stage, s, dp, p, ds, q_descale,
+    do_descale)."""
+    q_block = first_q_block + it % per_head
+    stage = it % NUM_STAGES
+    phase = (it // NUM_STAGES) & 1
+    mbarrier.wait(ready.index(stage), phase)
+    s = warpgroup_mma(k_slice, q_bufs.index(stage).permute((1, 0)), s, use_acc=False, is_async=True)
+    dp = warpgroup_mma(v_slice, do_bufs.index(stage).permute((1, 0)), dp, use_acc=False, is_async=True)
+    q_scale_block = (q_block * BLOCK_M) // PROGRAM_KEYS
+    q_descale = gl.load(QDescale + descales + q_scale_block * stride_ds_blk)
+    do_descale = gl.load(DODescale + descales + q_scale_block * stride_ds_blk)
+    mbarrier.wait(stats_ready.index(stage), phase)
+    s, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s, dp))
+    p, ds = probabilities_and_ds(s, dp, stats_bufs, stage, q_block, keys, q_descale, k_descale, do_descale,
+                                 v_descale, seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2,
+                                 WINDOW_LEFT, WINDOW_RIGHT)
+    return q_block, stage, s, dp, p, ds, q_descale, do_descale
+
+
+@gluon.jit
 def _share_key_max(ds, amax_bufs, amax_ready, it, SLICE: gl.constexpr):
     """This consumer's 64 keys' maxima of |dS^T| into its half of the amax buffer of block ``it`` (buffer it % 2),
     then its arrive on the buffer's barrier."""
@@ -207,22 +233,10 @@ def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, qt_bufs, dot_bufs, sta
     dv = gl.zeros([SLICE_KEYS, HEAD_DIM], gl.float32, acc_layout)
     mbarrier.wait(kv_ready, 0)
     for it in range(per_head * group_size):
-        q_block = first_q_block + it % per_head
-        stage = it % NUM_STAGES
-        phase = (it // NUM_STAGES) & 1
-        mbarrier.wait(ready.index(stage), phase)
-        # -- S^T = K Q^T and dP^T = V dO^T over the head dim --
-        s = warpgroup_mma(k_slice, q_bufs.index(stage).permute((1, 0)), s, use_acc=False, is_async=True)
-        dp = warpgroup_mma(v_slice, do_bufs.index(stage).permute((1, 0)), dp, use_acc=False, is_async=True)
-        q_scale_block = (q_block * BLOCK_M) // PROGRAM_KEYS
-        q_descale = gl.load(QDescale + descales + q_scale_block * stride_ds_blk)
-        do_descale = gl.load(DODescale + descales + q_scale_block * stride_ds_blk)
-        mbarrier.wait(stats_ready.index(stage), phase)
-        s, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s, dp))
-        # -- P^T and dS^T in float32 --
-        p, ds = probabilities_and_ds(s, dp, stats_bufs, stage, q_block, keys, q_descale, k_descale, do_descale,
-                                     v_descale, seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2,
-                                     WINDOW_LEFT, WINDOW_RIGHT)
+        q_block, stage, s, dp, p, ds, q_descale, do_descale = block_scores(
+            k_slice, v_slice, q_bufs, do_bufs, stats_bufs, ready, stats_ready, s, dp, it, first_q_block, per_head,
+            keys, descales, k_descale, v_descale, QDescale, DODescale, stride_ds_blk, seqlen_q, seqlen_k, window_left,
+            window_right, qk_scale_log2, NUM_STAGES, WINDOW_LEFT, WINDOW_RIGHT)
         # -- the e4m3 operands: P^T * 256, and dS^T by the tile's descale, whose amax the consumers exchange --
         _share_key_max(ds, amax_bufs, amax_ready, it, SLICE)
         p_op = _p_operand(p * 256.0, HEAD_DIM, BLOCK_M)
