@@ -48,8 +48,10 @@ from .backward_fp8_hopper import (
     _key_tile,
     _share_key_max,
     _tile_amax,
+    block_barriers,
     block_scores,
     load_query_blocks,
+    query_block_rings,
     score_layout,
 )
 from .backward_fused_dq import _tma_reduce_add
@@ -202,28 +204,15 @@ def dkdv_dq_fp8_hopper_kernel(
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [PROGRAM_KEYS, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [PROGRAM_KEYS, HEAD_DIM], v_desc.layout)
     kt_smem = gl.allocate_shared_memory(kt_desc.dtype, [HEAD_DIM, PROGRAM_KEYS], kt_desc.layout)
-    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
-    do_bufs = gl.allocate_shared_memory(do_desc.dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
-    qt_bufs = gl.allocate_shared_memory(qt_desc.dtype, [NUM_STAGES, HEAD_DIM, BLOCK_M], qt_desc.layout)
-    dot_bufs = gl.allocate_shared_memory(dot_desc.dtype, [NUM_STAGES, HEAD_DIM, BLOCK_M], dot_desc.layout)
+    q_bufs, do_bufs, qt_bufs, dot_bufs = query_block_rings(q_desc, do_desc, qt_desc, dot_desc, HEAD_DIM, NUM_STAGES)
     ds_bufs = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_M, PROGRAM_KEYS], ds_layout())
     dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM // 2], dq_desc.layout)  # one a consumer
     stats_bufs = gl.allocate_shared_memory(gl.float32, [2 * NUM_STAGES, BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     amax_bufs = gl.allocate_shared_memory(gl.float32, [2, PROGRAM_KEYS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    stats_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    stage_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    amax_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    kv_ready, ready, stats_ready, stage_free, amax_ready = block_barriers(NUM_STAGES)
     ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_ready, count=1)
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(stats_ready.index(i), count=1)
-        mbarrier.init(stage_free.index(i), count=2)  # both consumers read every stage
     for i in gl.static_range(2):
-        mbarrier.init(amax_ready.index(i), count=2)  # both consumers' halves of the dS tile
-        mbarrier.init(ds_ready.index(i), count=2)
+        mbarrier.init(ds_ready.index(i), count=2)  # both consumers' halves of dS are stored
     gl.warp_specialize([
         (_key_slice_partition, (k_smem, v_smem, kt_smem, q_bufs, do_bufs, qt_bufs, dot_bufs, stats_bufs, amax_bufs,
                                 ds_bufs, dq_smem, kv_ready, ready, stats_ready, stage_free, amax_ready, ds_ready,

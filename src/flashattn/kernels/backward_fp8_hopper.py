@@ -182,6 +182,37 @@ def block_scores(k_slice, v_slice, q_bufs, do_bufs, stats_bufs, ready, stats_rea
 
 
 @gluon.jit
+def query_block_rings(q_desc, do_desc, qt_desc, dot_desc, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """The loader's NUM_STAGES-deep rings of a query block's Q and dO tiles (BLOCK_M, HEAD_DIM) and their transposed
+    copies (HEAD_DIM, BLOCK_M), in their descriptors' layouts."""
+    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
+    do_bufs = gl.allocate_shared_memory(do_desc.dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+    qt_bufs = gl.allocate_shared_memory(qt_desc.dtype, [NUM_STAGES, HEAD_DIM, BLOCK_M], qt_desc.layout)
+    dot_bufs = gl.allocate_shared_memory(dot_desc.dtype, [NUM_STAGES, HEAD_DIM, BLOCK_M], dot_desc.layout)
+    return q_bufs, do_bufs, qt_bufs, dot_bufs
+
+
+@gluon.jit
+def block_barriers(NUM_STAGES: gl.constexpr):
+    """The barriers between the loader and the two consumers, initialized: K and V in (kv_ready); per stage, its
+    tiles in (ready), its lse and delta in (stats_ready) and both consumers done with it (stage_free); per dS tile
+    (two buffers), both consumers' amax halves in (amax_ready)."""
+    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    stats_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    stage_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    amax_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_ready, count=1)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(stats_ready.index(i), count=1)
+        mbarrier.init(stage_free.index(i), count=2)  # both consumers read every stage
+    for i in gl.static_range(2):
+        mbarrier.init(amax_ready.index(i), count=2)  # both consumers' halves of the dS tile
+    return kv_ready, ready, stats_ready, stage_free, amax_ready
+
+
+@gluon.jit
 def _share_key_max(ds, amax_bufs, amax_ready, it, SLICE: gl.constexpr):
     """This consumer's 64 keys' maxima of |dS^T| into its half of the amax buffer of block ``it`` (buffer it % 2),
     then its arrive on the buffer's barrier."""
@@ -281,25 +312,11 @@ def dkdv_fp8_hopper_kernel(
     gl.static_assert((HEAD_DIM == 64) | (HEAD_DIM == 128), "the FP8 dK/dV kernel takes head dims 64 and 128")
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [PROGRAM_KEYS, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [PROGRAM_KEYS, HEAD_DIM], v_desc.layout)
-    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
-    do_bufs = gl.allocate_shared_memory(do_desc.dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
-    qt_bufs = gl.allocate_shared_memory(qt_desc.dtype, [NUM_STAGES, HEAD_DIM, BLOCK_M], qt_desc.layout)
-    dot_bufs = gl.allocate_shared_memory(dot_desc.dtype, [NUM_STAGES, HEAD_DIM, BLOCK_M], dot_desc.layout)
+    q_bufs, do_bufs, qt_bufs, dot_bufs = query_block_rings(q_desc, do_desc, qt_desc, dot_desc, HEAD_DIM, NUM_STAGES)
     # each stage's lse (row 2 * stage) and delta (row 2 * stage + 1), written by the loader
     stats_bufs = gl.allocate_shared_memory(gl.float32, [2 * NUM_STAGES, BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     amax_bufs = gl.allocate_shared_memory(gl.float32, [2, PROGRAM_KEYS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    stats_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    stage_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    amax_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_ready, count=1)
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(stats_ready.index(i), count=1)
-        mbarrier.init(stage_free.index(i), count=2)  # both consumers read every stage
-    for i in gl.static_range(2):
-        mbarrier.init(amax_ready.index(i), count=2)  # both consumers' halves of the dS tile
+    kv_ready, ready, stats_ready, stage_free, amax_ready = block_barriers(NUM_STAGES)
     gl.warp_specialize([
         (_key_slice_partition, (k_smem, v_smem, q_bufs, do_bufs, qt_bufs, dot_bufs, stats_bufs, amax_bufs, kv_ready,
                                 ready, stats_ready, stage_free, amax_ready, DK, DV, QDescale, KDescale, VDescale,
