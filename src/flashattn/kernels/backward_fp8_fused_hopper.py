@@ -50,6 +50,7 @@ from .backward_fp8_hopper import (
     _tile_amax,
     block_barriers,
     block_scores,
+    key_slice,
     load_query_blocks,
     query_block_rings,
     score_layout,
@@ -126,19 +127,12 @@ def _key_slice_partition(k_smem, v_smem, kt_smem, q_bufs, do_bufs, qt_bufs, dot_
     HALF: gl.constexpr = HEAD_DIM // 2
     s_layout: gl.constexpr = score_layout(k_smem.dtype, BLOCK_M)
     acc_layout: gl.constexpr = fp8_wgmma_layout(HEAD_DIM)
-    batch, head_k, key_start, first_q_block, per_head = _key_tile(
-        seqlen_q, seqlen_k, nheads_k, key_blocks, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT)
-    group_size = nheads // nheads_k
-    slice_start = key_start + SLICE * SLICE_KEYS
-    k_slice = k_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS)
-    v_slice = v_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS)
+    batch, head_k, key_start, first_q_block, per_head, group_size, slice_start, k_slice, v_slice, keys, descales, \
+        k_descale, v_descale = key_slice(k_smem, v_smem, KDescale, VDescale, stride_ds_b, stride_ds_h, stride_ds_blk,
+                                         seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, window_left, window_right,
+                                         s_layout, WINDOW_LEFT, WINDOW_RIGHT, SLICE)
     kt_half = kt_smem.slice(SLICE * HALF, HALF, dim=0).permute((1, 0))
     dq_staging = dq_smem.index(SLICE)
-    keys = slice_start + gl.arange(0, SLICE_KEYS, layout=gl.SliceLayout(1, s_layout))
-    descales = batch * stride_ds_b + head_k * stride_ds_h
-    key_block = key_start // PROGRAM_KEYS
-    k_descale = gl.load(KDescale + descales + key_block * stride_ds_blk)
-    v_descale = gl.load(VDescale + descales + key_block * stride_ds_blk)
     # every tile product overwrites the last block's (use_acc=False), dQ's too
     s = gl.zeros([SLICE_KEYS, BLOCK_M], gl.float32, s_layout)
     dp = gl.zeros([SLICE_KEYS, BLOCK_M], gl.float32, s_layout)

@@ -156,6 +156,29 @@ def probabilities_and_ds(s, dp, stats_bufs, stage, q_block, keys, q_descale, k_d
 
 
 @gluon.jit
+def key_slice(k_smem, v_smem, KDescale, VDescale, stride_ds_b, stride_ds_h, stride_ds_blk, seqlen_q, seqlen_k, nheads,
+              nheads_k, key_blocks, window_left, window_right, s_layout: gl.constexpr, WINDOW_LEFT: gl.constexpr,
+              WINDOW_RIGHT: gl.constexpr, SLICE: gl.constexpr):
+    """A consumer's part of the program: its (batch, kv head) and query blocks (``_key_tile``), the GQA group's size,
+    its keys [SLICE * 64, + 64) (first key, K and V slices, their positions along S^T's rows) and the descales: the
+    offset of this (batch, kv head)'s, then k's and v's, the key block lying in one k and v block (PROGRAM_KEYS =
+    SCALE_BLOCK) as a query block lies in one q and dO block (a stride of 0 where there is one descale a head)."""
+    batch, head_k, key_start, first_q_block, per_head = _key_tile(
+        seqlen_q, seqlen_k, nheads_k, key_blocks, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT)
+    group_size = nheads // nheads_k
+    slice_start = key_start + SLICE * SLICE_KEYS
+    k_slice = k_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS)
+    v_slice = v_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS)
+    keys = slice_start + gl.arange(0, SLICE_KEYS, layout=gl.SliceLayout(1, s_layout))
+    descales = batch * stride_ds_b + head_k * stride_ds_h
+    key_block = key_start // PROGRAM_KEYS
+    k_descale = gl.load(KDescale + descales + key_block * stride_ds_blk)
+    v_descale = gl.load(VDescale + descales + key_block * stride_ds_blk)
+    return (batch, head_k, key_start, first_q_block, per_head, group_size, slice_start, k_slice, v_slice, keys,
+            descales, k_descale, v_descale)
+
+
+@gluon.jit
 def block_scores(k_slice, v_slice, q_bufs, do_bufs, stats_bufs, ready, stats_ready, s, dp, it, first_q_block, per_head,
                  keys, descales, k_descale, v_descale, QDescale, DODescale, stride_ds_blk, seqlen_q, seqlen_k,
                  window_left, window_right, qk_scale_log2, NUM_STAGES: gl.constexpr, WINDOW_LEFT: gl.constexpr,
@@ -242,19 +265,10 @@ def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, qt_bufs, dot_bufs, sta
     acc_layout: gl.constexpr = fp8_wgmma_layout(HEAD_DIM)
     # at hdim 64 the dV product's accumulator fits beside dS^T while the amax is exchanged; at 128 it spilled
     EARLY_DV: gl.constexpr = HEAD_DIM == 64
-    batch, head_k, key_start, first_q_block, per_head = _key_tile(
-        seqlen_q, seqlen_k, nheads_k, key_blocks, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT)
-    group_size = nheads // nheads_k
-    slice_start = key_start + SLICE * SLICE_KEYS
-    k_slice = k_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS)
-    v_slice = v_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS)
-    keys = slice_start + gl.arange(0, SLICE_KEYS, layout=gl.SliceLayout(1, s_layout))
-    # the descales of this (batch, kv head): the key block lies in one k and v block (PROGRAM_KEYS = SCALE_BLOCK), a
-    # query block in one q and dO block (a stride of 0 where there is one descale a head)
-    descales = batch * stride_ds_b + head_k * stride_ds_h
-    key_block = key_start // PROGRAM_KEYS
-    k_descale = gl.load(KDescale + descales + key_block * stride_ds_blk)
-    v_descale = gl.load(VDescale + descales + key_block * stride_ds_blk)
+    batch, head_k, key_start, first_q_block, per_head, group_size, slice_start, k_slice, v_slice, keys, descales, \
+        k_descale, v_descale = key_slice(k_smem, v_smem, KDescale, VDescale, stride_ds_b, stride_ds_h, stride_ds_blk,
+                                         seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, window_left, window_right,
+                                         s_layout, WINDOW_LEFT, WINDOW_RIGHT, SLICE)
     # S^T, dP^T and the tile product overwrite the last block's (use_acc=False): zero tiles held through the loop
     # would cost the registers of more tiles
     s = gl.zeros([SLICE_KEYS, BLOCK_M], gl.float32, s_layout)
