@@ -130,10 +130,14 @@ def test_packed_ring_steps_cover_each_visible_score_once(world_size, seqlens, wi
             keys_global = keys_global if src == rank else keys_global[:layout.sent_length(src)]
             for call in plan(ring, opts, framed, torch.device("cpu"))[step]:
                 if isinstance(call, PackedCall):
+                    # the call's rows: every local row at the own step, else the cut sequences' (a prefix)
                     cu_q, cu_k = call.cu_seqlens_q.tolist(), call.cu_seqlens_k.tolist()
-                    assert cu_q[-1] == len(rows_global) and cu_k[-1] == len(keys_global)
+                    rows = rows_global[call.rows]
+                    assert call.rows.start == 0
+                    assert len(rows) == (len(rows_global) if src == rank else layout.sent_length(rank))
+                    assert cu_q[-1] == len(rows) and cu_k[-1] == len(keys_global)
                     for i in range(len(cu_q) - 1):
-                        add(rows_global[cu_q[i]:cu_q[i + 1]], keys_global[cu_k[i]:cu_k[i + 1]], call.opts)
+                        add(rows[cu_q[i]:cu_q[i + 1]], keys_global[cu_k[i]:cu_k[i + 1]], call.opts)
                 else:
                     add(rows_global[call.rows], keys_global[call.keys], call.opts)
     expected = torch.zeros(total, total, dtype=torch.int64)

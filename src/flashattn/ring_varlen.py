@@ -8,15 +8,17 @@ sequences first, then its whole sequences: only the first part travels the ring,
 dK/dV never leave its rank. A rank's packed shard is itself a packed batch, with local cu_seqlens of its own; a
 sequence a rank does not hold is an empty segment there.
 
-Steps. Without position-dependent options each step is **one** varlen call over the whole local q and the whole
-received K/V: the step kinds of ``ring.py`` become per-sequence segments, and the keys or queries a step must not
-pair are put in segments of their own facing an empty side, which the kernels skip (no compute, weight 0 in the
-merge, gradient 0). For ``src < r`` under a causal mask sequence b's segments are (every local query, the first
-received chunk) and (no query, the second received chunk); for ``src > r``, (the first local chunk, no key) and
-(the second local chunk, every received key). A window, ALiBi and dropout need global positions, which the varlen
-kernels do not take: then each (sequence, query chunk, key chunk) pair is a dense call of batch 1 with a position
-frame in the whole packed stream (``options.PositionFrame`` at ``cu_seqlens[b] + chunk start``, of
-total x total tokens), which is exactly the varlen dropout counter and each sequence's own mask and ALiBi.
+Steps. Without position-dependent options each step is **one** varlen call over the whole received K/V and the local
+q: all of it at the own step, only the cut sequences' rows (the first the rank holds) at the others, so that the
+whole sequences' rows, which receive nothing, cost neither the call nor the merge and dQ's sum. The step kinds of
+``ring.py`` become per-sequence segments, and the keys or queries a step must not pair are put in segments of their
+own facing an empty side, which the kernels skip (no compute, weight 0 in the merge, gradient 0). For ``src < r``
+under a causal mask sequence b's segments are (every local query, the first received chunk) and (no query, the
+second received chunk); for ``src > r``, (the first local chunk, no key) and (the second local chunk, every received
+key). A window, ALiBi and dropout need global positions, which the varlen kernels do not take: then each (sequence,
+query chunk, key chunk) pair is a dense call of batch 1 with a position frame in the whole packed stream
+(``options.PositionFrame`` at ``cu_seqlens[b] + chunk start``, of total x total tokens), which is exactly the varlen
+dropout counter and each sequence's own mask and ALiBi.
 """
 
 from __future__ import annotations
@@ -139,13 +141,16 @@ class PackedLayout:
 
 @dataclass(frozen=True)
 class PackedCall:
-    """One varlen call of a step: the whole local q against the whole received K/V, in these segments."""
+    """One varlen call of a step: the local query rows ``rows`` against the whole received K/V, in these segments
+    (every row at the own step; at the others only the cut sequences' rows, the first the rank holds: its whole
+    sequences' rows see no received key)."""
 
     cu_seqlens_q: torch.Tensor
     cu_seqlens_k: torch.Tensor
     max_seqlen_q: int
     max_seqlen_k: int
     opts: AttentionOptions
+    rows: slice
 
     def arguments(self) -> tuple:
         return (self.cu_seqlens_q, self.cu_seqlens_k, self.max_seqlen_q, self.max_seqlen_k)
@@ -179,11 +184,12 @@ def plan(ring: Ring, opts: AttentionOptions, framed: bool, device: torch.device)
                     planned.append(call)
                     continue
                 q_lengths, k_lengths, call_opts = call
+                rows = slice(0, sum(q_lengths))
                 cu_q = bounds[offset:offset + len(q_lengths) + 1]
                 offset += len(q_lengths) + 1
                 cu_k = bounds[offset:offset + len(k_lengths) + 1]
                 offset += len(k_lengths) + 1
-                planned.append(PackedCall(cu_q, cu_k, max(q_lengths), max(k_lengths), call_opts))
+                planned.append(PackedCall(cu_q, cu_k, max(q_lengths), max(k_lengths), call_opts, rows))
             plans.append(planned)
         ring.layout.plans[key] = plans
     return ring.layout.plans[key]
@@ -197,11 +203,15 @@ def _segments(q_lengths: list[int], k_lengths: list[int], opts: AttentionOptions
 
 def step_segments(ring: Ring, src: int, opts: AttentionOptions, framed: bool) -> list:
     """The calls of the step that attends to rank ``src``'s K/V (see the module docstring): framed pieces, or one
-    (query lengths, key lengths, options) of segments for a varlen call."""
+    (query lengths, key lengths, options) of segments for a varlen call, whose queries are the first rows the rank
+    holds: all of them at the own step, the cut sequences' at the others (whole ones receive nothing)."""
     layout: PackedLayout = ring.layout
     local, received = layout.chunk_lengths(ring.rank), layout.chunk_lengths(src, sent=src != ring.rank)
     if framed:
         return _framed_pieces(ring, src, opts)
+    if src != ring.rank:  # the cut sequences come first in order()
+        cut = layout.owners.count(None)
+        local, received = local[:cut], received[:cut]
     if opts.window_right < 0 or src == ring.rank:
         return _segments([a + b for a, b in local], [a + b for a, b in received], opts)
     unmasked = dataclasses.replace(opts, window_right=-1)
@@ -253,9 +263,10 @@ def forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, ring: Ring
     def compute(step: int, kv: torch.Tensor) -> None:
         for call in steps[step]:
             if isinstance(call, PackedCall):
-                out, lse = ops.eager_call(ops.varlen_attention_forward, ops.varlen_attention_forward_cuda, q, kv[0],
-                                          kv[1], *call.arguments(), None, None, *call.opts.op_arguments())
-                merged.add(out[None], lse[None])
+                out, lse = ops.eager_call(ops.varlen_attention_forward, ops.varlen_attention_forward_cuda,
+                                          q[call.rows], kv[0], kv[1], *call.arguments(), None, None,
+                                          *call.opts.op_arguments())
+                merged.add(out[None], lse[None], call.rows)
             else:
                 out, lse = ops.eager_call(
                     ops.attention_forward, ops.attention_forward_cuda, q[None, call.rows], kv[0, None, call.keys],
@@ -278,10 +289,12 @@ def backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: AttentionOp
         partials = []
         for call in steps[step]:
             if isinstance(call, PackedCall):
+                rows = call.rows
                 dq, dk, dv = ops.eager_call(
-                    ops.varlen_attention_backward, ops.varlen_attention_backward_cuda, dout, q, kv[0], kv[1], out,
-                    lse, *call.arguments(), None, None, *call.opts.op_arguments())
-                dq_sum.add(dq)
+                    ops.varlen_attention_backward, ops.varlen_attention_backward_cuda, dout[rows], q[rows], kv[0],
+                    kv[1], out[rows], lse[:, rows].contiguous(), *call.arguments(), None, None,
+                    *call.opts.op_arguments())
+                dq_sum.add(dq, rows)
                 partials.append((slice(None), dk, dv))
             else:
                 rows = call.rows
