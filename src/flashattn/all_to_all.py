@@ -7,7 +7,9 @@ all N tokens, in their natural order, of H / W heads, rank r the heads ``r H/W .
 D). :func:`head_to_seq` is its inverse. Each is one ``torch.distributed.all_to_all_single`` (rank r sends rank s
 its tokens' slice of s's heads) and one permutation of the tokens, since the pieces arrive in rank order, each in
 the zigzag order of its rank: the permutation (:class:`HeadExchange`) puts them in the natural order, and back.
-The backward of one exchange is the other (``autograd.SeqToHeadFunction``).
+Each permutation is one gather straight from the receive buffer (or into the send buffer), whose blocks are each
+rank's (batch, tokens) rows, so that an exchange makes two passes over the tensor besides the transfer: the heads'
+regrouping and the tokens' permutation. The backward of one exchange is the other (``autograd.SeqToHeadFunction``).
 """
 
 from __future__ import annotations
@@ -29,8 +31,7 @@ class HeadExchange:
     rank: int
     world_size: int
     lengths: tuple[int, ...]
-    order: torch.Tensor  # int64 (N,): the global position of each row of the rank-ordered concatenation
-    inverse: torch.Tensor  # int64 (N,): the row of the concatenation that holds global position p
+    inverse: torch.Tensor  # int64 (N,): the row of the rank-ordered concatenation of tokens that holds position p
 
     @classmethod
     def of(cls, ring: Ring, device: torch.device) -> HeadExchange:
@@ -39,7 +40,18 @@ class HeadExchange:
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(order.numel(), dtype=torch.int64)
         lengths = tuple(ring.layout.rank_length(rank) for rank in range(ring.world_size))
-        return cls(ring.group, ring.rank, ring.world_size, lengths, order.to(device), inverse.to(device))
+        return cls(ring.group, ring.rank, ring.world_size, lengths, inverse.to(device))
+
+    def block_rows(self, batch: int) -> torch.Tensor:
+        """int64 (batch * N,): for each (b, global position p), b-major, its row in the rank-ordered buffer of
+        ``batch`` sequences whose block r is rank r's (batch, tokens) rows, the blocks in rank order."""
+        device = self.inverse.device
+        lengths = torch.tensor(self.lengths, device=device)
+        starts = torch.cumsum(lengths, 0) - lengths
+        holder = torch.repeat_interleave(torch.arange(self.world_size, device=device), lengths,
+                                         output_size=self.inverse.numel())[self.inverse]  # the rank holding p
+        first = batch * starts[holder] + self.inverse - starts[holder]  # row of (0, p); (b, p) is b * n_r further
+        return (first + torch.arange(batch, device=device)[:, None] * lengths[holder]).reshape(-1)
 
 
 def seq_to_head(x: torch.Tensor, exchange: HeadExchange) -> torch.Tensor:
@@ -51,17 +63,18 @@ def seq_to_head(x: torch.Tensor, exchange: HeadExchange) -> torch.Tensor:
     recv = x.new_empty(row * sum(exchange.lengths))
     dist.all_to_all_single(recv, send.view(-1), [row * n for n in exchange.lengths], [row * tokens] * world_size,
                            group=exchange.group)
-    parts = [part.view(batch, n, local_heads, head_dim)
-             for part, n in zip(recv.split([row * n for n in exchange.lengths]), exchange.lengths, strict=True)]
-    return torch.cat(parts, dim=1).index_select(1, exchange.inverse)
+    rows = recv.view(-1, local_heads, head_dim).index_select(0, exchange.block_rows(batch))
+    return rows.view(batch, -1, local_heads, head_dim)
 
 
 def head_to_seq(y: torch.Tensor, exchange: HeadExchange) -> torch.Tensor:
     """(B, N, H/W, D) of every token, this rank's heads -> (B, T, H, D) of this rank's tokens, every head."""
-    batch, _, local_heads, head_dim = y.shape
+    batch, total, local_heads, head_dim = y.shape
     world_size, tokens = exchange.world_size, exchange.lengths[exchange.rank]
-    ordered = y.index_select(1, exchange.order)
-    send = torch.cat([part.reshape(-1) for part in ordered.split(list(exchange.lengths), dim=1)])
+    block_rows = exchange.block_rows(batch)
+    sources = torch.empty_like(block_rows)  # the row of y that each row of the send buffer takes
+    sources[block_rows] = torch.arange(batch * total, device=y.device)
+    send = y.reshape(batch * total, local_heads, head_dim).index_select(0, sources).view(-1)
     row = batch * local_heads * head_dim
     recv = y.new_empty(world_size * row * tokens)
     dist.all_to_all_single(recv, send, [row * tokens] * world_size, [row * n for n in exchange.lengths],
