@@ -313,6 +313,16 @@ def test_do_quantizer_writes_delta_from_the_rounded_rows(triton_backend):
         assert ((delta.double() - want).abs() <= bound).all(), granularity
 
 
+def test_fused_dq_at_head_dim_64_without_deterministic():
+    """The FP8 backward computes dQ inside the dK/dV kernel at head dim 64 when the call may add dQ in any order; at
+    128 (slower fused) and for deterministic calls it keeps the two passes."""
+    from flashattn.launch.backward_fp8 import takes_fused_dq
+
+    assert takes_fused_dq(64, AttentionOptions(0.125))
+    assert not takes_fused_dq(64, AttentionOptions(0.125, deterministic=True))
+    assert not takes_fused_dq(128, AttentionOptions(0.125))
+
+
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_deterministic_reaches_the_fp8_backward_launch(deterministic, monkeypatch):
     """``fp8.flash_attn_func(..., deterministic=)`` reaches the Gluon backward's launch (which keeps the two passes

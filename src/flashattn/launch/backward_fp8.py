@@ -50,9 +50,8 @@ def score_operands(q, do8, k, v, scores_16bit: bool) -> tuple[torch.Tensor, ...]
 
 def hopper_fp8_dkdv_constexprs(head_dim: int, window_left: bool, window_right: bool, dq: bool = False,
                                fused: bool = False) -> dict:
-    """The dK/dV kernel's compile-time arguments (``dq``: the dQ kernel's; ``fused``: the dK/dV/dQ kernel's, 2 stages
-    at hdim 128, where its dS ring and dQ staging take the third's shared memory), also what
-    benchmarks/sass_report.py compiles; causal is window_right."""
+    """The dK/dV kernel's compile-time arguments (``dq``: the dQ kernel's; ``fused``: the dK/dV/dQ kernel's, at the
+    head dims of :func:`takes_fused_dq`), also what benchmarks/sass_report.py compiles; causal is window_right."""
     if fused:
         stages = configs.HOPPER_DKDV_DQ_FP8_STAGES[head_dim]
     else:
@@ -60,6 +59,14 @@ def hopper_fp8_dkdv_constexprs(head_dim: int, window_left: bool, window_right: b
     return dict(HEAD_DIM=head_dim, NUM_STAGES=stages, WINDOW_LEFT=window_left, WINDOW_RIGHT=window_right,
                 CONSUMER_REGISTERS=configs.HOPPER_CONSUMER_REGISTERS[2],
                 LOADER_REGISTERS=configs.HOPPER_LOADER_REGISTERS)
+
+
+def takes_fused_dq(head_dim: int, opts: AttentionOptions) -> bool:
+    """Whether dQ is computed inside the dK/dV kernel (``kernels/backward_fp8_fused_hopper.py``) rather than by a
+    second pass: at the head dims configs gives that kernel stages (64: at 128 its loops spill and the two passes are
+    faster, docs/perf-notes.md), for calls without ``deterministic``, since its TMA reductions add dQ into float32 in
+    any order."""
+    return head_dim in configs.HOPPER_DKDV_DQ_FP8_STAGES and not opts.deterministic
 
 
 def _descales(descales: tuple, do_descale: torch.Tensor, blocks: int) -> torch.Tensor:
@@ -138,10 +145,7 @@ def launch_backward_fp8(dout, q, k, v, descales: tuple, out, lse, signs, opts: A
                            _transposed_descriptor(transposed_queries(do8), BLOCK_M), k_desc, v_desc)
     gradient_arguments = (lse, delta, dk, dv, *all_descales, dk.stride(0), dk.stride(1), dk.stride(2),
                           *all_descales.stride()[1:], seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, *masks)
-    # dQ inside the dK/dV kernel (``kernels/backward_fp8_fused_hopper.py``) at the head dims configs gives it stages
-    # (64: at 128 its loops spill and the two passes are faster, docs/perf-notes.md), added into float32 by TMA
-    # reductions in any order: not bitwise repeatable, so calls with ``deterministic`` keep the two passes
-    if head_dim in configs.HOPPER_DKDV_DQ_FP8_STAGES and not opts.deterministic:
+    if takes_fused_dq(head_dim, opts):
         from ..kernels.backward_fp8_fused_hopper import dkdv_dq_fp8_hopper_kernel
 
         # float32 dQ in q's layout, added into (zeroed by a plan's replay too), rotated back or rounded below
