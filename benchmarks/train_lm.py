@@ -68,7 +68,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import flashattn
-from flashattn import fp8
+from flashattn import flops, fp8
 from flashattn.nn import SelfAttention
 from flashattn.tools.bench import environment
 from flashattn.tools.results import write_results
@@ -160,9 +160,10 @@ class ByteLM(nn.Module):
 
 def flops_per_token(layers: int, dim: int, context: int) -> float:
     """Training FLOPs a token: 6 per matmul weight (12 dim^2 a block, and the head), and the causal attention's
-    forward and backward (flashattn.flops: 3.5 x the forward's 2 x context x dim a token)."""
+    forward (2 x context x dim a token) and backward (``flashattn.flops.backward_of``)."""
     matmuls = 6 * (layers * 12 * dim * dim + dim * VOCAB)
-    return matmuls + layers * 3.5 * 2 * context * dim
+    attention = 2 * context * dim
+    return matmuls + layers * (attention + flops.backward_of(attention))
 
 
 def learning_rate(step: int, peak: float, warmup: int, steps: int) -> float:

@@ -10,5 +10,10 @@ def forward_flops(batch: int, seqlen_q: int, seqlen_k: int, heads: int, head_dim
 
 
 def backward_flops(batch: int, seqlen_q: int, seqlen_k: int, heads: int, head_dim: int, causal: bool) -> int:
-    """2.5x the forward (dV, dP, dQ, dK and a recomputed Q K^T: 5 matmuls for 2)."""
-    return forward_flops(batch, seqlen_q, seqlen_k, heads, head_dim, causal) * 5 // 2
+    """:func:`backward_of` the forward's."""
+    return backward_of(forward_flops(batch, seqlen_q, seqlen_k, heads, head_dim, causal))
+
+
+def backward_of(forward):
+    """A backward's FLOPs from its forward's: 2.5x (dV, dP, dQ, dK and a recomputed Q K^T: 5 matmuls for 2)."""
+    return forward * 5 // 2

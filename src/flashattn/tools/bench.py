@@ -158,8 +158,7 @@ def _flashattn_varlen(mixed: bool):
             out = flash_attn_varlen_func(*packed, cu_seqlens, cu_seqlens, longest, longest, causal=causal)
             return out.view(q.shape)
 
-        flops = sum(4.0 * nheads * n * n * head_dim for n in lengths)
-        run.forward_flops = flops / 2 if causal else flops
+        run.forward_flops = float(sum(flops.forward_flops(1, n, n, nheads, head_dim, causal) for n in lengths))
         run.comparable = not mixed  # mixed lengths compute another function than the dense providers
         return run
 
@@ -281,7 +280,7 @@ def measure(provider: str, case: BenchCase, device: torch.device, modes: tuple[s
             result.bwd_ms, result.bwd_spread, result.bwd_settled = _timing_fields(time_call(backward, device))
             if clocks is not None:
                 result.bwd_sm_mhz, result.bwd_power_w = clocks.window(started, time.monotonic())
-            result.bwd_tflops = 2.5 * fwd_flops / result.bwd_ms / 1e9
+            result.bwd_tflops = flops.backward_of(fwd_flops) / result.bwd_ms / 1e9
             if device.type == "cuda" and result.bwd_ms < HOST_TIMING_MAX_MS:
                 result.bwd_host_us = host_microseconds(backward, device)
         return result, out.detach()
