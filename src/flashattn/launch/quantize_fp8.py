@@ -64,12 +64,13 @@ def _quantize(x, rotation, o, nheads_k, block_rows, e4m3_max, per_head, fp8_dtyp
     out = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
     delta = torch.empty(batch, nheads, seqlen, dtype=torch.float32, device=x.device) if o is not None else None
     s, col_scale = rotation if rotation is not None else (x, x)  # any pointer: the kernels never read it
-    rowsum = (o, delta) if o is not None else None
+    rowsum = (o, delta) if o is not None else (x, descale)  # without a delta, any pointers: the kernels never read them
     if not per_head and one_pass(width, group):
-        _quantize_one_pass(x, s, col_scale, rotation is not None, rowsum, block_rows, group, e4m3_max, descale, out)
+        _quantize_one_pass(x, s, col_scale, rotation is not None, rowsum, o is not None, block_rows, group, e4m3_max,
+                           descale, out)
         return out, descale, delta
-    out, descale = _quantize_two_passes(x, s, col_scale, rotation is not None, rowsum, nheads_k, block_rows, e4m3_max,
-                                        per_head, descale, out)
+    out, descale = _quantize_two_passes(x, s, col_scale, rotation is not None, rowsum, o is not None, nheads_k,
+                                        block_rows, e4m3_max, per_head, descale, out)
     return out, descale, delta
 
 
@@ -82,26 +83,26 @@ def one_pass(width: int, group: int) -> bool:
     return configs.next_power_of_2(group) <= largest_group
 
 
-def _quantize_one_pass(x, s, col_scale, rotate: bool, rowsum: tuple, block_rows: int, group: int, e4m3_max: float,
-                       descale: torch.Tensor, out: torch.Tensor) -> None:
+def _quantize_one_pass(x, s, col_scale, rotate: bool, rowsum: tuple, with_delta: bool, block_rows: int, group: int,
+                       e4m3_max: float, descale: torch.Tensor, out: torch.Tensor) -> None:
     """One program a (block, kv head, batch): x read and rotated once (``block_quantize_kernel``); ``rowsum``: (O,
-    delta) for dO's delta, or None."""
+    delta), written ``with_delta`` (dO's)."""
     from ..kernels.quantize_fp8 import block_quantize_kernel
 
     batch, seqlen, _, head_dim = x.shape
     width = configs.padded_head_dim(head_dim)
     _, depth, warps, stages = configs.QUANTIZE_ONE_PASS_TILES[width]
-    o, delta = rowsum or (x, descale)  # without a delta, any pointers: the kernel never reads them
+    o, delta = rowsum
     launch(block_quantize_kernel, (descale.shape[2], descale.shape[1], batch), x, s, col_scale, descale, out, o, delta,
            seqlen, x.stride(0), x.stride(1), x.stride(2), out.stride(0), out.stride(1), out.stride(2),
            descale.stride(0), descale.stride(1), o.stride(0), o.stride(1), o.stride(2), e4m3_max, HEAD_DIM=head_dim,
            BLOCK_D=width, BLOCK_ROWS=block_rows, GROUP=group, TILE_ROWS=block_rows * configs.next_power_of_2(group),
-           DEPTH=depth, ROTATE=rotate, UPCAST=interpreting(), DELTA=rowsum is not None, num_warps=warps,
+           DEPTH=depth, ROTATE=rotate, UPCAST=interpreting(), DELTA=with_delta, num_warps=warps,
            num_stages=stages)
 
 
-def _quantize_two_passes(x, s, col_scale, rotate: bool, rowsum: tuple, nheads_k: int, block_rows: int,
-                         e4m3_max: float, per_head: bool, descale: torch.Tensor, out: torch.Tensor):
+def _quantize_two_passes(x, s, col_scale, rotate: bool, rowsum: tuple, with_delta: bool, nheads_k: int,
+                         block_rows: int, e4m3_max: float, per_head: bool, descale: torch.Tensor, out: torch.Tensor):
     """(out, descale): the block amaxes (``block_amax_kernel``), then x read and rotated again and rounded
     (``quantize_kernel``); per-head descales reduce the blocks' amaxes in between."""
     from ..kernels.quantize_fp8 import block_amax_kernel, quantize_kernel
@@ -119,9 +120,9 @@ def _quantize_two_passes(x, s, col_scale, rotate: bool, rowsum: tuple, nheads_k:
     if per_head:  # the blocks' amaxes first
         amax = descale.amax(dim=2)
         descale = e4m3_descale(amax)
-    o, delta = rowsum or (x, descale)  # without a delta, any pointers: the kernel never reads them
+    o, delta = rowsum
     launch(quantize_kernel, grid, x, s, col_scale, descale, out, o, delta, seqlen, nheads // nheads_k, x.stride(0),
            x.stride(1), x.stride(2), out.stride(0), out.stride(1), out.stride(2), descale.stride(0),
            descale.stride(1), 0 if per_head else descale.stride(2), o.stride(0), o.stride(1), o.stride(2), e4m3_max,
-           DELTA=rowsum is not None, **shapes)
+           DELTA=with_delta, **shapes)
     return out, descale
