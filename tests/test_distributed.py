@@ -151,18 +151,19 @@ def test_packed_ring_steps_cover_each_visible_score_once(world_size, seqlens, wi
                                     PackedLayout((7, 12, 1, 9), 3)], ids=repr)
 @pytest.mark.parametrize("batch", [1, 3])
 def test_head_exchange_rows_put_every_ranks_tokens_in_place(layout, batch):
-    """``HeadExchange.block_rows``: the receive buffer of the all-to-all (rank r's (batch, tokens) block after the
+    """``HeadExchange.rows``: the receive buffer of the all-to-all (rank r's (batch, tokens) block after the
     ranks before it, each in its rank's order) gathered by it is every sequence in its natural order, and scattered
     by it the natural order goes back into those blocks."""
-    exchange = all_to_all.HeadExchange.of(Ring(None, 0, layout.world_size, layout), torch.device("cpu"))
+    exchange = all_to_all.HeadExchange.of(Ring(None, 0, layout.world_size, layout), torch.device("cpu"), batch)
     total = layout.seqlen
     natural = torch.arange(batch)[:, None] * total + torch.arange(total)[None, :]  # (b, p) -> b * N + p
     blocks = torch.cat([natural[:, torch.tensor([p for start, n in layout.runs(rank)
                                                  for p in range(start, start + n)], dtype=torch.int64)].reshape(-1)
                         for rank in range(layout.world_size)])
-    rows = exchange.block_rows(batch)
+    rows = exchange.rows
     assert torch.equal(blocks[rows], natural.reshape(-1))
     assert sorted(rows.tolist()) == list(range(batch * total))
+    assert torch.equal(rows[exchange.sources], torch.arange(batch * total))
 
 
 @pytest.mark.parametrize("deterministic", [False, True])

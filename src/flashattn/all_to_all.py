@@ -2,14 +2,18 @@
 layout and a head-sharded one.
 
 A group of W ranks holds a sequence of N tokens in the zigzag layout of ``ring.py`` (or a packed batch in
-``ring_varlen.py``'s), all H heads of its T local tokens: (batch, T, H, D). :func:`seq_to_head` gives every rank
-all N tokens, in their natural order, of H / W heads, rank r the heads ``r H/W .. (r+1) H/W - 1``: (batch, N, H/W,
-D). :func:`head_to_seq` is its inverse. Each is one ``torch.distributed.all_to_all_single`` (rank r sends rank s
-its tokens' slice of s's heads) and one permutation of the tokens, since the pieces arrive in rank order, each in
-the zigzag order of its rank: the permutation (:class:`HeadExchange`) puts them in the natural order, and back.
-Each permutation is one gather straight from the receive buffer (or into the send buffer), whose blocks are each
-rank's (batch, tokens) rows, so that an exchange makes two passes over the tensor besides the transfer: the heads'
-regrouping and the tokens' permutation. The backward of one exchange is the other (``autograd.SeqToHeadFunction``).
+``ring_varlen.py``'s), all H heads of its T local tokens: (batch, T, H, D). Seen as G head groups of H / (W G)
+heads a rank (``groups``; G = 1: every head at once), the exchange of group g gives every rank all N tokens, in
+their natural order, of its H / (W G) heads of that group, rank r the heads ``r H/W + g H/(W G) ..``: (batch, N,
+H/(W G), D); the way back is its inverse. Each direction is one ``torch.distributed.all_to_all_single`` (rank r
+sends rank s its tokens' slice of s's heads), started asynchronously (:func:`start_seq_to_head`,
+:func:`start_head_to_seq`: on NCCL it runs on the communicator's stream, so that compute queued meanwhile overlaps
+it) and finished later (:func:`finish_seq_to_head`, :func:`finish_head_to_seq`: the current stream waits for it).
+
+The pieces arrive in rank order, each in the zigzag order of its rank: a permutation of the tokens
+(:class:`HeadExchange`) puts them in the natural order, and back. Each permutation is one gather straight from the
+receive buffer (or into the send buffer), whose blocks are each rank's (batch, tokens) rows, so that an exchange
+makes two passes over its tensor besides the transfer: the heads' regrouping and the tokens' permutation.
 """
 
 from __future__ import annotations
@@ -24,60 +28,109 @@ from .ring import Ring
 
 @dataclass(frozen=True)
 class HeadExchange:
-    """The exchange of one layout over one group, from one rank: how many tokens each rank holds, and where the
-    rank-ordered concatenation of their tokens lies in the natural order."""
+    """The exchange of one layout over one group for a batch of ``batch`` sequences, from one rank: how many
+    tokens each rank holds, and where the tokens of the rank-ordered receive buffer go."""
 
     group: dist.ProcessGroup
     rank: int
     world_size: int
     lengths: tuple[int, ...]
-    inverse: torch.Tensor  # int64 (N,): the row of the rank-ordered concatenation of tokens that holds position p
+    rows: torch.Tensor  # int64 (batch * N,): for each (b, p), b-major, its row in the rank-ordered receive buffer
+    sources: torch.Tensor  # int64 (batch * N,): the inverse, the row of the natural order each sent row takes
 
     @classmethod
-    def of(cls, ring: Ring, device: torch.device) -> HeadExchange:
-        runs = [run for rank in range(ring.world_size) for run in ring.layout.runs(rank)]
-        order = torch.cat([torch.arange(start, start + length, dtype=torch.int64) for start, length in runs])
-        inverse = torch.empty_like(order)
-        inverse[order] = torch.arange(order.numel(), dtype=torch.int64)
+    def of(cls, ring: Ring, device: torch.device, batch: int) -> HeadExchange:
+        """Built on ``device`` from the layout's runs (a few per sequence): no loop over tokens on the host."""
         lengths = tuple(ring.layout.rank_length(rank) for rank in range(ring.world_size))
-        return cls(ring.group, ring.rank, ring.world_size, lengths, inverse.to(device))
+        rows = block_rows(ring, lengths, batch, device)
+        sources = torch.empty_like(rows)
+        sources[rows] = torch.arange(rows.numel(), device=device)
+        return cls(ring.group, ring.rank, ring.world_size, lengths, rows, sources)
 
-    def block_rows(self, batch: int) -> torch.Tensor:
-        """int64 (batch * N,): for each (b, global position p), b-major, its row in the rank-ordered buffer of
-        ``batch`` sequences whose block r is rank r's (batch, tokens) rows, the blocks in rank order."""
-        device = self.inverse.device
-        lengths = torch.tensor(self.lengths, device=device)
-        starts = torch.cumsum(lengths, 0) - lengths
-        holder = torch.repeat_interleave(torch.arange(self.world_size, device=device), lengths,
-                                         output_size=self.inverse.numel())[self.inverse]  # the rank holding p
-        first = batch * starts[holder] + self.inverse - starts[holder]  # row of (0, p); (b, p) is b * n_r further
-        return (first + torch.arange(batch, device=device)[:, None] * lengths[holder]).reshape(-1)
+
+def block_rows(ring: Ring, lengths: tuple[int, ...], batch: int, device: torch.device) -> torch.Tensor:
+    """int64 (batch * N,): for each (b, global position p), b-major, its row in the rank-ordered buffer of ``batch``
+    sequences whose block r is rank r's (batch, tokens) rows, the blocks in rank order. Position p of a run (start
+    s, length n) at offset c of its rank's tokens sits at ``batch * block_start + b * n_r + c + p - s``."""
+    runs = []  # (global start, length, rank, offset in the rank's tokens)
+    block_start = 0
+    for rank in range(ring.world_size):
+        offset = 0
+        for start, length in ring.layout.runs(rank):
+            if length:
+                runs.append((start, length, batch * block_start + offset - start, lengths[rank]))
+            offset += length
+        block_start += lengths[rank]
+    runs.sort()
+    total = sum(lengths)
+    shifts, strides, counts = (torch.tensor([run[i] for run in runs], dtype=torch.int64, device=device)
+                               for i in (2, 3, 1))
+    first = torch.arange(total, device=device) + torch.repeat_interleave(shifts, counts, output_size=total)
+    per_batch = torch.repeat_interleave(strides, counts, output_size=total)  # n_r of the rank holding p
+    return (first + torch.arange(batch, device=device)[:, None] * per_batch).reshape(-1)
+
+
+@dataclass
+class Pending:
+    """An exchange on its way: the collective's work, its receive buffer, its send buffer (kept until the work is
+    waited for), and the shape it finishes into."""
+
+    work: object
+    recv: torch.Tensor
+    send: torch.Tensor
+    shape: tuple[int, ...]
+
+
+def start_seq_to_head(x: torch.Tensor, exchange: HeadExchange, group: int = 0, groups: int = 1) -> Pending:
+    """Start the exchange of head group ``group`` of ``groups``: x (B, T, H, D) of this rank's tokens, every head."""
+    batch, tokens, nheads, head_dim = x.shape
+    world_size, heads = exchange.world_size, nheads // (exchange.world_size * groups)
+    part = x.unflatten(2, (world_size, groups, heads))[:, :, :, group]  # (B, T, W, h, D): a view
+    send = part.permute(2, 0, 1, 3, 4).contiguous()
+    row = batch * heads * head_dim  # the elements of one token of one head group
+    recv = x.new_empty(row * sum(exchange.lengths))
+    work = dist.all_to_all_single(recv, send.view(-1), [row * n for n in exchange.lengths],
+                                  [row * tokens] * world_size, group=exchange.group, async_op=True)
+    return Pending(work, recv, send, (batch, sum(exchange.lengths), heads, head_dim))
+
+
+def finish_seq_to_head(pending: Pending, exchange: HeadExchange) -> torch.Tensor:
+    """(B, N, h, D) of every token, this rank's heads of the group, in natural order."""
+    pending.work.wait()
+    batch, total, heads, head_dim = pending.shape
+    rows = pending.recv.view(-1, heads, head_dim).index_select(0, exchange.rows)
+    return rows.view(batch, total, heads, head_dim)
+
+
+def start_head_to_seq(y: torch.Tensor, exchange: HeadExchange) -> Pending:
+    """Start the way back of y (B, N, h, D): every token, this rank's heads of one group."""
+    batch, total, heads, head_dim = y.shape
+    world_size, tokens = exchange.world_size, exchange.lengths[exchange.rank]
+    send = y.reshape(batch * total, heads, head_dim).index_select(0, exchange.sources).view(-1)
+    row = batch * heads * head_dim
+    recv = y.new_empty(world_size * row * tokens)
+    work = dist.all_to_all_single(recv, send, [row * tokens] * world_size, [row * n for n in exchange.lengths],
+                                  group=exchange.group, async_op=True)
+    return Pending(work, recv, send, (batch, tokens, heads, head_dim))
+
+
+def finish_head_to_seq(pending: Pending, exchange: HeadExchange, out: torch.Tensor, group: int = 0,
+                       groups: int = 1) -> None:
+    """Write the arrived head group ``group`` of ``groups`` into out (B, T, H, D) of this rank's tokens."""
+    pending.work.wait()
+    batch, tokens, heads, head_dim = pending.shape
+    arrived = pending.recv.view(exchange.world_size, batch, tokens, heads, head_dim).permute(1, 2, 0, 3, 4)
+    out.unflatten(2, (exchange.world_size, groups, heads))[:, :, :, group].copy_(arrived)
 
 
 def seq_to_head(x: torch.Tensor, exchange: HeadExchange) -> torch.Tensor:
     """(B, T, H, D) of this rank's tokens, every head -> (B, N, H/W, D) of every token, this rank's heads."""
-    batch, tokens, nheads, head_dim = x.shape
-    world_size, local_heads = exchange.world_size, nheads // exchange.world_size
-    send = x.reshape(batch, tokens, world_size, local_heads, head_dim).permute(2, 0, 1, 3, 4).contiguous()
-    row = batch * local_heads * head_dim  # the elements of one token of one head group
-    recv = x.new_empty(row * sum(exchange.lengths))
-    dist.all_to_all_single(recv, send.view(-1), [row * n for n in exchange.lengths], [row * tokens] * world_size,
-                           group=exchange.group)
-    rows = recv.view(-1, local_heads, head_dim).index_select(0, exchange.block_rows(batch))
-    return rows.view(batch, -1, local_heads, head_dim)
+    return finish_seq_to_head(start_seq_to_head(x, exchange), exchange)
 
 
 def head_to_seq(y: torch.Tensor, exchange: HeadExchange) -> torch.Tensor:
     """(B, N, H/W, D) of every token, this rank's heads -> (B, T, H, D) of this rank's tokens, every head."""
-    batch, total, local_heads, head_dim = y.shape
-    world_size, tokens = exchange.world_size, exchange.lengths[exchange.rank]
-    block_rows = exchange.block_rows(batch)
-    sources = torch.empty_like(block_rows)  # the row of y that each row of the send buffer takes
-    sources[block_rows] = torch.arange(batch * total, device=y.device)
-    send = y.reshape(batch * total, local_heads, head_dim).index_select(0, sources).view(-1)
-    row = batch * local_heads * head_dim
-    recv = y.new_empty(world_size * row * tokens)
-    dist.all_to_all_single(recv, send, [row * tokens] * world_size, [row * n for n in exchange.lengths],
-                           group=exchange.group)
-    gathered = recv.view(world_size, batch, tokens, local_heads, head_dim).permute(1, 2, 0, 3, 4)
-    return gathered.reshape(batch, tokens, world_size * local_heads, head_dim)
+    batch, _, heads, head_dim = y.shape
+    out = y.new_empty(batch, exchange.lengths[exchange.rank], exchange.world_size * heads, head_dim)
+    finish_head_to_seq(start_head_to_seq(y, exchange), exchange, out)
+    return out

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from . import all_to_all, ops, ops_fp8, ring, ring_varlen
+from . import head_parallel, ops, ops_fp8, ring, ring_varlen
 from .fp8_quantize import Quantized
 from .options import AttentionOptions, FP8Options, new_rng_state
+from .ring import shared_rng_state
 
 
 class FlashAttnFunction(torch.autograd.Function):
@@ -136,28 +137,22 @@ class RingFlashAttnFunction(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
-class SeqToHeadFunction(torch.autograd.Function):
-    """The all-to-all from sequence shards to head shards (``all_to_all.py``); its backward is the reverse one."""
+class HeadParallelFunction(torch.autograd.Function):
+    """The all-to-all mode (``head_parallel.py``): the exchanges and the head groups' calls in one function, so that
+    its backward pipelines them too; the dropout seed shared by the group."""
 
     @staticmethod
-    def forward(ctx, x, exchange: all_to_all.HeadExchange):
-        ctx.exchange = exchange
-        return all_to_all.seq_to_head(x, exchange)
+    def forward(ctx, q, k, v, alibi_slopes, opts: AttentionOptions, call: head_parallel.HeadCall):
+        rng_state = shared_rng_state(call.exchange.group, q.device) if opts.dropout_p > 0 else None
+        out, lse, saved = head_parallel.forward(q, k, v, alibi_slopes, rng_state, opts, call)
+        ctx.save_for_backward(*saved, alibi_slopes, rng_state)
+        ctx.opts, ctx.call, ctx.k_shape = opts, call, k.shape
+        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # as in FlashAttnFunction
+        return out, lse
 
     @staticmethod
-    def backward(ctx, grad):
-        return all_to_all.head_to_seq(grad, ctx.exchange), None
-
-
-class HeadToSeqFunction(torch.autograd.Function):
-    """The all-to-all from head shards back to sequence shards; its backward is :class:`SeqToHeadFunction`'s
-    forward."""
-
-    @staticmethod
-    def forward(ctx, y, exchange: all_to_all.HeadExchange):
-        ctx.exchange = exchange
-        return all_to_all.head_to_seq(y, exchange)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return all_to_all.seq_to_head(grad, ctx.exchange), None
+    def backward(ctx, dout, _dlse):
+        *saved, alibi_slopes, rng_state = ctx.saved_tensors
+        dq, dk, dv = head_parallel.backward(dout, saved, alibi_slopes, rng_state, ctx.opts, ctx.call, ctx.k_shape)
+        return dq, dk, dv, None, None, None

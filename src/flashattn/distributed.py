@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from . import head_parallel
-from .autograd import RingFlashAttnFunction
+from .autograd import HeadParallelFunction, RingFlashAttnFunction
 from .options import AttentionOptions
 from .ring import Ring
 from .ring_varlen import PackedLayout
@@ -124,7 +124,8 @@ def ring_flash_attn_func(
     opts = AttentionOptions.build(q.shape[-1], softmax_scale, causal, window_size, softcap, dropout_p,
                                   deterministic)
     if mode == "all_to_all":
-        out, lse = head_parallel.dense_attention(q, k, v, alibi_slopes, opts, ring)
+        call = head_parallel.HeadCall.of(ring, q, k.shape[2])
+        out, lse = HeadParallelFunction.apply(q, k, v, alibi_slopes, opts, call)
     else:
         out, lse = RingFlashAttnFunction.apply(q, k, v, alibi_slopes, opts, ring)
     return (out, lse, None) if return_attn_probs else out
@@ -239,7 +240,8 @@ def ring_flash_attn_varlen_func(
     opts = AttentionOptions.build(q.shape[-1], softmax_scale, causal, window_size, softcap, dropout_p,
                                   deterministic)
     if mode == "all_to_all":
-        out, lse = head_parallel.varlen_attention(q, k, v, cu_seqlens_q, alibi_slopes, opts, ring)
+        call = head_parallel.HeadCall.of(ring, q, k.shape[1], cu_seqlens_q)
+        out, lse = HeadParallelFunction.apply(q, k, v, alibi_slopes, opts, call)
     else:
         out, lse = RingFlashAttnFunction.apply(q, k, v, alibi_slopes, opts, ring)
     return (out, lse, None) if return_attn_probs else out

@@ -230,9 +230,20 @@ def run_backward_ring(ring: Ring, kv: torch.Tensor, gradients: Callable[[int, to
         partials = gradients(step, kv)
         # this shard's accumulator: what the ranks before added (waited for only now, after this step's compute
         # was queued), plus this rank's part
+        sent = ring.layout.sent_length(ring.source(step))
         if pending is not None:
             _wait(pending[0])
             dkv = pending[1]
+        elif steps > 1 and len(partials) == 1 and partials[0][1].shape == kv.shape[1:]:
+            # one part of the whole shard (an own step without frames): the tokens that stay are finished as it
+            # gives them (0 + x, rounded back, is x), and only those that travel take a float32 accumulator
+            _, dk, dv = partials[0]
+            rest = dk.shape[-3] - sent
+            home = torch.stack((dk.narrow(-3, sent, rest), dv.narrow(-3, sent, rest))) if rest else None
+            dkv = torch.empty((*kv.shape[:-3], sent, *kv.shape[-2:]), dtype=torch.float32, device=kv.device)
+            dkv[0].copy_(dk.narrow(-3, 0, sent))
+            dkv[1].copy_(dv.narrow(-3, 0, sent))
+            partials = []
         else:
             dkv = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
         for index, dk, dv in partials:
@@ -242,7 +253,6 @@ def run_backward_ring(ring: Ring, kv: torch.Tensor, gradients: Callable[[int, to
         # comes from the previous one
         if steps == 1:
             break
-        sent = ring.layout.sent_length(ring.source(step))
         if step == 0 and dkv.shape[-3] > sent:
             # the tokens that stay are finished at the own step (only this rank's queries see them): rounded now,
             # so that the whole float32 accumulator is not held through the ring
@@ -271,26 +281,38 @@ class Merge:
     rescaled only when ``top`` moves (by ``exp(old - new)``; otherwise by exactly 1), and the output is divided by
     the sum of the same weights once, at the end: the rounding of a log-sum-exp never enters the weights. The ops'
     +inf (a row that sees no key) counts as a weight of 0.
+
+    ``merged_rows``: only the rows before it take more than one part (a packed ring's cut sequences). The rows from it
+    on take the first part alone, which covers every row (a ring's own step): they are final as it gives them, and
+    only the merged rows get float32 accumulators. By default every row.
     """
 
-    def __init__(self, shape: torch.Size, device: torch.device) -> None:
+    def __init__(self, shape: torch.Size, device: torch.device, merged_rows: int | None = None) -> None:
         self.shape, self.device = shape, device
+        self.merged_rows = shape[1] if merged_rows is None else merged_rows
         self.out = self.top = self.weight = None  # allocated by the first part
+        self.first = None  # (out, lse) of a first part that covers every row, when rows past merged_rows are final
 
     def add(self, out: torch.Tensor, lse: torch.Tensor, rows: slice = slice(None)) -> None:
-        """Fold a partial result of the rows ``rows``, out (B, rows, H, D) and lse (B, H, rows), in place."""
-        lse = lse.masked_fill(lse == float("inf"), float("-inf"))
+        """Fold a partial result of the rows ``rows`` (within the merged rows, after a first part that covers every
+        row), out (B, rows, H, D) and lse (B, H, rows), in place."""
+        merged = self.merged_rows
         if self.out is None and out.shape == self.shape:
-            # the first part covers every row (a ring's own step does): it is the state, one conversion and no
-            # rescaling; a row it did not see has out 0 (the ops' convention) and weight 0
-            self.out, self.top = out.to(torch.float32, copy=True), lse.clone()
+            # the first part covers every row (a ring's own step does): its merged rows are the state, one conversion
+            # and no rescaling; a row it did not see has out 0 (the ops' convention) and weight 0
+            if merged < self.shape[1]:
+                self.first = (out, lse)
+                out, lse = out[:, :merged], lse[:, :, :merged]
+            lse = lse.masked_fill(lse == float("inf"), float("-inf"))
+            self.out, self.top = out.to(torch.float32, copy=True), lse
             self.weight = (lse > float("-inf")).float()
             return
+        lse = lse.masked_fill(lse == float("inf"), float("-inf"))
         if self.out is None:
-            batch, seqlen, nheads, _ = self.shape  # out (B, S, H, D); the lse-like (B, H, S)
-            self.out = torch.zeros(self.shape, dtype=torch.float32, device=self.device)
-            self.top = torch.full((batch, nheads, seqlen), float("-inf"), device=self.device)
-            self.weight = torch.zeros((batch, nheads, seqlen), device=self.device)
+            batch, _, nheads, head_dim = self.shape  # out (B, S, H, D); the lse-like (B, H, S)
+            self.out = torch.zeros((batch, merged, nheads, head_dim), dtype=torch.float32, device=self.device)
+            self.top = torch.full((batch, nheads, merged), float("-inf"), device=self.device)
+            self.weight = torch.zeros((batch, nheads, merged), device=self.device)
         out_acc, top, weight = self.out[:, rows], self.top[:, :, rows], self.weight[:, :, rows]
         new_top = torch.maximum(top, lse)
         shift = new_top.masked_fill(new_top == float("-inf"), 0.0)  # rows no part has seen: both weights 0
@@ -303,32 +325,57 @@ class Merge:
     def result(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(out in ``dtype``, lse float32 (B, H, S)); a row that saw no key: out 0, lse +inf (the library's mark)."""
         if self.out is None:  # no part at all: every row saw no key
+            self.merged_rows = self.shape[1]
             self.add(torch.zeros(self.shape, device=self.device),
                      torch.full((self.shape[0], self.shape[2], self.shape[1]), float("inf"), device=self.device))
+        merged = self.merged_rows
+        if self.first is not None:  # the final rows as the first part gave them; the merged ones written over it
+            out, lse = self.first[0].to(dtype), self.first[1]
+        elif merged < self.shape[1]:  # rows that took no part: out 0, lse +inf
+            out = torch.zeros(self.shape, dtype=dtype, device=self.device)
+            lse = torch.full((self.shape[0], self.shape[2], self.shape[1]), float("inf"), device=self.device)
+        else:
+            out, lse = torch.empty(self.shape, dtype=dtype, device=self.device), None
         seen = self.weight > 0
-        lse = torch.where(seen, self.top + torch.log(self.weight), float("inf"))
-        out = torch.empty(self.shape, dtype=dtype, device=self.device)  # divided and rounded in one pass
-        torch.div(self.out, torch.where(seen, self.weight, 1.0).transpose(1, 2).unsqueeze(-1), out=out)
+        merged_lse = torch.where(seen, self.top + torch.log(self.weight), float("inf"))
+        # divided and rounded in one pass
+        torch.div(self.out, torch.where(seen, self.weight, 1.0).transpose(1, 2).unsqueeze(-1), out=out[:, :merged])
+        if lse is None:
+            return out, merged_lse
+        lse[:, :, :merged] = merged_lse
         return out, lse
 
 
 class Sum:
     """A float32 sum of parts of a tensor of ``shape`` (dQ over a ring's steps). A first part that covers the whole
-    shape becomes the sum by one conversion: no zero fill and no read of zeros."""
+    shape becomes the sum by one conversion: no zero fill and no read of zeros.
 
-    def __init__(self, shape: torch.Size, device: torch.device) -> None:
-        self.shape, self.device, self.total = shape, device, None
+    ``summed``: the index of the part of the shape that takes more than one part (a packed ring's cut sequences'
+    rows, a slice from 0); elsewhere a first part that covers the whole shape is final as it is, and only the summed
+    part is kept in float32. By default the whole shape."""
+
+    def __init__(self, shape: torch.Size, device: torch.device, summed: slice = slice(None)) -> None:
+        self.shape, self.device, self.summed, self.total = shape, device, summed, None
+        self.first = None  # a first part that covers the whole shape, when only ``summed`` of it takes more
 
     def add(self, part: torch.Tensor, index=slice(None)) -> None:
         if self.total is None:
             if part.shape == self.shape:  # a part of the whole shape is the whole
-                self.total = part.to(torch.float32, copy=True)
+                if self.summed != slice(None):
+                    self.first = part
+                self.total = part[self.summed].to(torch.float32, copy=True)
                 return
             self.total = torch.zeros(self.shape, dtype=torch.float32, device=self.device)
         self.total[index] += part
 
     def result(self, dtype: torch.dtype) -> torch.Tensor:
-        return torch.zeros(self.shape, dtype=dtype, device=self.device) if self.total is None else self.total.to(dtype)
+        if self.total is None:
+            return torch.zeros(self.shape, dtype=dtype, device=self.device)
+        if self.first is None:
+            return self.total.to(dtype)
+        first = self.first.to(dtype)
+        first[self.summed] = self.total
+        return first
 
 
 def forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, ring: Ring):

@@ -257,8 +257,10 @@ def _slopes(alibi_slopes: torch.Tensor | None, sequence: int) -> torch.Tensor | 
 
 def forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, ring: Ring):
     """(out, lse) of the local packed queries over every whole sequence: out in q's dtype, lse float32 (H, total)."""
-    steps = plan(ring, opts, needs_frame(opts, alibi_slopes), q.device)
-    merged = Merge((1, *q.shape), q.device)  # as a batch of 1
+    framed = needs_frame(opts, alibi_slopes)
+    steps = plan(ring, opts, framed, q.device)
+    # as a batch of 1; without frames only the cut sequences' rows take more than the own step's part
+    merged = Merge((1, *q.shape), q.device, None if framed else ring.layout.sent_length(ring.rank))
 
     def compute(step: int, kv: torch.Tensor) -> None:
         for call in steps[step]:
@@ -282,8 +284,9 @@ def forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, ring: Ring
 def backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: AttentionOptions, ring: Ring):
     """(dq, dk, dv) of the local packed shards, from the global out and lse of :func:`forward` (``ring.backward``'s
     ring: dQ stays, each shard's dK/dV accumulator travels with it)."""
-    steps = plan(ring, opts, needs_frame(opts, alibi_slopes), q.device)
-    dq_sum = Sum(q.shape, q.device)
+    framed = needs_frame(opts, alibi_slopes)
+    steps = plan(ring, opts, framed, q.device)
+    dq_sum = Sum(q.shape, q.device, slice(None) if framed else slice(0, ring.layout.sent_length(ring.rank)))
 
     def gradients(step: int, kv: torch.Tensor) -> list:
         partials = []
