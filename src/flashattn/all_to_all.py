@@ -2,13 +2,11 @@
 layout and a head-sharded one.
 
 A group of W ranks holds a sequence of N tokens in the zigzag layout of ``ring.py`` (or a packed batch in
-``ring_varlen.py``'s), all H heads of its T local tokens: (batch, T, H, D). Seen as G head groups of H / (W G)
-heads a rank (``groups``; G = 1: every head at once), the exchange of group g gives every rank all N tokens, in
-their natural order, of its H / (W G) heads of that group, rank r the heads ``r H/W + g H/(W G) ..``: (batch, N,
-H/(W G), D); the way back is its inverse. Each direction is one ``torch.distributed.all_to_all_single`` (rank r
-sends rank s its tokens' slice of s's heads), started asynchronously (:func:`start_seq_to_head`,
-:func:`start_head_to_seq`: on NCCL it runs on the communicator's stream, so that compute queued meanwhile overlaps
-it) and finished later (:func:`finish_seq_to_head`, :func:`finish_head_to_seq`: the current stream waits for it).
+``ring_varlen.py``'s), all H heads of its T local tokens: (batch, T, H, D). :func:`seq_to_head` gives every rank all
+N tokens, in their natural order, of H / W heads, rank r the heads ``r H/W .. (r+1) H/W - 1``: (batch, N, H/W, D).
+:func:`head_to_seq` is its inverse. Each is one ``torch.distributed.all_to_all_single`` (rank r sends rank s its
+tokens' slice of s's heads), started asynchronously (``start_*``: on NCCL it runs on the communicator's stream, so
+that several exchanges are queued at once) and finished later (``finish_*``: the current stream waits for it).
 
 The pieces arrive in rank order, each in the zigzag order of its rank: a permutation of the tokens
 (:class:`HeadExchange`) puts them in the natural order, and back. Each permutation is one gather straight from the
@@ -81,12 +79,11 @@ class Pending:
     shape: tuple[int, ...]
 
 
-def start_seq_to_head(x: torch.Tensor, exchange: HeadExchange, group: int = 0, groups: int = 1) -> Pending:
-    """Start the exchange of head group ``group`` of ``groups``: x (B, T, H, D) of this rank's tokens, every head."""
+def start_seq_to_head(x: torch.Tensor, exchange: HeadExchange) -> Pending:
+    """Start the exchange of x (B, T, H, D) of this rank's tokens, every head."""
     batch, tokens, nheads, head_dim = x.shape
-    world_size, heads = exchange.world_size, nheads // (exchange.world_size * groups)
-    part = x.unflatten(2, (world_size, groups, heads))[:, :, :, group]  # (B, T, W, h, D): a view
-    send = part.permute(2, 0, 1, 3, 4).contiguous()
+    world_size, heads = exchange.world_size, nheads // exchange.world_size
+    send = x.unflatten(2, (world_size, heads)).permute(2, 0, 1, 3, 4).contiguous()
     row = batch * heads * head_dim  # the elements of one token of one head group
     recv = x.new_empty(row * sum(exchange.lengths))
     work = dist.all_to_all_single(recv, send.view(-1), [row * n for n in exchange.lengths],
@@ -95,7 +92,7 @@ def start_seq_to_head(x: torch.Tensor, exchange: HeadExchange, group: int = 0, g
 
 
 def finish_seq_to_head(pending: Pending, exchange: HeadExchange) -> torch.Tensor:
-    """(B, N, h, D) of every token, this rank's heads of the group, in natural order."""
+    """(B, N, H/W, D) of every token, this rank's heads, in natural order."""
     pending.work.wait()
     batch, total, heads, head_dim = pending.shape
     rows = pending.recv.view(-1, heads, head_dim).index_select(0, exchange.rows)
@@ -103,7 +100,7 @@ def finish_seq_to_head(pending: Pending, exchange: HeadExchange) -> torch.Tensor
 
 
 def start_head_to_seq(y: torch.Tensor, exchange: HeadExchange) -> Pending:
-    """Start the way back of y (B, N, h, D): every token, this rank's heads of one group."""
+    """Start the way back of y (B, N, H/W, D): every token, this rank's heads."""
     batch, total, heads, head_dim = y.shape
     world_size, tokens = exchange.world_size, exchange.lengths[exchange.rank]
     send = y.reshape(batch * total, heads, head_dim).index_select(0, exchange.sources).view(-1)
@@ -114,13 +111,12 @@ def start_head_to_seq(y: torch.Tensor, exchange: HeadExchange) -> Pending:
     return Pending(work, recv, send, (batch, tokens, heads, head_dim))
 
 
-def finish_head_to_seq(pending: Pending, exchange: HeadExchange, out: torch.Tensor, group: int = 0,
-                       groups: int = 1) -> None:
-    """Write the arrived head group ``group`` of ``groups`` into out (B, T, H, D) of this rank's tokens."""
+def finish_head_to_seq(pending: Pending, exchange: HeadExchange) -> torch.Tensor:
+    """(B, T, H, D) of this rank's tokens, every head."""
     pending.work.wait()
     batch, tokens, heads, head_dim = pending.shape
     arrived = pending.recv.view(exchange.world_size, batch, tokens, heads, head_dim).permute(1, 2, 0, 3, 4)
-    out.unflatten(2, (exchange.world_size, groups, heads))[:, :, :, group].copy_(arrived)
+    return arrived.reshape(batch, tokens, exchange.world_size * heads, head_dim)
 
 
 def seq_to_head(x: torch.Tensor, exchange: HeadExchange) -> torch.Tensor:
@@ -130,7 +126,4 @@ def seq_to_head(x: torch.Tensor, exchange: HeadExchange) -> torch.Tensor:
 
 def head_to_seq(y: torch.Tensor, exchange: HeadExchange) -> torch.Tensor:
     """(B, N, H/W, D) of every token, this rank's heads -> (B, T, H, D) of this rank's tokens, every head."""
-    batch, _, heads, head_dim = y.shape
-    out = y.new_empty(batch, exchange.lengths[exchange.rank], exchange.world_size * heads, head_dim)
-    finish_head_to_seq(start_head_to_seq(y, exchange), exchange, out)
-    return out
+    return finish_head_to_seq(start_head_to_seq(y, exchange), exchange)

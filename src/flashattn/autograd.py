@@ -138,15 +138,15 @@ class RingFlashAttnFunction(torch.autograd.Function):
 
 
 class HeadParallelFunction(torch.autograd.Function):
-    """The all-to-all mode (``head_parallel.py``): the exchanges and the head groups' calls in one function, so that
-    its backward pipelines them too; the dropout seed shared by the group."""
+    """The all-to-all mode (``head_parallel.py``): the exchanges and the call of the rank's heads in one function;
+    the dropout seed shared by the group."""
 
     @staticmethod
     def forward(ctx, q, k, v, alibi_slopes, opts: AttentionOptions, call: head_parallel.HeadCall):
         rng_state = shared_rng_state(call.exchange.group, q.device) if opts.dropout_p > 0 else None
         out, lse, saved = head_parallel.forward(q, k, v, alibi_slopes, rng_state, opts, call)
         ctx.save_for_backward(*saved, alibi_slopes, rng_state)
-        ctx.opts, ctx.call, ctx.k_shape = opts, call, k.shape
+        ctx.opts, ctx.call = opts, call
         ctx.mark_non_differentiable(lse)
         ctx.set_materialize_grads(False)  # as in FlashAttnFunction
         return out, lse
@@ -154,5 +154,5 @@ class HeadParallelFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, _dlse):
         *saved, alibi_slopes, rng_state = ctx.saved_tensors
-        dq, dk, dv = head_parallel.backward(dout, saved, alibi_slopes, rng_state, ctx.opts, ctx.call, ctx.k_shape)
+        dq, dk, dv = head_parallel.backward(dout, saved, alibi_slopes, rng_state, ctx.opts, ctx.call)
         return dq, dk, dv, None, None, None

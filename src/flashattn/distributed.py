@@ -124,7 +124,7 @@ def ring_flash_attn_func(
     opts = AttentionOptions.build(q.shape[-1], softmax_scale, causal, window_size, softcap, dropout_p,
                                   deterministic)
     if mode == "all_to_all":
-        call = head_parallel.HeadCall.of(ring, q, k.shape[2])
+        call = head_parallel.HeadCall.of(ring, q)
         out, lse = HeadParallelFunction.apply(q, k, v, alibi_slopes, opts, call)
     else:
         out, lse = RingFlashAttnFunction.apply(q, k, v, alibi_slopes, opts, ring)
@@ -240,7 +240,7 @@ def ring_flash_attn_varlen_func(
     opts = AttentionOptions.build(q.shape[-1], softmax_scale, causal, window_size, softcap, dropout_p,
                                   deterministic)
     if mode == "all_to_all":
-        call = head_parallel.HeadCall.of(ring, q, k.shape[1], cu_seqlens_q)
+        call = head_parallel.HeadCall.of(ring, q, cu_seqlens_q)
         out, lse = HeadParallelFunction.apply(q, k, v, alibi_slopes, opts, call)
     else:
         out, lse = RingFlashAttnFunction.apply(q, k, v, alibi_slopes, opts, ring)

@@ -2,20 +2,18 @@
 picks a mode.
 
 q, k and v go from sequence shards to head shards (``all_to_all.py``: every rank then holds the whole sequence
-for H / W query heads and Hk / W key/value heads, which keeps GQA's grouping), ordinary calls of the library's ops
-compute the attention of those heads, and the output goes back to sequence shards (the log-sum-exp too).
+for H / W query heads and Hk / W key/value heads, which keeps GQA's grouping), one call of the library's op
+computes the attention of those heads, and the output goes back to sequence shards (the log-sum-exp too). The three
+input exchanges are started together and waited for in turn; the backward does the same with dO, and dQ, dK, dV.
 
-Pipelined by head groups: the rank's Hk / W key/value heads are cut into G groups (``groups``: up to ``GROUPS``),
-each with its query heads. Every group's q, k, v exchange is started at once; the attention of group g waits only
-for its own, and its output starts back while group g + 1 computes. The backward does the same with dO and dQ,
-dK, dV. Only the first group's inputs and the last group's outputs wait with nothing to overlap them; on NCCL the
-exchanges run on the communicator's stream beside the compute.
+One call for all of the rank's heads, not a pipeline of head groups whose exchanges overlap the previous group's
+compute: the groups' smaller calls cost more than the overlap won (docs/context-parallel.md, "The all-to-all mode").
 
-Dropout draws the single call's mask: the group's one (seed, offset) (rank 0's, broadcast), and, since each call
-numbers its heads from 0, the offset moved to the call's first head: dense counters are
-``((b * H + h) * N + i) * N + j``, so head h_local of a call starting at global head h0 in batch b starts at
-``(b * H + h0) * N * N`` (one call per batch element when the batch is larger than 1), packed ones
-``(h * total + tq) * total + tk``, one call at ``h0 * total * total``.
+Dropout draws the single call's mask: the group's one (seed, offset) (rank 0's, broadcast), and, since the call
+numbers its heads from 0, the offset moved to the rank's first head: dense counters are
+``((b * H + h) * N + i) * N + j``, so head h_local of rank r in batch b starts at ``(b * H + r H/W) * N * N`` (one
+call per batch element when the batch is larger than 1), packed ones ``(h * total + tq) * total + tk``, one call at
+``r H/W * total * total``.
 """
 
 from __future__ import annotations
@@ -34,9 +32,6 @@ MODES = ("ring", "all_to_all", "auto")
 # causal 32k tokens: 98% of ideal against 87%), from it the two tie or the all-to-all leads, with less memory
 # (docs/context-parallel.md, "Choosing a mode")
 ALL_TO_ALL_TOKENS_PER_RANK = 32768
-# the most head groups the exchanges are pipelined in: each group's exchange overlaps the previous group's attention,
-# and smaller groups leave less exposed at the two ends, at the cost of more, smaller collectives
-GROUPS = 4
 
 
 def choose_mode(mode: str, nheads_k: int, world_size: int, seqlen: int) -> str:
@@ -55,34 +50,26 @@ def choose_mode(mode: str, nheads_k: int, world_size: int, seqlen: int) -> str:
     return mode
 
 
-def groups(nheads_k: int, world_size: int) -> int:
-    """The head groups of the pipeline: the largest divisor of a rank's key/value heads up to ``GROUPS``."""
-    local = nheads_k // world_size
-    return max(g for g in range(1, min(GROUPS, local) + 1) if local % g == 0)
-
-
 @dataclass(frozen=True)
 class HeadCall:
-    """What one all-to-all call computes: the exchange, the group's heads, and, for a packed batch, the global
-    cu_seqlens and the longest sequence (None, 0 for a dense batch)."""
+    """What one all-to-all call computes: the exchange, the group's query heads, and, for a packed batch, the
+    global cu_seqlens and the longest sequence (None, 0 for a dense batch)."""
 
     exchange: HeadExchange
     nheads: int  # H, the whole group's query heads
-    groups: int
     cu_seqlens: torch.Tensor | None
     longest: int
 
     @classmethod
-    def of(cls, ring: Ring, q: torch.Tensor, nheads_k: int, cu_seqlens: torch.Tensor | None = None) -> HeadCall:
+    def of(cls, ring: Ring, q: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> HeadCall:
         batch = 1 if cu_seqlens is not None else q.shape[0]
         longest = max(ring.layout.seqlens) if cu_seqlens is not None else 0
-        return cls(HeadExchange.of(ring, q.device, batch), q.shape[-2], groups(nheads_k, ring.world_size),
-                   cu_seqlens, longest)
+        return cls(HeadExchange.of(ring, q.device, batch), q.shape[-2], cu_seqlens, longest)
 
-    def first_head(self, group: int) -> int:
-        """The global index of this rank's first query head of head group ``group``."""
+    def heads(self) -> slice:
+        """This rank's query heads, global indices."""
         per_rank = self.nheads // self.exchange.world_size
-        return self.exchange.rank * per_rank + group * (per_rank // self.groups)
+        return slice(self.exchange.rank * per_rank, (self.exchange.rank + 1) * per_rank)
 
 
 def _batched(x: torch.Tensor, call: HeadCall) -> torch.Tensor:
@@ -90,12 +77,10 @@ def _batched(x: torch.Tensor, call: HeadCall) -> torch.Tensor:
     return x[None] if call.cu_seqlens is not None else x
 
 
-def _pieces(call: HeadCall, group: int, batch: int, seqlen: int, alibi_slopes, rng_state):
-    """The op calls of one head group: (batch rows, ALiBi slopes, dropout (seed, offset)) each. One call, but one per
-    batch element with dropout on a dense batch of more than one (the counters of element b start at (b H + h0)
-    N^2)."""
-    heads = slice(call.first_head(group), call.first_head(group) + call.nheads // call.exchange.world_size
-                  // call.groups)
+def _pieces(call: HeadCall, batch: int, seqlen: int, alibi_slopes, rng_state):
+    """The op calls: (batch rows, ALiBi slopes, dropout (seed, offset)) each. One call, but one per batch element
+    with dropout on a dense batch of more than one (the counters of element b start at (b H + r H/W) N^2)."""
+    heads = call.heads()
     slopes = None if alibi_slopes is None else alibi_slopes[..., heads]
     if rng_state is None:
         return [(slice(None), slopes, None)]
@@ -136,47 +121,31 @@ def _gradients(dout, qh, kh, vh, out, lse, slopes, rng_state, opts: AttentionOpt
 def forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, call: HeadCall):
     """(out, lse, saved) of the local shards (dense (B, T, H, D), packed (T, H, D)): out like q, lse (B, H, T)
     (packed: (H, T)), and the head-sharded tensors the backward needs."""
-    exchange, count = call.exchange, call.groups
+    exchange = call.exchange
     q, k, v = (_batched(x, call) for x in (q, k, v))
-    arriving = [[all_to_all.start_seq_to_head(x, exchange, g, count) for x in (q, k, v)] for g in range(count)]
-    leaving, saved, lses = [], [], []
-    for g in range(count):
-        qh, kh, vh = (all_to_all.finish_seq_to_head(p, exchange) for p in arriving[g])
-        arriving[g] = None  # the send buffers go once the collectives are waited for
-        parts = [_attend(qh[rows], kh[rows], vh[rows], slopes, rng, opts, call)
-                 for rows, slopes, rng in _pieces(call, g, q.shape[0], qh.shape[1], alibi_slopes, rng_state)]
-        out, lse = (torch.cat(x) if len(parts) > 1 else x[0] for x in zip(*parts, strict=True))
-        leaving.append(all_to_all.start_head_to_seq(out, exchange))
-        saved += [qh, kh, vh, out, lse]
-        lses.append(lse)
-    out = torch.empty_like(q)
-    for g, pending in enumerate(leaving):
-        all_to_all.finish_head_to_seq(pending, exchange, out, g, count)
-    lse = _lse_to_seq(torch.cat(lses, dim=1), exchange)
+    arriving = [all_to_all.start_seq_to_head(x, exchange) for x in (q, k, v)]
+    qh, kh, vh = (all_to_all.finish_seq_to_head(pending, exchange) for pending in arriving)
+    del arriving  # the send buffers
+    parts = [_attend(qh[rows], kh[rows], vh[rows], slopes, rng, opts, call)
+             for rows, slopes, rng in _pieces(call, q.shape[0], qh.shape[1], alibi_slopes, rng_state)]
+    out, lse = (torch.cat(x) if len(parts) > 1 else x[0] for x in zip(*parts, strict=True))
+    saved = [qh, kh, vh, out, lse]
+    out, lse = all_to_all.head_to_seq(out, exchange), _lse_to_seq(lse, exchange)
     if call.cu_seqlens is not None:
         out, lse = out[0], lse[0]
     return out, lse, saved
 
 
-def backward(dout, saved, alibi_slopes, rng_state, opts: AttentionOptions, call: HeadCall, k_shape):
-    """(dq, dk, dv) of the local shards, from :func:`forward`'s ``saved``; ``k_shape``: the local k's shape."""
-    exchange, count = call.exchange, call.groups
-    dout = _batched(dout, call)
-    arriving = [all_to_all.start_seq_to_head(dout, exchange, g, count) for g in range(count)]
-    leaving = []
-    for g in range(count):
-        douth = all_to_all.finish_seq_to_head(arriving[g], exchange)
-        arriving[g] = None
-        qh, kh, vh, out, lse = saved[5 * g:5 * g + 5]
-        parts = [_gradients(douth[rows], qh[rows], kh[rows], vh[rows], out[rows], lse[rows], slopes, rng, opts, call)
-                 for rows, slopes, rng in _pieces(call, g, dout.shape[0], qh.shape[1], alibi_slopes, rng_state)]
-        grads = [torch.cat(x) if len(parts) > 1 else x[0] for x in zip(*parts, strict=True)]
-        leaving.append([all_to_all.start_head_to_seq(grad, exchange) for grad in grads])
-    dq = torch.empty_like(dout)
-    dk, dv = (_batched(dout.new_empty(k_shape), call) for _ in range(2))
-    for g, pendings in enumerate(leaving):
-        for pending, grad in zip(pendings, (dq, dk, dv), strict=True):
-            all_to_all.finish_head_to_seq(pending, exchange, grad, g, count)
+def backward(dout, saved, alibi_slopes, rng_state, opts: AttentionOptions, call: HeadCall):
+    """(dq, dk, dv) of the local shards, from :func:`forward`'s ``saved``."""
+    exchange = call.exchange
+    qh, kh, vh, out, lse = saved
+    douth = all_to_all.seq_to_head(_batched(dout, call), exchange)
+    parts = [_gradients(douth[rows], qh[rows], kh[rows], vh[rows], out[rows], lse[rows], slopes, rng, opts, call)
+             for rows, slopes, rng in _pieces(call, douth.shape[0], qh.shape[1], alibi_slopes, rng_state)]
+    grads = [torch.cat(x) if len(parts) > 1 else x[0] for x in zip(*parts, strict=True)]
+    leaving = [all_to_all.start_head_to_seq(grad, exchange) for grad in grads]
+    dq, dk, dv = (all_to_all.finish_head_to_seq(pending, exchange) for pending in leaving)
     if call.cu_seqlens is not None:
         dq, dk, dv = dq[0], dk[0], dv[0]
     return dq, dk, dv

@@ -198,27 +198,32 @@ def _kv_buffer(kv: torch.Tensor, length: int, dtype: torch.dtype | None = None) 
     return kv.new_empty((*kv.shape[:-3], length, *kv.shape[-2:]), dtype=dtype or kv.dtype)
 
 
-def run_forward_ring(ring: Ring, kv: torch.Tensor, compute: Callable[[int, torch.Tensor], None]) -> None:
+def run_forward_ring(ring: Ring, kv: torch.Tensor, compute: Callable[[int, torch.Tensor], None],
+                     local=None) -> None:
     """The forward's ring: at each step ``compute(step, kv)`` queues the work on the K/V shard held while the next
     one travels from the previous rank. The travelling shards are the tokens each rank sends
-    (``layout.sent_length``: the first ones it holds)."""
+    (``layout.sent_length``: the first ones it holds). ``local``: what the own step computes on, a (k, v) pair of
+    every local token, when ``kv`` holds only those that travel (default: ``kv``)."""
     steps = _steps(ring)
     for step in range(steps):
         works = []
         if step + 1 < steps:
             next_kv = _kv_buffer(kv, ring.layout.sent_length(ring.source(step + 1)))
             works = _exchange(ring, _sent(kv, ring.layout.sent_length(ring.source(step))), next_kv)
-        compute(step, kv)
+        compute(step, local if step == 0 and local is not None else kv)
         if works:
             _wait(works)
             kv = next_kv
 
 
-def run_backward_ring(ring: Ring, kv: torch.Tensor, gradients: Callable[[int, torch.Tensor], list]) -> torch.Tensor:
+def run_backward_ring(ring: Ring, kv: torch.Tensor, gradients: Callable[[int, torch.Tensor], list],
+                      local=None) -> torch.Tensor:
     """The backward's ring: dQ stays (``gradients(step, kv)`` adds to it), each shard's float32 dK/dV accumulator
     travels with the shard. ``gradients`` returns the step's (index into a K/V shard, dk, dv) parts. Returns this
     rank's own dK/dV (2, ...) once every rank has added to it: in the inputs' dtype after a ring of two or more
-    steps (the last hop's), float32 after one (a group of one, or no token travelling)."""
+    steps (the last hop's), float32 after one (a group of one, or no token travelling). ``local``: as in
+    :func:`run_forward_ring`."""
+    own = kv.shape if local is None else torch.Size((2, *local[0].shape))  # the whole local shard's dK/dV
     pending = None  # (works, buffer): the dK/dV accumulator of the shard held next, on its way from rank - 1
     home = None  # the dK/dV of tokens that do not travel (whole packed sequences): finished at the own step
     steps = _steps(ring)
@@ -227,14 +232,14 @@ def run_backward_ring(ring: Ring, kv: torch.Tensor, gradients: Callable[[int, to
         if step + 1 < steps:
             next_kv = _kv_buffer(kv, ring.layout.sent_length(ring.source(step + 1)))
             kv_works = _exchange(ring, _sent(kv, ring.layout.sent_length(ring.source(step))), next_kv)
-        partials = gradients(step, kv)
+        partials = gradients(step, local if step == 0 and local is not None else kv)
         # this shard's accumulator: what the ranks before added (waited for only now, after this step's compute
         # was queued), plus this rank's part
         sent = ring.layout.sent_length(ring.source(step))
         if pending is not None:
             _wait(pending[0])
             dkv = pending[1]
-        elif steps > 1 and len(partials) == 1 and partials[0][1].shape == kv.shape[1:]:
+        elif steps > 1 and len(partials) == 1 and partials[0][1].shape == own[1:]:
             # one part of the whole shard (an own step without frames): the tokens that stay are finished as it
             # gives them (0 + x, rounded back, is x), and only those that travel take a float32 accumulator
             _, dk, dv = partials[0]
@@ -245,7 +250,7 @@ def run_backward_ring(ring: Ring, kv: torch.Tensor, gradients: Callable[[int, to
             dkv[1].copy_(dv.narrow(-3, 0, sent))
             partials = []
         else:
-            dkv = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
+            dkv = torch.zeros(own, dtype=torch.float32, device=kv.device)
         for index, dk, dv in partials:
             dkv[0][index] += dk
             dkv[1][index] += dv

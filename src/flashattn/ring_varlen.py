@@ -255,6 +255,13 @@ def _slopes(alibi_slopes: torch.Tensor | None, sequence: int) -> torch.Tensor | 
     return alibi_slopes[sequence:sequence + 1]
 
 
+def _travelling(k: torch.Tensor, v: torch.Tensor, ring: Ring) -> torch.Tensor:
+    """The K/V rows that travel the ring, the first ``sent_length`` (the cut sequences'), in one buffer (2, rows, Hk,
+    D); the own step reads k and v where they are."""
+    sent = ring.layout.sent_length(ring.rank)
+    return torch.stack((k[:sent], v[:sent]))
+
+
 def forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, ring: Ring):
     """(out, lse) of the local packed queries over every whole sequence: out in q's dtype, lse float32 (H, total)."""
     framed = needs_frame(opts, alibi_slopes)
@@ -271,12 +278,12 @@ def forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, ring: Ring
                 merged.add(out[None], lse[None], call.rows)
             else:
                 out, lse = ops.eager_call(
-                    ops.attention_forward, ops.attention_forward_cuda, q[None, call.rows], kv[0, None, call.keys],
-                    kv[1, None, call.keys], _slopes(alibi_slopes, call.sequence), rng_state,
+                    ops.attention_forward, ops.attention_forward_cuda, q[None, call.rows], kv[0][None, call.keys],
+                    kv[1][None, call.keys], _slopes(alibi_slopes, call.sequence), rng_state,
                     *call.opts.op_arguments(), None, call.opts.frame_argument())
                 merged.add(out, lse, call.rows)
 
-    run_forward_ring(ring, torch.stack((k, v)), compute)  # (2, total_local, Hk, D)
+    run_forward_ring(ring, _travelling(k, v, ring), compute, local=(k, v))
     out, lse = merged.result(q.dtype)
     return out[0], lse[0]
 
@@ -304,12 +311,12 @@ def backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, opts: AttentionOp
                 # the caller's deterministic, as in ring.backward
                 dq, dk, dv, _ = ops.eager_call(
                     ops.attention_backward, ops.attention_backward_cuda, dout[None, rows], q[None, rows],
-                    kv[0, None, call.keys], kv[1, None, call.keys], out[None, rows], lse[None, :, rows].contiguous(),
+                    kv[0][None, call.keys], kv[1][None, call.keys], out[None, rows], lse[None, :, rows].contiguous(),
                     _slopes(alibi_slopes, call.sequence), rng_state, *call.opts.op_arguments(), None, False,
                     call.opts.frame_argument(), call.opts.deterministic)
                 dq_sum.add(dq[0], rows)
                 partials.append((call.keys, dk[0], dv[0]))
         return partials
 
-    dkv = run_backward_ring(ring, torch.stack((k, v)), gradients)
+    dkv = run_backward_ring(ring, _travelling(k, v, ring), gradients, local=(k, v))
     return dq_sum.result(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
