@@ -202,6 +202,7 @@ def test_auto_mode_takes_the_all_to_all_from_32k_tokens_a_rank_when_the_heads_di
                                                                                      expected):
     assert head_parallel.choose_mode("auto", nheads_k, ranks, seqlen) == expected
     assert head_parallel.choose_mode("ring", nheads_k, ranks, seqlen) == "ring"
+    assert head_parallel.choose_mode("auto", nheads_k, ranks, seqlen, packed=True) == "ring"  # packed: the ring
 
 
 def test_modes_that_cannot_run_are_refused_by_name():

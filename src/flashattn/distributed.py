@@ -18,8 +18,8 @@ does not divide the length the ranks hold different numbers of tokens: pass the 
 Packed batches (:func:`ring_flash_attn_varlen_func`): short sequences whole on one rank, long ones each in its own
 zigzag (``ring_varlen.PackedLayout``), ``shard(x, cu_seqlens=...)``. ``mode``: "ring" passes K/V around the
 ring; "all_to_all" exchanges sequence shards for head shards and back (the group's size must divide the key/value
-heads); "auto" picks the all-to-all when it can and the ranks hold 32k tokens or more
-(``head_parallel.choose_mode``), the ring otherwise.
+heads); "auto" picks the all-to-all on one sequence when it can and the ranks hold 32k tokens or more, the ring
+otherwise and on packed batches (``head_parallel.choose_mode``).
 """
 
 from __future__ import annotations
@@ -220,7 +220,8 @@ def ring_flash_attn_varlen_func(
             cu_seqlens).
         group, causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p, deterministic, mode: as in
             :func:`ring_flash_attn_func`, per sequence (each sequence's own mask and ALiBi, in its full positions;
-            dropout draws the single packed call's mask).
+            dropout draws the single packed call's mask); "auto" takes the ring here, whose whole sequences never
+            travel.
         return_attn_probs: also return the local rows' log-sum-exp.
 
     Returns:
@@ -236,7 +237,7 @@ def ring_flash_attn_varlen_func(
                          f"cu_seqlens_k must equal cu_seqlens_q, and k.shape[0] ({k.shape[0]}) q.shape[0] "
                          f"({q.shape[0]})")
     ring = _packed_ring(group, cu_seqlens_q, q.shape[0], "cu_seqlens_q", "q")
-    mode = head_parallel.choose_mode(mode, k.shape[1], ring.world_size, ring.layout.seqlen)
+    mode = head_parallel.choose_mode(mode, k.shape[1], ring.world_size, ring.layout.seqlen, packed=True)
     opts = AttentionOptions.build(q.shape[-1], softmax_scale, causal, window_size, softcap, dropout_p,
                                   deterministic)
     if mode == "all_to_all":

@@ -28,22 +28,24 @@ from .options import AttentionOptions
 from .ring import Ring
 
 MODES = ("ring", "all_to_all", "auto")
-# "auto" takes the all-to-all from this many tokens a rank: below it the ring was faster (2 x H200, 32 / 8 heads,
-# causal 32k tokens: 98% of ideal against 87%), from it the two tie or the all-to-all leads, with less memory
-# (docs/context-parallel.md, "Choosing a mode")
+# "auto" takes the all-to-all on one sequence from this many tokens a rank: below it the ring was faster (2 x H200,
+# 32 / 8 heads, causal 32k tokens: 98% of ideal against 87%), from it the two tie or the all-to-all leads, with less
+# memory (docs/context-parallel.md, "Choosing a mode")
 ALL_TO_ALL_TOKENS_PER_RANK = 32768
 
 
-def choose_mode(mode: str, nheads_k: int, world_size: int, seqlen: int) -> str:
-    """"ring" or "all_to_all" for ``mode`` over a sequence (or packed batch) of ``seqlen`` tokens in all. ``auto``:
-    the all-to-all when the group's size divides the number of key/value heads (every rank then gets whole GQA
-    groups) and the ranks hold ``ALL_TO_ALL_TOKENS_PER_RANK`` tokens or more, the ring otherwise. Decided from the
-    whole length, which every rank knows alike (docs/context-parallel.md)."""
+def choose_mode(mode: str, nheads_k: int, world_size: int, seqlen: int, packed: bool = False) -> str:
+    """"ring" or "all_to_all" for ``mode`` over a sequence (or, ``packed``, a packed batch) of ``seqlen`` tokens in
+    all. ``auto``: on one sequence, the all-to-all when the group's size divides the number of key/value heads (every
+    rank then gets whole GQA groups) and the ranks hold ``ALL_TO_ALL_TOKENS_PER_RANK`` tokens or more, the ring
+    otherwise; on a packed batch the ring, whose whole documents never travel where the all-to-all exchanges every
+    token. Decided from the whole length, which every rank knows alike (docs/context-parallel.md)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
     divides = nheads_k % world_size == 0
     if mode == "auto":
-        return "all_to_all" if divides and seqlen >= ALL_TO_ALL_TOKENS_PER_RANK * world_size else "ring"
+        long_enough = seqlen >= ALL_TO_ALL_TOKENS_PER_RANK * world_size
+        return "all_to_all" if divides and long_enough and not packed else "ring"
     if mode == "all_to_all" and not divides:
         raise ValueError(f"mode='all_to_all' shards the heads over the group: its size ({world_size}) must divide "
                          f"the number of key/value heads (k.shape[-2] = {nheads_k}); use mode='ring' (or 'auto')")
@@ -124,8 +126,8 @@ def forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, call: Head
     exchange = call.exchange
     q, k, v = (_batched(x, call) for x in (q, k, v))
     arriving = [all_to_all.start_seq_to_head(x, exchange) for x in (q, k, v)]
-    qh, kh, vh = (all_to_all.finish_seq_to_head(pending, exchange) for pending in arriving)
-    del arriving  # the send buffers
+    # each exchange's buffers go as soon as it is finished (popped), not held through the call
+    qh, kh, vh = (all_to_all.finish_seq_to_head(arriving.pop(0), exchange) for _ in range(3))
     parts = [_attend(qh[rows], kh[rows], vh[rows], slopes, rng, opts, call)
              for rows, slopes, rng in _pieces(call, q.shape[0], qh.shape[1], alibi_slopes, rng_state)]
     out, lse = (torch.cat(x) if len(parts) > 1 else x[0] for x in zip(*parts, strict=True))
@@ -144,8 +146,11 @@ def backward(dout, saved, alibi_slopes, rng_state, opts: AttentionOptions, call:
     parts = [_gradients(douth[rows], qh[rows], kh[rows], vh[rows], out[rows], lse[rows], slopes, rng, opts, call)
              for rows, slopes, rng in _pieces(call, douth.shape[0], qh.shape[1], alibi_slopes, rng_state)]
     grads = [torch.cat(x) if len(parts) > 1 else x[0] for x in zip(*parts, strict=True)]
-    leaving = [all_to_all.start_head_to_seq(grad, exchange) for grad in grads]
-    dq, dk, dv = (all_to_all.finish_head_to_seq(pending, exchange) for pending in leaving)
+    del douth, parts
+    leaving = []
+    while grads:  # each gradient goes once its send buffer is filled, each exchange's buffers once finished
+        leaving.append(all_to_all.start_head_to_seq(grads.pop(0), exchange))
+    dq, dk, dv = (all_to_all.finish_head_to_seq(leaving.pop(0), exchange) for _ in range(3))
     if call.cu_seqlens is not None:
         dq, dk, dv = dq[0], dk[0], dv[0]
     return dq, dk, dv
