@@ -50,7 +50,7 @@ def block_rows(ring: Ring, lengths: tuple[int, ...], batch: int, device: torch.d
     """int64 (batch * N,): for each (b, global position p), b-major, its row in the rank-ordered buffer of ``batch``
     sequences whose block r is rank r's (batch, tokens) rows, the blocks in rank order. Position p of a run (start
     s, length n) at offset c of its rank's tokens sits at ``batch * block_start + b * n_r + c + p - s``."""
-    runs = []  # (global start, length, rank, offset in the rank's tokens)
+    runs = []  # (global start s, length n, the row of (0, p) less p, n_r), in global order once sorted
     block_start = 0
     for rank in range(ring.world_size):
         offset = 0
@@ -59,10 +59,9 @@ def block_rows(ring: Ring, lengths: tuple[int, ...], batch: int, device: torch.d
                 runs.append((start, length, batch * block_start + offset - start, lengths[rank]))
             offset += length
         block_start += lengths[rank]
-    runs.sort()
+    table = torch.tensor(sorted(runs), dtype=torch.int64).reshape(-1, 4).to(device)  # one copy to the device
+    counts, shifts, strides = table[:, 1], table[:, 2], table[:, 3]
     total = sum(lengths)
-    shifts, strides, counts = (torch.tensor([run[i] for run in runs], dtype=torch.int64, device=device)
-                               for i in (2, 3, 1))
     first = torch.arange(total, device=device) + torch.repeat_interleave(shifts, counts, output_size=total)
     per_batch = torch.repeat_interleave(strides, counts, output_size=total)  # n_r of the rank holding p
     return (first + torch.arange(batch, device=device)[:, None] * per_batch).reshape(-1)
