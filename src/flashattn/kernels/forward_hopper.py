@@ -313,12 +313,29 @@ def _softmax_step(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK
     the accumulator needs it: ``lazy_max``)."""
     if MASKED:
         s = masked_scores(s, j, rows, seqlen_q, seqlen_k, BLOCK_N, CAUSAL, s_layout)
-    m_new, rescale = lazy_max(m_i, gl.max(s, axis=1) * qk_scale_log2, THRESHOLD)
+    m_new, rescale = lazy_max(m_i, row_max(s) * qk_scale_log2, THRESHOLD)
     m_use = subtracted_max(m_new, MASKED)
     p = gl.exp2(s * qk_scale_log2 - m_use[:, None])
     alpha = gl.exp2(m_i - m_use)
-    l_i = l_i * alpha + gl.sum(p, axis=1)
+    l_i = l_i * alpha + row_sum(p)
     return m_new, l_i, p, alpha, rescale
+
+
+@gluon.jit
+def row_max(s):
+    """The row maxima of a wgmma-layout tile, in four chains a row (FlashAttention-4's ``fmax_reduce`` on sm90). A
+    thread holds two columns of each of its rows in every 8: grouped as (rows, cols / 16, 16), the first reduction
+    folds four columns a group in four independent chains, where ``gl.max(s, axis=1)`` folds a row's 32 values one
+    after another, each maximum waiting for the last (the layouts agree: the conversion moves nothing)."""
+    grouped = gl.reshape(s, [s.shape[0], s.shape[1] // 16, 16])
+    return gl.convert_layout(gl.max(gl.max(grouped, axis=1), axis=1), gl.SliceLayout(1, s.type.layout))
+
+
+@gluon.jit
+def row_sum(p):
+    """The row sums of a wgmma-layout tile, in four chains a row (``row_max``)."""
+    grouped = gl.reshape(p, [p.shape[0], p.shape[1] // 16, 16])
+    return gl.convert_layout(gl.sum(gl.sum(grouped, axis=1), axis=1), gl.SliceLayout(1, p.type.layout))
 
 
 @gluon.jit
