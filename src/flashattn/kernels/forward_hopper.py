@@ -324,9 +324,10 @@ def _softmax_step(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK
 @gluon.jit
 def row_max(s):
     """The row maxima of a wgmma-layout tile, in four chains a row (FlashAttention-4's ``fmax_reduce`` on sm90). A
-    thread holds two columns of each of its rows in every 8: grouped as (rows, cols / 16, 16), the first reduction
-    folds four columns a group in four independent chains, where ``gl.max(s, axis=1)`` folds a row's 32 values one
-    after another, each maximum waiting for the last (the layouts agree: the conversion moves nothing)."""
+    thread holds two columns of each of its rows in every 8, so four in every 16: grouped as (rows, cols / 16, 16),
+    the first reduction runs across the groups, one chain for each of those four columns, where ``gl.max(s, axis=1)``
+    folds a row's values one after another, each maximum waiting for the last. The second reduces the 16 across the
+    thread and its quad as before; the layouts agree, so the reshape and the conversion move nothing."""
     grouped = gl.reshape(s, [s.shape[0], s.shape[1] // 16, 16])
     return gl.convert_layout(gl.max(gl.max(grouped, axis=1), axis=1), gl.SliceLayout(1, s.type.layout))
 
