@@ -27,8 +27,10 @@ entries: ``forward_hopper``, ``dkdv_hopper``, ``dq_hopper``).
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib
 import inspect
+import io
 import json
 import re
 import subprocess
@@ -118,10 +120,28 @@ def hot_loops(sass: str) -> list[dict]:
     return found
 
 
-def report(compiled) -> dict:
+def report(compiled, ptxas_log: str | None = None) -> dict:
+    """``ptxas_log``: the log of the compile that built ``compiled`` (``compile_sm90``); without it (a cached
+    compile) the PTX is assembled again for it."""
     return {**report_cubin(compiled.asm["cubin"], compiled.metadata.shared, compiled.metadata.num_warps),
-            "wgmma_serialized": wgmma_serialization(compiled.asm["ptx"]),
+            "wgmma_serialized": (serialization_reason(ptxas_log) if ptxas_log
+                                 else wgmma_serialization(compiled.asm["ptx"])),
             "ptx_reductions": ptx_reductions(compiled.asm["ptx"])}
+
+
+def compile_sm90(source, options: dict):
+    """``triton.compile`` for sm90, and ptxas's log of it (Triton prints the log it keeps with
+    ``knobs.nvidia.dump_ptxas_log``), or None where the kernel came from Triton's cache: the report then need not
+    run ptxas a second time, a fifth of a build's time."""
+    printed = io.StringIO()
+    dump = triton.knobs.nvidia.dump_ptxas_log
+    triton.knobs.nvidia.dump_ptxas_log = True
+    try:
+        with contextlib.redirect_stdout(printed):
+            compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    finally:
+        triton.knobs.nvidia.dump_ptxas_log = dump
+    return compiled, printed.getvalue() or None
 
 
 def ptx_reductions(ptx: str) -> dict:
@@ -146,8 +166,12 @@ def wgmma_serialization(ptx: str) -> str | None:
         source.flush()
         log = subprocess.run([BIN + "ptxas", "-v", "--gpu-name=sm_90a", source.name, "-o", out.name],
                              capture_output=True, text=True)
-    found = re.search(r"wgmma.mma_async instructions are serialized due to (.*?) in the function",
-                      log.stderr + log.stdout)
+    return serialization_reason(log.stderr + log.stdout)
+
+
+def serialization_reason(ptxas_log: str) -> str | None:
+    """The reason a ptxas log gives for serializing the wgmma instructions (info C7515), or None."""
+    found = re.search(r"wgmma.mma_async instructions are serialized due to (.*?) in the function", ptxas_log)
     return found.group(1) if found else None
 
 
@@ -483,7 +507,7 @@ def _gluon_report(kernel, signature: dict, constexprs: dict) -> dict:
 
     signature = {**signature, **{name: "constexpr" for name in constexprs}}
     source = GluonASTSource(kernel, signature, constexprs)
-    return report(triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}))
+    return report(*compile_sm90(source, {"num_warps": 4}))
 
 
 def quantize_report(head_dim: int, phase: str, group: int = 1, delta: bool = False) -> dict:
@@ -510,9 +534,8 @@ def quantize_report(head_dim: int, phase: str, group: int = 1, delta: bool = Fal
     types = {name: "constexpr" if name in constexprs else pointers.get(name, "*fp32" if name[0].isupper() else "i32")
              for name in inspect.signature(kernel.fn).parameters}
     source = ASTSource(fn=kernel, signature=types, constexprs=constexprs, attrs=alignment_hints(types))
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": warps, "num_stages": stages})
-    return {**report(compiled), "instructions": len(instructions(disassemble(compiled.asm["cubin"])))}
+    compiled, ptxas_log = compile_sm90(source, {"num_warps": warps, "num_stages": stages})
+    return {**report(compiled, ptxas_log), "instructions": len(instructions(disassemble(compiled.asm["cubin"])))}
 
 
 def compile_report(kernel, num_warps: int, num_stages: int, constexprs: dict, dtype: str = "bf16",
@@ -527,8 +550,7 @@ def compile_report(kernel, num_warps: int, num_stages: int, constexprs: dict, dt
     options = {"num_warps": num_warps, "num_stages": num_stages}
     if maxnreg is not None:
         options["maxnreg"] = maxnreg
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
-    return report(compiled)
+    return report(*compile_sm90(source, options))
 
 
 if __name__ == "__main__":
