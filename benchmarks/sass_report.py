@@ -27,6 +27,7 @@ entries: ``forward_hopper``, ``dkdv_hopper``, ``dq_hopper``).
 from __future__ import annotations
 
 import ast
+import collections
 import contextlib
 import importlib
 import inspect
@@ -52,6 +53,7 @@ INT32_POINTERS = {"BlockMap", "BlockTable", "CacheSeqlens", "CacheBatchIdx", "Ca
 # REDG: per-element global reductions; UTMAREDG: TMA tile reductions (the fused dK/dV/dQ kernel's dQ)
 # STSM: stmatrix (the FP8 dK/dV/dQ kernel's dS store)
 COUNTED_OPS = ("HGMMA", "QGMMA", "HMMA", "FFMA", "FMUL", "FADD", "MUFU.EX2", "STL", "LDL", "REDG", "UTMAREDG")
+_COUNTED = re.compile(r"\b(" + "|".join(re.escape(op) for op in COUNTED_OPS) + r")\b")
 LOOP_OPS = ("HGMMA", "QGMMA", "HMMA", "WARPGROUP.DEPBAR", "MUFU.EX2", "STL", "LDL", "BAR", "LDGSTS", "LDG", "ISETP",
             "FSEL", "REDG", "UTMAREDG", "STSM")
 
@@ -92,9 +94,8 @@ def instructions(sass: str) -> list[tuple[int, str]]:
     return found
 
 
-def hot_loop_spills(sass: str) -> dict:
-    """STL/LDL inside the innermost loops (the range of a jump backwards) that hold HGMMA or HMMA."""
-    loops = hot_loops(sass)
+def loop_spills(loops: list[dict]) -> dict:
+    """STL/LDL inside the innermost loops that hold HGMMA or HMMA (``hot_loops``)."""
     return {"hot_loops": len(loops), "loop_STL": sum(loop["STL"] for loop in loops),
             "loop_LDL": sum(loop["LDL"] for loop in loops)}
 
@@ -188,14 +189,16 @@ def report_cubin(cubin_bytes: bytes, shared_bytes: int | None = None, warps: int
     usage = disassemble(cubin_bytes, "-res-usage")
     registers = re.search(r"REG:(\d+)", usage)
     stack = re.search(r"STACK:(\d+)", usage)
+    loops = hot_loops(sass)
+    counted = collections.Counter(_COUNTED.findall(sass))  # one pass: no two of the names match at one place
     return {
         "registers": int(registers.group(1)) if registers else None,
         "stack_bytes": int(stack.group(1)) if stack else None,
         "shared_bytes": shared_bytes,
         "warps": warps,
-        **{op: len(re.findall(r"\b" + re.escape(op) + r"\b", sass)) for op in COUNTED_OPS},
-        **hot_loop_spills(sass),
-        "loops": hot_loops(sass),
+        **{op: counted[op] for op in COUNTED_OPS},
+        **loop_spills(loops),
+        "loops": loops,
         # ptxas reading a uniform register (a wgmma descriptor) that a path leaves unwritten: wrong results, with no
         # other sign (benchmarks/sass_uniform_reads.py)
         "unwritten_uniform_reads": len(sass_uniform_reads.unwritten_reads(sass)),
