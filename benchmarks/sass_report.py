@@ -100,10 +100,10 @@ def loop_spills(loops: list[dict]) -> dict:
             "loop_LDL": sum(loop["LDL"] for loop in loops)}
 
 
-def hot_loops(sass: str) -> list[dict]:
-    """Per innermost tensor-core loop: its instruction count and the instructions that cost a tile's time
-    (matrix, exponentials, spills, barriers, async copies, compares and selects of masks)."""
-    listed = instructions(sass)
+def hot_loops(listed: list[tuple[int, str]]) -> list[dict]:
+    """Per innermost tensor-core loop of a SASS listing (``instructions``): its instruction count and the
+    instructions that cost a tile's time (matrix, exponentials, spills, barriers, async copies, compares and selects
+    of masks)."""
     loops = []
     for address, text in listed:
         jump = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
@@ -189,13 +189,15 @@ def report_cubin(cubin_bytes: bytes, shared_bytes: int | None = None, warps: int
     usage = disassemble(cubin_bytes, "-res-usage")
     registers = re.search(r"REG:(\d+)", usage)
     stack = re.search(r"STACK:(\d+)", usage)
-    loops = hot_loops(sass)
+    listed = instructions(sass)
+    loops = hot_loops(listed)
     counted = collections.Counter(_COUNTED.findall(sass))  # one pass: no two of the names match at one place
     return {
         "registers": int(registers.group(1)) if registers else None,
         "stack_bytes": int(stack.group(1)) if stack else None,
         "shared_bytes": shared_bytes,
         "warps": warps,
+        "instructions": len(listed),
         **{op: counted[op] for op in COUNTED_OPS},
         **loop_spills(loops),
         "loops": loops,
@@ -537,8 +539,7 @@ def quantize_report(head_dim: int, phase: str, group: int = 1, delta: bool = Fal
     types = {name: "constexpr" if name in constexprs else pointers.get(name, "*fp32" if name[0].isupper() else "i32")
              for name in inspect.signature(kernel.fn).parameters}
     source = ASTSource(fn=kernel, signature=types, constexprs=constexprs, attrs=alignment_hints(types))
-    compiled, ptxas_log = compile_sm90(source, {"num_warps": warps, "num_stages": stages})
-    return {**report(compiled, ptxas_log), "instructions": len(instructions(disassemble(compiled.asm["cubin"])))}
+    return report(*compile_sm90(source, {"num_warps": warps, "num_stages": stages}))
 
 
 def compile_report(kernel, num_warps: int, num_stages: int, constexprs: dict, dtype: str = "bf16",
