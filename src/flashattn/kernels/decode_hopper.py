@@ -42,7 +42,17 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .. import faults
-from .forward_hopper import LOG2E, ROWS_PER_WARPGROUP, _key_blocks, key_ring, load_key_block, wgmma_layout
+from .forward_hopper import (
+    LOG2E,
+    ROWS_PER_WARPGROUP,
+    _key_blocks,
+    key_ring,
+    load_key_block,
+    partial_row_sums,
+    row_sums,
+    wgmma_layout,
+    zero_row_sums,
+)
 
 SLOT_CACHE_SEQLENS = gl.constexpr(faults.SLOT_CACHE_SEQLENS)
 SLOT_BLOCK_TABLE = gl.constexpr(faults.SLOT_BLOCK_TABLE)
@@ -221,7 +231,7 @@ def _padded_consumer(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, 
     o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     row_ids = gl.arange(0, ROWS_PER_WARPGROUP, layout=gl.SliceLayout(1, s_layout))
     m_i = gl.full([ROWS_PER_WARPGROUP], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([ROWS_PER_WARPGROUP], gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = zero_row_sums(ROWS_PER_WARPGROUP, BLOCK_N, s_layout, partial_row_sums(HEAD_DIM))
     acc = gl.zeros([ROWS_PER_WARPGROUP, HEAD_DIM], gl.float32, o_layout)
     first = lo * 0  # the ring position of the cache's first block
     if NEW_KEYS > 0:
@@ -245,6 +255,7 @@ def _padded_consumer(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, 
                                 l_i, acc, row_ids, full_hi, hi, False, 1, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM,
                                 NUM_STAGES, False, True)
     # -- normalize; a split that saw no key gives 0 and lse = +inf, as the Triton kernel --
+    l_i = row_sums(l_i, s_layout)
     empty = l_i == 0.0
     l_safe = gl.where(empty, 1.0, l_i)
     acc = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout))[:, None]

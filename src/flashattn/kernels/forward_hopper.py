@@ -309,16 +309,15 @@ def load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_f
 @gluon.jit
 def _softmax_step(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N: gl.constexpr,
                   CAUSAL: gl.constexpr, MASKED: gl.constexpr, s_layout: gl.constexpr, THRESHOLD: gl.constexpr):
-    """Online softmax of one score block in base 2: (the max used, new sum, P, the old accumulator's factor, whether
-    the accumulator needs it: ``lazy_max``)."""
+    """Online softmax of one score block in base 2: (the max used, new sums (``scaled_row_sums``), P, the old
+    accumulator's factor, whether the accumulator needs it: ``lazy_max``)."""
     if MASKED:
         s = masked_scores(s, j, rows, seqlen_q, seqlen_k, BLOCK_N, CAUSAL, s_layout)
     m_new, rescale = lazy_max(m_i, row_max(s) * qk_scale_log2, THRESHOLD)
     m_use = subtracted_max(m_new, MASKED)
     p = gl.exp2(s * qk_scale_log2 - m_use[:, None])
     alpha = gl.exp2(m_i - m_use)
-    l_i = l_i * alpha + row_sum(p)
-    return m_new, l_i, p, alpha, rescale
+    return m_new, scaled_row_sums(l_i, alpha, p), p, alpha, rescale
 
 
 @gluon.jit
@@ -337,6 +336,60 @@ def row_sum(p):
     """The row sums of a wgmma-layout tile, in four chains a row (``row_max``)."""
     grouped = gl.reshape(p, [p.shape[0], p.shape[1] // 16, 16])
     return gl.convert_layout(gl.sum(gl.sum(grouped, axis=1), axis=1), gl.SliceLayout(1, p.type.layout))
+
+
+@gluon.jit
+def row_partial_sums(p):
+    """Each thread's part of its rows' sums in a wgmma-layout tile, (rows, 4): a row's columns lie on the four threads
+    of a quad, and this sums only the thread's own (in four chains, as ``row_max``), not across the quad. Grouped as
+    (rows, cols / 16, 2, 4, 2): a column is 16 g + 8 h + 2 t + e, t the thread in the quad."""
+    grouped = gl.reshape(p, [p.shape[0], p.shape[1] // 16, 2, 4, 2])
+    return gl.sum(gl.sum(gl.sum(grouped, axis=1), axis=3), axis=1)
+
+
+@gluon.constexpr_function
+def partial_row_sums(head_dim):
+    """Whether the online softmax carries each thread's part of its row sums (``row_partial_sums``) and adds the
+    quad's parts once, in the epilogue (FlashAttention-3's and -4's way): two shuffles and two adds a row and block
+    fewer, 8 of a block's 412-467 loop instructions. Taken at head dims 64 and 128 (H200: +0.1-1.8%); at 256 the
+    non-causal 16k loop ran 3% slower with it (docs/perf-notes.md)."""
+    return head_dim <= 128
+
+
+@gluon.constexpr_function
+def _is_partial(shape):
+    return len(shape) == 2
+
+
+@gluon.jit
+def zero_row_sums(ROWS: gl.constexpr, COLUMNS: gl.constexpr, layout: gl.constexpr, PARTIAL: gl.constexpr):
+    """The row sums before a run's first block of a ``layout`` tile ``COLUMNS`` wide: (ROWS, 4) thread parts with
+    PARTIAL (``partial_row_sums``), else a row vector."""
+    if PARTIAL:
+        return row_partial_sums(gl.zeros([ROWS, COLUMNS], gl.float32, layout))
+    else:
+        return gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, layout))
+
+
+@gluon.jit
+def scaled_row_sums(l_i, alpha, p):
+    """The online softmax's row sums (whole, or thread parts: ``zero_row_sums``) times ``alpha`` a row, plus P's. A
+    whole and a half-width block's layouts place the same values alike, so the conversions move nothing."""
+    if _is_partial(l_i.shape):
+        partial = row_partial_sums(p)
+        layout: gl.constexpr = partial.type.layout
+        return gl.convert_layout(l_i, layout) * gl.convert_layout(alpha, gl.SliceLayout(1, layout))[:, None] + partial
+    else:
+        return gl.convert_layout(l_i, gl.SliceLayout(1, p.type.layout)) * alpha + row_sum(p)
+
+
+@gluon.jit
+def row_sums(l_i, layout: gl.constexpr):
+    """The whole row sums (``zero_row_sums``' form), as a row vector of the ``layout`` tile."""
+    if _is_partial(l_i.shape):
+        return gl.convert_layout(gl.sum(l_i, axis=1), gl.SliceLayout(1, layout))
+    else:
+        return gl.convert_layout(l_i, gl.SliceLayout(1, layout))
 
 
 @gluon.jit
@@ -407,11 +460,10 @@ def _block_softmax(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOC
         half_layout: gl.constexpr = wgmma_layout(BLOCK_N // 2)
         # the half's columns numbered as block 2j of half-width blocks: keys j * BLOCK_N + c
         m_half, l_half, p, alpha, rescale = _softmax_step(
-            s, gl.convert_layout(m_i, gl.SliceLayout(1, half_layout)),
-            gl.convert_layout(l_i, gl.SliceLayout(1, half_layout)), j * 2, rows, seqlen_q, seqlen_k, qk_scale_log2,
-            BLOCK_N // 2, False, True, half_layout, THRESHOLD)
+            s, gl.convert_layout(m_i, gl.SliceLayout(1, half_layout)), l_i, j * 2, rows, seqlen_q, seqlen_k,
+            qk_scale_log2, BLOCK_N // 2, False, True, half_layout, THRESHOLD)
         m_i = gl.convert_layout(m_half, gl.SliceLayout(1, s_layout))
-        l_i = gl.convert_layout(l_half, gl.SliceLayout(1, s_layout))
+        l_i = gl.convert_layout(l_half, l_i.type.layout)
     else:
         m_i, l_i, p, alpha, rescale = _softmax_step(s, m_i, l_i, j, rows, seqlen_q, seqlen_k, qk_scale_log2,
                                                     BLOCK_N, CAUSAL, MASKED, s_layout, THRESHOLD)
@@ -601,7 +653,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
         first_row = tile_row + WARP_GROUP * ROWS_PER_WARPGROUP  # within the sequence
         rows = first_row + gl.arange(0, ROWS_PER_WARPGROUP, layout=gl.SliceLayout(1, s_layout))
         m_i = gl.full([ROWS_PER_WARPGROUP], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-        l_i = gl.zeros([ROWS_PER_WARPGROUP], gl.float32, gl.SliceLayout(1, s_layout))
+        l_i = zero_row_sums(ROWS_PER_WARPGROUP, BLOCK_N, s_layout, partial_row_sums(HEAD_DIM))
         acc = gl.zeros([ROWS_PER_WARPGROUP, HEAD_DIM], gl.float32, o_layout)
         own_full, own_blocks = _consumer_key_blocks(first_row, tile_seqlen_q, tile_seqlen_k, n_full, n_blocks,
                                                     BLOCK_N, CAUSAL)
@@ -621,6 +673,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
         ring += n_blocks
 
         # -- epilogue: normalize; a row that saw no key gives 0 and lse = +inf, as the Triton kernel --
+        l_i = row_sums(l_i, s_layout)
         empty = l_i == 0.0
         l_safe = gl.where(empty, 1.0, l_i)
         acc = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout))[:, None]
