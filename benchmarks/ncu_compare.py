@@ -17,6 +17,14 @@ regular expression:
 A packed (varlen) forward against the dense one on the same tokens:
     --kernel regex:attention_forward --case dense:hdim=64,seqlen=4096,causal=1 \\
         --case varlen:hdim=64,seqlen=4096,causal=1,varlen=1
+
+Against FlashAttention-4's sm90 kernel (``provider=fa4``, flash-attn-4 importable; ``kernel=`` names the case's own
+kernel, a regular expression over ncu's kernel names):
+    --kernel regex:attention_forward_hopper --case ours:hdim=128,seqlen=16384 \\
+        --case fa4:hdim=128,seqlen=16384,provider=fa4,kernel=regex:FlashAttentionForwardSm90
+
+Besides the metrics: per opcode, the instructions each case's kernel executed and its share of the stall samples
+(ncu's source page), which says where two kernels doing the same work spend different instructions.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ from pathlib import Path
 import sass_report
 
 SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats", "SchedulerStats",
-            "MemoryWorkloadAnalysis", "ComputeWorkloadAnalysis")
+            "MemoryWorkloadAnalysis", "ComputeWorkloadAnalysis", "SourceCounters")
 # per-SM busy cycles: max against average says how unevenly the grid's work landed on the SMs
 BALANCE_METRICS = ("sm__cycles_active.max", "sm__cycles_active.avg", "sm__cycles_active.min")
 # cycles per issued instruction that a warp spends stalled, by reason (they add up to "Warp Cycles Per
@@ -57,11 +65,15 @@ FORCED_PHASES = ("forward", "dq", "dkdv")  # a case may force any of these phase
 def parse_case(text: str) -> tuple[str, dict]:
     name, _, spec = text.partition(":")
     fields = dict(item.split("=", 1) for item in spec.split(",") if item)
-    unknown = set(fields) - {"hdim", "seqlen", "causal", "window", "mode", "varlen", *FORCED_PHASES}
+    unknown = set(fields) - {"hdim", "seqlen", "causal", "window", "mode", "varlen", "provider", "kernel",
+                             *FORCED_PHASES}
     if unknown:
         raise SystemExit(f"--case {text!r}: unknown fields {sorted(unknown)}; expected hdim, seqlen, causal, "
-                         "window (the right window size, non-causal), mode (fwd or bwd), varlen, and forward, dq "
-                         "or dkdv (that phase's tile forced, in `flashattn blocks` notation: 64x128x8x3+ws+slices)")
+                         "window (the right window size, non-causal), mode (fwd or bwd), varlen, provider (flashattn "
+                         "or fa4), kernel (this case's kernel name), and forward, dq or dkdv (that phase's tile "
+                         "forced, in `flashattn blocks` notation: 64x128x8x3+ws+slices)")
+    if fields.get("provider", "flashattn") not in ("flashattn", "fa4"):
+        raise SystemExit(f"--case {text!r}: provider must be flashattn or fa4")
     return name, fields
 
 
@@ -85,17 +97,21 @@ def run_case(fields: dict) -> None:
             if phase in fields:
                 tile = configs.TileConfig(*blocks.parse_candidates(fields[phase])[0])
                 forced.enter_context(configs.use_config(phase, tile))
-        _run_calls(q, k, v, cu, seqlen, causal, window, varlen, backward)
+        _run_calls(q, k, v, cu, seqlen, causal, window, varlen, backward, fields.get("provider", "flashattn"))
     torch.cuda.synchronize()
 
 
-def _run_calls(q, k, v, cu, seqlen, causal, window, varlen, backward) -> None:
+def _run_calls(q, k, v, cu, seqlen, causal, window, varlen, backward, provider) -> None:
     import torch
 
     from flashattn import flash_attn_func, flash_attn_varlen_func
 
     for _ in range(3):
-        if varlen:
+        if provider == "fa4":
+            from flash_attn.cute import flash_attn_func as fa4_attention
+
+            out = fa4_attention(q, k, v, causal=causal)[0]  # (out, lse)
+        elif varlen:
             out = flash_attn_varlen_func(*(x.flatten(0, 1) for x in (q, k, v)), cu, cu, seqlen, seqlen, causal=causal,
                                          window_size=window)
         else:
@@ -104,30 +120,71 @@ def _run_calls(q, k, v, cu, seqlen, causal, window, varlen, backward) -> None:
             torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
 
 
-def ncu_rows(ncu_options: list[str], metrics: tuple[str, ...], target: list[str], name: str, logs: Path,
-             env: dict) -> tuple[list[str], list[list[str]]]:
-    """Run ``target`` under ncu (``ncu_options``, the details page as CSV, SECTIONS and ``metrics``): the CSV's
-    header and rows. The CSV and ncu's stderr are kept as ``logs``/``name``.csv and .err."""
+def ncu_report(ncu_options: list[str], metrics: tuple[str, ...], target: list[str], name: str, logs: Path,
+               env: dict) -> tuple[list[str], list[list[str]], str]:
+    """Run ``target`` under ncu (``ncu_options``, SECTIONS and ``metrics``) into the report ``logs``/``name``; then its
+    details page as CSV (header and rows) and its source page (SASS, CSV). Both CSVs and ncu's stderr are kept
+    beside the report."""
     ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
-    command = [ncu, *ncu_options, "--csv", "--page", "details", "--metrics", ",".join(metrics)]
+    report = logs / name
+    command = [ncu, *ncu_options, "--metrics", ",".join(metrics), "-f", "-o", str(report)]
     for section in SECTIONS:
         command += ["--section", section]
     result = subprocess.run(command + target, capture_output=True, text=True, timeout=300, env=env)
-    (logs / f"{name}.csv").write_text(result.stdout)
     (logs / f"{name}.err").write_text(result.stderr)
-    rows = [r for r in csv.reader(result.stdout.splitlines()) if len(r) > 4]
+    pages = {}
+    for page, extra in (("details", []), ("source", ["--print-source", "sass"])):
+        shown = subprocess.run([ncu, "--import", f"{report}.ncu-rep", "--csv", "--page", page, *extra],
+                               capture_output=True, text=True, timeout=300)
+        (logs / f"{name}.{page}.csv").write_text(shown.stdout)
+        pages[page] = shown.stdout
+    rows = [r for r in csv.reader(pages["details"].splitlines()) if len(r) > 4]
     if not rows:
         raise SystemExit(f"{name}: no ncu metrics (see {logs / (name + '.err')})")
-    return rows[0], rows[1:]
+    return rows[0], rows[1:], pages["source"]
 
 
-def profile(name: str, case: str, kernel: str, logs: Path, cache: Path) -> dict:
-    """ncu's metrics of ``kernel`` in one case; the case compiles into its own Triton cache ``cache``."""
-    header, body = ncu_rows(["--kernel-name", kernel, "--launch-skip", "2", "--launch-count", "1"],
-                            BALANCE_METRICS + STALL_METRICS, [sys.executable, __file__, "--run", case], name, logs,
-                            {**os.environ, "TRITON_CACHE_DIR": str(cache)})
+def opcode_profile(source_csv: str) -> dict[str, tuple[float, float]]:
+    """From ncu's source page of one kernel (``--page source --csv --print-source sass``): per opcode (the
+    mnemonic's first part, predicates dropped), the warp instructions executed and the share of the warp stall
+    samples on them."""
+    lines = source_csv.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith('"Address"')), None)
+    if start is None:
+        return {}
+    executed, samples = {}, {}
+    for row in csv.DictReader(lines[start:]):
+        words = [w for w in row.get("Source", "").split() if not w.startswith("@")]
+        if not words:
+            continue
+        opcode = words[0].split(".")[0]
+        executed[opcode] = executed.get(opcode, 0.0) + (number(row.get("Instructions Executed", "")) or 0.0)
+        samples[opcode] = samples.get(opcode, 0.0) + (number(row.get("Warp Stall Sampling (All Samples)", "")) or 0.0)
+    total = sum(samples.values()) or 1.0
+    return {op: (executed[op], samples[op] / total) for op in executed}
+
+
+def profile(name: str, case: str, kernel: str, logs: Path, cache: Path) -> tuple[dict, dict]:
+    """ncu's metrics of ``kernel`` in one case, and its ``opcode_profile``; the case compiles into its own Triton
+    cache ``cache``."""
+    header, body, source = ncu_report(["--kernel-name", kernel, "--launch-skip", "2", "--launch-count", "1"],
+                                      BALANCE_METRICS + STALL_METRICS, [sys.executable, __file__, "--run", case],
+                                      name, logs, {**os.environ, "TRITON_CACHE_DIR": str(cache)})
     metric, unit, value = header.index("Metric Name"), header.index("Metric Unit"), header.index("Metric Value")
-    return {r[metric]: (r[value], r[unit]) for r in body}
+    return {r[metric]: (r[value], r[unit]) for r in body}, opcode_profile(source)
+
+
+def opcode_table(names: list[str], opcodes: list[dict], rows: int = 16) -> str:
+    """The ``opcode_profile`` of each case side by side: millions of instructions executed and the stall share,
+    for the opcodes most executed in any case."""
+    ranked = sorted({op for o in opcodes for op in o}, key=lambda op: -max(o.get(op, (0.0, 0.0))[0] for o in opcodes))
+    lines = [f"| opcode | {' | '.join(f'{n}: M executed, stalls' for n in names)} |", "|---|" + "---|" * len(names)]
+    for op in ranked[:rows]:
+        cells = (f"{o[op][0] / 1e6:.1f}, {o[op][1]:.1%}" if op in o else "-" for o in opcodes)
+        lines.append(f"| {op} | {' | '.join(cells)} |")
+    totals = (f"{sum(e for e, _ in o.values()) / 1e6:.1f}" for o in opcodes)
+    lines.append(f"| all | {' | '.join(totals)} |")
+    return "\n".join(lines)
 
 
 def number(text: str) -> float | None:
@@ -146,14 +203,17 @@ def main() -> None:
     if args.run is not None:
         run_case(parse_case(args.run)[1])
         return
-    if not args.kernel or len(args.case) < 2:
-        parser.error("give --kernel and at least two --case")
+    parsed = [parse_case(case) for case in args.case]
+    if len(args.case) < 2 or not all(args.kernel or fields.get("kernel") for _, fields in parsed):
+        parser.error("give at least two --case, and --kernel or each case's kernel=")
     logs = Path(os.environ.get("OUT", "gpu-out")) / "ncu-compare"
     logs.mkdir(parents=True, exist_ok=True)
-    names = [parse_case(case)[0] for case in args.case]
+    names = [name for name, _ in parsed]
+    kernels = [fields.get("kernel", args.kernel) for _, fields in parsed]
     caches = [Path(tempfile.mkdtemp(prefix=f"ncu-compare-{name}-")) for name in names]
-    results = [profile(name, case, args.kernel, logs, cache)
-               for name, case, cache in zip(names, args.case, caches, strict=True)]
+    profiles = [profile(name, case, kernel, logs, cache)
+                for name, case, kernel, cache in zip(names, args.case, kernels, caches, strict=True)]
+    results = [metrics for metrics, _ in profiles]
     print(f"| metric | unit | {' | '.join(names)} |\n|---|---|{'---|' * len(names)}")
     for row in KEY_ROWS:
         if row in results[0]:
@@ -167,11 +227,12 @@ def main() -> None:
     print(f"\nMost different between {names[0]} and {names[1]}:")
     for _, row in sorted(differing, reverse=True)[:20]:
         print(f"| {row} | {first[row][1]} | {' | '.join(r.get(row, ('-', ''))[0] for r in results)} |")
-    print(f"\n{args.kernel} as the launcher compiled it (sass_report.py):")
-    for name, cache in zip(names, caches, strict=True):
+    print(f"\nInstructions by opcode:\n{opcode_table(names, [opcodes for _, opcodes in profiles])}")
+    print("\nThe kernels as the launcher compiled them (sass_report.py; flashattn's cases):")
+    for name, kernel, cache in zip(names, kernels, caches, strict=True):
         print(f"{name}:", flush=True)
-        for kernel in _kernel_names(args.kernel, cache):
-            sass_report.report_cache(cache, kernel)
+        for compiled in _kernel_names(kernel, cache):
+            sass_report.report_cache(cache, compiled)
 
 
 def _kernel_names(kernel: str, cache: Path) -> list[str]:

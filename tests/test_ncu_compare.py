@@ -1,0 +1,43 @@
+"""benchmarks/ncu_compare.py's pure parts: the case fields and the per-opcode table from ncu's source page."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import ncu_compare  # noqa: E402
+
+SOURCE_PAGE = "\n".join([
+    '"Kernel Name","attention_forward_hopper_kernel",',
+    '"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed"',
+    '"0x10","      FMNMX R3, R4, R3, !PT","30","1,000"',
+    '"0x20","@!P0  BRA 0x40","10","200"',
+    '"0x30","      FMNMX R4, R3, R4, !PT","20","1,000"',
+    '"0x40","      MUFU.EX2 R2, R28","40","500"',
+])
+
+
+def test_opcode_profile_sums_executions_and_stall_shares_per_mnemonic():
+    profile = ncu_compare.opcode_profile(SOURCE_PAGE)
+    assert profile == {"FMNMX": (2000.0, 0.5), "BRA": (200.0, 0.1), "MUFU": (500.0, 0.4)}
+    assert ncu_compare.opcode_profile("no source page") == {}
+
+
+def test_opcode_table_sets_the_cases_side_by_side():
+    ours = ncu_compare.opcode_profile(SOURCE_PAGE)
+    theirs = {"FMNMX": (1.5e6, 0.25), "SHFL": (4e5, 0.75)}
+    table = ncu_compare.opcode_table(["ours", "fa4"], [ours, theirs]).splitlines()
+    assert table[0] == "| opcode | ours: M executed, stalls | fa4: M executed, stalls |"
+    assert table[2] == "| FMNMX | 0.0, 50.0% | 1.5, 25.0% |"  # the most executed in any case first
+    assert table[3] == "| SHFL | - | 0.4, 75.0% |"
+    assert table[-1] == "| all | 0.0 | 1.9 |"
+
+
+def test_cases_name_their_provider_and_kernel():
+    name, fields = ncu_compare.parse_case("fa4:hdim=128,seqlen=16384,provider=fa4,kernel=regex:Sm90")
+    assert (name, fields["provider"], fields["kernel"]) == ("fa4", "fa4", "regex:Sm90")
+    with pytest.raises(SystemExit, match="provider must be"):
+        ncu_compare.parse_case("x:provider=fa3")
+    with pytest.raises(SystemExit, match="unknown fields"):
+        ncu_compare.parse_case("x:heads=4")
