@@ -46,7 +46,7 @@ grep -E "passed|failed|exit|^tests:" "$LOG" | tail -5
 
 if [ "$SHARD" = "" ] && [ "${SKIP_BENCH:-0}" != 1 ]; then
   BENCH_OUT=${BENCH_OUT:-benchmarks/results}
-  # dense: the full grid, every provider; varlen: packed against dense calls on the same tokens; decode: the KV cache
+  # dense: the full grid, flashattn against cuDNN and FA4 (where installed); varlen: packed against dense calls on the same tokens; decode: the KV cache
   declare -A BENCH_ARGS=(
     [dense]=""
     [varlen]="--providers flashattn --varlen --head-dims 128 --seqlens 512 1024 16384"

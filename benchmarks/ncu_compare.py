@@ -53,10 +53,15 @@ STALL_METRICS = tuple(f"smsp__average_warps_issue_stalled_{reason}_per_issue_act
     "barrier", "long_scoreboard", "short_scoreboard", "wait", "math_pipe_throttle", "mio_throttle",
     "lg_throttle", "dispatch_stall", "no_instruction", "not_selected", "selected", "membar", "branch_resolving",
     "misc", "sleeping", "drain", "imc_miss", "tex_throttle"))
+# L2 traffic by kind: all sectors, those of TMA loads, and those that crossed between the two L2 halves (a line read
+# through the far half counts in both)
+L2_METRICS = ("lts__t_sectors.sum", "lts__t_sectors_srcunit_tex_op_read.sum", "lts__t_sectors_srcunit_ltcfabric.sum",
+              "lts__t_requests.sum")
 KEY_ROWS = ("Duration", "Registers Per Thread", "Dynamic Shared Memory Per Block", "Block Limit Registers",
             "Block Limit Shared Mem", "Theoretical Occupancy", "Achieved Occupancy", "Compute (SM) Throughput",
             "Issue Slots Busy", "Eligible Warps Per Scheduler", "Warp Cycles Per Issued Instruction",
-            "Executed Instructions", "L2 Hit Rate", "DRAM Throughput", *BALANCE_METRICS, *STALL_METRICS)
+            "Executed Instructions", "L2 Hit Rate", "L2 Cache Throughput", "DRAM Throughput", *L2_METRICS,
+            *BALANCE_METRICS, *STALL_METRICS)
 
 
 FORCED_PHASES = ("forward", "dq", "dkdv")  # a case may force any of these phases' tiles
@@ -167,9 +172,13 @@ def opcode_profile(source_csv: str) -> dict[str, tuple[float, float]]:
 def profile(name: str, case: str, kernel: str, logs: Path, cache: Path) -> tuple[dict, dict]:
     """ncu's metrics of ``kernel`` in one case, and its ``opcode_profile``; the case compiles into its own Triton
     cache ``cache``."""
-    header, body, source = ncu_report(["--kernel-name", kernel, "--launch-skip", "2", "--launch-count", "1"],
-                                      BALANCE_METRICS + STALL_METRICS, [sys.executable, __file__, "--run", case],
-                                      name, logs, {**os.environ, "TRITON_CACHE_DIR": str(cache)})
+    options = ["--kernel-name", kernel, "--launch-skip", "2", "--launch-count", "1"]
+    target, env = [sys.executable, __file__, "--run", case], {**os.environ, "TRITON_CACHE_DIR": str(cache)}
+    try:
+        header, body, source = ncu_report(options, L2_METRICS + BALANCE_METRICS + STALL_METRICS, target, name, logs,
+                                          env)
+    except SystemExit:  # an ncu that lacks one of the L2 metrics refuses them all
+        header, body, source = ncu_report(options, BALANCE_METRICS + STALL_METRICS, target, name, logs, env)
     metric, unit, value = header.index("Metric Name"), header.index("Metric Unit"), header.index("Metric Value")
     return {r[metric]: (r[value], r[unit]) for r in body}, opcode_profile(source)
 
