@@ -358,6 +358,7 @@ def partial_row_sums(head_dim):
 
 @gluon.constexpr_function
 def _is_partial(shape):
+    """Whether row sums of this shape are thread parts ((rows, 4): ``zero_row_sums``), not a row vector."""
     return len(shape) == 2
 
 
