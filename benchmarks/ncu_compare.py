@@ -79,6 +79,9 @@ def parse_case(text: str) -> tuple[str, dict]:
                          "forced, in `flashattn blocks` notation: 64x128x8x3+ws+slices)")
     if fields.get("provider", "flashattn") not in ("flashattn", "fa4"):
         raise SystemExit(f"--case {text!r}: provider must be flashattn or fa4")
+    if fields.get("provider") == "fa4" and {"varlen", "window", *FORCED_PHASES} & set(fields):
+        raise SystemExit(f"--case {text!r}: an fa4 case is a dense call with or without the causal mask: no varlen, "
+                         "window or forced tile")
     return name, fields
 
 

@@ -39,5 +39,7 @@ def test_cases_name_their_provider_and_kernel():
     assert (name, fields["provider"], fields["kernel"]) == ("fa4", "fa4", "regex:Sm90")
     with pytest.raises(SystemExit, match="provider must be"):
         ncu_compare.parse_case("x:provider=fa3")
+    with pytest.raises(SystemExit, match="no varlen, window or forced tile"):
+        ncu_compare.parse_case("x:provider=fa4,varlen=1")
     with pytest.raises(SystemExit, match="unknown fields"):
         ncu_compare.parse_case("x:heads=4")

@@ -550,7 +550,7 @@ def _run(args: argparse.Namespace) -> int:
     on_gpu = device.type == "cuda"
     # on a GPU the anchors (the results files' providers; the slow references, PyTorch's eager softmax at 16k among
     # them, would take the grid past one GPU call): the others on request
-    providers = args.providers or (_baseline(on_gpu) if on_gpu else list(CPU_PROVIDERS))
+    providers = args.providers or (_baseline(on_gpu=True) if on_gpu else list(CPU_PROVIDERS))
     if args.varlen:
         providers = providers + [p for p in VARLEN_PROVIDERS if p not in providers]
     if "flashattn" in providers:  # first, so the others are checked against it
