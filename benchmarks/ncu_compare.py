@@ -172,9 +172,9 @@ def opcode_profile(source_csv: str) -> dict[str, tuple[float, float]]:
     return {op: (executed[op], samples[op] / total) for op in executed}
 
 
-def profile(name: str, case: str, kernel: str, logs: Path, cache: Path) -> tuple[dict, dict]:
-    """ncu's metrics of ``kernel`` in one case, and its ``opcode_profile``; the case compiles into its own Triton
-    cache ``cache``."""
+def profile(name: str, case: str, kernel: str, logs: Path, cache: Path) -> tuple[dict, str]:
+    """ncu's metrics of ``kernel`` in one case, and its source page (SASS, CSV); the case compiles into its own
+    Triton cache ``cache``."""
     options = ["--kernel-name", kernel, "--launch-skip", "2", "--launch-count", "1"]
     target, env = [sys.executable, __file__, "--run", case], {**os.environ, "TRITON_CACHE_DIR": str(cache)}
     try:
@@ -183,7 +183,30 @@ def profile(name: str, case: str, kernel: str, logs: Path, cache: Path) -> tuple
     except SystemExit:  # an ncu that lacks one of the L2 metrics refuses them all
         header, body, source = ncu_report(options, BALANCE_METRICS + STALL_METRICS, target, name, logs, env)
     metric, unit, value = header.index("Metric Name"), header.index("Metric Unit"), header.index("Metric Value")
-    return {r[metric]: (r[value], r[unit]) for r in body}, opcode_profile(source)
+    return {r[metric]: (r[value], r[unit]) for r in body}, source
+
+
+def stall_hotspots(source_csv: str, rows: int = 15) -> list[tuple[str, str, float, str]]:
+    """From ncu's source page of one kernel: the ``rows`` instructions with the most warp stall samples, each as
+    (offset, SASS, share of all samples, its two largest stall reasons with their shares of its samples). Offsets
+    are from the kernel's first instruction, as ``sass_report.disassemble`` lists the cubin."""
+    lines = source_csv.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith('"Address"')), None)
+    if start is None:
+        return []
+    records = list(csv.DictReader(lines[start:]))
+    total = sum(number(r.get("Warp Stall Sampling (All Samples)", "")) or 0.0 for r in records) or 1.0
+    base = min((int(r["Address"], 16) for r in records if r.get("Address")), default=0)
+    hot = []
+    for row in records:
+        samples = number(row.get("Warp Stall Sampling (All Samples)", "")) or 0.0
+        reasons = sorted(((number(value) or 0.0, key.removeprefix("stall_")) for key, value in row.items()
+                          if key and key.startswith("stall_") and "Not Issued" not in key), reverse=True)
+        named = ", ".join(f"{reason} {count / samples:.0%}" for count, reason in reasons[:2] if count and samples)
+        offset = f"{int(row['Address'], 16) - base:#06x}" if row.get("Address") else ""
+        hot.append((samples, offset, " ".join(row.get("Source", "").split()), named))
+    hot.sort(reverse=True)
+    return [(offset, source, samples / total, named) for samples, offset, source, named in hot[:rows]]
 
 
 def opcode_table(names: list[str], opcodes: list[dict], rows: int = 16) -> str:
@@ -239,7 +262,11 @@ def main() -> None:
     print(f"\nMost different between {names[0]} and {names[1]}:")
     for _, row in sorted(differing, reverse=True)[:20]:
         print(f"| {row} | {first[row][1]} | {' | '.join(r.get(row, ('-', ''))[0] for r in results)} |")
-    print(f"\nInstructions by opcode:\n{opcode_table(names, [opcodes for _, opcodes in profiles])}")
+    print(f"\nInstructions by opcode:\n{opcode_table(names, [opcode_profile(page) for _, page in profiles])}")
+    for name, (_, page) in zip(names, profiles, strict=True):
+        print(f"\nWhere {name}'s warps stall (the instructions with the most samples):")
+        for offset, source, share, reasons in stall_hotspots(page):
+            print(f"| {offset} | {source[:60]} | {share:.1%} | {reasons} |")
     print("\nThe kernels as the launcher compiled them (sass_report.py; flashattn's cases):")
     for name, kernel, cache in zip(names, kernels, caches, strict=True):
         print(f"{name}:", flush=True)

@@ -427,16 +427,19 @@ def hopper_dkdv_report(head_dim: int, causal: bool, config, fused: bool = False)
     dQ^T into float32 by TMA reductions, ``kernels/backward_fused_dq.py``, the non-deterministic calls' kernel, or with
     ``config.persistent`` its persistent form, ``kernels/backward_fused_dq_persistent.py``; then
     ``ptx_reductions`` counts its PTX's TMA reductions and global red/atom instructions)."""
-    import torch
 
-    from flashattn.launch.backward import FUSED_DQ_ROWS, fused_persistent, hopper_dkdv_constexprs, hopper_dkdv_kernel
-    from flashattn.launch.common import tile_layout
+    from flashattn.launch.backward import (
+        FUSED_DQ_TILE,
+        dq_tile_layout,
+        fused_persistent,
+        hopper_dkdv_constexprs,
+        hopper_dkdv_kernel,
+    )
 
     fused_dq = config.key_slices and fused
     persistent = fused_dq and fused_persistent(config)
     kernel, keys = hopper_dkdv_kernel(config, fused_dq)
-    dq_layout = tile_layout(FUSED_DQ_ROWS, config.block_m, torch.float32)
-    dq_desc = f"tensordesc<fp32[{FUSED_DQ_ROWS}, {config.block_m}],{dq_layout!r}>"
+    dq_desc = f"tensordesc<fp32[{FUSED_DQ_TILE[0]}, {FUSED_DQ_TILE[1]}],{dq_tile_layout()!r}>"
     signature = dict(q_desc=_bf16_descriptor(config.block_m, head_dim),
                      k_desc=_bf16_descriptor(keys, head_dim),
                      v_desc=_bf16_descriptor(keys, head_dim),

@@ -227,20 +227,33 @@ def test_table_fuses_dq_at_hdim_64_and_128():
         assert entry.key_slices and entry.block_m == rows
 
 
+def in_place(acc: torch.Tensor, batch: int, nheads: int, seqlen_q: int, head_dim: int) -> torch.Tensor:
+    """The fused kernel's dQ^T accumulator back in (batch, seqlen_q, nheads, head_dim) order: each 16 x 256 tile is
+    a [64 head dims, 64 queries] block in the kernel's register order (backward_fused_dq._register_order: the wgmma
+    layout's (warp, r1, lane // 4) rows and (i, lane % 4, r0) columns, stored as (i, warp | lane // 4, lane % 4, r1,
+    r0)), undone here by the inverse permutation."""
+    blocks = -(-seqlen_q // 64)
+    tiles = acc.reshape(batch, nheads, blocks, head_dim // 64, 8, 2, 2, 8, 4, 2, 2)
+    # (i, w // 2, w % 2, lane // 4, lane % 4, r1, r0) -> (w // 2, w % 2, r1, lane // 4 | i, lane % 4, r0)
+    tiles = tiles.permute(0, 1, 2, 3, 5, 6, 9, 7, 4, 8, 10).reshape(batch, nheads, blocks, head_dim // 64, 64, 64)
+    dq_t = tiles.permute(0, 1, 3, 4, 2, 5).reshape(batch, nheads, head_dim, blocks * 64)  # dQ^T of each head
+    return dq_t[..., :seqlen_q].permute(0, 3, 1, 2)
+
+
 def test_dq_accumulator_and_its_conversion(triton_backend):
-    """The fused kernel's dQ^T accumulator: its rows padded to 4 floats (TMA's 16-byte stride), its descriptor 64 of
-    a head's rows (a consumer's tile: half of hdim 128, all of hdim 64) by a query block, and the pass back to dq
-    (transposed, scaled, rounded) on the GPU or under the interpreter, in float16 (the interpreter's bfloat16
-    rounding is not round-to-nearest-even): one query (padded to 4) at hdim 64, and 130 (three 64-row blocks, the
-    last partial) at hdim 128."""
+    """The fused kernel's dQ^T accumulator: a 16 x 256 tile for each (batch, head, 64-query block, 64 head dims),
+    in rows of 256 (its descriptor's block one tile, not swizzled), and the pass back to dq (put in place, scaled,
+    rounded) on the GPU or under the interpreter, in float16 (the interpreter's bfloat16 rounding is not
+    round-to-nearest-even): one query at hdim 64, and 130 (three 64-row blocks, the last partial) at hdim 128."""
     for seqlen_q, head_dim in ((1, 64), (130, 128)):
         q = torch.empty(2, seqlen_q, 3, head_dim, dtype=torch.float16, device=triton_backend)
         acc = launch_backward.dq_accumulator(q)
-        assert acc.shape == (2, 3, head_dim, -(-seqlen_q // 4) * 4) and not acc.any()
-        desc = launch_backward.dq_accumulator_descriptor(acc, seqlen_q, 64)
-        assert list(desc.shape) == [2 * 3 * head_dim, seqlen_q] and list(desc.strides) == [acc.stride(2), 1]
-        assert list(desc.block_shape) == [64, 64]
+        tiles = 2 * 3 * -(-seqlen_q // 64) * (head_dim // 64)
+        assert acc.shape == (tiles * 16, 256) and not acc.any()
+        desc = launch_backward.dq_accumulator_descriptor(acc)
+        assert list(desc.shape) == [tiles * 16, 256] and list(desc.strides) == [256, 1]
+        assert list(desc.block_shape) == [16, 256]
         acc.normal_()
         dq = torch.empty_like(q)
         launch_backward._dq_from_accumulator(acc, dq, AttentionOptions(0.125))
-        assert torch.equal(dq, (acc[..., :seqlen_q].permute(0, 3, 1, 2) * 0.125).half())
+        assert torch.equal(dq, (in_place(acc, 2, 3, seqlen_q, head_dim) * 0.125).half())

@@ -1,4 +1,5 @@
-"""benchmarks/ncu_compare.py's pure parts: the case fields and the per-opcode table from ncu's source page."""
+"""benchmarks/ncu_compare.py's pure parts: the case fields, the per-opcode table and the stall hot spots from ncu's
+source page."""
 
 import sys
 from pathlib import Path
@@ -22,6 +23,23 @@ def test_opcode_profile_sums_executions_and_stall_shares_per_mnemonic():
     profile = ncu_compare.opcode_profile(SOURCE_PAGE)
     assert profile == {"FMNMX": (2000.0, 0.5), "BRA": (200.0, 0.1), "MUFU": (500.0, 0.4)}
     assert ncu_compare.opcode_profile("no source page") == {}
+
+
+STALL_PAGE = "\n".join([
+    '"Kernel Name","dkdv_dq_key_slices_kernel",',
+    '"Address","Source","Warp Stall Sampling (All Samples)","stall_barrier","stall_long_sb",'
+    '"stall_barrier (Not Issued)"',
+    '"0x7f0000001000","      HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], R24","10","0","2","0"',
+    '"0x7f0000001010","      BAR.SYNC.DEFER_BLOCKING 0x1, 0x80","60","54","0","54"',
+    '"0x7f0000001020","@!P0  BRA 0x7f0000001000","30","0","24","0"',
+])
+
+
+def test_stall_hotspots_rank_instructions_by_samples_with_their_reasons():
+    hot = ncu_compare.stall_hotspots(STALL_PAGE, rows=2)
+    assert hot == [("0x0010", "BAR.SYNC.DEFER_BLOCKING 0x1, 0x80", 0.6, "barrier 90%"),
+                   ("0x0020", "@!P0 BRA 0x7f0000001000", 0.3, "long_sb 80%")]
+    assert ncu_compare.stall_hotspots("no source page") == []
 
 
 def test_opcode_table_sets_the_cases_side_by_side():

@@ -26,9 +26,10 @@ block's lse and delta in shared memory (``_load_with_statistics``): in registers
 spilled.
 
 The result goes from the wgmma registers to a per-consumer shared buffer (64 head-dim rows x BLOCK_M float32, two a
-consumer at head dim 128, one at 64), and one thread issues the reduction of the tile into the accumulator, (batch,
-nheads, HEAD_DIM, seqlen_q padded to 4) seen as (batch * nheads * HEAD_DIM) rows: TMA drops the tile's columns past
-seqlen_q.
+consumer at head dim 128, one at 64) in the registers' order (``_register_order``: 16-byte stores without bank
+conflicts), and one thread issues the reduction of the tile into the accumulator, which keeps that order: (batch,
+nheads, query blocks, HEAD_DIM // 64) tiles of 16 x 256 values, seen as rows of 256 (``dq_from_accumulator``
+puts the values back in place).
 
 Limits: the key-slice kernel's (dense 16-bit inputs, causal or no mask), at head dims 64 and 128.
 """
@@ -60,6 +61,10 @@ from .backward_hopper import (
 from .forward_hopper import register_operand_layout, wgmma_layout
 
 DQ_ROWS = gl.constexpr(64)  # the dQ^T rows (head dims) of one product: a wgmma row block (M = 64)
+# a consumer's dQ^T tile (DQ_ROWS x 64 queries, float32) as the accumulator and the staging buffers keep it:
+# DQ_TILE_ROWS x DQ_TILE_COLUMNS values in the order of the warpgroup's registers (``_register_order``)
+DQ_TILE_ROWS = gl.constexpr(16)
+DQ_TILE_COLUMNS = gl.constexpr(256)
 
 
 @gluon.jit
@@ -110,17 +115,31 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 
 
 @gluon.jit
-def _add_dq(dq, dq_smem, dq_desc, batch, head, q_block, nheads, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-            FIRST_ROW: gl.constexpr):
+def _register_order(dq):
+    """A consumer's [DQ_ROWS, 64] dQ^T tile (the wgmma layout) relabeled [DQ_TILE_ROWS, DQ_TILE_COLUMNS] so that
+    each thread's values lie in it as its registers hold them. The wgmma layout gives warp w the rows 16 w + 8 r1 +
+    lane // 4 and a lane the columns 8 i + 2 (lane % 4) + r0, the four values (r1, r0) of each i in consecutive
+    registers: row (i, w // 2) of the relabeled tile holds, for warps 2 (w // 2) and the next, each lane's four
+    values side by side in lane order, so that a warp stores 512 contiguous bytes in 16-byte stores, without the
+    bank conflicts that the wgmma layout's 8-byte stores into a swizzled [64, 64] tile had (two wavefronts where
+    one would do). ``dq_from_accumulator`` reads the order back."""
+    t = gl.reshape(dq, [2, 2, 2, 8, 8, 4, 2])  # rows (w // 2, w % 2, r1, lane // 4), columns (i, lane % 4, r0)
+    t = gl.permute(t, [4, 0, 1, 3, 5, 2, 6])  # (i, w // 2 | w % 2, lane // 4, lane % 4, r1, r0)
+    return gl.reshape(t, [DQ_TILE_ROWS, DQ_TILE_COLUMNS])
+
+
+@gluon.jit
+def _add_dq(dq, dq_smem, dq_desc, batch, head, q_block, seqlen_q, nheads, HEAD_DIM: gl.constexpr,
+            BLOCK_M: gl.constexpr, FIRST_ROW: gl.constexpr):
     """This consumer's DQ_ROWS rows of a query block's dQ^T (float32, the wgmma layout) added into the accumulator's
-    tile of (batch, head) by a TMA reduction through ``dq_smem``, whose last reduction the caller has waited for. The
-    tile is the head's rows [FIRST_ROW, FIRST_ROW + DQ_ROWS), and TMA drops its columns past seqlen_q (rows of dS
-    there are 0 in any case)."""
-    dq_smem.store(dq)
+    tile of (batch, head, query block, FIRST_ROW // DQ_ROWS) by a TMA reduction through ``dq_smem``, whose last
+    reduction the caller has waited for (columns past seqlen_q add zeros: rows of dS there are 0)."""
+    dq_smem.store(_register_order(dq))
     fence_async_shared()
     gl.thread_barrier()  # every warp's part is in shared memory before the one thread issues the reduction
-    _tma_reduce_add(dq_desc, [(batch * nheads + head) * HEAD_DIM + FIRST_ROW, q_block * BLOCK_M],
-                    dq_smem)
+    q_blocks = gl.cdiv(seqlen_q, BLOCK_M)
+    tile = ((batch * nheads + head) * q_blocks + q_block) * (HEAD_DIM // DQ_ROWS) + FIRST_ROW // DQ_ROWS
+    _tma_reduce_add(dq_desc, [tile * DQ_TILE_ROWS, 0], dq_smem)
 
 
 @gluon.jit
@@ -210,8 +229,8 @@ def _halves_block(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready
     dk = warpgroup_mma(ds_op, q_bufs.index(stage), dk, is_async=True)
     # dV and dQ^T complete; dK runs on while dQ^T goes to the accumulator
     dv, dq, p_op = warpgroup_mma_wait(num_outstanding=1, deps=(dv, dq, p_op))
-    _add_dq(dq, dq_bufs.index(2 * SLICE + ring % 2), dq_desc, batch, head, q_block, nheads, HEAD_DIM, BLOCK_M,
-            SLICE * DQ_ROWS)
+    _add_dq(dq, dq_bufs.index(2 * SLICE + ring % 2), dq_desc, batch, head, q_block, seqlen_q, nheads, HEAD_DIM,
+            BLOCK_M, SLICE * DQ_ROWS)
     dk, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ds_op))
     mbarrier.arrive(stage_free.index(stage), count=1)
     head, q_block = _next_query_block(head, q_block, first_q_block, per_head, last_head)
@@ -251,7 +270,7 @@ def _alternating_block(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_
         dv, dk, p_op, ds_op = warpgroup_mma_wait(num_outstanding=1, deps=(dv, dk, p_op, ds_op))
         mbarrier.arrive(stage_free.index(stage), count=1)
         dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
-        _add_dq(dq, dq_bufs.index(SLICE), dq_desc, batch, head, q_block, nheads, HEAD_DIM, BLOCK_M, 0)
+        _add_dq(dq, dq_bufs.index(SLICE), dq_desc, batch, head, q_block, seqlen_q, nheads, HEAD_DIM, BLOCK_M, 0)
     else:
         dv, dk, p_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, p_op, ds_op))
         mbarrier.arrive(stage_free.index(stage), count=1)
@@ -390,7 +409,8 @@ def fused_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, HEAD_DIM: gl.constex
     # dQ^T buffers, each read by a TMA reduction after a consumer's stores: two a consumer (consumer c's: 2c and 2c + 1)
     # at head dim 128, one at 64 (used every other block)
     DQ_BUFFERS: gl.constexpr = 4 if HEAD_DIM == 2 * DQ_ROWS else 2
-    dq_bufs = gl.allocate_shared_memory(gl.float32, [DQ_BUFFERS, DQ_ROWS, BLOCK_M], dq_desc.layout)
+    gl.static_assert(DQ_TILE_ROWS * DQ_TILE_COLUMNS == DQ_ROWS * BLOCK_M, "a staged dQ^T tile is 64 x 64 values")
+    dq_bufs = gl.allocate_shared_memory(gl.float32, [DQ_BUFFERS, DQ_TILE_ROWS, DQ_TILE_COLUMNS], dq_desc.layout)
     # each stage's lse (row 2 * stage) and delta (row 2 * stage + 1), written by the loader
     stats_bufs = gl.allocate_shared_memory(gl.float32, [2 * NUM_STAGES, BLOCK_M],
                                            gl.SwizzledSharedLayout(1, 1, 1, [0]))
@@ -411,7 +431,8 @@ def dkdv_dq_key_slices_kernel(
     CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
 ):
     """``dkdv_key_slices_kernel``'s dK and dV, and dQ^T / softmax_scale added into the float32 accumulator of
-    ``dq_desc``: (batch * nheads * HEAD_DIM, seqlen_q) rows in [DQ_ROWS, BLOCK_M] blocks, zeroed by the caller.
+    ``dq_desc``: rows of DQ_TILE_COLUMNS, a [DQ_TILE_ROWS, DQ_TILE_COLUMNS] block each consumer's tile of a query
+    block (``_add_dq``), zeroed by the caller.
     Head dim 128 (each consumer's half of dQ^T is one wgmma row block) or 64 (the consumers take dQ^T's one row
     block in turns)."""
     BLOCK_N: gl.constexpr = KEY_SLICE_PROGRAM_KEYS
@@ -435,17 +456,24 @@ def dkdv_dq_key_slices_kernel(
 
 
 @triton.jit
-def dq_from_accumulator(DQAcc, DQ, softmax_scale, seqlen_q, nheads, stride_acc,
-                        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+def dq_from_accumulator(DQAcc, DQ, softmax_scale, seqlen_q, nheads, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
     """DQ (batch, seqlen_q, nheads, HEAD_DIM), contiguous, = softmax_scale * the fused kernel's float32 dQ^T
-    accumulator, (batch, nheads, HEAD_DIM, stride_acc) contiguous, rounded to DQ's type: BLOCK_M query rows of one
-    (batch, head) a program."""
+    accumulator, rounded to DQ's type: BLOCK_M query rows of one (batch, head) a program. The accumulator holds, for
+    each (batch, head, 64-query block, DQ_ROWS head dims), a [DQ_TILE_ROWS, DQ_TILE_COLUMNS] tile in the order of
+    ``_register_order``: query c = 8 i + 2 (lane % 4) + r0 and head dim d = 16 w + 8 r1 + lane // 4 of a tile at
+    row 2 i + w // 2, column 128 (w % 2) + 16 (lane // 4) + 4 (lane % 4) + 2 r1 + r0."""
     batch_head = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, HEAD_DIM)
+    query, dim = rows % 64, cols % DQ_ROWS
+    warp = dim // 16
+    tiles = ((batch_head * tl.cdiv(seqlen_q, 64) + rows // 64).to(tl.int64)[:, None] * (HEAD_DIM // DQ_ROWS)
+             + (cols // DQ_ROWS)[None, :])
+    tile_rows = (query // 8)[:, None] * 2 + (warp // 2)[None, :]
+    tile_columns = ((128 * (warp % 2) + 16 * (dim % 8) + 2 * ((dim // 8) % 2))[None, :]
+                    + (4 * ((query % 8) // 2) + query % 2)[:, None])
     mask = (rows < seqlen_q)[:, None]
-    acc = tl.load(DQAcc + (batch_head.to(tl.int64) * HEAD_DIM + cols[None, :]) * stride_acc + rows[:, None],
-                  mask=mask)
+    acc = tl.load(DQAcc + (tiles * DQ_TILE_ROWS + tile_rows) * DQ_TILE_COLUMNS + tile_columns, mask=mask)
     batch = batch_head // nheads
     head = batch_head % nheads
     tokens = (batch.to(tl.int64) * seqlen_q + rows) * nheads + head

@@ -26,7 +26,6 @@ from .common import (
     mask_arguments,
     sm_count,
     strides,
-    tile_layout,
     tma_compatible,
     tma_loads,
     token_descriptor,
@@ -41,8 +40,10 @@ from .forward import (
 )
 from .launcher import launch, zeros
 
-# the fused dK/dV/dQ kernel's dQ^T tile rows: one wgmma row block (kernels/backward_fused_dq.py's DQ_ROWS)
+# the fused dK/dV/dQ kernel's dQ^T tile: FUSED_DQ_ROWS head dims (one wgmma row block) by its 64-row query block,
+# kept as FUSED_DQ_TILE (rows, columns) in its registers' order (kernels/backward_fused_dq.py: DQ_ROWS, DQ_TILE_*)
 FUSED_DQ_ROWS = 64
+FUSED_DQ_TILE = (16, 256)
 
 
 def _hopper_dkdv(q, k, v, dout, lse, delta, dk, dv, opts: AttentionOptions, config: configs.TileConfig,
@@ -57,7 +58,7 @@ def _hopper_dkdv(q, k, v, dout, lse, delta, dk, dv, opts: AttentionOptions, conf
     tiles = key_blocks * batch * nheads_k
     programs, dq_arguments, plan = tiles, (), ()
     if dq_acc is not None:
-        dq_arguments = (dq_accumulator_descriptor(dq_acc, seqlen_q, config.block_m),)
+        dq_arguments = (dq_accumulator_descriptor(dq_acc),)
         if fused_persistent(config):
             # one program an SM walks the tiles (kernels/backward_fused_dq_persistent.py), taking each after its first
             # from a counter: a fresh zero for every call, which a plan's replay zeroes too
@@ -171,21 +172,29 @@ def fused_dq_config(q: torch.Tensor, fits_hopper: bool, opts: AttentionOptions,
 
 
 def dq_accumulator(q: torch.Tensor) -> torch.Tensor:
-    """The fused kernel's float32 dQ^T, zeroed: (batch, nheads, head_dim, seqlen_q rounded up to 4), as TMA's row
-    stride must be a multiple of 16 bytes (the columns past seqlen_q are never written or read)."""
+    """The fused kernel's float32 dQ^T, zeroed: for each (batch, head, block of FUSED_DQ_ROWS queries, FUSED_DQ_ROWS
+    head dims) a tile of FUSED_DQ_ROWS^2 values in the order of the kernel's registers
+    (``kernels/backward_fused_dq.py``: ``_register_order``), as rows of FUSED_DQ_TILE[1]."""
     batch, seqlen_q, nheads, head_dim = q.shape
-    return zeros((batch, nheads, head_dim, cdiv(seqlen_q, 4) * 4), torch.float32, q.device)
+    tiles = batch * nheads * cdiv(seqlen_q, FUSED_DQ_ROWS) * (head_dim // FUSED_DQ_ROWS)
+    return zeros((tiles * FUSED_DQ_TILE[0], FUSED_DQ_TILE[1]), torch.float32, q.device)
 
 
-def dq_accumulator_descriptor(dq_acc: torch.Tensor, seqlen_q: int, block_m: int):
-    """A host-side TMA descriptor of ``dq_accumulator`` as (batch * nheads * head_dim, seqlen_q) rows, in blocks of
-    FUSED_DQ_ROWS rows (a consumer's dQ^T tile) by ``block_m`` queries: the reductions' columns past seqlen_q are
-    dropped."""
+def dq_accumulator_descriptor(dq_acc: torch.Tensor):
+    """A host-side TMA descriptor of ``dq_accumulator`` in blocks of one tile, not swizzled: the tile's order is
+    the registers' already."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    rows = dq_acc.shape[0] * dq_acc.shape[1] * dq_acc.shape[2]
-    return TensorDescriptor(dq_acc, [rows, seqlen_q], [dq_acc.stride(2), 1], [FUSED_DQ_ROWS, block_m],
-                            tile_layout(FUSED_DQ_ROWS, block_m, torch.float32))
+    return TensorDescriptor(dq_acc, list(dq_acc.shape), [dq_acc.stride(0), 1], list(FUSED_DQ_TILE),
+                            dq_tile_layout())
+
+
+@functools.cache
+def dq_tile_layout():
+    """The shared-memory layout of a ``dq_accumulator`` tile: rows as they are, no swizzle (built once)."""
+    from triton.experimental.gluon import language as gl
+
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
 
 
 def _dq_from_accumulator(dq_acc: torch.Tensor, dq: torch.Tensor, opts: AttentionOptions) -> None:
@@ -195,7 +204,7 @@ def _dq_from_accumulator(dq_acc: torch.Tensor, dq: torch.Tensor, opts: Attention
     batch, seqlen_q, nheads, head_dim = dq.shape
     block = configs.DQ_CONVERSION_ROWS
     launch(dq_from_accumulator, (cdiv(seqlen_q, block), batch * nheads), dq_acc, dq, opts.softmax_scale, seqlen_q,
-           nheads, dq_acc.stride(2), HEAD_DIM=head_dim, BLOCK_M=block, num_warps=4)
+           nheads, HEAD_DIM=head_dim, BLOCK_M=block, num_warps=4)
 
 
 def _gradient_streams_pay(q: torch.Tensor, layout: Layout, nheads_k: int, opts: AttentionOptions) -> bool:
