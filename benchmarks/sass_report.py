@@ -55,7 +55,7 @@ INT32_POINTERS = {"BlockMap", "BlockTable", "CacheSeqlens", "CacheBatchIdx", "Ca
 COUNTED_OPS = ("HGMMA", "QGMMA", "HMMA", "FFMA", "FMUL", "FADD", "MUFU.EX2", "STL", "LDL", "REDG", "UTMAREDG")
 _COUNTED = re.compile(r"\b(" + "|".join(re.escape(op) for op in COUNTED_OPS) + r")\b")
 LOOP_OPS = ("HGMMA", "QGMMA", "HMMA", "WARPGROUP.DEPBAR", "MUFU.EX2", "STL", "LDL", "BAR", "LDGSTS", "LDG", "ISETP",
-            "FSEL", "REDG", "UTMAREDG", "STSM")
+            "FSEL", "REDG", "UTMAREDG", "STSM", "STS.128")
 
 
 def signature(kernel, constexprs: dict, dtype: str) -> dict:

@@ -137,7 +137,9 @@ def check_dq_reductions(name: str, result: dict, head_dim: int) -> None:
     odd last block, and in the persistent form consumer 1's in a tile's odd first block), stores nothing to local
     memory in its loops (with per-element reductions its hdim-128 build spilled about 45 values a block) and fits one
     SM's shared memory. The persistent form takes its tiles by one atomic add, and loads nothing from local memory in
-    its loops either (its tiles' state beside the hdim-128 loop's had ptxas reload 3-15 values a block)."""
+    its loops either (its tiles' state beside the hdim-128 loop's had ptxas reload 3-15 values a block). A consumer
+    stages its dQ^T tile in the registers' order, by eight 16-byte stores (8-byte ones into the TMA's swizzled tile
+    met two-way bank conflicts)."""
     reductions = dict(result["ptx_reductions"])
     persistent = "persistent" in name
     if persistent:
@@ -146,7 +148,8 @@ def check_dq_reductions(name: str, result: dict, head_dim: int) -> None:
     if "fused dQ" in name or reductions:
         expected = {TMA_REDUCTION: 2 if head_dim == 128 else 4 if persistent else 3}
         assert reductions == expected, f"{name}: {reductions}"
-        assert all(loop["UTMAREDG"] == 1 for loop in result["loops"]), f"{name}: {result['loops']}"
+        assert all(loop["UTMAREDG"] == 1 and loop["STS.128"] == 8 for loop in result["loops"]), (
+            f"{name}: {result['loops']}")
         assert result["loop_STL"] == 0, f"{name}: spills in its loops ({result['loops']})"
         assert not persistent or result["loop_LDL"] == 0, f"{name}: reloads in its loops ({result['loops']})"
         assert result["shared_bytes"] <= HOPPER_SHARED_BYTES, f"{name}: {result['shared_bytes']} B of shared memory"
