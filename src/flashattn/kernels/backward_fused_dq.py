@@ -61,7 +61,8 @@ from .backward_hopper import (
 from .forward_hopper import register_operand_layout, wgmma_layout
 
 DQ_ROWS = gl.constexpr(64)  # the dQ^T rows (head dims) of one product: a wgmma row block (M = 64)
-# a consumer's dQ^T tile (DQ_ROWS x 64 queries, float32) as the accumulator and the staging buffers keep it:
+DQ_QUERIES = gl.constexpr(64)  # its columns: the kernel's query block (BLOCK_M)
+# a consumer's dQ^T tile (DQ_ROWS x DQ_QUERIES, float32) as the accumulator and the staging buffers keep it:
 # DQ_TILE_ROWS x DQ_TILE_COLUMNS values in the order of the warpgroup's registers (``_register_order``)
 DQ_TILE_ROWS = gl.constexpr(16)
 DQ_TILE_COLUMNS = gl.constexpr(256)
@@ -394,7 +395,7 @@ def fused_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, HEAD_DIM: gl.constex
     ring, the dQ^T staging buffers and each stage's lse and delta."""
     gl.static_assert((HEAD_DIM == 2 * DQ_ROWS) | (HEAD_DIM == DQ_ROWS),
                      "the fused dK/dV/dQ kernel takes head dims of 128 (two halves of dQ^T) or 64 (one)")
-    gl.static_assert(BLOCK_M == 64, "the fused dK/dV/dQ kernel takes 64-row query blocks one at a time")
+    gl.static_assert(BLOCK_M == DQ_QUERIES, "the fused dK/dV/dQ kernel takes 64-row query blocks one at a time")
     BLOCK_N: gl.constexpr = KEY_SLICE_PROGRAM_KEYS
     k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, stage_free, _ = _streamed_buffers(
         q_desc, k_desc, v_desc, do_desc, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, True)
@@ -409,7 +410,7 @@ def fused_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, HEAD_DIM: gl.constex
     # dQ^T buffers, each read by a TMA reduction after a consumer's stores: two a consumer (consumer c's: 2c and 2c + 1)
     # at head dim 128, one at 64 (used every other block)
     DQ_BUFFERS: gl.constexpr = 4 if HEAD_DIM == 2 * DQ_ROWS else 2
-    gl.static_assert(DQ_TILE_ROWS * DQ_TILE_COLUMNS == DQ_ROWS * BLOCK_M, "a staged dQ^T tile is 64 x 64 values")
+    gl.static_assert(DQ_TILE_ROWS * DQ_TILE_COLUMNS == DQ_ROWS * DQ_QUERIES, "a staged dQ^T tile is 64 x 64 values")
     dq_bufs = gl.allocate_shared_memory(gl.float32, [DQ_BUFFERS, DQ_TILE_ROWS, DQ_TILE_COLUMNS], dq_desc.layout)
     # each stage's lse (row 2 * stage) and delta (row 2 * stage + 1), written by the loader
     stats_bufs = gl.allocate_shared_memory(gl.float32, [2 * NUM_STAGES, BLOCK_M],
@@ -459,15 +460,17 @@ def dkdv_dq_key_slices_kernel(
 def dq_from_accumulator(DQAcc, DQ, softmax_scale, seqlen_q, nheads, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
     """DQ (batch, seqlen_q, nheads, HEAD_DIM), contiguous, = softmax_scale * the fused kernel's float32 dQ^T
     accumulator, rounded to DQ's type: BLOCK_M query rows of one (batch, head) a program. The accumulator holds, for
-    each (batch, head, 64-query block, DQ_ROWS head dims), a [DQ_TILE_ROWS, DQ_TILE_COLUMNS] tile in the order of
+    each (batch, head, block of DQ_QUERIES queries, DQ_ROWS head dims), a [DQ_TILE_ROWS, DQ_TILE_COLUMNS] tile in the
+    order of
     ``_register_order``: query c = 8 i + 2 (lane % 4) + r0 and head dim d = 16 w + 8 r1 + lane // 4 of a tile at
     row 2 i + w // 2, column 128 (w % 2) + 16 (lane // 4) + 4 (lane % 4) + 2 r1 + r0."""
     batch_head = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, HEAD_DIM)
-    query, dim = rows % 64, cols % DQ_ROWS
+    query, dim = rows % DQ_QUERIES, cols % DQ_ROWS
     warp = dim // 16
-    tiles = ((batch_head * tl.cdiv(seqlen_q, 64) + rows // 64).to(tl.int64)[:, None] * (HEAD_DIM // DQ_ROWS)
+    tiles = ((batch_head * tl.cdiv(seqlen_q, DQ_QUERIES) + rows // DQ_QUERIES).to(tl.int64)[:, None]
+             * (HEAD_DIM // DQ_ROWS)
              + (cols // DQ_ROWS)[None, :])
     tile_rows = (query // 8)[:, None] * 2 + (warp // 2)[None, :]
     tile_columns = ((128 * (warp % 2) + 16 * (dim % 8) + 2 * ((dim // 8) % 2))[None, :]

@@ -40,9 +40,11 @@ from .forward import (
 )
 from .launcher import launch, zeros
 
-# the fused dK/dV/dQ kernel's dQ^T tile: FUSED_DQ_ROWS head dims (one wgmma row block) by its 64-row query block,
-# kept as FUSED_DQ_TILE (rows, columns) in its registers' order (kernels/backward_fused_dq.py: DQ_ROWS, DQ_TILE_*)
+# the fused dK/dV/dQ kernel's dQ^T tile: FUSED_DQ_ROWS head dims (one wgmma row block) by FUSED_DQ_QUERIES (its query
+# block), kept as FUSED_DQ_TILE (rows, columns) in its registers' order (kernels/backward_fused_dq.py: DQ_ROWS,
+# DQ_QUERIES, DQ_TILE_*)
 FUSED_DQ_ROWS = 64
+FUSED_DQ_QUERIES = 64
 FUSED_DQ_TILE = (16, 256)
 
 
@@ -172,11 +174,11 @@ def fused_dq_config(q: torch.Tensor, fits_hopper: bool, opts: AttentionOptions,
 
 
 def dq_accumulator(q: torch.Tensor) -> torch.Tensor:
-    """The fused kernel's float32 dQ^T, zeroed: for each (batch, head, block of FUSED_DQ_ROWS queries, FUSED_DQ_ROWS
-    head dims) a tile of FUSED_DQ_ROWS^2 values in the order of the kernel's registers
-    (``kernels/backward_fused_dq.py``: ``_register_order``), as rows of FUSED_DQ_TILE[1]."""
+    """The fused kernel's float32 dQ^T, zeroed: for each (batch, head, block of FUSED_DQ_QUERIES queries,
+    FUSED_DQ_ROWS head dims) a tile in the order of the kernel's registers (``kernels/backward_fused_dq.py``:
+    ``_register_order``), as rows of FUSED_DQ_TILE[1]."""
     batch, seqlen_q, nheads, head_dim = q.shape
-    tiles = batch * nheads * cdiv(seqlen_q, FUSED_DQ_ROWS) * (head_dim // FUSED_DQ_ROWS)
+    tiles = batch * nheads * cdiv(seqlen_q, FUSED_DQ_QUERIES) * (head_dim // FUSED_DQ_ROWS)
     return zeros((tiles * FUSED_DQ_TILE[0], FUSED_DQ_TILE[1]), torch.float32, q.device)
 
 
