@@ -10,11 +10,19 @@ import sys
 import textwrap
 
 import torch
-import torch._dynamo.testing
 from cases import COMPILE_BACKEND
 
 import flashattn
 from flashattn import flash_attn_func
+
+
+def _compile_counter():
+    """A fresh dynamo state and a counter of its compiles. Imported here: torch._dynamo takes seconds to import, and
+    every pytest-xdist worker collects this module."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    return CompileCounterWithBackend(COMPILE_BACKEND)
 
 
 def _loss(q, k, v):
@@ -22,8 +30,7 @@ def _loss(q, k, v):
 
 
 def test_fullgraph_compile_matches_eager_and_does_not_recompile_per_seqlen(torch_backend):
-    torch._dynamo.reset()
-    counter = torch._dynamo.testing.CompileCounterWithBackend(COMPILE_BACKEND)
+    counter = _compile_counter()
     compiled = torch.compile(_loss, fullgraph=True, dynamic=True, backend=counter)
     compiles_after_first = None
     for seqlen in (37, 53, 70):
@@ -64,8 +71,7 @@ def _masked_loss(query, key, value, mask):
 
 
 def test_fullgraph_compile_of_sdpa_with_a_float_mask_matches_eager(torch_backend):
-    torch._dynamo.reset()
-    counter = torch._dynamo.testing.CompileCounterWithBackend(COMPILE_BACKEND)
+    counter = _compile_counter()
     compiled = torch.compile(_masked_loss, fullgraph=True, backend=counter)
     leaves = [torch.randn(2, 4, 29, 32), torch.randn(2, 2, 41, 32), torch.randn(2, 2, 41, 32),
               torch.randn(1, 4, 29, 41)]

@@ -50,8 +50,8 @@ TABLE_BUILDS = builds([(phase, head_dim, causal) for phase in PHASES for head_di
                        ("dkdv_hopper", 64, False), ("dkdv_hopper", 256, True), ("dq", 64, False), ("dq", 128, True),
                        ("dq_hopper", 256, False), ("dq_hopper", 128, True)])
 # the compiles run in a child process: under TRITON_INTERPRET=1 the kernels are interpreter functions. One child a
-# pair of builds: parallel workers (pytest-xdist) share the pairs out, each build built once, and a child's imports
-# (torch, triton: seconds) serve two compiles
+# group of four builds: parallel workers (pytest-xdist) share the groups out, each build built once, and a child's
+# imports (torch, triton: about 4 s on two cores, before any ptxas) serve four compiles
 COMPILE_BUILDS = """
 import json, sys
 sys.path.insert(0, {benchmarks!r})
@@ -61,9 +61,9 @@ for phase, head_dim, causal in {builds!r}:
 """
 
 
-def pairs(items: list) -> list[tuple]:
-    """``items`` two at a time (the last alone when their number is odd)."""
-    return [tuple(items[i:i + 2]) for i in range(0, len(items), 2)]
+def groups(items: list, size: int = 4) -> list[tuple]:
+    """``items`` ``size`` at a time (the last group what is left)."""
+    return [tuple(items[i:i + size]) for i in range(0, len(items), size)]
 
 
 # Hopper dK/dV tiles outside the table that the sweeps and the GPU tests use: 128 keys a program in both of the
@@ -103,7 +103,7 @@ SWEPT_FORWARD_TILES = builds({  # name -> (head dim, causal, varlen, TileConfig 
     "persistent three consumers 128x128x8x3, hdim 64 causal": (64, True, False,
                                                                 dict(_PERSISTENT, num_stages=3, three_consumers=True)),
 }, ["persistent 128x128x8x2, hdim 128 varlen", "persistent three consumers 128x128x8x3, hdim 64 causal"])
-# a pair of swept tiles a child, as the table's builds: report(head dim, causal, tile[, varlen])
+# four swept tiles a child, as the table's builds: report(head dim, causal, tile[, varlen])
 SWEPT_BUILDS = {**{name: ("hopper_dkdv_report", head_dim, causal, fields, None)
                    for name, (head_dim, causal, fields) in SWEPT_DKDV_TILES.items()},
                 **{name: ("hopper_dkdv_dq_report", head_dim, causal, fields, None)
@@ -164,15 +164,15 @@ def _compiled(script: str) -> list:
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("[")]
 
 
-@pytest.mark.parametrize("pair", pairs(TABLE_BUILDS),
-                         ids=lambda pair: "+".join(f"{phase}-{head_dim}-{'causal' if causal else 'full'}"
-                                                   for phase, head_dim, causal in pair))
-def test_table_kernels_keep_wgmma_asynchronous(pair):
-    results = _compiled(COMPILE_BUILDS.format(benchmarks=str(ROOT / "benchmarks"), builds=list(pair)))
-    assert len(results) == len(pair)
-    built = [(build, result) for build, (result,) in zip(pair, results, strict=True) if result is not None]
+@pytest.mark.parametrize("group", groups(TABLE_BUILDS),
+                         ids=lambda group: "+".join(f"{phase}-{head_dim}-{'causal' if causal else 'full'}"
+                                                   for phase, head_dim, causal in group))
+def test_table_kernels_keep_wgmma_asynchronous(group):
+    results = _compiled(COMPILE_BUILDS.format(benchmarks=str(ROOT / "benchmarks"), builds=list(group)))
+    assert len(results) == len(group)
+    built = [(build, result) for build, (result,) in zip(group, results, strict=True) if result is not None]
     if not built:
-        pytest.skip(f"no Hopper entry for {pair}")
+        pytest.skip(f"no Hopper entry for {group}")
     for (phase, head_dim, causal), result in built:
         name = f"{phase} hdim {head_dim} causal {causal}"
         assert result["HGMMA"] > 0, f"{name}: no wgmma at all (HMMA {result['HMMA']})"
@@ -203,7 +203,7 @@ def test_table_backward_kernels_compile_for_one_query():
         assert result["HGMMA"] + result["HMMA"] > 0, f"{name}: no matrix instruction"
 
 
-@pytest.mark.parametrize("names", pairs(list(SWEPT_BUILDS)), ids="+".join)
+@pytest.mark.parametrize("names", groups(list(SWEPT_BUILDS)), ids="+".join)
 def test_swept_hopper_tiles_keep_wgmma_asynchronous(names):
     script = COMPILE_SWEPT.format(benchmarks=str(ROOT / "benchmarks"), builds=[SWEPT_BUILDS[n] for n in names])
     results = _compiled(script)
@@ -269,7 +269,8 @@ DECODE_TILES = builds([(128, 64, 4, 1, False, 8, 2, True), (128, 64, 4, 16, True
                        (128, 64, 4, 1, False, 8, 1, False)])
 
 
-@pytest.mark.parametrize("tiles", pairs(DECODE_TILES), ids=lambda tiles: "+".join("-".join(map(str, t)) for t in tiles))
+@pytest.mark.parametrize("tiles", groups(DECODE_TILES),
+                         ids=lambda tiles: "+".join("-".join(map(str, t)) for t in tiles))
 def test_hopper_decode_tiles_compile_without_spills(tiles):
     """The Hopper decode kernel's tiles (configs.hopper_decode_tile: head dim, block_n, stages, new keys, paged, query
     rows, consumers, early) compile for sm90 with no local-memory spills and within one program's shared memory, with
@@ -354,13 +355,13 @@ for head_dim, causal, per_block in {{builds!r}}:
 """
 
 
-@pytest.mark.parametrize("pair", pairs(FP8_BUILDS),
-                         ids=lambda pair: "+".join(f"fp8-{d}-{'causal' if c else 'full'}-{'block' if b else 'head'}"
-                                                   for d, c, b in pair))
-def test_fp8_gluon_forward_keeps_wgmma_asynchronous(pair):
-    results = _compiled(COMPILE_FP8.format(builds=list(pair)))
-    assert len(results) == len(pair)
-    for (head_dim, causal, per_block), (result,) in zip(pair, results, strict=True):
+@pytest.mark.parametrize("group", groups(FP8_BUILDS),
+                         ids=lambda group: "+".join(f"fp8-{d}-{'causal' if c else 'full'}-{'block' if b else 'head'}"
+                                                   for d, c, b in group))
+def test_fp8_gluon_forward_keeps_wgmma_asynchronous(group):
+    results = _compiled(COMPILE_FP8.format(builds=list(group)))
+    assert len(results) == len(group)
+    for (head_dim, causal, per_block), (result,) in zip(group, results, strict=True):
         name = f"fp8 hdim {head_dim} causal {causal} per_block {per_block}"
         assert result["QGMMA"] > 0, f"{name}: no e4m3 wgmma (HGMMA {result['HGMMA']})"
         assert result["wgmma_serialized"] is None, f"{name}: ptxas serialized the wgmma: {result['wgmma_serialized']}"
@@ -392,20 +393,20 @@ for head_dim, causal, window_left, scores_16bit in {{builds!r}}:
 
 
 def _fp8_backward_ids(kernel: str):
-    return lambda pair: "+".join(f"fp8-{kernel}-{d}-{'causal' if c else 'full'}{'-window' if w else ''}"
-                                 f"{'-fp16-scores' if f else ''}" for d, c, w, f in pair)
+    return lambda group: "+".join(f"fp8-{kernel}-{d}-{'causal' if c else 'full'}{'-window' if w else ''}"
+                                 f"{'-fp16-scores' if f else ''}" for d, c, w, f in group)
 
 
-def _fp8_backward_reports(kernel: str, pair: tuple) -> list[tuple[tuple, dict]]:
-    """(build, sass_report's report) of each build of ``pair``, the FP8 ``kernel`` ("dkdv", "dq" or "dkdv_dq")."""
-    results = _compiled(COMPILE_FP8_BACKWARD.format(kernel=kernel, builds=list(pair)))
-    assert len(results) == len(pair)
-    return [(build, result) for build, (result,) in zip(pair, results, strict=True)]
+def _fp8_backward_reports(kernel: str, group: tuple) -> list[tuple[tuple, dict]]:
+    """(build, sass_report's report) of each build of ``group``, the FP8 ``kernel`` ("dkdv", "dq" or "dkdv_dq")."""
+    results = _compiled(COMPILE_FP8_BACKWARD.format(kernel=kernel, builds=list(group)))
+    assert len(results) == len(group)
+    return [(build, result) for build, (result,) in zip(group, results, strict=True)]
 
 
-@pytest.mark.parametrize("pair", pairs(FP8_DKDV_BUILDS), ids=_fp8_backward_ids("dkdv"))
-def test_fp8_gluon_dkdv_takes_e4m3_wgmma(pair):
-    for (head_dim, causal, window_left, scores_16bit), result in _fp8_backward_reports("dkdv", pair):
+@pytest.mark.parametrize("group", groups(FP8_DKDV_BUILDS), ids=_fp8_backward_ids("dkdv"))
+def test_fp8_gluon_dkdv_takes_e4m3_wgmma(group):
+    for (head_dim, causal, window_left, scores_16bit), result in _fp8_backward_reports("dkdv", group):
         name = f"fp8 dK/dV hdim {head_dim} causal {causal} window_left {window_left} scores_16bit {scores_16bit}"
         assert result["QGMMA"] > 0, f"{name}: no e4m3 wgmma"
         # S^T and dP^T: HEAD_DIM / 16 float16 wgmma each, in each of the two consumers' loops (one a consumer)
@@ -423,9 +424,9 @@ FP8_DKDV_DQ_BUILDS = builds([(64, c, w, f) for c in (False, True) for w in (Fals
 FP8_DKDV_DQ_LOOP_SPILLS = {64: (0, 0)}
 
 
-@pytest.mark.parametrize("pair", pairs(FP8_DKDV_DQ_BUILDS), ids=_fp8_backward_ids("dkdv_dq"))
-def test_fp8_gluon_dkdv_dq_takes_e4m3_wgmma(pair):
-    for (head_dim, causal, window_left, scores_16bit), result in _fp8_backward_reports("dkdv_dq", pair):
+@pytest.mark.parametrize("group", groups(FP8_DKDV_DQ_BUILDS), ids=_fp8_backward_ids("dkdv_dq"))
+def test_fp8_gluon_dkdv_dq_takes_e4m3_wgmma(group):
+    for (head_dim, causal, window_left, scores_16bit), result in _fp8_backward_reports("dkdv_dq", group):
         name = f"fp8 dK/dV/dQ hdim {head_dim} causal {causal} window_left {window_left} scores_16bit {scores_16bit}"
         scores = 2 * head_dim // (16 if scores_16bit else 32)
         qgmma = 2 * (2 + 2 + 128 // 32 + (0 if scores_16bit else scores))
@@ -464,9 +465,9 @@ FP8_DQ_LOOP_SPILLS = {64: (0, 0), 128: (9, 34)}
 FP8_DQ_FULL_LOOP_SPILLS = {64: (0, 0), 128: (1, 3)}
 
 
-@pytest.mark.parametrize("pair", pairs(FP8_DQ_BUILDS), ids=_fp8_backward_ids("dq"))
-def test_fp8_gluon_dq_takes_e4m3_wgmma(pair):
-    for (head_dim, causal, window_left, scores_16bit), result in _fp8_backward_reports("dq", pair):
+@pytest.mark.parametrize("group", groups(FP8_DQ_BUILDS), ids=_fp8_backward_ids("dq"))
+def test_fp8_gluon_dq_takes_e4m3_wgmma(group):
+    for (head_dim, causal, window_left, scores_16bit), result in _fp8_backward_reports("dq", group):
         name = f"fp8 dQ hdim {head_dim} causal {causal} window_left {window_left} scores_16bit {scores_16bit}"
         # in each loop: dS K over 128 keys (K = 32 a QGMMA), S and dP over the head dim (K = 16 a float16 HGMMA, 32
         # an e4m3 QGMMA)
