@@ -179,12 +179,12 @@ HOPPER_FORWARD_FP8 = PhaseTable({**_buckets(*(TileConfig(128, 128, 8, 3),) * 2, 
                                 hopper=_buckets(*(TileConfig(128, n, 8, stages, three_consumers=d == 64, **_FP8_GLUON)
                                                   for d, n, stages in ((64, 128, 3), (128, 128, 3), (256, 128, 2)))))
 PORTABLE_FORWARD_FP8 = PhaseTable(_buckets(*(TileConfig(64, 64, 4, 2),) * 2, TileConfig(64, 32, 4, 1)))
-# dK/dV with dQ (kernels/backward_fused_dq.py) for non-deterministic calls, from 1k tokens (causal hdim 128 from 2k:
-# at 1k the two passes are level); 2 stages; persistent for causal hdim 64, whose short tiles leave a tail (perf-notes)
+# dK/dV with dQ (kernels/backward_fused_dq.py) for non-deterministic calls, from 512 tokens (causal hdim 128 from 1k:
+# at 512 the two passes are level); 2 stages; persistent at hdim 64, whose short tiles leave a tail (perf-notes)
 _FUSED_DQ = TileConfig(64, 128, 8, 2, hopper=True, key_slices=True)
-HOPPER_DKDV_DQ = PhaseTable({}, hopper={(d, c): dataclasses.replace(_FUSED_DQ, persistent=c and d == 64)
+HOPPER_DKDV_DQ = PhaseTable({}, hopper={(d, c): dataclasses.replace(_FUSED_DQ, persistent=d == 64)
                                         for d in (64, 128) for c in (False, True)},
-                            hopper_from={(64, False): 1024, (64, True): 1024, (128, False): 1024, (128, True): 2048})
+                            hopper_from={(64, False): 512, (64, True): 512, (128, False): 512, (128, True): 1024})
 TABLES = {("hopper", "forward"): HOPPER_FORWARD, ("hopper", "dkdv"): HOPPER_DKDV, ("hopper", "dq"): HOPPER_DQ,
           ("hopper", "dkdv_dq"): HOPPER_DKDV_DQ, ("hopper", "forward_fp8"): HOPPER_FORWARD_FP8,
           ("portable", "forward"): PORTABLE_FORWARD, ("portable", "dkdv"): PORTABLE_DKDV,
