@@ -5,6 +5,8 @@ GPU, CUDA with one). The ``gpu``-marked tests add decode-sized shapes on the GPU
 """
 
 
+from typing import NamedTuple
+
 import pytest
 import torch
 from kvcache_cases import KVProblem, build, expected, gather_paged, rotary_ref, to_paged, variant
@@ -26,12 +28,23 @@ def run(inputs: dict, **overrides):
     return out, lse, arguments["k_cache"], arguments["v_cache"]
 
 
-def check(problem: KVProblem, dtype: torch.dtype, device=DEVICE, seed: int = 0):
+class Checked(NamedTuple):
+    """What ``check`` ran and held to the rule: the call's arguments, its results (out, lse, k_cache, v_cache: the
+    caches as called, a paged problem's pools), and the reference in float64 (oracle) and in the inputs' dtype."""
+
+    call_inputs: dict
+    results: tuple
+    oracle: dict
+    baseline: dict
+
+
+def check(problem: KVProblem, dtype: torch.dtype, device=DEVICE, seed: int = 0) -> Checked:
     """Run ``problem`` (paged if it says so) and hold out, lse and the appended cache to the rule."""
     inputs = build(problem, dtype, device, seed)
     oracle, baseline = expected(inputs, upcast=True), expected(inputs, upcast=False)
     call_inputs = to_paged(inputs, problem.page_size) if problem.page_size else inputs
-    out, lse, k_cache, v_cache = run(call_inputs)
+    results = run(call_inputs)
+    out, lse, k_cache, v_cache = results
     if problem.page_size:
         k_cache, v_cache = (gather_paged(c, call_inputs["block_table"]) for c in (k_cache, v_cache))
     assert out.dtype == dtype and out.shape == inputs["q"].shape
@@ -39,7 +52,7 @@ def check(problem: KVProblem, dtype: torch.dtype, device=DEVICE, seed: int = 0):
     assert_lse_close(lse, oracle["lse"], dtype)
     assert_within_rule("k_cache", k_cache, oracle["k_cache"], baseline["k_cache"], factor=2)
     assert torch.equal(v_cache, baseline["v_cache"]), "v_cache: the append must copy v exactly"
-    return out, lse
+    return Checked(call_inputs, results, oracle, baseline)
 
 
 BASE = KVProblem()
@@ -75,9 +88,19 @@ PROBLEMS = {
 }
 
 
+# The steps whose append the attention launch also makes (FUSE_APPEND: up to FUSED_APPEND_MAX_TOKENS new tokens a
+# sequence, without rotary)
+FUSED_APPEND = ["decode", "chunk-causal-gqa", "window-alibi-softcap", "batch-idx", "split", "split-window", "paged",
+                "paged-large-pages-split", "empty-cache", "decode-causal-mqa", "more-queries-than-new"]
+
+
 @pytest.mark.parametrize("name", list(PROBLEMS))
-def test_matches_reference(backend, name):
-    check(PROBLEMS[name], torch.float16)
+def test_matches_reference(backend, monkeypatch, name):
+    """On the Triton kernels, a step of FUSED_APPEND is also run with its append launched first
+    (``assert_fused_matches_separate``)."""
+    checked = check(PROBLEMS[name], torch.float16)
+    if backend == "triton" and name in FUSED_APPEND:
+        assert_fused_matches_separate(checked, monkeypatch)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -285,12 +308,13 @@ def force_decode_loads(monkeypatch, table_chunk: int) -> None:
     monkeypatch.setattr(configs, "paged_table_chunk", lambda blocks_per_split: table_chunk)
 
 
-@pytest.mark.parametrize("form", list(DECODE_FORMS))
-@pytest.mark.parametrize("name", ["decode", "split", "batch-idx", "leftpad", "head-dim-96", "split-window",
-                                  "paged", "paged-large-pages-split", "paged-all-options", "empty-cache"])
-def test_decode_forms_match_reference(triton_backend, monkeypatch, form, name):
-    """The forms on the interpreter's shapes."""
-    force_decode_loads(monkeypatch, DECODE_FORMS[form])
+# The forms differ only on a paged cache whose pages hold whole key blocks, without left padding (the launch's
+# ONE_PAGE): every other cache, and by the rule every split of fewer than TABLE_CHUNK_MIN_BLOCKS key blocks (each
+# problem here), takes the page-by-page form, which test_matches_reference runs on these problems
+@pytest.mark.parametrize("name", ["paged", "paged-large-pages-split"])
+def test_decode_forms_match_reference(triton_backend, monkeypatch, name):
+    """The table read in chunks on the interpreter's shapes."""
+    force_decode_loads(monkeypatch, DECODE_FORMS["table-chunk"])
     check(PROBLEMS[name], torch.float16, triton_backend)
 
 
@@ -443,27 +467,16 @@ def test_chained_launch_changes_nothing_on_gpu(monkeypatch, paged):
             assert torch.equal(a, b), name
 
 
-@pytest.mark.parametrize("name", ["decode", "chunk-causal-gqa", "window-alibi-softcap", "batch-idx", "split",
-                                  "split-window", "paged", "paged-large-pages-split", "empty-cache",
-                                  "decode-causal-mqa", "more-queries-than-new"])
-def test_fused_append_equals_append_then_attend(triton_backend, monkeypatch, name):
-    """The attention launch that also appends (up to FUSED_APPEND_MAX_TOKENS new tokens) against an append
-    launch followed by the attention: the same caches bit for bit, and both outputs within the rule (the
-    fused launch puts the new keys' block on the masked path, so the two may round differently)."""
-    assert_fused_matches_separate(PROBLEMS[name], torch.float16, triton_backend, monkeypatch)
-
-
-def assert_fused_matches_separate(problem: KVProblem, dtype: torch.dtype, device, monkeypatch) -> None:
-    inputs = build(problem, dtype, device)
-    call_inputs = to_paged(inputs, problem.page_size) if problem.page_size else inputs
-    fused = run(call_inputs)
+def assert_fused_matches_separate(checked: Checked, monkeypatch) -> None:
+    """``check``'s run of a step whose attention launch also appends (up to FUSED_APPEND_MAX_TOKENS new tokens)
+    against an append launch followed by the attention: the same caches bit for bit, and that output within the rule
+    too (the fused launch puts the new keys' block on the masked path, so the two may round differently)."""
+    fused = checked.results
     monkeypatch.setattr(configs, "FUSED_APPEND_MAX_TOKENS", 0)
-    separate = run(call_inputs)
-    assert torch.equal(fused[2], separate[2]) and torch.equal(fused[3], separate[3]), "the appended caches differ"
-    oracle, baseline = expected(inputs, upcast=True), expected(inputs, upcast=False)
-    for out, lse in (fused[:2], separate[:2]):
-        assert_within_rule("out", out, oracle["out"], baseline["out"], factor=2)
-        assert_lse_close(lse, oracle["lse"], dtype)
+    out, lse, k_cache, v_cache = run(checked.call_inputs)
+    assert torch.equal(fused[2], k_cache) and torch.equal(fused[3], v_cache), "the appended caches differ"
+    assert_within_rule("out", out, checked.oracle["out"], checked.baseline["out"], factor=2)
+    assert_lse_close(lse, checked.oracle["lse"], out.dtype)
 
 
 # New keys that end exactly on a key block (64 on the GPU): without the masked path forced onto their
@@ -481,7 +494,7 @@ FUSED_GPU_PROBLEMS = [
 @pytest.mark.parametrize("problem", FUSED_GPU_PROBLEMS, ids=str)
 def test_fused_append_on_block_boundaries_on_gpu(monkeypatch, problem):
     monkeypatch.setenv("FLASHATTN_BACKEND", "triton")
-    assert_fused_matches_separate(problem, torch.bfloat16, "cuda", monkeypatch)
+    assert_fused_matches_separate(check(problem, torch.bfloat16, "cuda"), monkeypatch)
     torch.cuda.synchronize()
 
 

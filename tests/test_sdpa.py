@@ -56,8 +56,9 @@ def make_mask(kind: str, batch: int, nheads: int, seqlen_q: int, seqlen_k: int, 
 
 
 def check_sdpa(query, key, value, attn_mask=None, *, is_causal=False, scale=None, enable_gqa=False,
-               backward=True):
-    """flashattn's SDPA within the tolerance rule of torch's in float64, outputs and gradients."""
+               backward=True, dout=None):
+    """flashattn's SDPA within the tolerance rule of torch's in float64, outputs and gradients (for ``dout``, by
+    default a random one); with ``backward``, returns what it checked: (out, dq, dk, dv)."""
     mask_grad = attn_mask is not None and attn_mask.requires_grad
     leaves = [x.detach().requires_grad_(backward) for x in (query, key, value)]
     mask = attn_mask.detach().requires_grad_(backward) if mask_grad else attn_mask
@@ -91,7 +92,7 @@ def check_sdpa(query, key, value, attn_mask=None, *, is_causal=False, scale=None
     assert_within_rule("out", out, oracle, baseline, factor=2)
     if not backward:
         return
-    dout = torch.randn_like(out)
+    dout = torch.randn_like(out) if dout is None else dout
     inputs = leaves + ([mask] if mask_grad else [])
     grads = torch.autograd.grad(out, inputs, dout)
     oracle_grads = torch.autograd.grad(oracle, oracle_leaves + ([oracle_mask] if mask_grad else []),
@@ -109,6 +110,7 @@ def check_sdpa(query, key, value, attn_mask=None, *, is_causal=False, scale=None
         summed = out.numel() // out.shape[-1] * key.shape[-2] // mask.numel()  # scores per mask entry
         assert_within_rule("dmask", grads[3], oracle_grads[3], baseline_grads[3], factor=3,
                            floor=score_floor * summed)
+    return (out, *grads[:3])
 
 
 def sdpa_inputs(batch, nheads, nheads_k, seqlen_q, seqlen_k, head_dim, dtype, device=DEVICE):

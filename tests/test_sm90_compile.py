@@ -12,10 +12,13 @@ two-Q-tile Hopper forward read another tile's Q.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import select
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -49,9 +52,8 @@ TABLE_BUILDS = builds([(phase, head_dim, causal) for phase in PHASES for head_di
                        ("forward_hopper", 256, True), ("dkdv", 256, False), ("dkdv", 64, True),
                        ("dkdv_hopper", 64, False), ("dkdv_hopper", 256, True), ("dq", 64, False), ("dq", 128, True),
                        ("dq_hopper", 256, False), ("dq_hopper", 128, True)])
-# the compiles run in a child process: under TRITON_INTERPRET=1 the kernels are interpreter functions. One child a
-# group of four builds: parallel workers (pytest-xdist) share the groups out, each build built once, and a child's
-# imports (torch, triton: about 4 s on two cores, before any ptxas) serve four compiles
+# the compiles run in a child process (_compiled): under TRITON_INTERPRET=1 the kernels are interpreter functions. One
+# test a group of four builds: parallel workers (pytest-xdist) share the groups out, each build built once
 COMPILE_BUILDS = """
 import json, sys
 sys.path.insert(0, {benchmarks!r})
@@ -155,13 +157,87 @@ def check_dq_reductions(name: str, result: dict, head_dim: int) -> None:
         assert result["shared_bytes"] <= HOPPER_SHARED_BYTES, f"{name}: {result['shared_bytes']} B of shared memory"
 
 
+# The child that runs the build scripts of a test process, one after another, each in a namespace of its own as if
+# run by ``python -c``: its imports (torch, triton: about 4 s on two cores, before any ptxas) are paid once, not once
+# a test. It answers each script with one JSON line, {"printed": its stdout, "error": its traceback or None}, on the
+# stdout it was started with; what the builds write to file descriptor 1 itself (a tool's output) goes to stderr.
+BUILDER = r"""
+import contextlib, io, json, os, sys, traceback
+replies = os.fdopen(os.dup(1), "w")
+os.dup2(2, 1)
+for line in sys.stdin:
+    printed, error = io.StringIO(), None
+    try:
+        with contextlib.redirect_stdout(printed):
+            exec(compile(json.loads(line), "<build script>", "exec"), {"__name__": "__main__"})
+    except BaseException:
+        error = traceback.format_exc()
+    replies.write(json.dumps({"printed": printed.getvalue(), "error": error}) + "\n")
+    replies.flush()
+"""
+BUILD_TIMEOUT_S = 600
+
+
+class _Builder:
+    """The BUILDER child, without the interpreter, its stderr kept in a temporary file for a failure's message."""
+
+    current: _Builder | None = None
+
+    def __init__(self):
+        env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+        self.log = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed by close(), with the child)
+        self.process = subprocess.Popen([sys.executable, "-c", BUILDER], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
+
+    def run(self, script: str) -> dict | None:
+        """The child's reply to ``script``, or None when it died or ran past BUILD_TIMEOUT_S."""
+        try:
+            self.process.stdin.write(json.dumps(script) + "\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:
+            return None
+        ready, _, _ = select.select([self.process.stdout], [], [], BUILD_TIMEOUT_S)
+        line = self.process.stdout.readline() if ready else ""
+        return json.loads(line) if line else None
+
+    def close(self) -> str:
+        """Ends the child; returns the end of its stderr."""
+        with contextlib.suppress(BrokenPipeError):  # a child that died may leave the pipe unflushed
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process.stdout.close()
+        self.log.seek(0)
+        stderr = self.log.read()[-3000:]
+        self.log.close()
+        return stderr
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _builder_closed():
+    yield
+    if _Builder.current is not None:
+        _Builder.current.close()
+        _Builder.current = None
+
+
 def _compiled(script: str) -> list:
-    """The JSON lines ``script`` prints, run in a child process without the interpreter."""
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("[")]
+    """The JSON lines ``script`` prints, run in the builder child (started on first use, and again after one died)."""
+    if _Builder.current is None or _Builder.current.process.poll() is not None:
+        if _Builder.current is not None:
+            _Builder.current.close()
+        _Builder.current = _Builder()
+    reply = _Builder.current.run(script)
+    if reply is None:  # the child died or hangs: the next script gets a new one
+        builder, _Builder.current = _Builder.current, None
+        builder.process.kill()
+        pytest.fail(f"the build child died or ran past {BUILD_TIMEOUT_S} s: {builder.close()}")
+    assert reply["error"] is None, reply["error"][-3000:]
+    return [json.loads(line) for line in reply["printed"].splitlines() if line.startswith("[")]
 
 
 @pytest.mark.parametrize("group", groups(TABLE_BUILDS),

@@ -6,35 +6,43 @@ into NaN: its -finfo.max mask overflows); the baselines that set the tolerance a
 in the test's dtype. Models come from configs: nothing is downloaded.
 """
 
-import copy
+import importlib
 
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
+from flashattn.testing import assert_within_rule
 
-from flashattn.integrations.transformers import ATTN_IMPLEMENTATION  # noqa: E402
-from flashattn.testing import assert_within_rule  # noqa: E402
+# transformers, and flashattn's integration (whose import registers ATTN_IMPLEMENTATION with it), are imported by the
+# fixture below when a test here runs: at collection they would cost every pytest-xdist worker seconds
+transformers = None
+ATTN_IMPLEMENTATION = None
+
+
+@pytest.fixture(autouse=True)
+def _imported():
+    global transformers, ATTN_IMPLEMENTATION
+    transformers = pytest.importorskip("transformers")
+    ATTN_IMPLEMENTATION = importlib.import_module("flashattn.integrations.transformers").ATTN_IMPLEMENTATION
+
 
 VOCAB = 101
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0)
 
 
-def configs():
-    return {
-        "llama": transformers.LlamaConfig(**COMMON),
-        # sliding windows shorter than the sequences, so that the window matters
-        "mistral": transformers.MistralConfig(**COMMON, sliding_window=7),
-        "qwen2": transformers.Qwen2Config(**COMMON, use_sliding_window=True, sliding_window=9, max_window_layers=1),
-    }
-
-
-MODELS = list(configs())
+# each model's config, built when a test runs (transformers is imported then)
+CONFIGS = {
+    "llama": lambda: transformers.LlamaConfig(**COMMON),
+    # sliding windows shorter than the sequences, so that the window matters
+    "mistral": lambda: transformers.MistralConfig(**COMMON, sliding_window=7),
+    "qwen2": lambda: transformers.Qwen2Config(**COMMON, use_sliding_window=True, sliding_window=9, max_window_layers=1),
+}
+MODELS = list(CONFIGS)
 
 
 def build(name: str, implementation: str, dtype=torch.float32, state=None, device="cpu"):
-    config = copy.deepcopy(configs()[name])
+    config = CONFIGS[name]()
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=implementation)
     if state is not None:

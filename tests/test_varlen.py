@@ -6,7 +6,6 @@ the ``gpu``-marked grid adds long sequences. Sequence lengths include 0 and 1 on
 
 import pytest
 import torch
-import torch._dynamo.testing
 from cases import COMPILE_BACKEND, DTYPES, OPTIONS, covering, heavy_varlen_reference, make_varlen_case, one_at_a_time
 
 from flashattn import (
@@ -210,8 +209,12 @@ def _compiled_loss(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
 
 @pytest.mark.parametrize("max_as", ["int", "tensor"])
 def test_fullgraph_compile_matches_eager_without_recompiles(torch_backend, max_as):
+    # imported here: torch._dynamo.testing adds seconds to torch._dynamo's import, and every pytest-xdist worker
+    # collects this module
+    from torch._dynamo.testing import CompileCounterWithBackend
+
     torch._dynamo.reset()
-    counter = torch._dynamo.testing.CompileCounterWithBackend(COMPILE_BACKEND)
+    counter = CompileCounterWithBackend(COMPILE_BACKEND)
     compiled = torch.compile(_compiled_loss, fullgraph=True, dynamic=True, backend=counter)
     frames_after_first = None
     for seqlens in ((5, 30, 0, 12), (17, 1, 40, 3), (8, 8, 8, 60)):
