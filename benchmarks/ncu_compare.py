@@ -23,6 +23,9 @@ kernel, a regular expression over ncu's kernel names):
     --kernel regex:attention_forward_hopper --case ours:hdim=128,seqlen=16384 \\
         --case fa4:hdim=128,seqlen=16384,provider=fa4,kernel=regex:FlashAttentionForwardSm90
 
+The FP8 forward (``dtype=fp8``: e4m3 q, k, v from ``fp8.quantize`` with per-head descales, a dense forward):
+    --kernel regex:attention_forward_fp8_hopper --case fp8:hdim=128,seqlen=16384,dtype=fp8
+
 Besides the metrics: per opcode, the instructions each case's kernel executed and its share of the stall samples
 (ncu's source page), which says where two kernels doing the same work spend different instructions.
 """
@@ -70,18 +73,24 @@ FORCED_PHASES = ("forward", "dq", "dkdv")  # a case may force any of these phase
 def parse_case(text: str) -> tuple[str, dict]:
     name, _, spec = text.partition(":")
     fields = dict(item.split("=", 1) for item in spec.split(",") if item)
-    unknown = set(fields) - {"hdim", "seqlen", "causal", "window", "mode", "varlen", "provider", "kernel",
+    unknown = set(fields) - {"hdim", "seqlen", "causal", "window", "mode", "varlen", "provider", "kernel", "dtype",
                              *FORCED_PHASES}
     if unknown:
         raise SystemExit(f"--case {text!r}: unknown fields {sorted(unknown)}; expected hdim, seqlen, causal, "
                          "window (the right window size, non-causal), mode (fwd or bwd), varlen, provider (flashattn "
-                         "or fa4), kernel (this case's kernel name), and forward, dq or dkdv (that phase's tile "
-                         "forced, in `flashattn blocks` notation: 64x128x8x3+ws+slices)")
+                         "or fa4), kernel (this case's kernel name), dtype (bf16 or fp8), and forward, dq or dkdv "
+                         "(that phase's tile forced, in `flashattn blocks` notation: 64x128x8x3+ws+slices)")
     if fields.get("provider", "flashattn") not in ("flashattn", "fa4"):
         raise SystemExit(f"--case {text!r}: provider must be flashattn or fa4")
     if fields.get("provider") == "fa4" and {"varlen", "window", *FORCED_PHASES} & set(fields):
         raise SystemExit(f"--case {text!r}: an fa4 case is a dense call with or without the causal mask: no varlen, "
                          "window or forced tile")
+    if fields.get("dtype", "bf16") not in ("bf16", "fp8"):
+        raise SystemExit(f"--case {text!r}: dtype must be bf16 or fp8")
+    if fields.get("dtype") == "fp8" and (fields.get("mode", "fwd") != "fwd" or fields.get("provider") == "fa4"
+                                         or {"varlen", "window", *FORCED_PHASES} & set(fields)):
+        raise SystemExit(f"--case {text!r}: an fp8 case is flashattn's dense forward with or without the causal "
+                         "mask: no bwd, fa4, varlen, window or forced tile")
     return name, fields
 
 
@@ -105,8 +114,20 @@ def run_case(fields: dict) -> None:
             if phase in fields:
                 tile = configs.TileConfig(*blocks.parse_candidates(fields[phase])[0])
                 forced.enter_context(configs.use_config(phase, tile))
-        _run_calls(q, k, v, cu, seqlen, causal, window, varlen, backward, fields.get("provider", "flashattn"))
+        if fields.get("dtype") == "fp8":
+            _run_fp8_calls(q, k, v, causal)
+        else:
+            _run_calls(q, k, v, cu, seqlen, causal, window, varlen, backward, fields.get("provider", "flashattn"))
     torch.cuda.synchronize()
+
+
+def _run_fp8_calls(q, k, v, causal) -> None:
+    from flashattn import flash_attn_func, fp8
+
+    quantized = fp8.quantize(q, k, v, granularity="head")
+    for _ in range(3):
+        flash_attn_func(*quantized[:3], causal=causal, q_descale=quantized.q_descale, k_descale=quantized.k_descale,
+                        v_descale=quantized.v_descale)
 
 
 def _run_calls(q, k, v, cu, seqlen, causal, window, varlen, backward, provider) -> None:

@@ -61,3 +61,8 @@ def test_cases_name_their_provider_and_kernel():
         ncu_compare.parse_case("x:provider=fa4,varlen=1")
     with pytest.raises(SystemExit, match="unknown fields"):
         ncu_compare.parse_case("x:heads=4")
+    assert ncu_compare.parse_case("fp8:hdim=128,dtype=fp8,causal=1")[1]["dtype"] == "fp8"
+    with pytest.raises(SystemExit, match="dtype must be"):
+        ncu_compare.parse_case("x:dtype=fp16")
+    with pytest.raises(SystemExit, match="no bwd, fa4, varlen"):
+        ncu_compare.parse_case("x:dtype=fp8,mode=bwd")
