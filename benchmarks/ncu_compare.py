@@ -173,16 +173,19 @@ def ncu_report(ncu_options: list[str], metrics: tuple[str, ...], target: list[st
     return rows[0], rows[1:], pages["source"]
 
 
-def opcode_profile(source_csv: str) -> dict[str, tuple[float, float]]:
-    """From ncu's source page of one kernel (``--page source --csv --print-source sass``): per opcode (the
-    mnemonic's first part, predicates dropped), the warp instructions executed and the share of the warp stall
-    samples on them."""
+def _source_rows(source_csv: str) -> list[dict]:
+    """The instruction rows of ncu's source page of one kernel (``--page source --csv --print-source sass``), each
+    a dict by column name; none where the page has no instruction table."""
     lines = source_csv.splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith('"Address"')), None)
-    if start is None:
-        return {}
+    return [] if start is None else list(csv.DictReader(lines[start:]))
+
+
+def opcode_profile(source_csv: str) -> dict[str, tuple[float, float]]:
+    """From ncu's source page of one kernel: per opcode (the mnemonic's first part, predicates dropped), the warp
+    instructions executed and the share of the warp stall samples on them."""
     executed, samples = {}, {}
-    for row in csv.DictReader(lines[start:]):
+    for row in _source_rows(source_csv):
         words = [w for w in row.get("Source", "").split() if not w.startswith("@")]
         if not words:
             continue
@@ -211,11 +214,7 @@ def stall_hotspots(source_csv: str, rows: int = 15) -> list[tuple[str, str, floa
     """From ncu's source page of one kernel: the ``rows`` instructions with the most warp stall samples, each as
     (offset, SASS, share of all samples, its two largest stall reasons with their shares of its samples). Offsets
     are from the kernel's first instruction, as ``sass_report.disassemble`` lists the cubin."""
-    lines = source_csv.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.startswith('"Address"')), None)
-    if start is None:
-        return []
-    records = list(csv.DictReader(lines[start:]))
+    records = _source_rows(source_csv)
     total = sum(number(r.get("Warp Stall Sampling (All Samples)", "")) or 0.0 for r in records) or 1.0
     base = min((int(r["Address"], 16) for r in records if r.get("Address")), default=0)
     hot = []

@@ -461,9 +461,8 @@ def dq_from_accumulator(DQAcc, DQ, softmax_scale, seqlen_q, nheads, HEAD_DIM: tl
     """DQ (batch, seqlen_q, nheads, HEAD_DIM), contiguous, = softmax_scale * the fused kernel's float32 dQ^T
     accumulator, rounded to DQ's type: BLOCK_M query rows of one (batch, head) a program. The accumulator holds, for
     each (batch, head, block of DQ_QUERIES queries, DQ_ROWS head dims), a [DQ_TILE_ROWS, DQ_TILE_COLUMNS] tile in the
-    order of
-    ``_register_order``: query c = 8 i + 2 (lane % 4) + r0 and head dim d = 16 w + 8 r1 + lane // 4 of a tile at
-    row 2 i + w // 2, column 128 (w % 2) + 16 (lane // 4) + 4 (lane % 4) + 2 r1 + r0."""
+    order of ``_register_order``: query c = 8 i + 2 (lane % 4) + r0 and head dim d = 16 w + 8 r1 + lane // 4 of a
+    tile at row 2 i + w // 2, column 128 (w % 2) + 16 (lane // 4) + 4 (lane % 4) + 2 r1 + r0."""
     batch_head = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, HEAD_DIM)
