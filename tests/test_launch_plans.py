@@ -125,6 +125,38 @@ def test_a_replayed_fp8_call_computes_exactly_what_the_call_computes(head_dim, s
     assert torch.equal(got, expected)
 
 
+# (head_dim, seqlen_q, seqlen_k, nheads_k, causal, hadamard) of the trainable FP8 call: its backward in two passes
+# with the rotation (GQA, unequal lengths), with dQ inside the dK/dV kernel (head dim 64: two key blocks add into each
+# dQ row, in either order the same float32 sum), and without the rotation
+TRAIN_FP8_CASES = [(128, 200, 300, 2, True, True), (64, 130, 130, 4, False, True), (128, 64, 64, 4, False, False)]
+
+
+@pytest.mark.parametrize("head_dim,seqlen_q,seqlen_k,nheads_k,causal,hadamard", TRAIN_FP8_CASES, ids=str)
+def test_a_replayed_fp8_training_step_computes_exactly_what_the_step_computes(head_dim, seqlen_q, seqlen_k, nheads_k,
+                                                                              causal, hadamard, monkeypatch, replays):
+    """``fp8.flash_attn_func``'s two plans: the forward's (the quantizer's kernels, its S from the call's signs, the
+    attention) and the backward's (dO's quantizer, the descales, the float16 and transposed copies, the kernels, the
+    rotation back), replayed for other inputs and another rotation seed (a call's signs are an input, not part of the
+    key), outputs in NaN-filled memory."""
+    from flashattn import fp8
+
+    def step(inputs, seed):
+        q, k, v = (x.detach().requires_grad_() for x in inputs[:3])
+        out = fp8.flash_attn_func(q, k, v, causal=causal, hadamard=hadamard, seed=seed)
+        return (out.detach(), *torch.autograd.grad(out, (q, k, v), inputs[3]))
+
+    first, second = (_inputs(torch.bfloat16, 2, seqlen_q, seqlen_k, 4, nheads_k, head_dim, seed=s) for s in (7, 8))
+    with own_path(monkeypatch):
+        expected = step(second, 12)
+    step(first, 11)
+    assert not replays
+    _poison_allocator(expected)
+    replayed = step(second, 12)
+    assert len(replays) == 2, "the FP8 forward and backward are replayed"
+    for name, got, want in zip(("out", "dq", "dk", "dv"), replayed, expected, strict=True):
+        assert torch.equal(got, want), f"{name} differs from the call's own path"
+
+
 def test_calls_with_dropout_alibi_or_a_strided_last_dimension_take_their_own_path(replays):
     q, k, v, dout = _inputs(torch.bfloat16, 1, 64, 64, 2, 2, 64, seed=3)
     slopes = torch.rand(2, device="cuda", dtype=torch.float32)

@@ -192,6 +192,10 @@ TABLES = {("hopper", "forward"): HOPPER_FORWARD, ("hopper", "dkdv"): HOPPER_DKDV
 QUANTIZE_TILES = {32: (64, 32, 4, 1), 64: (64, 64, 4, 1), 128: (64, 128, 4, 1), 256: (64, 64, 8, 1)}  # see fp8.md
 # the quantizer's one pass by width: (largest group, padded to a power of 2; rows of S a step, warps, stages)
 QUANTIZE_ONE_PASS_TILES = {32: (8, 32, 16, 1), 64: (4, 64, 16, 1), 128: (2, 64, 16, 2), 256: (1, 64, 16, 2)}
+SIGNED_HADAMARD_ROWS = 16  # rows of the rotation's S a program (launch/quantize_fp8.py; 16 divides every width)
+# the FP8 backward's passes (kernels/backward_fp8_passes.py): descale blocks a step; e4m3 -> float16 elements a
+# program, warps; dQ / dK rows a program of the rotation back, warps
+DESCALE_BLOCKS_TILE, E4M3_TO_FLOAT16_TILE, ROTATE_BACK_TILE = 128, (4096, 4), (128, 8)
 TRANSPOSE_V_TILE = (64, 4)  # the FP8 forward's V^T copy (launch/forward_fp8.py): keys a program, warps
 HOPPER_DKDV_FP8_STAGES, HOPPER_DQ_FP8_STAGES, HOPPER_DKDV_DQ_FP8_STAGES = 3, {64: 3, 128: 2}, {64: 3}  # rings
 DQ_CONVERSION_ROWS = 64  # query rows a program of the fused backward's dQ pass (float32 -> dq: bandwidth-bound)

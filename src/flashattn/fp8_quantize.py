@@ -125,16 +125,8 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hadamard: bool =
         raise ValueError(f"granularity must be 'block' or 'head', got {granularity!r}")
     nheads_k = k.shape[-2]
     signs = random_signs(q.shape[-1], seed, q.device) if hadamard else None
-    if not packed and _kernels_quantize(q, k, v):
-        from .launch.quantize_fp8 import quantize_rows, rotation_operands
-
-        rotation = None
-        if hadamard:
-            rotation = rotation_operands(signs, hadamard_pieces(q.shape[-1]), q.dtype, padded_head_dim(q.shape[-1]))
-        (q8, q_descale), (k8, k_descale), (v8, v_descale) = (
-            quantize_rows(x, r, nheads_k, SCALE_BLOCK, E4M3_MAX, granularity == "head", FP8_DTYPE)
-            for x, r in ((q, rotation), (k, rotation), (v, None)))
-        return Quantized(q8, k8, v8, q_descale, k_descale, v_descale)
+    if not packed and kernels_quantize(q, k, v):
+        return quantize_by_kernels(q, k, v, signs, granularity)
     if hadamard:
         q, k = rotate(q, signs), rotate(k, signs)
     if packed:
@@ -146,7 +138,22 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hadamard: bool =
     return Quantized(q8, k8, v8, q_descale, k_descale, v_descale)
 
 
-def _kernels_quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+def quantize_by_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, signs: torch.Tensor | None,
+                        granularity: str) -> Quantized:
+    """:func:`quantize` of dense q, k, v that :func:`kernels_quantize`, rotated by ``signs`` (None: not rotated): every
+    step a kernel launch (``launch/quantize_fp8.py``), so that a launch plan can replay it."""
+    from .launch.quantize_fp8 import quantize_rows, rotation_operands
+
+    rotation = None
+    if signs is not None:
+        rotation = rotation_operands(signs, hadamard_pieces(q.shape[-1]), q.dtype, padded_head_dim(q.shape[-1]))
+    (q8, q_descale), (k8, k_descale), (v8, v_descale) = (
+        quantize_rows(x, r, k.shape[-2], SCALE_BLOCK, E4M3_MAX, granularity == "head", FP8_DTYPE)
+        for x, r in ((q, rotation), (k, rotation), (v, None)))
+    return Quantized(q8, k8, v8, q_descale, k_descale, v_descale)
+
+
+def kernels_quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether dense 16-bit q, k, v take the quantizer's kernels (``kernels/quantize_fp8.py``): on a GPU unless
     FLASHATTN_BACKEND=torch, on CPU tensors under the Triton interpreter; non-empty sequences."""
     if not all(x.dtype in (torch.bfloat16, torch.float16) and x.dtype == q.dtype for x in (q, k, v)):

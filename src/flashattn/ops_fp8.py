@@ -23,11 +23,13 @@ import torch
 
 from . import cpu, fp8_backward, validation
 from .backend import backend_for_cpu_tensors, backend_override
-from .fp8_format import dequantize
-from .fp8_quantize import Quantized, canonical_descales, quantize, random_signs
+from .configs import padded_head_dim
+from .fp8_format import dequantize, hadamard_pieces
+from .fp8_quantize import Quantized, canonical_descales, kernels_quantize, quantize, quantize_by_kernels, random_signs
 from .launch import plans
 from .launch.backward_fp8 import hopper_fp8_backward_fits, launch_backward_fp8
 from .launch.forward_fp8 import launch_forward_fp8
+from .launch.quantize_fp8 import rotation_operands
 from .ops import eager_call
 from .options import AttentionOptions, FP8Options
 
@@ -225,10 +227,42 @@ def _kernels(q: torch.Tensor) -> bool:
 
 def train_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: FP8Options):
     """(quantized, out in q's dtype, lse) of 16-bit q, k, v: quantized as ``fp8.quantize`` does (the rotation drawn
-    from ``options.seed``), then the FP8 forward (the kernel on a GPU, the dequantized attention on the CPU)."""
-    quantized = quantize(q, k, v, options.hadamard, options.seed, options.granularity)
-    out, lse = dense(*quantized, options.attention)
-    return quantized, out.to(q.dtype), lse
+    from ``options.seed``), then the FP8 forward (the kernel on a GPU, the dequantized attention on the CPU).
+
+    On a GPU the quantizer's kernels and the forward's replay from one launch plan, keyed without the seed: a call's
+    signs are one of its inputs."""
+    if not (q.is_cuda and kernels_quantize(q, k, v) and backend_override() != "torch"):
+        quantized = quantize(q, k, v, options.hadamard, options.seed, options.granularity)
+        out, lse = dense(*quantized, options.attention)
+        return quantized, out.to(q.dtype), lse
+    signs = random_signs(q.shape[-1], options.seed, q.device) if options.hadamard else None
+    inputs = (q, k, v, signs, *_rotation_constants(signs, q.shape[-1]))
+
+    def call():
+        quantized = quantize_by_kernels(q, k, v, signs, options.granularity)
+        return (*quantized, *dense(*quantized, options.attention))
+
+    key = (options.attention, options.hadamard, options.granularity)
+    planned = plans.planned("fp8_train_forward", inputs, key, call) if _plannable(inputs, options.granularity) \
+        else call()
+    *quantized, out, lse = planned
+    return Quantized(*quantized), out.to(q.dtype), lse
+
+
+def _rotation_constants(signs: torch.Tensor | None, head_dim: int) -> tuple:
+    """The cached H and col_scale that a call's rotation operands are built from (``quantize_fp8.hadamard_operands``),
+    or none without a rotation: a launch plan's inputs, since its kernels read them."""
+    if signs is None:
+        return ()
+    from .launch.quantize_fp8 import hadamard_operands
+
+    return hadamard_operands(tuple(hadamard_pieces(head_dim)), padded_head_dim(head_dim), signs.device)
+
+
+def _plannable(inputs: tuple, granularity: str) -> bool:
+    """Whether a trainable FP8 call's forward or backward may replay a launch plan: block descales (per-head ones
+    reduce the blocks' amaxes with a torch op between the quantizer's kernels) and CUDA inputs read in place."""
+    return granularity == "block" and inputs[0].is_cuda and plans.plannable(inputs)
 
 
 @torch.library.custom_op("flashattn::fp8_attention_backward", mutates_args=())
@@ -268,7 +302,18 @@ def _fp8_attention_backward_cuda(dout, q, k, v, q_descale, k_descale, v_descale,
     descales = (q_descale, k_descale, v_descale)
     if backend_override() == "torch" or not hopper_fp8_backward_fits(dout, q, k, v, opts):
         return fp8_backward.backward(dout, q, k, v, descales, out, lse, signs, opts, granularity)
-    return launch_backward_fp8(dout, q, k, v, descales, out, lse, signs, opts, granularity)
+    head_dim = q.shape[-1]
+    inputs = (dout, q, k, v, *descales, out, lse, signs, *_rotation_constants(signs, head_dim))
+
+    def call():
+        rotation = None
+        if signs is not None:  # in bfloat16, the rotation back's operand (exact: +-1)
+            rotation = rotation_operands(signs, hadamard_pieces(head_dim), torch.bfloat16, padded_head_dim(head_dim))
+        return launch_backward_fp8(dout, q, k, v, descales, out, lse, rotation, opts, granularity)
+
+    # a launch plan: at 16k tokens a batch, the launches' host time (2-3 ms) exceeds the kernels' up to 4k tokens
+    return plans.planned("fp8_backward", inputs, (opts, granularity), call) if _plannable(inputs, granularity) \
+        else call()
 
 
 @fp8_attention_backward.register_fake

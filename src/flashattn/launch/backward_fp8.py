@@ -1,10 +1,11 @@
 """The FP8 backward's launch on sm90 (``kernels/backward_fp8_hopper.py`` for dK/dV,
-``kernels/backward_fp8_dq_hopper.py`` for dQ): dO quantized by the quantizer's kernels with delta in the same pass,
-the transposed copies of Q, dO and K, the two kernels, then dQ and dK rotated back.
+``kernels/backward_fp8_dq_hopper.py`` for dQ, or ``kernels/backward_fp8_fused_hopper.py`` for both): dO quantized by
+the quantizer's kernels with delta in the same pass, the descales as one set of strides, the float16 and transposed
+copies, the main kernels, then dQ and dK rotated back and rounded to dO's dtype (``kernels/backward_fp8_passes.py``).
 
-The rotation back is a float32 torch matmul: with a rotation the kernels write float32 dQ and dK, which one (rows x D)
-@ (D x D) product each takes back to the inputs' basis before the rounding to dO's dtype, the reference path's
-arithmetic.
+Every step is a Triton launch on tensors the call allocates with ``torch.empty`` (or ``zeros``), which is what lets
+``ops_fp8`` replay the whole backward from a launch plan: the host time of a short call is then the plan's key and
+a dozen launches, not the arguments' binding and the descriptors' checks of each.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 
 from .. import configs
 from ..backend import interpreting
-from ..fp8_format import E4M3_MAX, FP8_DTYPE, SCALE_BLOCK, rotation_matrix
+from ..fp8_format import E4M3_MAX, FP8_DTYPE, SCALE_BLOCK
 from ..options import AttentionOptions
 from .common import LOG2E, cdiv, last_dim_contiguous, tile_layout, tma_compatible, token_descriptor, token_rows
 from .forward_fp8 import transposed_tokens
@@ -45,7 +46,7 @@ def hopper_fp8_backward_fits(dout: torch.Tensor, q: torch.Tensor, k: torch.Tenso
 
 def score_operands(q, do8, k, v, scores_16bit: bool) -> tuple[torch.Tensor, ...]:
     """The operands of S^T and dP^T: the e4m3 tensors, or their float16 copies (``SCORES_16BIT``)."""
-    return tuple(x.to(torch.float16) for x in (q, do8, k, v)) if scores_16bit else (q, do8, k, v)
+    return float16_copies(q, do8, k, v) if scores_16bit else (q, do8, k, v)
 
 
 def hopper_fp8_dkdv_constexprs(head_dim: int, window_left: bool, window_right: bool, dq: bool = False,
@@ -69,15 +70,50 @@ def takes_fused_dq(head_dim: int, opts: AttentionOptions) -> bool:
     return head_dim in configs.HOPPER_DKDV_DQ_FP8_STAGES and not opts.deterministic
 
 
-def _descales(descales: tuple, do_descale: torch.Tensor, blocks: int) -> torch.Tensor:
-    """(q, k, v, dO) descales ((batch, nheads_k) per head, or (batch, nheads_k, n) blocks) as one contiguous float32
-    (4, batch, nheads_k, blocks): a per-head descale repeated over the blocks, fewer blocks padded with ones (never
-    read), so that the kernel indexes every descale with one set of strides."""
+def _descales(descales: tuple, do_descale: torch.Tensor, blocks: int) -> tuple[torch.Tensor, ...]:
+    """(q, k, v, dO) descales ((batch, nheads_k) per head, or (batch, nheads_k, n) blocks) as four contiguous float32
+    (batch, nheads_k, blocks): a per-head descale repeated over the blocks, fewer blocks padded with ones (never
+    read), so that the kernels index every descale with one set of strides."""
+    from ..kernels.backward_fp8_passes import descale_blocks_kernel
+
     batch, nheads_k = do_descale.shape[:2]
-    out = torch.ones(4, batch, nheads_k, blocks, dtype=torch.float32, device=do_descale.device)
-    for i, d in enumerate((*descales, do_descale)):
-        d = d.float() if d.dim() == 3 else d.float()[:, :, None]
-        out[i, :, :, :d.shape[2] if d.shape[2] > 1 else blocks] = d
+    out = []
+    for d in (*descales, do_descale):
+        per_head = d.dim() == 2
+        packed = torch.empty(batch, nheads_k, blocks, dtype=torch.float32, device=d.device)
+        launch(descale_blocks_kernel, (nheads_k, batch), d, packed, blocks if per_head else d.shape[2], blocks,
+               d.stride(0), d.stride(1), 0 if per_head else d.stride(2), BLOCK=configs.DESCALE_BLOCKS_TILE)
+        out.append(packed)
+    return tuple(out)
+
+
+def float16_copies(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Float16 copies of contiguous e4m3 tensors (``e4m3_to_float16_kernel``)."""
+    from ..kernels.backward_fp8_passes import e4m3_to_float16_kernel
+
+    copies = []
+    for x in tensors:
+        y = torch.empty(x.shape, dtype=torch.float16, device=x.device)
+        block, warps = configs.E4M3_TO_FLOAT16_TILE
+        launch(e4m3_to_float16_kernel, (cdiv(x.numel(), block),), x, y, x.numel(), BLOCK=block, num_warps=warps)
+        copies.append(y)
+    return tuple(copies)
+
+
+def rotated_back(grad: torch.Tensor, rotation, dtype: torch.dtype) -> torch.Tensor:
+    """Contiguous float32 ``grad`` (..., head_dim) in ``dtype``, first taken back to the inputs' basis when
+    ``rotation`` (the quantizer's (S, col_scale) in bfloat16, :func:`quantize_fp8.rotation_operands`) is given: the
+    reference path's float32 product, then one rounding (``rotate_back_kernel``)."""
+    from ..kernels.backward_fp8_passes import rotate_back_kernel
+
+    head_dim = grad.shape[-1]
+    out = torch.empty(grad.shape, dtype=dtype, device=grad.device)
+    rows = grad.numel() // head_dim
+    block_r, warps = configs.ROTATE_BACK_TILE
+    s, col_scale = rotation if rotation is not None else (grad, grad)  # any pointers: never read without ROTATE
+    launch(rotate_back_kernel, (cdiv(rows, block_r),), grad, s, col_scale, out, rows, HEAD_DIM=head_dim,
+           BLOCK_D=configs.padded_head_dim(head_dim), BLOCK_R=block_r, ROTATE=rotation is not None,
+           UPCAST=interpreting(), num_warps=warps)
     return out
 
 
@@ -116,10 +152,11 @@ def _dq_accumulator(dq: torch.Tensor):
                             [BLOCK_M, head_dim // 2], tile_layout(BLOCK_M, head_dim // 2, torch.float32))
 
 
-def launch_backward_fp8(dout, q, k, v, descales: tuple, out, lse, signs, opts: AttentionOptions,
+def launch_backward_fp8(dout, q, k, v, descales: tuple, out, lse, rotation, opts: AttentionOptions,
                         granularity: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) in dout's dtype, contiguous, as ``fp8_backward.backward`` returns them (its arguments), for a call
-    that :func:`hopper_fp8_backward_fits`."""
+    """(dq, dk, dv) in dout's dtype, contiguous, as ``fp8_backward.backward`` returns them, for a call that
+    :func:`hopper_fp8_backward_fits`; its arguments, except ``rotation``: the forward's rotation as the quantizer's
+    (S, col_scale) operands in bfloat16, or None."""
     from ..kernels.backward_fp8_dq_hopper import dq_fp8_hopper_kernel
     from ..kernels.backward_fp8_hopper import dkdv_fp8_hopper_kernel
 
@@ -130,9 +167,10 @@ def launch_backward_fp8(dout, q, k, v, descales: tuple, out, lse, signs, opts: A
     do8, do_descale, delta = quantize_rows_and_delta(dout, out, nheads_k, SCALE_BLOCK, E4M3_MAX, granularity == "head",
                                                      FP8_DTYPE)
     all_descales = _descales(descales, do_descale, cdiv(max(seqlen_q, seqlen_k), SCALE_BLOCK))
+    descale_strides = all_descales[0].stride()
     lse = lse.contiguous()
     # with a rotation dQ and dK stay float32 until they are rotated back
-    grad_dtype = torch.float32 if signs is not None else dout.dtype
+    grad_dtype = torch.float32 if rotation is not None else dout.dtype
     dk = torch.empty(k.shape, dtype=grad_dtype, device=q.device)
     dv = torch.empty(v.shape, dtype=dout.dtype, device=q.device)
     window_left, window_right = opts.window_left >= 0, opts.window_right >= 0
@@ -144,7 +182,7 @@ def launch_backward_fp8(dout, q, k, v, descales: tuple, out, lse, signs, opts: A
     key_block_arguments = (_transposed_descriptor(transposed_queries(q), BLOCK_M),
                            _transposed_descriptor(transposed_queries(do8), BLOCK_M), k_desc, v_desc)
     gradient_arguments = (lse, delta, dk, dv, *all_descales, dk.stride(0), dk.stride(1), dk.stride(2),
-                          *all_descales.stride()[1:], seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, *masks)
+                          *descale_strides, seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, *masks)
     if takes_fused_dq(head_dim, opts):
         from ..kernels.backward_fp8_fused_hopper import dkdv_dq_fp8_hopper_kernel
 
@@ -161,11 +199,12 @@ def launch_backward_fp8(dout, q, k, v, descales: tuple, out, lse, signs, opts: A
         row_tiles = cdiv(seqlen_q, DQ_ROWS)
         launch(dq_fp8_hopper_kernel, (row_tiles * batch * nheads,), q_desc, do_desc, k_desc, v_desc,
                _transposed_descriptor(transposed_keys(k), BLOCK_N), lse, delta, dq, *all_descales,
-               dq.stride(0), dq.stride(1), dq.stride(2), *all_descales.stride()[1:],
+               dq.stride(0), dq.stride(1), dq.stride(2), *descale_strides,
                seqlen_q, seqlen_k, nheads, nheads_k, row_tiles, *masks,
                **hopper_fp8_dkdv_constexprs(head_dim, window_left, window_right, dq=True), num_warps=4)
-    if signs is not None:
-        # q and k were rotated as x M, so the gradient of x is the rotated one times M^T
-        back = rotation_matrix(signs, torch.float32).T
-        dq, dk = dq @ back, dk @ back
-    return dq.to(dout.dtype), dk.to(dout.dtype), dv
+    # q and k were rotated as x M, so the gradient of x is the rotated one times M^T
+    if rotation is not None:
+        dk = rotated_back(dk, rotation, dout.dtype)
+    if dq.dtype != dout.dtype:
+        dq = rotated_back(dq, rotation, dout.dtype)
+    return dq, dk, dv

@@ -16,15 +16,19 @@ from .launcher import launch
 
 def rotation_operands(signs: torch.Tensor, pieces: list[int], dtype: torch.dtype, width: int):
     """(S, col_scale): the +-1 matrix diag(signs) H (block-diagonal over ``pieces``), zero-padded to ``width`` and
-    in ``dtype`` (exact), and each column's 1 / sqrt(its piece's size), float32. H is built once a shape and device:
-    a call costs one product with the signs."""
-    h, col_scale = _hadamard_operands(tuple(pieces), width, signs.device)
-    signs = torch.nn.functional.pad(signs, (0, width - signs.numel()))
-    return (signs[:, None] * h).to(dtype), col_scale
+    in ``dtype`` (exact), and each column's 1 / sqrt(its piece's size), float32. H is built once a shape and device
+    (:func:`hadamard_operands`); a call costs one small launch with the signs."""
+    from ..kernels.quantize_fp8 import signed_hadamard_kernel
+
+    h, col_scale = hadamard_operands(tuple(pieces), width, signs.device)
+    s = torch.empty(width, width, dtype=dtype, device=signs.device)
+    rows = configs.SIGNED_HADAMARD_ROWS
+    launch(signed_hadamard_kernel, (width // rows,), signs, h, s, signs.numel(), BLOCK_D=width, ROWS=rows)
+    return s, col_scale
 
 
 @functools.lru_cache(maxsize=16)
-def _hadamard_operands(pieces: tuple[int, ...], width: int, device: torch.device):
+def hadamard_operands(pieces: tuple[int, ...], width: int, device: torch.device):
     """The +-1 Sylvester-Hadamard blocks of ``pieces`` on the diagonal of a (width, width) float32 matrix, and each
     column's 1 / sqrt(its piece's size)."""
     blocks = [sylvester_hadamard(n, device) for n in pieces]
