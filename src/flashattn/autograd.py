@@ -41,12 +41,12 @@ class FlashAttnFunction(torch.autograd.Function):
 
 class FP8FlashAttnFunction(torch.autograd.Function):
     """16-bit q, k, v quantized to e4m3 inside (``fp8.flash_attn_func``). It saves the e4m3 tensors, a byte an
-    element where the 16-bit function saves two, and rebuilds the rotation from the options' seed."""
+    element where the 16-bit function saves two, and the rotation's signs (head_dim floats, or None)."""
 
     @staticmethod
     def forward(ctx, q, k, v, options: FP8Options):
-        quantized, out, lse = ops_fp8.train_forward(q, k, v, options)
-        ctx.save_for_backward(*quantized, out, lse)
+        quantized, out, lse, signs = ops_fp8.train_forward(q, k, v, options)
+        ctx.save_for_backward(*quantized, out, lse, signs)
         ctx.options = options
         ctx.mark_non_differentiable(lse)
         ctx.set_materialize_grads(False)  # as in FlashAttnFunction
@@ -54,8 +54,8 @@ class FP8FlashAttnFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        *quantized, out, lse = ctx.saved_tensors
-        dq, dk, dv = ops_fp8.train_backward(dout, Quantized(*quantized), out, lse, ctx.options)
+        *quantized, out, lse, signs = ctx.saved_tensors
+        dq, dk, dv = ops_fp8.train_backward(dout, Quantized(*quantized), out, lse, signs, ctx.options)
         return dq, dk, dv, None
 
 

@@ -192,11 +192,9 @@ TABLES = {("hopper", "forward"): HOPPER_FORWARD, ("hopper", "dkdv"): HOPPER_DKDV
 QUANTIZE_TILES = {32: (64, 32, 4, 1), 64: (64, 64, 4, 1), 128: (64, 128, 4, 1), 256: (64, 64, 8, 1)}  # see fp8.md
 # the quantizer's one pass by width: (largest group, padded to a power of 2; rows of S a step, warps, stages)
 QUANTIZE_ONE_PASS_TILES = {32: (8, 32, 16, 1), 64: (4, 64, 16, 1), 128: (2, 64, 16, 2), 256: (1, 64, 16, 2)}
-SIGNED_HADAMARD_ROWS = 16  # rows of the rotation's S a program (launch/quantize_fp8.py; 16 divides every width)
-# the FP8 backward's passes (kernels/backward_fp8_passes.py): descale blocks a step; e4m3 -> float16 elements a
-# program, warps; dQ / dK rows a program of the rotation back, warps
-DESCALE_BLOCKS_TILE, E4M3_TO_FLOAT16_TILE, ROTATE_BACK_TILE = 128, (4096, 4), (128, 8)
 TRANSPOSE_V_TILE = (64, 4)  # the FP8 forward's V^T copy (launch/forward_fp8.py): keys a program, warps
+# the FP8 backward's passes (kernels/backward_fp8_passes.py): descale blocks a step, e4m3 -> float16 (elements, warps)
+DESCALE_BLOCKS_TILE, E4M3_TO_FLOAT16_TILE, ROTATE_BACK_TILE = 128, (4096, 4), (64, 4, 4)  # rotation: rows, tiles, warps
 HOPPER_DKDV_FP8_STAGES, HOPPER_DQ_FP8_STAGES, HOPPER_DKDV_DQ_FP8_STAGES = 3, {64: 3, 128: 2}, {64: 3}  # rings
 DQ_CONVERSION_ROWS = 64  # query rows a program of the fused backward's dQ pass (float32 -> dq: bandwidth-bound)
 
@@ -206,9 +204,8 @@ def delta_rows(interpret: bool) -> int:
 
 
 def paged_forward(config: TileConfig) -> TileConfig:
-    """A forward tile for paged keys: a TMA descriptor spans one strided run of rows and cannot follow pages, so paged
-    K/V take pointer loads, where a tile sized for TMA spills (hdim 128: 128 x 128 needs about 650 bytes of stack a
-    thread); 64-key blocks at most."""
+    """A forward tile for paged keys: a TMA descriptor cannot follow pages, so paged K/V take pointer loads, where a
+    tile sized for TMA spills (hdim 128: 128 x 128, about 650 bytes of stack a thread); 64-key blocks at most."""
     if not config.tma:
         return config
     return dataclasses.replace(config, block_n=min(config.block_n, 64), tma=False)
@@ -220,8 +217,7 @@ HOPPER_LOADER_REGISTERS = 24
 HOPPER_DECODE_CONSUMER_REGISTERS = 152  # the second consumer warpgroup of a two-consumer decode program
 HOPPER_SHARED_BYTES = 227 * 1024  # the shared memory one program may take
 HOPPER_L2_SECTION_BYTES = 8 << 20  # K/V bytes the forward's programs in flight read together: well within L2
-# the backward's FLOPs from which dK/dV and dQ run on two streams (about 0.4 ms of kernels): the fork and join cost
-# host time that shorter calls do not win back
+# backward FLOPs from which dK/dV and dQ take two streams (0.4 ms of kernels): shorter calls lose the fork's host time
 CONCURRENT_GRADIENTS_MIN_FLOPS = 2e11
 
 # -- Decode: the attention over a KV cache, its splits, the merge --

@@ -226,16 +226,17 @@ def _kernels(q: torch.Tensor) -> bool:
 
 
 def train_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: FP8Options):
-    """(quantized, out in q's dtype, lse) of 16-bit q, k, v: quantized as ``fp8.quantize`` does (the rotation drawn
-    from ``options.seed``), then the FP8 forward (the kernel on a GPU, the dequantized attention on the CPU).
+    """(quantized, out in q's dtype, lse, signs) of 16-bit q, k, v: quantized as ``fp8.quantize`` does (the rotation's
+    signs drawn from ``options.seed``; None without a rotation), then the FP8 forward (the kernel on a GPU, the
+    dequantized attention on the CPU).
 
     On a GPU the quantizer's kernels and the forward's replay from one launch plan, keyed without the seed: a call's
     signs are one of its inputs."""
+    signs = random_signs(q.shape[-1], options.seed, q.device) if options.hadamard else None
     if not (q.is_cuda and kernels_quantize(q, k, v) and backend_override() != "torch"):
         quantized = quantize(q, k, v, options.hadamard, options.seed, options.granularity)
         out, lse = dense(*quantized, options.attention)
-        return quantized, out.to(q.dtype), lse
-    signs = random_signs(q.shape[-1], options.seed, q.device) if options.hadamard else None
+        return quantized, out.to(q.dtype), lse, signs
     inputs = (q, k, v, signs, *_rotation_constants(signs, q.shape[-1]))
 
     def call():
@@ -246,7 +247,7 @@ def train_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: FP
     planned = plans.planned("fp8_train_forward", inputs, key, call) if _plannable(inputs, options.granularity) \
         else call()
     *quantized, out, lse = planned
-    return Quantized(*quantized), out.to(q.dtype), lse
+    return Quantized(*quantized), out.to(q.dtype), lse, signs
 
 
 def _rotation_constants(signs: torch.Tensor | None, head_dim: int) -> tuple:
@@ -323,10 +324,11 @@ def _fp8_attention_backward_fake(dout, q, k, v, q_descale, k_descale, v_descale,
 
 
 def train_backward(dout: torch.Tensor, quantized: Quantized, out: torch.Tensor, lse: torch.Tensor,
-                   options: FP8Options):
-    """The gradients of :func:`train_forward`'s q, k, v, the rotation rebuilt from ``options.seed``."""
-    signs = random_signs(quantized.q.shape[-1], options.seed, dout.device) if options.hadamard else None
+                   signs: torch.Tensor | None, options: FP8Options):
+    """The gradients of :func:`train_forward`'s q, k, v; ``signs``: its rotation's (None without one)."""
     opts = options.attention
-    return fp8_attention_backward(dout, *quantized, out, lse, signs, opts.softmax_scale, opts.window_left,
-                                  opts.window_right, opts.softcap, options.granularity, opts.deterministic)
+    # eager CUDA calls skip the op's dispatch (several hundred microseconds of host time here)
+    return eager_call(fp8_attention_backward, _fp8_attention_backward_cuda, dout, *quantized, out, lse, signs,
+                      opts.softmax_scale, opts.window_left, opts.window_right, opts.softcap, options.granularity,
+                      opts.deterministic)
 

@@ -107,8 +107,8 @@ def new_rng_state() -> torch.Tensor:
 class FP8Options:
     """What a trainable FP8 call (``fp8.flash_attn_func``) computes: the attention's options and the quantizer's.
 
-    ``seed`` is always a number here (the public function draws one when given None), so that the backward
-    rebuilds the forward's rotation from it instead of saving the matrix.
+    ``seed`` is always a number here (the public function draws one when given None): the rotation's signs are
+    drawn from it, the same on any device.
     """
 
     attention: AttentionOptions

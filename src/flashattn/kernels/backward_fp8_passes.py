@@ -9,10 +9,11 @@ launch plan can record the whole backward (``launch.plans``: a replay runs kerne
   a per-head descale repeated: the main kernels index q's, k's, v's and dO's descales with one set of strides.
 - ``rotate_back_kernel``: float32 dQ or dK taken back to the inputs' basis, dx = (dx_rot @ S^T) * col_scale for the
   rotation x_rot = (x @ S) * col_scale of the quantizer (S = diag(signs) H, +-1), and rounded to the gradient's
-  dtype in the same pass. The product splits dx_rot into two bfloat16
-  parts, hi = bf16(x) and lo = bf16(x - hi), which together keep 16 of float32's 24 fraction bits (a relative error
-  near 2^-17, under the 2^-9 of the bfloat16 result) at twice the tf32 rate; S's +-1 make both products exact and
-  only the float32 sums round. Under the interpreter, whose 16-bit dot is wrong, one float32 product instead.
+  dtype in the same pass. The product splits dx_rot into three bfloat16 parts, hi = bf16(x), mid = bf16(x - hi) and
+  lo = bf16(x - hi - mid), each difference exact in float32, which together hold all 24 of float32's fraction bits;
+  S's +-1 make the three products exact and only the float32 sums round, as in a float32 product. Three bfloat16
+  products cost half of tf32x3's six tf32 ones. Under the interpreter, whose 16-bit dot is wrong, one float32
+  product instead.
 """
 
 import triton
@@ -45,20 +46,26 @@ def descale_blocks_kernel(D, Out, count, blocks, stride_b, stride_h, stride_blk,
 
 @triton.jit
 def rotate_back_kernel(X, S, ColScale, Y, rows, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                       BLOCK_R: tl.constexpr, ROTATE: tl.constexpr, UPCAST: tl.constexpr):
+                       BLOCK_R: tl.constexpr, TILES: tl.constexpr, ROTATE: tl.constexpr, UPCAST: tl.constexpr):
     """Y (rows, HEAD_DIM) in its dtype = X (rows, HEAD_DIM) float32 times S^T (S: (BLOCK_D, BLOCK_D) +-1 in bfloat16,
-    zero-padded), times col_scale; without ROTATE, X rounded to Y's dtype. Both contiguous."""
-    offs_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    zero-padded), times col_scale; without ROTATE, X rounded to Y's dtype. Both contiguous. A program takes TILES
+    tiles of BLOCK_R rows, S read once for them."""
     offs_d = tl.arange(0, BLOCK_D)
-    keep = (offs_r[:, None] < rows) & (offs_d[None, :] < HEAD_DIM)
-    x = tl.load(X + offs_r[:, None] * HEAD_DIM + offs_d[None, :], mask=keep, other=0.0)
     if ROTATE:
         s_t = tl.trans(tl.load(S + offs_d[:, None] * BLOCK_D + offs_d[None, :]))
-        if UPCAST:
-            y = tl.dot(x, s_t.to(tl.float32), input_precision="ieee")
-        else:
-            hi = x.to(tl.bfloat16)
-            lo = (x - hi.to(tl.float32)).to(tl.bfloat16)
-            y = tl.dot(lo, s_t, tl.dot(hi, s_t))
-        x = y * tl.load(ColScale + offs_d)[None, :]
-    tl.store(Y + offs_r[:, None] * HEAD_DIM + offs_d[None, :], x.to(Y.dtype.element_ty), mask=keep)
+        col_scale = tl.load(ColScale + offs_d)
+    for tile in range(0, TILES):
+        offs_r = (tl.program_id(0).to(tl.int64) * TILES + tile) * BLOCK_R + tl.arange(0, BLOCK_R)
+        keep = (offs_r[:, None] < rows) & (offs_d[None, :] < HEAD_DIM)
+        x = tl.load(X + offs_r[:, None] * HEAD_DIM + offs_d[None, :], mask=keep, other=0.0)
+        if ROTATE:
+            if UPCAST:
+                y = tl.dot(x, s_t.to(tl.float32), input_precision="ieee")
+            else:
+                hi = x.to(tl.bfloat16)
+                rest = x - hi.to(tl.float32)
+                mid = rest.to(tl.bfloat16)
+                lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)
+                y = tl.dot(hi, s_t, tl.dot(mid, s_t, tl.dot(lo, s_t)))  # the smallest parts first
+            x = y * col_scale[None, :]
+        tl.store(Y + offs_r[:, None] * HEAD_DIM + offs_d[None, :], x.to(Y.dtype.element_ty), mask=keep)

@@ -109,10 +109,10 @@ def rotated_back(grad: torch.Tensor, rotation, dtype: torch.dtype) -> torch.Tens
     head_dim = grad.shape[-1]
     out = torch.empty(grad.shape, dtype=dtype, device=grad.device)
     rows = grad.numel() // head_dim
-    block_r, warps = configs.ROTATE_BACK_TILE
+    block_r, tiles, warps = configs.ROTATE_BACK_TILE
     s, col_scale = rotation if rotation is not None else (grad, grad)  # any pointers: never read without ROTATE
-    launch(rotate_back_kernel, (cdiv(rows, block_r),), grad, s, col_scale, out, rows, HEAD_DIM=head_dim,
-           BLOCK_D=configs.padded_head_dim(head_dim), BLOCK_R=block_r, ROTATE=rotation is not None,
+    launch(rotate_back_kernel, (cdiv(rows, block_r * tiles),), grad, s, col_scale, out, rows, HEAD_DIM=head_dim,
+           BLOCK_D=configs.padded_head_dim(head_dim), BLOCK_R=block_r, TILES=tiles, ROTATE=rotation is not None,
            UPCAST=interpreting(), num_warps=warps)
     return out
 
