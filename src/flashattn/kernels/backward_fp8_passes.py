@@ -12,8 +12,8 @@ launch plan can record the whole backward (``launch.plans``: a replay runs kerne
   dtype in the same pass. The product splits dx_rot into three bfloat16 parts, hi = bf16(x), mid = bf16(x - hi) and
   lo = bf16(x - hi - mid), each difference exact in float32, which together hold all 24 of float32's fraction bits;
   S's +-1 make the three products exact and only the float32 sums round, as in a float32 product. Three bfloat16
-  products cost half of tf32x3's six tf32 ones. Under the interpreter, whose 16-bit dot is wrong, one float32
-  product instead.
+  products take half the time of tf32x3's three tf32 ones (tf32 runs at half the rate). Under the interpreter, whose
+  16-bit dot is wrong, one float32 product instead.
 """
 
 import triton
