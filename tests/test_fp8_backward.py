@@ -194,24 +194,28 @@ def test_transposed_copies_pad_to_blocks_in_operand_order(triton_backend, name, 
 
 
 @pytest.mark.interpreter
-def test_float16_copies_hold_every_e4m3_value_exactly(triton_backend):
-    """The float16 copies that the score products read (``float16_copies``, a conversion on the bits): every e4m3
-    value but NaN, subnormals and both zeros included, equal to PyTorch's conversion, in a tensor whose length is not
-    a multiple of the kernel's block."""
-    from flashattn.launch.backward_fp8 import float16_copies
+def test_passes_around_the_kernels_copy_pack_and_rotate_back(triton_backend):
+    """``kernels/backward_fp8_passes.py``, checked on one call each:
+
+    - ``float16_copies`` (a conversion on the bits): every e4m3 value but NaN, subnormals and both zeros included,
+      equal to PyTorch's conversion, in a tensor whose length is not a multiple of the kernel's block;
+    - ``_descales``: q's, k's, v's and dO's descales as four contiguous (batch, nheads_k, blocks) tensors, block
+      descales of a shorter sequence padded with ones, a per-head descale repeated over every block;
+    - ``rotated_back``: float32 dQ / dK times M^T, M the quantizer's rotation diag(signs) H (block-diagonal at head
+      dim 96: 64 + 32, zero-padded to 128), rounded once to bfloat16, against the float64 product rounded the same
+      way: within one bfloat16 step of it (the interpreter's conversion truncates) plus what float32 sums of the
+      terms may lose, 2^-19 of the sum of their magnitudes (an entry whose terms cancel is small against them).
+      Without a rotation the pass is the rounding alone. The quantizer's S, built by its kernel, is diag(signs) H."""
+    from flashattn.configs import padded_head_dim
+    from flashattn.fp8_format import hadamard_pieces, rotation_matrix, sylvester_hadamard
+    from flashattn.launch.backward_fp8 import _descales, float16_copies, rotated_back
+    from flashattn.launch.quantize_fp8 import rotation_operands
 
     codes = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)
     x = codes.repeat(24).view(torch.float8_e4m3fn).reshape(2, 127, 3, 8)
     (y,) = float16_copies(x.to(triton_backend))
     assert y.dtype == torch.float16 and y.shape == x.shape
     assert torch.equal(y.cpu().view(torch.int16), x.to(torch.float16).view(torch.int16))
-
-
-@pytest.mark.interpreter
-def test_descales_take_one_set_of_strides(triton_backend):
-    """``_descales``: q's, k's, v's and dO's descales as four contiguous (batch, nheads_k, blocks) tensors, block
-    descales of a shorter sequence padded with ones, a per-head descale repeated over every block."""
-    from flashattn.launch.backward_fp8 import _descales
 
     q_d, k_d = torch.rand(2, 3, 2) + 0.5, torch.rand(2, 3, 5) + 0.5
     v_d, do_d = torch.rand(2, 3) + 0.5, torch.rand(3, 2, 5).transpose(0, 1) + 0.5  # per head; a strided view
@@ -220,35 +224,20 @@ def test_descales_take_one_set_of_strides(triton_backend):
     for g, w in zip(got, want, strict=True):
         assert g.shape == (2, 3, 5) and g.is_contiguous() and torch.equal(g.cpu(), w)
 
-
-@pytest.mark.interpreter
-@pytest.mark.parametrize("head_dim", [64, 96])
-def test_gradients_rotate_back_into_the_inputs_basis(triton_backend, head_dim):
-    """``rotated_back``: float32 dQ / dK times M^T, M the quantizer's rotation diag(signs) H (block-diagonal at head
-    dim 96: 64 + 32), rounded once to bfloat16, against the float64 product rounded the same way: within one
-    bfloat16 rounding step of it (the interpreter's conversion truncates) plus what float32 sums of the terms may
-    lose, 2^-19 of the sum of their magnitudes (an entry whose terms cancel is small against them). Without a rotation
-    the pass is the rounding alone. The quantizer's S operand, built by its kernel, is diag(signs) H exactly."""
-    from flashattn.configs import padded_head_dim
-    from flashattn.fp8_format import hadamard_pieces, rotation_matrix, sylvester_hadamard
-    from flashattn.launch.backward_fp8 import rotated_back
-    from flashattn.launch.quantize_fp8 import rotation_operands
-
+    head_dim, width = 96, padded_head_dim(96)
     signs = fp8.random_signs(head_dim, 7, torch.device(triton_backend))
-    rotation = rotation_operands(signs, hadamard_pieces(head_dim), torch.bfloat16, padded_head_dim(head_dim))
-    blocks = [sylvester_hadamard(n, torch.device("cpu")) for n in hadamard_pieces(head_dim)]
-    width = padded_head_dim(head_dim)
+    rotation = rotation_operands(signs, hadamard_pieces(head_dim), torch.bfloat16, width)
     want_s = torch.zeros(width, width)
-    want_s[:head_dim, :head_dim] = signs.cpu()[:, None] * torch.block_diag(*blocks)
+    want_s[:head_dim, :head_dim] = signs.cpu()[:, None] * torch.block_diag(
+        *(sylvester_hadamard(n, torch.device("cpu")) for n in hadamard_pieces(head_dim)))
     assert torch.equal(rotation[0].cpu().float(), want_s)
     grad = torch.randn(2, 37, 3, head_dim) * torch.logspace(-20, 20, head_dim)  # columns of very different sizes
     got = rotated_back(grad.to(triton_backend), rotation, torch.bfloat16).cpu()
-    exact = grad.double() @ rotation_matrix(signs.cpu(), torch.float64).T
-    want = exact.to(torch.bfloat16)
+    back = rotation_matrix(signs.cpu(), torch.float64).T
+    want = (grad.double() @ back).to(torch.bfloat16)
     assert got.dtype == torch.bfloat16 and got.shape == grad.shape
-    magnitudes = grad.double().abs() @ rotation_matrix(signs.cpu(), torch.float64).abs().T
     step = 2.0 ** (torch.frexp(want.double())[1] - 8)  # bfloat16's spacing at the expected value
-    assert ((got.double() - want.double()).abs() <= step + 2**-19 * magnitudes).all()
+    assert ((got.double() - want.double()).abs() <= step + 2**-19 * (grad.double().abs() @ back.abs())).all()
     plain = rotated_back(grad.to(triton_backend), None, torch.bfloat16).cpu()
     step = 2.0 ** (torch.frexp(grad.double())[1] - 8)
     assert ((plain.double() - grad.double()).abs() <= step).all()
