@@ -192,7 +192,7 @@ TABLES = {("hopper", "forward"): HOPPER_FORWARD, ("hopper", "dkdv"): HOPPER_DKDV
 QUANTIZE_TILES = {32: (64, 32, 4, 1), 64: (64, 64, 4, 1), 128: (64, 128, 4, 1), 256: (64, 64, 8, 1)}  # see fp8.md
 # the quantizer's one pass by width: (largest group, padded to a power of 2; rows of S a step, warps, stages)
 QUANTIZE_ONE_PASS_TILES = {32: (8, 32, 16, 1), 64: (4, 64, 16, 1), 128: (2, 64, 16, 2), 256: (1, 64, 16, 2)}
-TRANSPOSE_V_TILE = (64, 4)  # the FP8 forward's V^T copy (launch/forward_fp8.py): keys a program, warps
+TRANSPOSE_V_TILE, SIGNED_HADAMARD_ROWS = (64, 4), 32  # FP8 V^T (keys a program, warps); the rotation's S: rows
 # the FP8 backward's passes (kernels/backward_fp8_passes.py): descale blocks a step, e4m3 -> float16 (elements, warps)
 DESCALE_BLOCKS_TILE, E4M3_TO_FLOAT16_TILE, ROTATE_BACK_TILE = 128, (4096, 4), (64, 4, 4)  # rotation: rows, tiles, warps
 HOPPER_DKDV_FP8_STAGES, HOPPER_DQ_FP8_STAGES, HOPPER_DKDV_DQ_FP8_STAGES = 3, {64: 3, 128: 2}, {64: 3}  # rings

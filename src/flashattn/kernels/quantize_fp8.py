@@ -25,14 +25,15 @@ from .forward_fp8 import round_to_e4m3
 
 
 @triton.jit
-def signed_hadamard_kernel(Signs, H, S, head_dim, BLOCK_D: tl.constexpr):
-    """S = diag(signs) H in S's dtype (exact: +-1 and 0), a row a program: H (BLOCK_D, BLOCK_D) float32 +-1,
+def signed_hadamard_kernel(Signs, H, S, head_dim, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
+    """S = diag(signs) H in S's dtype (exact: +-1 and 0), ROWS rows a program: H (BLOCK_D, BLOCK_D) float32 +-1,
     block-diagonal and zero-padded; signs past head_dim are 0. A kernel rather than a torch product, so that a
     quantizer's launch plan builds each call's S from its signs (``launch.plans`` replays kernels only)."""
-    row = tl.program_id(0)
+    offs_r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     offs_d = tl.arange(0, BLOCK_D)
-    sign = tl.load(Signs + row, mask=row < head_dim, other=0.0)
-    tl.store(S + row * BLOCK_D + offs_d, (sign * tl.load(H + row * BLOCK_D + offs_d)).to(S.dtype.element_ty))
+    signs = tl.load(Signs + offs_r, mask=offs_r < head_dim, other=0.0)
+    h = tl.load(H + offs_r[:, None] * BLOCK_D + offs_d[None, :])
+    tl.store(S + offs_r[:, None] * BLOCK_D + offs_d[None, :], (signs[:, None] * h).to(S.dtype.element_ty))
 
 
 @triton.jit

@@ -22,7 +22,8 @@ def rotation_operands(signs: torch.Tensor, pieces: list[int], dtype: torch.dtype
 
     h, col_scale = hadamard_operands(tuple(pieces), width, signs.device)
     s = torch.empty(width, width, dtype=dtype, device=signs.device)
-    launch(signed_hadamard_kernel, (width,), signs, h, s, signs.numel(), BLOCK_D=width)
+    rows = min(width, configs.SIGNED_HADAMARD_ROWS)
+    launch(signed_hadamard_kernel, (width // rows,), signs, h, s, signs.numel(), BLOCK_D=width, ROWS=rows)
     return s, col_scale
 
 
