@@ -123,25 +123,26 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hadamard: bool =
             raise ValueError(f"{name} must be a {rank}-dim float tensor {layout}")
     if granularity not in ("block", "head"):
         raise ValueError(f"granularity must be 'block' or 'head', got {granularity!r}")
-    nheads_k = k.shape[-2]
     signs = random_signs(q.shape[-1], seed, q.device) if hadamard else None
-    if not packed and kernels_quantize(q, k, v):
-        return quantize_by_kernels(q, k, v, signs, granularity)
+    if not packed:
+        return quantize_dense(q, k, v, signs, granularity)
     if hadamard:
         q, k = rotate(q, signs), rotate(k, signs)
-    if packed:
-        (q8, q_descale), (k8, k_descale), (v8, v_descale) = (
-            quantize_packed(x, cu, nheads_k) for x, cu in ((q, cu_seqlens_q), (k, cu_seqlens_k), (v, cu_seqlens_k)))
-    else:
-        (q8, q_descale), (k8, k_descale), (v8, v_descale) = (
-            quantize_tensor(x, nheads_k, granularity) for x in (q, k, v))
+    (q8, q_descale), (k8, k_descale), (v8, v_descale) = (
+        quantize_packed(x, cu, k.shape[-2]) for x, cu in ((q, cu_seqlens_q), (k, cu_seqlens_k), (v, cu_seqlens_k)))
     return Quantized(q8, k8, v8, q_descale, k_descale, v_descale)
 
 
-def quantize_by_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, signs: torch.Tensor | None,
-                        granularity: str) -> Quantized:
-    """:func:`quantize` of dense q, k, v that :func:`kernels_quantize`, rotated by ``signs`` (None: not rotated): every
-    step a kernel launch (``launch/quantize_fp8.py``), so that a launch plan can replay it."""
+def quantize_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, signs: torch.Tensor | None,
+                   granularity: str) -> Quantized:
+    """:func:`quantize` of dense q, k, v, rotated by ``signs`` (None: not rotated): by the quantizer's kernels where
+    :func:`kernels_quantize` (every step a launch, so that a launch plan can replay it), else in PyTorch."""
+    if not kernels_quantize(q, k, v):
+        if signs is not None:
+            q, k = rotate(q, signs), rotate(k, signs)
+        (q8, q_descale), (k8, k_descale), (v8, v_descale) = (
+            quantize_tensor(x, k.shape[-2], granularity) for x in (q, k, v))
+        return Quantized(q8, k8, v8, q_descale, k_descale, v_descale)
     from .launch.quantize_fp8 import quantize_rows, rotation_operands
 
     rotation = None

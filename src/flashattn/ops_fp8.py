@@ -25,11 +25,11 @@ from . import cpu, fp8_backward, validation
 from .backend import backend_for_cpu_tensors, backend_override
 from .configs import padded_head_dim
 from .fp8_format import dequantize, hadamard_pieces
-from .fp8_quantize import Quantized, canonical_descales, kernels_quantize, quantize, quantize_by_kernels, random_signs
+from .fp8_quantize import Quantized, canonical_descales, kernels_quantize, quantize_dense, random_signs
 from .launch import plans
 from .launch.backward_fp8 import hopper_fp8_backward_fits, launch_backward_fp8
 from .launch.forward_fp8 import launch_forward_fp8
-from .launch.quantize_fp8 import rotation_operands
+from .launch.quantize_fp8 import hadamard_operands, rotation_operands
 from .ops import eager_call
 from .options import AttentionOptions, FP8Options
 
@@ -233,20 +233,16 @@ def train_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: FP
     On a GPU the quantizer's kernels and the forward's replay from one launch plan, keyed without the seed: a call's
     signs are one of its inputs."""
     signs = random_signs(q.shape[-1], options.seed, q.device) if options.hadamard else None
-    if not (q.is_cuda and kernels_quantize(q, k, v) and backend_override() != "torch"):
-        quantized = quantize(q, k, v, options.hadamard, options.seed, options.granularity)
-        out, lse = dense(*quantized, options.attention)
-        return quantized, out.to(q.dtype), lse, signs
     inputs = (q, k, v, signs, *_rotation_constants(signs, q.shape[-1]))
 
     def call():
-        quantized = quantize_by_kernels(q, k, v, signs, options.granularity)
+        quantized = quantize_dense(q, k, v, signs, options.granularity)
         return (*quantized, *dense(*quantized, options.attention))
 
+    # a plan only where the quantizer's kernels run (its PyTorch path's tensors are no kernel's outputs)
+    plannable = kernels_quantize(q, k, v) and _plannable(inputs, options.granularity)
     key = (options.attention, options.hadamard, options.granularity)
-    planned = plans.planned("fp8_train_forward", inputs, key, call) if _plannable(inputs, options.granularity) \
-        else call()
-    *quantized, out, lse = planned
+    *quantized, out, lse = plans.planned("fp8_train_forward", inputs, key, call) if plannable else call()
     return Quantized(*quantized), out.to(q.dtype), lse, signs
 
 
@@ -255,8 +251,6 @@ def _rotation_constants(signs: torch.Tensor | None, head_dim: int) -> tuple:
     or none without a rotation: a launch plan's inputs, since its kernels read them."""
     if signs is None:
         return ()
-    from .launch.quantize_fp8 import hadamard_operands
-
     return hadamard_operands(tuple(hadamard_pieces(head_dim)), padded_head_dim(head_dim), signs.device)
 
 
@@ -312,7 +306,7 @@ def _fp8_attention_backward_cuda(dout, q, k, v, q_descale, k_descale, v_descale,
             rotation = rotation_operands(signs, hadamard_pieces(head_dim), torch.bfloat16, padded_head_dim(head_dim))
         return launch_backward_fp8(dout, q, k, v, descales, out, lse, rotation, opts, granularity)
 
-    # a launch plan: at 16k tokens a batch, the launches' host time (2-3 ms) exceeds the kernels' up to 4k tokens
+    # a launch plan: without one the launches' host time (2-4 ms a call) exceeded the kernels' up to 4k tokens
     return plans.planned("fp8_backward", inputs, (opts, granularity), call) if _plannable(inputs, granularity) \
         else call()
 
