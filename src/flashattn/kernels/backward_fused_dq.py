@@ -56,6 +56,7 @@ from .backward_hopper import (
     _next_query_block,
     _slice_scores,
     _streamed_buffers,
+    hidden_queries,
     store_key_slice,
 )
 from .forward_hopper import register_operand_layout, wgmma_layout
@@ -78,9 +79,8 @@ def _probabilities(s, q_block, lse_log2, seqlen_q, seqlen_k, slice_start, qk_sca
     first_row = q_block * BLOCK_M
     if CAUSAL:
         # bottom-right aligned: query i sees keys up to i + seqlen_k - seqlen_q (so no key past the sequence)
-        keys = slice_start + gl.arange(0, SLICE_KEYS, layout=gl.SliceLayout(1, s_layout))
-        rows = first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-        s = gl.where(keys[:, None] <= rows[None, :] + (seqlen_k - seqlen_q), s, float("-inf"))
+        s = gl.where(hidden_queries(slice_start, first_row, seqlen_q, seqlen_k, SLICE_KEYS, BLOCK_M, s_layout),
+                     float("-inf"), s)
     else:
         keys = slice_start + gl.arange(0, SLICE_KEYS, layout=gl.SliceLayout(1, s_layout))
         s = gl.where((keys < seqlen_k)[:, None], s, float("-inf"))

@@ -34,7 +34,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .forward_hopper import register_operand_layout, wgmma_layout
+from .forward_hopper import columns_at_most, register_operand_layout, wgmma_layout
 
 LOG2E = gl.constexpr(1.4426950408889634)
 
@@ -108,7 +108,11 @@ def _probabilities(s, it, per_head, first_q_block, batch, head_k, nheads, group_
     rows, offsets = _query_columns(it, per_head, first_q_block, batch, head_k, nheads, group_size, seqlen_q,
                                    BLOCK_M, s_layout)
     lse_log2 = _lse_log2(Lse, offsets, rows, seqlen_q)
-    return _probabilities_of(s, lse_log2, rows, seqlen_q, seqlen_k, key_start, qk_scale_log2, BLOCK_N, CAUSAL, s_layout)
+    p = gl.exp2(s * qk_scale_log2 - lse_log2[None, :])
+    if CAUSAL:
+        first_row = (first_q_block + it % per_head) * BLOCK_M
+        p = gl.where(hidden_queries(key_start, first_row, seqlen_q, seqlen_k, BLOCK_N, BLOCK_M, s_layout), 0.0, p)
+    return p
 
 
 @gluon.jit
@@ -118,13 +122,15 @@ def _lse_log2(Lse, offsets, rows, seqlen_q):
 
 
 @gluon.jit
-def _probabilities_of(s, lse_log2, rows, seqlen_q, seqlen_k, key_start, qk_scale_log2, BLOCK_N: gl.constexpr,
-                      CAUSAL: gl.constexpr, s_layout: gl.constexpr):
-    p = gl.exp2(s * qk_scale_log2 - lse_log2[None, :])
-    if CAUSAL:
-        keys = key_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
-        p = gl.where(keys[:, None] <= rows[None, :] + (seqlen_k - seqlen_q), p, 0.0)
-    return p
+def hidden_queries(key_start, first_row, seqlen_q, seqlen_k, KEYS: gl.constexpr, BLOCK_M: gl.constexpr,
+                   s_layout: gl.constexpr):
+    """Where an S^T tile (``s_layout``: keys from ``key_start`` on its rows, queries from ``first_row`` on its
+    columns) holds a score the causal mask hides. Bottom-right aligned, query i sees keys up to i + seqlen_k -
+    seqlen_q: column c is hidden from key k while c <= k - (seqlen_k - seqlen_q) - first_row - 1, one bound a row
+    (``forward_hopper.columns_at_most``)."""
+    keys = key_start + gl.arange(0, KEYS, layout=gl.SliceLayout(1, s_layout))
+    cols = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+    return columns_at_most(cols, keys - (seqlen_k - seqlen_q) - first_row - 1)
 
 
 @gluon.jit
@@ -399,9 +405,8 @@ def _slice_score_gradients(s, dp, q_block, lse_log2, delta, seqlen_q, seqlen_k, 
         # are masked, on S^T before the exponentials (masking P made ptxas serialize the wgmma)
         first_row = q_block * BLOCK_M
         if slice_start + SLICE_KEYS - 1 > first_row + (seqlen_k - seqlen_q):
-            keys = slice_start + gl.arange(0, SLICE_KEYS, layout=gl.SliceLayout(1, s_layout))
-            rows = first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-            s = gl.where(keys[:, None] <= rows[None, :] + (seqlen_k - seqlen_q), s, float("-inf"))
+            s = gl.where(hidden_queries(slice_start, first_row, seqlen_q, seqlen_k, SLICE_KEYS, BLOCK_M, s_layout),
+                         float("-inf"), s)
     p = gl.exp2(s * qk_scale_log2 - lse_log2[None, :])
     ds = p * (dp - delta[None, :])
     return gl.convert_layout(p.to(dtype), operand), gl.convert_layout(ds.to(dtype), operand)

@@ -34,6 +34,7 @@ from .forward_hopper import (
     register_operand_layout,
     rows_in_sequence,
     store_rows,
+    visible_keys,
     wgmma_layout,
 )
 
@@ -65,12 +66,7 @@ def _score_gradient(s, dp, lse_log2, delta, rows, j, seqlen_q, seqlen_k, qk_scal
     """dS = P (dP - delta) of key block j, P recomputed from the log-sum-exp (unscaled: dQ takes the scale once)."""
     p = gl.exp2(s * qk_scale_log2 - lse_log2[:, None])
     if MASKED:
-        cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        visible = cols[None, :] < seqlen_k
-        if CAUSAL:
-            # bottom-right aligned: query i sees keys up to i + seqlen_k - seqlen_q
-            visible = visible & (cols[None, :] <= rows[:, None] + (seqlen_k - seqlen_q))
-        p = gl.where(visible, p, 0.0)
+        p = gl.where(visible_keys(j, rows, seqlen_q, seqlen_k, BLOCK_N, CAUSAL, s_layout), p, 0.0)
     return p * (dp - delta[:, None])
 
 

@@ -396,14 +396,33 @@ def row_sums(l_i, layout: gl.constexpr):
 @gluon.jit
 def masked_scores(s, j, rows, seqlen_q, seqlen_k, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                   s_layout: gl.constexpr):
-    """Key block ``j``'s scores (``s_layout``) with -inf where a row may not see the key: past seqlen_k, and with
-    CAUSAL past the diagonal."""
-    cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    visible = cols[None, :] < seqlen_k
+    """Key block ``j``'s scores (``s_layout``) with -inf where a row may not see the key (``visible_keys``)."""
+    return gl.where(visible_keys(j, rows, seqlen_q, seqlen_k, BLOCK_N, CAUSAL, s_layout), s, float("-inf"))
+
+
+@gluon.jit
+def visible_keys(j, rows, seqlen_q, seqlen_k, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr):
+    """Whether each of ``rows`` (a query a row of a ``s_layout`` tile) sees each key of block ``j``: not past
+    seqlen_k, and with CAUSAL not past the diagonal. Both bounds fold into one last visible column a row."""
+    last = seqlen_k - 1 - j * BLOCK_N
     if CAUSAL:
         # bottom-right aligned: query i sees keys up to i + seqlen_k - seqlen_q
-        visible = visible & (cols[None, :] <= rows[:, None] + (seqlen_k - seqlen_q))
-    return gl.where(visible, s, float("-inf"))
+        last = gl.minimum(rows + (seqlen_k - seqlen_q - j * BLOCK_N), last)
+    else:
+        # (rows only give the count: a half-width block's caller passes the whole block's)
+        last = gl.full(rows.shape, 0, gl.int32, gl.SliceLayout(1, s_layout)) + last
+    return columns_at_most(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)), last)
+
+
+@gluon.jit
+def columns_at_most(cols, last):
+    """``cols[None, :] <= last[:, None]`` for a wgmma-layout tile's column indices ``cols`` (from 0) and a bound a
+    row, at one comparison against an immediate a score. A thread holds the columns 8i + 2 (lane % 4) + {0, 1}: with
+    the lane's part (``cols & 6``) moved to the bound's side, which it changes once a row, every column's side is a
+    constant of the compiled code. (Tested as written, each score took an add as well; two bounds tested apart,
+    two comparisons and two selects.)"""
+    lane = cols & 6
+    return (cols - lane)[None, :] <= (last[:, None] - lane[None, :])
 
 
 @gluon.jit
