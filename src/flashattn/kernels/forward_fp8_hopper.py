@@ -148,13 +148,14 @@ def _block_descales(KDescale, VDescale, stride_kds, stride_vds, j, BLOCK_N: gl.c
 
 @gluon.jit
 def _softmax_step(s, row_scale, k_scale, m_i, l_i, j, rows, seqlen_q, seqlen_k, BLOCK_N: gl.constexpr,
-                  CAUSAL: gl.constexpr, MASKED: gl.constexpr, P_SCALE_LOG2: gl.constexpr):
+                  CAUSAL: gl.constexpr, MASKED: gl.constexpr, P_SCALE_LOG2: gl.constexpr,
+                  COLUMN_BOUND: gl.constexpr):
     """Online softmax of one raw score block in base 2, scores scaled by row_scale * k_scale (positive): (new max,
-    new sum in units of P_SCALE, P * P_SCALE, the old accumulator's factor)."""
+    new sum in units of P_SCALE, P * P_SCALE, the old accumulator's factor). COLUMN_BOUND: ``visible_keys``'."""
     s_layout: gl.constexpr = fp8_wgmma_layout(BLOCK_N)
     scale = row_scale * k_scale
     if MASKED:
-        s = masked_scores(s, j, rows, seqlen_q, seqlen_k, BLOCK_N, CAUSAL, s_layout)
+        s = masked_scores(s, j, rows, seqlen_q, seqlen_k, BLOCK_N, CAUSAL, s_layout, COLUMN_BOUND)
     m_new = gl.maximum(m_i, gl.max(s, axis=1) * scale)
     m_use = subtracted_max(m_new, MASKED)
     # exp2(x + log2(P_SCALE)) = P * P_SCALE: the scaling costs a row's subtraction, not an element's multiply
@@ -179,7 +180,7 @@ def _scaled_accumulator(acc, alpha, v_unit, v_scale, HEAD_DIM: gl.constexpr, PER
 def _first_block(q, k_bufs, k_ready, k_free, KDescale, VDescale, stride_kds, stride_vds, ring, j, row_scale, m_i,
                  l_i, acc, v_unit, s_zero, rows, seqlen_q, seqlen_k, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                  NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr, SCALE_BLOCK: gl.constexpr,
-                 PER_BLOCK: gl.constexpr, P_SCALE_LOG2: gl.constexpr):
+                 PER_BLOCK: gl.constexpr, P_SCALE_LOG2: gl.constexpr, COLUMN_BOUND: gl.constexpr):
     """``forward_hopper._first_block`` on e4m3 tiles: key block ``j``'s scores and softmax, no P V to overlap.
     Returns the ring stage and phase it read, the softmax state, the accumulator and its v unit, and P (e4m3) as
     the next P V's operand."""
@@ -191,7 +192,7 @@ def _first_block(q, k_bufs, k_ready, k_free, KDescale, VDescale, stride_kds, str
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
     mbarrier.arrive(k_free.index(stage), count=1)
     m_i, l_i, p, alpha = _softmax_step(s, row_scale, k_scale, m_i, l_i, j, rows, seqlen_q, seqlen_k, BLOCK_N, CAUSAL,
-                                       MASKED, P_SCALE_LOG2)
+                                       MASKED, P_SCALE_LOG2, COLUMN_BOUND)
     acc, v_unit = _scaled_accumulator(acc, alpha, v_unit, v_scale, HEAD_DIM, PER_BLOCK)
     return stage, phase, m_i, l_i, acc, v_unit, p
 
@@ -200,7 +201,8 @@ def _first_block(q, k_bufs, k_ready, k_free, KDescale, VDescale, stride_kds, str
 def _next_block(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, KDescale, VDescale, stride_kds, stride_vds,
                 ring, j, stage, phase, row_scale, m_i, l_i, acc, v_unit, p, s_zero, rows, seqlen_q, seqlen_k,
                 BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                MASKED: gl.constexpr, SCALE_BLOCK: gl.constexpr, PER_BLOCK: gl.constexpr, P_SCALE_LOG2: gl.constexpr):
+                MASKED: gl.constexpr, SCALE_BLOCK: gl.constexpr, PER_BLOCK: gl.constexpr, P_SCALE_LOG2: gl.constexpr,
+                COLUMN_BOUND: gl.constexpr):
     """``forward_hopper._next_block`` on e4m3 tiles: block ``j``'s Q K^T and the block before's P V in flight
     together, then block j's softmax (FA3's intra-warpgroup overlap). Returns as ``_first_block``."""
     k_scale, v_scale = _block_descales(KDescale, VDescale, stride_kds, stride_vds, j, BLOCK_N, SCALE_BLOCK, PER_BLOCK)
@@ -216,7 +218,7 @@ def _next_block(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, KDescale, V
     s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
     mbarrier.arrive(k_free.index(stage), count=1)  # K is read by Q K^T alone: the loader may refill it
     m_i, l_i, p, alpha = _softmax_step(s, row_scale, k_scale, m_i, l_i, j, rows, seqlen_q, seqlen_k, BLOCK_N, CAUSAL,
-                                       MASKED, P_SCALE_LOG2)
+                                       MASKED, P_SCALE_LOG2, COLUMN_BOUND)
     # P V reads p_op from registers until it completes. The 16-bit kernel keeps it alive to here as a dep of the wait;
     # Triton 3.6 lowers no 8-bit dep ("Unexpected bitwidth in WGMMAWaitGroupOp"), and its own tl.dot on an e4m3
     # register operand leaves the operand out of the wait too: ptxas holds an in-flight wgmma's A registers
@@ -240,26 +242,27 @@ def _last_product(v_bufs, v_ready, v_free, stage, phase, acc, p, HEAD_DIM: gl.co
 def _tile_key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, KDescale, VDescale, stride_kds,
                      stride_vds, ring, row_scale, m_i, l_i, acc, v_unit, rows, n_full, n_blocks, seqlen_q, seqlen_k,
                      BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                     SCALE_BLOCK: gl.constexpr, PER_BLOCK: gl.constexpr, P_SCALE_LOG2: gl.constexpr):
+                     SCALE_BLOCK: gl.constexpr, PER_BLOCK: gl.constexpr, P_SCALE_LOG2: gl.constexpr,
+                     COLUMN_BOUND: gl.constexpr):
     """A tile's key blocks for one consumer's 64 rows as one run (``forward_hopper._tile_key_blocks``, whose notes
     say why one run): [0, n_full) seen whole, then [n_full, n_blocks) through the mask; the first block through the
-    mask whether or not it needs it. Q released after the last Q K^T."""
+    mask whether or not it needs it. Q released after the last Q K^T. COLUMN_BOUND: ``visible_keys``'."""
     s_zero = gl.zeros([ROWS_PER_WARPGROUP, BLOCK_N], gl.float32, fp8_wgmma_layout(BLOCK_N))
     if n_blocks > 0:
         stage, phase, m_i, l_i, acc, v_unit, p = _first_block(
             q, k_bufs, k_ready, k_free, KDescale, VDescale, stride_kds, stride_vds, ring, 0, row_scale, m_i, l_i, acc,
             v_unit, s_zero, rows, seqlen_q, seqlen_k, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, True, SCALE_BLOCK,
-            PER_BLOCK, P_SCALE_LOG2)
+            PER_BLOCK, P_SCALE_LOG2, COLUMN_BOUND)
         for j in range(1, n_full):
             stage, phase, m_i, l_i, acc, v_unit, p = _next_block(
                 q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, KDescale, VDescale, stride_kds, stride_vds, ring,
                 j, stage, phase, row_scale, m_i, l_i, acc, v_unit, p, s_zero, rows, seqlen_q, seqlen_k, BLOCK_N,
-                HEAD_DIM, NUM_STAGES, CAUSAL, False, SCALE_BLOCK, PER_BLOCK, P_SCALE_LOG2)
+                HEAD_DIM, NUM_STAGES, CAUSAL, False, SCALE_BLOCK, PER_BLOCK, P_SCALE_LOG2, COLUMN_BOUND)
         for j in range(gl.maximum(n_full, 1), n_blocks):
             stage, phase, m_i, l_i, acc, v_unit, p = _next_block(
                 q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, KDescale, VDescale, stride_kds, stride_vds, ring,
                 j, stage, phase, row_scale, m_i, l_i, acc, v_unit, p, s_zero, rows, seqlen_q, seqlen_k, BLOCK_N,
-                HEAD_DIM, NUM_STAGES, CAUSAL, True, SCALE_BLOCK, PER_BLOCK, P_SCALE_LOG2)
+                HEAD_DIM, NUM_STAGES, CAUSAL, True, SCALE_BLOCK, PER_BLOCK, P_SCALE_LOG2, COLUMN_BOUND)
         mbarrier.arrive(q_free, count=1)
         acc = _last_product(v_bufs, v_ready, v_free, stage, phase, acc, p, HEAD_DIM, BLOCK_N)
     else:
@@ -322,7 +325,8 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
         m_i, l_i, acc, v_unit = _tile_key_blocks(
             q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free.index(slot), k_descales, v_descales,
             stride_kds_blk, stride_vds_blk, ring, row_scale, m_i, l_i, acc, v_unit, rows, own_full, own_blocks,
-            seqlen_q, seqlen_k, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, SCALE_BLOCK, PER_BLOCK, P_SCALE_LOG2)
+            seqlen_q, seqlen_k, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, SCALE_BLOCK, PER_BLOCK, P_SCALE_LOG2,
+            NUM_CONSUMERS == 2)
         # -- the tile's blocks past this consumer's last row: released as they arrive, never read --
         for j in range(own_blocks, n_blocks):
             stage = (ring + j) % NUM_STAGES

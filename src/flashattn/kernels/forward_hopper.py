@@ -395,23 +395,33 @@ def row_sums(l_i, layout: gl.constexpr):
 
 @gluon.jit
 def masked_scores(s, j, rows, seqlen_q, seqlen_k, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-                  s_layout: gl.constexpr):
+                  s_layout: gl.constexpr, COLUMN_BOUND: gl.constexpr = True):
     """Key block ``j``'s scores (``s_layout``) with -inf where a row may not see the key (``visible_keys``)."""
-    return gl.where(visible_keys(j, rows, seqlen_q, seqlen_k, BLOCK_N, CAUSAL, s_layout), s, float("-inf"))
+    visible = visible_keys(j, rows, seqlen_q, seqlen_k, BLOCK_N, CAUSAL, s_layout, COLUMN_BOUND)
+    return gl.where(visible, s, float("-inf"))
 
 
 @gluon.jit
-def visible_keys(j, rows, seqlen_q, seqlen_k, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr):
+def visible_keys(j, rows, seqlen_q, seqlen_k, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr,
+                 COLUMN_BOUND: gl.constexpr = True):
     """Whether each of ``rows`` (a query a row of a ``s_layout`` tile) sees each key of block ``j``: not past
-    seqlen_k, and with CAUSAL not past the diagonal. Both bounds fold into one last visible column a row."""
-    last = seqlen_k - 1 - j * BLOCK_N
-    if CAUSAL:
-        # bottom-right aligned: query i sees keys up to i + seqlen_k - seqlen_q
-        last = gl.minimum(rows + (seqlen_k - seqlen_q - j * BLOCK_N), last)
+    seqlen_k, and with CAUSAL not past the diagonal, both bounds folded into one last visible column a row
+    (``columns_at_most``). Without CAUSAL, COLUMN_BOUND False keeps the plain comparison of each key with seqlen_k:
+    two instructions more a column pair, but no bound held across a persistent program's tiles, which pushed the
+    FP8 kernel's three 160-register consumers (hdim 64) into spills."""
+    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    if CAUSAL or COLUMN_BOUND:
+        last = seqlen_k - 1 - j * BLOCK_N
+        if CAUSAL:
+            # bottom-right aligned: query i sees keys up to i + seqlen_k - seqlen_q
+            last = gl.minimum(rows + (seqlen_k - seqlen_q - j * BLOCK_N), last)
+        else:
+            # (rows only give the count: a half-width block's caller passes the whole block's)
+            last = gl.full(rows.shape, 0, gl.int32, gl.SliceLayout(1, s_layout)) + last
+        visible = columns_at_most(cols, last)
     else:
-        # (rows only give the count: a half-width block's caller passes the whole block's)
-        last = gl.full(rows.shape, 0, gl.int32, gl.SliceLayout(1, s_layout)) + last
-    return columns_at_most(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)), last)
+        visible = (j * BLOCK_N + cols < seqlen_k)[None, :]
+    return visible
 
 
 @gluon.jit
