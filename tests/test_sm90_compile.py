@@ -256,6 +256,12 @@ def test_table_kernels_keep_wgmma_asynchronous(group):
         assert result["unwritten_uniform_reads"] == 0, f"{name}: {UNWRITTEN_READS}"
         if phase.startswith("dkdv"):
             check_dq_reductions(name, result, head_dim)
+        if phase == "forward_hopper" and causal:
+            # the masks' one comparison and one select a score (forward_hopper.visible_keys): a block's exponentials
+            # are its scores and two rows' factors
+            for loop in result["loops"]:
+                assert loop["FSEL"] <= loop["MUFU.EX2"] + 2 and loop["ISETP"] <= loop["MUFU.EX2"] + 3, (
+                    f"{name}: more than one comparison and select a score ({loop})")
 
 
 # One query: Triton makes seqlen_q = 1 a constant, and ptxas died (SIGSEGV) on the peeled causal hdim-64 dK/dV kernel
