@@ -151,7 +151,8 @@ def _softmax_step(s, row_scale, k_scale, m_i, l_i, j, rows, seqlen_q, seqlen_k, 
                   CAUSAL: gl.constexpr, MASKED: gl.constexpr, P_SCALE_LOG2: gl.constexpr,
                   COLUMN_BOUND: gl.constexpr):
     """Online softmax of one raw score block in base 2, scores scaled by row_scale * k_scale (positive): (new max,
-    new sum in units of P_SCALE, P * P_SCALE, the old accumulator's factor). COLUMN_BOUND: ``visible_keys``'."""
+    new sum in units of P_SCALE, P * P_SCALE, the old accumulator's factor). COLUMN_BOUND: as
+    ``forward_hopper.visible_keys``."""
     s_layout: gl.constexpr = fp8_wgmma_layout(BLOCK_N)
     scale = row_scale * k_scale
     if MASKED:
@@ -246,7 +247,8 @@ def _tile_key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free
                      COLUMN_BOUND: gl.constexpr):
     """A tile's key blocks for one consumer's 64 rows as one run (``forward_hopper._tile_key_blocks``, whose notes
     say why one run): [0, n_full) seen whole, then [n_full, n_blocks) through the mask; the first block through the
-    mask whether or not it needs it. Q released after the last Q K^T. COLUMN_BOUND: ``visible_keys``'."""
+    mask whether or not it needs it. Q released after the last Q K^T. COLUMN_BOUND: as
+    ``forward_hopper.visible_keys``."""
     s_zero = gl.zeros([ROWS_PER_WARPGROUP, BLOCK_N], gl.float32, fp8_wgmma_layout(BLOCK_N))
     if n_blocks > 0:
         stage, phase, m_i, l_i, acc, v_unit, p = _first_block(

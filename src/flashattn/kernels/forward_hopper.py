@@ -407,8 +407,8 @@ def visible_keys(j, rows, seqlen_q, seqlen_k, BLOCK_N: gl.constexpr, CAUSAL: gl.
     """Whether each of ``rows`` (a query a row of a ``s_layout`` tile) sees each key of block ``j``: not past
     seqlen_k, and with CAUSAL not past the diagonal, both bounds folded into one last visible column a row
     (``columns_at_most``). Without CAUSAL, COLUMN_BOUND False keeps the plain comparison of each key with seqlen_k:
-    two instructions more a column pair, but no bound held across a persistent program's tiles, which pushed the
-    FP8 kernel's three 160-register consumers (hdim 64) into spills."""
+    an add more a column, but no bound held across a persistent program's tiles, which pushed the FP8 kernel's
+    three 160-register consumers (hdim 64) into spills."""
     cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     if CAUSAL or COLUMN_BOUND:
         last = seqlen_k - 1 - j * BLOCK_N
