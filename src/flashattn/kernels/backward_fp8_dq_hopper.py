@@ -145,9 +145,8 @@ def _key_blocks(q, do, k_bufs, v_bufs, kt_bufs, ready, stage_free, dq, rows, lse
         # -- P and dS in float32 (a row that sees no key may have lse = -inf: where, not a -inf score) --
         p = gl.exp2(s * (qk_scale * k_descale) - lse_log2[:, None])
         if MASKED:
-            keys = key_block * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-            seen = seen_keys(rows[:, None], keys[None, :], seqlen_q, seqlen_k, window_left, window_right,
-                             WINDOW_LEFT, WINDOW_RIGHT)
+            seen = seen_keys(rows, key_block * BLOCK_N, seqlen_q, seqlen_k, window_left, window_right, BLOCK_N,
+                             WINDOW_LEFT, WINDOW_RIGHT, s_layout)
             p = gl.where(seen, p, 0.0)
         ds = p * (dp * (do_descale * v_descale) - delta[:, None])
         # -- dS in e4m3 by its tile's descale, computed as the dK/dV kernel computes it (an IEEE division, then dS

@@ -38,7 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 
 from .backward_hopper import LOG2E, store_key_slice
 from .forward_fp8_hopper import _p_operand, fp8_wgmma_layout
-from .forward_hopper import wgmma_layout
+from .forward_hopper import columns_within, wgmma_layout
 
 SLICE_KEYS = gl.constexpr(64)  # a consumer warpgroup's keys: one wgmma row block
 PROGRAM_KEYS = gl.constexpr(128)  # a program's keys: one k and v descale block, the keys of a dS descale
@@ -125,11 +125,10 @@ def load_query_blocks(q_desc, do_desc, qt_desc, dot_desc, q_bufs, do_bufs, qt_bu
 
 
 @gluon.jit
-def seen_keys(rows, keys, seqlen_q, seqlen_k, window_left, window_right, WINDOW_LEFT: gl.constexpr,
-              WINDOW_RIGHT: gl.constexpr):
-    """Whether query ``rows`` sees ``keys`` (``masks.visible``), and the rows within the sequence (a TMA tile may
-    hold the next sequence's rows): rows and keys indices broadcast along the tile's two axes, S^T's (keys, rows)
-    here, S's (rows, keys) in the dQ kernel."""
+def seen_pairs(rows, keys, seqlen_q, seqlen_k, window_left, window_right, WINDOW_LEFT: gl.constexpr,
+               WINDOW_RIGHT: gl.constexpr):
+    """``seen_queries`` as each pair's comparisons (rows and keys broadcast along S^T's two axes): more instructions a
+    score, fewer values live across them, which the hdim-128 dK/dV loop's registers need."""
     diagonal = rows + (seqlen_k - seqlen_q)
     seen = (keys < seqlen_k) & (rows < seqlen_q)
     if WINDOW_LEFT:
@@ -140,15 +139,59 @@ def seen_keys(rows, keys, seqlen_q, seqlen_k, window_left, window_right, WINDOW_
 
 
 @gluon.jit
+def seen_queries(keys, first_row, seqlen_q, seqlen_k, window_left, window_right, BLOCK: gl.constexpr,
+                 WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr, s_layout: gl.constexpr):
+    """Whether each of ``keys`` (the rows of an S^T tile in ``s_layout``) is seen by the queries first_row + c of its
+    BLOCK columns (``masks.visible``, queries past seqlen_q seeing nothing: a TMA tile may hold the next sequence's
+    rows). Bottom-right aligned, query i sees key k when i + seqlen_k - seqlen_q - window_left <= k <= i + seqlen_k -
+    seqlen_q + window_right: for each key a range of columns (``forward_hopper.columns_within``)."""
+    shift = seqlen_k - seqlen_q + first_row
+    cols = gl.arange(0, BLOCK, layout=gl.SliceLayout(0, s_layout))
+    if WINDOW_RIGHT:
+        # a key past seqlen_k: a first column past the block; the last, one for all keys without a left window
+        first = gl.where(keys < seqlen_k, keys - shift - window_right, BLOCK)
+        last = seqlen_q - 1 - first_row
+        if WINDOW_LEFT:
+            last = gl.minimum(keys - shift + window_left, last)
+        seen = columns_within(cols, first, last, True, WINDOW_LEFT)
+    else:
+        # a key past seqlen_k: a last column before the block
+        last = gl.full(keys.shape, 0, gl.int32, keys.type.layout) + (seqlen_q - 1 - first_row)
+        if WINDOW_LEFT:
+            last = gl.minimum(keys - shift + window_left, last)
+        seen = columns_within(cols, last, gl.where(keys < seqlen_k, last, -1), False, True)
+    return seen
+
+
+@gluon.jit
+def seen_keys(rows, first_key, seqlen_q, seqlen_k, window_left, window_right, BLOCK: gl.constexpr,
+              WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr, s_layout: gl.constexpr):
+    """Whether each of query ``rows`` (the rows of an S tile in ``s_layout``) sees the keys first_key + c of its BLOCK
+    columns (``masks.visible``; rows past seqlen_q see nothing): for each row a range of columns, as
+    ``seen_queries``."""
+    shift = seqlen_k - seqlen_q - first_key
+    last = gl.full(rows.shape, 0, gl.int32, rows.type.layout) + (seqlen_k - 1 - first_key)
+    if WINDOW_RIGHT:
+        last = gl.minimum(last, rows + shift + window_right)
+    last = gl.where(rows < seqlen_q, last, -1)
+    cols = gl.arange(0, BLOCK, layout=gl.SliceLayout(0, s_layout))
+    return columns_within(cols, rows + shift - window_left, last, WINDOW_LEFT, True)
+
+
+@gluon.jit
 def probabilities_and_ds(s, dp, stats_bufs, stage, q_block, keys, q_descale, k_descale, do_descale, v_descale,
                          seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2, WINDOW_LEFT: gl.constexpr,
-                         WINDOW_RIGHT: gl.constexpr):
+                         WINDOW_RIGHT: gl.constexpr, COLUMN_RANGES: gl.constexpr):
     """P^T and dS^T in float32 from S^T and dP^T (keys along the rows) and the stage's lse and delta, read as they
     are used. A row that sees no key may have lse = -inf: ``where``, not a -inf score."""
     s_layout: gl.constexpr = s.type.layout
-    rows = q_block * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-    seen = seen_keys(rows[None, :], keys[:, None], seqlen_q, seqlen_k, window_left, window_right,
-                     WINDOW_LEFT, WINDOW_RIGHT)
+    if COLUMN_RANGES:
+        seen = seen_queries(keys, q_block * BLOCK_M, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M,
+                            WINDOW_LEFT, WINDOW_RIGHT, s_layout)
+    else:
+        rows = q_block * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+        seen = seen_pairs(rows[None, :], keys[:, None], seqlen_q, seqlen_k, window_left, window_right, WINDOW_LEFT,
+                          WINDOW_RIGHT)
     lse_log2 = stats_bufs.index(2 * stage).load(gl.SliceLayout(0, s_layout))
     p = gl.where(seen, gl.exp2(s * (qk_scale_log2 * q_descale * k_descale) - lse_log2[None, :]), 0.0)
     delta = stats_bufs.index(2 * stage + 1).load(gl.SliceLayout(0, s_layout))
@@ -200,7 +243,7 @@ def block_scores(k_slice, v_slice, q_bufs, do_bufs, stats_bufs, ready, stats_rea
     s, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s, dp))
     p, ds = probabilities_and_ds(s, dp, stats_bufs, stage, q_block, keys, q_descale, k_descale, do_descale,
                                  v_descale, seqlen_q, seqlen_k, window_left, window_right, qk_scale_log2,
-                                 WINDOW_LEFT, WINDOW_RIGHT)
+                                 WINDOW_LEFT, WINDOW_RIGHT, k_slice.shape[1] <= 64)
     return q_block, stage, s, dp, p, ds, q_descale, do_descale
 
 

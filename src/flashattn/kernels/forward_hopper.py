@@ -436,6 +436,20 @@ def columns_at_most(cols, last):
 
 
 @gluon.jit
+def columns_within(cols, first, last, BOUNDED_BELOW: gl.constexpr, ROW_LAST: gl.constexpr):
+    """``first[:, None] <= cols[None, :] <= last`` for ``columns_at_most``'s column indices, one comparison a bound
+    and score: ``last`` one a row (ROW_LAST) or one for all, ``first`` one a row (none without BOUNDED_BELOW)."""
+    lane = cols & 6
+    if ROW_LAST:
+        seen = columns_at_most(cols, last)
+    else:
+        seen = ((cols - lane) <= (last - lane))[None, :]
+    if BOUNDED_BELOW:
+        seen = seen & ~columns_at_most(cols, first - 1)
+    return seen
+
+
+@gluon.jit
 def subtracted_max(m_new, MASKED: gl.constexpr):
     """The row max that P's exponent subtracts: with MASKED a row that has seen no key keeps max -inf and subtracts
     0 instead, so that exp2 gives 0, not NaN."""
