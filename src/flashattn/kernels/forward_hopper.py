@@ -31,7 +31,13 @@ softcap, ALiBi or SDPA mask; 16-bit inputs.
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 LOG2E = gl.constexpr(1.4426950408889634)
 ROWS_PER_WARPGROUP = gl.constexpr(64)  # wgmma's M per warpgroup
@@ -80,6 +86,24 @@ def store_rows(Ptr, tile, row_start, first_row, column, stride_m, seqlen, HEAD_D
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
     offsets = (row_start + rows).to(gl.int64)[:, None] * stride_m + column + cols[None, :]
     gl.store(Ptr + offsets, values, mask=rows_in_sequence(rows, seqlen)[:, None])
+
+
+@gluon.jit
+def store_rows_through(Ptr, tile, buffer, row_start, first_row, column, stride_m, seqlen, HEAD_DIM: gl.constexpr):
+    """``store_rows``' 16-byte stores, the layout converted through ``buffer`` (a 64 x HEAD_DIM tile of Ptr's type
+    that the caller owns: the forward consumer's own Q tile once its last Q K^T has completed) rather than through
+    scratch shared memory beside the kernel's own. The buffer is free again when this returns (its reads fenced
+    against a later TMA copy into it)."""
+    buffer.store(tile.to(Ptr.dtype.element_ty))
+    gl.thread_barrier()  # every warp's rows are in shared memory before any warp reads another's
+    layout: gl.constexpr = _store_layout(HEAD_DIM, True)
+    values = buffer.load(layout)
+    rows = first_row + gl.arange(0, ROWS_PER_WARPGROUP, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
+    offsets = (row_start + rows).to(gl.int64)[:, None] * stride_m + column + cols[None, :]
+    gl.store(Ptr + offsets, values, mask=rows_in_sequence(rows, seqlen)[:, None])
+    fence_async_shared()
+    gl.thread_barrier()  # every warp has read its rows before the caller hands the buffer back
 
 
 @gluon.jit
@@ -619,10 +643,11 @@ def _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, rin
 def _tile_key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, ring, m_i, l_i, acc, rows, n_full,
                      n_blocks, seqlen_q, seqlen_k, qk_scale_log2,
                      BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                     HALF_TAILS: gl.constexpr, THRESHOLD: gl.constexpr):
+                     HALF_TAILS: gl.constexpr, THRESHOLD: gl.constexpr, RELEASE_Q: gl.constexpr):
     """A forward tile's key blocks for one consumer's 64 rows, as one run: [0, n_full) seen whole, then
-    [n_full, n_blocks) through the mask (the diagonal, the sequence's end); Q released after the last Q K^T. With
-    ``HALF_TAILS`` (``half_tails``) a last block with at most half its keys in the sequence runs at half width.
+    [n_full, n_blocks) through the mask (the diagonal, the sequence's end); with ``RELEASE_Q`` Q released after the
+    last Q K^T (else the caller releases it). With ``HALF_TAILS`` (``half_tails``) a last block with at most half its
+    keys in the sequence runs at half width.
 
     One run, not a run of whole blocks and a run of masked ones: the second run's first Q K^T would wait for nothing
     to overlap, as would the first run's last P V; and with two runs ptxas 12.8 (Triton 3.6) reused, in the masked
@@ -657,21 +682,27 @@ def _tile_key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free
                 q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, ring, n_wide, stage, phase, m_i, l_i, acc, p_op,
                 half_zero, rows, seqlen_q, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, True, True,
                 THRESHOLD)
-            mbarrier.arrive(q_free, count=1)
+            _release(q_free, RELEASE_Q)
             acc = _last_product(v_bufs, v_ready, v_free, stage, phase, acc, p_half, True)
         else:
-            mbarrier.arrive(q_free, count=1)
+            _release(q_free, RELEASE_Q)
             acc = _last_product(v_bufs, v_ready, v_free, stage, phase, acc, p_op, False)
     elif HALF_TAILS and n_blocks > 0:
         # one block, at most half of it in the sequence
         stage, phase, m_i, l_i, acc, p_half = _first_block(
             q, k_bufs, k_ready, k_free, ring, 0, m_i, l_i, acc, half_zero, rows, seqlen_q, seqlen_k, qk_scale_log2,
             BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, True, True, THRESHOLD)
-        mbarrier.arrive(q_free, count=1)
+        _release(q_free, RELEASE_Q)
         acc = _last_product(v_bufs, v_ready, v_free, stage, phase, acc, p_half, True)
     else:
-        mbarrier.arrive(q_free, count=1)  # no block at all: Q was never read
+        _release(q_free, RELEASE_Q)  # no block at all: Q was never read
     return m_i, l_i, acc
+
+
+@gluon.jit
+def _release(q_free, RELEASE: gl.constexpr):
+    if RELEASE:
+        mbarrier.arrive(q_free, count=1)
 
 
 @gluon.jit
@@ -680,8 +711,8 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
                         nheads, group_size, row_tiles, batch_heads, heads_per_section, total_tiles, qk_scale_log2,
                         WARP_GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                         NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr,
-                        NUM_CONSUMERS: gl.constexpr, WIDE_STORES: gl.constexpr, Q_BUFFERS: gl.constexpr,
-                        THRESHOLD: gl.constexpr):
+                        NUM_CONSUMERS: gl.constexpr, WIDE_STORES: gl.constexpr, STORE_THROUGH_Q: gl.constexpr,
+                        Q_BUFFERS: gl.constexpr, THRESHOLD: gl.constexpr):
     s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
     o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     ring = 0
@@ -705,7 +736,8 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
         m_i, l_i, acc = _tile_key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free.index(slot), ring,
                                          m_i, l_i, acc, rows, own_full, own_blocks, tile_seqlen_q, tile_seqlen_k,
                                          qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL,
-                                         half_tails(IS_VARLEN, CAUSAL, BLOCK_N, NUM_CONSUMERS), THRESHOLD)
+                                         half_tails(IS_VARLEN, CAUSAL, BLOCK_N, NUM_CONSUMERS), THRESHOLD,
+                                         not STORE_THROUGH_Q)
         # -- the tile's blocks past this consumer's last row: released as they arrive, never read --
         for j in range(own_blocks, n_blocks):
             stage = (ring + j) % NUM_STAGES
@@ -723,7 +755,12 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
         acc = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout))[:, None]
         lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) / LOG2E)
         gl.store(Lse + lse_row + rows, lse, mask=rows_in_sequence(rows, tile_seqlen_q))
-        store_rows(Out, acc, q_start, first_row, head * stride_oh, stride_om, tile_seqlen_q, HEAD_DIM, WIDE_STORES)
+        if STORE_THROUGH_Q:
+            store_rows_through(Out, acc, q, q_start, first_row, head * stride_oh, stride_om, tile_seqlen_q, HEAD_DIM)
+            mbarrier.arrive(q_free.index(slot), count=1)
+        else:
+            store_rows(Out, acc, q_start, first_row, head * stride_oh, stride_om, tile_seqlen_q, HEAD_DIM,
+                       WIDE_STORES)
         rounds += 1
         mbarrier.wait(q_ready.index(rounds % Q_BUFFERS), (rounds // Q_BUFFERS) & 1)
         tile_id = read_tile(tile_slot.index(rounds % Q_BUFFERS))
@@ -737,7 +774,8 @@ def attention_forward_hopper_kernel(
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
     IS_VARLEN: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
     CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr, DYNAMIC_TILES: gl.constexpr,
-    WIDE_STORES: gl.constexpr, Q_BUFFERS: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr,
+    WIDE_STORES: gl.constexpr, STORE_THROUGH_Q: gl.constexpr, Q_BUFFERS: gl.constexpr,
+    RESCALE_THRESHOLD: gl.constexpr,
 ):
     """Tiles of NUM_CONSUMERS x 64 query rows (2 or 3 consumer warpgroups), ``row_tiles`` per (sequence, head)
     and ``batch_heads`` of those; program p computes tile p first, then (persistent, when the grid is smaller than
@@ -746,9 +784,11 @@ def attention_forward_hopper_kernel(
     CuSeqlens[b].
     Lse: (batch, nheads, seqlen_q) dense, (nheads, total_q) varlen. TileCounter: one int32, zero at launch, with
     ``DYNAMIC_TILES`` (``_next_tile``). ``WIDE_STORES``: O stored 16 bytes a thread (``store_rows``), for tiles whose
-    shared memory leaves room to convert it. ``Q_BUFFERS``: 2 gives a persistent program a second Q tile, so that the
-    loader copies the next tile's Q, and then its first K/V blocks, while the consumers still work on this one; with
-    1 the copy waits for every consumer's last Q K^T. ``RESCALE_THRESHOLD``: ``lazy_max``'s (None: every block)."""
+    shared memory leaves room to convert it; ``STORE_THROUGH_Q``: the same stores, converted through each consumer's
+    own Q tile (``store_rows_through``), which it then releases after its store rather than after its last Q K^T.
+    ``Q_BUFFERS``: 2 gives a persistent program a second Q tile, so that the loader copies the next tile's Q, and
+    then its first K/V blocks, while the consumers still work on this one; with 1 the copy waits for every
+    consumer's release of Q. ``RESCALE_THRESHOLD``: ``lazy_max``'s (None: every block)."""
     gl.static_assert(NUM_CONSUMERS == 2 or NUM_CONSUMERS == 3, "two or three consumer warpgroups")
     total_tiles = row_tiles * batch_heads
     q_smem, q_ready, q_free, tile_slot = q_ring(q_desc, HEAD_DIM, Q_BUFFERS, NUM_CONSUMERS)
@@ -762,12 +802,12 @@ def attention_forward_hopper_kernel(
                                    Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh,
                                    seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section,
                                    total_tiles, qk_scale_log2, 0, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN,
-                                   NUM_CONSUMERS, WIDE_STORES, Q_BUFFERS, RESCALE_THRESHOLD)),
+                                   NUM_CONSUMERS, WIDE_STORES, STORE_THROUGH_Q, Q_BUFFERS, RESCALE_THRESHOLD)),
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, tile_slot,
                                    Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh,
                                    seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section,
                                    total_tiles, qk_scale_log2, 1, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN,
-                                   NUM_CONSUMERS, WIDE_STORES, Q_BUFFERS, RESCALE_THRESHOLD)),
+                                   NUM_CONSUMERS, WIDE_STORES, STORE_THROUGH_Q, Q_BUFFERS, RESCALE_THRESHOLD)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready,
                                k_free, v_free, tile_slot, TileCounter, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k,
                                nheads, group_size, row_tiles, batch_heads, heads_per_section, total_tiles,
@@ -780,17 +820,17 @@ def attention_forward_hopper_kernel(
                                    Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh,
                                    seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section,
                                    total_tiles, qk_scale_log2, 0, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN,
-                                   NUM_CONSUMERS, WIDE_STORES, Q_BUFFERS, RESCALE_THRESHOLD)),
+                                   NUM_CONSUMERS, WIDE_STORES, STORE_THROUGH_Q, Q_BUFFERS, RESCALE_THRESHOLD)),
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, tile_slot,
                                    Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh,
                                    seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section,
                                    total_tiles, qk_scale_log2, 1, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN,
-                                   NUM_CONSUMERS, WIDE_STORES, Q_BUFFERS, RESCALE_THRESHOLD)),
+                                   NUM_CONSUMERS, WIDE_STORES, STORE_THROUGH_Q, Q_BUFFERS, RESCALE_THRESHOLD)),
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, tile_slot,
                                    Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh,
                                    seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section,
                                    total_tiles, qk_scale_log2, 2, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN,
-                                   NUM_CONSUMERS, WIDE_STORES, Q_BUFFERS, RESCALE_THRESHOLD)),
+                                   NUM_CONSUMERS, WIDE_STORES, STORE_THROUGH_Q, Q_BUFFERS, RESCALE_THRESHOLD)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready,
                                k_free, v_free, tile_slot, TileCounter, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k,
                                nheads, group_size, row_tiles, batch_heads, heads_per_section, total_tiles,
