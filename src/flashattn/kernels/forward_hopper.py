@@ -11,13 +11,14 @@ One program computes 128 query rows of one (sequence, head) (192 with ``NUM_CONS
   have: the overlapped loop holds block j's K and block j-1's V at once, so a ring that freed K and V
   together would hold two stages and leave a 2-stage ring nothing to prefetch into.
 
-A program computes one tile, or (persistent grid) several: the loader then fetches the next tile's Q into a
-free Q buffer (``Q_BUFFERS``; with one, once every consumer's last Q K^T of the tile before has read it), and its K
-and V as stages free up, while the consumers still work on the tile before. The loader picks each tile and hands its
-number to the consumers (``_publish_tile``): with ``DYNAMIC_TILES`` (every persistent grid) the next one not yet
-taken, from a counter in global memory, so that a program that drew short tiles takes more of them (FA3's dynamic
-persistent scheduler; p, p + grid, ... left the busiest SM 30% above the average at causal 1k, and was 0-3.5% behind
-the counter on non-causal calls too: docs/perf-notes.md).
+A program computes one tile, or (persistent grid) several: the loader then fetches the next tile's Q into a free Q
+buffer (``Q_BUFFERS``; with one, once every consumer has released it: after its last Q K^T of the tile before, or
+after its store where O is staged in Q, ``STORE_THROUGH_Q``), and its K and V as stages free up, while the consumers
+still work on the tile before. The loader picks each tile and hands its number to the consumers (``_publish_tile``):
+with ``DYNAMIC_TILES`` (every persistent grid) the next one not yet taken, from a counter in global memory, so that
+a program that drew short tiles takes more of them (FA3's dynamic persistent scheduler; p, p + grid, ... left the
+busiest SM 30% above the average at causal 1k, and was 0-3.5% behind the counter on non-causal calls too:
+docs/perf-notes.md).
 
 Triton's own warp specialization (``tl.range(..., warp_specialize=True)``) does not split our loop this way
 (docs/perf-notes.md); Gluon states the partitions, barriers and waits explicitly.
