@@ -81,7 +81,7 @@ def test_persistent_grid_holds_a_second_q_tile_where_shared_memory_has_room():
 
     # hdim 128, two stages of 128 keys: two Q tiles (64 KB), the ring (128 KB) and the 16-byte store's staging (32 KB)
     assert constexprs(HOPPER_TILES["n128-s2-persistent"], 128)["Q_BUFFERS"] == 2
-    assert constexprs(HOPPER_TILES["n128-s2-persistent"], 128)["WIDE_STORES"]
+    assert not constexprs(HOPPER_TILES["n128-s2-persistent"], 128)["STORE_THROUGH_Q"]
     assert constexprs(HOPPER_TILES["n128-s3-consumers3-persistent"], 64)["Q_BUFFERS"] == 2
     assert constexprs(HOPPER_TILES["n128-s2"], 128)["Q_BUFFERS"] == 1  # one tile a program: nothing to copy ahead
     packed = launch_forward.hopper_forward_constexprs(HOPPER_TILES["n128-s2-persistent"], 128, causal=False,
@@ -89,6 +89,7 @@ def test_persistent_grid_holds_a_second_q_tile_where_shared_memory_has_room():
     assert packed["Q_BUFFERS"] == 2  # packed calls too (launch_forward._forward_q_buffers)
     hdim_256 = configs.TileConfig(128, 64, 8, 2, hopper=True, persistent=True)
     assert constexprs(hdim_256, 256)["Q_BUFFERS"] == 1  # 64 KB of Q beside a 128 KB ring
+    assert constexprs(hdim_256, 256)["STORE_THROUGH_Q"]  # and no room for the store's staging: O goes through Q
 
 
 @pytest.mark.gpu

@@ -702,6 +702,7 @@ def _tile_key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free
 
 @gluon.jit
 def _release(q_free, RELEASE: gl.constexpr):
+    """The consumer's release of its Q tile, or none where it releases Q after its store (``STORE_THROUGH_Q``)."""
     if RELEASE:
         mbarrier.arrive(q_free, count=1)
 
@@ -712,8 +713,8 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
                         nheads, group_size, row_tiles, batch_heads, heads_per_section, total_tiles, qk_scale_log2,
                         WARP_GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                         NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr,
-                        NUM_CONSUMERS: gl.constexpr, WIDE_STORES: gl.constexpr, STORE_THROUGH_Q: gl.constexpr,
-                        Q_BUFFERS: gl.constexpr, THRESHOLD: gl.constexpr):
+                        NUM_CONSUMERS: gl.constexpr, STORE_THROUGH_Q: gl.constexpr, Q_BUFFERS: gl.constexpr,
+                        THRESHOLD: gl.constexpr):
     s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
     o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     ring = 0
@@ -760,8 +761,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
             store_rows_through(Out, acc, q, q_start, first_row, head * stride_oh, stride_om, tile_seqlen_q, HEAD_DIM)
             mbarrier.arrive(q_free.index(slot), count=1)
         else:
-            store_rows(Out, acc, q_start, first_row, head * stride_oh, stride_om, tile_seqlen_q, HEAD_DIM,
-                       WIDE_STORES)
+            store_rows(Out, acc, q_start, first_row, head * stride_oh, stride_om, tile_seqlen_q, HEAD_DIM, True)
         rounds += 1
         mbarrier.wait(q_ready.index(rounds % Q_BUFFERS), (rounds // Q_BUFFERS) & 1)
         tile_id = read_tile(tile_slot.index(rounds % Q_BUFFERS))
@@ -775,8 +775,7 @@ def attention_forward_hopper_kernel(
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
     IS_VARLEN: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
     CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr, DYNAMIC_TILES: gl.constexpr,
-    WIDE_STORES: gl.constexpr, STORE_THROUGH_Q: gl.constexpr, Q_BUFFERS: gl.constexpr,
-    RESCALE_THRESHOLD: gl.constexpr,
+    STORE_THROUGH_Q: gl.constexpr, Q_BUFFERS: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr,
 ):
     """Tiles of NUM_CONSUMERS x 64 query rows (2 or 3 consumer warpgroups), ``row_tiles`` per (sequence, head)
     and ``batch_heads`` of those; program p computes tile p first, then (persistent, when the grid is smaller than
@@ -784,9 +783,10 @@ def attention_forward_hopper_kernel(
     HEAD_DIM), k/v_desc (batch * seqlen_k, nheads_k * HEAD_DIM); varlen: the packed tokens, sequence b's rows from
     CuSeqlens[b].
     Lse: (batch, nheads, seqlen_q) dense, (nheads, total_q) varlen. TileCounter: one int32, zero at launch, with
-    ``DYNAMIC_TILES`` (``_next_tile``). ``WIDE_STORES``: O stored 16 bytes a thread (``store_rows``), for tiles whose
-    shared memory leaves room to convert it; ``STORE_THROUGH_Q``: the same stores, converted through each consumer's
-    own Q tile (``store_rows_through``), which it then releases after its store rather than after its last Q K^T.
+    ``DYNAMIC_TILES`` (``_next_tile``). O is stored 16 bytes a thread, its layout converted through
+    scratch shared memory (``store_rows``) or, with ``STORE_THROUGH_Q`` (tiles whose shared memory leaves no room for
+    the scratch), through each consumer's own Q tile (``store_rows_through``), which the consumer then releases after
+    its store rather than after its last Q K^T.
     ``Q_BUFFERS``: 2 gives a persistent program a second Q tile, so that the loader copies the next tile's Q, and
     then its first K/V blocks, while the consumers still work on this one; with 1 the copy waits for every
     consumer's release of Q. ``RESCALE_THRESHOLD``: ``lazy_max``'s (None: every block)."""
@@ -803,12 +803,12 @@ def attention_forward_hopper_kernel(
                                    Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh,
                                    seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section,
                                    total_tiles, qk_scale_log2, 0, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN,
-                                   NUM_CONSUMERS, WIDE_STORES, STORE_THROUGH_Q, Q_BUFFERS, RESCALE_THRESHOLD)),
+                                   NUM_CONSUMERS, STORE_THROUGH_Q, Q_BUFFERS, RESCALE_THRESHOLD)),
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, tile_slot,
                                    Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh,
                                    seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section,
                                    total_tiles, qk_scale_log2, 1, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN,
-                                   NUM_CONSUMERS, WIDE_STORES, STORE_THROUGH_Q, Q_BUFFERS, RESCALE_THRESHOLD)),
+                                   NUM_CONSUMERS, STORE_THROUGH_Q, Q_BUFFERS, RESCALE_THRESHOLD)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready,
                                k_free, v_free, tile_slot, TileCounter, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k,
                                nheads, group_size, row_tiles, batch_heads, heads_per_section, total_tiles,
@@ -821,17 +821,17 @@ def attention_forward_hopper_kernel(
                                    Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh,
                                    seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section,
                                    total_tiles, qk_scale_log2, 0, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN,
-                                   NUM_CONSUMERS, WIDE_STORES, STORE_THROUGH_Q, Q_BUFFERS, RESCALE_THRESHOLD)),
+                                   NUM_CONSUMERS, STORE_THROUGH_Q, Q_BUFFERS, RESCALE_THRESHOLD)),
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, tile_slot,
                                    Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh,
                                    seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section,
                                    total_tiles, qk_scale_log2, 1, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN,
-                                   NUM_CONSUMERS, WIDE_STORES, STORE_THROUGH_Q, Q_BUFFERS, RESCALE_THRESHOLD)),
+                                   NUM_CONSUMERS, STORE_THROUGH_Q, Q_BUFFERS, RESCALE_THRESHOLD)),
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, tile_slot,
                                    Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh,
                                    seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section,
                                    total_tiles, qk_scale_log2, 2, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN,
-                                   NUM_CONSUMERS, WIDE_STORES, STORE_THROUGH_Q, Q_BUFFERS, RESCALE_THRESHOLD)),
+                                   NUM_CONSUMERS, STORE_THROUGH_Q, Q_BUFFERS, RESCALE_THRESHOLD)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready,
                                k_free, v_free, tile_slot, TileCounter, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k,
                                nheads, group_size, row_tiles, batch_heads, heads_per_section, total_tiles,

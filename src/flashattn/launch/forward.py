@@ -157,15 +157,14 @@ def hopper_forward_constexprs(config: configs.TileConfig, head_dim: int, causal:
     """The Hopper forward's compile-time arguments for ``config`` (also what benchmarks/sass_report.py compiles)."""
     consumers = consumer_warpgroups(config)
     q_buffers = _forward_q_buffers(config, head_dim)
-    # without room to stage O for 16-byte stores, it is staged in the consumer's own Q tile
-    wide = room_for_wide_stores(config, head_dim, q_buffers)
     return dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, NUM_STAGES=config.num_stages, CAUSAL=causal,
                 IS_VARLEN=is_varlen, NUM_CONSUMERS=consumers,
                 CONSUMER_REGISTERS=configs.HOPPER_CONSUMER_REGISTERS[consumers],
                 LOADER_REGISTERS=configs.HOPPER_LOADER_REGISTERS,
                 # a persistent grid hands out its tiles as programs free up (causal and packed tiles are unequal work)
                 DYNAMIC_TILES=config.persistent,
-                WIDE_STORES=wide, STORE_THROUGH_Q=not wide, Q_BUFFERS=q_buffers,
+                # without room to stage O for 16-byte stores beside the ring, it is staged in the consumer's Q tile
+                STORE_THROUGH_Q=not room_for_wide_stores(config, head_dim, q_buffers), Q_BUFFERS=q_buffers,
                 RESCALE_THRESHOLD=config.rescale_threshold)
 
 
