@@ -52,7 +52,8 @@ INT32_POINTERS = {"BlockMap", "BlockTable", "CacheSeqlens", "CacheBatchIdx", "Ca
 # QGMMA: the FP8 (e4m3) wgmma's SASS name
 # REDG: per-element global reductions; UTMAREDG: TMA tile reductions (the fused dK/dV/dQ kernel's dQ)
 # STSM: stmatrix (the FP8 dK/dV/dQ kernel's dS store)
-COUNTED_OPS = ("HGMMA", "QGMMA", "HMMA", "FFMA", "FMUL", "FADD", "MUFU.EX2", "STL", "LDL", "REDG", "UTMAREDG")
+COUNTED_OPS = ("HGMMA", "QGMMA", "HMMA", "FFMA", "FMUL", "FADD", "MUFU.EX2", "STL", "LDL", "REDG", "UTMAREDG",
+               "STG.E.128")
 _COUNTED = re.compile(r"\b(" + "|".join(re.escape(op) for op in COUNTED_OPS) + r")\b")
 LOOP_OPS = ("HGMMA", "QGMMA", "HMMA", "WARPGROUP.DEPBAR", "MUFU.EX2", "STL", "LDL", "BAR", "LDGSTS", "LDG", "ISETP",
             "FSEL", "REDG", "UTMAREDG", "STSM", "STS.128")
@@ -510,11 +511,12 @@ def _bf16_descriptor(rows: int, head_dim: int) -> str:
 
 
 def _gluon_report(kernel, signature: dict, constexprs: dict) -> dict:
-    """:func:`report` of a Hopper (Gluon) kernel compiled for sm90 with 4 warps in its default partition."""
+    """:func:`report` of a Hopper (Gluon) kernel compiled for sm90 with 4 warps in its default partition, its pointers
+    and strides 16-divisible as the launcher's tensors make them (the JIT specializes on it: 16-byte stores)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     signature = {**signature, **{name: "constexpr" for name in constexprs}}
-    source = GluonASTSource(kernel, signature, constexprs)
+    source = GluonASTSource(kernel, signature, constexprs, alignment_hints(signature))
     return report(*compile_sm90(source, {"num_warps": 4}))
 
 
