@@ -52,6 +52,7 @@ INT32_POINTERS = {"BlockMap", "BlockTable", "CacheSeqlens", "CacheBatchIdx", "Ca
 # QGMMA: the FP8 (e4m3) wgmma's SASS name
 # REDG: per-element global reductions; UTMAREDG: TMA tile reductions (the fused dK/dV/dQ kernel's dQ)
 # STSM: stmatrix (the FP8 dK/dV/dQ kernel's dS store)
+# STG.E.128: 16-byte global stores (the Hopper forward's O, staged in scratch shared memory or the consumer's Q tile)
 COUNTED_OPS = ("HGMMA", "QGMMA", "HMMA", "FFMA", "FMUL", "FADD", "MUFU.EX2", "STL", "LDL", "REDG", "UTMAREDG",
                "STG.E.128")
 _COUNTED = re.compile(r"\b(" + "|".join(re.escape(op) for op in COUNTED_OPS) + r")\b")
