@@ -59,7 +59,7 @@ from .backward_hopper import (
     hidden_queries,
     store_key_slice,
 )
-from .forward_hopper import register_operand_layout, wgmma_layout
+from .forward_hopper import register_operand_layout, store_rows_through, wgmma_layout
 
 DQ_ROWS = gl.constexpr(64)  # the dQ^T rows (head dims) of one product: a wgmma row block (M = 64)
 DQ_QUERIES = gl.constexpr(64)  # its columns: the kernel's query block (BLOCK_M)
@@ -306,8 +306,12 @@ def _row_block_partition(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, d
         k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready, stats_ready,
         stage_free, dq_desc, batch, head_k * group_size, first_q_block, per_head, iterations, group_size, 0, 0, 0,
         seqlen_q, seqlen_k, nheads, slice_start, qk_scale_log2, HEAD_DIM, BLOCK_M, NUM_STAGES, CAUSAL, SLICE)
-    store_gradients(dk, dv, DK, DV, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh,
-                    softmax_scale, HEAD_DIM)
+    # every product has completed (each block waits for its own): the slice of V only this consumer's dP^T read is
+    # free to stage dV and then dK for 16-byte stores
+    column = batch.to(gl.int64) * stride_gb + head_k * stride_gh
+    v_slice = v_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS)
+    store_rows_through(DV, dv, v_slice, 0, slice_start, column, stride_gm, seqlen_k, HEAD_DIM)
+    store_rows_through(DK, dk * softmax_scale, v_slice, 0, slice_start, column, stride_gm, seqlen_k, HEAD_DIM)
     tma.store_wait(0)  # the shared memory stays the reductions' until they have read it
 
 
