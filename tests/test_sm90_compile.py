@@ -256,9 +256,9 @@ def test_table_kernels_keep_wgmma_asynchronous(group):
         assert result["unwritten_uniform_reads"] == 0, f"{name}: {UNWRITTEN_READS}"
         if phase.startswith("dkdv"):
             check_dq_reductions(name, result, head_dim)
-        if phase == "forward_hopper":
-            # O stored 16 bytes a thread, through scratch shared memory or the consumer's Q tile: head_dim / 16 stores a
-            # consumer, two consumers at least
+        if phase in ("forward_hopper", "dq_hopper"):
+            # O (dQ) stored 16 bytes a thread, through scratch shared memory or the consumer's Q tile: head_dim / 16
+            # stores a consumer, two consumers at least
             assert result["STG.E.128"] >= 2 * head_dim // 16, f"{name}: {result['STG.E.128']} 16-byte stores"
         if phase == "forward_hopper" and causal:
             # the masks' one comparison and one select a score (forward_hopper.visible_keys): a block's exponentials

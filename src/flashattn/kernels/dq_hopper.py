@@ -34,6 +34,7 @@ from .forward_hopper import (
     register_operand_layout,
     rows_in_sequence,
     store_rows,
+    store_rows_through,
     visible_keys,
     wgmma_layout,
 )
@@ -126,7 +127,7 @@ def _consumer_partition(q_smem, do_smem, k_bufs, v_bufs, rows_ready, k_ready, v_
                         seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section, softmax_scale,
                         qk_scale_log2, WARP_GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                         NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr,
-                        NUM_CONSUMERS: gl.constexpr, WIDE_STORES: gl.constexpr):
+                        NUM_CONSUMERS: gl.constexpr, STORE_THROUGH_Q: gl.constexpr):
     s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
     acc_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     head, _, q_start, _, tile_seqlen_q, tile_seqlen_k, lse_row, tile_row, n_full, n_blocks = _tile_plan(
@@ -149,8 +150,13 @@ def _consumer_partition(q_smem, do_smem, k_bufs, v_bufs, rows_ready, k_ready, v_
     dq = _key_blocks(q, do, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, dq, rows, lse_log2, delta, n_full,
                      n_blocks, tile_seqlen_q, tile_seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL,
                      True)
-    store_rows(DQ, dq * softmax_scale, q_start, first_row, head * stride_dqh, stride_dqm, tile_seqlen_q, HEAD_DIM,
-               WIDE_STORES)
+    if STORE_THROUGH_Q:
+        # every product has completed: this consumer's Q tile, read by its S products alone, stages dQ
+        store_rows_through(DQ, dq * softmax_scale, q, q_start, first_row, head * stride_dqh, stride_dqm, tile_seqlen_q,
+                           HEAD_DIM)
+    else:
+        store_rows(DQ, dq * softmax_scale, q_start, first_row, head * stride_dqh, stride_dqm, tile_seqlen_q, HEAD_DIM,
+                   True)
 
 
 @gluon.jit
@@ -160,14 +166,15 @@ def dq_hopper_kernel(
     seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section, softmax_scale, qk_scale_log2,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
     IS_VARLEN: gl.constexpr, NUM_CONSUMERS: gl.constexpr, CONSUMER_REGISTERS: gl.constexpr,
-    LOADER_REGISTERS: gl.constexpr, WIDE_STORES: gl.constexpr,
+    LOADER_REGISTERS: gl.constexpr, STORE_THROUGH_Q: gl.constexpr,
 ):
     """dQ of NUM_CONSUMERS x 64 query rows a program (2 or 3 consumer warpgroups): ``row_tiles`` per (sequence,
     head), ``batch_heads`` of those, one program each. The descriptors are the forward's: q_desc / do_desc over
     (tokens, nheads * HEAD_DIM) in (64, HEAD_DIM) blocks, k_desc / v_desc over (tokens, nheads_k * HEAD_DIM) in
     (BLOCK_N, HEAD_DIM) blocks. Lse and Delta: (batch, nheads, seqlen_q) dense, (nheads, total_q) varlen, last
-    stride 1. DQ: token stride stride_dqm, head stride stride_dqh. ``WIDE_STORES``: dQ stored 16 bytes a thread
-    (``forward_hopper.store_rows``)."""
+    stride 1. DQ: token stride stride_dqm, head stride stride_dqh. dQ is stored 16 bytes a thread, its layout
+    converted through scratch shared memory (``forward_hopper.store_rows``) or, with ``STORE_THROUGH_Q`` (no room for
+    the scratch beside the ring, Q and dO), through each consumer's own Q tile (``store_rows_through``)."""
     gl.static_assert(NUM_STAGES >= 2, "K is held until the next block's products are issued: two stages at least")
     gl.static_assert(NUM_CONSUMERS == 2 or NUM_CONSUMERS == 3, "two or three consumer warpgroups")
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONSUMERS, ROWS_PER_WARPGROUP, HEAD_DIM], q_desc.layout)
@@ -187,12 +194,12 @@ def dq_hopper_kernel(
                                    Lse, Delta, CuSeqlensQ, CuSeqlensK, stride_dqm, stride_dqh, stride_lb, stride_lh,
                                    seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section,
                                    softmax_scale, qk_scale_log2, 0, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN,
-                                   NUM_CONSUMERS, WIDE_STORES)),
+                                   NUM_CONSUMERS, STORE_THROUGH_Q)),
             (_consumer_partition, (q_smem, do_smem, k_bufs, v_bufs, rows_ready, k_ready, v_ready, k_free, v_free, DQ,
                                    Lse, Delta, CuSeqlensQ, CuSeqlensK, stride_dqm, stride_dqh, stride_lb, stride_lh,
                                    seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section,
                                    softmax_scale, qk_scale_log2, 1, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN,
-                                   NUM_CONSUMERS, WIDE_STORES)),
+                                   NUM_CONSUMERS, STORE_THROUGH_Q)),
             (_load_partition, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, rows_ready, k_ready,
                                v_ready, k_free, v_free, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, nheads, group_size,
                                row_tiles, batch_heads, heads_per_section, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL,
@@ -204,17 +211,17 @@ def dq_hopper_kernel(
                                    Lse, Delta, CuSeqlensQ, CuSeqlensK, stride_dqm, stride_dqh, stride_lb, stride_lh,
                                    seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section,
                                    softmax_scale, qk_scale_log2, 0, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN,
-                                   NUM_CONSUMERS, WIDE_STORES)),
+                                   NUM_CONSUMERS, STORE_THROUGH_Q)),
             (_consumer_partition, (q_smem, do_smem, k_bufs, v_bufs, rows_ready, k_ready, v_ready, k_free, v_free, DQ,
                                    Lse, Delta, CuSeqlensQ, CuSeqlensK, stride_dqm, stride_dqh, stride_lb, stride_lh,
                                    seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section,
                                    softmax_scale, qk_scale_log2, 1, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN,
-                                   NUM_CONSUMERS, WIDE_STORES)),
+                                   NUM_CONSUMERS, STORE_THROUGH_Q)),
             (_consumer_partition, (q_smem, do_smem, k_bufs, v_bufs, rows_ready, k_ready, v_ready, k_free, v_free, DQ,
                                    Lse, Delta, CuSeqlensQ, CuSeqlensK, stride_dqm, stride_dqh, stride_lb, stride_lh,
                                    seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section,
                                    softmax_scale, qk_scale_log2, 2, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN,
-                                   NUM_CONSUMERS, WIDE_STORES)),
+                                   NUM_CONSUMERS, STORE_THROUGH_Q)),
             (_load_partition, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, rows_ready, k_ready,
                                v_ready, k_free, v_free, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, nheads, group_size,
                                row_tiles, batch_heads, heads_per_section, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL,

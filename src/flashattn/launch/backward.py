@@ -119,7 +119,8 @@ def hopper_dq_constexprs(config: configs.TileConfig, head_dim: int, causal: bool
     return dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, NUM_STAGES=config.num_stages, CAUSAL=causal,
                 IS_VARLEN=is_varlen, NUM_CONSUMERS=consumers,
                 CONSUMER_REGISTERS=configs.HOPPER_CONSUMER_REGISTERS[consumers],
-                LOADER_REGISTERS=configs.HOPPER_LOADER_REGISTERS, WIDE_STORES=room_for_wide_stores(config, head_dim, 2))
+                LOADER_REGISTERS=configs.HOPPER_LOADER_REGISTERS,
+                STORE_THROUGH_Q=not room_for_wide_stores(config, head_dim, 2))
 
 
 def hopper_dkdv_kernel(config: configs.TileConfig, fused: bool = False):

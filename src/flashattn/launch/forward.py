@@ -179,7 +179,8 @@ def room_for_wide_stores(config: configs.TileConfig, head_dim: int, row_tiles_he
     """Whether a Hopper forward or dQ program's shared memory leaves room to stage its result for 16-byte stores (at
     most a 64-row tile of each consumer) beside the K/V ring and the consumers' ``row_tiles_held`` 64-row tiles (the
     forward's Q buffers; the dQ's Q and dO). The forward's 3-stage 128-key tile at hdim 128 (224 KB) and its hdim-256
-    tile (192 KB) leave none: the forward stages O in each consumer's Q tile instead (``STORE_THROUGH_Q``)."""
+    tile (192 KB) leave none, as does the dQ's at hdim 256: these stage their result in each consumer's Q tile
+    instead (``STORE_THROUGH_Q``)."""
     return _fits_shared_memory(config, head_dim, row_tiles_held + 1)
 
 
