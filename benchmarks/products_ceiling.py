@@ -10,8 +10,9 @@ compute floor's ceiling.
 
     PYTHONPATH=src python benchmarks/products_ceiling.py            # hdim 64, 128, 256 at 1k, 4k, 16k tokens a sequence
 
-Prints one row a shape (TFLOP/s counted as the forward's, 4 x batch x heads x seqlen^2 x head dim) beside the 8192^3
-matmul measured in the same run. Needs an sm90 GPU.
+Prints one row a shape (TFLOP/s counted as the forward's, 4 x batch x heads x seqlen^2 x head dim) beside the
+forward itself (``flash_attn_func``, non-causal) and the 8192^3 matmul, all measured in the same run. Needs an sm90
+GPU.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from flashattn import configs
+from flashattn import configs, flash_attn_func
 from flashattn.kernels.forward_hopper import (
     ROWS_PER_WARPGROUP,
     _block_scores,
@@ -161,18 +162,19 @@ def main(argv: list[str]) -> int:
     a, b = (torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     matmul = 2 * 8192**3 / triton.testing.do_bench(lambda: a @ b, warmup=25, rep=200) / 1e9
     print(f"# {torch.cuda.get_device_name()}  bf16 matmul 8192^3 {matmul:.0f} TFLOP/s")
-    print("| hdim | seqlen | tile | products TFLOP/s | over the matmul |")
-    print("|---|---|---|---|---|")
+    print("| hdim | seqlen | tile | products TFLOP/s | forward TFLOP/s | forward / products | products / matmul |")
+    print("|---|---|---|---|---|---|---|")
     for head_dim in args.head_dims:
         config = forward_tile(head_dim)
         for seqlen in args.seqlens:
             batch, nheads = args.tokens // seqlen, args.hidden // head_dim
             q, k, v = (torch.randn(batch, seqlen, nheads, head_dim, device="cuda", dtype=torch.bfloat16)
                        for _ in range(3))
-            ms = triton.testing.do_bench(functools.partial(products, q, k, v, config), warmup=25, rep=200)
-            rate = 4 * batch * nheads * seqlen**2 * head_dim / ms / 1e9
+            flop = 4 * batch * nheads * seqlen**2 * head_dim
+            rate = flop / triton.testing.do_bench(functools.partial(products, q, k, v, config), rep=200) / 1e9
+            forward = flop / triton.testing.do_bench(functools.partial(flash_attn_func, q, k, v), rep=200) / 1e9
             print(f"| {head_dim} | {seqlen} | 128 x {config.block_n}, {config.num_stages} stages | {rate:.0f} | "
-                  f"{rate / matmul:.2f} |")
+                  f"{forward:.0f} | {forward / rate:.2f} | {rate / matmul:.2f} |")
     return 0
 
 

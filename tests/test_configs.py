@@ -114,15 +114,15 @@ def test_hopper_forward_entries_only_where_the_call_fits():
     # a call the Hopper kernel does not cover keeps the Triton table
     assert lookup("hopper", "forward", 128, False, torch.bfloat16, seqlen=4096) == (
         configs.HOPPER_FORWARD.base[(128, False)])
-    # hdim 64: three consumers from 2k non-causal and from 4k causal; the Triton entries for shorter calls, as for
-    # short causal hdim 128
+    # hdim 64: three consumers from 2k, causal or not; the Triton entries for shorter causal calls, as for short
+    # causal hdim 128
     assert lookup("hopper", "forward", 64, False, torch.bfloat16, seqlen=4096, hopper=True).three_consumers
-    for seqlen in (4096, 0):  # 0: a length not known, as for the other buckets
+    for seqlen in (2048, 4096, 0):  # 0: a length not known, as for the other buckets
         assert lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=seqlen, hopper=True) == \
             configs.HOPPER_FORWARD.hopper[(64, True)]
     assert lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=16384, hopper=True) == \
         configs.HOPPER_FORWARD.hopper_long[(64, True)]
-    for seqlen in (2048, 4095, SHORT_SEQLEN):
+    for seqlen in (2047, SHORT_SEQLEN + 1, SHORT_SEQLEN):
         assert lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=seqlen, hopper=True) == \
             lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=seqlen)
     assert not lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=2048).hopper

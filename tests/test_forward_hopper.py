@@ -228,19 +228,19 @@ def test_other_options_take_the_triton_kernel(option, monkeypatch):
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize(("head_dim", "option", "dtype", "expect_launch"), [
-    (128, "causal", torch.bfloat16, True), (256, "causal", torch.float16, True),
-    (64, "plain", torch.bfloat16, True), (64, "causal", torch.bfloat16, False),
-    (96, "causal", torch.bfloat16, False), (128, "causal", torch.float32, False)])
-def test_table_takes_the_hopper_kernel_where_it_fits(head_dim, option, dtype, expect_launch, monkeypatch):
-    case = make_case((1, 2048, 2048, 2, 2, head_dim), option, "cuda")
+@pytest.mark.parametrize(("head_dim", "option", "dtype", "seqlen", "expect_launch"), [
+    (128, "causal", torch.bfloat16, 2048, True), (256, "causal", torch.float16, 2048, True),
+    (64, "plain", torch.bfloat16, 2048, True), (64, "causal", torch.bfloat16, 1024, False),
+    (96, "causal", torch.bfloat16, 2048, False), (128, "causal", torch.float32, 2048, False)])
+def test_table_takes_the_hopper_kernel_where_it_fits(head_dim, option, dtype, seqlen, expect_launch, monkeypatch):
+    case = make_case((1, seqlen, seqlen, 2, 2, head_dim), option, "cuda")
     with forced_ws(None, monkeypatch, expect_launch=expect_launch):
         check_against_reference(case, dtype, "cuda", flash_attn_func, backward=False)
 
 
 @pytest.mark.gpu
 @hopper
-def test_table_takes_the_three_consumer_kernel_for_causal_hdim_64_from_4k(monkeypatch):
-    case = make_case((1, 4096, 4096, 2, 2, 64), "causal", "cuda")
+def test_table_takes_the_three_consumer_kernel_for_causal_hdim_64_from_2k(monkeypatch):
+    case = make_case((1, 2048, 2048, 2, 2, 64), "causal", "cuda")
     with forced_ws(None, monkeypatch, expect_launch=True):
         check_against_reference(case, torch.bfloat16, "cuda", flash_attn_func, backward=False)
