@@ -300,6 +300,11 @@ def test_swept_hopper_tiles_keep_wgmma_asynchronous(names):
         assert result["unwritten_uniform_reads"] == 0, f"{name}: {UNWRITTEN_READS}"
         if name in SWEPT_DKDV_TILES or name in SWEPT_FUSED_DQ_TILES:
             check_dq_reductions(name, result, SWEPT_BUILDS[name][1])
+        if name in SWEPT_FUSED_DQ_TILES:
+            # dV and dK staged in a consumer's slice of V (backward_fused_dq.store_gradients): head_dim / 16 16-byte
+            # stores a tensor a consumer
+            head_dim = SWEPT_BUILDS[name][1]
+            assert result["STG.E.128"] >= 4 * head_dim // 16, f"{name}: {result['STG.E.128']} 16-byte stores"
         if name in SWEPT_DQ_TILES:  # 160 registers a consumer thread hold the three-consumer dQ without spills
             assert result["STL"] == 0 and result["LDL"] == 0, f"{name}: spills"
 

@@ -57,7 +57,6 @@ from .backward_hopper import (
     _slice_scores,
     _streamed_buffers,
     hidden_queries,
-    store_key_slice,
 )
 from .forward_hopper import register_operand_layout, store_rows_through, wgmma_layout
 
@@ -306,12 +305,9 @@ def _row_block_partition(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, d
         k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready, stats_ready,
         stage_free, dq_desc, batch, head_k * group_size, first_q_block, per_head, iterations, group_size, 0, 0, 0,
         seqlen_q, seqlen_k, nheads, slice_start, qk_scale_log2, HEAD_DIM, BLOCK_M, NUM_STAGES, CAUSAL, SLICE)
-    # every product has completed (each block waits for its own): the slice of V only this consumer's dP^T read is
-    # free to stage dV and then dK for 16-byte stores
-    column = batch.to(gl.int64) * stride_gb + head_k * stride_gh
-    v_slice = v_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS)
-    store_rows_through(DV, dv, v_slice, 0, slice_start, column, stride_gm, seqlen_k, HEAD_DIM)
-    store_rows_through(DK, dk * softmax_scale, v_slice, 0, slice_start, column, stride_gm, seqlen_k, HEAD_DIM)
+    # every product has completed (each block waits for its own)
+    store_gradients(dk, dv, v_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS), DK, DV, batch, head_k, slice_start, seqlen_k,
+                    stride_gb, stride_gm, stride_gh, softmax_scale, HEAD_DIM)
     tma.store_wait(0)  # the shared memory stays the reductions' until they have read it
 
 
@@ -384,12 +380,14 @@ def walk_query_blocks(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_r
 
 
 @gluon.jit
-def store_gradients(dk, dv, DK, DV, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh,
+def store_gradients(dk, dv, v_slice, DK, DV, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh,
                     softmax_scale, HEAD_DIM: gl.constexpr):
-    """A consumer's 64 keys' rows of dV and dK (scaled), from the wgmma layout."""
-    acc_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
-    store_key_slice(dk, dv, DK, DV, batch, head_k, slice_start, seqlen_k, stride_gb, stride_gm, stride_gh,
-                    softmax_scale, HEAD_DIM, SLICE_KEYS, acc_layout)
+    """A consumer's 64 keys' rows of dV and dK (scaled), staged for 16-byte stores in ``v_slice``, the consumer's own
+    64 keys of V: free once its last dP^T has completed (K is not: both consumers read all of it for dQ^T), and its
+    reads fenced against the next TMA copy into it when this returns."""
+    column = batch.to(gl.int64) * stride_gb + head_k * stride_gh
+    store_rows_through(DV, dv, v_slice, 0, slice_start, column, stride_gm, seqlen_k, HEAD_DIM)
+    store_rows_through(DK, dk * softmax_scale, v_slice, 0, slice_start, column, stride_gm, seqlen_k, HEAD_DIM)
 
 
 @gluon.jit

@@ -5,8 +5,8 @@ first stages of Q and dO) and its epilogue (the dK and dV stores, the last reduc
 idle: at 1k tokens a tile has 16 query blocks a query head (causal: 2-16), and the next program starts only once the
 last one has left. Here a program takes tile after tile (FlashAttention-3's persistent backward), and its loader
 fetches the next tile's first stages of Q and dO as soon as the consumers free them (the ring runs on from tile to
-tile) and its K and V as soon as both consumers have completed the last product that read the last tile's
-(``kv_free``): those loads run while the consumers store dK and dV.
+tile) and its K and V as soon as both consumers have stored the last tile's dK and dV (``kv_free``): each stages its
+own through its slice of V for 16-byte stores, so the release waits for the stores.
 
 Tile order (``_persistent_tile``): kv heads in L2 sections (the forward's: as many kv heads as have their group's Q
 and dO within ``configs.HOPPER_L2_SECTION_BYTES``), and inside a section the key block as the slower index, so that
@@ -106,8 +106,8 @@ def _persistent_consumer(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, d
                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                          CAUSAL: gl.constexpr, SLICE: gl.constexpr):
     """``backward_fused_dq._row_block_partition`` over the tiles the loader hands out: each tile's blocks
-    (``walk_query_blocks``, the ring positions carried on), then the release of K and V, then dK and dV stored while
-    the loader fetches the next tile's.
+    (``walk_query_blocks``, the ring positions carried on), then dK and dV stored through this consumer's slice of V,
+    then the release of K and V for the next tile's.
 
     Only what the loop reads stays in registers through it: the tile count waits in this consumer's slot of
     ``round_slots`` (an int32 through shared memory, as the tile number is), and the tile's plan is read again from
@@ -138,10 +138,12 @@ def _persistent_consumer(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, d
             heads_per_section, BLOCK_M, BLOCK_N, CAUSAL)
         rounds = read_tile(round_slot) + 1
         # every product of the tile has completed (each block waits for its own), so none reads K or V any more:
-        # the arrive's partition barrier holds it until every warp is past its last wait
+        # dV and dK go through this consumer's slice of V, which the arrive then hands back with K (its partition
+        # barrier holds it until every warp is past the stores)
+        store_gradients(dk, dv, v_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS), DK, DV, batch, head_k,
+                        key_start + SLICE * SLICE_KEYS, seqlen_k, stride_gb, stride_gm, stride_gh, softmax_scale,
+                        HEAD_DIM)
         mbarrier.arrive(kv_free, count=1)
-        store_gradients(dk, dv, DK, DV, batch, head_k, key_start + SLICE * SLICE_KEYS, seqlen_k, stride_gb,
-                        stride_gm, stride_gh, softmax_scale, HEAD_DIM)
         mbarrier.wait(kv_ready, rounds & 1)
         tile_id = read_tile(tile_slot)
     tma.store_wait(0)  # the shared memory stays the reductions' until they have read it
@@ -163,7 +165,7 @@ def dkdv_dq_persistent_kernel(
     group_size = nheads // nheads_k
     (k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, stage_free, ds_bufs, ds_ready, dq_bufs, stats_bufs,
      stats_ready) = fused_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, HEAD_DIM, BLOCK_M, NUM_STAGES)
-    # K and V freed by both consumers once a tile's last product that reads them has completed
+    # K and V freed by both consumers once each has stored the tile's dK and dV through its slice of V
     kv_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_free, count=2)
     tile_slot = gl.allocate_shared_memory(gl.int32, [1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
