@@ -8,6 +8,8 @@ the table's entries for sm90 on the CPU.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from cases import make_case
@@ -114,7 +116,8 @@ def test_table_takes_the_hopper_dkdv_where_it_fits(head_dim, dtype, expect_launc
 # dQ fused into the key-slice dK/dV kernel (kernels/backward_fused_dq.py) at hdim 64 and 128: float32 dQ^T tiles
 # added by TMA reductions, then a pass that transposes, scales and rounds; the table's choice (phase "dkdv_dq") for
 # non-deterministic calls from 1k tokens (causal hdim 128: 2k), forced here at every length. At hdim 64 the consumers
-# take dQ^T in turns, block by block: odd block counts (1, 113 -> 2 blocks, 257 -> 5, 700 -> 11) and GQA groups
+# take dQ^T in turns, block by block: odd block counts (1, 113 -> 2 blocks, 257 -> 5, 700 -> 11) and GQA groups. The
+# one-tile kernel takes 64-row query blocks; 128-row ones, the persistent form's (the table's from 1k), below
 FUSED_DQ = configs.TileConfig(64, 128, 8, 2, hopper=True, key_slices=True)
 FUSED_DQ_SHAPES = [(2, 1023, 1023, 4, 1, 128), (1, 113, 203, 4, 2, 128), (1, 113, 113, 2, 2, 128),
                    (1, 4096, 4096, 2, 2, 128), (1, 4096, 4096, 4, 1, 128), (2, 257, 1000, 2, 2, 128),
@@ -137,28 +140,37 @@ def test_fused_dq_matches_reference(shape, option, monkeypatch):
 
 # its persistent form (kernels/backward_fused_dq_persistent.py): tiles from a counter in L2 sections, a program's rings
 # run on from tile to tile. Fewer tiles than SMs and more (224 and 352 on an H200's 132), odd block counts (777 -> 13
-# query blocks: at hdim 64 a program's next tile then starts on consumer 1's turn), GQA, seqlen_q != seqlen_k, sections
-# of 2 and 1 (kv) heads (4096 queries at hdim 128, group 2: 4 MB of Q and dO a head), one query row
-PERSISTENT_FUSED_DQ = configs.TileConfig(64, 128, 8, 2, hopper=True, key_slices=True, persistent=True)
+# 64-row blocks, 7 of 128 rows: at hdim 64 a program's next tile then starts on consumer 1's turn), GQA, seqlen_q !=
+# seqlen_k, sections of 2 and 1 (kv) heads (4096 queries at hdim 128, group 2: 4 MB of Q and dO a head), one query
+# row, a 128-row block whose second half lies past seqlen_q (113, 1); hdim 64 on 128-row blocks (the table's from 1k)
+PERSISTENT_FUSED_DQ = {128: dataclasses.replace(FUSED_DQ, persistent=True),
+                       64: dataclasses.replace(FUSED_DQ, block_m=128, persistent=True)}
 PERSISTENT_FUSED_DQ_SHAPES = [(2, 1023, 777, 4, 2, 128), (1, 113, 203, 4, 2, 64), (8, 777, 777, 4, 4, 64),
                               (4, 1500, 1300, 16, 8, 128), (1, 4096, 3000, 6, 3, 128), (1, 1, 300, 2, 2, 64)]
 
 
 @gpu_cases(PERSISTENT_FUSED_DQ_SHAPES)
 def test_persistent_fused_dq_matches_reference(shape, option, monkeypatch):
-    kernel, _ = launch_backward.hopper_dkdv_kernel(PERSISTENT_FUSED_DQ, fused=True)
+    kernel, _ = launch_backward.hopper_dkdv_kernel(PERSISTENT_FUSED_DQ[shape[-1]], fused=True)
     assert kernel.fn.__name__ == "dkdv_dq_persistent_kernel"
-    with fused_dq_passes(monkeypatch, True, PERSISTENT_FUSED_DQ):
+    with fused_dq_passes(monkeypatch, True, PERSISTENT_FUSED_DQ[shape[-1]]):
+        check_against_reference(make_case(shape, option, "cuda"), torch.bfloat16, "cuda", flash_attn_func)
+
+
+# and at hdim 64 on 64-row query blocks, the table's tile at <= 512 tokens (777 -> 13 blocks)
+@gpu_cases([(1, 113, 203, 4, 2, 64), (8, 777, 777, 4, 4, 64), (1, 1, 300, 2, 2, 64)])
+def test_persistent_fused_dq_on_64_row_blocks_matches_reference(shape, option, monkeypatch):
+    with fused_dq_passes(monkeypatch, True, dataclasses.replace(PERSISTENT_FUSED_DQ[64], block_m=64)):
         check_against_reference(make_case(shape, option, "cuda"), torch.bfloat16, "cuda", flash_attn_func)
 
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize(("head_dim", "stages"), [(128, 2), (64, 3), (64, 2)])
-def test_fused_dq_fp16_and_scale(head_dim, stages, monkeypatch):
+@pytest.mark.parametrize("head_dim", [128, 64])
+def test_fused_dq_fp16_and_scale(head_dim, monkeypatch):
     case = make_case((2, 333, 517, 4, 2, head_dim), "causal", "cuda")
     case.options["softmax_scale"] = 0.05
-    with fused_dq_passes(monkeypatch, True, configs.TileConfig(64, 128, 8, stages, hopper=True, key_slices=True)):
+    with fused_dq_passes(monkeypatch, True, FUSED_DQ):
         check_against_reference(case, torch.float16, "cuda", flash_attn_func)
 
 
@@ -204,8 +216,9 @@ def test_table_fuses_dq_at_hdim_64_and_128():
         return configs.lookup("hopper", "dkdv_dq", head_dim, causal, torch.bfloat16, seqlen=seqlen, hopper=True)
 
     assert fused(128, False, 512) == fused(128, True, 1024) == fused(128, True, 16384) == FUSED_DQ
-    # hdim 64: the persistent form, from 512
-    assert fused(64, False, 512) == fused(64, True, 512) == fused(64, False, 16384) == PERSISTENT_FUSED_DQ
+    # hdim 64: the persistent form from 512, on 64-row query blocks there and 128-row ones from 1k
+    assert fused(64, False, 1024) == fused(64, True, 1024) == fused(64, False, 16384) == PERSISTENT_FUSED_DQ[64]
+    assert fused(64, False, 512) == fused(64, True, 512) == dataclasses.replace(PERSISTENT_FUSED_DQ[64], block_m=64)
     for head_dim in (64, 128):
         assert fused(head_dim, False, 256) is None and fused(head_dim, True, 256) is None
     assert fused(128, True, 512) is None
@@ -231,8 +244,8 @@ def in_place(acc: torch.Tensor, batch: int, nheads: int, seqlen_q: int, head_dim
     """The fused kernel's dQ^T accumulator back in (batch, seqlen_q, nheads, head_dim) order: each 16 x 256 tile is
     a [64 head dims, 64 queries] block in the kernel's register order (backward_fused_dq._register_order: the wgmma
     layout's (warp, r1, lane // 4) rows and (i, lane % 4, r0) columns, stored as (i, warp | lane // 4, lane % 4, r1,
-    r0)), undone here by the inverse permutation."""
-    blocks = -(-seqlen_q // 64)
+    r0)), undone here by the inverse permutation; the blocks a head in whole pairs."""
+    blocks = 2 * -(-seqlen_q // 128)
     tiles = acc.reshape(batch, nheads, blocks, head_dim // 64, 8, 2, 2, 8, 4, 2, 2)
     # (i, w // 2, w % 2, lane // 4, lane % 4, r1, r0) -> (w // 2, w % 2, r1, lane // 4 | i, lane % 4, r0)
     tiles = tiles.permute(0, 1, 2, 3, 5, 6, 9, 7, 4, 8, 10).reshape(batch, nheads, blocks, head_dim // 64, 64, 64)
@@ -242,13 +255,14 @@ def in_place(acc: torch.Tensor, batch: int, nheads: int, seqlen_q: int, head_dim
 
 def test_dq_accumulator_and_its_conversion(triton_backend):
     """The fused kernel's dQ^T accumulator: a 16 x 256 tile for each (batch, head, 64-query block, 64 head dims),
-    in rows of 256 (its descriptor's block one tile, not swizzled), and the pass back to dq (put in place, scaled,
-    rounded) on the GPU or under the interpreter, in float16 (the interpreter's bfloat16 rounding is not
-    round-to-nearest-even): one query at hdim 64, and 130 (three 64-row blocks, the last partial) at hdim 128."""
+    the blocks a head in whole pairs (a 128-row block's halves), in rows of 256 (its descriptor's block one tile, not
+    swizzled), and the pass back to dq (put in place, scaled, rounded) on the GPU or under the interpreter, in
+    float16 (the interpreter's bfloat16 rounding is not round-to-nearest-even): one query at hdim 64 (two blocks, the
+    second past seqlen_q), and 130 (three 64-row blocks, the last partial, and a fourth past it) at hdim 128."""
     for seqlen_q, head_dim in ((1, 64), (130, 128)):
         q = torch.empty(2, seqlen_q, 3, head_dim, dtype=torch.float16, device=triton_backend)
         acc = launch_backward.dq_accumulator(q)
-        tiles = 2 * 3 * -(-seqlen_q // 64) * (head_dim // 64)
+        tiles = 2 * 3 * 2 * -(-seqlen_q // 128) * (head_dim // 64)
         assert acc.shape == (tiles * 16, 256) and not acc.any()
         desc = launch_backward.dq_accumulator_descriptor(acc)
         assert list(desc.shape) == [tiles * 16, 256] and list(desc.strides) == [256, 1]

@@ -49,7 +49,8 @@ class PhaseTable:
 
     ``base`` serves every length; ``short`` (shorter length <= SHORT_SEQLEN), ``shortest`` (<= SHORTEST_SEQLEN, over
     ``short``) and ``long`` (>= LONG_SEQLEN) override it. The ``hopper*`` entries serve the calls the Hopper kernels
-    cover and come first (a None entry: the Triton entry); ``hopper_from`` gives an entry's shortest length.
+    cover and come first (a None entry: the Triton entry; ``hopper_short`` and ``hopper_shortest`` as ``short`` and
+    ``shortest``); ``hopper_from`` gives an entry's shortest length.
     """
 
     base: dict
@@ -58,6 +59,7 @@ class PhaseTable:
     long: dict = field(default_factory=dict)
     hopper: dict = field(default_factory=dict)
     hopper_short: dict = field(default_factory=dict)
+    hopper_shortest: dict = field(default_factory=dict)
     hopper_long: dict = field(default_factory=dict)
     hopper_from: dict = field(default_factory=dict)
 
@@ -148,10 +150,7 @@ HOPPER_DKDV = PhaseTable(
 
 HOPPER_DQ = PhaseTable(
     base={
-        (64, False): TileConfig(128, 64, 8, 3),
-        (64, True): TileConfig(128, 64, 8, 3),
-        (128, False): TileConfig(128, 64, 8, 3),
-        (128, True): TileConfig(128, 64, 8, 3),
+        **{(d, masked): TileConfig(128, 64, 8, 3) for d in (64, 128) for masked in (False, True)},
         # hdim 256: K and V through TMA on 2 stages
         (256, False): TileConfig(64, 64, 4, 2, tma=True),
         (256, True): TileConfig(64, 64, 4, 2, tma=True),
@@ -179,11 +178,13 @@ HOPPER_FORWARD_FP8 = PhaseTable({**_buckets(*(TileConfig(128, 128, 8, 3),) * 2, 
                                 hopper=_buckets(*(TileConfig(128, n, 8, stages, three_consumers=d == 64, **_FP8_GLUON)
                                                   for d, n, stages in ((64, 128, 3), (128, 128, 3), (256, 128, 2)))))
 PORTABLE_FORWARD_FP8 = PhaseTable(_buckets(*(TileConfig(64, 64, 4, 2),) * 2, TileConfig(64, 32, 4, 1)))
-# dK/dV with dQ (kernels/backward_fused_dq.py) for non-deterministic calls, from 512 tokens (causal hdim 128 from 1k:
-# at 512 the two passes are level); 2 stages; persistent at hdim 64, whose short tiles leave a tail (perf-notes)
+# dK/dV with dQ (kernels/backward_fused_dq.py), non-deterministic calls from 512 tokens (causal hdim 128 from 1k: the
+# two passes level at 512); 2 stages; hdim 64 persistent (short tiles leave a tail), on 128-row blocks past 512
 _FUSED_DQ = TileConfig(64, 128, 8, 2, hopper=True, key_slices=True)
-HOPPER_DKDV_DQ = PhaseTable({}, hopper={(d, c): dataclasses.replace(_FUSED_DQ, persistent=d == 64)
-                                        for d in (64, 128) for c in (False, True)},
+_FUSED_DQ_64 = {rows: dataclasses.replace(_FUSED_DQ, block_m=rows, persistent=True) for rows in (64, 128)}
+HOPPER_DKDV_DQ = PhaseTable({}, hopper={(d, c): _FUSED_DQ_64[128] if d == 64 else _FUSED_DQ for d in (64, 128)
+                                        for c in (False, True)},
+                            hopper_shortest={(64, c): _FUSED_DQ_64[64] for c in (False, True)},
                             hopper_from={(64, False): 512, (64, True): 512, (128, False): 512, (128, True): 1024})
 TABLES = {("hopper", "forward"): HOPPER_FORWARD, ("hopper", "dkdv"): HOPPER_DKDV, ("hopper", "dq"): HOPPER_DQ,
           ("hopper", "dkdv_dq"): HOPPER_DKDV_DQ, ("hopper", "forward_fp8"): HOPPER_FORWARD_FP8,
@@ -440,13 +441,10 @@ def lookup(family: str, phase: str, head_dim: int, masked: bool, dtype: torch.dt
     key = (min(b for b in (64, 128, 256) if b >= width), masked)
     table = TABLES[(family, phase)]
     if hopper and table.hopper:
-        by_length = _for_length(seqlen, table.hopper_short, {}, {} if packed else table.hopper_long)
-        if key in by_length:
-            config = by_length[key]  # None: the Triton table's entry
-        elif 0 < seqlen < table.hopper_from.get(key, 0):
-            config = None
-        else:
-            config = table.hopper.get(key)
+        by_length = _for_length(seqlen, table.hopper_short, table.hopper_shortest, {} if packed else table.hopper_long)
+        config = None  # below hopper_from, or a None entry: the Triton table's entry
+        if not 0 < seqlen < table.hopper_from.get(key, 0):
+            config = by_length[key] if key in by_length else table.hopper.get(key)
         if config is not None:
             return config
     config = _for_length(seqlen, table.short, table.shortest, table.long).get(key) or table.base.get(key)

@@ -13,23 +13,24 @@ operand) is stored once a block.
 The two consumers share dQ^T as FlashAttention-3's do: each stores its 64 keys' rows of dS^T into one 128-key
 buffer, and dQ^T is computed over all 128 keys. At head dim 128 each consumer computes one head-dim half of it
 (M = 64) every block. At head dim 64 dQ^T is one row block, and the consumers take it in turns: block i's is
-consumer i % 2's, which waits for the other's rows, the other going on to its next block (64 head dims do not
-split into two wgmma row blocks; each consumer keeping a partial of its own keys would put twice the float32 through
-shared memory and into L2's reductions: 1792 shared-memory cycles per 128 keys x 64 queries against 1536,
-docs/perf-notes.md).
+consumer i % 2's, which waits for the other's rows, the other going on to its next block (the turns keep the two
+consumers apart, where sharing every block's dQ^T by query halves kept them in step: both on their exponentials
+at once, the tensor cores idle; docs/perf-notes.md). From 1k tokens the hdim-64 blocks have 128 rows on the
+persistent grid (``backward_fused_dq_persistent.py``): S^T and dP^T of 64 keys x 128 queries and a 64 x 128 dQ^T,
+N = 128 products, which read less shared memory per tensor cycle than N = 64 ones, and a turn's reductions cover two
+64-query tiles.
 
-The schedule (``_row_block_partition``) takes 64-row query blocks one at a time (FlashAttention-3's), the other
-consumer's products filling the tensor cores meanwhile; its S^T, dP^T and dQ^T are N = 64 products, which read
-4 KB of shared memory per 32 tensor cycles (32-row blocks, pipelined as in the plain key-slice kernel, made them
-N = 32 products reading 3 KB per 16: bound by shared memory, and slower than the two passes). The loader puts each
-block's lse and delta in shared memory (``_load_with_statistics``): in registers, beside S^T, dP^T, dK and dV, they
-spilled.
+The schedule (``_row_block_partition``) takes query blocks one at a time (FlashAttention-3's), the other consumer's
+products filling the tensor cores meanwhile (32-row blocks, pipelined as in the plain key-slice kernel, made N = 32
+products reading 3 KB of shared memory per 16 tensor cycles: bound by shared memory, and slower than the two
+passes). The loader puts each block's lse and delta in shared memory (``_load_with_statistics``): in registers,
+beside S^T, dP^T, dK and dV, they spilled.
 
 The result goes from the wgmma registers to a per-consumer shared buffer (64 head-dim rows x BLOCK_M float32, two a
 consumer at head dim 128, one at 64) in the registers' order (``_register_order``: 16-byte stores without bank
-conflicts), and one thread issues the reduction of the tile into the accumulator, which keeps that order: (batch,
-nheads, query blocks, HEAD_DIM // 64) tiles of 16 x 256 values, seen as rows of 256 (``dq_from_accumulator``
-puts the values back in place).
+conflicts), and one thread issues the reductions of its 64 x 64 tiles into the accumulator, which keeps that order:
+(batch, nheads, 64-query blocks in whole pairs, HEAD_DIM // 64) tiles of 16 x 256 values, seen as rows of 256
+(``dq_from_accumulator`` puts the values back in place).
 
 Limits: the key-slice kernel's (dense 16-bit inputs, causal or no mask), at head dims 64 and 128.
 """
@@ -61,7 +62,10 @@ from .backward_hopper import (
 from .forward_hopper import register_operand_layout, store_rows_through, wgmma_layout
 
 DQ_ROWS = gl.constexpr(64)  # the dQ^T rows (head dims) of one product: a wgmma row block (M = 64)
-DQ_QUERIES = gl.constexpr(64)  # its columns: the kernel's query block (BLOCK_M)
+DQ_QUERIES = gl.constexpr(64)  # its columns: a query block at head dim 128, half of one at 64
+# the accumulator's DQ_QUERIES-query blocks a head come in whole pairs: at head dim 64 a 128-row block's second half
+# has its tile even past seqlen_q (it adds zeros there), so every block issues its reductions
+DQ_BLOCK_PAIR = gl.constexpr(2)
 # a consumer's dQ^T tile (DQ_ROWS x DQ_QUERIES, float32) as the accumulator and the staging buffers keep it:
 # DQ_TILE_ROWS x DQ_TILE_COLUMNS values in the order of the warpgroup's registers (``_register_order``)
 DQ_TILE_ROWS = gl.constexpr(16)
@@ -116,30 +120,36 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 
 @gluon.jit
 def _register_order(dq):
-    """A consumer's [DQ_ROWS, 64] dQ^T tile (the wgmma layout) relabeled [DQ_TILE_ROWS, DQ_TILE_COLUMNS] so that
+    """A consumer's [DQ_ROWS, 64] dQ^T tile (the wgmma layout) relabeled [DQ_TILE_ROWS, DQ_TILE_COLUMNS] (a
+    [DQ_ROWS, 128] one: two such tiles, one after the other) so that
     each thread's values lie in it as its registers hold them. The wgmma layout gives warp w the rows 16 w + 8 r1 +
     lane // 4 and a lane the columns 8 i + 2 (lane % 4) + r0, the four values (r1, r0) of each i in consecutive
     registers: row (i, w // 2) of the relabeled tile holds, for warps 2 (w // 2) and the next, each lane's four
     values side by side in lane order, so that a warp stores 512 contiguous bytes in 16-byte stores, without the
     bank conflicts that the wgmma layout's 8-byte stores into a swizzled [64, 64] tile had (two wavefronts where
     one would do). ``dq_from_accumulator`` reads the order back."""
-    t = gl.reshape(dq, [2, 2, 2, 8, 8, 4, 2])  # rows (w // 2, w % 2, r1, lane // 4), columns (i, lane % 4, r0)
-    t = gl.permute(t, [4, 0, 1, 3, 5, 2, 6])  # (i, w // 2 | w % 2, lane // 4, lane % 4, r1, r0)
-    return gl.reshape(t, [DQ_TILE_ROWS, DQ_TILE_COLUMNS])
+    TILES: gl.constexpr = dq.shape[1] // DQ_QUERIES  # a [DQ_ROWS, 128] tile: two, one after the other
+    # rows (w // 2, w % 2, r1, lane // 4), columns (tile, i, lane % 4, r0)
+    t = gl.reshape(dq, [2, 2, 2, 8, TILES, 8, 4, 2])
+    t = gl.permute(t, [4, 5, 0, 1, 3, 6, 2, 7])  # (tile, i, w // 2 | w % 2, lane // 4, lane % 4, r1, r0)
+    return gl.reshape(t, [TILES * DQ_TILE_ROWS, DQ_TILE_COLUMNS])
 
 
 @gluon.jit
-def _add_dq(dq, dq_smem, dq_desc, batch, head, q_block, seqlen_q, nheads, HEAD_DIM: gl.constexpr,
-            BLOCK_M: gl.constexpr, FIRST_ROW: gl.constexpr):
-    """This consumer's DQ_ROWS rows of a query block's dQ^T (float32, the wgmma layout) added into the accumulator's
-    tile of (batch, head, query block, FIRST_ROW // DQ_ROWS) by a TMA reduction through ``dq_smem``, whose last
-    reduction the caller has waited for (columns past seqlen_q add zeros: rows of dS there are 0)."""
+def _add_dq(dq, dq_smem, dq_desc, batch, head, dq_block, seqlen_q, nheads, HEAD_DIM: gl.constexpr,
+            FIRST_ROW: gl.constexpr):
+    """This consumer's DQ_ROWS rows of dQ^T over one or two DQ_QUERIES-query blocks from ``dq_block`` (float32, the
+    wgmma layout) added into the accumulator's tiles of (batch, head, those blocks, FIRST_ROW // DQ_ROWS) by TMA
+    reductions through ``dq_smem``, whose last reductions the caller has waited for (columns past seqlen_q add zeros:
+    rows of dS there are 0)."""
+    TILES: gl.constexpr = dq.shape[1] // DQ_QUERIES
     dq_smem.store(_register_order(dq))
     fence_async_shared()
-    gl.thread_barrier()  # every warp's part is in shared memory before the one thread issues the reduction
-    q_blocks = gl.cdiv(seqlen_q, BLOCK_M)
-    tile = ((batch * nheads + head) * q_blocks + q_block) * (HEAD_DIM // DQ_ROWS) + FIRST_ROW // DQ_ROWS
-    _tma_reduce_add(dq_desc, [tile * DQ_TILE_ROWS, 0], dq_smem)
+    gl.thread_barrier()  # every warp's part is in shared memory before the one thread issues the reductions
+    q_blocks = DQ_BLOCK_PAIR * gl.cdiv(seqlen_q, DQ_BLOCK_PAIR * DQ_QUERIES)
+    tile = ((batch * nheads + head) * q_blocks + dq_block) * (HEAD_DIM // DQ_ROWS) + FIRST_ROW // DQ_ROWS
+    for t in gl.static_range(TILES):  # at head dim 64 the next query block's tile is the next one
+        _tma_reduce_add(dq_desc, [(tile + t) * DQ_TILE_ROWS, 0], dq_smem.slice(t * DQ_TILE_ROWS, DQ_TILE_ROWS))
 
 
 @gluon.jit
@@ -230,7 +240,7 @@ def _halves_block(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready
     # dV and dQ^T complete; dK runs on while dQ^T goes to the accumulator
     dv, dq, p_op = warpgroup_mma_wait(num_outstanding=1, deps=(dv, dq, p_op))
     _add_dq(dq, dq_bufs.index(2 * SLICE + ring % 2), dq_desc, batch, head, q_block, seqlen_q, nheads, HEAD_DIM,
-            BLOCK_M, SLICE * DQ_ROWS)
+            SLICE * DQ_ROWS)
     dk, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ds_op))
     mbarrier.arrive(stage_free.index(stage), count=1)
     head, q_block = _next_query_block(head, q_block, first_q_block, per_head, last_head)
@@ -240,14 +250,15 @@ def _halves_block(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready
 
 
 @gluon.jit
-def _alternating_block(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready,
-                       stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, stage, phase,
-                       ds_phase, first_q_block, per_head, last_head, seqlen_q, seqlen_k, nheads, slice_start,
-                       qk_scale_log2, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                       SLICE: gl.constexpr, BUFFER: gl.constexpr):
-    """One query block at head dim 64, the block of dS^T buffer ``BUFFER`` (the block's parity): this consumer's dV
-    and dK, and the block's whole dQ^T over the 128 keys where BUFFER == SLICE (after dV and dK, which do not wait for
-    the other consumer's rows of dS^T). Returns the tiles and the walk's position after the block."""
+def _turn_block(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready,
+                stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, stage, phase, ds_phase,
+                first_q_block, per_head, last_head, seqlen_q, seqlen_k, nheads, slice_start, qk_scale_log2,
+                BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, SLICE: gl.constexpr,
+                BUFFER: gl.constexpr):
+    """One query block at head dim 64 (64 or 128 rows), the block of dS^T buffer ``BUFFER`` (the block's parity):
+    this consumer's dV and dK, and the block's whole dQ^T over the 128 keys where BUFFER == SLICE (after dV and dK,
+    which do not wait for the other consumer's rows of dS^T). Returns the tiles and the walk's position after the
+    block."""
     HEAD_DIM: gl.constexpr = DQ_ROWS  # this form's head dim: dQ^T is one row block
     s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
     k_slice = k_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS)
@@ -258,8 +269,8 @@ def _alternating_block(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_
                                                    register_operand_layout(HEAD_DIM))
     dv = warpgroup_mma(p_op, do_bufs.index(stage), dv, is_async=True)
     if BUFFER == SLICE:
-        # this consumer's dQ^T buffer was last read by the reduction it issued two blocks ago: the issuing thread
-        # waits for it here, and the barrier before _share_ds's arrive holds every other thread until it has
+        # this consumer's dQ^T buffer was last read by the reductions it issued two blocks ago: the issuing thread
+        # waits for them here, and the barrier before _share_ds's arrive holds every other thread until it has
         tma.store_wait(0)
     _share_ds(ds, ds_bufs.index(BUFFER), ds_ready.index(BUFFER), SLICE)
     dk = warpgroup_mma(ds_op, q_bufs.index(stage), dk, is_async=True)
@@ -270,7 +281,8 @@ def _alternating_block(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_
         dv, dk, p_op, ds_op = warpgroup_mma_wait(num_outstanding=1, deps=(dv, dk, p_op, ds_op))
         mbarrier.arrive(stage_free.index(stage), count=1)
         dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
-        _add_dq(dq, dq_bufs.index(SLICE), dq_desc, batch, head, q_block, seqlen_q, nheads, HEAD_DIM, BLOCK_M, 0)
+        _add_dq(dq, dq_bufs.index(SLICE), dq_desc, batch, head, q_block * (BLOCK_M // DQ_QUERIES), seqlen_q, nheads,
+                HEAD_DIM, 0)
     else:
         dv, dk, p_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, p_op, ds_op))
         mbarrier.arrive(stage_free.index(stage), count=1)
@@ -286,16 +298,13 @@ def _row_block_partition(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, d
                          seqlen_k, nheads, nheads_k, key_blocks, group_size, softmax_scale, qk_scale_log2,
                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                          NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, SLICE: gl.constexpr):
-    """The consumer on 64-row query blocks, one block at a time: a block's S^T and dP^T, its score gradients, then its
-    dV, dK and its share of dQ^T (two blocks' score tiles beside dK and dV would not fit 240 registers at 64 rows,
-    head dim 128). lse and delta come from the stage's shared memory (``_load_with_statistics``). Head dim 128: each
-    block, this consumer's head-dim half of dQ^T over the 128 keys. Head dim 64: the whole of dQ^T on the blocks of
-    its parity (block i's is consumer i % 2's), nothing on the others.
+    """The consumer on query blocks one at a time (``_query_block``): a block's S^T and dP^T, its score gradients,
+    then its dV, dK and its share of dQ^T (two blocks' score tiles beside dK and dV would not fit 240 registers). lse
+    and delta come from the stage's shared memory (``_load_with_statistics``).
 
-    The dS^T ring: block i's rows go to buffer i % 2, and a consumer that computes block i's dQ^T waits for the
-    other's rows. Before writing block i's, each consumer has waited (in iteration i-1) for the other's arrive of
-    block i-1 (head dim 64: or computed block i-2's dQ^T itself), which the other makes after its iteration i-2
-    completed the product that read buffer (i-2) % 2. Head dim 64: the waits alternate, so neither consumer runs
+    The dS^T ring: block i's rows go to buffer i % 2, and each consumer's dQ^T of block i waits for the other's rows.
+    Before writing block i's, each consumer has waited (in iteration i-1) for the other's arrive of block i-1, which
+    the other makes after its iteration i-2 completed the product that read buffer (i-2) % 2: neither consumer runs
     more than a block ahead of the other, and no buffer's barrier takes a block's arrive before the last one's."""
     batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(
         seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, BLOCK_N, CAUSAL)
@@ -320,9 +329,7 @@ def walk_query_blocks(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_r
     """A tile's ``iterations`` query blocks (``per_head`` from ``first_q_block`` in each query head of the group from
     ``first_head``) on this consumer: its dK and dV (returned), its part of each block's dQ^T added into the
     accumulator, and the stage ring's position after the tile (``stage``, ``phase``: before it). ``ring``: the
-    program's query blocks before this tile, whose parity picks the dS^T buffer, at head dim 128 the staging buffer,
-    and at head dim 64 the consumer whose turn dQ^T is (an odd one, a persistent program's, starts the tile with a
-    block of its own)."""
+    program's query blocks before this tile, whose parity picks the dS^T buffer and the staging buffer."""
     s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
     acc_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     s = gl.zeros([SLICE_KEYS, BLOCK_M], gl.float32, s_layout)
@@ -351,7 +358,7 @@ def walk_query_blocks(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_r
         rest = iterations
         # the one-tile kernel passes ring = 0, a constant: there this branch is not built
         if ring % 2 == 1:
-            s, dp, dq, dk, dv, head, q_block, stage, phase = _alternating_block(
+            s, dp, dq, dk, dv, head, q_block, stage, phase = _turn_block(
                 k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready,
                 stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, stage, phase,
                 ds_phase, first_q_block, per_head, last_head, seqlen_q, seqlen_k, nheads, slice_start,
@@ -359,19 +366,19 @@ def walk_query_blocks(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_r
             ds_phase = ds_phase ^ 1
             rest = iterations - 1
         for _ in range(rest // 2):
-            s, dp, dq, dk, dv, head, q_block, stage, phase = _alternating_block(
+            s, dp, dq, dk, dv, head, q_block, stage, phase = _turn_block(
                 k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready,
                 stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, stage, phase, ds_phase,
                 first_q_block, per_head, last_head, seqlen_q, seqlen_k, nheads, slice_start, qk_scale_log2, BLOCK_M,
                 NUM_STAGES, CAUSAL, SLICE, 0)
-            s, dp, dq, dk, dv, head, q_block, stage, phase = _alternating_block(
+            s, dp, dq, dk, dv, head, q_block, stage, phase = _turn_block(
                 k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready,
                 stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, stage, phase, ds_phase,
                 first_q_block, per_head, last_head, seqlen_q, seqlen_k, nheads, slice_start, qk_scale_log2, BLOCK_M,
                 NUM_STAGES, CAUSAL, SLICE, 1)
             ds_phase = ds_phase ^ 1
         if rest % 2 == 1:
-            s, dp, dq, dk, dv, head, q_block, stage, phase = _alternating_block(
+            s, dp, dq, dk, dv, head, q_block, stage, phase = _turn_block(
                 k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready,
                 stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, stage, phase, ds_phase,
                 first_q_block, per_head, last_head, seqlen_q, seqlen_k, nheads, slice_start, qk_scale_log2, BLOCK_M,
@@ -395,9 +402,9 @@ def fused_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, HEAD_DIM: gl.constex
                   NUM_STAGES: gl.constexpr):
     """The fused kernel's shared memory and barriers: the key-slice kernel's K, V and stages of Q and dO, the dS^T
     ring, the dQ^T staging buffers and each stage's lse and delta."""
-    gl.static_assert((HEAD_DIM == 2 * DQ_ROWS) | (HEAD_DIM == DQ_ROWS),
-                     "the fused dK/dV/dQ kernel takes head dims of 128 (two halves of dQ^T) or 64 (one)")
-    gl.static_assert(BLOCK_M == DQ_QUERIES, "the fused dK/dV/dQ kernel takes 64-row query blocks one at a time")
+    gl.static_assert(((HEAD_DIM == 2 * DQ_ROWS) & (BLOCK_M == DQ_QUERIES))
+                     | ((HEAD_DIM == DQ_ROWS) & ((BLOCK_M == DQ_QUERIES) | (BLOCK_M == DQ_BLOCK_PAIR * DQ_QUERIES))),
+                     "the fused dK/dV/dQ kernel takes 64-row query blocks at head dim 128, 64 or 128 rows at 64")
     BLOCK_N: gl.constexpr = KEY_SLICE_PROGRAM_KEYS
     k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, stage_free, _ = _streamed_buffers(
         q_desc, k_desc, v_desc, do_desc, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, True)
@@ -409,11 +416,12 @@ def fused_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, HEAD_DIM: gl.constex
     ds_ready = gl.allocate_shared_memory(gl.int64, [DS_BUFFERS, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(DS_BUFFERS):
         mbarrier.init(ds_ready.index(i), count=2)
-    # dQ^T buffers, each read by a TMA reduction after a consumer's stores: two a consumer (consumer c's: 2c and 2c + 1)
-    # at head dim 128, one at 64 (used every other block)
+    # dQ^T buffers, each read by TMA reductions after a consumer's stores: two a consumer at head dim 128 (consumer
+    # c's: 2c and 2c + 1), one at 64 (used every other block) of a tile a 64 queries of the block
     DQ_BUFFERS: gl.constexpr = 4 if HEAD_DIM == 2 * DQ_ROWS else 2
     gl.static_assert(DQ_TILE_ROWS * DQ_TILE_COLUMNS == DQ_ROWS * DQ_QUERIES, "a staged dQ^T tile is 64 x 64 values")
-    dq_bufs = gl.allocate_shared_memory(gl.float32, [DQ_BUFFERS, DQ_TILE_ROWS, DQ_TILE_COLUMNS], dq_desc.layout)
+    dq_bufs = gl.allocate_shared_memory(gl.float32, [DQ_BUFFERS, BLOCK_M // DQ_QUERIES * DQ_TILE_ROWS, DQ_TILE_COLUMNS],
+                                        dq_desc.layout)
     # each stage's lse (row 2 * stage) and delta (row 2 * stage + 1), written by the loader
     stats_bufs = gl.allocate_shared_memory(gl.float32, [2 * NUM_STAGES, BLOCK_M],
                                            gl.SwizzledSharedLayout(1, 1, 1, [0]))
@@ -437,7 +445,9 @@ def dkdv_dq_key_slices_kernel(
     ``dq_desc``: rows of DQ_TILE_COLUMNS, a [DQ_TILE_ROWS, DQ_TILE_COLUMNS] block each consumer's tile of a query
     block (``_add_dq``), zeroed by the caller.
     Head dim 128 (each consumer's half of dQ^T is one wgmma row block) or 64 (the consumers take dQ^T's one row
-    block in turns)."""
+    block in turns, on 64-row query blocks: 128-row ones are the persistent form's, as the table takes them; this
+    kernel's consumers spilled on them, 29 values a two-block round)."""
+    gl.static_assert(BLOCK_M == DQ_QUERIES, "the one-tile fused kernel takes 64-row query blocks")
     BLOCK_N: gl.constexpr = KEY_SLICE_PROGRAM_KEYS
     group_size = nheads // nheads_k
     (k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, stage_free, ds_bufs, ds_ready, dq_bufs, stats_bufs,
@@ -462,15 +472,17 @@ def dkdv_dq_key_slices_kernel(
 def dq_from_accumulator(DQAcc, DQ, softmax_scale, seqlen_q, nheads, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
     """DQ (batch, seqlen_q, nheads, HEAD_DIM), contiguous, = softmax_scale * the fused kernel's float32 dQ^T
     accumulator, rounded to DQ's type: BLOCK_M query rows of one (batch, head) a program. The accumulator holds, for
-    each (batch, head, block of DQ_QUERIES queries, DQ_ROWS head dims), a [DQ_TILE_ROWS, DQ_TILE_COLUMNS] tile in the
-    order of ``_register_order``: query c = 8 i + 2 (lane % 4) + r0 and head dim d = 16 w + 8 r1 + lane // 4 of a
-    tile at row 2 i + w // 2, column 128 (w % 2) + 16 (lane // 4) + 4 (lane % 4) + 2 r1 + r0."""
+    each (batch, head, block of DQ_QUERIES queries (whole pairs of them a head), DQ_ROWS head dims), a
+    [DQ_TILE_ROWS, DQ_TILE_COLUMNS] tile in the order of ``_register_order``: query c = 8 i + 2 (lane % 4) + r0 and
+    head dim d = 16 w + 8 r1 + lane // 4 of a tile at row 2 i + w // 2, column 128 (w % 2) + 16 (lane // 4) + 4
+    (lane % 4) + 2 r1 + r0."""
     batch_head = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, HEAD_DIM)
     query, dim = rows % DQ_QUERIES, cols % DQ_ROWS
     warp = dim // 16
-    tiles = ((batch_head * tl.cdiv(seqlen_q, DQ_QUERIES) + rows // DQ_QUERIES).to(tl.int64)[:, None]
+    q_blocks = DQ_BLOCK_PAIR * tl.cdiv(seqlen_q, DQ_BLOCK_PAIR * DQ_QUERIES)  # as _add_dq counts them
+    tiles = ((batch_head * q_blocks + rows // DQ_QUERIES).to(tl.int64)[:, None]
              * (HEAD_DIM // DQ_ROWS)
              + (cols // DQ_ROWS)[None, :])
     tile_rows = (query // 8)[:, None] * 2 + (warp // 2)[None, :]

@@ -15,9 +15,9 @@ blocks see the most query rows) every head's longest tiles go first and the shor
 tiles would leave SMs idle. The tiles are handed out by a counter that the launcher zeroes (the forward's
 ``_next_tile``), as causal tiles are unequal work; each plan replay zeroes it too.
 
-Every partition keeps its ring positions across tiles: the Q/dO stages, the dS^T ring (the program's query blocks so
-far, whose parity at head dim 64 also says whose turn dQ^T is: ``walk_query_blocks``), the head-dim-128 staging
-buffers. The dQ^T reductions are waited for once, at the program's end.
+Every partition keeps its ring positions across tiles: the Q/dO stages, the dS^T ring and the dQ^T staging buffers
+(the program's query blocks so far: ``walk_query_blocks``). The dQ^T reductions are waited for once, at the
+program's end.
 """
 
 from triton.experimental import gluon

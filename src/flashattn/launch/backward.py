@@ -40,11 +40,12 @@ from .forward import (
 )
 from .launcher import launch, zeros
 
-# the fused dK/dV/dQ kernel's dQ^T tile: FUSED_DQ_ROWS head dims (one wgmma row block) by FUSED_DQ_QUERIES (its query
-# block), kept as FUSED_DQ_TILE (rows, columns) in its registers' order (kernels/backward_fused_dq.py: DQ_ROWS,
-# DQ_QUERIES, DQ_TILE_*)
+# the fused dK/dV/dQ kernel's dQ^T tile: FUSED_DQ_ROWS head dims (one wgmma row block) by FUSED_DQ_QUERIES (a query
+# block at head dim 128, half of one at 64), kept as FUSED_DQ_TILE (rows, columns) in its registers' order
+# (kernels/backward_fused_dq.py: DQ_ROWS, DQ_QUERIES, DQ_BLOCK_PAIR, DQ_TILE_*)
 FUSED_DQ_ROWS = 64
 FUSED_DQ_QUERIES = 64
+FUSED_DQ_BLOCK_PAIR = 2  # the accumulator's query blocks a head come in whole pairs (a 128-row block's halves)
 FUSED_DQ_TILE = (16, 256)
 
 
@@ -162,9 +163,9 @@ def dkdv_compilable(config: configs.TileConfig, seqlen_q: int) -> configs.TileCo
 def fused_dq_config(q: torch.Tensor, fits_hopper: bool, opts: AttentionOptions,
                     seqlen: int) -> configs.TileConfig | None:
     """The tile of the dK/dV kernel that computes dQ too (five products; ``configs`` phase "dkdv_dq"), or None for
-    the two passes: the key-slice kernel at head dim 64 or 128 (dQ^T's rows in wgmma row blocks of 64: one a consumer
-    at 128, the consumers' turns at 64), where the table has an entry, unless the call is deterministic (its
-    reductions add in no fixed order; the two passes are bitwise repeatable)."""
+    the two passes: the key-slice kernel at head dim 64 or 128 (dQ^T's rows in wgmma row blocks of 64: a consumer's
+    head-dim half at 128, the consumers' turns at 64), where the table has an entry, unless the call is
+    deterministic (its reductions add in no fixed order; the two passes are bitwise repeatable)."""
     head_dim = q.shape[-1]
     if not fits_hopper or opts.deterministic or head_dim not in (64, 128):
         return None
@@ -175,11 +176,12 @@ def fused_dq_config(q: torch.Tensor, fits_hopper: bool, opts: AttentionOptions,
 
 
 def dq_accumulator(q: torch.Tensor) -> torch.Tensor:
-    """The fused kernel's float32 dQ^T, zeroed: for each (batch, head, block of FUSED_DQ_QUERIES queries,
-    FUSED_DQ_ROWS head dims) a tile in the order of the kernel's registers (``kernels/backward_fused_dq.py``:
-    ``_register_order``), as rows of FUSED_DQ_TILE[1]."""
+    """The fused kernel's float32 dQ^T, zeroed: for each (batch, head, block of FUSED_DQ_QUERIES queries (whole
+    pairs of them a head), FUSED_DQ_ROWS head dims) a tile in the order of the kernel's registers
+    (``kernels/backward_fused_dq.py``: ``_register_order``), as rows of FUSED_DQ_TILE[1]."""
     batch, seqlen_q, nheads, head_dim = q.shape
-    tiles = batch * nheads * cdiv(seqlen_q, FUSED_DQ_QUERIES) * (head_dim // FUSED_DQ_ROWS)
+    q_blocks = FUSED_DQ_BLOCK_PAIR * cdiv(seqlen_q, FUSED_DQ_BLOCK_PAIR * FUSED_DQ_QUERIES)
+    tiles = batch * nheads * q_blocks * (head_dim // FUSED_DQ_ROWS)
     return zeros((tiles * FUSED_DQ_TILE[0], FUSED_DQ_TILE[1]), torch.float32, q.device)
 
 
