@@ -166,11 +166,11 @@ def test_persistent_fused_dq_on_64_row_blocks_matches_reference(shape, option, m
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize("head_dim", [128, 64])
-def test_fused_dq_fp16_and_scale(head_dim, monkeypatch):
+@pytest.mark.parametrize(("head_dim", "stages"), [(128, 2), (64, 3), (64, 2)])
+def test_fused_dq_fp16_and_scale(head_dim, stages, monkeypatch):
     case = make_case((2, 333, 517, 4, 2, head_dim), "causal", "cuda")
     case.options["softmax_scale"] = 0.05
-    with fused_dq_passes(monkeypatch, True, FUSED_DQ):
+    with fused_dq_passes(monkeypatch, True, dataclasses.replace(FUSED_DQ, num_stages=stages)):
         check_against_reference(case, torch.float16, "cuda", flash_attn_func)
 
 
