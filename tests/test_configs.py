@@ -121,7 +121,7 @@ def test_hopper_forward_entries_only_where_the_call_fits():
         assert lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=seqlen, hopper=True) == \
             configs.HOPPER_FORWARD.hopper[(64, True)]
     assert lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=16384, hopper=True) == \
-        configs.HOPPER_FORWARD.hopper_long[(64, True)]
+        configs.HOPPER_FORWARD.hopper[(64, True)]
     for seqlen in (2047, SHORT_SEQLEN + 1, SHORT_SEQLEN):
         assert lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=seqlen, hopper=True) == \
             lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=seqlen)
@@ -132,11 +132,13 @@ def test_hopper_forward_entries_only_where_the_call_fits():
             short = lookup("hopper", "forward", head_dim, causal, torch.bfloat16, seqlen=seqlen,
                            hopper=True)
             assert short.hopper and short.persistent, (head_dim, causal, seqlen)
-    # hdim 64 / 128 (and causal hdim 128): persistent up to 8k, one program a tile from there
-    for head_dim, causal in ((64, False), (128, False), (128, True)):
-        for seqlen, persistent in ((2048, True), (LONG_SEQLEN - 1, True), (LONG_SEQLEN, False), (16384, False)):
+    # causal hdim 128: persistent up to 8k, one program a tile from there; hdim 64 and non-causal 128 persistent at
+    # every length
+    for head_dim, causal in ((64, False), (64, True), (128, False), (128, True)):
+        for seqlen in (2048, LONG_SEQLEN - 1, LONG_SEQLEN, 16384):
             config = lookup("hopper", "forward", head_dim, causal, torch.bfloat16, seqlen=seqlen,
                             hopper=True)
+            persistent = not (head_dim == 128 and causal and seqlen >= LONG_SEQLEN)
             assert config.hopper and config.persistent == persistent, (head_dim, causal, seqlen)
     # packed calls keep the persistent grid past LONG_SEQLEN: their sequences are shorter than the longest
     for head_dim, causal in ((64, False), (128, False), (128, True)):

@@ -112,13 +112,8 @@ HOPPER_FORWARD = PhaseTable(
         (256, False): TileConfig(128, 64, 8, 2, hopper=True, persistent=True, rescale_threshold=8.0),
         (256, True): TileConfig(128, 64, 8, 2, hopper=True, persistent=True, rescale_threshold=8.0),
     },
-    # long sequences: one program a tile (packed calls keep the persistent grid: ``lookup``)
-    hopper_long={
-        (64, False): TileConfig(128, 128, 8, 3, hopper=True, three_consumers=True),
-        (64, True): TileConfig(128, 128, 8, 3, hopper=True, three_consumers=True),
-        (128, False): TileConfig(128, 128, 8, 2, hopper=True),
-        (128, True): TileConfig(128, 128, 8, 3, hopper=True),
-    },
+    # causal hdim 128 from 8k: one program a tile on 3 stages (packed calls keep the persistent grid: ``lookup``)
+    hopper_long={(128, True): TileConfig(128, 128, 8, 3, hopper=True)},
     # causal hdim 64: the Triton tile overlaps the exponentials better below 2k
     hopper_from={(64, True): 2048},
 )
