@@ -120,6 +120,11 @@ def test_heads_per_section_fits_the_l2_budget(monkeypatch):
     assert launch_forward._heads_per_section(64, 4, 4096 * 128 * 2) == 16  # four query heads share one K/V head
     assert launch_forward._heads_per_section(3, 1, 512 * 128 * 2) == 3  # never more than the launch has
     assert launch_forward._heads_per_section(64, 1, 1 << 30) == 1  # one head past the budget still runs
+    # 100 heads, at most 4 a section: 25 sections of 4; at most 32 (4x the budget, pairs of query heads on one K/V
+    # head): 4 sections of 25, not 32, 32, 32 and 4
+    assert launch_forward._heads_per_section(100, 1, 4096 * 128 * 2) == 4
+    monkeypatch.setattr(configs, "HOPPER_L2_SECTION_BYTES", 32 << 20)
+    assert launch_forward._heads_per_section(100, 2, 4096 * 128 * 2) == 25
 
 
 GPU_SHAPES = [

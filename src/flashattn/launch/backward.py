@@ -69,7 +69,8 @@ def _hopper_dkdv(q, k, v, dout, lse, delta, dk, dv, opts: AttentionOptions, conf
             dq_arguments += (zeros(1, torch.int32, q.device),)
             # L2 sections of (batch, kv head) pairs: the GQA group's Q and dO are what every key tile of a pair reads
             group_bytes = 2 * (nheads // nheads_k) * seqlen_q * head_dim * q.element_size()
-            plan = (batch * nheads_k, l2_section_units(batch * nheads_k, group_bytes))
+            plan = (batch * nheads_k,
+                    l2_section_units(batch * nheads_k, group_bytes, configs.HOPPER_BACKWARD_L2_SECTION_BYTES))
     launch(
         kernel, (programs,),
         token_descriptor(q, config.block_m), token_descriptor(k, keys), token_descriptor(v, keys),

@@ -144,13 +144,16 @@ def _heads_per_section(batch_heads: int, group_size: int, kv_head_bytes: int) ->
     """How many (sequence, head) pairs the Hopper forward walks together (``_tile_plan``): as many as have K and V
     within ``configs.HOPPER_L2_SECTION_BYTES``, where ``kv_head_bytes`` is one K (or V) head of the longest sequence.
     The query heads of a GQA group are consecutive and share one K/V head."""
-    return l2_section_units(batch_heads, 2 * kv_head_bytes / group_size)
+    return l2_section_units(batch_heads, 2 * kv_head_bytes / group_size, configs.HOPPER_L2_SECTION_BYTES)
 
 
-def l2_section_units(units: int, unit_bytes: float) -> int:
-    """How many of a persistent grid's ``units`` it walks together, each with ``unit_bytes`` that all its tiles read
-    again: as many as fit ``configs.HOPPER_L2_SECTION_BYTES``, at least one, at most ``units``."""
-    return max(1, min(units, int(configs.HOPPER_L2_SECTION_BYTES // max(unit_bytes, 1))))
+def l2_section_units(units: int, unit_bytes: float, budget: int) -> int:
+    """How many of a grid's ``units`` it walks together, each with ``unit_bytes`` that all its tiles read again: at
+    most as many as fit ``budget`` bytes (at least one), and the sections as equal as that count allows, so that the
+    last one is not a short remnant whose long causal tiles start when the others' are done (100 units by at most 32:
+    25 a section, not 32, 32, 32 and 4)."""
+    most = max(1, min(units, int(budget // max(unit_bytes, 1))))
+    return cdiv(units, cdiv(units, most))
 
 
 def hopper_forward_constexprs(config: configs.TileConfig, head_dim: int, causal: bool, is_varlen: bool) -> dict:
