@@ -40,12 +40,12 @@ def forced_ws_dq(tile: configs.TileConfig | None, monkeypatch, expect_launch: bo
 def test_tile_plan_arguments_dense_and_varlen():
     q, k = torch.empty(2, 300, 8, 128), torch.empty(2, 300, 2, 128)
     dense = common.Layout.of(q, k, None)
-    tiles, plan = launch_forward.tile_plan_arguments(q, k, torch.empty(2, 8, 300), dense, 128)
+    tiles, plan = launch_forward.tile_plan_arguments(q, k, torch.empty(2, 8, 300), dense, 128, False)
     # lse strides, lengths, nheads, group size, row tiles, (sequence, head) pairs, pairs per L2 section (all fit)
     assert (tiles, plan) == (3 * 16, (2400, 300, 300, 300, 8, 4, 3, 16, 16))
     packing = validation.Packing(torch.tensor([0, 100, 300]), torch.tensor([0, 50, 300]), 200, 250)
     packed = common.Layout.of(q[0], k[0], packing)
-    tiles, plan = launch_forward.tile_plan_arguments(q[0], k[0], torch.empty(8, 300), packed, 128)
+    tiles, plan = launch_forward.tile_plan_arguments(q[0], k[0], torch.empty(8, 300), packed, 128, False)
     assert (tiles, plan[:4]) == (2 * 16, (0, 300, 300, 300))  # (nheads, total_q): no batch stride
 
 

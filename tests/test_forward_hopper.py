@@ -125,6 +125,9 @@ def test_heads_per_section_fits_the_l2_budget(monkeypatch):
     assert launch_forward._heads_per_section(100, 1, 4096 * 128 * 2) == 4
     monkeypatch.setattr(configs, "HOPPER_L2_SECTION_BYTES", 32 << 20)
     assert launch_forward._heads_per_section(100, 2, 4096 * 128 * 2) == 25
+    # causal tiles take their own budget
+    monkeypatch.setattr(configs, "HOPPER_CAUSAL_L2_SECTION_BYTES", 16 << 20)
+    assert launch_forward._heads_per_section(64, 1, 4096 * 128 * 2, causal=True) == 8
 
 
 GPU_SHAPES = [
@@ -179,8 +182,9 @@ def test_ws_forward_tiles_that_may_see_no_whole_block(shape, option, tile, monke
 def test_ws_forward_walks_heads_in_sections(option, tile, monkeypatch):
     # 8 (sequence, head) pairs in sections of 3, 3 and 2: every tile computed once, the short last section too
     shape = (2, 1023, 1023, 4, 2, 128)
-    monkeypatch.setattr(configs, "HOPPER_L2_SECTION_BYTES", 3 * 1023 * 128 * 2)
-    assert launch_forward._heads_per_section(8, 2, 1023 * 128 * 2) == 3
+    for budget in ("HOPPER_L2_SECTION_BYTES", "HOPPER_CAUSAL_L2_SECTION_BYTES"):
+        monkeypatch.setattr(configs, budget, 3 * 1023 * 128 * 2)
+    assert launch_forward._heads_per_section(8, 2, 1023 * 128 * 2, causal=option == "causal") == 3
     with forced_ws(HOPPER_TILES[tile], monkeypatch):
         check_against_reference(make_case(shape, option, "cuda"), torch.bfloat16, "cuda", flash_attn_func)
 

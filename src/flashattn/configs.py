@@ -212,12 +212,12 @@ HOPPER_CONSUMER_REGISTERS = {2: 240, 3: 160}
 HOPPER_LOADER_REGISTERS = 24
 HOPPER_DECODE_CONSUMER_REGISTERS = 152  # the second consumer warpgroup of a two-consumer decode program
 HOPPER_SHARED_BYTES = 227 * 1024  # the shared memory one program may take
-# bytes that the programs in flight of a persistent or sectioned grid read again, by what they share (launch.forward
-# .l2_section_units): K/V for the forward's and the Hopper dQ's query tiles, a GQA group's Q and dO for the fused
-# backward's key tiles. Causal query tiles are unequal work: a section of fewer tiles than a wave or two leaves the
-# last sections' longest tiles starting late (docs/perf-notes.md, "L2 head sections")
-HOPPER_L2_SECTION_BYTES = 16 << 20
-HOPPER_BACKWARD_L2_SECTION_BYTES = 8 << 20
+# bytes that the programs in flight of a sectioned grid read again (launch.forward.l2_section_units): K/V for the
+# forward's and the Hopper dQ's query tiles, a GQA group's Q and dO for the fused backward's key tiles; well within L2
+HOPPER_L2_SECTION_BYTES = 8 << 20
+# ... and for causal query tiles, which are unequal work: sections of a wave or less leave each section's longest
+# tiles starting as the last one's short tiles end, a tail on some SMs (docs/perf-notes.md, "L2 head sections")
+HOPPER_CAUSAL_L2_SECTION_BYTES = 16 << 20
 # backward FLOPs from which dK/dV and dQ take two streams (0.4 ms of kernels): shorter calls lose the fork's host time
 CONCURRENT_GRADIENTS_MIN_FLOPS = 2e11
 

@@ -69,8 +69,7 @@ def _hopper_dkdv(q, k, v, dout, lse, delta, dk, dv, opts: AttentionOptions, conf
             dq_arguments += (zeros(1, torch.int32, q.device),)
             # L2 sections of (batch, kv head) pairs: the GQA group's Q and dO are what every key tile of a pair reads
             group_bytes = 2 * (nheads // nheads_k) * seqlen_q * head_dim * q.element_size()
-            plan = (batch * nheads_k,
-                    l2_section_units(batch * nheads_k, group_bytes, configs.HOPPER_BACKWARD_L2_SECTION_BYTES))
+            plan = (batch * nheads_k, l2_section_units(batch * nheads_k, group_bytes, configs.HOPPER_L2_SECTION_BYTES))
     launch(
         kernel, (programs,),
         token_descriptor(q, config.block_m), token_descriptor(k, keys), token_descriptor(v, keys),
@@ -104,7 +103,7 @@ def _hopper_dq(q, k, v, dout, lse, delta, dq, layout: Layout, config: configs.Ti
     from ..kernels.dq_hopper import dq_hopper_kernel
 
     head_dim = q.shape[-1]
-    tiles, plan = tile_plan_arguments(q, k, lse, layout, 64 * consumer_warpgroups(config))
+    tiles, plan = tile_plan_arguments(q, k, lse, layout, 64 * consumer_warpgroups(config), opts.window_right == 0)
     _, stride_dqm, stride_dqh = strides(dq)
     launch(
         dq_hopper_kernel, (tiles,),

@@ -108,7 +108,7 @@ def _hopper_forward(q, k, v, out, lse, layout: Layout, config: configs.TileConfi
 
     head_dim = q.shape[-1]
     # a consumer warpgroup's 64 rows each
-    tiles, plan = tile_plan_arguments(q, k, lse, layout, 64 * consumer_warpgroups(config))
+    tiles, plan = tile_plan_arguments(q, k, lse, layout, 64 * consumer_warpgroups(config), opts.window_right == 0)
     # persistent: one program per SM walks the tiles, its loader fetching the next tile's Q, K and V while the
     # consumers finish the last one
     programs = min(tiles, sm_count(q.device.index)) if config.persistent else tiles
@@ -125,26 +125,29 @@ def _hopper_forward(q, k, v, out, lse, layout: Layout, config: configs.TileConfi
     )
 
 
-def tile_plan_arguments(q, k, lse, layout: Layout, rows_per_tile: int) -> tuple[int, tuple]:
+def tile_plan_arguments(q, k, lse, layout: Layout, rows_per_tile: int, causal: bool) -> tuple[int, tuple]:
     """The tiles of the Hopper forward or dQ (``rows_per_tile`` query rows each) and the arguments from which both
     kernels' ``forward_hopper._tile_plan`` derives each tile: the LSE's (batch, head) strides ((batch, nheads,
     seqlen_q) dense, (nheads, total_q) varlen with no batch stride), the lengths, nheads, the GQA group size, the
-    row tiles per (sequence, head), the (sequence, head) pairs and the pairs per L2 section."""
+    row tiles per (sequence, head), the (sequence, head) pairs and the pairs per L2 section (``causal``: the
+    sections of unequal tiles)."""
     nheads, head_dim = q.shape[-2:]
     row_tiles = cdiv(layout.grid_q, rows_per_tile)
     batch_heads = layout.batch * nheads
     group_size = nheads // k.shape[-2]
     lse_strides = (lse.stride(0), lse.stride(1)) if lse.dim() == 3 else (0, lse.stride(0))
-    sections = _heads_per_section(batch_heads, group_size, layout.grid_k * head_dim * k.element_size())
+    sections = _heads_per_section(batch_heads, group_size, layout.grid_k * head_dim * k.element_size(), causal)
     return row_tiles * batch_heads, (*lse_strides, *layout.lengths, nheads, group_size, row_tiles, batch_heads,
                                      sections)
 
 
-def _heads_per_section(batch_heads: int, group_size: int, kv_head_bytes: int) -> int:
+def _heads_per_section(batch_heads: int, group_size: int, kv_head_bytes: int, causal: bool = False) -> int:
     """How many (sequence, head) pairs the Hopper forward walks together (``_tile_plan``): as many as have K and V
-    within ``configs.HOPPER_L2_SECTION_BYTES``, where ``kv_head_bytes`` is one K (or V) head of the longest sequence.
-    The query heads of a GQA group are consecutive and share one K/V head."""
-    return l2_section_units(batch_heads, 2 * kv_head_bytes / group_size, configs.HOPPER_L2_SECTION_BYTES)
+    within ``configs.HOPPER_L2_SECTION_BYTES`` (``HOPPER_CAUSAL_L2_SECTION_BYTES`` under a causal mask), where
+    ``kv_head_bytes`` is one K (or V) head of the longest sequence. The query heads of a GQA group are consecutive
+    and share one K/V head."""
+    budget = configs.HOPPER_CAUSAL_L2_SECTION_BYTES if causal else configs.HOPPER_L2_SECTION_BYTES
+    return l2_section_units(batch_heads, 2 * kv_head_bytes / group_size, budget)
 
 
 def l2_section_units(units: int, unit_bytes: float, budget: int) -> int:

@@ -156,7 +156,7 @@ def _hopper_forward_fp8(q, k, v, descales, out, lse, layout: Layout, config: con
     from ..kernels.forward_fp8_hopper import attention_forward_fp8_hopper_kernel
 
     head_dim = q.shape[-1]
-    tiles, plan = tile_plan_arguments(q, k, lse, layout, 64 * consumer_warpgroups(config))
+    tiles, plan = tile_plan_arguments(q, k, lse, layout, 64 * consumer_warpgroups(config), opts.window_right == 0)
     programs = min(tiles, sm_count(q.device.index)) if config.persistent else tiles
     constexprs = hopper_fp8_constexprs(config, head_dim, opts.window_right == 0, has_blocks(descales))
     # the tiles taken beyond each program's first: a fresh zero for every call (``launch.forward._hopper_forward``)
