@@ -139,6 +139,23 @@ def fmt_rate(value: float | None) -> str:
     return f"{value:.0f}" if value >= 10 else f"{value:.2g}"
 
 
+UNSETTLED = "†"
+UNSETTLED_NOTE = (f"{UNSETTLED}: a time whose timing rounds never agreed within 2% (`*_settled` false in the results "
+                  "file): a noisy figure, as where a call's host time reached its GPU time.")
+
+
+def fmt_cell(row: dict | None, direction: str) -> str:
+    """A provider's TFLOP/s in ``direction`` ("fwd", "bwd"), marked where its time never settled."""
+    row = row or {}
+    text = fmt_rate(row.get(f"{direction}_tflops"))
+    return f"{text} {UNSETTLED}" if text != DASH and row.get(f"{direction}_settled") is False else text
+
+
+def any_unsettled(cells: dict) -> bool:
+    return any(row.get(f"{d}_settled") is False
+               for cell in cells.values() for row in cell.values() for d in ("fwd", "bwd"))
+
+
 def fmt_us(value: float | None) -> str:
     if not value:
         return DASH
@@ -272,10 +289,10 @@ def dense_section(results: Results, figure: str | None) -> list[str]:
                 cell = cells[key]
                 mine = cell.get(OURS, {}).get(f"{direction}_tflops")
                 body.append(["yes" if key[1] else "no", str(key[2]),
-                             *(fmt_rate(cell.get(p, {}).get(f"{direction}_tflops")) for p in providers),
+                             *(fmt_cell(cell.get(p), direction) for p in providers),
                              *(fmt_ratio(ratio(mine, cell.get(p, {}).get(f"{direction}_tflops"))) for p in others)])
             out += [*table(header, body, numeric_from=1), ""]
-    return out
+    return out + ([UNSETTLED_NOTE, ""] if any_unsettled(cells) else [])
 
 
 def dense_ratios(results: Results, other: str, direction: str, head_dim: int,
@@ -320,10 +337,10 @@ def varlen_section(results: Results) -> list[str]:
             cell = cells[key]
             dense = cell.get(OURS, {}).get(f"{direction}_tflops")
             body.append([str(key[0]), "yes" if key[1] else "no", str(key[2]),
-                         *(fmt_rate(cell.get(p, {}).get(f"{direction}_tflops")) for p in providers),
+                         *(fmt_cell(cell.get(p), direction) for p in providers),
                          *(fmt_ratio(ratio(cell.get(p, {}).get(f"{direction}_tflops"), dense)) for p in packed)])
         out += [*table(header, body, numeric_from=2), ""]
-    return out
+    return out + ([UNSETTLED_NOTE, ""] if any_unsettled(cells) else [])
 
 
 def varlen_ratios(results: Results, provider: str, direction: str) -> list[float]:
