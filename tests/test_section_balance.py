@@ -34,3 +34,14 @@ def test_causal_hdim_256_tail_under_small_sections(balance):
     assert small > 1.08
     assert table < 1.01
     assert balance.grid_imbalance(64, 1024, True, 8 << 20) is None  # the Triton tile: no sections
+
+
+def test_backward_key_tiles_follow_the_plan_order(balance):
+    # 2 pairs a section, 512 keys in 128-key tiles over 64-row query blocks: causal longest first, pairs fastest
+    costs = balance.key_tile_costs(512, 2, 2, 128, 64, True, overhead=0.0)
+    assert costs == [8, 8, 6, 6, 4, 4, 2, 2]
+    # the fused kernel's one-tile form at hdim 128 takes each pair's key tiles in turn: a tail at 1k-8k causal
+    causal = balance.grid_imbalance(128, 4096, True, 8 << 20, backward=True)
+    assert causal > 1.05
+    # equal tiles: only the last wave's rounding (2048 tiles on 132 SMs)
+    assert balance.grid_imbalance(128, 4096, False, 8 << 20, backward=True) == pytest.approx(16 / (2048 / 132))
