@@ -116,15 +116,15 @@ def test_persistent_forward_repeats_and_leaves_no_tile_out(tile, causal, monkeyp
 def test_heads_per_section_fits_the_l2_budget(monkeypatch):
     monkeypatch.setattr(configs, "HOPPER_L2_SECTION_BYTES", 8 << 20)
     # 4k keys at hdim 128 in bf16: K and V of one head take 2 MiB, so 4 heads a section
-    assert launch_forward._heads_per_section(64, 1, 4096 * 128 * 2) == 4
-    assert launch_forward._heads_per_section(64, 4, 4096 * 128 * 2) == 16  # four query heads share one K/V head
-    assert launch_forward._heads_per_section(3, 1, 512 * 128 * 2) == 3  # never more than the launch has
-    assert launch_forward._heads_per_section(64, 1, 1 << 30) == 1  # one head past the budget still runs
+    assert launch_forward._heads_per_section(64, 1, 4096 * 128 * 2, False) == 4
+    assert launch_forward._heads_per_section(64, 4, 4096 * 128 * 2, False) == 16  # four query heads share one K/V head
+    assert launch_forward._heads_per_section(3, 1, 512 * 128 * 2, False) == 3  # never more than the launch has
+    assert launch_forward._heads_per_section(64, 1, 1 << 30, False) == 1  # one head past the budget still runs
     # 100 heads, at most 4 a section: 25 sections of 4; at most 32 (4x the budget, pairs of query heads on one K/V
     # head): 4 sections of 25, not 32, 32, 32 and 4
-    assert launch_forward._heads_per_section(100, 1, 4096 * 128 * 2) == 4
+    assert launch_forward._heads_per_section(100, 1, 4096 * 128 * 2, False) == 4
     monkeypatch.setattr(configs, "HOPPER_L2_SECTION_BYTES", 32 << 20)
-    assert launch_forward._heads_per_section(100, 2, 4096 * 128 * 2) == 25
+    assert launch_forward._heads_per_section(100, 2, 4096 * 128 * 2, False) == 25
     # causal tiles take their own budget
     monkeypatch.setattr(configs, "HOPPER_CAUSAL_L2_SECTION_BYTES", 16 << 20)
     assert launch_forward._heads_per_section(64, 1, 4096 * 128 * 2, causal=True) == 8

@@ -9,9 +9,9 @@ tile) and its K and V as soon as both consumers have stored the last tile's dK a
 own through its slice of V for 16-byte stores, so the release waits for the stores.
 
 Tile order (``_persistent_tile``): kv heads in L2 sections (as many kv heads as have their group's Q and dO within
-``configs.HOPPER_L2_SECTION_BYTES``, the sections made equal), and inside a section the key block as the
-slower index, so that the programs in flight read a few heads' Q and dO, and under a causal mask (bottom-right aligned:
-the first key blocks see the most query rows) every head's longest tiles go first and the shortest last, where a tail of
+``configs.HOPPER_L2_SECTION_BYTES``, the sections made equal), and inside a section the key block as the slower
+index, so that the programs in flight read a few heads' Q and dO, and under a causal mask (bottom-right aligned: the
+first key blocks see the most query rows) every head's longest tiles go first and the shortest last, where a tail of
 long tiles would leave SMs idle. The tiles are handed out by a counter that the launcher zeroes (the forward's
 ``_next_tile``), as causal tiles are unequal work; each plan replay zeroes it too.
 

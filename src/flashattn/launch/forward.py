@@ -141,7 +141,7 @@ def tile_plan_arguments(q, k, lse, layout: Layout, rows_per_tile: int, causal: b
                                      sections)
 
 
-def _heads_per_section(batch_heads: int, group_size: int, kv_head_bytes: int, causal: bool = False) -> int:
+def _heads_per_section(batch_heads: int, group_size: int, kv_head_bytes: int, causal: bool) -> int:
     """How many (sequence, head) pairs the Hopper forward walks together (``_tile_plan``): as many as have K and V
     within ``configs.HOPPER_L2_SECTION_BYTES`` (``HOPPER_CAUSAL_L2_SECTION_BYTES`` under a causal mask), where
     ``kv_head_bytes`` is one K (or V) head of the longest sequence. The query heads of a GQA group are consecutive
