@@ -449,8 +449,7 @@ def hopper_dkdv_report(head_dim: int, causal: bool, config, fused: bool = False)
                      DV="*bf16", **(dict(dq_desc=dq_desc) if fused_dq else {}),
                      **(dict(TileCounter="*i32") if persistent else {}), stride_gb="i32", stride_gm="i32",
                      stride_gh="i32", seqlen_q="i32", seqlen_k="i32", nheads="i32", nheads_k="i32", key_blocks="i32",
-                     **(dict(batch_heads_k="i32", heads_per_section="i32") if persistent else {}),
-                     softmax_scale="fp32", qk_scale_log2="fp32")
+                     batch_heads_k="i32", heads_per_section="i32", softmax_scale="fp32", qk_scale_log2="fp32")
     return _gluon_report(kernel, signature, hopper_dkdv_constexprs(config, head_dim, causal))
 
 

@@ -155,13 +155,15 @@ def _add_dq(dq, dq_smem, dq_desc, batch, head, dq_block, seqlen_q, nheads, HEAD_
 @gluon.jit
 def _load_with_statistics(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, stats_bufs, kv_ready,
                           q_ready, do_ready, stats_ready, stage_free, Lse, Delta, seqlen_q, seqlen_k, nheads, nheads_k,
-                          key_blocks, group_size, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                          key_blocks, batch_heads_k, heads_per_section, group_size, HEAD_DIM: gl.constexpr,
+                          BLOCK_M: gl.constexpr,
                           BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr):
     """``backward_hopper._load_partition`` (one barrier frees a stage), and each query block's lse (base 2) and delta
     into its stage's shared memory: in the consumers' registers, a 64-row block's 32 values a thread and their
     addresses spilled beside S^T, dP^T, dK and dV."""
     batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(
-        seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, BLOCK_N, CAUSAL)
+        seqlen_q, seqlen_k, nheads_k, key_blocks, batch_heads_k, heads_per_section, group_size, BLOCK_M, BLOCK_N,
+        CAUSAL)
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [batch * seqlen_k + key_start, head_k * HEAD_DIM], kv_ready, k_smem)
     tma.async_copy_global_to_shared(v_desc, [batch * seqlen_k + key_start, head_k * HEAD_DIM], kv_ready, v_smem)
@@ -295,7 +297,8 @@ def _turn_block(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, 
 @gluon.jit
 def _row_block_partition(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, kv_ready, q_ready,
                          do_ready, stats_ready, stage_free, DK, DV, dq_desc, stride_gb, stride_gm, stride_gh, seqlen_q,
-                         seqlen_k, nheads, nheads_k, key_blocks, group_size, softmax_scale, qk_scale_log2,
+                         seqlen_k, nheads, nheads_k, key_blocks, batch_heads_k, heads_per_section, group_size,
+                         softmax_scale, qk_scale_log2,
                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                          NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, SLICE: gl.constexpr):
     """The consumer on query blocks one at a time (``_query_block``): a block's S^T and dP^T, its score gradients,
@@ -307,7 +310,8 @@ def _row_block_partition(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, d
     the other makes after its iteration i-2 completed the product that read buffer (i-2) % 2: neither consumer runs
     more than a block ahead of the other, and no buffer's barrier takes a block's arrive before the last one's."""
     batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(
-        seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, BLOCK_N, CAUSAL)
+        seqlen_q, seqlen_k, nheads_k, key_blocks, batch_heads_k, heads_per_section, group_size, BLOCK_M, BLOCK_N,
+        CAUSAL)
     slice_start = key_start + SLICE * SLICE_KEYS
     mbarrier.wait(kv_ready, 0)
     dk, dv, _, _ = walk_query_blocks(
@@ -437,7 +441,7 @@ def fused_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, HEAD_DIM: gl.constex
 def dkdv_dq_key_slices_kernel(
     q_desc, k_desc, v_desc, do_desc, Lse, Delta, DK, DV, dq_desc,
     stride_gb, stride_gm, stride_gh,
-    seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, softmax_scale, qk_scale_log2,
+    seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, batch_heads_k, heads_per_section, softmax_scale, qk_scale_log2,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
     CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
 ):
@@ -455,15 +459,18 @@ def dkdv_dq_key_slices_kernel(
     gl.warp_specialize([
         (_row_block_partition, (k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, kv_ready,
                                 q_ready, do_ready, stats_ready, stage_free, DK, DV, dq_desc, stride_gb, stride_gm,
-                                stride_gh, seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, group_size,
+                                stride_gh, seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, batch_heads_k,
+                                heads_per_section, group_size,
                                 softmax_scale, qk_scale_log2, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, 0)),
         (_row_block_partition, (k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, kv_ready,
                                 q_ready, do_ready, stats_ready, stage_free, DK, DV, dq_desc, stride_gb, stride_gm,
-                                stride_gh, seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, group_size,
+                                stride_gh, seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, batch_heads_k,
+                                heads_per_section, group_size,
                                 softmax_scale, qk_scale_log2, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, 1)),
         (_load_with_statistics, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, stats_bufs,
                                  kv_ready, q_ready, do_ready, stats_ready, stage_free, Lse, Delta, seqlen_q,
-                                 seqlen_k, nheads, nheads_k, key_blocks, group_size, HEAD_DIM, BLOCK_M, BLOCK_N,
+                                 seqlen_k, nheads, nheads_k, key_blocks, batch_heads_k, heads_per_section, group_size,
+                                 HEAD_DIM, BLOCK_M, BLOCK_N,
                                  NUM_STAGES, CAUSAL)),
     ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
 

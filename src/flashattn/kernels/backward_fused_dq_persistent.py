@@ -8,12 +8,13 @@ fetches the next tile's first stages of Q and dO as soon as the consumers free t
 tile) and its K and V as soon as both consumers have stored the last tile's dK and dV (``kv_free``): each stages its
 own through its slice of V for 16-byte stores, so the release waits for the stores.
 
-Tile order (``_persistent_tile``): kv heads in L2 sections (as many kv heads as have their group's Q and dO within
-``configs.HOPPER_L2_SECTION_BYTES``, the sections made equal), and inside a section the key block as the slower
-index, so that the programs in flight read a few heads' Q and dO, and under a causal mask (bottom-right aligned: the
-first key blocks see the most query rows) every head's longest tiles go first and the shortest last, where a tail of
-long tiles would leave SMs idle. The tiles are handed out by a counter that the launcher zeroes (the forward's
-``_next_tile``), as causal tiles are unequal work; each plan replay zeroes it too.
+Tile order (``backward_hopper.sectioned_key_tile``, as in the one-tile kernels): kv heads in L2 sections (as many
+kv heads as have their group's Q and dO within ``configs.HOPPER_L2_SECTION_BYTES``, the sections made equal), and
+inside a section the key block as the slower index, so that the programs in flight read a few heads' Q and dO, and
+under a causal mask (bottom-right aligned: the first key blocks see the most query rows) every head's longest tiles
+go first and the shortest last, where a tail of long tiles would leave SMs idle. The tiles are handed out by a
+counter that the launcher zeroes (the forward's ``_next_tile``), as causal tiles are unequal work; each plan replay
+zeroes it too.
 
 Every partition keeps its ring positions across tiles: the Q/dO stages, the dS^T ring and the dQ^T staging buffers
 (the program's query blocks so far: ``walk_query_blocks``). The dQ^T reductions are waited for once, at the
@@ -30,22 +31,8 @@ from .backward_fused_dq import (
     store_gradients,
     walk_query_blocks,
 )
-from .backward_hopper import KEY_SLICE_PROGRAM_KEYS, SLICE_KEYS, _next_query_block, key_tile_plan
+from .backward_hopper import KEY_SLICE_PROGRAM_KEYS, SLICE_KEYS, _next_query_block, sectioned_key_tile
 from .forward_hopper import _next_tile, _publish_tile, read_tile
-
-
-@gluon.jit
-def _persistent_tile(tile_id, seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, batch_heads_k, heads_per_section,
-                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """``backward_hopper._key_tile``'s plan of tile ``tile_id`` in the persistent order: sections of
-    ``heads_per_section`` (batch, kv head) pairs, key block major inside a section (causal: longest first)."""
-    section_tiles = heads_per_section * key_blocks
-    section = tile_id // section_tiles
-    first_pair = section * heads_per_section
-    section_pairs = gl.minimum(heads_per_section, batch_heads_k - first_pair)  # the last section may be short
-    in_section = tile_id - section * section_tiles
-    return key_tile_plan(first_pair + in_section % section_pairs, (in_section // section_pairs) * BLOCK_N, seqlen_q,
-                         seqlen_k, nheads_k, group_size, BLOCK_M, CAUSAL)
 
 
 @gluon.jit
@@ -63,7 +50,7 @@ def _persistent_loader(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, 
     while tile_id < total_tiles:
         # taken now, read after this tile's loads are issued: the counter's round trip hides behind them
         next_tile = _next_tile(tile_id, TileCounter, True)
-        batch, head_k, key_start, first_q_block, per_head, iterations = _persistent_tile(
+        batch, head_k, key_start, first_q_block, per_head, iterations = sectioned_key_tile(
             tile_id, seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, batch_heads_k, heads_per_section,
             BLOCK_M, BLOCK_N, CAUSAL)
         head = head_k * group_size
@@ -122,7 +109,7 @@ def _persistent_consumer(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, d
     mbarrier.wait(kv_ready, 0)
     tile_id = read_tile(tile_slot)
     while tile_id < total_tiles:
-        batch, head_k, key_start, first_q_block, per_head, iterations = _persistent_tile(
+        batch, head_k, key_start, first_q_block, per_head, iterations = sectioned_key_tile(
             tile_id, seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, batch_heads_k, heads_per_section,
             BLOCK_M, BLOCK_N, CAUSAL)
         _publish_tile(round_slot, rounds)
@@ -133,7 +120,7 @@ def _persistent_consumer(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, d
             BLOCK_M, NUM_STAGES, CAUSAL, SLICE)
         ring += iterations
         # the slot holds this tile's number until the loader's wait on the arrive below
-        batch, head_k, key_start, _, _, _ = _persistent_tile(
+        batch, head_k, key_start, _, _, _ = sectioned_key_tile(
             read_tile(tile_slot), seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, batch_heads_k,
             heads_per_section, BLOCK_M, BLOCK_N, CAUSAL)
         rounds = read_tile(round_slot) + 1

@@ -40,14 +40,29 @@ LOG2E = gl.constexpr(1.4426950408889634)
 
 
 @gluon.jit
-def _key_tile(seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              CAUSAL: gl.constexpr):
+def _key_tile(seqlen_q, seqlen_k, nheads_k, key_blocks, batch_heads_k, heads_per_section, group_size,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
     """This program's batch and kv head, first key, and its query blocks (the first, how many per query head, and
-    over the whole group): every partition derives the same plan. Key blocks of one head are consecutive programs,
-    so the programs in flight share that head's Q and dO in L2."""
-    tile_id = gl.program_id(0)
-    return key_tile_plan(tile_id // key_blocks, (tile_id % key_blocks) * BLOCK_N, seqlen_q, seqlen_k, nheads_k,
-                         group_size, BLOCK_M, CAUSAL)
+    over the whole group): every partition derives the same plan (``sectioned_key_tile`` of its program id)."""
+    return sectioned_key_tile(gl.program_id(0), seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, batch_heads_k,
+                              heads_per_section, BLOCK_M, BLOCK_N, CAUSAL)
+
+
+@gluon.jit
+def sectioned_key_tile(tile_id, seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, batch_heads_k,
+                       heads_per_section, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """``key_tile_plan`` of tile ``tile_id``: sections of ``heads_per_section`` (batch, kv head) pairs, whose Q and
+    dO the programs in flight share in L2, and the key block the slower index inside a section, so that under a
+    causal mask (bottom-right aligned: the first key blocks see the most query rows) every pair's longest tiles go
+    first. With the pair the slower index, each section is one pair's few tiles, its longest starting as the last
+    one's shortest end: a tail on some SMs (docs/perf-notes.md, "L2 head sections")."""
+    section_tiles = heads_per_section * key_blocks
+    section = tile_id // section_tiles
+    first_pair = section * heads_per_section
+    section_pairs = gl.minimum(heads_per_section, batch_heads_k - first_pair)  # the last section may be short
+    in_section = tile_id - section * section_tiles
+    return key_tile_plan(first_pair + in_section % section_pairs, (in_section // section_pairs) * BLOCK_N, seqlen_q,
+                         seqlen_k, nheads_k, group_size, BLOCK_M, CAUSAL)
 
 
 @gluon.jit
@@ -67,11 +82,13 @@ def key_tile_plan(batch_head_k, key_start, seqlen_q, seqlen_k, nheads_k, group_s
 
 @gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready,
-                    q_free, do_free, seqlen_q, seqlen_k, nheads_k, key_blocks, group_size,
+                    q_free, do_free, seqlen_q, seqlen_k, nheads_k, key_blocks, batch_heads_k, heads_per_section,
+                    group_size,
                     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                     CAUSAL: gl.constexpr, ONE_FREE_BARRIER: gl.constexpr):
     batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(
-        seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, BLOCK_N, CAUSAL)
+        seqlen_q, seqlen_k, nheads_k, key_blocks, batch_heads_k, heads_per_section, group_size, BLOCK_M, BLOCK_N,
+        CAUSAL)
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [batch * seqlen_k + key_start, head_k * HEAD_DIM], kv_ready, k_smem)
     tma.async_copy_global_to_shared(v_desc, [batch * seqlen_k + key_start, head_k * HEAD_DIM], kv_ready, v_smem)
@@ -166,14 +183,15 @@ def _hand_over(p, buffer, ready):
 @gluon.jit
 def _dv_partition(k_smem, q_bufs, do_bufs, p_bufs, kv_ready, q_ready, do_ready, q_free, do_free, p_ready, p_free,
                   Lse, DV, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k, nheads, nheads_k, key_blocks,
-                  group_size, qk_scale_log2,
+                  batch_heads_k, heads_per_section, group_size, qk_scale_log2,
                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                   CAUSAL: gl.constexpr):
     s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
     acc_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     p_operand: gl.constexpr = register_operand_layout(HEAD_DIM)
     batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(
-        seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, BLOCK_N, CAUSAL)
+        seqlen_q, seqlen_k, nheads_k, key_blocks, batch_heads_k, heads_per_section, group_size, BLOCK_M, BLOCK_N,
+        CAUSAL)
     s_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
     mbarrier.wait(kv_ready, 0)
@@ -238,14 +256,15 @@ def _ds(dp, p_bufs, p_ready, p_free, it, per_head, first_q_block, batch, head_k,
 @gluon.jit
 def _dk_partition(v_smem, q_bufs, do_bufs, p_bufs, kv_ready, q_ready, do_ready, q_free, do_free, p_ready, p_free,
                   Delta, DK, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k, nheads, nheads_k, key_blocks,
-                  group_size, softmax_scale,
+                  batch_heads_k, heads_per_section, group_size, softmax_scale,
                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                   CAUSAL: gl.constexpr):
     s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
     acc_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     ds_operand: gl.constexpr = register_operand_layout(HEAD_DIM)
     batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(
-        seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, BLOCK_N, CAUSAL)
+        seqlen_q, seqlen_k, nheads_k, key_blocks, batch_heads_k, heads_per_section, group_size, BLOCK_M, BLOCK_N,
+        CAUSAL)
     dp_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
     mbarrier.wait(kv_ready, 0)
@@ -318,7 +337,7 @@ def _streamed_buffers(q_desc, k_desc, v_desc, do_desc, HEAD_DIM: gl.constexpr, B
 def dkdv_hopper_kernel(
     q_desc, k_desc, v_desc, do_desc, Lse, Delta, DK, DV,
     stride_gb, stride_gm, stride_gh,
-    seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, softmax_scale, qk_scale_log2,
+    seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, batch_heads_k, heads_per_section, softmax_scale, qk_scale_log2,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
 ):
@@ -341,12 +360,15 @@ def dkdv_hopper_kernel(
     gl.warp_specialize([
         (_dv_partition, (k_smem, q_bufs, do_bufs, p_bufs, kv_ready, q_ready, do_ready, q_free, do_free, p_ready,
                          p_free, Lse, DV, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k, nheads, nheads_k,
-                         key_blocks, group_size, qk_scale_log2, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL)),
+                         key_blocks, batch_heads_k, heads_per_section, group_size, qk_scale_log2, HEAD_DIM, BLOCK_M,
+                         BLOCK_N, NUM_STAGES, CAUSAL)),
         (_dk_partition, (v_smem, q_bufs, do_bufs, p_bufs, kv_ready, q_ready, do_ready, q_free, do_free, p_ready,
                          p_free, Delta, DK, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k, nheads, nheads_k,
-                         key_blocks, group_size, softmax_scale, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL)),
+                         key_blocks, batch_heads_k, heads_per_section, group_size, softmax_scale, HEAD_DIM, BLOCK_M,
+                         BLOCK_N, NUM_STAGES, CAUSAL)),
         (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready,
-                           do_ready, q_free, do_free, seqlen_q, seqlen_k, nheads_k, key_blocks, group_size,
+                           do_ready, q_free, do_free, seqlen_q, seqlen_k, nheads_k, key_blocks, batch_heads_k,
+                           heads_per_section, group_size,
                            HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, False)),
     ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
 
@@ -415,7 +437,7 @@ def _slice_score_gradients(s, dp, q_block, lse_log2, delta, seqlen_q, seqlen_k, 
 @gluon.jit
 def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, stage_free, Lse, Delta,
                          DK, DV, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k, nheads, nheads_k, key_blocks,
-                         group_size, softmax_scale, qk_scale_log2,
+                         batch_heads_k, heads_per_section, group_size, softmax_scale, qk_scale_log2,
                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                          NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, SLICE: gl.constexpr):
     """dK and dV of keys [SLICE * 64, SLICE * 64 + 64) of the program's block: all four products of those keys, with no
@@ -431,7 +453,8 @@ def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_
     operand: gl.constexpr = register_operand_layout(HEAD_DIM)
     dtype: gl.constexpr = k_smem.dtype
     batch, head_k, key_start, first_q_block, per_head, iterations = _key_tile(
-        seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, BLOCK_M, BLOCK_N, CAUSAL)
+        seqlen_q, seqlen_k, nheads_k, key_blocks, batch_heads_k, heads_per_section, group_size, BLOCK_M, BLOCK_N,
+        CAUSAL)
     slice_start = key_start + SLICE * SLICE_KEYS
     k_slice = k_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS)
     v_slice = v_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS)
@@ -493,7 +516,7 @@ def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_
 def dkdv_key_slices_kernel(
     q_desc, k_desc, v_desc, do_desc, Lse, Delta, DK, DV,
     stride_gb, stride_gm, stride_gh,
-    seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, softmax_scale, qk_scale_log2,
+    seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, batch_heads_k, heads_per_section, softmax_scale, qk_scale_log2,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
     CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
 ):
@@ -511,13 +534,16 @@ def dkdv_key_slices_kernel(
     gl.warp_specialize([
         (_key_slice_partition, (k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, stage_free, Lse,
                                 Delta, DK, DV, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k, nheads, nheads_k,
-                                key_blocks, group_size, softmax_scale, qk_scale_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
+                                key_blocks, batch_heads_k, heads_per_section, group_size, softmax_scale,
+                                qk_scale_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
                                 NUM_STAGES, CAUSAL, 0)),
         (_key_slice_partition, (k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, stage_free, Lse,
                                 Delta, DK, DV, stride_gb, stride_gm, stride_gh, seqlen_q, seqlen_k, nheads, nheads_k,
-                                key_blocks, group_size, softmax_scale, qk_scale_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
+                                key_blocks, batch_heads_k, heads_per_section, group_size, softmax_scale,
+                                qk_scale_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
                                 NUM_STAGES, CAUSAL, 1)),
         (_load_partition, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready,
-                           do_ready, stage_free, stage_free, seqlen_q, seqlen_k, nheads_k, key_blocks, group_size,
+                           do_ready, stage_free, stage_free, seqlen_q, seqlen_k, nheads_k, key_blocks, batch_heads_k,
+                           heads_per_section, group_size,
                            HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, True)),
     ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])

@@ -59,7 +59,7 @@ def _hopper_dkdv(q, k, v, dout, lse, delta, dk, dv, opts: AttentionOptions, conf
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     key_blocks = cdiv(seqlen_k, keys)
     tiles = key_blocks * batch * nheads_k
-    programs, dq_arguments, plan = tiles, (), ()
+    programs, dq_arguments = tiles, ()
     if dq_acc is not None:
         dq_arguments = (dq_accumulator_descriptor(dq_acc),)
         if fused_persistent(config):
@@ -67,9 +67,10 @@ def _hopper_dkdv(q, k, v, dout, lse, delta, dk, dv, opts: AttentionOptions, conf
             # from a counter: a fresh zero for every call, which a plan's replay zeroes too
             programs = min(tiles, sm_count(q.device.index))
             dq_arguments += (zeros(1, torch.int32, q.device),)
-            # L2 sections of (batch, kv head) pairs: the GQA group's Q and dO are what every key tile of a pair reads
-            group_bytes = 2 * (nheads // nheads_k) * seqlen_q * head_dim * q.element_size()
-            plan = (batch * nheads_k, l2_section_units(batch * nheads_k, group_bytes, configs.HOPPER_L2_SECTION_BYTES))
+    # L2 sections of (batch, kv head) pairs (backward_hopper.sectioned_key_tile): the GQA group's Q and dO are what
+    # every key tile of a pair reads
+    group_bytes = 2 * (nheads // nheads_k) * seqlen_q * head_dim * q.element_size()
+    plan = (batch * nheads_k, l2_section_units(batch * nheads_k, group_bytes, configs.HOPPER_L2_SECTION_BYTES))
     launch(
         kernel, (programs,),
         token_descriptor(q, config.block_m), token_descriptor(k, keys), token_descriptor(v, keys),
