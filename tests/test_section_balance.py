@@ -40,8 +40,9 @@ def test_backward_key_tiles_follow_the_plan_order(balance):
     # 2 pairs a section, 512 keys in 128-key tiles over 64-row query blocks: causal longest first, pairs fastest
     costs = balance.key_tile_costs(512, 2, 2, 128, 64, True, overhead=0.0)
     assert costs == [8, 8, 6, 6, 4, 4, 2, 2]
-    # the fused kernel's one-tile form at hdim 128 takes each pair's key tiles in turn: a tail at 1k-8k causal
-    causal = balance.grid_imbalance(128, 4096, True, 8 << 20, backward=True)
-    assert causal > 1.05
+    # the fused kernel's one-tile form at hdim 128, in sections: no tail at 4k causal (each pair's key tiles in turn,
+    # one pair a section, left 1.065)
+    assert balance.grid_imbalance(128, 4096, True, 8 << 20, backward=True) < 1.01
+    assert balance.imbalance(balance.key_tile_costs(4096, 64, 1, 128, 64, True)) > 1.05
     # equal tiles: only the last wave's rounding (2048 tiles on 132 SMs)
     assert balance.grid_imbalance(128, 4096, False, 8 << 20, backward=True) == pytest.approx(16 / (2048 / 132))
