@@ -34,7 +34,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .forward_hopper import columns_at_most, register_operand_layout, wgmma_layout
+from .forward_hopper import columns_at_most, register_operand_layout, section_tile, wgmma_layout
 
 LOG2E = gl.constexpr(1.4426950408889634)
 
@@ -56,13 +56,8 @@ def sectioned_key_tile(tile_id, seqlen_q, seqlen_k, nheads_k, key_blocks, group_
     causal mask (bottom-right aligned: the first key blocks see the most query rows) every pair's longest tiles go
     first. With the pair the slower index, each section is one pair's few tiles, its longest starting as the last
     one's shortest end: a tail on some SMs (docs/perf-notes.md, "L2 head sections")."""
-    section_tiles = heads_per_section * key_blocks
-    section = tile_id // section_tiles
-    first_pair = section * heads_per_section
-    section_pairs = gl.minimum(heads_per_section, batch_heads_k - first_pair)  # the last section may be short
-    in_section = tile_id - section * section_tiles
-    return key_tile_plan(first_pair + in_section % section_pairs, (in_section // section_pairs) * BLOCK_N, seqlen_q,
-                         seqlen_k, nheads_k, group_size, BLOCK_M, CAUSAL)
+    pair, key_block = section_tile(tile_id, key_blocks, batch_heads_k, heads_per_section)
+    return key_tile_plan(pair, key_block * BLOCK_N, seqlen_q, seqlen_k, nheads_k, group_size, BLOCK_M, CAUSAL)
 
 
 @gluon.jit

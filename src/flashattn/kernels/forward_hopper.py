@@ -125,6 +125,17 @@ def to_16_bits(x, dtype: gl.constexpr):
 
 
 @gluon.jit
+def section_tile(tile_id, tiles_per_pair, pairs, pairs_per_section):
+    """(pair, tile of the pair) of ``tile_id`` when the tiles run in sections of ``pairs_per_section`` pairs, the
+    pair fastest inside a section, so that a section's tiles of rank 0 come first (the last section may be short)."""
+    section_tiles = pairs_per_section * tiles_per_pair
+    first_pair = tile_id // section_tiles * pairs_per_section
+    section_pairs = gl.minimum(pairs_per_section, pairs - first_pair)
+    in_section = tile_id - first_pair * tiles_per_pair
+    return first_pair + in_section % section_pairs, in_section // section_pairs
+
+
+@gluon.jit
 def _tile_plan(tile_id, row_tiles, batch_heads, heads_per_section, nheads, group_size, CuSeqlensQ, CuSeqlensK,
                seqlen_q, seqlen_k, stride_lb, stride_lh, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                IS_VARLEN: gl.constexpr, NUM_CONSUMERS: gl.constexpr):
@@ -145,13 +156,7 @@ def _tile_plan(tile_id, row_tiles, batch_heads, heads_per_section, nheads, group
     end itself, a length that is not a multiple of 64 would give half the consumers two masked (diagonal) blocks of
     128 keys instead of one (docs/perf-notes.md)."""
     tile_rows = NUM_CONSUMERS * ROWS_PER_WARPGROUP
-    section_tiles = heads_per_section * row_tiles
-    section = tile_id // section_tiles
-    first_head = section * heads_per_section
-    section_heads = gl.minimum(heads_per_section, batch_heads - first_head)  # the last section may be short
-    in_section = tile_id - section * section_tiles
-    row_tile = in_section // section_heads
-    batch_head = first_head + in_section % section_heads
+    batch_head, row_tile = section_tile(tile_id, row_tiles, batch_heads, heads_per_section)
     batch = batch_head // nheads
     head = batch_head % nheads
     if IS_VARLEN:
