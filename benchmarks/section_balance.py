@@ -2,7 +2,8 @@
 
 The forward walks its tiles in L2 sections of (sequence, head) pairs, row tiles longest first inside each
 (``kernels/forward_hopper._tile_plan``); the fused backward walks its key tiles in sections of (batch, kv head)
-pairs, key blocks longest first inside each (``kernels/backward_hopper.sectioned_key_tile``). A persistent grid hands
+pairs, key blocks longest first inside each (``kernels/backward_hopper.sectioned_key_tile``), except that a grid of one
+program a tile without a causal mask takes each pair's key tiles in turn. A persistent grid hands
 tiles out from a counter and a grid of one program a tile is dispatched in program order: both are list schedules,
 each tile going to the SM that frees up first. This replays that schedule with a tile's cost taken as a fixed
 overhead plus its block products (in 64 x 64-row-block units of its width) and prints the busiest SM's time over the
@@ -27,7 +28,7 @@ import heapq
 import torch
 
 from flashattn import configs
-from flashattn.launch.backward import hopper_dkdv_kernel
+from flashattn.launch.backward import fused_persistent, hopper_dkdv_kernel
 from flashattn.launch.common import cdiv
 from flashattn.launch.forward import consumer_warpgroups, l2_section_units
 
@@ -81,7 +82,7 @@ def grid_imbalance(head_dim: int, seqlen: int, causal: bool, budget: int, tokens
         if config is None or not config.hopper:
             return None
         group_bytes = 2 * seqlen * head_dim * 2  # Q and dO of one query head a pair
-        per_section = l2_section_units(pairs, group_bytes, budget)
+        per_section = l2_section_units(pairs, group_bytes, budget) if causal or fused_persistent(config) else 1
         keys = hopper_dkdv_kernel(config, fused=True)[1]
         return imbalance(key_tile_costs(seqlen, pairs, per_section, keys, config.block_m, causal))
     config = configs.lookup("hopper", "forward", head_dim, causal, torch.bfloat16, seqlen=seqlen, hopper=True)

@@ -43,9 +43,15 @@ LOG2E = gl.constexpr(1.4426950408889634)
 def _key_tile(seqlen_q, seqlen_k, nheads_k, key_blocks, batch_heads_k, heads_per_section, group_size,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
     """This program's batch and kv head, first key, and its query blocks (the first, how many per query head, and
-    over the whole group): every partition derives the same plan (``sectioned_key_tile`` of its program id)."""
-    return sectioned_key_tile(gl.program_id(0), seqlen_q, seqlen_k, nheads_k, key_blocks, group_size, batch_heads_k,
-                              heads_per_section, BLOCK_M, BLOCK_N, CAUSAL)
+    over the whole group): every partition derives the same plan. Under a causal mask the tiles run in the order of
+    ``sectioned_key_tile``; without one they are equal, there is no tail to balance, and the key blocks of a pair
+    are consecutive programs (head-major), which measured faster than sections there (docs/perf-notes.md)."""
+    tile_id = gl.program_id(0)
+    if CAUSAL:
+        pair, key_block = section_tile(tile_id, key_blocks, batch_heads_k, heads_per_section)
+    else:
+        pair, key_block = tile_id // key_blocks, tile_id % key_blocks
+    return key_tile_plan(pair, key_block * BLOCK_N, seqlen_q, seqlen_k, nheads_k, group_size, BLOCK_M, CAUSAL)
 
 
 @gluon.jit
