@@ -17,6 +17,7 @@ from hopper_kernels import forced_launch, gpu_cases, hopper
 
 from flashattn import configs, flash_attn_func
 from flashattn.launch import backward as launch_backward
+from flashattn.launch.forward import l2_section_units
 from flashattn.options import AttentionOptions
 from flashattn.testing import check_against_reference
 
@@ -162,6 +163,26 @@ def test_persistent_fused_dq_matches_reference(shape, option, monkeypatch):
 def test_persistent_fused_dq_on_64_row_blocks_matches_reference(shape, option, monkeypatch):
     with fused_dq_passes(monkeypatch, True, dataclasses.replace(PERSISTENT_FUSED_DQ[64], block_m=64)):
         check_against_reference(make_case(shape, option, "cuda"), torch.bfloat16, "cuda", flash_attn_func)
+
+
+# Under a causal mask the one-tile dK/dV grids take their key tiles in L2 sections of (batch, kv head) pairs
+# (backward_hopper.sectioned_key_tile): with the budget shrunk to three pairs' Q and dO, 8 pairs run in sections of 3,
+# 3 and 2, and every key tile is computed once, the short last section's too
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("kernel", ["two-pass", "key-slices", "fused"])
+def test_one_tile_grids_walk_causal_key_tiles_in_sections(kernel, monkeypatch):
+    shape = (2, 1023, 1023, 8, 4, 128)  # GQA: each pair's group of two query heads reads its Q and dO
+    group_bytes = 2 * 2 * 1023 * 128 * 2
+    monkeypatch.setattr(configs, "HOPPER_L2_SECTION_BYTES", 3 * group_bytes)
+    assert l2_section_units(8, group_bytes, configs.HOPPER_L2_SECTION_BYTES) == 3
+    case = make_case(shape, "causal", "cuda")
+    if kernel == "fused":
+        with fused_dq_passes(monkeypatch, True, FUSED_DQ):
+            check_against_reference(case, torch.bfloat16, "cuda", flash_attn_func)
+        return
+    with forced_ws_dkdv(WS_DKDV if kernel == "two-pass" else WIDE_KEY_TILES[3], monkeypatch):
+        check_against_reference(case, torch.bfloat16, "cuda", flash_attn_func)
 
 
 @pytest.mark.gpu
