@@ -101,7 +101,7 @@ HOPPER_FORWARD = PhaseTable(
         (128, False): TileConfig(128, 128, 8, 2, hopper=True, persistent=True),
         (128, True): TileConfig(128, 128, 8, 2, hopper=True, persistent=True),
         (256, False): TileConfig(128, 64, 8, 2, hopper=True, persistent=True, rescale_threshold=8.0),
-        # causal hdim 256: one program a tile (the persistent grid lost 2-3% at 2k-4k); lazy rescale at hdim 256 only
+        # causal hdim 256: one program a tile (the persistent grid 5-10% slower at 2k-8k); lazy rescale at hdim 256 only
         (256, True): TileConfig(128, 64, 8, 2, hopper=True, rescale_threshold=8.0),
     },
     # short sequences: every head dim on a persistent grid; causal hdim 128 on 64-key blocks
