@@ -362,10 +362,11 @@ def hopper_fp8_dkdv_report(head_dim: int, causal: bool, window_left: bool = Fals
                      DK="*fp32", DV="*bf16", QDescale="*fp32", KDescale="*fp32", VDescale="*fp32", DODescale="*fp32",
                      **{name: "i32" for name in ("stride_gb", "stride_gm", "stride_gh", "stride_ds_b", "stride_ds_h",
                                                  "stride_ds_blk", "seqlen_q", "seqlen_k", "nheads", "nheads_k",
-                                                 "key_blocks", "window_left", "window_right")},
+                                                 "key_blocks", "heads_per_section", "window_left",
+                                                 "window_right")},
                      softmax_scale="fp32", qk_scale_log2="fp32")
-    return _gluon_report(dkdv_fp8_hopper_kernel, signature,
-                         hopper_fp8_dkdv_constexprs(head_dim, window_left, causal))
+    constexprs = {**hopper_fp8_dkdv_constexprs(head_dim, window_left, causal), **_fp8_sections(causal, window_left)}
+    return _gluon_report(dkdv_fp8_hopper_kernel, signature, constexprs)
 
 
 def hopper_fp8_dq_report(head_dim: int, causal: bool, window_left: bool = False, scores_16bit: bool = False) -> dict:
@@ -380,10 +381,12 @@ def hopper_fp8_dq_report(head_dim: int, causal: bool, window_left: bool = False,
                      QDescale="*fp32", KDescale="*fp32", VDescale="*fp32", DODescale="*fp32",
                      **{name: "i32" for name in ("stride_gb", "stride_gm", "stride_gh", "stride_ds_b", "stride_ds_h",
                                                  "stride_ds_blk", "seqlen_q", "seqlen_k", "nheads", "nheads_k",
-                                                 "row_tiles", "window_left", "window_right")},
+                                                 "row_tiles", "heads_per_section", "window_left",
+                                                 "window_right")},
                      softmax_scale="fp32", qk_scale_log2="fp32")
-    return _gluon_report(dq_fp8_hopper_kernel, signature,
-                         hopper_fp8_dkdv_constexprs(head_dim, window_left, causal, dq=True))
+    constexprs = {**hopper_fp8_dkdv_constexprs(head_dim, window_left, causal, dq=True),
+                  **_fp8_sections(causal, window_left)}
+    return _gluon_report(dq_fp8_hopper_kernel, signature, constexprs)
 
 
 def hopper_fp8_dkdv_dq_report(head_dim: int, causal: bool, window_left: bool = False,
@@ -407,10 +410,18 @@ def hopper_fp8_dkdv_dq_report(head_dim: int, causal: bool, window_left: bool = F
                      VDescale="*fp32", DODescale="*fp32",
                      **{name: "i32" for name in ("stride_gb", "stride_gm", "stride_gh", "stride_ds_b", "stride_ds_h",
                                                  "stride_ds_blk", "seqlen_q", "seqlen_k", "nheads", "nheads_k",
-                                                 "key_blocks", "window_left", "window_right")},
+                                                 "key_blocks", "heads_per_section", "window_left",
+                                                 "window_right")},
                      softmax_scale="fp32", qk_scale_log2="fp32")
-    return _gluon_report(dkdv_dq_fp8_hopper_kernel, signature,
-                         hopper_fp8_dkdv_constexprs(head_dim, window_left, causal, fused=True))
+    constexprs = {**hopper_fp8_dkdv_constexprs(head_dim, window_left, causal, fused=True),
+                  **_fp8_sections(causal, window_left)}
+    return _gluon_report(dkdv_dq_fp8_hopper_kernel, signature, constexprs)
+
+
+def _fp8_sections(causal: bool, window_left: bool) -> dict:
+    """The FP8 backward kernels' L2 sections where ``launch.backward_fp8`` passes none: the 1 it passes there is
+    specialized into a constant."""
+    return {} if causal and not window_left else {"heads_per_section": 1}
 
 
 def _fp8_descriptor(rows: int, columns: int, wide: bool = False) -> str:

@@ -12,7 +12,8 @@ reference to the gradients' dtype.
 import pytest
 import torch
 
-from flashattn import flash_attn_func, fp8, fp8_backward, ops_fp8
+from flashattn import configs, flash_attn_func, fp8, fp8_backward, ops_fp8
+from flashattn.launch.forward import l2_section_units
 from flashattn.options import AttentionOptions
 from flashattn.reference import attention_ref
 from flashattn.testing import fp8_gradient_bound
@@ -315,6 +316,26 @@ def test_gluon_backward_matches_the_reference_path_gpu(triton_backend, monkeypat
     saved = saved_forward(*shape, granularity, hadamard, causal=options.get("causal", False),
                           window_size=options.get("window_size", (-1, -1)))
     for name, (relative, row, worst) in kernel_errors(*saved, granularity, monkeypatch).items():
+        assert relative <= 1e-3 and row <= 1.0, (f"{name}: relative error norm {relative:.2e}; worst row (batch, head, "
+                                                 f"token) {worst}: {row:.2f} of its bound")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gluon_backward_walks_causal_tiles_in_sections_gpu(triton_backend, monkeypatch, head_dim):
+    """Under a causal mask the Gluon FP8 kernels take their tiles in L2 sections of pairs
+    (``backward_fp8_hopper._key_tile``, ``backward_fp8_dq_hopper._query_tile``): with the budgets shrunk to two (batch,
+    kv head) pairs' Q and dO, the key tiles of 6 pairs run in sections of 2 and, at head dim 128 (64 fuses dQ into the
+    key tiles), the query tiles of 12 (batch, query head) pairs in sections of 6; every tile is computed once (the
+    reference path's bounds as above)."""
+    shape = (3, 500, 500, 4, 2, head_dim)
+    budget = 2 * (2 * 2 * 500 * head_dim * 3)  # a pair's group: Q and dO, float16 and e4m3 transposed copies
+    for name in ("HOPPER_L2_SECTION_BYTES", "HOPPER_CAUSAL_L2_SECTION_BYTES"):
+        monkeypatch.setattr(configs, name, budget)
+    assert l2_section_units(6, budget / 2, budget) == 2
+    assert l2_section_units(12, 5 * 500 * head_dim / 2, budget) == 6
+    saved = saved_forward(*shape, causal=True)
+    for name, (relative, row, worst) in kernel_errors(*saved, "block", monkeypatch).items():
         assert relative <= 1e-3 and row <= 1.0, (f"{name}: relative error norm {relative:.2e}; worst row (batch, head, "
                                                  f"token) {worst}: {row:.2f} of its bound")
 

@@ -38,6 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from .backward_fp8_hopper import E4M3_MAX, FLOAT32_TINY, PROGRAM_KEYS, score_layout, seen_keys
 from .backward_hopper import LOG2E, _store_rows
 from .forward_fp8_hopper import _p_operand, fp8_wgmma_layout
+from .forward_hopper import section_tile
 
 ROWS = gl.constexpr(64)  # a consumer warpgroup's queries: one wgmma row block, the rows of a dS descale
 PROGRAM_ROWS = gl.constexpr(128)  # a program's queries: two consumers, one q and dO descale block
@@ -45,14 +46,20 @@ BLOCK_N = PROGRAM_KEYS  # keys a block: one k and v descale block, the keys of a
 
 
 @gluon.jit
-def _query_tile(seqlen_q, seqlen_k, nheads, nheads_k, row_tiles, window_left, window_right, WINDOW_LEFT: gl.constexpr,
-                WINDOW_RIGHT: gl.constexpr):
+def _query_tile(seqlen_q, seqlen_k, nheads, nheads_k, row_tiles, heads_per_section, window_left, window_right,
+                WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr):
     """This program's batch, query head, kv head, first query, and its key blocks (the first, how many): those with a
     key one of its queries sees (``masks.visible`` over its rows). Every partition derives the same plan. A head's
-    last rows come first: under a causal mask they see the most keys, and the short tiles fill the grid's tail."""
+    last rows come first: under a causal mask they see the most keys, and the short tiles fill the grid's tail. Under
+    a causal mask the tiles also run in L2 sections of ``heads_per_section`` (batch, query head) pairs, the row tile
+    the slower index (``forward_hopper._tile_plan``'s order), so that no section's longest tiles start as the one
+    before ends."""
     tile_id = gl.program_id(0)
-    batch_head = tile_id // row_tiles
-    q_start = (row_tiles - 1 - tile_id % row_tiles) * PROGRAM_ROWS
+    if WINDOW_RIGHT and not WINDOW_LEFT:
+        batch_head, row_tile = section_tile(tile_id, row_tiles, gl.num_programs(0) // row_tiles, heads_per_section)
+    else:
+        batch_head, row_tile = tile_id // row_tiles, tile_id % row_tiles
+    q_start = (row_tiles - 1 - row_tile) * PROGRAM_ROWS
     offset = seqlen_k - seqlen_q
     lo = 0
     hi = seqlen_k
@@ -69,14 +76,15 @@ def _query_tile(seqlen_q, seqlen_k, nheads, nheads_k, row_tiles, window_left, wi
 
 @gluon.jit
 def _load_partition(q_desc, do_desc, k_desc, v_desc, kt_desc, q_smem, do_smem, k_bufs, v_bufs, kt_bufs, rows_ready,
-                    ready, stage_free, seqlen_q, seqlen_k, nheads, nheads_k, row_tiles, window_left, window_right,
-                    HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, WINDOW_LEFT: gl.constexpr,
+                    ready, stage_free, seqlen_q, seqlen_k, nheads, nheads_k, row_tiles, heads_per_section, window_left,
+                    window_right, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, WINDOW_LEFT: gl.constexpr,
                     WINDOW_RIGHT: gl.constexpr):
     """Q and dO of the program's rows once (one 64-row tile a consumer), then each key block's K, V (rows
     [key, + 128) of the kv head's columns) and K^T (the (batch, kv head)'s head-dim rows, the block's columns) into
     the stage of its position, behind one barrier."""
     batch, head, head_k, q_start, first_k_block, n_blocks = _query_tile(
-        seqlen_q, seqlen_k, nheads, nheads_k, row_tiles, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT)
+        seqlen_q, seqlen_k, nheads, nheads_k, row_tiles, heads_per_section, window_left, window_right, WINDOW_LEFT,
+        WINDOW_RIGHT)
     mbarrier.expect(rows_ready, 2 * (q_desc.block_type.nbytes + do_desc.block_type.nbytes))
     for c in gl.static_range(2):
         row = batch * seqlen_q + q_start + c * ROWS
@@ -165,15 +173,17 @@ def _key_blocks(q, do, k_bufs, v_bufs, kt_bufs, ready, stage_free, dq, rows, lse
 @gluon.jit
 def _consumer_partition(q_smem, do_smem, k_bufs, v_bufs, kt_bufs, rows_ready, ready, stage_free, DQ, Lse, Delta,
                         QDescale, KDescale, VDescale, DODescale, stride_gb, stride_gm, stride_gh, stride_ds_b,
-                        stride_ds_h, stride_ds_blk, seqlen_q, seqlen_k, nheads, nheads_k, row_tiles, window_left,
-                        window_right, softmax_scale, qk_scale_log2, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
-                        WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr, CONSUMER: gl.constexpr):
+                        stride_ds_h, stride_ds_blk, seqlen_q, seqlen_k, nheads, nheads_k, row_tiles, heads_per_section,
+                        window_left, window_right, softmax_scale, qk_scale_log2, HEAD_DIM: gl.constexpr,
+                        NUM_STAGES: gl.constexpr, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr,
+                        CONSUMER: gl.constexpr):
     """dQ of queries [CONSUMER * 64, + 64) of the program's 128: the key blocks its rows see whole between the masked
     ones (a left window's first, the diagonal's and the sequence end's last)."""
     s_layout: gl.constexpr = score_layout(k_bufs.dtype, BLOCK_N)
     acc_layout: gl.constexpr = fp8_wgmma_layout(HEAD_DIM)
     batch, head, head_k, q_start, first_k_block, n_blocks = _query_tile(
-        seqlen_q, seqlen_k, nheads, nheads_k, row_tiles, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT)
+        seqlen_q, seqlen_k, nheads, nheads_k, row_tiles, heads_per_section, window_left, window_right, WINDOW_LEFT,
+        WINDOW_RIGHT)
     full_lo, full_hi = _full_blocks(seqlen_q, seqlen_k, q_start, first_k_block, n_blocks, window_left, window_right,
                                     WINDOW_LEFT, WINDOW_RIGHT)
     first_row = q_start + CONSUMER * ROWS
@@ -213,7 +223,8 @@ def _consumer_partition(q_smem, do_smem, k_bufs, v_bufs, kt_bufs, rows_ready, re
 def dq_fp8_hopper_kernel(
     q_desc, do_desc, k_desc, v_desc, kt_desc, Lse, Delta, DQ, QDescale, KDescale, VDescale, DODescale,
     stride_gb, stride_gm, stride_gh, stride_ds_b, stride_ds_h, stride_ds_blk,
-    seqlen_q, seqlen_k, nheads, nheads_k, row_tiles, window_left, window_right, softmax_scale, qk_scale_log2,
+    seqlen_q, seqlen_k, nheads, nheads_k, row_tiles, heads_per_section, window_left, window_right, softmax_scale,
+    qk_scale_log2,
     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr,
     CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
 ):
@@ -242,15 +253,16 @@ def dq_fp8_hopper_kernel(
     gl.warp_specialize([
         (_consumer_partition, (q_smem, do_smem, k_bufs, v_bufs, kt_bufs, rows_ready, ready, stage_free, DQ, Lse,
                                Delta, QDescale, KDescale, VDescale, DODescale, stride_gb, stride_gm, stride_gh,
-                               stride_ds_b, stride_ds_h, stride_ds_blk, seqlen_q, seqlen_k, nheads, nheads_k,
-                               row_tiles, window_left, window_right, softmax_scale, qk_scale_log2, HEAD_DIM,
+                               stride_ds_b, stride_ds_h, stride_ds_blk, seqlen_q, seqlen_k, nheads, nheads_k, row_tiles,
+                               heads_per_section, window_left, window_right, softmax_scale, qk_scale_log2, HEAD_DIM,
                                NUM_STAGES, WINDOW_LEFT, WINDOW_RIGHT, 0)),
         (_consumer_partition, (q_smem, do_smem, k_bufs, v_bufs, kt_bufs, rows_ready, ready, stage_free, DQ, Lse,
                                Delta, QDescale, KDescale, VDescale, DODescale, stride_gb, stride_gm, stride_gh,
-                               stride_ds_b, stride_ds_h, stride_ds_blk, seqlen_q, seqlen_k, nheads, nheads_k,
-                               row_tiles, window_left, window_right, softmax_scale, qk_scale_log2, HEAD_DIM,
+                               stride_ds_b, stride_ds_h, stride_ds_blk, seqlen_q, seqlen_k, nheads, nheads_k, row_tiles,
+                               heads_per_section, window_left, window_right, softmax_scale, qk_scale_log2, HEAD_DIM,
                                NUM_STAGES, WINDOW_LEFT, WINDOW_RIGHT, 1)),
         (_load_partition, (q_desc, do_desc, k_desc, v_desc, kt_desc, q_smem, do_smem, k_bufs, v_bufs, kt_bufs,
                            rows_ready, ready, stage_free, seqlen_q, seqlen_k, nheads, nheads_k, row_tiles,
-                           window_left, window_right, HEAD_DIM, NUM_STAGES, WINDOW_LEFT, WINDOW_RIGHT)),
+                           heads_per_section, window_left, window_right, HEAD_DIM, NUM_STAGES, WINDOW_LEFT,
+                           WINDOW_RIGHT)),
     ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])

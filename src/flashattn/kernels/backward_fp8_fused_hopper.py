@@ -100,12 +100,13 @@ def _add_dq_half(acc, dq_smem, dq_desc, row, column):
 @gluon.jit
 def _load_partition(q_desc, do_desc, qt_desc, dot_desc, k_desc, v_desc, kt_desc, k_smem, v_smem, kt_smem, q_bufs,
                     do_bufs, qt_bufs, dot_bufs, stats_bufs, kv_ready, ready, stats_ready, stage_free, Lse, Delta,
-                    seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, window_left, window_right,
+                    seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, heads_per_section, window_left, window_right,
                     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, WINDOW_LEFT: gl.constexpr,
                     WINDOW_RIGHT: gl.constexpr):
     """``backward_fp8_hopper._load_partition`` with the program's K^T columns behind K and V's barrier."""
     batch, head_k, key_start, first_q_block, per_head = _key_tile(
-        seqlen_q, seqlen_k, nheads_k, key_blocks, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT)
+        seqlen_q, seqlen_k, nheads_k, key_blocks, heads_per_section, window_left, window_right, WINDOW_LEFT,
+        WINDOW_RIGHT)
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes + kt_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [batch * seqlen_k + key_start, head_k * HEAD_DIM], kv_ready, k_smem)
     tma.async_copy_global_to_shared(v_desc, [batch * seqlen_k + key_start, head_k * HEAD_DIM], kv_ready, v_smem)
@@ -119,9 +120,10 @@ def _load_partition(q_desc, do_desc, qt_desc, dot_desc, k_desc, v_desc, kt_desc,
 def _key_slice_partition(k_smem, v_smem, kt_smem, q_bufs, do_bufs, qt_bufs, dot_bufs, stats_bufs, amax_bufs, ds_bufs,
                          dq_smem, kv_ready, ready, stats_ready, stage_free, amax_ready, ds_ready, dq_desc, DK, DV,
                          QDescale, KDescale, VDescale, DODescale, stride_gb, stride_gm, stride_gh, stride_ds_b,
-                         stride_ds_h, stride_ds_blk, seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, window_left,
-                         window_right, softmax_scale, qk_scale_log2, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
-                         WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr, SLICE: gl.constexpr):
+                         stride_ds_h, stride_ds_blk, seqlen_q, seqlen_k, nheads, nheads_k, key_blocks,
+                         heads_per_section, window_left, window_right, softmax_scale, qk_scale_log2,
+                         HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, WINDOW_LEFT: gl.constexpr,
+                         WINDOW_RIGHT: gl.constexpr, SLICE: gl.constexpr):
     """``backward_fp8_hopper._key_slice_partition`` (dK and dV of keys [SLICE * 64, + 64)) and, every query block,
     head-dim columns [SLICE * D / 2, + D / 2) of the block's dQ over all 128 keys."""
     HALF: gl.constexpr = HEAD_DIM // 2
@@ -129,8 +131,8 @@ def _key_slice_partition(k_smem, v_smem, kt_smem, q_bufs, do_bufs, qt_bufs, dot_
     acc_layout: gl.constexpr = fp8_wgmma_layout(HEAD_DIM)
     batch, head_k, key_start, first_q_block, per_head, group_size, slice_start, k_slice, v_slice, keys, descales, \
         k_descale, v_descale = key_slice(k_smem, v_smem, KDescale, VDescale, stride_ds_b, stride_ds_h, stride_ds_blk,
-                                         seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, window_left, window_right,
-                                         s_layout, WINDOW_LEFT, WINDOW_RIGHT, SLICE)
+                                         seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, heads_per_section,
+                                         window_left, window_right, s_layout, WINDOW_LEFT, WINDOW_RIGHT, SLICE)
     kt_half = kt_smem.slice(SLICE * HALF, HALF, dim=0).permute((1, 0))
     dq_staging = dq_smem.index(SLICE)
     # every tile product overwrites the last block's (use_acc=False), dQ's too
@@ -185,7 +187,8 @@ def _key_slice_partition(k_smem, v_smem, kt_smem, q_bufs, do_bufs, qt_bufs, dot_
 def dkdv_dq_fp8_hopper_kernel(
     q_desc, do_desc, qt_desc, dot_desc, k_desc, v_desc, kt_desc, dq_desc, Lse, Delta, DK, DV, QDescale, KDescale,
     VDescale, DODescale, stride_gb, stride_gm, stride_gh, stride_ds_b, stride_ds_h, stride_ds_blk,
-    seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, window_left, window_right, softmax_scale, qk_scale_log2,
+    seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, heads_per_section, window_left, window_right, softmax_scale,
+    qk_scale_log2,
     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr,
     CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
 ):
@@ -212,16 +215,16 @@ def dkdv_dq_fp8_hopper_kernel(
                                 ds_bufs, dq_smem, kv_ready, ready, stats_ready, stage_free, amax_ready, ds_ready,
                                 dq_desc, DK, DV, QDescale, KDescale, VDescale, DODescale, stride_gb, stride_gm,
                                 stride_gh, stride_ds_b, stride_ds_h, stride_ds_blk, seqlen_q, seqlen_k, nheads,
-                                nheads_k, key_blocks, window_left, window_right, softmax_scale, qk_scale_log2,
-                                HEAD_DIM, NUM_STAGES, WINDOW_LEFT, WINDOW_RIGHT, 0)),
+                                nheads_k, key_blocks, heads_per_section, window_left, window_right, softmax_scale,
+                                qk_scale_log2, HEAD_DIM, NUM_STAGES, WINDOW_LEFT, WINDOW_RIGHT, 0)),
         (_key_slice_partition, (k_smem, v_smem, kt_smem, q_bufs, do_bufs, qt_bufs, dot_bufs, stats_bufs, amax_bufs,
                                 ds_bufs, dq_smem, kv_ready, ready, stats_ready, stage_free, amax_ready, ds_ready,
                                 dq_desc, DK, DV, QDescale, KDescale, VDescale, DODescale, stride_gb, stride_gm,
                                 stride_gh, stride_ds_b, stride_ds_h, stride_ds_blk, seqlen_q, seqlen_k, nheads,
-                                nheads_k, key_blocks, window_left, window_right, softmax_scale, qk_scale_log2,
-                                HEAD_DIM, NUM_STAGES, WINDOW_LEFT, WINDOW_RIGHT, 1)),
+                                nheads_k, key_blocks, heads_per_section, window_left, window_right, softmax_scale,
+                                qk_scale_log2, HEAD_DIM, NUM_STAGES, WINDOW_LEFT, WINDOW_RIGHT, 1)),
         (_load_partition, (q_desc, do_desc, qt_desc, dot_desc, k_desc, v_desc, kt_desc, k_smem, v_smem, kt_smem,
                            q_bufs, do_bufs, qt_bufs, dot_bufs, stats_bufs, kv_ready, ready, stats_ready, stage_free,
-                           Lse, Delta, seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, window_left, window_right,
-                           HEAD_DIM, NUM_STAGES, WINDOW_LEFT, WINDOW_RIGHT)),
+                           Lse, Delta, seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, heads_per_section, window_left,
+                           window_right, HEAD_DIM, NUM_STAGES, WINDOW_LEFT, WINDOW_RIGHT)),
     ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])

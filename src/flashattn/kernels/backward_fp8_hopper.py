@@ -38,7 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 
 from .backward_hopper import LOG2E, store_key_slice
 from .forward_fp8_hopper import _p_operand, fp8_wgmma_layout
-from .forward_hopper import columns_within, wgmma_layout
+from .forward_hopper import columns_within, section_tile, wgmma_layout
 
 SLICE_KEYS = gl.constexpr(64)  # a consumer warpgroup's keys: one wgmma row block
 PROGRAM_KEYS = gl.constexpr(128)  # a program's keys: one k and v descale block, the keys of a dS descale
@@ -55,13 +55,20 @@ def score_layout(dtype, columns):
 
 
 @gluon.jit
-def _key_tile(seqlen_q, seqlen_k, nheads_k, key_blocks, window_left, window_right, WINDOW_LEFT: gl.constexpr,
-              WINDOW_RIGHT: gl.constexpr):
+def _key_tile(seqlen_q, seqlen_k, nheads_k, key_blocks, heads_per_section, window_left, window_right,
+              WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr):
     """This program's batch, kv head, first key, and its query blocks per query head (the first, how many): those
-    with a query that sees one of its keys (``masks.visible_query_range``). Every partition derives the same plan."""
+    with a query that sees one of its keys (``masks.visible_query_range``). Every partition derives the same plan.
+    Under a causal mask the tiles are unequal and run in L2 sections of ``heads_per_section`` (batch, kv head)
+    pairs, the key block the slower index, every pair's longest first (``backward_hopper.sectioned_key_tile``'s
+    order); otherwise a pair's key blocks are consecutive programs."""
     tile_id = gl.program_id(0)
-    batch_head_k = tile_id // key_blocks
-    key_start = (tile_id % key_blocks) * PROGRAM_KEYS
+    if WINDOW_RIGHT and not WINDOW_LEFT:
+        batch_head_k, key_block = section_tile(tile_id, key_blocks, gl.num_programs(0) // key_blocks,
+                                               heads_per_section)
+    else:
+        batch_head_k, key_block = tile_id // key_blocks, tile_id % key_blocks
+    key_start = key_block * PROGRAM_KEYS
     offset = seqlen_k - seqlen_q
     lo = 0
     hi = seqlen_q
@@ -77,14 +84,15 @@ def _key_tile(seqlen_q, seqlen_k, nheads_k, key_blocks, window_left, window_righ
 @gluon.jit
 def _load_partition(q_desc, do_desc, qt_desc, dot_desc, k_desc, v_desc, k_smem, v_smem, q_bufs, do_bufs, qt_bufs,
                     dot_bufs, stats_bufs, kv_ready, ready, stats_ready, stage_free, Lse, Delta, seqlen_q, seqlen_k,
-                    nheads, nheads_k, key_blocks, window_left, window_right, HEAD_DIM: gl.constexpr,
+                    nheads, nheads_k, key_blocks, heads_per_section, window_left, window_right, HEAD_DIM: gl.constexpr,
                     NUM_STAGES: gl.constexpr, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr):
     """K and V once, then each query block's Q, dO (rows [block * 64, + 64) of the head's columns) and Q^T, dO^T
     (the (batch, head)'s head-dim rows, the block's columns) into the stage of its position, behind one barrier, and
     its lse (base 2; +inf past the sequence, so that P = 0 there) and delta into the stage's statistics, behind
     another: loaded by the consumers, they and their addresses beside S^T, dP^T and the two gradients spilled."""
     batch, head_k, key_start, first_q_block, per_head = _key_tile(
-        seqlen_q, seqlen_k, nheads_k, key_blocks, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT)
+        seqlen_q, seqlen_k, nheads_k, key_blocks, heads_per_section, window_left, window_right, WINDOW_LEFT,
+        WINDOW_RIGHT)
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [batch * seqlen_k + key_start, head_k * HEAD_DIM], kv_ready, k_smem)
     tma.async_copy_global_to_shared(v_desc, [batch * seqlen_k + key_start, head_k * HEAD_DIM], kv_ready, v_smem)
@@ -200,14 +208,15 @@ def probabilities_and_ds(s, dp, stats_bufs, stage, q_block, keys, q_descale, k_d
 
 @gluon.jit
 def key_slice(k_smem, v_smem, KDescale, VDescale, stride_ds_b, stride_ds_h, stride_ds_blk, seqlen_q, seqlen_k, nheads,
-              nheads_k, key_blocks, window_left, window_right, s_layout: gl.constexpr, WINDOW_LEFT: gl.constexpr,
-              WINDOW_RIGHT: gl.constexpr, SLICE: gl.constexpr):
+              nheads_k, key_blocks, heads_per_section, window_left, window_right, s_layout: gl.constexpr,
+              WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr, SLICE: gl.constexpr):
     """A consumer's part of the program: its (batch, kv head) and query blocks (``_key_tile``), the GQA group's size,
     its keys [SLICE * 64, + 64) (first key, K and V slices, their positions along S^T's rows) and the descales: the
     offset of this (batch, kv head)'s, then k's and v's, the key block lying in one k and v block (PROGRAM_KEYS =
     SCALE_BLOCK) as a query block lies in one q and dO block (a stride of 0 where there is one descale a head)."""
     batch, head_k, key_start, first_q_block, per_head = _key_tile(
-        seqlen_q, seqlen_k, nheads_k, key_blocks, window_left, window_right, WINDOW_LEFT, WINDOW_RIGHT)
+        seqlen_q, seqlen_k, nheads_k, key_blocks, heads_per_section, window_left, window_right, WINDOW_LEFT,
+        WINDOW_RIGHT)
     group_size = nheads // nheads_k
     slice_start = key_start + SLICE * SLICE_KEYS
     k_slice = k_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS)
@@ -299,8 +308,8 @@ def _tile_amax(amax_bufs, amax_ready, it):
 def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, qt_bufs, dot_bufs, stats_bufs, amax_bufs, kv_ready, ready,
                          stats_ready, stage_free, amax_ready, DK, DV, QDescale, KDescale, VDescale, DODescale,
                          stride_gb, stride_gm, stride_gh, stride_ds_b, stride_ds_h, stride_ds_blk, seqlen_q, seqlen_k,
-                         nheads, nheads_k, key_blocks, window_left, window_right, softmax_scale, qk_scale_log2,
-                         HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, WINDOW_LEFT: gl.constexpr,
+                         nheads, nheads_k, key_blocks, heads_per_section, window_left, window_right, softmax_scale,
+                         qk_scale_log2, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, WINDOW_LEFT: gl.constexpr,
                          WINDOW_RIGHT: gl.constexpr, SLICE: gl.constexpr):
     """dK and dV of keys [SLICE * 64, + 64) of the program's 128: every query block's four e4m3 products, one at a
     time (the other consumer's fill the tensor cores meanwhile), the tile products added into float32 dK and dV."""
@@ -310,8 +319,8 @@ def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, qt_bufs, dot_bufs, sta
     EARLY_DV: gl.constexpr = HEAD_DIM == 64
     batch, head_k, key_start, first_q_block, per_head, group_size, slice_start, k_slice, v_slice, keys, descales, \
         k_descale, v_descale = key_slice(k_smem, v_smem, KDescale, VDescale, stride_ds_b, stride_ds_h, stride_ds_blk,
-                                         seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, window_left, window_right,
-                                         s_layout, WINDOW_LEFT, WINDOW_RIGHT, SLICE)
+                                         seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, heads_per_section,
+                                         window_left, window_right, s_layout, WINDOW_LEFT, WINDOW_RIGHT, SLICE)
     # S^T, dP^T and the tile product overwrite the last block's (use_acc=False): zero tiles held through the loop
     # would cost the registers of more tiles
     s = gl.zeros([SLICE_KEYS, BLOCK_M], gl.float32, s_layout)
@@ -353,7 +362,8 @@ def _key_slice_partition(k_smem, v_smem, q_bufs, do_bufs, qt_bufs, dot_bufs, sta
 def dkdv_fp8_hopper_kernel(
     q_desc, do_desc, qt_desc, dot_desc, k_desc, v_desc, Lse, Delta, DK, DV, QDescale, KDescale, VDescale, DODescale,
     stride_gb, stride_gm, stride_gh, stride_ds_b, stride_ds_h, stride_ds_blk,
-    seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, window_left, window_right, softmax_scale, qk_scale_log2,
+    seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, heads_per_section, window_left, window_right, softmax_scale,
+    qk_scale_log2,
     HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr,
     CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
 ):
@@ -378,15 +388,17 @@ def dkdv_fp8_hopper_kernel(
         (_key_slice_partition, (k_smem, v_smem, q_bufs, do_bufs, qt_bufs, dot_bufs, stats_bufs, amax_bufs, kv_ready,
                                 ready, stats_ready, stage_free, amax_ready, DK, DV, QDescale, KDescale, VDescale,
                                 DODescale, stride_gb, stride_gm, stride_gh, stride_ds_b, stride_ds_h, stride_ds_blk,
-                                seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, window_left, window_right,
-                                softmax_scale, qk_scale_log2, HEAD_DIM, NUM_STAGES, WINDOW_LEFT, WINDOW_RIGHT, 0)),
+                                seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, heads_per_section, window_left,
+                                window_right, softmax_scale, qk_scale_log2, HEAD_DIM, NUM_STAGES, WINDOW_LEFT,
+                                WINDOW_RIGHT, 0)),
         (_key_slice_partition, (k_smem, v_smem, q_bufs, do_bufs, qt_bufs, dot_bufs, stats_bufs, amax_bufs, kv_ready,
                                 ready, stats_ready, stage_free, amax_ready, DK, DV, QDescale, KDescale, VDescale,
                                 DODescale, stride_gb, stride_gm, stride_gh, stride_ds_b, stride_ds_h, stride_ds_blk,
-                                seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, window_left, window_right,
-                                softmax_scale, qk_scale_log2, HEAD_DIM, NUM_STAGES, WINDOW_LEFT, WINDOW_RIGHT, 1)),
+                                seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, heads_per_section, window_left,
+                                window_right, softmax_scale, qk_scale_log2, HEAD_DIM, NUM_STAGES, WINDOW_LEFT,
+                                WINDOW_RIGHT, 1)),
         (_load_partition, (q_desc, do_desc, qt_desc, dot_desc, k_desc, v_desc, k_smem, v_smem, q_bufs, do_bufs,
                            qt_bufs, dot_bufs, stats_bufs, kv_ready, ready, stats_ready, stage_free, Lse, Delta,
-                           seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, window_left, window_right, HEAD_DIM,
-                           NUM_STAGES, WINDOW_LEFT, WINDOW_RIGHT)),
+                           seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, heads_per_section, window_left,
+                           window_right, HEAD_DIM, NUM_STAGES, WINDOW_LEFT, WINDOW_RIGHT)),
     ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])

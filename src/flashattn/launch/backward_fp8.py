@@ -17,6 +17,7 @@ from ..backend import interpreting
 from ..fp8_format import E4M3_MAX, FP8_DTYPE, SCALE_BLOCK
 from ..options import AttentionOptions
 from .common import LOG2E, cdiv, last_dim_contiguous, tile_layout, tma_compatible, token_descriptor, token_rows
+from .forward import l2_section_units
 from .forward_fp8 import transposed_tokens
 from .launcher import launch, zeros
 from .quantize_fp8 import quantize_rows_and_delta
@@ -179,10 +180,19 @@ def launch_backward_fp8(dout, q, k, v, descales: tuple, out, lse, rotation, opts
     q_desc, do_desc = token_descriptor(q_s, BLOCK_M), token_descriptor(do_s, BLOCK_M)
     masks = (opts.window_left, opts.window_right, opts.softmax_scale, opts.softmax_scale * LOG2E)
     key_blocks = cdiv(seqlen_k, BLOCK_N)
+    # under a right bound without a left one the tiles are unequal and run in L2 sections of pairs
+    # (kernels/backward_fp8_hopper._key_tile, backward_fp8_dq_hopper._query_tile), sized by the bytes that every tile
+    # of a pair reads again: for the key tiles its GQA group's Q and dO (16-bit and e4m3 transposed copies), for the
+    # query tiles its kv head's K and V (16-bit) and K^T. Elsewhere the kernels take no sections, and the 1 passed
+    # compiles in as a constant (the JIT's "== 1" specialization), leaving their builds as they were.
+    sectioned = window_right and not window_left
+    group = nheads // nheads_k
+    key_sections = l2_section_units(batch * nheads_k, 2 * group * seqlen_q * head_dim * (q_s.element_size() + 1),
+                                    configs.HOPPER_L2_SECTION_BYTES) if sectioned else 1
     key_block_arguments = (_transposed_descriptor(transposed_queries(q), BLOCK_M),
                            _transposed_descriptor(transposed_queries(do8), BLOCK_M), k_desc, v_desc)
     gradient_arguments = (lse, delta, dk, dv, *all_descales, dk.stride(0), dk.stride(1), dk.stride(2),
-                          *descale_strides, seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, *masks)
+                          *descale_strides, seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, key_sections, *masks)
     if takes_fused_dq(head_dim, opts):
         from ..kernels.backward_fp8_fused_hopper import dkdv_dq_fp8_hopper_kernel
 
@@ -197,10 +207,12 @@ def launch_backward_fp8(dout, q, k, v, descales: tuple, out, lse, rotation, opts
         launch(dkdv_fp8_hopper_kernel, (key_blocks * batch * nheads_k,), q_desc, do_desc, *key_block_arguments,
                *gradient_arguments, **hopper_fp8_dkdv_constexprs(head_dim, window_left, window_right), num_warps=4)
         row_tiles = cdiv(seqlen_q, DQ_ROWS)
+        row_sections = l2_section_units(batch * nheads, (2 * q_s.element_size() + 1) * seqlen_k * head_dim / group,
+                                        configs.HOPPER_CAUSAL_L2_SECTION_BYTES) if sectioned else 1
         launch(dq_fp8_hopper_kernel, (row_tiles * batch * nheads,), q_desc, do_desc, k_desc, v_desc,
                _transposed_descriptor(transposed_keys(k), BLOCK_N), lse, delta, dq, *all_descales,
                dq.stride(0), dq.stride(1), dq.stride(2), *descale_strides,
-               seqlen_q, seqlen_k, nheads, nheads_k, row_tiles, *masks,
+               seqlen_q, seqlen_k, nheads, nheads_k, row_tiles, row_sections, *masks,
                **hopper_fp8_dkdv_constexprs(head_dim, window_left, window_right, dq=True), num_warps=4)
     # q and k were rotated as x M, so the gradient of x is the rotated one times M^T
     if rotation is not None:
