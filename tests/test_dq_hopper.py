@@ -114,11 +114,12 @@ def test_table_has_hopper_dq_at_hdim_128_and_256():
             assert not configs.lookup("hopper", "dq", head_dim, causal, torch.bfloat16, seqlen=4096).hopper
         assert not configs.lookup("hopper", "dq", 64, causal, torch.bfloat16, seqlen=4096,
                                   hopper=True).hopper
-        # short sequences: the Hopper dQ but at causal hdim 256
+        # short sequences too, causal or not
         for head_dim in (128, 256):
-            short = configs.lookup("hopper", "dq", head_dim, causal, torch.bfloat16, seqlen=1024,
-                                   hopper=True)
-            assert short.hopper == (head_dim == 128 or not causal)
+            for seqlen in (configs.SHORTEST_SEQLEN, configs.SHORT_SEQLEN):
+                short = configs.lookup("hopper", "dq", head_dim, causal, torch.bfloat16, seqlen=seqlen,
+                                       hopper=True)
+                assert short.hopper, (head_dim, causal, seqlen)
 
 
 @pytest.mark.gpu

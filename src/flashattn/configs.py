@@ -158,7 +158,6 @@ HOPPER_DQ = PhaseTable(
         (256, False): TileConfig(128, 32, 8, 3, hopper=True),
         (256, True): TileConfig(128, 32, 8, 3, hopper=True),
     },
-    hopper_short={(256, True): None},  # causal hdim 256 at <= 1k: the Triton dQ
 )
 
 # Other GPUs (Ampere and older, or unknown): smaller tiles that fit 100 KB of shared memory.
