@@ -29,6 +29,7 @@ from __future__ import annotations
 import ast
 import collections
 import contextlib
+import hashlib
 import importlib
 import inspect
 import io
@@ -44,6 +45,7 @@ import sass_uniform_reads
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.runtime.cache import get_cache_manager
 
 BIN = triton.__path__[0] + "/backends/nvidia/bin/"
 FLOAT_ARGS = {"softmax_scale", "qk_scale", "softcap_log2", "dropout_p"}
@@ -124,18 +126,37 @@ def hot_loops(listed: list[tuple[int, str]]) -> list[dict]:
 
 
 def report(compiled, ptxas_log: str | None = None) -> dict:
-    """``ptxas_log``: the log of the compile that built ``compiled`` (``compile_sm90``); without it (a cached
-    compile) the PTX is assembled again for it."""
-    return {**report_cubin(compiled.asm["cubin"], compiled.metadata.shared, compiled.metadata.num_warps),
-            "wgmma_serialized": (serialization_reason(ptxas_log) if ptxas_log
-                                 else wgmma_serialization(compiled.asm["ptx"])),
+    """``ptxas_log``: the log of the compile that built ``compiled`` (``compile_sm90``); without it the PTX is
+    assembled again for it. The kernel's SASS listings are kept beside it in Triton's cache (:func:`kept`)."""
+    cache = get_cache_manager(compiled.hash)
+    cubin = compiled.asm["cubin"]
+    listings = tuple(kept(cache, f"{hashlib.sha256(cubin).hexdigest()}{what}.txt", lambda what=what: disassemble(
+        cubin, what)) for what in ("-sass", "-res-usage"))
+    return {**report_cubin(cubin, compiled.metadata.shared, compiled.metadata.num_warps, listings),
+            "wgmma_serialized": serialization_reason(ptxas_log or kept(
+                cache, PTXAS_LOG, lambda: assemble(compiled.asm["ptx"]))),
             "ptx_reductions": ptx_reductions(compiled.asm["ptx"])}
+
+
+# ptxas's log of a kernel's compile, kept beside the kernel in Triton's cache: a compile that Triton's cache answers
+# runs no ptxas, and assembling its PTX again for the log is a third of a cached build's report
+PTXAS_LOG = "sass_report_ptxas.log"
+
+
+def kept(cache, filename: str, make) -> str:
+    """The text file ``filename`` of a kernel's entry ``cache`` in Triton's cache (``get_cache_manager``), or
+    ``make()`` written there first: the tools' output on the kernel's own files (its PTX, its cubin), the same on every
+    run, for the builds that a machine reports again (tests/test_sm90_compile.py)."""
+    path = cache.get_file(filename)
+    if path is None:
+        path = cache.put(make(), filename, binary=False)
+    return Path(path).read_text()
 
 
 def compile_sm90(source, options: dict):
     """``triton.compile`` for sm90, and ptxas's log of it (Triton prints the log it keeps with
-    ``knobs.nvidia.dump_ptxas_log``), or None where the kernel came from Triton's cache: the report then need not
-    run ptxas a second time, a fifth of a build's time."""
+    ``knobs.nvidia.dump_ptxas_log``; kept in its cache entry as PTXAS_LOG), or None where the kernel came from
+    Triton's cache before a log was kept there."""
     printed = io.StringIO()
     dump = triton.knobs.nvidia.dump_ptxas_log
     triton.knobs.nvidia.dump_ptxas_log = True
@@ -144,7 +165,11 @@ def compile_sm90(source, options: dict):
             compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
     finally:
         triton.knobs.nvidia.dump_ptxas_log = dump
-    return compiled, printed.getvalue() or None
+    cache = get_cache_manager(compiled.hash)
+    if printed.getvalue():
+        cache.put(printed.getvalue(), PTXAS_LOG, binary=False)
+    path = cache.get_file(PTXAS_LOG)
+    return compiled, Path(path).read_text() if path else None
 
 
 def ptx_reductions(ptx: str) -> dict:
@@ -164,12 +189,17 @@ def wgmma_serialization(ptx: str) -> str | None:
     next one issues, in the whole function: the hdim-128 causal dK/dV kernel ran 45% slower per tile for
     it (docs/perf-notes.md). Triton does not show ptxas's log, so the PTX is assembled again.
     """
+    return serialization_reason(assemble(ptx))
+
+
+def assemble(ptx: str) -> str:
+    """ptxas's log (``-v``) of assembling ``ptx`` for sm90a."""
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as source, tempfile.NamedTemporaryFile(suffix=".cubin") as out:
         source.write(ptx)
         source.flush()
         log = subprocess.run([BIN + "ptxas", "-v", "--gpu-name=sm_90a", source.name, "-o", out.name],
                              capture_output=True, text=True)
-    return serialization_reason(log.stderr + log.stdout)
+    return log.stderr + log.stdout
 
 
 def serialization_reason(ptxas_log: str) -> str | None:
@@ -186,9 +216,10 @@ def disassemble(cubin_bytes: bytes, what: str = "-sass") -> str:
         return subprocess.run([BIN + "cuobjdump", what, cubin.name], capture_output=True, text=True).stdout
 
 
-def report_cubin(cubin_bytes: bytes, shared_bytes: int | None = None, warps: int | None = None) -> dict:
-    sass = disassemble(cubin_bytes)
-    usage = disassemble(cubin_bytes, "-res-usage")
+def report_cubin(cubin_bytes: bytes, shared_bytes: int | None = None, warps: int | None = None,
+                 listings: tuple[str, str] | None = None) -> dict:
+    """``listings``: the cubin's SASS and resource usage (:func:`disassemble`), where the caller has them."""
+    sass, usage = listings or (disassemble(cubin_bytes), disassemble(cubin_bytes, "-res-usage"))
     registers = re.search(r"REG:(\d+)", usage)
     stack = re.search(r"STACK:(\d+)", usage)
     listed = instructions(sass)

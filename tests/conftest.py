@@ -31,11 +31,45 @@ if WORKER_THREADS:
     torch.set_num_threads(WORKER_THREADS)
 
 try:
-    import triton  # noqa: F401
+    import triton
 
     HAS_TRITON = True
 except ImportError:
     HAS_TRITON = False
+
+
+def _interpreter_patches_the_language_once_a_launch() -> None:
+    """Triton 3.6's interpreter patches triton.language's builtins for a launch, and again at every call of a
+    @triton.jit helper inside it (a scope it never restores), though the launch's patches are still in place: a
+    fifth of an interpreted kernel's time. Here a helper's call patches only the language modules (triton.language,
+    triton.language.core) that the launch has not; the launch's own patching and its restore are Triton's. Other
+    Triton versions run as they are."""
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    patch_lang, run_grid = interpreter._patch_lang, interpreter.GridExecutor.__call__
+    patched: set[int] = set()  # ids of the language modules patched in the launch running now
+
+    def patch_once(fn):
+        wanted = {id(value) for value in fn.__globals__.values() if value is tl or value is tl.core}
+        if patched and wanted <= patched:
+            return interpreter._LangPatchScope()  # nothing to restore
+        patched.update(wanted)
+        return patch_lang(fn)
+
+    def launch(self, *args, **kwargs):
+        patched.clear()
+        try:
+            return run_grid(self, *args, **kwargs)
+        finally:
+            patched.clear()
+
+    interpreter._patch_lang = patch_once
+    interpreter.GridExecutor.__call__ = launch
+
+
+if HAS_TRITON and os.environ.get("TRITON_INTERPRET") == "1" and triton.__version__ == "3.6.0":
+    _interpreter_patches_the_language_once_a_launch()
 
 
 def pytest_collection_modifyitems(config, items):

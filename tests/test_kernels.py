@@ -44,36 +44,24 @@ def test_kernels_match_reference_large(triton_backend, shape, option_name, dtype
     torch.cuda.synchronize()
 
 
-# The Hopper forward path: Q/K/V/O through TMA tensor descriptors. The interpreter runs descriptor
-# loads and stores (zero fill past the edges, dropped stores), which checks the kernel's indexing and
-# edge handling without a GPU; on the GPU the same tests compile it with tiles the hardware takes.
+# The paths through TMA tensor descriptors: the forward's Q/K/V/O, and the dQ kernel's K and V (the table's hdim-256
+# entries; `+tma` in sweeps). The interpreter runs descriptor loads and stores (zero fill past the edges, dropped
+# stores), which checks the kernels' indexing and edge handling without a GPU; on the GPU the same tests compile them
+# with tiles the hardware takes. One call takes both: the dQ kernel reads O and the LSE, whichever forward made them.
+# The dQ kernel's TMA loads are 16-bit only (fp32 keeps pointer loads in the backward, launch_backward.launch_backward):
+# the float16 cases check them, each option once, the two shapes taking turns. The dK/dV kernel's TMA forms are in
+# test_dkdv_loops.
 @pytest.mark.interpreter
 @pytest.mark.parametrize("option_name,shape,dtype", covering(
     ["plain", "causal", "window", "dropout", "causal-alibi-softcap"], INTERPRETER_SHAPES[1:3],
     [torch.float32, torch.float16]), ids=str)
-def test_tma_forward_matches_reference(triton_backend, shape, option_name, dtype):
+def test_tma_forward_and_dq_match_reference(triton_backend, shape, option_name, dtype):
     if not has_tma(triton_backend):
         pytest.skip("TMA needs sm90 or newer")
-    tiles = (32, 32, 1, 1) if triton_backend == "cpu" else (64, 64, 4, 2)
+    forward_tiles, dq_tiles = [(32, 32, 1, 1)] * 2 if triton_backend == "cpu" else [(64, 64, 4, 2), (128, 64, 8, 3)]
     case = make_case(shape, option_name, triton_backend)
-    with use_config("forward", TileConfig(*tiles, tma=True)):
+    with use_config("forward", TileConfig(*forward_tiles, tma=True)), use_config("dq", TileConfig(*dq_tiles, tma=True)):
         check_against_reference(case, dtype, triton_backend, flash_attn_func)
-
-
-# The dQ kernel's K and V through TMA descriptors (the table's hdim-256 entries; `+tma` in sweeps). 16-bit
-# only: fp32 keeps pointer loads in the backward (launch_backward.launch_backward). The dK/dV kernel's TMA forms are in
-# test_dkdv_loops.
-@pytest.mark.interpreter
-@pytest.mark.parametrize("option_name,shape", [  # each option once, the two shapes taking turns
-    (option_name, INTERPRETER_SHAPES[1 + i % 2])
-    for i, option_name in enumerate(["plain", "causal", "window", "dropout", "causal-alibi-softcap"])], ids=str)
-def test_tma_dq_matches_reference(triton_backend, shape, option_name):
-    if not has_tma(triton_backend):
-        pytest.skip("TMA needs sm90 or newer")
-    tiles = (32, 32, 1, 1) if triton_backend == "cpu" else (128, 64, 8, 3)
-    case = make_case(shape, option_name, triton_backend)
-    with use_config("dq", TileConfig(*tiles, tma=True)):
-        check_against_reference(case, torch.float16, triton_backend, flash_attn_func)
 
 
 @pytest.mark.gpu
