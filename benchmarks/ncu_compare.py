@@ -23,6 +23,10 @@ kernel, a regular expression over ncu's kernel names):
     --kernel regex:attention_forward_hopper --case ours:hdim=128,seqlen=16384 \\
         --case fa4:hdim=128,seqlen=16384,provider=fa4,kernel=regex:FlashAttentionForwardSm90
 
+and against cuDNN's (``provider=cudnn``: torch SDPA on its cuDNN backend; its kernels are named ``..._flash_fprop_...``
+and ``..._flash_bprop_...``):
+    --case cudnn:hdim=64,seqlen=1024,causal=1,provider=cudnn,kernel=regex:flash_fprop
+
 The FP8 forward (``dtype=fp8``: e4m3 q, k, v from ``fp8.quantize`` with per-head descales, a dense forward):
     --kernel regex:attention_forward_fp8_hopper --case fp8:hdim=128,seqlen=16384,dtype=fp8
 
@@ -77,20 +81,21 @@ def parse_case(text: str) -> tuple[str, dict]:
                              *FORCED_PHASES}
     if unknown:
         raise SystemExit(f"--case {text!r}: unknown fields {sorted(unknown)}; expected hdim, seqlen, causal, "
-                         "window (the right window size, non-causal), mode (fwd or bwd), varlen, provider (flashattn "
-                         "or fa4), kernel (this case's kernel name), dtype (bf16 or fp8), and forward, dq or dkdv "
-                         "(that phase's tile forced, in `flashattn blocks` notation: 64x128x8x3+ws+slices)")
-    if fields.get("provider", "flashattn") not in ("flashattn", "fa4"):
-        raise SystemExit(f"--case {text!r}: provider must be flashattn or fa4")
-    if fields.get("provider") == "fa4" and {"varlen", "window", *FORCED_PHASES} & set(fields):
-        raise SystemExit(f"--case {text!r}: an fa4 case is a dense call with or without the causal mask: no varlen, "
-                         "window or forced tile")
+                         "window (the right window size, non-causal), mode (fwd or bwd), varlen, provider (flashattn, "
+                         "fa4 or cudnn), kernel (this case's kernel name), dtype (bf16 or fp8), and forward, dq or "
+                         "dkdv (that phase's tile forced, in `flashattn blocks` notation: 64x128x8x3+ws+slices)")
+    if fields.get("provider", "flashattn") not in ("flashattn", "fa4", "cudnn"):
+        raise SystemExit(f"--case {text!r}: provider must be flashattn, fa4 or cudnn")
+    if fields.get("provider", "flashattn") != "flashattn" and {"varlen", "window", *FORCED_PHASES} & set(fields):
+        raise SystemExit(f"--case {text!r}: an fa4 or cudnn case is a dense call with or without the causal mask: no "
+                         "varlen, window or forced tile")
     if fields.get("dtype", "bf16") not in ("bf16", "fp8"):
         raise SystemExit(f"--case {text!r}: dtype must be bf16 or fp8")
-    if fields.get("dtype") == "fp8" and (fields.get("mode", "fwd") != "fwd" or fields.get("provider") == "fa4"
+    if fields.get("dtype") == "fp8" and (fields.get("mode", "fwd") != "fwd"
+                                         or fields.get("provider", "flashattn") != "flashattn"
                                          or {"varlen", "window", *FORCED_PHASES} & set(fields)):
         raise SystemExit(f"--case {text!r}: an fp8 case is flashattn's dense forward with or without the causal "
-                         "mask: no bwd, fa4, varlen, window or forced tile")
+                         "mask: no bwd, fa4 or cudnn, varlen, window or forced tile")
     return name, fields
 
 
@@ -132,6 +137,8 @@ def _run_fp8_calls(q, k, v, causal) -> None:
 
 def _run_calls(q, k, v, cu, seqlen, causal, window, varlen, backward, provider) -> None:
     import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention
 
     from flashattn import flash_attn_func, flash_attn_varlen_func
 
@@ -140,6 +147,10 @@ def _run_calls(q, k, v, cu, seqlen, causal, window, varlen, backward, provider) 
             from flash_attn.cute import flash_attn_func as fa4_attention
 
             out = fa4_attention(q, k, v, causal=causal)[0]  # (out, lse)
+        elif provider == "cudnn":
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):  # (batch, heads, seqlen, head dim) views
+                out = scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)),
+                                                   is_causal=causal).transpose(1, 2)
         elif varlen:
             out = flash_attn_varlen_func(*(x.flatten(0, 1) for x in (q, k, v)), cu, cu, seqlen, seqlen, causal=causal,
                                          window_size=window)

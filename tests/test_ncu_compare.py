@@ -57,12 +57,15 @@ def test_cases_name_their_provider_and_kernel():
     assert (name, fields["provider"], fields["kernel"]) == ("fa4", "fa4", "regex:Sm90")
     with pytest.raises(SystemExit, match="provider must be"):
         ncu_compare.parse_case("x:provider=fa3")
-    with pytest.raises(SystemExit, match="no varlen, window or forced tile"):
-        ncu_compare.parse_case("x:provider=fa4,varlen=1")
+    assert ncu_compare.parse_case("c:provider=cudnn,causal=1")[1]["provider"] == "cudnn"
+    for provider in ("fa4", "cudnn"):
+        with pytest.raises(SystemExit, match="no varlen, window or forced tile"):
+            ncu_compare.parse_case(f"x:provider={provider},varlen=1")
     with pytest.raises(SystemExit, match="unknown fields"):
         ncu_compare.parse_case("x:heads=4")
     assert ncu_compare.parse_case("fp8:hdim=128,dtype=fp8,causal=1")[1]["dtype"] == "fp8"
     with pytest.raises(SystemExit, match="dtype must be"):
         ncu_compare.parse_case("x:dtype=fp16")
-    with pytest.raises(SystemExit, match="no bwd, fa4, varlen"):
-        ncu_compare.parse_case("x:dtype=fp8,mode=bwd")
+    for case in ("x:dtype=fp8,mode=bwd", "x:dtype=fp8,provider=cudnn"):
+        with pytest.raises(SystemExit, match="no bwd, fa4 or cudnn, varlen"):
+            ncu_compare.parse_case(case)
