@@ -194,7 +194,6 @@ def test_ring_steps_take_the_callers_deterministic(deterministic, monkeypatch):
         assert torch.equal(got, expected)
 
 
-@pytest.mark.xdist_group(SPAWN_GROUP)
 @pytest.mark.parametrize("nheads_k, ranks, seqlen, expected", [
     (8, 2, 65536, "all_to_all"), (8, 2, 65535, "ring"), (8, 4, 131072, "all_to_all"), (8, 4, 65536, "ring"),
     (6, 4, 1 << 20, "ring"), (1, 2, 1 << 20, "ring")])
@@ -212,6 +211,7 @@ def test_modes_that_cannot_run_are_refused_by_name():
         head_parallel.choose_mode("ulysses", 8, 2, 1 << 20)
 
 
+@pytest.mark.xdist_group(SPAWN_GROUP)
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_ring_attention_over_gloo(world_size, tmp_path, monkeypatch):
     monkeypatch.setenv("FLASHATTN_BACKEND", "torch")
