@@ -29,7 +29,6 @@ from __future__ import annotations
 import ast
 import collections
 import contextlib
-import hashlib
 import importlib
 import inspect
 import io
@@ -130,8 +129,8 @@ def report(compiled, ptxas_log: str | None = None) -> dict:
     assembled again for it. The kernel's SASS listings are kept beside it in Triton's cache (:func:`kept`)."""
     cache = get_cache_manager(compiled.hash)
     cubin = compiled.asm["cubin"]
-    listings = tuple(kept(cache, f"{hashlib.sha256(cubin).hexdigest()}{what}.txt", lambda what=what: disassemble(
-        cubin, what)) for what in ("-sass", "-res-usage"))
+    listings = tuple(kept(cache, f"sass_report{what}.txt", lambda what=what: disassemble(cubin, what))
+                     for what in ("-sass", "-res-usage"))
     return {**report_cubin(cubin, compiled.metadata.shared, compiled.metadata.num_warps, listings),
             "wgmma_serialized": serialization_reason(ptxas_log or kept(
                 cache, PTXAS_LOG, lambda: assemble(compiled.asm["ptx"]))),
@@ -166,8 +165,10 @@ def compile_sm90(source, options: dict):
     finally:
         triton.knobs.nvidia.dump_ptxas_log = dump
     cache = get_cache_manager(compiled.hash)
-    if printed.getvalue():
-        cache.put(printed.getvalue(), PTXAS_LOG, binary=False)
+    log = printed.getvalue()
+    if log:
+        cache.put(log, PTXAS_LOG, binary=False)
+        return compiled, log
     path = cache.get_file(PTXAS_LOG)
     return compiled, Path(path).read_text() if path else None
 
@@ -182,16 +183,6 @@ def ptx_reductions(ptx: str) -> dict:
     return found
 
 
-def wgmma_serialization(ptx: str) -> str | None:
-    """ptxas's reason for serializing the kernel's wgmma instructions (info C7515), or None.
-
-    When ptxas cannot keep the asynchronous wgmma pipeline, it waits for each wgmma to finish before the
-    next one issues, in the whole function: the hdim-128 causal dK/dV kernel ran 45% slower per tile for
-    it (docs/perf-notes.md). Triton does not show ptxas's log, so the PTX is assembled again.
-    """
-    return serialization_reason(assemble(ptx))
-
-
 def assemble(ptx: str) -> str:
     """ptxas's log (``-v``) of assembling ``ptx`` for sm90a."""
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as source, tempfile.NamedTemporaryFile(suffix=".cubin") as out:
@@ -203,7 +194,9 @@ def assemble(ptx: str) -> str:
 
 
 def serialization_reason(ptxas_log: str) -> str | None:
-    """The reason a ptxas log gives for serializing the wgmma instructions (info C7515), or None."""
+    """The reason a ptxas log gives for serializing the wgmma instructions (info C7515), or None. When ptxas cannot
+    keep the asynchronous wgmma pipeline, it waits for each wgmma to finish before the next one issues, in the whole
+    function: the hdim-128 causal dK/dV kernel ran 45% slower per tile for it (docs/perf-notes.md)."""
     found = re.search(r"wgmma.mma_async instructions are serialized due to (.*?) in the function", ptxas_log)
     return found.group(1) if found else None
 
