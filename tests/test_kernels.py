@@ -4,6 +4,8 @@ On a machine without a GPU they run under Triton's interpreter on small shapes; 
 the same tests run on CUDA, and the ``gpu``-marked ones add the large shapes.
 """
 
+import contextlib
+
 import pytest
 import torch
 from cases import (
@@ -60,8 +62,51 @@ def test_tma_forward_and_dq_match_reference(triton_backend, shape, option_name, 
         pytest.skip("TMA needs sm90 or newer")
     forward_tiles, dq_tiles = [(32, 32, 1, 1)] * 2 if triton_backend == "cpu" else [(64, 64, 4, 2), (128, 64, 8, 3)]
     case = make_case(shape, option_name, triton_backend)
-    with use_config("forward", TileConfig(*forward_tiles, tma=True)), use_config("dq", TileConfig(*dq_tiles, tma=True)):
+    # a float32 call takes the table's dQ tile (its pointer loads do not fit the 16-bit 128 x 64 tile's shared memory)
+    dq_tile = use_config("dq", TileConfig(*dq_tiles, tma=True)) if dtype != torch.float32 else contextlib.nullcontext()
+    with use_config("forward", TileConfig(*forward_tiles, tma=True)), dq_tile:
         check_against_reference(case, dtype, triton_backend, flash_attn_func)
+
+
+def _next_sequence_nan_stays_out(device, tile, head_dim, causal):
+    """A dense and a packed forward of two sequences whose second holds inf keys and NaN values: the first's output
+    is what it is alone."""
+    from flashattn import flash_attn_varlen_func
+
+    q, k, v = (torch.randn(2, 50, 2, head_dim, device=device, dtype=torch.float16) for _ in range(3))
+    k[1], v[1] = float("inf"), float("nan")
+    packed = [x.flatten(0, 1)[:87].clone() for x in (q, k, v)]  # sequences of 37 and 50 tokens
+    packed[1][37:], packed[2][37:] = float("inf"), float("nan")
+    cu = torch.tensor([0, 37, 87], device=device, dtype=torch.int32)
+    with use_config("forward", tile) if tile is not None else contextlib.nullcontext():
+        dense = flash_attn_func(q, k, v, causal=causal)[0]
+        varlen = flash_attn_varlen_func(*packed, cu, cu, 50, 50, causal=causal)[:37]
+        alone = flash_attn_func(q[:1], k[:1], v[:1], causal=causal)[0]
+        packed_alone = flash_attn_func(*(x[None, :37] for x in packed), causal=causal)[0]
+    for name, out, expected in (("dense", dense, alone), ("varlen", varlen, packed_alone)):
+        assert torch.isfinite(out).all(), f"{name}, head dim {head_dim}, tile {tile}, causal {causal}"
+        torch.testing.assert_close(out, expected, atol=0, rtol=0)
+
+
+# A tile at a sequence's end reaches past it: a NaN in the next sequence (an uninitialized buffer, a diverged sample)
+# must stay out of this sequence's output, through TMA tiles and pointer loads, dense and packed.
+@pytest.mark.interpreter
+def test_forward_keeps_the_next_sequences_nan_out(triton_backend):
+    tile = TileConfig(32, 32, 1, 1, tma=True) if triton_backend == "cpu" else TileConfig(64, 64, 4, 2, tma=True)
+    for head_dim in (64, 40, 128):
+        for causal in (False, True):
+            _next_sequence_nan_stays_out(triton_backend, tile, head_dim, causal)
+
+
+# The Hopper forward reads K and V through 2-D descriptors over the tokens (kernels/forward_hopper.py), and a masked
+# score's zero times the next sequence's NaN value is NaN in its P V: a known fault, to be fixed (zero the values past
+# the sequence in the last key block).
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="the Hopper forward needs sm90")
+@pytest.mark.xfail(strict=True, reason="the Hopper forward carries the next sequence's NaN values into P V")
+def test_hopper_forward_keeps_the_next_sequences_nan_out():
+    _next_sequence_nan_stays_out("cuda", None, 64, False)
 
 
 @pytest.mark.gpu
