@@ -39,27 +39,15 @@ def _load_paged_key_block(k_head, v_head, start_n, offs_n, offs_d, seqlen_k, pag
 
 
 @triton.jit
-def _token_tile(desc, row, head, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, THREE_D: tl.constexpr):
-    """Rows row .. row + ROWS of one head through a host-side descriptor over (tokens, heads, head dim): zeros past
-    the last token and past the head dim."""
-    if THREE_D:
-        tile = desc.load([row, head, 0]).reshape(ROWS, BLOCK_D)
-    else:
-        tile = desc.load([row, head * BLOCK_D])
-    return tile
-
-
-@triton.jit
 def _load_key_block(k_source, v_source, start_n, offs_n, offs_d, stride_kn, stride_vn, seqlen_k, key_row, head_k,
-                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-                    USE_TMA: tl.constexpr, THREE_D: tl.constexpr):
-    """K^T and V for the keys offs_n. With USE_TMA the sources are descriptors over the tokens (``_token_tile``),
-    the sequence's first key at token ``key_row``: a masked block may run into the next sequence's keys, whose scores
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr):
+    """K^T and V for the keys offs_n. With USE_TMA the sources are descriptors over (tokens, heads * HEAD_DIM), the
+    sequence's first key at token ``key_row``: a masked block may run into the next sequence's keys, whose scores
     the mask hides and whose values it zeroes (0 x NaN would carry another sequence's NaN into this one). Otherwise
     they are base pointers, and interior blocks (MASKED false) need no bounds on the keys."""
     if USE_TMA:
-        kt = _token_tile(k_source, key_row + start_n, head_k, BLOCK_N, BLOCK_D, THREE_D).T
-        v = _token_tile(v_source, key_row + start_n, head_k, BLOCK_N, BLOCK_D, THREE_D)
+        kt = k_source.load([key_row + start_n, head_k * HEAD_DIM]).T
+        v = v_source.load([key_row + start_n, head_k * HEAD_DIM])
         if MASKED:
             v = tl.where((offs_n < seqlen_k)[:, None], v, 0.0)
     else:
@@ -84,7 +72,7 @@ def _forward_block_range(
     mask_base, stride_mask_m, stride_mask_n, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
     block_list, HAS_BLOCK_MAP: tl.constexpr,
     page_table_row, page_size, num_pages, stride_kb, stride_vb, PAGED_KV: tl.constexpr, ONE_PAGE: tl.constexpr,
-    shift, key_row, head_k, THREE_D: tl.constexpr,
+    shift, key_row, head_k,
 ):
     """Key blocks lo, lo + BLOCK_N, ... < hi; with HAS_BLOCK_MAP, the blocks block_list[lo:hi]."""
     offs_d = tl.arange(0, BLOCK_D)
@@ -100,7 +88,7 @@ def _forward_block_range(
                                           HEAD_DIM, BLOCK_D, MASKED, ONE_PAGE)
         else:
             kt, v = _load_key_block(k_source, v_source, start_n, offs_n, offs_d, stride_kn, stride_vn, seqlen_k,
-                                    key_row, head_k, HEAD_DIM, BLOCK_D, BLOCK_N, MASKED, USE_TMA, THREE_D)
+                                    key_row, head_k, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
         qk = dot(q, kt, UPCAST_DOT, DOT_PRECISION)
         acc, acc_comp, row_sum, row_max = online_softmax_step(
             acc, acc_comp, row_sum, row_max, qk, v, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
@@ -131,7 +119,7 @@ def attention_forward_kernel(
     BlockMap=None, stride_map_b=0, stride_map_h=0, stride_map_row=0, HAS_BLOCK_MAP: tl.constexpr = False,
     BlockTable=None, stride_btb=0, page_size=1, pages_per_seq=0,
     PAGED_KV: tl.constexpr = False, ONE_PAGE: tl.constexpr = False,
-    QDesc=None, KDesc=None, VDesc=None, THREE_D: tl.constexpr = True,
+    QDesc=None, KDesc=None, VDesc=None,
 ):
     """Dense: seqlen_q/seqlen_k are the lengths, Lse is (batch, nheads, seqlen_q). Varlen: they are the
     packed totals total_q/total_k, the batch strides are unused, and Lse is (nheads, total_q).
@@ -204,9 +192,9 @@ def attention_forward_kernel(
         row_ok = row_ok & (offs_d[None, :] < HEAD_DIM)
     # q stays in registers/SRAM for the whole loop over keys
     if USE_TMA:
-        # QDesc, KDesc, VDesc: host-side descriptors over (tokens, heads, head dim). A tile's rows may run into the
-        # next sequence's, whose query rows are never stored
-        q = _token_tile(QDesc, query_row + start_m, head, BLOCK_M, BLOCK_D, THREE_D)
+        # QDesc, KDesc, VDesc: host-side descriptors over (tokens, heads * HEAD_DIM), HEAD_DIM unpadded. A tile's
+        # rows may run into the next sequence's, whose query rows are never stored
+        q = QDesc.load([query_row + start_m, head * HEAD_DIM])
         k_source = KDesc
         v_source = VDesc
     else:
@@ -240,7 +228,7 @@ def attention_forward_kernel(
             WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED,
             USE_TMA, DEFER_SCALE, mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL,
             block_list, HAS_BLOCK_MAP, page_table_row, page_size, num_pages, stride_kb, stride_vb, PAGED_KV,
-            ONE_PAGE, diagonal_shift, key_row, head_k, THREE_D)
+            ONE_PAGE, diagonal_shift, key_row, head_k)
 
     # -- epilogue: normalize; a row that saw no key gives 0 and lse = +inf --
     empty = row_sum == 0.0
