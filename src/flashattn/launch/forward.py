@@ -64,9 +64,9 @@ def launch_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, att
     if config.hopper and fits_hopper:
         _hopper_forward(q, k, v, out, lse, layout, config, opts)
         return out, lse
-    # descriptors over the tokens: no pages, no padding columns (they would read the next head's)
-    use_tma = (config.tma and block_table is None and configs.padded_head_dim(head_dim) == head_dim
-               and tma_compatible(q, k, v) and all(token_rows(x) is not None for x in (q, k, v)))
+    # descriptors over the tokens: no pages
+    use_tma = (config.tma and block_table is None and tma_compatible(q, k, v)
+               and all(token_rows(x) is not None for x in (q, k, v)))
     slopes, stride_alibi_b, has_alibi = alibi_arguments(alibi_slopes, q)
     grid = (cdiv(layout.grid_q, config.block_m), layout.batch * nheads)
     launch(
@@ -90,15 +90,22 @@ def launch_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, att
 
 
 def _token_descriptors(q, k, v, config: configs.TileConfig) -> dict:
-    """Host-side TMA descriptors of q, k and v as (tokens, heads * head dim), a block of one head's rows each: encoded
-    once a launch, where descriptors that the kernel built would cost every program their encoding."""
+    """Host-side TMA descriptors of q, k and v, a block of one head's rows each: encoded once a launch, where
+    descriptors that the kernel built would cost every program their encoding. Over (tokens, heads * head dim) where
+    the head dim needs no padding; over (tokens, heads, head dim) where it does, so that the padding columns read
+    zeros, not the next head's."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
+    head_dim = q.shape[-1]
+    block_d = configs.padded_head_dim(head_dim)
     descriptors = {}
     for name, x, rows in (("QDesc", q, config.block_m), ("KDesc", k, config.block_n), ("VDesc", v, config.block_n)):
-        tokens = x.shape[0] * x.shape[1] if x.dim() == 4 else x.shape[0]
-        descriptors[name] = TensorDescriptor(x, [tokens, x.shape[-2] * x.shape[-1]], [token_rows(x), 1],
-                                             [rows, x.shape[-1]])
+        tokens, heads = x.shape[0] * x.shape[1] if x.dim() == 4 else x.shape[0], x.shape[-2]
+        if block_d == head_dim:
+            descriptors[name] = TensorDescriptor(x, [tokens, heads * head_dim], [token_rows(x), 1], [rows, head_dim])
+        else:
+            descriptors[name] = TensorDescriptor(x, [tokens, heads, head_dim], [token_rows(x), x.stride(-2), 1],
+                                                 [rows, 1, block_d])
     return descriptors
 
 
