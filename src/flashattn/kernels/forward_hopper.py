@@ -279,7 +279,8 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_f
             if n_blocks > n_inside:
                 load_key_block_within(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free,
                                       ring + n_inside, k_start + n_inside * BLOCK_N, head_k * HEAD_DIM,
-                                      tile_seqlen_k - n_inside * BLOCK_N, landed, partial_blocks & 1, NUM_STAGES)
+                                      tile_seqlen_k - n_inside * BLOCK_N, landed, partial_blocks & 1, NUM_STAGES,
+                                      False)
                 partial_blocks += 1
             ring += n_blocks
             rounds += 1
@@ -346,24 +347,34 @@ def load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_f
 
 @gluon.jit
 def load_key_block_within(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, position, row, column,
-                          keys, landed, landed_phase, NUM_STAGES: gl.constexpr):
+                          keys, landed, landed_phase, NUM_STAGES: gl.constexpr, ZERO_KEYS: gl.constexpr):
     """``load_key_block`` for a block of which only the first ``keys`` rows belong to the sequence: the rest of the
-    TMA box holds the next sequence's rows, whose NaN or inf values would reach P V as 0 x NaN however the scores are
-    masked (the mask takes care of the keys). V lands behind the loader's own barrier ``landed`` (``landed_phase``: its
-    uses so far, mod 2); the loader zeroes the rows past ``keys`` and then releases V to the consumers through its
-    ready barrier. Its wait costs the loader one copy's latency, once a sequence's last block."""
+    TMA box holds the next sequence's rows, whose NaN or inf would reach a product as 0 x NaN however the scores are
+    masked: P V in the forward (V), dS K and dO V^T in the dQ kernel (K too: ``ZERO_KEYS``). Those tiles land behind
+    the loader's own barrier ``landed`` (``landed_phase``: its uses so far, mod 2); the loader zeroes their rows past
+    ``keys`` and then releases them to the consumers through their ready barriers. Its wait costs the loader one copy's
+    latency, once a sequence's last block."""
     stage = position % NUM_STAGES
     phase = (position // NUM_STAGES) & 1
     mbarrier.wait(k_free.index(stage), phase ^ 1)
-    mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [row, column], k_ready.index(stage), k_bufs.index(stage))
-    mbarrier.wait(v_free.index(stage), phase ^ 1)
-    mbarrier.expect(landed, v_desc.block_type.nbytes)
+    if ZERO_KEYS:
+        mbarrier.wait(v_free.index(stage), phase ^ 1)
+        mbarrier.expect(landed, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [row, column], landed, k_bufs.index(stage))
+    else:
+        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [row, column], k_ready.index(stage), k_bufs.index(stage))
+        mbarrier.wait(v_free.index(stage), phase ^ 1)
+        mbarrier.expect(landed, v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(v_desc, [row, column], landed, v_bufs.index(stage))
     mbarrier.wait(landed, landed_phase)
+    if ZERO_KEYS:
+        zero_rows_from(k_bufs.index(stage), keys)
     zero_rows_from(v_bufs.index(stage), keys)
     fence_async_shared()  # the stores, made through the generic proxy, before wgmma reads them
-    gl.thread_barrier()  # every lane's stores before the arrival (issued by the partition's first thread)
+    gl.thread_barrier()  # every lane's stores before the arrivals (issued by the partition's first thread)
+    if ZERO_KEYS:
+        mbarrier.arrive(k_ready.index(stage), count=1)
     mbarrier.arrive(v_ready.index(stage), count=1)
 
 
