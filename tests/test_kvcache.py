@@ -643,3 +643,22 @@ def test_hopper_decode_matches_reference_on_gpu(monkeypatch, problem, dtype, for
     check(problem, dtype, "cuda")
     torch.cuda.synchronize()
     assert taken, "the step did not take the Hopper kernel"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("queries", [1, 4])
+def test_cache_rows_past_the_lengths_are_never_read(head_dim, queries):
+    """A cache allocated empty holds anything past cache_seqlens, NaN included: the step's output is what it is with
+    those rows finite."""
+    lengths = torch.tensor([300, 517, 1], device="cuda", dtype=torch.int32)
+    k_cache, v_cache = (torch.randn(3, 1024, 4, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    q = torch.randn(3, queries, 8, head_dim, device="cuda", dtype=torch.bfloat16)
+    clean = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, causal=True)
+    for b, length in enumerate(lengths.tolist()):
+        k_cache[b, length:], v_cache[b, length:] = float("inf"), float("nan")
+    poisoned = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, causal=True)
+    assert torch.isfinite(poisoned).all()
+    torch.testing.assert_close(poisoned, clean, atol=0, rtol=0)
+

@@ -31,6 +31,7 @@ from .forward_hopper import (
     _tile_plan,
     key_ring,
     load_key_block,
+    load_key_block_within,
     register_operand_layout,
     rows_in_sequence,
     store_rows,
@@ -44,11 +45,11 @@ LOG2E = gl.constexpr(1.4426950408889634)
 
 @gluon.jit
 def _load_partition(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, rows_ready, k_ready, v_ready,
-                    k_free, v_free, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, nheads, group_size, row_tiles,
+                    k_free, v_free, landed, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, nheads, group_size, row_tiles,
                     batch_heads, heads_per_section, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                     NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr,
                     NUM_CONSUMERS: gl.constexpr):
-    head, head_k, q_start, k_start, _, _, _, tile_row, _, n_blocks = _tile_plan(
+    head, head_k, q_start, k_start, _, tile_seqlen_k, _, tile_row, _, n_blocks = _tile_plan(
         gl.program_id(0), row_tiles, batch_heads, heads_per_section, nheads, group_size, CuSeqlensQ, CuSeqlensK,
         seqlen_q, seqlen_k, 0, 0, BLOCK_N, CAUSAL, IS_VARLEN, NUM_CONSUMERS)
     mbarrier.expect(rows_ready, NUM_CONSUMERS * (q_desc.block_type.nbytes + do_desc.block_type.nbytes))
@@ -56,9 +57,15 @@ def _load_partition(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_
         row = q_start + tile_row + c * ROWS_PER_WARPGROUP
         tma.async_copy_global_to_shared(q_desc, [row, head * HEAD_DIM], rows_ready, q_smem.index(c))
         tma.async_copy_global_to_shared(do_desc, [row, head * HEAD_DIM], rows_ready, do_smem.index(c))
-    for j in range(n_blocks):
+    # blocks inside the sequence, then at most one that runs past its last key (its K and V rows there zeroed)
+    n_inside = gl.minimum(n_blocks, tile_seqlen_k // BLOCK_N)
+    for j in range(n_inside):
         load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, j, k_start + j * BLOCK_N,
                        head_k * HEAD_DIM, NUM_STAGES)
+    if n_blocks > n_inside:
+        load_key_block_within(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, n_inside,
+                              k_start + n_inside * BLOCK_N, head_k * HEAD_DIM, tile_seqlen_k - n_inside * BLOCK_N,
+                              landed, 0, NUM_STAGES, True)
 
 
 @gluon.jit
@@ -185,6 +192,8 @@ def dq_hopper_kernel(
                                                                 NUM_CONSUMERS)
     rows_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(rows_ready, count=1)
+    landed = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(landed, count=1)
 
     # each consumer's partition spelled out: warp_specialize takes a literal list, one entry per partition, and
     # argument tuples built once and joined with + lose their constexprs in Triton 3.6's Gluon
@@ -201,9 +210,9 @@ def dq_hopper_kernel(
                                    softmax_scale, qk_scale_log2, 1, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN,
                                    NUM_CONSUMERS, STORE_THROUGH_Q)),
             (_load_partition, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, rows_ready, k_ready,
-                               v_ready, k_free, v_free, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, nheads, group_size,
-                               row_tiles, batch_heads, heads_per_section, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL,
-                               IS_VARLEN, NUM_CONSUMERS)),
+                               v_ready, k_free, v_free, landed, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, nheads,
+                               group_size, row_tiles, batch_heads, heads_per_section, HEAD_DIM, BLOCK_N, NUM_STAGES,
+                               CAUSAL, IS_VARLEN, NUM_CONSUMERS)),
         ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
     else:
         gl.warp_specialize([
@@ -223,7 +232,7 @@ def dq_hopper_kernel(
                                    softmax_scale, qk_scale_log2, 2, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN,
                                    NUM_CONSUMERS, STORE_THROUGH_Q)),
             (_load_partition, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, rows_ready, k_ready,
-                               v_ready, k_free, v_free, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, nheads, group_size,
-                               row_tiles, batch_heads, heads_per_section, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL,
-                               IS_VARLEN, NUM_CONSUMERS)),
+                               v_ready, k_free, v_free, landed, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, nheads,
+                               group_size, row_tiles, batch_heads, heads_per_section, HEAD_DIM, BLOCK_N, NUM_STAGES,
+                               CAUSAL, IS_VARLEN, NUM_CONSUMERS)),
         ], [4, 4, 1], [CONSUMER_REGISTERS, CONSUMER_REGISTERS, LOADER_REGISTERS])

@@ -247,17 +247,18 @@ def read_tile(tile_slot):
 
 @gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free,
-                    v_free, tile_slot, TileCounter, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, nheads, group_size,
-                    row_tiles, batch_heads, heads_per_section, total_tiles, HEAD_DIM: gl.constexpr,
+                    v_free, landed, tile_slot, TileCounter, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k, nheads,
+                    group_size, row_tiles, batch_heads, heads_per_section, total_tiles, HEAD_DIM: gl.constexpr,
                     BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr,
                     NUM_CONSUMERS: gl.constexpr, DYNAMIC_TILES: gl.constexpr, Q_BUFFERS: gl.constexpr):
     ring = 0  # key blocks loaded so far: the ring's position
     rounds = 0  # tiles handed to the consumers so far
+    partial_blocks = 0  # blocks that ran past their sequence: the phase of ``landed``
     tile_id = gl.program_id(0)
     while tile_id < total_tiles:
         # taken now, read after this tile's loads are issued: the counter's round trip hides behind them
         next_tile = _next_tile(tile_id, TileCounter, DYNAMIC_TILES)
-        head, head_k, q_start, k_start, tile_seqlen_q, _, _, tile_row, _, n_blocks = _tile_plan(
+        head, head_k, q_start, k_start, tile_seqlen_q, tile_seqlen_k, _, tile_row, _, n_blocks = _tile_plan(
             tile_id, row_tiles, batch_heads, heads_per_section, nheads, group_size, CuSeqlensQ, CuSeqlensK, seqlen_q,
             seqlen_k, 0, 0, BLOCK_N, CAUSAL, IS_VARLEN, NUM_CONSUMERS)
         if tile_has_rows(tile_row, tile_seqlen_q, NUM_CONSUMERS, IS_VARLEN):
@@ -270,9 +271,17 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_f
                 tma.async_copy_global_to_shared(q_desc,
                                                 [q_start + tile_row + c * ROWS_PER_WARPGROUP, head * HEAD_DIM],
                                                 q_ready.index(slot), q_smem.index(slot * NUM_CONSUMERS + c))
-            for j in range(n_blocks):
+            # blocks inside the sequence, then at most one that runs past its last key
+            n_inside = gl.minimum(n_blocks, tile_seqlen_k // BLOCK_N)
+            for j in range(n_inside):
                 load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, ring + j,
                                k_start + j * BLOCK_N, head_k * HEAD_DIM, NUM_STAGES)
+            if n_blocks > n_inside:
+                load_key_block_within(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free,
+                                      ring + n_inside, k_start + n_inside * BLOCK_N, head_k * HEAD_DIM,
+                                      tile_seqlen_k - n_inside * BLOCK_N, landed, partial_blocks & 1, NUM_STAGES,
+                                      False)
+                partial_blocks += 1
             ring += n_blocks
             rounds += 1
         tile_id = next_tile
@@ -334,6 +343,56 @@ def load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_f
     mbarrier.wait(v_free.index(stage), phase ^ 1)
     mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(v_desc, [row, column], v_ready.index(stage), v_bufs.index(stage))
+
+
+@gluon.jit
+def load_key_block_within(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, position, row, column,
+                          keys, landed, landed_phase, NUM_STAGES: gl.constexpr, ZERO_KEYS: gl.constexpr):
+    """``load_key_block`` for a block of which only the first ``keys`` rows belong to the sequence: the rest of the
+    TMA box holds the next sequence's rows, whose NaN or inf would reach a product as 0 x NaN however the scores are
+    masked: P V in the forward (V), dS K and dO V^T in the dQ kernel (K too: ``ZERO_KEYS``). Those tiles land behind
+    the loader's own barrier ``landed`` (``landed_phase``: its uses so far, mod 2); the loader zeroes their rows past
+    ``keys`` and then releases them to the consumers through their ready barriers. Its wait costs the loader one copy's
+    latency, once a sequence's last block."""
+    stage = position % NUM_STAGES
+    phase = (position // NUM_STAGES) & 1
+    mbarrier.wait(k_free.index(stage), phase ^ 1)
+    if ZERO_KEYS:
+        mbarrier.wait(v_free.index(stage), phase ^ 1)
+        mbarrier.expect(landed, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [row, column], landed, k_bufs.index(stage))
+    else:
+        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [row, column], k_ready.index(stage), k_bufs.index(stage))
+        mbarrier.wait(v_free.index(stage), phase ^ 1)
+        mbarrier.expect(landed, v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(v_desc, [row, column], landed, v_bufs.index(stage))
+    mbarrier.wait(landed, landed_phase)
+    if ZERO_KEYS:
+        zero_rows_from(k_bufs.index(stage), keys)
+    zero_rows_from(v_bufs.index(stage), keys)
+    fence_async_shared()  # the stores, made through the generic proxy, before wgmma reads them
+    gl.thread_barrier()  # every lane's stores before the arrivals (issued by the partition's first thread)
+    if ZERO_KEYS:
+        mbarrier.arrive(k_ready.index(stage), count=1)
+    mbarrier.arrive(v_ready.index(stage), count=1)
+
+
+@gluon.jit
+def zero_rows_from(tile, first):
+    """Rows [first, rows) of a (rows, columns) shared-memory tile set to zero by one warp, 8 rows by at most 64
+    columns at a time (the loader's 24 registers); chunks wholly before ``first`` are left alone."""
+    ROWS: gl.constexpr = tile.shape[0]
+    COLUMNS: gl.constexpr = tile.shape[1]
+    CHUNK: gl.constexpr = 64 if COLUMNS > 64 else COLUMNS
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [1, 1], [1, 0])
+    zeros = gl.zeros([8, CHUNK], tile.dtype, layout)
+    for r in gl.static_range(0, ROWS, 8):
+        if r + 8 > first:
+            past = (r + gl.arange(0, 8, gl.SliceLayout(1, layout)) >= first)[:, None]
+            for c in gl.static_range(0, COLUMNS, CHUNK):
+                chunk = tile.slice(r, 8, dim=0).slice(c, CHUNK, dim=1)
+                chunk.store(gl.where(past, zeros, chunk.load(layout)))
 
 
 @gluon.jit
@@ -800,6 +859,8 @@ def attention_forward_hopper_kernel(
     q_smem, q_ready, q_free, tile_slot = q_ring(q_desc, HEAD_DIM, Q_BUFFERS, NUM_CONSUMERS)
     k_bufs, v_bufs, k_ready, v_ready, k_free, v_free = key_ring(k_desc, v_desc, HEAD_DIM, BLOCK_N, NUM_STAGES,
                                                                 NUM_CONSUMERS)
+    landed = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(landed, count=1)
 
     # each consumer's partition spelled out: warp_specialize takes a literal list, one entry per partition
     if NUM_CONSUMERS == 2:
@@ -815,8 +876,8 @@ def attention_forward_hopper_kernel(
                                    total_tiles, qk_scale_log2, 1, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN,
                                    NUM_CONSUMERS, STORE_THROUGH_Q, Q_BUFFERS, RESCALE_THRESHOLD)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready,
-                               k_free, v_free, tile_slot, TileCounter, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k,
-                               nheads, group_size, row_tiles, batch_heads, heads_per_section, total_tiles,
+                               k_free, v_free, landed, tile_slot, TileCounter, CuSeqlensQ, CuSeqlensK, seqlen_q,
+                               seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section, total_tiles,
                                HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN, NUM_CONSUMERS, DYNAMIC_TILES,
                                Q_BUFFERS)),
         ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
@@ -838,8 +899,8 @@ def attention_forward_hopper_kernel(
                                    total_tiles, qk_scale_log2, 2, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN,
                                    NUM_CONSUMERS, STORE_THROUGH_Q, Q_BUFFERS, RESCALE_THRESHOLD)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready,
-                               k_free, v_free, tile_slot, TileCounter, CuSeqlensQ, CuSeqlensK, seqlen_q, seqlen_k,
-                               nheads, group_size, row_tiles, batch_heads, heads_per_section, total_tiles,
+                               k_free, v_free, landed, tile_slot, TileCounter, CuSeqlensQ, CuSeqlensK, seqlen_q,
+                               seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section, total_tiles,
                                HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN, NUM_CONSUMERS, DYNAMIC_TILES,
                                Q_BUFFERS)),
         ], [4, 4, 1], [CONSUMER_REGISTERS, CONSUMER_REGISTERS, LOADER_REGISTERS])
