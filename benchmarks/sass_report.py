@@ -314,8 +314,12 @@ def table_report(phase: str, head_dim: int, causal: bool, seqlen: int, seqlen_q:
     if seqlen_q == 1:
         constexprs["seqlen_q"] = constexprs["dropout_seqlen_q"] = 1
     divisible = GRID_DIVISIBLE + (("window_right",) if causal else ())
+    descriptors = {}
+    if phase == "forward" and config.tma:  # Q, K and V through host-side descriptors (launch.forward)
+        descriptors = {name: f"tensordesc<bf16[{rows}, {head_dim}]>" for name, rows in
+                       (("QDesc", config.block_m), ("KDesc", config.block_n), ("VDesc", config.block_n))}
     return compile_report(kernel, config.num_warps, config.num_stages, constexprs, maxnreg=config.max_registers,
-                          divisible=divisible)
+                          divisible=divisible, descriptors=descriptors)
 
 
 def hopper_forward_report(head_dim: int, causal: bool, config, varlen: bool = False) -> dict:
@@ -583,12 +587,14 @@ def quantize_report(head_dim: int, phase: str, group: int = 1, delta: bool = Fal
 
 
 def compile_report(kernel, num_warps: int, num_stages: int, constexprs: dict, dtype: str = "bf16",
-                   aligned: bool = True, maxnreg: int | None = None, divisible: tuple[str, ...] = ()) -> dict:
+                   aligned: bool = True, maxnreg: int | None = None, divisible: tuple[str, ...] = (),
+                   descriptors: dict | None = None) -> dict:
     """Compile ``kernel`` for sm90 with these constexprs and launch options; :func:`report` of the result.
 
     ``maxnreg``: ptxas's register cap per thread, as ``TileConfig.max_registers`` passes it at launch.
+    ``descriptors``: the signature types of the arguments that take host-side TMA descriptors.
     """
-    types = signature(kernel, constexprs, dtype)
+    types = {**signature(kernel, constexprs, dtype), **(descriptors or {})}
     source = ASTSource(fn=kernel, signature=types, constexprs=constexprs,
                        attrs=alignment_hints(types, divisible) if aligned else None)
     options = {"num_warps": num_warps, "num_stages": num_stages}

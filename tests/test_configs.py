@@ -10,34 +10,43 @@ from flashattn.configs import LONG_SEQLEN, SHORT_SEQLEN, SHORTEST_SEQLEN, TileCo
 def test_causal_hdim128_forward_takes_the_large_tma_tile_only_on_long_sequences():
     short = lookup("hopper", "forward", 128, True, torch.bfloat16, seqlen=LONG_SEQLEN - 1)
     long = lookup("hopper", "forward", 128, True, torch.bfloat16, seqlen=LONG_SEQLEN)
-    assert short == TileConfig(128, 64, 8, 3)
+    assert short == TileConfig(128, 64, 8, 3, tma=True)
     assert long == TileConfig(128, 128, 8, 3, tma=True)
     # entries without a long-sequence variant are the same at any length
     assert lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=16384) == (
         configs.HOPPER_FORWARD.base[(64, True)])
 
 
-def test_short_non_causal_forward_drops_tma_only_when_the_length_is_known_and_short():
-    for head_dim in (128, 256):
-        short = lookup("hopper", "forward", head_dim, False, torch.bfloat16, seqlen=SHORT_SEQLEN)
-        medium = lookup("hopper", "forward", head_dim, False, torch.bfloat16, seqlen=SHORT_SEQLEN + 1)
-        unknown = lookup("hopper", "forward", head_dim, False, torch.bfloat16)
-        assert not short.tma and medium.tma and unknown == medium
+def test_short_forward_tiles_apply_only_when_the_length_is_known_and_short():
+    # hdim 128 without a mask: 64-key blocks when short; hdim 256's short entry is its base tile
+    short = lookup("hopper", "forward", 128, False, torch.bfloat16, seqlen=SHORT_SEQLEN)
+    medium = lookup("hopper", "forward", 128, False, torch.bfloat16, seqlen=SHORT_SEQLEN + 1)
+    unknown = lookup("hopper", "forward", 128, False, torch.bfloat16)
+    assert short == TileConfig(128, 64, 8, 3, tma=True) and medium.block_n == 128 and unknown == medium
     # the causal hdim-64/128 forward takes 64 x 64 tiles when short; hdim 256 causal and the backward
     # phases keep their one config
     for head_dim in (64, 128):
         short = lookup("hopper", "forward", head_dim, True, torch.bfloat16, seqlen=SHORT_SEQLEN)
         medium = lookup("hopper", "forward", head_dim, True, torch.bfloat16, seqlen=SHORT_SEQLEN + 1)
-        assert short == TileConfig(64, 64, 4, 3) and medium == configs.HOPPER_FORWARD.base[(head_dim, True)]
+        assert short == TileConfig(64, 64, 4, 3, tma=head_dim == 128)
+        assert medium == configs.HOPPER_FORWARD.base[(head_dim, True)]
     assert lookup("hopper", "forward", 256, True, torch.bfloat16, seqlen=512) == (
         configs.HOPPER_FORWARD.base[(256, True)])
     assert lookup("hopper", "dkdv", 128, False, torch.bfloat16, seqlen=512) == configs.HOPPER_DKDV.base[(128, False)]
 
 
+def test_every_sm90_forward_tile_takes_tma_but_short_causal_hdim_64():
+    tables = (configs.HOPPER_FORWARD.base, configs.HOPPER_FORWARD.short, configs.HOPPER_FORWARD.shortest,
+              configs.HOPPER_FORWARD.long)
+    pointer_tiles = [(key, tile) for table in tables for key, tile in table.items() if not tile.tma]
+    assert pointer_tiles == [((64, True), configs.HOPPER_FORWARD.short[(64, True)])]
+
+
 def test_shortest_causal_hdim128_forward_takes_32_key_blocks():
     shortest = lookup("hopper", "forward", 128, True, torch.bfloat16, seqlen=SHORTEST_SEQLEN)
     short = lookup("hopper", "forward", 128, True, torch.bfloat16, seqlen=SHORTEST_SEQLEN + 1)
-    assert shortest == TileConfig(64, 32, 4, 3, max_registers=168) and short == TileConfig(64, 64, 4, 3)
+    assert shortest == TileConfig(64, 32, 4, 3, tma=True, max_registers=168)
+    assert short == TileConfig(64, 64, 4, 3, tma=True)
     # for a call that fits it, the Hopper kernel's persistent grid
     assert lookup("hopper", "forward", 128, True, torch.bfloat16, seqlen=SHORTEST_SEQLEN,
                   hopper=True) == configs.HOPPER_FORWARD.hopper_short[(128, True)]

@@ -23,7 +23,6 @@ from .common import (
     sm_count,
     strides,
     tma_compatible,
-    tma_loads,
     token_descriptor,
     token_rows,
 )
@@ -65,7 +64,9 @@ def launch_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, att
     if config.hopper and fits_hopper:
         _hopper_forward(q, k, v, out, lse, layout, config, opts)
         return out, lse
-    use_tma = tma_loads(config.tma, q, k, v, out)
+    # descriptors over the tokens: no pages
+    use_tma = (config.tma and block_table is None and tma_compatible(q, k, v)
+               and all(token_rows(x) is not None for x in (q, k, v)))
     slopes, stride_alibi_b, has_alibi = alibi_arguments(alibi_slopes, q)
     grid = (cdiv(layout.grid_q, config.block_m), layout.batch * nheads)
     launch(
@@ -83,8 +84,29 @@ def launch_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, att
         **mask_arguments(attn_mask, q, layout.lengths[1]),
         **block_map_arguments(attn_mask, q, layout.lengths[1], (config.block_m, config.block_n, False))[0],
         **_paging_arguments(block_table, k, config.block_n),
+        **(_token_descriptors(q, k, v, config) if use_tma else {}),
     )
     return out, lse
+
+
+def _token_descriptors(q, k, v, config: configs.TileConfig) -> dict:
+    """Host-side TMA descriptors of q, k and v, a block of one head's rows each: encoded once a launch, where
+    descriptors that the kernel built would cost every program their encoding. Over (tokens, heads * head dim) where
+    the head dim needs no padding; over (tokens, heads, head dim) where it does, so that the padding columns read
+    zeros, not the next head's."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    head_dim = q.shape[-1]
+    block_d = configs.padded_head_dim(head_dim)
+    descriptors = {}
+    for name, x, rows in (("QDesc", q, config.block_m), ("KDesc", k, config.block_n), ("VDesc", v, config.block_n)):
+        tokens, heads = x.shape[0] * x.shape[1] if x.dim() == 4 else x.shape[0], x.shape[-2]
+        if block_d == head_dim:
+            descriptors[name] = TensorDescriptor(x, [tokens, heads * head_dim], [token_rows(x), 1], [rows, head_dim])
+        else:
+            descriptors[name] = TensorDescriptor(x, [tokens, heads, head_dim], [token_rows(x), x.stride(-2), 1],
+                                                 [rows, 1, block_d])
+    return descriptors
 
 
 def hopper_forward_fits(q, k, v, opts: AttentionOptions, alibi_slopes, attn_mask, block_table) -> bool:

@@ -321,9 +321,10 @@ class _Recording:
                 if isinstance(value, torch.Tensor):
                     tensor_slots.append((position, slot_of(value, True)))
                 elif isinstance(getattr(value, "base", None), torch.Tensor):
+                    # Gluon's descriptors carry a shared-memory layout, Triton's (the Triton forward's) none
                     descriptor_slots.append((position, slot_of(value.base, True), tuple(value.shape),
-                                             tuple(value.strides), tuple(value.block_shape), value.layout,
-                                             value.padding))
+                                             tuple(value.strides), tuple(value.block_shape),
+                                             getattr(value, "layout", None), value.padding))
                 else:
                     continue
                 constants[position] = None
