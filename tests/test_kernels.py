@@ -89,7 +89,7 @@ def _next_sequence_nan_stays_out(device, tile, head_dim, causal):
 
 
 # A tile at a sequence's end reaches past it: a NaN in the next sequence (an uninitialized buffer, a diverged sample)
-# must stay out of this sequence's output, through TMA tiles and pointer loads, dense and packed.
+# must stay out of this sequence's output through the TMA tiles, dense and packed, head dims with and without padding.
 @pytest.mark.interpreter
 def test_forward_keeps_the_next_sequences_nan_out(triton_backend):
     tile = TileConfig(32, 32, 1, 1, tma=True) if triton_backend == "cpu" else TileConfig(64, 64, 4, 2, tma=True)
