@@ -109,17 +109,27 @@ def test_hopper_forward_keeps_the_next_sequences_nan_out(head_dim):
         _next_sequence_nan_stays_out("cuda", None, head_dim, causal)
 
 
+# The Hopper dK/dV kernels (dense batches: hdim 256 below 1k, the fused kernel from 1k) read a key tile's query rows
+# through descriptors over the tokens, past the sequence into the next one's Q and dO, where P^T dO and dS^T Q meet
+# 0 x NaN: a known fault, to be fixed as the forward's loader does (``load_key_block_within``).
+_HOPPER_DKDV_NAN = pytest.mark.xfail(strict=True, reason="the Hopper dK/dV reads the next sequence's Q and dO rows")
+
+
 # The backward's tiles reach past a sequence too (the key tiles' query rows, the dQ's keys): a NaN in the next
 # sequence's inputs or output gradient must leave this sequence's gradients as they are with finite neighbours.
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_backward_keeps_the_next_sequences_nan_out(head_dim):
+@pytest.mark.parametrize("head_dim, seqlen", [
+    (64, 300), (128, 300), pytest.param(256, 300, marks=_HOPPER_DKDV_NAN),
+    pytest.param(64, 1000, marks=_HOPPER_DKDV_NAN), pytest.param(128, 1000, marks=_HOPPER_DKDV_NAN),
+])
+def test_backward_keeps_the_next_sequences_nan_out(head_dim, seqlen):
     from flashattn import flash_attn_varlen_func
 
+    first = seqlen - 63  # packed: sequences of seqlen - 63 and seqlen + 63
     for causal in (False, True):
-        q, k, v, dout = (torch.randn(2, 300, 2, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-        cu = torch.tensor([0, 237, 600], device="cuda", dtype=torch.int32)  # packed: sequences of 237 and 363
+        q, k, v, dout = (torch.randn(2, seqlen, 2, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        cu = torch.tensor([0, first, 2 * seqlen], device="cuda", dtype=torch.int32)
         grads = {}
         for poisoned in (False, True):
             inputs = [x.clone() for x in (q, k, v, dout)]
@@ -132,11 +142,11 @@ def test_backward_keeps_the_next_sequences_nan_out(head_dim):
             packed = [x.flatten(0, 1).clone() for x in inputs]
             if poisoned:
                 for x in packed:
-                    x[237:] = float("nan")
+                    x[first:] = float("nan")
             leaves = [x.clone().requires_grad_() for x in packed[:3]]
-            varlen = flash_attn_varlen_func(*leaves, cu, cu, 363, 363, causal=causal)
+            varlen = flash_attn_varlen_func(*leaves, cu, cu, seqlen + 63, seqlen + 63, causal=causal)
             varlen_grads = torch.autograd.grad(varlen, leaves, packed[3])
-            grads[poisoned] = ([g[0] for g in dense_grads], [g[:237] for g in varlen_grads])
+            grads[poisoned] = ([g[0] for g in dense_grads], [g[:first] for g in varlen_grads])
         for form, index in (("dense", 0), ("varlen", 1)):
             for name, clean, poisoned in zip(("dq", "dk", "dv"), grads[False][index], grads[True][index], strict=True):
                 assert torch.isfinite(poisoned).all(), f"{form} {name}, head dim {head_dim}, causal {causal}"
