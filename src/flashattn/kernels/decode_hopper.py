@@ -52,7 +52,6 @@ from .forward_hopper import (
     row_sums,
     wgmma_layout,
     zero_row_sums,
-    zero_values_past,
 )
 
 SLOT_CACHE_SEQLENS = gl.constexpr(faults.SLOT_CACHE_SEQLENS)
@@ -319,10 +318,6 @@ def _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_
     q_t = q_smem.permute((1, 0))
     if hi > lo:
         stage, phase = _ring_slot(ring + lo, NUM_STAGES)
-        if MASKED:
-            # a masked run is one block, the sequence's last: its values past the length zeroed before the block's
-            # products, while no score is held in the registers
-            zero_values_past(v_bufs, v_ready, stage, phase, seqlen_k - lo * BLOCK_N)
         mbarrier.wait(k_ready.index(stage), phase)
         s = warpgroup_mma(k_bufs.index(stage), q_t, s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))

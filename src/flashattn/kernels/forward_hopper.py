@@ -380,31 +380,19 @@ def load_key_block_within(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_fr
 
 @gluon.jit
 def zero_rows_from(tile, first):
-    """Rows [first, rows) of a (rows, columns) shared-memory tile set to zero by the partition's warps, 8 rows a warp
-    by at most 64 columns at a time (the loader's 24 registers); chunks wholly before ``first`` are left alone."""
+    """Rows [first, rows) of a (rows, columns) shared-memory tile set to zero by one warp, 8 rows by at most 64
+    columns at a time (the loader's 24 registers); chunks wholly before ``first`` are left alone."""
     ROWS: gl.constexpr = tile.shape[0]
     COLUMNS: gl.constexpr = tile.shape[1]
     CHUNK: gl.constexpr = 64 if COLUMNS > 64 else COLUMNS
-    CHUNK_ROWS: gl.constexpr = 8 * gl.num_warps() if 8 * gl.num_warps() < ROWS else ROWS
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
-    for r in gl.static_range(0, ROWS, CHUNK_ROWS):
-        if r + CHUNK_ROWS > first:
-            past = (r + gl.arange(0, CHUNK_ROWS, gl.SliceLayout(1, layout)) >= first)[:, None]
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [1, 1], [1, 0])
+    zeros = gl.zeros([8, CHUNK], tile.dtype, layout)
+    for r in gl.static_range(0, ROWS, 8):
+        if r + 8 > first:
+            past = (r + gl.arange(0, 8, gl.SliceLayout(1, layout)) >= first)[:, None]
             for c in gl.static_range(0, COLUMNS, CHUNK):
-                chunk = tile.slice(r, CHUNK_ROWS, dim=0).slice(c, CHUNK, dim=1)
-                chunk.store(gl.where(past, 0.0, chunk.load(layout)).to(tile.dtype))
-
-
-@gluon.jit
-def zero_values_past(v_bufs, v_ready, stage, phase, first):
-    """A consumer's zeroing of the landed values of ``stage`` from row ``first`` on, before its P V reads them: the
-    decode kernel's last block, whose rows past the sequence's length hold whatever the cache holds there (0 x NaN
-    would reach P V however the scores are masked). Only this consumer reads the stage (the decode kernel's blocks go
-    to one consumer each)."""
-    mbarrier.wait(v_ready.index(stage), phase)
-    zero_rows_from(v_bufs.index(stage), first)
-    fence_async_shared()  # the stores, made through the generic proxy, before wgmma reads them
-    gl.thread_barrier()  # every warp's stores before any warp issues the product
+                chunk = tile.slice(r, 8, dim=0).slice(c, CHUNK, dim=1)
+                chunk.store(gl.where(past, zeros, chunk.load(layout)))
 
 
 @gluon.jit
@@ -700,9 +688,6 @@ def _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, rin
     their last Q K^T has completed, before the last P V."""
     s_zero = gl.zeros([ROWS_PER_WARPGROUP, BLOCK_N], gl.float32, wgmma_layout(BLOCK_N))
     if hi > lo:
-        if MASKED:  # a masked run is one block, the sequence's last: its values past the length zeroed first
-            zero_values_past(v_bufs, v_ready, (ring + lo) % NUM_STAGES, ((ring + lo) // NUM_STAGES) & 1,
-                             seqlen_k - lo * BLOCK_N)
         stage, phase, m_i, l_i, acc, p_op = _first_block(
             q, k_bufs, k_ready, k_free, ring, lo, m_i, l_i, acc, s_zero, rows, seqlen_q, seqlen_k, qk_scale_log2,
             BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, MASKED, False, None)
