@@ -220,7 +220,7 @@ def test_ring_attention_over_gloo(world_size, tmp_path, monkeypatch):
 
 @pytest.mark.xdist_group(SPAWN_GROUP)
 @pytest.mark.skipif(not os.environ.get("FLASHATTN_RING_FULL"), reason="the full matrix: FLASHATTN_RING_FULL=1")
-@pytest.mark.parametrize("world_size", [2, 3, 4])
+@pytest.mark.parametrize("world_size", [2, 3, 4, 8])
 def test_ring_attention_over_gloo_full_matrix(world_size, tmp_path, monkeypatch):
     monkeypatch.setenv("FLASHATTN_BACKEND", "torch")
     ring_cases.spawn(world_size, "gloo", ring_cases.full_cases(world_size), str(tmp_path))
