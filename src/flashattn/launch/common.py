@@ -185,14 +185,18 @@ def tile_layout(block_rows: int, head_dim: int, dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for([block_rows, head_dim], element)
 
 
+def token_count(x: torch.Tensor) -> int:
+    """The tokens of dense (B, S, H, D) or packed (total, H, D) ``x``: the rows of its (tokens, H * D) reading."""
+    return x.shape[0] * x.shape[1] if x.dim() == 4 else x.shape[0]
+
+
 def token_descriptor(x: torch.Tensor, block_rows: int):
     """A host-side TMA descriptor of ``x`` as (tokens, heads * head_dim), one head's columns per block. The token
     stride is ``token_rows(x)``, which ``hopper_forward_fits`` checked before the call took the Hopper kernel."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     head_dim = x.shape[-1]
-    tokens = x.shape[0] * x.shape[1] if x.dim() == 4 else x.shape[0]
-    return TensorDescriptor(x, [tokens, x.shape[-2] * head_dim], [x.stride(-3), 1], [block_rows, head_dim],
+    return TensorDescriptor(x, [token_count(x), x.shape[-2] * head_dim], [x.stride(-3), 1], [block_rows, head_dim],
                             tile_layout(block_rows, head_dim, x.dtype))
 
 

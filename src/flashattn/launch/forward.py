@@ -23,6 +23,7 @@ from .common import (
     sm_count,
     strides,
     tma_compatible,
+    token_count,
     token_descriptor,
     token_rows,
 )
@@ -100,7 +101,7 @@ def _token_descriptors(q, k, v, config: configs.TileConfig) -> dict:
     block_d = configs.padded_head_dim(head_dim)
     descriptors = {}
     for name, x, rows in (("QDesc", q, config.block_m), ("KDesc", k, config.block_n), ("VDesc", v, config.block_n)):
-        tokens, heads = x.shape[0] * x.shape[1] if x.dim() == 4 else x.shape[0], x.shape[-2]
+        tokens, heads = token_count(x), x.shape[-2]
         if block_d == head_dim:
             descriptors[name] = TensorDescriptor(x, [tokens, heads * head_dim], [token_rows(x), 1], [rows, head_dim])
         else:
