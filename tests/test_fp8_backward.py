@@ -423,3 +423,27 @@ def test_deterministic_reaches_the_fp8_backward_launch(deterministic, monkeypatc
     ops_fp8._fp8_attention_backward_cuda(q, q, k, v, ones, ones, ones, q, torch.zeros(1, 2, 8), None, 0.125, -1, -1,
                                          0.0, "block", deterministic)
     assert seen["launch"] is deterministic
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_the_next_sequences_nan_stays_out_gpu(head_dim):
+    """Tiles at a sequence's end reach into the next sequence's rows (the FP8 forward's keys, the backward's query rows,
+    their transposed copies' columns): NaN inputs and output gradient in sequence 1 leave sequence 0's output and
+    gradients as they are with finite ones (seqlen 300: partial blocks in every kernel)."""
+    q, k, v, dout = (x.cuda() for x in make_inputs(2, 300, 300, 4, 2, head_dim, seed=5))
+    results = {}
+    for poisoned in (False, True):
+        inputs = [x.clone() for x in (q, k, v, dout)]
+        if poisoned:
+            for x in inputs:
+                x[1] = float("nan")
+        for causal in (False, True):
+            out, grads = fp8_gradients(*inputs[:3], inputs[3], causal=causal, seed=1, deterministic=True)
+            results[poisoned, causal] = [out[0], *(g[0] for g in grads)]
+    for causal in (False, True):
+        for name, clean, poisoned in zip(("out", "dq", "dk", "dv"), results[False, causal], results[True, causal],
+                                         strict=True):
+            assert torch.isfinite(poisoned).all(), f"{name}, causal {causal}"
+            assert torch.equal(poisoned, clean), f"{name}, causal {causal}"
