@@ -59,8 +59,8 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_
         tma.async_copy_global_to_shared(q_desc, [q_row + c * ROWS_PER_WARPGROUP, head * HEAD_DIM], q_ready.index(0),
                                         q_smem.index(c))
     for j in range(seqlen // BLOCK_N):
-        load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, j,
-                       batch * seqlen + j * BLOCK_N, head * HEAD_DIM, NUM_STAGES)
+        load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, j, batch, batch * seqlen,
+                       j * BLOCK_N, head * HEAD_DIM, NUM_STAGES)
 
 
 @gluon.jit

@@ -329,8 +329,10 @@ def hopper_forward_report(head_dim: int, causal: bool, config, varlen: bool = Fa
     from flashattn.launch.forward import hopper_forward_constexprs
 
     seqlens = "*i32" if varlen else "*bf16"  # dense calls pass q there, never read
-    signature = dict(q_desc=_bf16_descriptor(64, head_dim), k_desc=_bf16_descriptor(config.block_n, head_dim),
-                     v_desc=_bf16_descriptor(config.block_n, head_dim), Out="*bf16", Lse="*fp32",
+    dense = not varlen  # dense calls read through sequence descriptors
+    signature = dict(q_desc=_bf16_descriptor(64, head_dim, dense),
+                     k_desc=_bf16_descriptor(config.block_n, head_dim, dense),
+                     v_desc=_bf16_descriptor(config.block_n, head_dim, dense), Out="*bf16", Lse="*fp32",
                      CuSeqlensQ=seqlens, CuSeqlensK=seqlens, TileCounter="*i32", stride_om="i32", stride_oh="i32",
                      stride_lb="i32", stride_lh="i32", seqlen_q="i32", seqlen_k="i32", nheads="i32",
                      group_size="i32", row_tiles="i32", batch_heads="i32", heads_per_section="i32",
@@ -481,10 +483,10 @@ def hopper_dkdv_report(head_dim: int, causal: bool, config, fused: bool = False)
     persistent = fused_dq and fused_persistent(config)
     kernel, keys = hopper_dkdv_kernel(config, fused_dq)
     dq_desc = f"tensordesc<fp32[{FUSED_DQ_TILE[0]}, {FUSED_DQ_TILE[1]}],{dq_tile_layout()!r}>"
-    signature = dict(q_desc=_bf16_descriptor(config.block_m, head_dim),
-                     k_desc=_bf16_descriptor(keys, head_dim),
-                     v_desc=_bf16_descriptor(keys, head_dim),
-                     do_desc=_bf16_descriptor(config.block_m, head_dim), Lse="*fp32", Delta="*fp32", DK="*bf16",
+    signature = dict(q_desc=_bf16_descriptor(config.block_m, head_dim, True),
+                     k_desc=_bf16_descriptor(keys, head_dim, True),
+                     v_desc=_bf16_descriptor(keys, head_dim, True),
+                     do_desc=_bf16_descriptor(config.block_m, head_dim, True), Lse="*fp32", Delta="*fp32", DK="*bf16",
                      DV="*bf16", **(dict(dq_desc=dq_desc) if fused_dq else {}),
                      **(dict(TileCounter="*i32") if persistent else {}), stride_gb="i32", stride_gm="i32",
                      stride_gh="i32", seqlen_q="i32", seqlen_k="i32", nheads="i32", nheads_k="i32", key_blocks="i32",
@@ -504,9 +506,12 @@ def hopper_dq_report(head_dim: int, causal: bool, config, varlen: bool = False) 
     from flashattn.launch.backward import hopper_dq_constexprs
 
     seqlens = "*i32" if varlen else "*bf16"  # dense calls pass q there, never read
-    signature = dict(q_desc=_bf16_descriptor(64, head_dim), k_desc=_bf16_descriptor(config.block_n, head_dim),
-                     v_desc=_bf16_descriptor(config.block_n, head_dim), do_desc=_bf16_descriptor(64, head_dim),
-                     DQ="*bf16", Lse="*fp32", Delta="*fp32", CuSeqlensQ=seqlens, CuSeqlensK=seqlens,
+    dense = not varlen  # dense calls read through sequence descriptors
+    signature = dict(q_desc=_bf16_descriptor(64, head_dim, dense),
+                     k_desc=_bf16_descriptor(config.block_n, head_dim, dense),
+                     v_desc=_bf16_descriptor(config.block_n, head_dim, dense),
+                     do_desc=_bf16_descriptor(64, head_dim, dense), DQ="*bf16", Lse="*fp32", Delta="*fp32",
+                     CuSeqlensQ=seqlens, CuSeqlensK=seqlens,
                      stride_dqm="i32", stride_dqh="i32", stride_lb="i32", stride_lh="i32", seqlen_q="i32",
                      seqlen_k="i32", nheads="i32", group_size="i32", row_tiles="i32", batch_heads="i32",
                      heads_per_section="i32", softmax_scale="fp32", qk_scale_log2="fp32")
@@ -523,8 +528,10 @@ def hopper_decode_report(head_dim: int, block_n: int, num_stages: int, new_keys:
     from flashattn.kernels.decode_hopper import kvcache_decode_hopper_kernel
 
     kv_desc = _bf16_descriptor(block_n, head_dim)
+    # the new keys' sequence descriptors, or the cache's (never read) without new keys
+    new_desc = _bf16_descriptor(block_n, head_dim, sequences=True) if new_keys else kv_desc
     signature = dict(q_desc=_bf16_descriptor(query_rows or 64, head_dim), k_desc=kv_desc, v_desc=kv_desc,
-                     kn_desc=kv_desc, vn_desc=kv_desc, Out="*fp32", Lse="*fp32", CacheSeqlens="*i32",
+                     kn_desc=new_desc, vn_desc=new_desc, Out="*fp32", Lse="*fp32", CacheSeqlens="*i32",
                      KCache="*bf16", VCache="*bf16", KNew="*bf16", VNew="*bf16", BlockTable="*i32",
                      Faults="*i32", stride_os="i32", stride_ob="i32", stride_oh="i32", stride_ls="i32", stride_lb="i32",
                      stride_lh="i32", stride_kcn="i32", stride_kch="i32", stride_knb="i32", stride_knn="i32",
@@ -532,21 +539,23 @@ def hopper_decode_report(head_dim: int, block_n: int, num_stages: int, new_keys:
                      num_splits="i32", seqlen_new="i32", extra_keys="i32", page_size="i32", num_pages="i32",
                      record_faults="i32", qk_scale_log2="fp32")
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_STAGES=num_stages,
-                      LOADER_REGISTERS=configs.HOPPER_LOADER_REGISTERS, NEW_KEYS=new_keys, PAGED=paged,
+                      LOADER_REGISTERS=configs.HOPPER_DECODE_LOADER_REGISTERS, NEW_KEYS=new_keys, PAGED=paged,
                       QUERY_ROWS=query_rows, CONSUMERS=consumers,
                       CONSUMER_REGISTERS=configs.HOPPER_DECODE_CONSUMER_REGISTERS,
                       EARLY_FIRST_BLOCK=early_first_block)
     return _gluon_report(kvcache_decode_hopper_kernel, signature, constexprs)
 
 
-def _bf16_descriptor(rows: int, head_dim: int) -> str:
+def _bf16_descriptor(rows: int, head_dim: int, sequences: bool = False) -> str:
     """The signature type of a host-side TMA descriptor of (rows, head_dim) bf16 tiles, as
-    ``launch.common.token_descriptor`` builds it."""
+    ``launch.common.token_descriptor`` builds it, or (``sequences``) of (1, rows, head_dim) boxes, as
+    ``launch.common.sequence_descriptor`` does."""
     import torch
 
     from flashattn.launch.common import tile_layout
 
-    return f"tensordesc<bf16[{rows}, {head_dim}],{tile_layout(rows, head_dim, torch.bfloat16)!r}>"
+    box = f"1, {rows}, {head_dim}" if sequences else f"{rows}, {head_dim}"
+    return f"tensordesc<bf16[{box}],{tile_layout(rows, head_dim, torch.bfloat16, sequences)!r}>"
 
 
 def _gluon_report(kernel, signature: dict, constexprs: dict) -> dict:

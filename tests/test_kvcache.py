@@ -646,27 +646,47 @@ def test_hopper_decode_matches_reference_on_gpu(monkeypatch, problem, dtype, for
 
 
 # The Hopper decode kernel (one query token, head dims 64 and 128) copies a sequence's last key block whole, rows past
-# the length included, and 0 x NaN reaches its O^T product: a known fault. Its consumer's zeroing of those rows fixes it
-# but spills one build's registers (docs/perf-notes.md, "A key block past the sequence's end").
-_HOPPER_DECODE_NAN = pytest.mark.xfail(strict=True, reason="the Hopper decode reads V rows past cache_seqlens")
+# the length included; its loader zeroes their values before the consumer's O^T product reads them.
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("head_dim, queries, nheads", [
+    (64, 1, 8), (128, 1, 8), (128, 1, 128), (256, 1, 8), (64, 4, 8), (128, 4, 8), (256, 4, 8),
+])
+def test_cache_rows_past_the_lengths_are_never_read(head_dim, queries, nheads):
+    """A cache allocated empty holds anything past cache_seqlens, NaN included: the step's output is what it is with
+    those rows finite. GQA groups of 2 (swapped products) and 32 (padded rows), split or not (one split: block 0 is
+    copied before the length is known); length 1 leaves a block of one key."""
+    lengths = torch.tensor([300, 517, 1], device="cuda", dtype=torch.int32)
+    k_cache, v_cache = (torch.randn(3, 1024, 4, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    q = torch.randn(3, queries, nheads, head_dim, device="cuda", dtype=torch.bfloat16)
+    poisoned_k, poisoned_v = k_cache.clone(), v_cache.clone()
+    for b, length in enumerate(lengths.tolist()):
+        poisoned_k[b, length:], poisoned_v[b, length:] = float("inf"), float("nan")
+    for num_splits in (0, 1):
+        clean = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, causal=True, num_splits=num_splits)
+        poisoned = flash_attn_with_kvcache(q, poisoned_k, poisoned_v, cache_seqlens=lengths, causal=True,
+                                           num_splits=num_splits)
+        assert torch.isfinite(poisoned).all(), f"num_splits {num_splits}"
+        torch.testing.assert_close(poisoned, clean, atol=0, rtol=0)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("head_dim, queries", [
-    pytest.param(64, 1, marks=_HOPPER_DECODE_NAN), pytest.param(128, 1, marks=_HOPPER_DECODE_NAN), (256, 1),
-    (64, 4), (128, 4), (256, 4),
-])
-def test_cache_rows_past_the_lengths_are_never_read(head_dim, queries):
-    """A cache allocated empty holds anything past cache_seqlens, NaN included: the step's output is what it is with
-    those rows finite."""
-    lengths = torch.tensor([300, 517, 1], device="cuda", dtype=torch.int32)
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_the_next_sequences_new_keys_are_never_read(head_dim):
+    """The step's new keys of one sequence (a block of their own, shorter than a key block) stay out of the others'
+    attention: NaN new keys and values in sequence 1 leave sequences 0 and 2 as they are with finite ones."""
+    lengths = torch.tensor([300, 517, 40], device="cuda", dtype=torch.int32)
     k_cache, v_cache = (torch.randn(3, 1024, 4, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    q = torch.randn(3, queries, 8, head_dim, device="cuda", dtype=torch.bfloat16)
-    clean = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, causal=True)
-    for b, length in enumerate(lengths.tolist()):
-        k_cache[b, length:], v_cache[b, length:] = float("inf"), float("nan")
-    poisoned = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, causal=True)
-    assert torch.isfinite(poisoned).all()
-    torch.testing.assert_close(poisoned, clean, atol=0, rtol=0)
+    q = torch.randn(3, 1, 8, head_dim, device="cuda", dtype=torch.bfloat16)
+    k_new, v_new = (torch.randn(3, 1, 4, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    poisoned_k, poisoned_v = k_new.clone(), v_new.clone()
+    poisoned_k[1], poisoned_v[1] = float("inf"), float("nan")
+    clean = flash_attn_with_kvcache(q, k_cache.clone(), v_cache.clone(), k_new, v_new, cache_seqlens=lengths,
+                                    causal=True)
+    poisoned = flash_attn_with_kvcache(q, k_cache.clone(), v_cache.clone(), poisoned_k, poisoned_v,
+                                       cache_seqlens=lengths, causal=True)
+    for b in (0, 2):
+        assert torch.isfinite(poisoned[b]).all(), f"sequence {b}"
+        torch.testing.assert_close(poisoned[b], clean[b], atol=0, rtol=0)
 

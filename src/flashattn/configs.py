@@ -211,6 +211,7 @@ def paged_forward(config: TileConfig) -> TileConfig:
 # registers per thread (setmaxnreg) of the consumer warpgroups, by their count: the SM's 65,536 over 3 or 4 warpgroups
 HOPPER_CONSUMER_REGISTERS = {2: 240, 3: 160}
 HOPPER_LOADER_REGISTERS = 24
+HOPPER_DECODE_LOADER_REGISTERS = 56  # it zeroes V past a sequence; at 24-48 ptxas spilled a two-consumer build
 HOPPER_DECODE_CONSUMER_REGISTERS = 152  # the second consumer warpgroup of a two-consumer decode program
 HOPPER_SHARED_BYTES = 227 * 1024  # the shared memory one program may take
 # bytes that the programs in flight of a sectioned grid read again (launch.forward.l2_section_units): K/V for the

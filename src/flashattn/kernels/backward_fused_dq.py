@@ -59,7 +59,7 @@ from .backward_hopper import (
     _streamed_buffers,
     hidden_queries,
 )
-from .forward_hopper import register_operand_layout, store_rows_through, wgmma_layout
+from .forward_hopper import copy_rows, register_operand_layout, store_rows_through, wgmma_layout
 
 DQ_ROWS = gl.constexpr(64)  # the dQ^T rows (head dims) of one product: a wgmma row block (M = 64)
 DQ_QUERIES = gl.constexpr(64)  # its columns: a query block at head dim 128, half of one at 64
@@ -165,8 +165,8 @@ def _load_with_statistics(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_buf
         seqlen_q, seqlen_k, nheads_k, key_blocks, batch_heads_k, heads_per_section, group_size, BLOCK_M, BLOCK_N,
         CAUSAL)
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [batch * seqlen_k + key_start, head_k * HEAD_DIM], kv_ready, k_smem)
-    tma.async_copy_global_to_shared(v_desc, [batch * seqlen_k + key_start, head_k * HEAD_DIM], kv_ready, v_smem)
+    copy_rows(k_desc, batch, batch * seqlen_k, key_start, head_k * HEAD_DIM, kv_ready, k_smem)
+    copy_rows(v_desc, batch, batch * seqlen_k, key_start, head_k * HEAD_DIM, kv_ready, v_smem)
     for it in range(iterations):
         load_query_block(q_desc, do_desc, q_bufs, do_bufs, stats_bufs, q_ready, do_ready, stats_ready, stage_free,
                          Lse, Delta, batch, head_k * group_size + it // per_head, first_q_block + it % per_head, it,
@@ -185,11 +185,11 @@ def load_query_block(q_desc, do_desc, q_bufs, do_bufs, stats_bufs, q_ready, do_r
     # a fresh barrier passes a wait on the phase before its first: the first round does not wait
     mbarrier.wait(stage_free.index(stage), phase ^ 1)
     mbarrier.expect(q_ready.index(stage), q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [batch * seqlen_q + q_block * BLOCK_M, head * HEAD_DIM],
-                                    q_ready.index(stage), q_bufs.index(stage))
+    copy_rows(q_desc, batch, batch * seqlen_q, q_block * BLOCK_M, head * HEAD_DIM, q_ready.index(stage),
+              q_bufs.index(stage))
     mbarrier.expect(do_ready.index(stage), do_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(do_desc, [batch * seqlen_q + q_block * BLOCK_M, head * HEAD_DIM],
-                                    do_ready.index(stage), do_bufs.index(stage))
+    copy_rows(do_desc, batch, batch * seqlen_q, q_block * BLOCK_M, head * HEAD_DIM, do_ready.index(stage),
+              do_bufs.index(stage))
     rows = q_block * BLOCK_M + gl.arange(0, BLOCK_M, layout=rows_layout)
     offsets = (batch * nheads + head).to(gl.int64) * seqlen_q + rows
     stats_bufs.index(2 * stage).store(_lse_log2(Lse, offsets, rows, seqlen_q))

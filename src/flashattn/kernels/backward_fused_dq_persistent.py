@@ -32,7 +32,7 @@ from .backward_fused_dq import (
     walk_query_blocks,
 )
 from .backward_hopper import KEY_SLICE_PROGRAM_KEYS, SLICE_KEYS, _next_query_block, sectioned_key_tile
-from .forward_hopper import _next_tile, _publish_tile, read_tile
+from .forward_hopper import _next_tile, _publish_tile, copy_rows, read_tile
 
 
 @gluon.jit
@@ -69,8 +69,8 @@ def _persistent_loader(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, 
         # after that read: the slot is theirs until the wait above
         _publish_tile(tile_slot, tile_id)
         mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [batch * seqlen_k + key_start, head_k * HEAD_DIM], kv_ready, k_smem)
-        tma.async_copy_global_to_shared(v_desc, [batch * seqlen_k + key_start, head_k * HEAD_DIM], kv_ready, v_smem)
+        copy_rows(k_desc, batch, batch * seqlen_k, key_start, head_k * HEAD_DIM, kv_ready, k_smem)
+        copy_rows(v_desc, batch, batch * seqlen_k, key_start, head_k * HEAD_DIM, kv_ready, v_smem)
         for _ in range(ahead, iterations):
             load_query_block(q_desc, do_desc, q_bufs, do_bufs, stats_bufs, q_ready, do_ready, stats_ready,
                              stage_free, Lse, Delta, batch, head, q_block, position, seqlen_q, nheads, HEAD_DIM,

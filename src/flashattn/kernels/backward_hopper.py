@@ -29,12 +29,18 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
 
-from .forward_hopper import columns_at_most, register_operand_layout, section_tile, wgmma_layout
+from .forward_hopper import (
+    columns_at_most,
+    copy_rows,
+    register_operand_layout,
+    section_tile,
+    tile_layout_of,
+    wgmma_layout,
+)
 
 LOG2E = gl.constexpr(1.4426950408889634)
 
@@ -91,22 +97,22 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_
         seqlen_q, seqlen_k, nheads_k, key_blocks, batch_heads_k, heads_per_section, group_size, BLOCK_M, BLOCK_N,
         CAUSAL)
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [batch * seqlen_k + key_start, head_k * HEAD_DIM], kv_ready, k_smem)
-    tma.async_copy_global_to_shared(v_desc, [batch * seqlen_k + key_start, head_k * HEAD_DIM], kv_ready, v_smem)
+    copy_rows(k_desc, batch, batch * seqlen_k, key_start, head_k * HEAD_DIM, kv_ready, k_smem)
+    copy_rows(v_desc, batch, batch * seqlen_k, key_start, head_k * HEAD_DIM, kv_ready, v_smem)
     for it in range(iterations):
         head = head_k * group_size + it // per_head
-        q_row = batch * seqlen_q + (first_q_block + it % per_head) * BLOCK_M
+        q_row = (first_q_block + it % per_head) * BLOCK_M
         stage = it % NUM_STAGES
         phase = (it // NUM_STAGES) & 1
         # a fresh barrier passes a wait on the phase before its first: the first round does not wait
         mbarrier.wait(q_free.index(stage), phase ^ 1)
         mbarrier.expect(q_ready.index(stage), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [q_row, head * HEAD_DIM], q_ready.index(stage), q_bufs.index(stage))
+        copy_rows(q_desc, batch, batch * seqlen_q, q_row, head * HEAD_DIM, q_ready.index(stage), q_bufs.index(stage))
         if not ONE_FREE_BARRIER:  # otherwise do_free is q_free, just waited on
             mbarrier.wait(do_free.index(stage), phase ^ 1)
         mbarrier.expect(do_ready.index(stage), do_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(do_desc, [q_row, head * HEAD_DIM], do_ready.index(stage),
-                                        do_bufs.index(stage))
+        copy_rows(do_desc, batch, batch * seqlen_q, q_row, head * HEAD_DIM, do_ready.index(stage),
+                  do_bufs.index(stage))
 
 
 @gluon.jit
@@ -312,10 +318,11 @@ def _streamed_buffers(q_desc, k_desc, v_desc, do_desc, HEAD_DIM: gl.constexpr, B
     """The program's K and V tiles, the ring of Q and dO stages, and their barriers (each stage freed by two
     arrives: both consumer warpgroups read every stage). ONE_FREE_BARRIER: the consumers release a stage's Q and dO
     together, and one barrier array frees both (returned as q_free and as do_free)."""
-    k_smem = gl.allocate_shared_memory(k_desc.dtype, [BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(v_desc.dtype, [BLOCK_N, HEAD_DIM], v_desc.layout)
-    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
-    do_bufs = gl.allocate_shared_memory(do_desc.dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [BLOCK_N, HEAD_DIM], tile_layout_of(k_desc.layout))
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [BLOCK_N, HEAD_DIM], tile_layout_of(v_desc.layout))
+    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], tile_layout_of(q_desc.layout))
+    do_bufs = gl.allocate_shared_memory(do_desc.dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM],
+                                        tile_layout_of(do_desc.layout))
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     do_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())

@@ -52,6 +52,7 @@ from .forward_hopper import (
     row_sums,
     wgmma_layout,
     zero_row_sums,
+    zero_rows_from,
 )
 
 SLOT_CACHE_SEQLENS = gl.constexpr(faults.SLOT_CACHE_SEQLENS)
@@ -151,25 +152,31 @@ def _decode_loader(loads, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PAGED
     divides the page size). ``loads``: the descriptors, buffers, barriers and this program's rows, split and keys
     (``span``, ``_program_keys``), in the kernel's order.
 
+    The split's partly filled last block, if it has one, holds rows past the sequence: whatever the cache holds there
+    (NaN in a cache allocated empty), which would reach the O^T product as 0 x NaN however the scores are masked.
+    Once that block's V has landed the loader zeroes those rows and arrives on ``zeroed``, which its consumer waits
+    for before the product. Its copy is the loader's last (or split 0's early block 0), so the wait holds back no
+    other copy.
+
     With EARLY_FIRST_BLOCK split 0's first block is block 0 whatever the sequence's length: its copy (and a paged
     cache's lookup of its page) is issued before the length arrives, which the other copies wait for; the whole
     blocks after it rotate."""
-    (q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, q_row,
-     kv_row, table_row, page_size, num_pages, new_row, column, split, span, has_new, rotation, page_fault) = loads
+    (q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free,
+     zeroed, q_row, kv_row, table_row, page_size, num_pages, sequence, column, split, span, has_new, rotation,
+     page_fault) = loads
     mbarrier.expect(q_ready, q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_ready, q_smem)
     first = split * 0  # the ring position of the cache's first block
     if has_new:
-        load_key_block(kn_desc, vn_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, 0, new_row, column,
+        load_key_block(kn_desc, vn_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, 0, sequence, 0, 0, column,
                        NUM_STAGES)
         first += 1
     if EARLY_FIRST_BLOCK:  # noqa: SIM102 - a build's choice (constexpr) around a program's (run time)
         if split == 0:
-            load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, first,
-                           _cache_row(0, split == 0, kv_row, table_row, page_size, num_pages, page_fault, PAGED),
-                           column,
-                           NUM_STAGES)
-    _, lo, full_hi, hi, _ = _program_keys(span, EARLY_FIRST_BLOCK, BLOCK_N)
+            load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, first, 0,
+                           _cache_row(0, split == 0, kv_row, table_row, page_size, num_pages, page_fault, PAGED), 0,
+                           column, NUM_STAGES)
+    seqlen_k, lo, full_hi, hi, _ = _program_keys(span, EARLY_FIRST_BLOCK, BLOCK_N)
     start = lo
     if EARLY_FIRST_BLOCK:
         if (split == 0) & (hi == 0):
@@ -184,9 +191,18 @@ def _decode_loader(loads, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PAGED
     for j in range(start, hi):
         next_row = _cache_row(_block_at(j + 1, start, full_hi, rotation, not PAGED) * BLOCK_N, j + 1 < hi, kv_row,
                               table_row, page_size, num_pages, page_fault, PAGED)
-        load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, first + j - lo, row, column,
-                       NUM_STAGES)
+        load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, first + j - lo, 0, row, 0,
+                       column, NUM_STAGES)
         row = next_row
+    if hi > full_hi:
+        # block hi - 1 (the masked one, never rotated) at its ring position, as every block: split 0's early block 0
+        # too, which the loop starts after
+        stage, phase = _ring_slot(first + hi - 1 - lo, NUM_STAGES)
+        mbarrier.wait(v_ready.index(stage), phase)
+        zero_rows_from(v_bufs.index(stage), seqlen_k - (hi - 1) * BLOCK_N, 32)
+        fence_async_shared()  # the stores, made through the generic proxy, before wgmma reads them
+        gl.thread_barrier()  # every lane's stores before the arrival (issued by the warp's first thread)
+        mbarrier.arrive(zeroed, count=1)
 
 
 @gluon.jit
@@ -220,7 +236,7 @@ def _append_new_keys(new_src, new_dst, first_position, seqlen_new, appends, HEAD
 
 
 @gluon.jit
-def _padded_consumer(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, Out, Lse,
+def _padded_consumer(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, zeroed, Out, Lse,
                      out_offset, lse_offset, stride_oh, stride_lh, rows, span, has_new, appends, new_src, new_dst,
                      qk_scale_log2, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                      NEW_KEYS: gl.constexpr, PAGED: gl.constexpr, EARLY_FIRST_BLOCK: gl.constexpr):
@@ -242,18 +258,18 @@ def _padded_consumer(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, 
         mbarrier.wait(q_ready, 0)
         m_i, l_i, acc = _key_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, 0, m_i, l_i,
                                     acc, row_ids, new_blocks * 0, new_blocks, False, 1, seqlen_new, qk_scale_log2,
-                                    BLOCK_N, HEAD_DIM, NUM_STAGES, False, True)
+                                    zeroed, BLOCK_N, HEAD_DIM, NUM_STAGES, False, True, False)
         first = new_blocks
     else:
         mbarrier.wait(q_ready, 0)
     # the blocks of whole keys (in the loader's order: only their count matters here), then the sequence's last,
     # partly filled one
     m_i, l_i, acc = _key_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, first - lo, m_i,
-                                l_i, acc, row_ids, lo, full_hi, False, 1, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM,
-                                NUM_STAGES, False, False)
+                                l_i, acc, row_ids, lo, full_hi, False, 1, seqlen_k, qk_scale_log2, zeroed, BLOCK_N,
+                                HEAD_DIM, NUM_STAGES, False, False, False)
     m_i, l_i, acc = _key_blocks(q_smem, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, first - lo, m_i,
-                                l_i, acc, row_ids, full_hi, hi, False, 1, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM,
-                                NUM_STAGES, False, True)
+                                l_i, acc, row_ids, full_hi, hi, False, 1, seqlen_k, qk_scale_log2, zeroed, BLOCK_N,
+                                HEAD_DIM, NUM_STAGES, False, True, True)
     # -- normalize; a split that saw no key gives 0 and lse = +inf, as the Triton kernel --
     l_i = row_sums(l_i, s_layout)
     empty = l_i == 0.0
@@ -304,14 +320,15 @@ def _ring_slot(position, NUM_STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_free, ring, m_i, l_acc, acc, lo, hi,
-                    seqlen_k, qk_scale_log2, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, QUERY_ROWS: gl.constexpr,
-                    NUM_STAGES: gl.constexpr, MASKED: gl.constexpr, CONSUMER: gl.constexpr,
-                    CONSUMERS: gl.constexpr):
+def _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_free, zeroed, ring, m_i, l_acc, acc,
+                    lo, hi, seqlen_k, qk_scale_log2, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                    QUERY_ROWS: gl.constexpr, NUM_STAGES: gl.constexpr, MASKED: gl.constexpr, ZEROED: gl.constexpr,
+                    CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr):
     """This consumer's key blocks of [lo, hi) (block j at ring position ``ring`` + j; with CONSUMERS consumers, those
     at positions CONSUMER mod CONSUMERS) as swapped products: S^T = K Q^T (BLOCK_N x QUERY_ROWS) and O^T += V^T P^T
     (HEAD_DIM x QUERY_ROWS), P^T through shared memory. A block's S^T runs while the block before's O^T product is in
-    flight, as in the forward's loop."""
+    flight, as in the forward's loop. ``ZEROED``: the run's last block is the sequence's partly filled one, whose O^T
+    product waits for the loader's zeroing of the values past the sequence (barrier ``zeroed``)."""
     lo = lo + (CONSUMER + CONSUMERS - (ring + lo) % CONSUMERS) % CONSUMERS
     layout: gl.constexpr = swapped_layout(QUERY_ROWS)
     s_zero = gl.zeros([BLOCK_N, QUERY_ROWS], gl.float32, layout)
@@ -342,6 +359,8 @@ def _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_
             acc = acc * alpha[None, :]
             _stage_probabilities(p, p_smem)
         mbarrier.wait(v_ready.index(stage), phase)
+        if ZEROED:
+            mbarrier.wait(zeroed, 0)
         acc = warpgroup_mma(v_bufs.index(stage).permute((1, 0)), p_smem, acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(v_free.index(stage), count=1)
@@ -357,8 +376,8 @@ def _swapped_consumer(step, p_smem, merge, HEAD_DIM: gl.constexpr, BLOCK_N: gl.c
     With CONSUMERS = 2 two of them take the ring's blocks in turn; the second hands its max, sum and O^T to the
     first through ``merge`` (shared buffers and a barrier), which merges them and writes the result. ``step``: what
     every consumer of the program shares (the kernel's ``consumer_step``); ``p_smem``: this consumer's P^T buffer."""
-    (q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, Out, Lse, out_offset, lse_offset, stride_oh,
-     stride_lh, rows, span, has_new, appends, new_src, new_dst, qk_scale_log2) = step
+    (q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, zeroed, Out, Lse, out_offset, lse_offset,
+     stride_oh, stride_lh, rows, span, has_new, appends, new_src, new_dst, qk_scale_log2) = step
     gl.static_assert(BLOCK_N == 64, "64-key blocks: the swapped products of 128-key ones faulted on the GPU")
     # consumer c takes ring positions c mod CONSUMERS; a stage count that they do not divide hands a stage to each in
     # turn, and a consumer ahead of the other may then pass its parity wait on a stage whose copy for the other's block
@@ -375,18 +394,18 @@ def _swapped_consumer(step, p_smem, merge, HEAD_DIM: gl.constexpr, BLOCK_N: gl.c
             _append_new_keys(new_src, new_dst, seqlen_k, seqlen_new, appends, HEAD_DIM, NEW_KEYS, PAGED)
         new_blocks = gl.where(has_new, 1, 0)
         mbarrier.wait(q_ready, 0)
-        m_i, l_acc, acc = _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_free, 0, m_i,
-                                          l_acc, acc, new_blocks * 0, new_blocks, seqlen_new, qk_scale_log2, BLOCK_N,
-                                          HEAD_DIM, QUERY_ROWS, NUM_STAGES, True, CONSUMER, CONSUMERS)
+        m_i, l_acc, acc = _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_free, zeroed, 0,
+                                          m_i, l_acc, acc, new_blocks * 0, new_blocks, seqlen_new, qk_scale_log2,
+                                          BLOCK_N, HEAD_DIM, QUERY_ROWS, NUM_STAGES, True, False, CONSUMER, CONSUMERS)
         first = new_blocks
     else:
         mbarrier.wait(q_ready, 0)
-    m_i, l_acc, acc = _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_free, first - lo,
-                                      m_i, l_acc, acc, lo, full_hi, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM,
-                                      QUERY_ROWS, NUM_STAGES, False, CONSUMER, CONSUMERS)
-    m_i, l_acc, acc = _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_free, first - lo,
-                                      m_i, l_acc, acc, full_hi, hi, seqlen_k, qk_scale_log2, BLOCK_N, HEAD_DIM,
-                                      QUERY_ROWS, NUM_STAGES, True, CONSUMER, CONSUMERS)
+    m_i, l_acc, acc = _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_free, zeroed,
+                                      first - lo, m_i, l_acc, acc, lo, full_hi, seqlen_k, qk_scale_log2, BLOCK_N,
+                                      HEAD_DIM, QUERY_ROWS, NUM_STAGES, False, False, CONSUMER, CONSUMERS)
+    m_i, l_acc, acc = _swapped_blocks(q_smem, k_bufs, v_bufs, p_smem, k_ready, v_ready, k_free, v_free, zeroed,
+                                      first - lo, m_i, l_acc, acc, full_hi, hi, seqlen_k, qk_scale_log2, BLOCK_N,
+                                      HEAD_DIM, QUERY_ROWS, NUM_STAGES, True, True, CONSUMER, CONSUMERS)
     l_i = gl.sum(l_acc, axis=0)
     if CONSUMER == 1:
         _hand_over_state(m_i, l_i, acc, merge)
@@ -460,9 +479,9 @@ def kvcache_decode_hopper_kernel(
     caches' row stride (K's and V's alike, whole rows), stride_kch their head stride.
 
     NEW_KEYS > 0: the step appends ``seqlen_new`` (<= NEW_KEYS, at most BLOCK_N) new keys and values at
-    CacheSeqlens (KNew/VNew, (batch, seqlen_new, kv heads, HEAD_DIM), and kn/vn_desc over them as (batch x
-    seqlen_new, kv heads x HEAD_DIM)): the last split attends to them from KNew/VNew, split 0 writes them into the
-    caches (KCache/VCache, whose V strides are K's).
+    CacheSeqlens (KNew/VNew, (batch, seqlen_new, kv heads, HEAD_DIM), and kn/vn_desc over them as (batch,
+    seqlen_new, kv heads x HEAD_DIM) sequence descriptors, whose rows past seqlen_new read zeros): the last split
+    attends to them from KNew/VNew, split 0 writes them into the caches (KCache/VCache, whose V strides are K's).
 
     CONSUMERS: swapped consumer warpgroups (1 or 2; CONSUMER_REGISTERS, the second one's registers a thread).
 
@@ -505,16 +524,18 @@ def kvcache_decode_hopper_kernel(
     k_bufs, v_bufs, k_ready, v_ready, k_free, v_free = key_ring(k_desc, v_desc, HEAD_DIM, BLOCK_N, NUM_STAGES, 1)
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=1)
+    zeroed = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())  # ``_decode_loader``
+    mbarrier.init(zeroed, count=1)
 
     # the loader's constexprs are written out in each launch below: held in a variable's tuple, Triton 3.6's Gluon
     # passes them to the partition as run-time values (the compiler folded these back; a static_range over one fails)
     loads = (q_desc, k_desc, v_desc, kn_desc, vn_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free,
-             v_free, batch * nheads + first_head, kv_row, table_row, page_size, num_pages, batch * seqlen_new,
+             v_free, zeroed, batch * nheads + first_head, kv_row, table_row, page_size, num_pages, batch,
              head_k * HEAD_DIM, split, span, has_new, rotation, page_fault)
     if QUERY_ROWS > 0:
-        consumer_step = (q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, Out, Lse, out_offset,
-                         lse_offset, stride_oh, stride_lh, group_size, span, has_new, split == 0, new_src, new_dst,
-                         qk_scale_log2)
+        consumer_step = (q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, k_free, v_free, zeroed, Out, Lse,
+                         out_offset, lse_offset, stride_oh, stride_lh, group_size, span, has_new, split == 0, new_src,
+                         new_dst, qk_scale_log2)
         p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, QUERY_ROWS], q_desc.dtype)
         p_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, BLOCK_N, QUERY_ROWS], p_layout)
         if CONSUMERS == 2:
@@ -543,8 +564,8 @@ def kvcache_decode_hopper_kernel(
         q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(q_free, count=1)
         gl.warp_specialize([
-            (_padded_consumer, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, Out,
-                                Lse, out_offset, lse_offset, stride_oh, stride_lh, group_size, span, has_new,
+            (_padded_consumer, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, zeroed,
+                                Out, Lse, out_offset, lse_offset, stride_oh, stride_lh, group_size, span, has_new,
                                 split == 0, new_src, new_dst, qk_scale_log2, HEAD_DIM, BLOCK_N, NUM_STAGES, NEW_KEYS,
                                 PAGED, EARLY_FIRST_BLOCK)),
             (_decode_loader, (loads, BLOCK_N, NUM_STAGES, PAGED, EARLY_FIRST_BLOCK)),

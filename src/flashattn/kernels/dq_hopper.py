@@ -17,18 +17,21 @@ tensor cores.
 
 The tiles and their order are the forward's (``forward_hopper._tile_plan``): L2 sections of heads, row tiles
 fastest inside a section, the longest causal rows first. Query rows outside the sequence read lse = +inf, so their
-P (and dS) is 0 whatever the tile holds there; keys past the sequence are masked in the last block. Limits,
+P (and dS) is 0 whatever the tile holds there; keys past the sequence are masked in the last block, and their K and V
+rows read zeros (dense) or are zeroed by the loader (packed), as 0 x NaN would reach dS K and dO V^T. Limits,
 checked by the launcher (``launch.backward.hopper_dq_fits``): the forward's, with dO read like Q and a contiguous
 lse.
 """
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
 from .forward_hopper import (
     ROWS_PER_WARPGROUP,
     _tile_plan,
+    copy_rows,
+    counts_sequences,
     key_ring,
     load_key_block,
     load_key_block_within,
@@ -36,6 +39,7 @@ from .forward_hopper import (
     rows_in_sequence,
     store_rows,
     store_rows_through,
+    tile_layout_of,
     visible_keys,
     wgmma_layout,
 )
@@ -49,23 +53,25 @@ def _load_partition(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_
                     batch_heads, heads_per_section, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                     NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, IS_VARLEN: gl.constexpr,
                     NUM_CONSUMERS: gl.constexpr):
-    head, head_k, q_start, k_start, _, tile_seqlen_k, _, tile_row, _, n_blocks = _tile_plan(
+    batch, head, head_k, q_start, k_start, _, tile_seqlen_k, _, tile_row, _, n_blocks = _tile_plan(
         gl.program_id(0), row_tiles, batch_heads, heads_per_section, nheads, group_size, CuSeqlensQ, CuSeqlensK,
         seqlen_q, seqlen_k, 0, 0, BLOCK_N, CAUSAL, IS_VARLEN, NUM_CONSUMERS)
     mbarrier.expect(rows_ready, NUM_CONSUMERS * (q_desc.block_type.nbytes + do_desc.block_type.nbytes))
     for c in gl.static_range(NUM_CONSUMERS):
-        row = q_start + tile_row + c * ROWS_PER_WARPGROUP
-        tma.async_copy_global_to_shared(q_desc, [row, head * HEAD_DIM], rows_ready, q_smem.index(c))
-        tma.async_copy_global_to_shared(do_desc, [row, head * HEAD_DIM], rows_ready, do_smem.index(c))
-    # blocks inside the sequence, then at most one that runs past its last key (its K and V rows there zeroed)
-    n_inside = gl.minimum(n_blocks, tile_seqlen_k // BLOCK_N)
+        row = tile_row + c * ROWS_PER_WARPGROUP
+        copy_rows(q_desc, batch, q_start, row, head * HEAD_DIM, rows_ready, q_smem.index(c))
+        copy_rows(do_desc, batch, q_start, row, head * HEAD_DIM, rows_ready, do_smem.index(c))
+    # blocks inside the sequence, then at most one that runs past its last key: through token descriptors its K
+    # and V rows there are zeroed, through sequence descriptors they read zeros
+    bounded: gl.constexpr = counts_sequences(k_desc.block_type.shape)
+    n_inside = n_blocks if bounded else gl.minimum(n_blocks, tile_seqlen_k // BLOCK_N)
     for j in range(n_inside):
-        load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, j, k_start + j * BLOCK_N,
-                       head_k * HEAD_DIM, NUM_STAGES)
-    if n_blocks > n_inside:
+        load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, j, batch, k_start,
+                       j * BLOCK_N, head_k * HEAD_DIM, NUM_STAGES)
+    if not bounded and n_blocks > n_inside:
         load_key_block_within(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, n_inside,
-                              k_start + n_inside * BLOCK_N, head_k * HEAD_DIM, tile_seqlen_k - n_inside * BLOCK_N,
-                              landed, 0, NUM_STAGES, True)
+                              k_start + n_inside * BLOCK_N, head_k * HEAD_DIM,
+                              tile_seqlen_k - n_inside * BLOCK_N, landed, 0, NUM_STAGES, True)
 
 
 @gluon.jit
@@ -137,7 +143,7 @@ def _consumer_partition(q_smem, do_smem, k_bufs, v_bufs, rows_ready, k_ready, v_
                         NUM_CONSUMERS: gl.constexpr, STORE_THROUGH_Q: gl.constexpr):
     s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
     acc_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
-    head, _, q_start, _, tile_seqlen_q, tile_seqlen_k, lse_row, tile_row, n_full, n_blocks = _tile_plan(
+    _, head, _, q_start, _, tile_seqlen_q, tile_seqlen_k, lse_row, tile_row, n_full, n_blocks = _tile_plan(
         gl.program_id(0), row_tiles, batch_heads, heads_per_section, nheads, group_size, CuSeqlensQ, CuSeqlensK,
         seqlen_q, seqlen_k, stride_lb, stride_lh, BLOCK_N, CAUSAL, IS_VARLEN, NUM_CONSUMERS)
     first_row = tile_row + WARP_GROUP * ROWS_PER_WARPGROUP  # within the sequence
@@ -176,17 +182,19 @@ def dq_hopper_kernel(
     LOADER_REGISTERS: gl.constexpr, STORE_THROUGH_Q: gl.constexpr,
 ):
     """dQ of NUM_CONSUMERS x 64 query rows a program (2 or 3 consumer warpgroups): ``row_tiles`` per (sequence,
-    head), ``batch_heads`` of those, one program each. The descriptors are the forward's: q_desc / do_desc over
-    (tokens, nheads * HEAD_DIM) in (64, HEAD_DIM) blocks, k_desc / v_desc over (tokens, nheads_k * HEAD_DIM) in
-    (BLOCK_N, HEAD_DIM) blocks. Lse and Delta: (batch, nheads, seqlen_q) dense, (nheads, total_q) varlen, last
-    stride 1. DQ: token stride stride_dqm, head stride stride_dqh. dQ is stored 16 bytes a thread, its layout
-    converted through scratch shared memory (``forward_hopper.store_rows``) or, with ``STORE_THROUGH_Q`` (no room for
-    the scratch beside the ring, Q and dO), through each consumer's own Q tile (``store_rows_through``)."""
+    head), ``batch_heads`` of those, one program each. The descriptors are the forward's (dense: sequence
+    descriptors; varlen: over the tokens): q_desc / do_desc over nheads * HEAD_DIM columns in 64-row blocks, k_desc /
+    v_desc over nheads_k * HEAD_DIM columns in BLOCK_N-row blocks. Lse and Delta: (batch, nheads, seqlen_q) dense,
+    (nheads, total_q) varlen, last stride 1. DQ: token stride stride_dqm, head stride stride_dqh. dQ is stored 16
+    bytes a thread, its layout converted through scratch shared memory (``forward_hopper.store_rows``) or, with
+    ``STORE_THROUGH_Q`` (no room for the scratch beside the ring, Q and dO), through each consumer's own Q tile
+    (``store_rows_through``)."""
     gl.static_assert(NUM_STAGES >= 2, "K is held until the next block's products are issued: two stages at least")
     gl.static_assert(NUM_CONSUMERS == 2 or NUM_CONSUMERS == 3, "two or three consumer warpgroups")
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONSUMERS, ROWS_PER_WARPGROUP, HEAD_DIM], q_desc.layout)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONSUMERS, ROWS_PER_WARPGROUP, HEAD_DIM],
+                                       tile_layout_of(q_desc.layout))
     do_smem = gl.allocate_shared_memory(do_desc.dtype, [NUM_CONSUMERS, ROWS_PER_WARPGROUP, HEAD_DIM],
-                                        do_desc.layout)
+                                        tile_layout_of(do_desc.layout))
     # every consumer releases a stage's V after its dP, then its K after its dS K
     k_bufs, v_bufs, k_ready, v_ready, k_free, v_free = key_ring(k_desc, v_desc, HEAD_DIM, BLOCK_N, NUM_STAGES,
                                                                 NUM_CONSUMERS)

@@ -109,7 +109,7 @@ def _load_partition(q_desc, k_desc, vt_desc, q_smem, k_bufs, v_bufs, q_ready, q_
     while tile_id < total_tiles:
         # taken now, read after this tile's loads are issued: the counter's round trip hides behind them
         next_tile = _next_tile(tile_id, TileCounter, DYNAMIC_TILES)
-        head, head_k, q_start, k_start, _, _, _, tile_row, _, n_blocks = _tile_plan(
+        _, head, head_k, q_start, k_start, _, _, _, tile_row, _, n_blocks = _tile_plan(
             tile_id, row_tiles, batch_heads, heads_per_section, nheads, group_size, 0, 0, seqlen_q, seqlen_k, 0, 0,
             BLOCK_N, CAUSAL, False, NUM_CONSUMERS)
         vt_row = ((k_start // seqlen_k) * nheads_k + head_k) * HEAD_DIM
@@ -304,7 +304,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
     mbarrier.wait(q_ready.index(0), 0)
     tile_id = read_tile(tile_slot.index(0))
     while tile_id < total_tiles:
-        head, head_k, q_start, _, _, _, lse_row, tile_row, n_full, n_blocks = _tile_plan(
+        _, head, head_k, q_start, _, _, _, lse_row, tile_row, n_full, n_blocks = _tile_plan(
             tile_id, row_tiles, batch_heads, heads_per_section, nheads, group_size, 0, 0, seqlen_q, seqlen_k,
             stride_lb, stride_lh, BLOCK_N, CAUSAL, False, NUM_CONSUMERS)
         batch = q_start // seqlen_q

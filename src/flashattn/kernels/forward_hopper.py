@@ -23,9 +23,11 @@ docs/perf-notes.md).
 Triton's own warp specialization (``tl.range(..., warp_specialize=True)``) does not split our loop this way
 (docs/perf-notes.md); Gluon states the partitions, barriers and waits explicitly.
 
-Q, K and V are read through 2-D descriptors over (tokens, heads * head_dim), so a tile may run into a
-neighbouring sequence's rows: scores of keys past the sequence are masked, query rows outside it are never
-stored.
+A dense call reads Q, K and V through 3-D descriptors over (batch, seqlen, heads * head_dim), whose boxes read
+zeros past a sequence's end (``copy_rows``). A packed call's descriptors span (tokens, heads * head_dim), so a tile
+may run into a neighbouring sequence's rows: query rows outside the sequence are never stored, scores of keys past
+it are masked, and the loader zeroes the values past it (``load_key_block_within``), whose NaN or inf would
+otherwise reach P V as 0 x NaN.
 Limits, checked by the launcher: head dims 64, 128 and 256 with no padding; causal or no mask; no dropout,
 softcap, ALiBi or SDPA mask; 16-bit inputs.
 """
@@ -42,6 +44,35 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 LOG2E = gl.constexpr(1.4426950408889634)
 ROWS_PER_WARPGROUP = gl.constexpr(64)  # wgmma's M per warpgroup
+
+
+@gluon.constexpr_function
+def counts_sequences(block_shape):
+    """Whether a descriptor of this box reads a dense tensor as (batch, seqlen, columns): a (1, rows, columns) box
+    (``launch.common.sequence_descriptor``), not a (rows, columns) one over the tokens."""
+    return len(block_shape) == 3
+
+
+@gluon.constexpr_function
+def tile_layout_of(layout):
+    """The (rows, columns) shared layout of a descriptor's tiles: a sequence descriptor's (1, rows, columns) box
+    lands in a 2-D tile of the same swizzle, which wgmma reads."""
+    if layout.rank == 2:
+        return layout
+    return gl.NVMMASharedLayout(layout.swizzle_byte_width, layout.element_bitwidth, 2, layout.transposed,
+                                layout.fp4_padded)
+
+
+@gluon.jit
+def copy_rows(desc, sequence, start, row, column, barrier, dst):
+    """A TMA copy of a sequence's rows [row, row + dst's rows) at ``column`` into the 2-D tile ``dst``, counted on
+    ``barrier``: from a sequence descriptor at (``sequence``, ``row``), rows outside the sequence reading zeros;
+    from a token descriptor at token ``start + row``, rows outside the sequence reading its neighbours' tokens."""
+    if counts_sequences(desc.block_type.shape):
+        tma.async_copy_global_to_shared(desc, [sequence, row, column], barrier,
+                                        dst.reshape([1, dst.shape[0], dst.shape[1]]))
+    else:
+        tma.async_copy_global_to_shared(desc, [start + row, column], barrier, dst)
 
 
 @gluon.constexpr_function
@@ -139,7 +170,8 @@ def section_tile(tile_id, tiles_per_pair, pairs, pairs_per_section):
 def _tile_plan(tile_id, row_tiles, batch_heads, heads_per_section, nheads, group_size, CuSeqlensQ, CuSeqlensK,
                seqlen_q, seqlen_k, stride_lb, stride_lh, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                IS_VARLEN: gl.constexpr, NUM_CONSUMERS: gl.constexpr):
-    """Where tile ``tile_id`` reads and writes, and its key blocks: every partition derives the same plan.
+    """Where tile ``tile_id`` reads and writes (its sequence, head, the sequence's first rows in the tokens and
+    its lengths), and its key blocks: every partition derives the same plan.
 
     The (sequence, head) pairs are cut into sections of ``heads_per_section``, whose K and V fit in L2
     together (the launcher sizes them). Tiles run section by section, so the programs in flight read the K and
@@ -183,7 +215,7 @@ def _tile_plan(tile_id, row_tiles, batch_heads, heads_per_section, nheads, group
     has_rows = (tile_row < seqlen_q) & (tile_row + tile_rows > 0)
     n_blocks = gl.where(has_rows, gl.cdiv(gl.maximum(key_end, 0), BLOCK_N), 0)
     n_full = gl.minimum(gl.maximum(full_end, 0) // BLOCK_N, n_blocks)
-    return head, head // group_size, q_start, k_start, seqlen_q, seqlen_k, lse_row, tile_row, n_full, n_blocks
+    return batch, head, head // group_size, q_start, k_start, seqlen_q, seqlen_k, lse_row, tile_row, n_full, n_blocks
 
 
 @gluon.jit
@@ -258,7 +290,7 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_f
     while tile_id < total_tiles:
         # taken now, read after this tile's loads are issued: the counter's round trip hides behind them
         next_tile = _next_tile(tile_id, TileCounter, DYNAMIC_TILES)
-        head, head_k, q_start, k_start, tile_seqlen_q, tile_seqlen_k, _, tile_row, _, n_blocks = _tile_plan(
+        batch, head, head_k, q_start, k_start, tile_seqlen_q, tile_seqlen_k, _, tile_row, _, n_blocks = _tile_plan(
             tile_id, row_tiles, batch_heads, heads_per_section, nheads, group_size, CuSeqlensQ, CuSeqlensK, seqlen_q,
             seqlen_k, 0, 0, BLOCK_N, CAUSAL, IS_VARLEN, NUM_CONSUMERS)
         if tile_has_rows(tile_row, tile_seqlen_q, NUM_CONSUMERS, IS_VARLEN):
@@ -268,19 +300,20 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_f
             _publish_tile(tile_slot.index(slot), tile_id)
             mbarrier.expect(q_ready.index(slot), NUM_CONSUMERS * q_desc.block_type.nbytes)
             for c in gl.static_range(NUM_CONSUMERS):
-                tma.async_copy_global_to_shared(q_desc,
-                                                [q_start + tile_row + c * ROWS_PER_WARPGROUP, head * HEAD_DIM],
-                                                q_ready.index(slot), q_smem.index(slot * NUM_CONSUMERS + c))
-            # blocks inside the sequence, then at most one that runs past its last key
-            n_inside = gl.minimum(n_blocks, tile_seqlen_k // BLOCK_N)
+                copy_rows(q_desc, batch, q_start, tile_row + c * ROWS_PER_WARPGROUP, head * HEAD_DIM,
+                          q_ready.index(slot), q_smem.index(slot * NUM_CONSUMERS + c))
+            # blocks inside the sequence, then at most one that runs past its last key: a token descriptor's needs
+            # its rows past the sequence zeroed, a sequence descriptor's reads zeros there
+            bounded: gl.constexpr = counts_sequences(k_desc.block_type.shape)
+            n_inside = n_blocks if bounded else gl.minimum(n_blocks, tile_seqlen_k // BLOCK_N)
             for j in range(n_inside):
-                load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, ring + j,
-                               k_start + j * BLOCK_N, head_k * HEAD_DIM, NUM_STAGES)
-            if n_blocks > n_inside:
+                load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, ring + j, batch,
+                               k_start, j * BLOCK_N, head_k * HEAD_DIM, NUM_STAGES)
+            if not bounded and n_blocks > n_inside:
                 load_key_block_within(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free,
                                       ring + n_inside, k_start + n_inside * BLOCK_N, head_k * HEAD_DIM,
-                                      tile_seqlen_k - n_inside * BLOCK_N, landed, partial_blocks & 1, NUM_STAGES,
-                                      False)
+                                      tile_seqlen_k - n_inside * BLOCK_N, landed, partial_blocks & 1,
+                                      NUM_STAGES, False)
                 partial_blocks += 1
             ring += n_blocks
             rounds += 1
@@ -297,7 +330,7 @@ def q_ring(q_desc, HEAD_DIM: gl.constexpr, Q_BUFFERS: gl.constexpr, CONSUMERS: g
     """The forwards' Q buffers (each consumer's 64 rows, ``Q_BUFFERS`` tiles), their ready and free barriers (every
     consumer releases Q) and the slots through which the loader hands each buffer's tile number to the consumers."""
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [Q_BUFFERS * CONSUMERS, ROWS_PER_WARPGROUP, HEAD_DIM],
-                                       q_desc.layout)
+                                       tile_layout_of(q_desc.layout))
     q_ready = gl.allocate_shared_memory(gl.int64, [Q_BUFFERS, 1], mbarrier.MBarrierLayout())
     q_free = gl.allocate_shared_memory(gl.int64, [Q_BUFFERS, 1], mbarrier.MBarrierLayout())
     tile_slot = gl.allocate_shared_memory(gl.int32, [Q_BUFFERS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
@@ -313,9 +346,9 @@ def key_ring(k_desc, v_desc, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_
     """The ring of K and V stages and their barriers, the forward's and the dQ kernel's: a stage's K and V each land
     behind a ready barrier (the loader's expect) and are refilled once every consumer has arrived on its free one.
     A V stage takes v_desc's tile: (BLOCK_N, HEAD_DIM), or the FP8 forward's V^T tile (HEAD_DIM, BLOCK_N)."""
-    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [NUM_STAGES, v_desc.block_type.shape[0],
-                                                      v_desc.block_type.shape[1]], v_desc.layout)
+    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], tile_layout_of(k_desc.layout))
+    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [NUM_STAGES, v_desc.block_type.shape[-2],
+                                                      v_desc.block_type.shape[-1]], tile_layout_of(v_desc.layout))
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     k_free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -329,31 +362,31 @@ def key_ring(k_desc, v_desc, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_
 
 
 @gluon.jit
-def load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, position, row, column,
-                   NUM_STAGES: gl.constexpr):
-    """K and V rows [row, row + block) at ``column`` into the ring's stage of key block ``position`` (the blocks
-    loaded so far), each once the consumers have released that stage's last K or V. The forward's and the dQ
-    kernel's loaders."""
+def load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, position, sequence, start, row,
+                   column, NUM_STAGES: gl.constexpr):
+    """A sequence's K and V rows [row, row + block) at ``column`` (``copy_rows``) into the ring's stage of key block
+    ``position`` (the blocks loaded so far), each once the consumers have released that stage's last K or V. The
+    forward's and the dQ kernel's loaders."""
     stage = position % NUM_STAGES
     phase = (position // NUM_STAGES) & 1
     # a fresh barrier passes a wait on the phase before its first: the first round does not wait
     mbarrier.wait(k_free.index(stage), phase ^ 1)
     mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [row, column], k_ready.index(stage), k_bufs.index(stage))
+    copy_rows(k_desc, sequence, start, row, column, k_ready.index(stage), k_bufs.index(stage))
     mbarrier.wait(v_free.index(stage), phase ^ 1)
     mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(v_desc, [row, column], v_ready.index(stage), v_bufs.index(stage))
+    copy_rows(v_desc, sequence, start, row, column, v_ready.index(stage), v_bufs.index(stage))
 
 
 @gluon.jit
 def load_key_block_within(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, position, row, column,
                           keys, landed, landed_phase, NUM_STAGES: gl.constexpr, ZERO_KEYS: gl.constexpr):
-    """``load_key_block`` for a block of which only the first ``keys`` rows belong to the sequence: the rest of the
-    TMA box holds the next sequence's rows, whose NaN or inf would reach a product as 0 x NaN however the scores are
-    masked: P V in the forward (V), dS K and dO V^T in the dQ kernel (K too: ``ZERO_KEYS``). Those tiles land behind
-    the loader's own barrier ``landed`` (``landed_phase``: its uses so far, mod 2); the loader zeroes their rows past
-    ``keys`` and then releases them to the consumers through their ready barriers. Its wait costs the loader one copy's
-    latency, once a sequence's last block."""
+    """``load_key_block`` through token descriptors for a block of which only the first ``keys`` rows belong to the
+    sequence: the rest of the TMA box holds the next sequence's rows, whose NaN or inf would reach a product as
+    0 x NaN however the scores are masked: P V in the forward (V), dS K and dO V^T in the dQ kernel (K too:
+    ``ZERO_KEYS``). Those tiles land behind the loader's own barrier ``landed`` (``landed_phase``: its uses so far,
+    mod 2); the loader zeroes their rows past ``keys`` and then releases them to the consumers through their ready
+    barriers. Its wait costs the loader one copy's latency, once a sequence's last block."""
     stage = position % NUM_STAGES
     phase = (position // NUM_STAGES) & 1
     mbarrier.wait(k_free.index(stage), phase ^ 1)
@@ -369,8 +402,8 @@ def load_key_block_within(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_fr
     tma.async_copy_global_to_shared(v_desc, [row, column], landed, v_bufs.index(stage))
     mbarrier.wait(landed, landed_phase)
     if ZERO_KEYS:
-        zero_rows_from(k_bufs.index(stage), keys)
-    zero_rows_from(v_bufs.index(stage), keys)
+        zero_rows_from(k_bufs.index(stage), keys, 64)
+    zero_rows_from(v_bufs.index(stage), keys, 64)
     fence_async_shared()  # the stores, made through the generic proxy, before wgmma reads them
     gl.thread_barrier()  # every lane's stores before the arrivals (issued by the partition's first thread)
     if ZERO_KEYS:
@@ -379,16 +412,21 @@ def load_key_block_within(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_fr
 
 
 @gluon.jit
-def zero_rows_from(tile, first):
-    """Rows [first, rows) of a (rows, columns) shared-memory tile set to zero by one warp, 8 rows by at most 64
-    columns at a time (the loader's 24 registers); chunks wholly before ``first`` are left alone."""
+def zero_rows_from(tile, first, CHUNK_COLUMNS: gl.constexpr):
+    """Rows [first, rows) of a (rows, columns) shared-memory tile set to zero by one warp, 8 rows by at most
+    ``CHUNK_COLUMNS`` columns at a time (what the loader's registers hold). Chunks wholly past ``first`` are stored
+    zeros, with no load to wait for; the one that ``first`` cuts keeps its rows before it; those wholly before are left
+    alone."""
     ROWS: gl.constexpr = tile.shape[0]
     COLUMNS: gl.constexpr = tile.shape[1]
-    CHUNK: gl.constexpr = 64 if COLUMNS > 64 else COLUMNS
+    CHUNK: gl.constexpr = CHUNK_COLUMNS if COLUMNS > CHUNK_COLUMNS else COLUMNS
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [1, 1], [1, 0])
     zeros = gl.zeros([8, CHUNK], tile.dtype, layout)
     for r in gl.static_range(0, ROWS, 8):
-        if r + 8 > first:
+        if r >= first:
+            for c in gl.static_range(0, COLUMNS, CHUNK):
+                tile.slice(r, 8, dim=0).slice(c, CHUNK, dim=1).store(zeros)
+        elif r + 8 > first:
             past = (r + gl.arange(0, 8, gl.SliceLayout(1, layout)) >= first)[:, None]
             for c in gl.static_range(0, COLUMNS, CHUNK):
                 chunk = tile.slice(r, 8, dim=0).slice(c, CHUNK, dim=1)
@@ -680,12 +718,13 @@ def half_tails(is_varlen, causal, block_n, num_consumers):
 
 @gluon.jit
 def _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, ring, m_i, l_i, acc, rows, lo, hi,
-                release_q, seqlen_q, seqlen_k, qk_scale_log2,
+                release_q, seqlen_q, seqlen_k, qk_scale_log2, zeroed,
                 BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                MASKED: gl.constexpr):
+                MASKED: gl.constexpr, ZEROED: gl.constexpr):
     """Key blocks [lo, hi) of one consumer's 64 rows as one run (the decode kernel's loop). ``ring``: the blocks of
     earlier runs (the ring's position). ``release_q``: these are the consumer's last blocks, so it releases Q once
-    their last Q K^T has completed, before the last P V."""
+    their last Q K^T has completed, before the last P V. ``ZEROED``: the run's last block is a sequence's partly
+    filled one, whose P V waits for the loader's zeroing of the values past the sequence (barrier ``zeroed``)."""
     s_zero = gl.zeros([ROWS_PER_WARPGROUP, BLOCK_N], gl.float32, wgmma_layout(BLOCK_N))
     if hi > lo:
         stage, phase, m_i, l_i, acc, p_op = _first_block(
@@ -698,6 +737,8 @@ def _key_blocks(q, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, q_free, rin
                 False, None)
         if release_q:
             mbarrier.arrive(q_free, count=1)
+        if ZEROED:
+            mbarrier.wait(zeroed, 0)
         acc = _last_product(v_bufs, v_ready, v_free, stage, phase, acc, p_op, False)
     elif release_q:
         mbarrier.arrive(q_free, count=1)  # no block at all: Q was never read
@@ -786,7 +827,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_read
     mbarrier.wait(q_ready.index(0), 0)
     tile_id = read_tile(tile_slot.index(0))
     while tile_id < total_tiles:
-        head, _, q_start, _, tile_seqlen_q, tile_seqlen_k, lse_row, tile_row, n_full, n_blocks = _tile_plan(
+        _, head, _, q_start, _, tile_seqlen_q, tile_seqlen_k, lse_row, tile_row, n_full, n_blocks = _tile_plan(
             tile_id, row_tiles, batch_heads, heads_per_section, nheads, group_size, CuSeqlensQ, CuSeqlensK, seqlen_q,
             seqlen_k, stride_lb, stride_lh, BLOCK_N, CAUSAL, IS_VARLEN, NUM_CONSUMERS)
         slot = rounds % Q_BUFFERS
@@ -843,9 +884,9 @@ def attention_forward_hopper_kernel(
 ):
     """Tiles of NUM_CONSUMERS x 64 query rows (2 or 3 consumer warpgroups), ``row_tiles`` per (sequence, head)
     and ``batch_heads`` of those; program p computes tile p first, then (persistent, when the grid is smaller than
-    the tiles) the ones its loader takes (``_next_tile``). Dense: q_desc spans (batch * seqlen_q, nheads *
-    HEAD_DIM), k/v_desc (batch * seqlen_k, nheads_k * HEAD_DIM); varlen: the packed tokens, sequence b's rows from
-    CuSeqlens[b].
+    the tiles) the ones its loader takes (``_next_tile``). Dense: q_desc spans (batch, seqlen_q, nheads *
+    HEAD_DIM), k/v_desc (batch, seqlen_k, nheads_k * HEAD_DIM); varlen: (tokens, heads * HEAD_DIM) over the packed
+    tokens, sequence b's rows from CuSeqlens[b].
     Lse: (batch, nheads, seqlen_q) dense, (nheads, total_q) varlen. TileCounter: one int32, zero at launch, with
     ``DYNAMIC_TILES`` (``_next_tile``). O is stored 16 bytes a thread, its layout converted through
     scratch shared memory (``store_rows``) or, with ``STORE_THROUGH_Q`` (tiles whose shared memory leaves no room for

@@ -24,11 +24,11 @@ from .common import (
     kernel_scalars,
     last_dim_contiguous,
     mask_arguments,
+    rows_descriptors,
     sm_count,
     strides,
     tma_compatible,
     tma_loads,
-    token_descriptor,
     token_rows,
 )
 from .forward import (
@@ -73,8 +73,7 @@ def _hopper_dkdv(q, k, v, dout, lse, delta, dk, dv, opts: AttentionOptions, conf
     plan = (batch * nheads_k, l2_section_units(batch * nheads_k, group_bytes, configs.HOPPER_L2_SECTION_BYTES))
     launch(
         kernel, (programs,),
-        token_descriptor(q, config.block_m), token_descriptor(k, keys), token_descriptor(v, keys),
-        token_descriptor(dout, config.block_m),
+        *rows_descriptors((q, config.block_m), (k, keys), (v, keys), (dout, config.block_m)),
         lse, delta, dk, dv, *dq_arguments, dk.stride(0), dk.stride(1), dk.stride(2),
         seqlen_q, seqlen_k, nheads, nheads_k, key_blocks, *plan, opts.softmax_scale, opts.softmax_scale * LOG2E,
         **hopper_dkdv_constexprs(config, head_dim, opts.window_right == 0), num_warps=4,
@@ -108,9 +107,8 @@ def _hopper_dq(q, k, v, dout, lse, delta, dq, layout: Layout, config: configs.Ti
     _, stride_dqm, stride_dqh = strides(dq)
     launch(
         dq_hopper_kernel, (tiles,),
-        token_descriptor(q, 64), token_descriptor(k, config.block_n), token_descriptor(v, config.block_n),
-        token_descriptor(dout, 64), dq, lse, delta, *layout.cu_seqlens,
-        stride_dqm, stride_dqh, *plan, opts.softmax_scale, opts.softmax_scale * LOG2E,
+        *rows_descriptors((q, 64), (k, config.block_n), (v, config.block_n), (dout, 64)), dq, lse, delta,
+        *layout.cu_seqlens, stride_dqm, stride_dqh, *plan, opts.softmax_scale, opts.softmax_scale * LOG2E,
         **hopper_dq_constexprs(config, head_dim, opts.window_right == 0, layout.is_varlen), num_warps=4,
     )
 

@@ -175,14 +175,16 @@ def token_rows(x: torch.Tensor) -> int | None:
 
 
 @functools.cache
-def tile_layout(block_rows: int, head_dim: int, dtype: torch.dtype):
-    """The shared-memory layout of one (block_rows, head_dim) tile (head_dim: its contiguous columns): built once,
-    as it costs about 6 us of host time, a third of a short forward call's descriptor work."""
+def tile_layout(block_rows: int, head_dim: int, dtype: torch.dtype, sequences: bool = False):
+    """The shared-memory layout of one (block_rows, head_dim) tile (head_dim: its contiguous columns), or with
+    ``sequences`` of the (1, block_rows, head_dim) box of a sequence descriptor: built once, as it costs about 6 us
+    of host time, a third of a short forward call's descriptor work."""
     from triton.experimental.gluon import language as gl
 
     element = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float8_e4m3fn: gl.float8e4nv,
                torch.float32: gl.float32}[dtype]
-    return gl.NVMMASharedLayout.get_default_for([block_rows, head_dim], element)
+    return gl.NVMMASharedLayout.get_default_for([1, block_rows, head_dim] if sequences else [block_rows, head_dim],
+                                                element)
 
 
 def token_count(x: torch.Tensor) -> int:
@@ -198,6 +200,24 @@ def token_descriptor(x: torch.Tensor, block_rows: int):
     head_dim = x.shape[-1]
     return TensorDescriptor(x, [token_count(x), x.shape[-2] * head_dim], [x.stride(-3), 1], [block_rows, head_dim],
                             tile_layout(block_rows, head_dim, x.dtype))
+
+
+def sequence_descriptor(x: torch.Tensor, block_rows: int):
+    """A host-side TMA descriptor of dense (B, S, H, D) ``x`` as (batch, seqlen, heads * head_dim), one head's
+    columns of one sequence per block. A box that runs past a sequence's last token (or starts before its first)
+    reads zeros there, not the neighbouring sequence's rows, whose NaN or inf would reach a product as 0 x NaN
+    however the scores are masked. The head stride is ``head_dim`` (``token_rows(x)`` is not None)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    batch, seqlen, heads, head_dim = x.shape
+    return TensorDescriptor(x, [batch, seqlen, heads * head_dim], [x.stride(0), x.stride(1), 1],
+                            [1, block_rows, head_dim], tile_layout(block_rows, head_dim, x.dtype, sequences=True))
+
+
+def rows_descriptors(*tiles: tuple[torch.Tensor, int]) -> list:
+    """A descriptor for each (tensor, block rows) in ``tiles``: sequence descriptors for dense tensors, token
+    descriptors for packed ones, where the kernels bound a sequence's rows themselves."""
+    return [sequence_descriptor(x, rows) if x.dim() == 4 else token_descriptor(x, rows) for x, rows in tiles]
 
 
 @functools.cache

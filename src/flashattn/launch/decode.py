@@ -21,6 +21,7 @@ from .common import (
     last_dim_contiguous,
     peak_memory_bandwidth,
     processor_count,
+    sequence_descriptor,
     tile_layout,
     token_descriptor,
 )
@@ -167,7 +168,7 @@ def _hopper_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_ne
     k_desc, v_desc = token_descriptor(k_cache, block_n), token_descriptor(v_cache, block_n)
     if k_new is not None:
         k_new, v_new = k_new.contiguous(), v_new.contiguous()  # whole rows for their descriptors
-        kn_desc, vn_desc = token_descriptor(k_new, block_n), token_descriptor(v_new, block_n)
+        kn_desc, vn_desc = sequence_descriptor(k_new, block_n), sequence_descriptor(v_new, block_n)
         new_keys, extra_keys = k_new.shape[1], 0
     else:
         k_new, v_new, kn_desc, vn_desc, new_keys = k_cache, v_cache, k_desc, v_desc, 0  # never read
@@ -180,7 +181,7 @@ def _hopper_attention(q, k_cache, v_cache, cache_seqlens, block_table, seqlen_ne
         block_table.stride(0) if block_table is not None else 0,
         nheads, nheads_k, capacity, num_splits, new_keys, extra_keys, geometry["page_size"], geometry["num_blocks"],
         int(record_faults), opts.softmax_scale * LOG2E,
-        HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_STAGES=stages, LOADER_REGISTERS=configs.HOPPER_LOADER_REGISTERS,
+        HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_STAGES=stages, LOADER_REGISTERS=configs.HOPPER_DECODE_LOADER_REGISTERS,
         NEW_KEYS=configs.next_power_of_2(new_keys) if new_keys else 0, PAGED=block_table is not None,
         QUERY_ROWS=query_rows, CONSUMERS=configs.hopper_decode_consumers(query_rows, stages),
         CONSUMER_REGISTERS=configs.HOPPER_DECODE_CONSUMER_REGISTERS,

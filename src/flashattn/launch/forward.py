@@ -20,11 +20,11 @@ from .common import (
     kernel_scalars,
     last_dim_contiguous,
     mask_arguments,
+    rows_descriptors,
     sm_count,
     strides,
     tma_compatible,
     token_count,
-    token_descriptor,
     token_rows,
 )
 from .launcher import launch
@@ -142,8 +142,8 @@ def _hopper_forward(q, k, v, out, lse, layout: Layout, config: configs.TileConfi
     _, stride_om, stride_oh = strides(out)
     launch(
         attention_forward_hopper_kernel, (programs,),
-        token_descriptor(q, 64), token_descriptor(k, config.block_n),
-        token_descriptor(v, config.block_n), out, lse, *layout.cu_seqlens, tile_counter,
+        *rows_descriptors((q, 64), (k, config.block_n), (v, config.block_n)), out, lse, *layout.cu_seqlens,
+        tile_counter,
         stride_om, stride_oh, *plan, opts.softmax_scale * LOG2E, **constexprs, num_warps=4,
     )
 
