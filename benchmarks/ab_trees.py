@@ -4,6 +4,9 @@
     python benchmarks/ab_trees.py /tmp/tree-a /tmp/tree-b            # folders that hold a src/
     python benchmarks/ab_trees.py main HEAD --cases "fwd d128 b4 s4000 h16" "decode d128 b4 c8192 h32/8"
 
+(A machine whose copy of the checkout lacks its git history takes folders: ``git archive REV src | tar x -C DIR``
+where the history is, and the folders copied along.)
+
 A case is words: its kind (``fwd``, ``bwd``, ``varlen`` (a packed forward), ``decode``), then ``d`` head dim, ``b``
 batch, ``s`` sequence length, ``h`` heads (``h32/8``: 32 query heads, 8 kv heads), ``causal``; ``varlen`` takes
 ``l4000x4`` (four sequences of 4000) instead of ``b`` and ``s``; ``decode`` takes ``c`` the cache's capacity (its
