@@ -5,6 +5,8 @@
 #     PARTS=2 SHARD=1 SKIP_BENCH=1 bash benchmarks/gpu_suite.sh; then SHARD=2   # the same in two calls
 #     bash benchmarks/gpu_suite.sh                  # every test, then the benchmarks (dense, varlen, decode)
 #     SHARD=1 bash benchmarks/gpu_suite.sh ... SHARD=5   # one fifth of the tests (PARTS=5), no benchmark
+#     GPUS=2 bash benchmarks/gpu_suite.sh           # every test, in GPUS parts at once, part i on GPU i - 1 (a
+#                                                   # machine of 2 H200s: about 400 s on a cold cache); no benchmark
 # The tests run in WORKERS (default 14) pytest-xdist workers that share the GPU, compile kernels into one Triton cache
 # (a cold cache's compiles are most of a first run) and steal work from each other; the tests of one xdist_group take
 # turns (a lock file per group, tests/conftest.py), so those that take tens of GB of GPU memory (float32 references of
@@ -23,6 +25,14 @@ TESTS=${TESTS:-tests}
 mkdir -p "$OUT"
 export PYTHONPATH=src:tests PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 SHARD=${SHARD:-}
+if [ "${GPUS:-1}" -gt 1 ] && [ -z "$SHARD" ]; then
+  for part in $(seq 1 "$GPUS"); do
+    CUDA_VISIBLE_DEVICES=$((part - 1)) GPUS=1 PARTS=$GPUS SHARD=$part SKIP_BENCH=1 bash "$0" > "$OUT/part-$part.txt" 2>&1 &
+  done
+  wait
+  for part in $(seq 1 "$GPUS"); do echo "== part $part"; cat "$OUT/part-$part.txt"; done
+  exit 0
+fi
 case "$SHARD" in
   "") LOG="$OUT/suite.log" ;;
   [1-5]) LOG="$OUT/suite-$SHARD.log"; export FLASHATTN_TEST_SHARD="$SHARD/$PARTS" ;;
