@@ -350,9 +350,11 @@ def dkdv_hopper_kernel(
     CAUSAL: gl.constexpr, CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
 ):
     """dK and dV of BLOCK_N keys a program: ``key_blocks`` per (batch, kv head), one program each. q_desc / do_desc
-    span (batch * seqlen_q, nheads * HEAD_DIM) in (BLOCK_M, HEAD_DIM) blocks, k_desc / v_desc (batch * seqlen_k,
-    nheads_k * HEAD_DIM) in (BLOCK_N, HEAD_DIM) blocks. Lse and Delta: (batch, nheads, seqlen_q), contiguous. DK and
-    DV: (batch, seqlen_k, nheads_k, HEAD_DIM) with strides (stride_gb, stride_gm, stride_gh, 1)."""
+    span (batch, seqlen_q, nheads * HEAD_DIM) in (1, BLOCK_M, HEAD_DIM) boxes, k_desc / v_desc (batch, seqlen_k,
+    nheads_k * HEAD_DIM) in (1, BLOCK_N, HEAD_DIM) boxes (``launch.common.sequence_descriptor``): a block past a
+    sequence reads zeros, which the products past it (P^T dO, dS^T Q) need. Lse and Delta: (batch, nheads,
+    seqlen_q), contiguous. DK and DV: (batch, seqlen_k, nheads_k, HEAD_DIM) with strides (stride_gb, stride_gm,
+    stride_gh, 1)."""
     group_size = nheads // nheads_k
     # a stage's Q is read by S^T (dV side) and dS^T Q (dK side), its dO by dP^T (dK side) and P^T dO (dV side)
     k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_free, do_free = _streamed_buffers(
@@ -530,7 +532,7 @@ def dkdv_key_slices_kernel(
 ):
     """dK and dV of 128 keys a program, 64 on each consumer warpgroup with both of their gradients: for head dims up
     to 128, where a warpgroup holds both 64 x HEAD_DIM fp32 accumulators (128 registers a thread at hdim 128).
-    The arguments are ``dkdv_hopper_kernel``'s, with k_desc / v_desc in (128, HEAD_DIM) blocks."""
+    The arguments are ``dkdv_hopper_kernel``'s, with k_desc / v_desc in (1, 128, HEAD_DIM) boxes."""
     BLOCK_N: gl.constexpr = KEY_SLICE_PROGRAM_KEYS
     group_size = nheads // nheads_k
     # each slice reads every stage of Q and dO and releases the two together, so one barrier frees a stage: each
