@@ -10,8 +10,11 @@ where the history is, and the folders copied along.)
 A case is words: its kind (``fwd``, ``bwd``, ``varlen`` (a packed forward), ``decode``), then ``d`` head dim, ``b``
 batch, ``s`` sequence length, ``h`` heads (``h32/8``: 32 query heads, 8 kv heads), ``causal``; ``varlen`` takes
 ``l4000x4`` (four sequences of 4000) instead of ``b`` and ``s``; ``decode`` takes ``c`` the cache's capacity (its
-lengths capacity - 37, so that the last block is partly filled) and ``n`` new keys appended by the step. Without
-``--cases`` a list that covers the dense, packed, backward and decode paths at lengths on and off the block grid.
+lengths capacity - 37, so that the last block is partly filled) and ``n`` new keys appended by the step. ``fwd``,
+``bwd`` and ``varlen`` also take the options that route a call to the Triton tile: ``softcap`` (30), ``alibi``
+(slopes 2^-1 .. 2^-8 over the heads) and ``w256`` (a window of 256 keys each side; the rate counts the FLOPs of
+the unwindowed call). Without ``--cases`` a list that covers the dense, packed, backward and decode paths at lengths
+on and off the block grid.
 
 Each round runs every case in a fresh process of tree A, then of tree B, the order swapped every other round, so that
 a drift of the GPU's clocks over the run favours neither side. The table gives each side's median over the rounds
@@ -58,9 +61,12 @@ class Case:
     lengths: tuple[int, ...] = ()
     capacity: int = 0
     new_keys: int = 0
+    window: int = -1
+    softcap: bool = False
+    alibi: bool = False
 
 
-_WORD = re.compile(r"(d|b|s|c|n)(\d+)$|h(\d+)(?:/(\d+))?$|l(\d+)x(\d+)$|(causal)$")
+_WORD = re.compile(r"(d|b|s|c|n|w)(\d+)$|h(\d+)(?:/(\d+))?$|l(\d+)x(\d+)$|(causal|softcap|alibi)$")
 
 
 def parse_case(text: str) -> Case:
@@ -69,12 +75,12 @@ def parse_case(text: str) -> Case:
     if kind not in ("fwd", "bwd", "varlen", "decode"):
         raise ValueError(f"case {text!r}: the kind must be fwd, bwd, varlen or decode, not {kind!r}")
     fields: dict = {}
-    names = {"d": "head_dim", "b": "batch", "s": "seqlen", "c": "capacity", "n": "new_keys"}
+    names = {"d": "head_dim", "b": "batch", "s": "seqlen", "c": "capacity", "n": "new_keys", "w": "window"}
     for word in words:
         match = _WORD.match(word)
         if match is None:
             raise ValueError(f"case {text!r}: unknown word {word!r}")
-        letter, number, heads, kv_heads, length, count, causal = match.groups()
+        letter, number, heads, kv_heads, length, count, flag = match.groups()
         if letter:
             fields[names[letter]] = int(number)
         elif heads:
@@ -83,12 +89,15 @@ def parse_case(text: str) -> Case:
         elif length:
             fields["lengths"] = (int(length),) * int(count)
         else:
-            fields["causal"] = bool(causal)
+            fields[flag] = True
     if "head_dim" not in fields:
         raise ValueError(f"case {text!r}: no head dim (d...)")
     needs = {"fwd": "seqlen", "bwd": "seqlen", "varlen": "lengths", "decode": "capacity"}[kind]
     if needs not in fields:
         raise ValueError(f"case {text!r}: a {kind} case needs {needs}")
+    options = [name for name in ("window", "softcap", "alibi") if name in fields]
+    if kind == "decode" and options:
+        raise ValueError(f"case {text!r}: a decode case takes no {options[0]}")
     return Case(text, kind, **fields)
 
 
@@ -105,14 +114,21 @@ def _runner(case: Case, device):
         return torch.randn(*shape, device=device, dtype=dtype, requires_grad=grad)
 
     d = case.head_dim
+    options = {"causal": case.causal}
+    if case.window >= 0:
+        options["window_size"] = (case.window, case.window)
+    if case.softcap:
+        options["softcap"] = 30.0
+    if case.alibi:
+        options["alibi_slopes"] = torch.logspace(-1, -8, case.heads, base=2.0, device=device, dtype=torch.float32)
     if case.kind in ("fwd", "bwd"):
         backward = case.kind == "bwd"
         q = randn(case.batch, case.seqlen, case.heads, d, grad=backward)
         k, v = (randn(case.batch, case.seqlen, case.kv_heads, d, grad=backward) for _ in range(2))
         flops = forward_flops(case.batch, case.seqlen, case.seqlen, case.heads, d, case.causal)
         if not backward:
-            return (lambda: flash_attn_func(q, k, v, causal=case.causal)), flops
-        out = flash_attn_func(q, k, v, causal=case.causal)
+            return (lambda: flash_attn_func(q, k, v, **options)), flops
+        out = flash_attn_func(q, k, v, **options)
         grad = torch.randn_like(out)
         flops = backward_flops(case.batch, case.seqlen, case.seqlen, case.heads, d, case.causal)
         return (lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)), flops
@@ -123,7 +139,7 @@ def _runner(case: Case, device):
         cu = torch.tensor([0, *torch.tensor(case.lengths).cumsum(0).tolist()], device=device, dtype=torch.int32)
         longest = max(case.lengths)
         flops = sum(forward_flops(1, n, n, case.heads, d, case.causal) for n in case.lengths)
-        return (lambda: flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=case.causal)), flops
+        return (lambda: flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, **options)), flops
     k_cache, v_cache = (randn(case.batch, case.capacity, case.kv_heads, d) for _ in range(2))
     q = randn(case.batch, 1, case.heads, d)
     lengths = torch.full((case.batch,), case.capacity - 37 - case.new_keys, device=device, dtype=torch.int32)
