@@ -316,8 +316,11 @@ def table_report(phase: str, head_dim: int, causal: bool, seqlen: int, seqlen_q:
     divisible = GRID_DIVISIBLE + (("window_right",) if causal else ())
     descriptors = {}
     if phase == "forward" and config.tma:  # Q, K and V through host-side descriptors (launch.forward)
-        descriptors = {name: f"tensordesc<bf16[{rows}, {head_dim}]>" for name, rows in
+        # dense: sequence descriptors (batch, seqlen, heads * head_dim); packed: over the tokens
+        box = "{rows}, " + str(head_dim) if varlen else "1, {rows}, " + str(head_dim)
+        descriptors = {name: f"tensordesc<bf16[{box.format(rows=rows)}]>" for name, rows in
                        (("QDesc", config.block_m), ("KDesc", config.block_n), ("VDesc", config.block_n))}
+        constexprs["SEQUENCES"] = not varlen
     return compile_report(kernel, config.num_warps, config.num_stages, constexprs, maxnreg=config.max_registers,
                           divisible=divisible, descriptors=descriptors)
 

@@ -28,18 +28,18 @@ def test_short_forward_tiles_apply_only_when_the_length_is_known_and_short():
     for head_dim in (64, 128):
         short = lookup("hopper", "forward", head_dim, True, torch.bfloat16, seqlen=SHORT_SEQLEN)
         medium = lookup("hopper", "forward", head_dim, True, torch.bfloat16, seqlen=SHORT_SEQLEN + 1)
-        assert short == TileConfig(64, 64, 4, 3, tma=head_dim == 128)
+        assert short == TileConfig(64, 64, 4, 3, tma=True)
         assert medium == configs.HOPPER_FORWARD.base[(head_dim, True)]
     assert lookup("hopper", "forward", 256, True, torch.bfloat16, seqlen=512) == (
         configs.HOPPER_FORWARD.base[(256, True)])
     assert lookup("hopper", "dkdv", 128, False, torch.bfloat16, seqlen=512) == configs.HOPPER_DKDV.base[(128, False)]
 
 
-def test_every_sm90_forward_tile_takes_tma_but_short_causal_hdim_64():
+def test_every_sm90_forward_tile_takes_tma_but_shortest_causal_hdim_64():
     tables = (configs.HOPPER_FORWARD.base, configs.HOPPER_FORWARD.short, configs.HOPPER_FORWARD.shortest,
               configs.HOPPER_FORWARD.long)
     pointer_tiles = [(key, tile) for table in tables for key, tile in table.items() if not tile.tma]
-    assert pointer_tiles == [((64, True), configs.HOPPER_FORWARD.short[(64, True)])]
+    assert pointer_tiles == [((64, True), configs.HOPPER_FORWARD.shortest[(64, True)])]
 
 
 def test_shortest_causal_hdim128_forward_takes_32_key_blocks():
@@ -50,7 +50,7 @@ def test_shortest_causal_hdim128_forward_takes_32_key_blocks():
     # for a call that fits it, the Hopper kernel's persistent grid
     assert lookup("hopper", "forward", 128, True, torch.bfloat16, seqlen=SHORTEST_SEQLEN,
                   hopper=True) == configs.HOPPER_FORWARD.hopper_short[(128, True)]
-    # other head dims keep their short entries
+    # hdim 64: the short tile on pointer loads
     assert lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=SHORTEST_SEQLEN) == TileConfig(64, 64, 4, 3)
 
 

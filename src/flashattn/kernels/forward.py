@@ -39,29 +39,35 @@ def _load_paged_key_block(k_head, v_head, start_n, offs_n, offs_d, seqlen_k, pag
 
 
 @triton.jit
-def _token_tile(desc, row, head, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Rows row .. row + ROWS of one head through a host-side descriptor over the tokens: (tokens, heads * HEAD_DIM)
-    where BLOCK_D == HEAD_DIM, else (tokens, heads, HEAD_DIM), whose loads zero-fill the columns past HEAD_DIM
-    (its tile is reshaped in registers, which cost the unpadded head dims 7-20% at hdim 256)."""
-    if BLOCK_D == HEAD_DIM:
-        tile = desc.load([row, head * HEAD_DIM])
+def _token_tile(desc, base, row, head, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                SEQUENCES: tl.constexpr):
+    """Rows row .. row + ROWS of one head of sequence ``base`` (SEQUENCES: a (batch, seqlen, heads * HEAD_DIM)
+    descriptor, zero-filled past the sequence) or of the sequence whose first token is ``base`` (a descriptor over
+    the tokens: (tokens, heads * HEAD_DIM) where BLOCK_D == HEAD_DIM, else (tokens, heads, HEAD_DIM), whose loads
+    zero-fill the columns past HEAD_DIM; its tile is reshaped in registers, which cost the unpadded head dims 7-20% at
+    hdim 256)."""
+    if SEQUENCES:
+        tile = desc.load([base, row, head * HEAD_DIM]).reshape(ROWS, HEAD_DIM)
+    elif BLOCK_D == HEAD_DIM:
+        tile = desc.load([base + row, head * HEAD_DIM])
     else:
-        tile = desc.load([row, head, 0]).reshape(ROWS, BLOCK_D)
+        tile = desc.load([base + row, head, 0]).reshape(ROWS, BLOCK_D)
     return tile
 
 
 @triton.jit
 def _load_key_block(k_source, v_source, start_n, offs_n, offs_d, stride_kn, stride_vn, seqlen_k, key_row, head_k,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-                    USE_TMA: tl.constexpr):
-    """K^T and V for the keys offs_n. With USE_TMA the sources are descriptors over the tokens (``_token_tile``), the
-    sequence's first key at token ``key_row``: a masked block may run into the next sequence's keys, whose scores
-    the mask hides and whose values it zeroes (0 x NaN would carry another sequence's NaN into this one). Otherwise
-    they are base pointers, and interior blocks (MASKED false) need no bounds on the keys."""
+                    USE_TMA: tl.constexpr, SEQUENCES: tl.constexpr):
+    """K^T and V for the keys offs_n. With USE_TMA the sources are descriptors (``_token_tile``; ``key_row`` the
+    sequence, or its first key's token). Over the tokens a masked block may run into the next sequence's keys, whose
+    scores the mask hides and whose values it zeroes (0 x NaN would carry another sequence's NaN into this one); over
+    the sequences the copy reads zeros there. Otherwise they are base pointers, and interior blocks (MASKED false)
+    need no bounds on the keys."""
     if USE_TMA:
-        kt = _token_tile(k_source, key_row + start_n, head_k, BLOCK_N, HEAD_DIM, BLOCK_D).T
-        v = _token_tile(v_source, key_row + start_n, head_k, BLOCK_N, HEAD_DIM, BLOCK_D)
-        if MASKED:
+        kt = _token_tile(k_source, key_row, start_n, head_k, BLOCK_N, HEAD_DIM, BLOCK_D, SEQUENCES).T
+        v = _token_tile(v_source, key_row, start_n, head_k, BLOCK_N, HEAD_DIM, BLOCK_D, SEQUENCES)
+        if MASKED and not SEQUENCES:
             v = tl.where((offs_n < seqlen_k)[:, None], v, 0.0)
     else:
         kt, v = load_kt_v(k_source + offs_n[None, :] * stride_kn + offs_d[:, None],
@@ -85,7 +91,7 @@ def _forward_block_range(
     mask_base, stride_mask_m, stride_mask_n, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
     block_list, HAS_BLOCK_MAP: tl.constexpr,
     page_table_row, page_size, num_pages, stride_kb, stride_vb, PAGED_KV: tl.constexpr, ONE_PAGE: tl.constexpr,
-    shift, key_row, head_k,
+    shift, key_row, head_k, SEQUENCES: tl.constexpr,
 ):
     """Key blocks lo, lo + BLOCK_N, ... < hi; with HAS_BLOCK_MAP, the blocks block_list[lo:hi]."""
     offs_d = tl.arange(0, BLOCK_D)
@@ -101,7 +107,7 @@ def _forward_block_range(
                                           HEAD_DIM, BLOCK_D, MASKED, ONE_PAGE)
         else:
             kt, v = _load_key_block(k_source, v_source, start_n, offs_n, offs_d, stride_kn, stride_vn, seqlen_k,
-                                    key_row, head_k, HEAD_DIM, BLOCK_D, BLOCK_N, MASKED, USE_TMA)
+                                    key_row, head_k, HEAD_DIM, BLOCK_D, BLOCK_N, MASKED, USE_TMA, SEQUENCES)
         qk = dot(q, kt, UPCAST_DOT, DOT_PRECISION)
         acc, acc_comp, row_sum, row_max = online_softmax_step(
             acc, acc_comp, row_sum, row_max, qk, v, offs_m, offs_n, seqlen_q, seqlen_k, qk_scale, softcap_log2,
@@ -132,7 +138,7 @@ def attention_forward_kernel(
     BlockMap=None, stride_map_b=0, stride_map_h=0, stride_map_row=0, HAS_BLOCK_MAP: tl.constexpr = False,
     BlockTable=None, stride_btb=0, page_size=1, pages_per_seq=0,
     PAGED_KV: tl.constexpr = False, ONE_PAGE: tl.constexpr = False,
-    QDesc=None, KDesc=None, VDesc=None,
+    QDesc=None, KDesc=None, VDesc=None, SEQUENCES: tl.constexpr = False,
 ):
     """Dense: seqlen_q/seqlen_k are the lengths, Lse is (batch, nheads, seqlen_q). Varlen: they are the
     packed totals total_q/total_k, the batch strides are unused, and Lse is (nheads, total_q).
@@ -193,8 +199,8 @@ def attention_forward_kernel(
         v_base = V + batch.to(tl.int64) * stride_vb + head_k.to(tl.int64) * stride_vh
         o_base = Out + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh
         lse_base = Lse + bh.to(tl.int64) * seqlen_q
-        query_row = batch * seqlen_q
-        key_row = batch * seqlen_k
+        query_row = batch if SEQUENCES else batch * seqlen_q
+        key_row = batch if SEQUENCES else batch * seqlen_k
         rng_row_base = dropout_row_base(rng_offset, bh.to(tl.int64) * dropout_seqlen_q, dropout_seqlen_k, 0)
         rng_row_stride = dropout_seqlen_k
 
@@ -205,9 +211,9 @@ def attention_forward_kernel(
         row_ok = row_ok & (offs_d[None, :] < HEAD_DIM)
     # q stays in registers/SRAM for the whole loop over keys
     if USE_TMA:
-        # QDesc, KDesc, VDesc: host-side descriptors over the tokens (``_token_tile``). A tile's rows may run into
+        # QDesc, KDesc, VDesc: host-side descriptors (``_token_tile``). Over the tokens a tile's rows may run into
         # the next sequence's, whose query rows are never stored
-        q = _token_tile(QDesc, query_row + start_m, head, BLOCK_M, HEAD_DIM, BLOCK_D)
+        q = _token_tile(QDesc, query_row, start_m, head, BLOCK_M, HEAD_DIM, BLOCK_D, SEQUENCES)
         k_source = KDesc
         v_source = VDesc
     else:
@@ -241,7 +247,7 @@ def attention_forward_kernel(
             WINDOW_LEFT, WINDOW_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST_DOT, DOT_PRECISION, COMPENSATED,
             USE_TMA, DEFER_SCALE, mask_base, stride_mask_m, stride_mask_n, HAS_MASK, MASK_IS_BOOL,
             block_list, HAS_BLOCK_MAP, page_table_row, page_size, num_pages, stride_kb, stride_vb, PAGED_KV,
-            ONE_PAGE, diagonal_shift, key_row, head_k)
+            ONE_PAGE, diagonal_shift, key_row, head_k, SEQUENCES)
 
     # -- epilogue: normalize; a row that saw no key gives 0 and lse = +inf --
     empty = row_sum == 0.0

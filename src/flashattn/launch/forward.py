@@ -99,10 +99,16 @@ def _token_descriptors(q, k, v, config: configs.TileConfig) -> dict:
 
     head_dim = q.shape[-1]
     block_d = configs.padded_head_dim(head_dim)
-    descriptors = {}
+    # dense calls of unpadded head dims: (batch, seqlen, heads * head dim), whose copies read zeros past a sequence,
+    # so that a masked block need not zero its values (in registers, which sends V back through shared memory)
+    sequences = q.dim() == 4 and block_d == head_dim
+    descriptors = {"SEQUENCES": sequences}
     for name, x, rows in (("QDesc", q, config.block_m), ("KDesc", k, config.block_n), ("VDesc", v, config.block_n)):
         tokens, heads = token_count(x), x.shape[-2]
-        if block_d == head_dim:
+        if sequences:
+            descriptors[name] = TensorDescriptor(x, [x.shape[0], x.shape[1], heads * head_dim],
+                                                 [x.stride(0), token_rows(x), 1], [1, rows, head_dim])
+        elif block_d == head_dim:
             descriptors[name] = TensorDescriptor(x, [tokens, heads * head_dim], [token_rows(x), 1], [rows, head_dim])
         else:
             descriptors[name] = TensorDescriptor(x, [tokens, heads, head_dim], [token_rows(x), x.stride(-2), 1],
