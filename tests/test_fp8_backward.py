@@ -428,10 +428,13 @@ def test_deterministic_reaches_the_fp8_backward_launch(deterministic, monkeypatc
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_the_next_sequences_nan_stays_out_gpu(head_dim):
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_the_next_sequences_nan_stays_out_gpu(head_dim, deterministic):
     """Tiles at a sequence's end reach into the next sequence's rows (the FP8 forward's keys, the backward's query rows,
     their transposed copies' columns): NaN inputs and output gradient in sequence 1 leave sequence 0's output and
-    gradients as they are with finite ones (seqlen 300: partial blocks in every kernel)."""
+    gradients as they are with finite ones (seqlen 300: partial blocks in every kernel). Without ``deterministic`` hdim
+    64 takes the fused dK/dV/dQ kernel, whose dQ adds float32 partial sums in whatever order the key tiles finish: two
+    calls' dQ may differ by a bf16 unit of its largest values."""
     q, k, v, dout = (x.cuda() for x in make_inputs(2, 300, 300, 4, 2, head_dim, seed=5))
     results = {}
     for poisoned in (False, True):
@@ -440,10 +443,15 @@ def test_the_next_sequences_nan_stays_out_gpu(head_dim):
             for x in inputs:
                 x[1] = float("nan")
         for causal in (False, True):
-            out, grads = fp8_gradients(*inputs[:3], inputs[3], causal=causal, seed=1, deterministic=True)
+            out, grads = fp8_gradients(*inputs[:3], inputs[3], causal=causal, seed=1, deterministic=deterministic)
             results[poisoned, causal] = [out[0], *(g[0] for g in grads)]
     for causal in (False, True):
         for name, clean, poisoned in zip(("out", "dq", "dk", "dv"), results[False, causal], results[True, causal],
                                          strict=True):
             assert torch.isfinite(poisoned).all(), f"{name}, causal {causal}"
-            assert torch.equal(poisoned, clean), f"{name}, causal {causal}"
+            if deterministic or name != "dq":
+                assert torch.equal(poisoned, clean), f"{name}, causal {causal}"
+            else:  # a NaN that leaked would have failed above; here the sums' order moves them by roundings
+                unit = torch.finfo(torch.bfloat16).eps
+                torch.testing.assert_close(poisoned, clean, rtol=unit, atol=unit * clean.abs().max().item(),
+                                           msg=f"dq, causal {causal}")
