@@ -13,7 +13,8 @@ batch, ``s`` sequence length, ``h`` heads (``h32/8``: 32 query heads, 8 kv heads
 lengths capacity - 37, so that the last block is partly filled) and ``n`` new keys appended by the step. ``fwd``,
 ``bwd`` and ``varlen`` also take the options that route a call to the Triton tile: ``softcap`` (30), ``alibi``
 (slopes 2^-1 .. 2^-8 over the heads) and ``w256`` (a window of 256 keys each side; the rate counts the FLOPs of
-the unwindowed call). Without ``--cases`` a list that covers the dense, packed, backward and decode paths at lengths
+the unwindowed call); ``fwd`` and ``bwd`` take ``sliced`` (q, k and v the first ``s`` tokens of longer buffers, as a
+cache's first keys). Without ``--cases`` a list that covers the dense, packed, backward and decode paths at lengths
 on and off the block grid.
 
 Each round runs every case in a fresh process of tree A, then of tree B, the order swapped every other round, so that
@@ -64,9 +65,10 @@ class Case:
     window: int = -1
     softcap: bool = False
     alibi: bool = False
+    sliced: bool = False
 
 
-_WORD = re.compile(r"(d|b|s|c|n|w)(\d+)$|h(\d+)(?:/(\d+))?$|l(\d+)x(\d+)$|(causal|softcap|alibi)$")
+_WORD = re.compile(r"(d|b|s|c|n|w)(\d+)$|h(\d+)(?:/(\d+))?$|l(\d+)x(\d+)$|(causal|softcap|alibi|sliced)$")
 
 
 def parse_case(text: str) -> Case:
@@ -98,6 +100,8 @@ def parse_case(text: str) -> Case:
     options = [name for name in ("window", "softcap", "alibi") if name in fields]
     if kind == "decode" and options:
         raise ValueError(f"case {text!r}: a decode case takes no {options[0]}")
+    if kind not in ("fwd", "bwd") and "sliced" in fields:
+        raise ValueError(f"case {text!r}: a {kind} case takes no sliced")
     return Case(text, kind, **fields)
 
 
@@ -111,6 +115,9 @@ def _runner(case: Case, device):
     dtype = torch.bfloat16
 
     def randn(*shape, grad=False):
+        if case.sliced:  # the first seqlen tokens of buffers 128 tokens longer
+            batch, seqlen, *rest = shape
+            return torch.randn(batch, seqlen + 128, *rest, device=device, dtype=dtype)[:, :seqlen].requires_grad_(grad)
         return torch.randn(*shape, device=device, dtype=dtype, requires_grad=grad)
 
     d = case.head_dim

@@ -12,15 +12,16 @@ def test_cases_read_their_words():
         "decode", 128, 4, 8192, 32, 8, 1)
     case = ab_trees.parse_case("varlen d64 l1000x3 h4 causal")
     assert (case.lengths, case.heads, case.kv_heads, case.causal) == ((1000, 1000, 1000), 4, 4, True)
-    case = ab_trees.parse_case("fwd d128 b2 s1000 h8 causal w256 softcap alibi")
-    assert (case.window, case.softcap, case.alibi, case.causal) == (256, True, True, True)
+    case = ab_trees.parse_case("fwd d128 b2 s1000 h8 causal w256 softcap alibi sliced")
+    assert (case.window, case.softcap, case.alibi, case.causal, case.sliced) == (256, True, True, True, True)
     for text in ab_trees.DEFAULT_CASES:
         assert ab_trees.parse_case(text).text == text
 
 
 @pytest.mark.parametrize("text, message", [("fwd d64 s128 x3", "unknown word 'x3'"), ("mlp d64 s128", "the kind"),
                                            ("fwd s128", "no head dim"), ("decode d64 b2", "needs capacity"),
-                                           ("decode d64 c256 softcap", "takes no softcap")])
+                                           ("decode d64 c256 softcap", "takes no softcap"),
+                                           ("varlen d64 l40x2 sliced", "takes no sliced")])
 def test_bad_cases_name_the_word(text, message):
     with pytest.raises(ValueError, match=message):
         ab_trees.parse_case(text)
@@ -35,7 +36,7 @@ def test_a_revision_exports_its_sources(tmp_path):
 def test_one_round_on_the_cpu(tmp_path, capsys):
     """Both sides this checkout's tree: every case in the table, with each side's rate and their ratio."""
     out = tmp_path / "rounds.json"
-    cases = ["fwd d32 b1 s64 h2", "varlen d32 l40x2 h2 causal w16 softcap alibi", "decode d32 b1 c256 h4/2 n1"]
+    cases = ["fwd d32 b1 s64 h2 sliced", "varlen d32 l40x2 h2 causal w16 softcap alibi", "decode d32 b1 c256 h4/2 n1"]
     assert ab_trees.main([str(ab_trees.ROOT), str(ab_trees.ROOT), "--device", "cpu", "--rounds", "1", "--cases",
                           *cases, "--out", str(out)]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -48,6 +48,20 @@ def test_token_rows_reads_heads_side_by_side():
     assert common.token_rows(torch.randn(2, 1, 3, 8).expand(2, 5, 3, 8)) is None  # every token the same row
 
 
+def test_rows_readable_takes_sequences_at_any_batch_stride():
+    cache = torch.randn(3, 50, 4, 8)
+    assert common.rows_readable(cache) and common.rows_readable(cache[:, :20])  # a cache's first keys
+    assert common.token_rows(cache[:, :20]) is None  # not one (tokens, H * D) matrix
+    assert common.rows_readable(torch.randn(2, 5, 3, 3, 8)[:, :, 1])  # q of a qkv-packed tensor
+    assert common.rows_readable(cache[:1, :, :1])  # one sequence of one head: its other strides are free
+    assert not common.rows_readable(cache.transpose(1, 2))  # (B, H, S, D) viewed as (B, S, H, D)
+    assert not common.rows_readable(cache[:, :, ::2])  # heads not side by side
+    assert not common.rows_readable(torch.randn(2, 1, 3, 8).expand(2, 5, 3, 8))  # every token the same row
+    assert not common.rows_readable(torch.randn(1, 5, 3, 8).expand(2, 5, 3, 8))  # every sequence the same rows
+    # packed: one (tokens, H * D) matrix
+    assert common.rows_readable(torch.randn(7, 3, 8)) and not common.rows_readable(torch.randn(7, 3, 16)[:, :, :8])
+
+
 def test_token_descriptor_spans_every_token_and_one_head_per_block():
     packed = torch.randn(2, 300, 3, 4, 64, dtype=torch.float16)[:, :, 2]  # v of a qkv-packed tensor
     descriptor = common.token_descriptor(packed, 128)
@@ -210,6 +224,35 @@ def test_ws_forward_qkvpacked_view(causal, monkeypatch):
         expected = flash_attn_qkvpacked_func(qkv, causal=causal)
     # the same softmax in another order of sums: equal to bf16 rounding
     torch.testing.assert_close(out, expected, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("option", ["plain", "causal", "softcap"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("batch, seqlen_q, seqlen_k", [(2, 300, 333), (2, 1100, 1029)])
+def test_slices_of_longer_sequences_are_read_in_place(batch, seqlen_q, seqlen_k, head_dim, option, monkeypatch):
+    """q, k and v the first tokens of longer buffers (a batch stride that skips rows, as a cache's first keys): the
+    Hopper forward and backward (plain, causal; from 1k the Hopper dK/dV kernels) and the Triton tile (softcap) read
+    them in place through (batch, seqlen, heads x head dim) descriptors, within the flash-attn rule."""
+    case = make_case((batch, seqlen_q, seqlen_k, 4, 2, head_dim), option, "cuda")
+    lengths = (seqlen_q, seqlen_k, seqlen_k)
+    inputs = [torch.randn(batch, length + 77, heads, head_dim, device="cuda", dtype=torch.bfloat16)[:, :length]
+              for length, heads in zip(lengths, (4, 2, 2), strict=True)]
+    assert all(common.token_rows(x) is None and common.rows_readable(x) for x in inputs)
+    descriptors = []
+    token_descriptors = launch_forward._token_descriptors
+
+    def counting(*args):
+        found = token_descriptors(*args)
+        descriptors.append(found["SEQUENCES"])
+        return found
+
+    monkeypatch.setattr(launch_forward, "_token_descriptors", counting)
+    tile = None if option == "softcap" else HOPPER_TILES["n128-s2" if head_dim == 128 else "n128-s3-consumers3"]
+    with forced_ws(tile, monkeypatch, expect_launch=option != "softcap"):
+        check_against_reference(case, torch.bfloat16, "cuda", flash_attn_func, inputs=inputs)
+    assert descriptors == ([] if option != "softcap" else [True])
 
 
 @pytest.mark.gpu

@@ -25,11 +25,11 @@ from .common import (
     last_dim_contiguous,
     mask_arguments,
     rows_descriptors,
+    rows_readable,
     sm_count,
     strides,
     tma_compatible,
     tma_loads,
-    token_rows,
 )
 from .forward import (
     consumer_warpgroups,
@@ -88,12 +88,12 @@ def fused_persistent(config: configs.TileConfig) -> bool:
 
 def hopper_dq_fits(q, k, v, dout, lse, opts: AttentionOptions, alibi_slopes, attn_mask) -> bool:
     """Whether the Hopper dQ kernel (``kernels/dq_hopper.py``) computes this backward's dQ: the
-    forward's conditions (``hopper_forward_fits``, dense or varlen), with dO in the same (tokens, heads *
-    head_dim) rows and a contiguous LSE (delta takes its layout). The Hopper dK/dV kernel takes the same calls when
+    forward's conditions (``hopper_forward_fits``, dense or varlen), with dO readable as q is
+    (``rows_readable``) and a contiguous LSE (delta takes its layout). The Hopper dK/dV kernel takes the same calls when
     they are dense batches."""
     return (q.numel() > 0 and lse.is_contiguous()
             and hopper_forward_fits(q, k, v, opts, alibi_slopes, attn_mask, None)
-            and token_rows(dout) is not None and tma_compatible(dout))
+            and rows_readable(dout) and tma_compatible(dout))
 
 
 def _hopper_dq(q, k, v, dout, lse, delta, dq, layout: Layout, config: configs.TileConfig,

@@ -187,6 +187,17 @@ def tile_layout(block_rows: int, head_dim: int, dtype: torch.dtype, sequences: b
                                                 element)
 
 
+def rows_readable(x: torch.Tensor) -> bool:
+    """Whether ``rows_descriptors`` can read ``x``: packed (total, H, D) as (tokens, H * D) rows (``token_rows``);
+    dense (B, S, H, D) as (batch, seqlen, H * D), heads side by side in each token, the tokens of a sequence and the
+    sequences apart, at any batch stride (a slice of longer sequences, such as a cache's first keys)."""
+    if x.dim() != 4:
+        return token_rows(x) is not None
+    batch, seqlen, heads, head_dim = x.shape
+    return ((x.stride(2) == head_dim or heads == 1) and (x.stride(1) >= heads * head_dim or seqlen == 1)
+            and (x.stride(0) >= seqlen * x.stride(1) or batch == 1))
+
+
 def token_count(x: torch.Tensor) -> int:
     """The tokens of dense (B, S, H, D) or packed (total, H, D) ``x``: the rows of its (tokens, H * D) reading."""
     return x.shape[0] * x.shape[1] if x.dim() == 4 else x.shape[0]
@@ -194,7 +205,7 @@ def token_count(x: torch.Tensor) -> int:
 
 def token_descriptor(x: torch.Tensor, block_rows: int):
     """A host-side TMA descriptor of ``x`` as (tokens, heads * head_dim), one head's columns per block. The token
-    stride is ``token_rows(x)``, which ``hopper_forward_fits`` checked before the call took the Hopper kernel."""
+    stride is ``x.stride(-3)``: the callers checked ``token_rows(x)`` (``rows_readable`` for a packed ``x``)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     head_dim = x.shape[-1]
@@ -206,7 +217,7 @@ def sequence_descriptor(x: torch.Tensor, block_rows: int):
     """A host-side TMA descriptor of dense (B, S, H, D) ``x`` as (batch, seqlen, heads * head_dim), one head's
     columns of one sequence per block. A box that runs past a sequence's last token (or starts before its first)
     reads zeros there, not the neighbouring sequence's rows, whose NaN or inf would reach a product as 0 x NaN
-    however the scores are masked. The head stride is ``head_dim`` (``token_rows(x)`` is not None)."""
+    however the scores are masked. The head stride is ``head_dim`` (``rows_readable(x)``)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     batch, seqlen, heads, head_dim = x.shape

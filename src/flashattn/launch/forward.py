@@ -21,6 +21,7 @@ from .common import (
     last_dim_contiguous,
     mask_arguments,
     rows_descriptors,
+    rows_readable,
     sm_count,
     strides,
     tma_compatible,
@@ -65,9 +66,9 @@ def launch_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, att
     if config.hopper and fits_hopper:
         _hopper_forward(q, k, v, out, lse, layout, config, opts)
         return out, lse
-    # descriptors over the tokens: no pages
+    # descriptors over the sequences or the tokens (_token_descriptors): no pages
     use_tma = (config.tma and block_table is None and tma_compatible(q, k, v)
-               and all(token_rows(x) is not None for x in (q, k, v)))
+               and all(_descriptor_readable(x) for x in (q, k, v)))
     slopes, stride_alibi_b, has_alibi = alibi_arguments(alibi_slopes, q)
     grid = (cdiv(layout.grid_q, config.block_m), layout.batch * nheads)
     launch(
@@ -90,6 +91,16 @@ def launch_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, att
     return out, lse
 
 
+def _reads_sequences(x: torch.Tensor) -> bool:
+    """Whether the Triton tile reads ``x`` through (batch, seqlen, heads * head dim) descriptors: dense calls whose
+    head dim needs no padding (``_token_descriptors``)."""
+    return x.dim() == 4 and configs.padded_head_dim(x.shape[-1]) == x.shape[-1]
+
+
+def _descriptor_readable(x: torch.Tensor) -> bool:
+    return rows_readable(x) if _reads_sequences(x) else token_rows(x) is not None
+
+
 def _token_descriptors(q, k, v, config: configs.TileConfig) -> dict:
     """Host-side TMA descriptors of q, k and v, a block of one head's rows each: encoded once a launch, where
     descriptors that the kernel built would cost every program their encoding. Over (tokens, heads * head dim) where
@@ -101,13 +112,13 @@ def _token_descriptors(q, k, v, config: configs.TileConfig) -> dict:
     block_d = configs.padded_head_dim(head_dim)
     # dense calls of unpadded head dims: (batch, seqlen, heads * head dim), whose copies read zeros past a sequence,
     # so that a masked block need not zero its values (in registers, which sends V back through shared memory)
-    sequences = q.dim() == 4 and block_d == head_dim
+    sequences = _reads_sequences(q)
     descriptors = {"SEQUENCES": sequences}
     for name, x, rows in (("QDesc", q, config.block_m), ("KDesc", k, config.block_n), ("VDesc", v, config.block_n)):
         tokens, heads = token_count(x), x.shape[-2]
         if sequences:
             descriptors[name] = TensorDescriptor(x, [x.shape[0], x.shape[1], heads * head_dim],
-                                                 [x.stride(0), token_rows(x), 1], [1, rows, head_dim])
+                                                 [x.stride(0), x.stride(1), 1], [1, rows, head_dim])
         elif block_d == head_dim:
             descriptors[name] = TensorDescriptor(x, [tokens, heads * head_dim], [token_rows(x), 1], [rows, head_dim])
         else:
@@ -118,9 +129,9 @@ def _token_descriptors(q, k, v, config: configs.TileConfig) -> dict:
 
 def hopper_forward_fits(q, k, v, opts: AttentionOptions, alibi_slopes, attn_mask, block_table) -> bool:
     """Whether the Hopper forward (``kernels/forward_hopper.py``) computes this call: a causal
-    or unmasked softmax of 16-bit inputs at head dim 64, 128 or 256 on an sm90 GPU, with each tensor readable as
-    (tokens, heads * head_dim) rows by TMA, and no position frame (ring attention's framed steps). Everything else
-    takes the Triton kernel."""
+    or unmasked softmax of 16-bit inputs at head dim 64, 128 or 256 on an sm90 GPU, with each tensor readable by TMA
+    (``rows_readable``), and no position frame (ring attention's framed steps). Everything else takes the Triton
+    kernel."""
     head_dim = q.shape[-1]
     return (q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
             and head_dim in (64, 128, 256) and opts.dropout_p == 0 and opts.softcap == 0
@@ -129,7 +140,7 @@ def hopper_forward_fits(q, k, v, opts: AttentionOptions, alibi_slopes, attn_mask
             and alibi_slopes is None and attn_mask is None and block_table is None and opts.frame is None
             and k.numel() > 0  # a descriptor needs at least one row
             and configs.gpu_family(q.device) == "hopper" and not interpreting()
-            and all(token_rows(x) is not None for x in (q, k, v)) and tma_compatible(q, k, v))
+            and all(rows_readable(x) for x in (q, k, v)) and tma_compatible(q, k, v))
 
 
 def _hopper_forward(q, k, v, out, lse, layout: Layout, config: configs.TileConfig, opts: AttentionOptions) -> None:
