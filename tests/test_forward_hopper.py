@@ -241,14 +241,14 @@ def test_slices_of_longer_sequences_are_read_in_place(batch, seqlen_q, seqlen_k,
               for length, heads in zip(lengths, (4, 2, 2), strict=True)]
     assert all(common.token_rows(x) is None and common.rows_readable(x) for x in inputs)
     descriptors = []
-    token_descriptors = launch_forward._token_descriptors
+    qkv_descriptors = launch_forward._qkv_descriptors
 
     def counting(*args):
-        found = token_descriptors(*args)
+        found = qkv_descriptors(*args)
         descriptors.append(found["SEQUENCES"])
         return found
 
-    monkeypatch.setattr(launch_forward, "_token_descriptors", counting)
+    monkeypatch.setattr(launch_forward, "_qkv_descriptors", counting)
     tile = None if option == "softcap" else HOPPER_TILES["n128-s2" if head_dim == 128 else "n128-s3-consumers3"]
     with forced_ws(tile, monkeypatch, expect_launch=option != "softcap"):
         check_against_reference(case, torch.bfloat16, "cuda", flash_attn_func, inputs=inputs)

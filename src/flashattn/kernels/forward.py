@@ -39,7 +39,7 @@ def _load_paged_key_block(k_head, v_head, start_n, offs_n, offs_d, seqlen_k, pag
 
 
 @triton.jit
-def _token_tile(desc, base, row, head, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+def _head_rows(desc, base, row, head, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                 SEQUENCES: tl.constexpr):
     """Rows row .. row + ROWS of one head of sequence ``base`` (SEQUENCES: a (batch, seqlen, heads * HEAD_DIM)
     descriptor, zero-filled past the sequence) or of the sequence whose first token is ``base`` (a descriptor over
@@ -59,14 +59,14 @@ def _token_tile(desc, base, row, head, ROWS: tl.constexpr, HEAD_DIM: tl.constexp
 def _load_key_block(k_source, v_source, start_n, offs_n, offs_d, stride_kn, stride_vn, seqlen_k, key_row, head_k,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                     USE_TMA: tl.constexpr, SEQUENCES: tl.constexpr):
-    """K^T and V for the keys offs_n. With USE_TMA the sources are descriptors (``_token_tile``; ``key_row`` the
+    """K^T and V for the keys offs_n. With USE_TMA the sources are descriptors (``_head_rows``; ``key_row`` the
     sequence, or its first key's token). Over the tokens a masked block may run into the next sequence's keys, whose
     scores the mask hides and whose values it zeroes (0 x NaN would carry another sequence's NaN into this one); over
     the sequences the copy reads zeros there. Otherwise they are base pointers, and interior blocks (MASKED false)
     need no bounds on the keys."""
     if USE_TMA:
-        kt = _token_tile(k_source, key_row, start_n, head_k, BLOCK_N, HEAD_DIM, BLOCK_D, SEQUENCES).T
-        v = _token_tile(v_source, key_row, start_n, head_k, BLOCK_N, HEAD_DIM, BLOCK_D, SEQUENCES)
+        kt = _head_rows(k_source, key_row, start_n, head_k, BLOCK_N, HEAD_DIM, BLOCK_D, SEQUENCES).T
+        v = _head_rows(v_source, key_row, start_n, head_k, BLOCK_N, HEAD_DIM, BLOCK_D, SEQUENCES)
         if MASKED and not SEQUENCES:
             v = tl.where((offs_n < seqlen_k)[:, None], v, 0.0)
     else:
@@ -211,9 +211,9 @@ def attention_forward_kernel(
         row_ok = row_ok & (offs_d[None, :] < HEAD_DIM)
     # q stays in registers/SRAM for the whole loop over keys
     if USE_TMA:
-        # QDesc, KDesc, VDesc: host-side descriptors (``_token_tile``). Over the tokens a tile's rows may run into
+        # QDesc, KDesc, VDesc: host-side descriptors (``_head_rows``). Over the tokens a tile's rows may run into
         # the next sequence's, whose query rows are never stored
-        q = _token_tile(QDesc, query_row, start_m, head, BLOCK_M, HEAD_DIM, BLOCK_D, SEQUENCES)
+        q = _head_rows(QDesc, query_row, start_m, head, BLOCK_M, HEAD_DIM, BLOCK_D, SEQUENCES)
         k_source = KDesc
         v_source = VDesc
     else:

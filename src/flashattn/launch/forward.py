@@ -66,7 +66,7 @@ def launch_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, att
     if config.hopper and fits_hopper:
         _hopper_forward(q, k, v, out, lse, layout, config, opts)
         return out, lse
-    # descriptors over the sequences or the tokens (_token_descriptors): no pages
+    # descriptors over the sequences or the tokens (_qkv_descriptors): no pages
     use_tma = (config.tma and block_table is None and tma_compatible(q, k, v)
                and all(_descriptor_readable(x) for x in (q, k, v)))
     slopes, stride_alibi_b, has_alibi = alibi_arguments(alibi_slopes, q)
@@ -86,14 +86,14 @@ def launch_forward(q, k, v, alibi_slopes, rng_state, opts: AttentionOptions, att
         **mask_arguments(attn_mask, q, layout.lengths[1]),
         **block_map_arguments(attn_mask, q, layout.lengths[1], (config.block_m, config.block_n, False))[0],
         **_paging_arguments(block_table, k, config.block_n),
-        **(_token_descriptors(q, k, v, config) if use_tma else {}),
+        **(_qkv_descriptors(q, k, v, config) if use_tma else {}),
     )
     return out, lse
 
 
 def _reads_sequences(x: torch.Tensor) -> bool:
     """Whether the Triton tile reads ``x`` through (batch, seqlen, heads * head dim) descriptors: dense calls whose
-    head dim needs no padding (``_token_descriptors``)."""
+    head dim needs no padding (``_qkv_descriptors``)."""
     return x.dim() == 4 and configs.padded_head_dim(x.shape[-1]) == x.shape[-1]
 
 
@@ -101,17 +101,17 @@ def _descriptor_readable(x: torch.Tensor) -> bool:
     return rows_readable(x) if _reads_sequences(x) else token_rows(x) is not None
 
 
-def _token_descriptors(q, k, v, config: configs.TileConfig) -> dict:
+def _qkv_descriptors(q, k, v, config: configs.TileConfig) -> dict:
     """Host-side TMA descriptors of q, k and v, a block of one head's rows each: encoded once a launch, where
-    descriptors that the kernel built would cost every program their encoding. Over (tokens, heads * head dim) where
-    the head dim needs no padding; over (tokens, heads, head dim) where it does, so that the padding columns read
-    zeros, not the next head's."""
+    descriptors that the kernel built would cost every program their encoding. Dense calls whose head dim needs no
+    padding: over (batch, seqlen, heads * head dim) (``SEQUENCES``); packed ones: over (tokens, heads * head dim);
+    padded head dims: over (tokens, heads, head dim), so that the padding columns read zeros, not the next head's."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     head_dim = q.shape[-1]
     block_d = configs.padded_head_dim(head_dim)
-    # dense calls of unpadded head dims: (batch, seqlen, heads * head dim), whose copies read zeros past a sequence,
-    # so that a masked block need not zero its values (in registers, which sends V back through shared memory)
+    # the copies of a sequence descriptor read zeros past the sequence, so that a masked block need not zero its
+    # values (in registers, which sends V back through shared memory)
     sequences = _reads_sequences(q)
     descriptors = {"SEQUENCES": sequences}
     for name, x, rows in (("QDesc", q, config.block_m), ("KDesc", k, config.block_n), ("VDesc", v, config.block_n)):
