@@ -68,6 +68,33 @@ def test_tma_forward_and_dq_match_reference(triton_backend, shape, option_name, 
         check_against_reference(case, dtype, triton_backend, flash_attn_func)
 
 
+# Dense calls read (batch, seqlen, heads x head dim) descriptors at any batch stride (launch.common.rows_readable): q,
+# k and v the first tokens of longer buffers are read in place, and the copies' zeros past seqlen stand for the next
+# sequence's rows.
+@pytest.mark.interpreter
+@pytest.mark.parametrize("option_name", ["plain", "causal", "window"])
+def test_tma_forward_reads_slices_of_longer_sequences(triton_backend, option_name, monkeypatch):
+    from flashattn.launch import forward as launch_forward
+
+    if not has_tma(triton_backend):
+        pytest.skip("TMA needs sm90 or newer")
+    tile = TileConfig(32, 32, 1, 1, tma=True) if triton_backend == "cpu" else TileConfig(64, 64, 4, 2, tma=True)
+    case = make_case((2, 45, 37, 2, 1, 32), option_name, triton_backend)
+    inputs = [torch.randn(2, length + 19, heads, 32, device=triton_backend, dtype=torch.float16)[:, :length]
+              for length, heads in ((45, 2), (37, 1), (37, 1))]
+    qkv_descriptors, sequences = launch_forward._qkv_descriptors, []
+
+    def recording(*args):
+        found = qkv_descriptors(*args)
+        sequences.append(found["SEQUENCES"])
+        return found
+
+    monkeypatch.setattr(launch_forward, "_qkv_descriptors", recording)
+    with use_config("forward", tile):
+        check_against_reference(case, torch.float16, triton_backend, flash_attn_func, backward=False, inputs=inputs)
+    assert sequences == [True]
+
+
 def _next_sequence_nan_stays_out(device, tile, head_dim, causal):
     """A dense and a packed forward of two sequences whose second holds inf keys and NaN values: the first's output
     is what it is alone."""
