@@ -40,7 +40,7 @@ def _load_paged_key_block(k_head, v_head, start_n, offs_n, offs_d, seqlen_k, pag
 
 @triton.jit
 def _head_rows(desc, base, row, head, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                SEQUENCES: tl.constexpr):
+               SEQUENCES: tl.constexpr):
     """Rows row .. row + ROWS of one head of sequence ``base`` (SEQUENCES: a (batch, seqlen, heads * HEAD_DIM)
     descriptor, zero-filled past the sequence) or of the sequence whose first token is ``base`` (a descriptor over
     the tokens: (tokens, heads * HEAD_DIM) where BLOCK_D == HEAD_DIM, else (tokens, heads, HEAD_DIM), whose loads
