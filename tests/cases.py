@@ -75,6 +75,18 @@ def has_tma(device) -> bool:
     return str(device) == "cpu" or torch.cuda.get_device_capability()[0] >= 9
 
 
+def assert_unchanged_by_nan(where: str, clean: torch.Tensor, poisoned: torch.Tensor, exact: bool = True) -> None:
+    """A result computed beside another sequence's NaN: finite (a NaN that leaked fails here) and equal to the clean
+    call's; not ``exact`` (a dQ added into float32 in whatever order the key tiles finish): within a bf16 unit of its
+    largest value, the roundings that order moves."""
+    assert torch.isfinite(poisoned).all(), where
+    if exact:
+        assert torch.equal(poisoned, clean), where
+    else:
+        unit = torch.finfo(torch.bfloat16).eps
+        torch.testing.assert_close(poisoned, clean, rtol=unit, atol=unit * clean.abs().max().item(), msg=where)
+
+
 def make_case(shape, option_name: str, device) -> Case:
     batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim = shape
     options = dict(OPTIONS[option_name])
