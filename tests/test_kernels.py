@@ -69,36 +69,11 @@ def test_tma_forward_and_dq_match_reference(triton_backend, shape, option_name, 
         check_against_reference(case, dtype, triton_backend, flash_attn_func)
 
 
-# Dense calls read (batch, seqlen, heads x head dim) descriptors at any batch stride (launch.common.rows_readable): q,
-# k and v the first tokens of longer buffers are read in place, and the copies' zeros past seqlen stand for the next
-# sequence's rows.
-@pytest.mark.interpreter
-@pytest.mark.parametrize("option_name", ["plain", "causal", "window"])
-def test_tma_forward_reads_slices_of_longer_sequences(triton_backend, option_name, monkeypatch):
-    from flashattn.launch import forward as launch_forward
-
-    if not has_tma(triton_backend):
-        pytest.skip("TMA needs sm90 or newer")
-    tile = TileConfig(32, 32, 1, 1, tma=True) if triton_backend == "cpu" else TileConfig(64, 64, 4, 2, tma=True)
-    case = make_case((2, 45, 37, 2, 1, 32), option_name, triton_backend)
-    inputs = [torch.randn(2, length + 19, heads, 32, device=triton_backend, dtype=torch.float16)[:, :length]
-              for length, heads in ((45, 2), (37, 1), (37, 1))]
-    qkv_descriptors, sequences = launch_forward._qkv_descriptors, []
-
-    def recording(*args):
-        found = qkv_descriptors(*args)
-        sequences.append(found["SEQUENCES"])
-        return found
-
-    monkeypatch.setattr(launch_forward, "_qkv_descriptors", recording)
-    with use_config("forward", tile):
-        check_against_reference(case, torch.float16, triton_backend, flash_attn_func, backward=False, inputs=inputs)
-    assert sequences == [True]
-
-
 def _next_sequence_nan_stays_out(device, tile, head_dim, causal):
     """A dense and a packed forward of two sequences whose second holds inf keys and NaN values: the first's output
-    is what it is alone."""
+    is what it is alone. And a dense forward on the first 50 tokens of 63-token buffers whose last 13 hold inf keys
+    and NaN values (a batch stride that skips rows, read in place: launch.common.rows_readable): what it is on a
+    contiguous copy."""
     from flashattn import flash_attn_varlen_func
 
     q, k, v = (torch.randn(2, 50, 2, head_dim, device=device, dtype=torch.float16) for _ in range(3))
@@ -111,6 +86,15 @@ def _next_sequence_nan_stays_out(device, tile, head_dim, causal):
         varlen = flash_attn_varlen_func(*packed, cu, cu, 50, 50, causal=causal)[:37]
         alone = flash_attn_func(q[:1], k[:1], v[:1], causal=causal)[0]
         packed_alone = flash_attn_func(*(x[None, :37] for x in packed), causal=causal)[0]
+        clean = [torch.randn(2, 50, 2, head_dim, device=device, dtype=torch.float16) for _ in range(3)]
+        buffers = [torch.full((2, 63, 2, head_dim), fill, device=device, dtype=torch.float16)
+                   for fill in (1.0, float("inf"), float("nan"))]
+        for buffer, x in zip(buffers, clean, strict=True):
+            buffer[:, :50] = x
+        sliced = flash_attn_func(*(buffer[:, :50] for buffer in buffers), causal=causal)
+        copied = flash_attn_func(*clean, causal=causal)
+    torch.testing.assert_close(sliced, copied, atol=0, rtol=0,
+                               msg=f"slices of longer buffers, head dim {head_dim}, tile {tile}, causal {causal}")
     for name, out, expected in (("dense", dense, alone), ("varlen", varlen, packed_alone)):
         assert torch.isfinite(out).all(), f"{name}, head dim {head_dim}, tile {tile}, causal {causal}"
         torch.testing.assert_close(out, expected, atol=0, rtol=0)
@@ -126,8 +110,9 @@ def test_forward_keeps_the_next_sequences_nan_out(triton_backend):
             _next_sequence_nan_stays_out(triton_backend, tile, head_dim, causal)
 
 
-# The Hopper forward reads K and V through 2-D descriptors over the tokens (kernels/forward_hopper.py): its loader
-# zeroes the values past the sequence in a block that runs over its end (load_key_block_within).
+# The Hopper forward reads dense K and V through (batch, seqlen, heads x head dim) descriptors, whose copies read zeros
+# past the sequence, and packed ones over the tokens: there its loader zeroes the values past the sequence in a block
+# that runs over its end (kernels/forward_hopper.py, load_key_block_within).
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                     reason="the Hopper forward needs sm90")
