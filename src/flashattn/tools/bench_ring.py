@@ -157,6 +157,9 @@ def run(args: argparse.Namespace) -> int:
         rows = run_cases(args, device, lambda rows: _write(args.out, rows, mode) if dist.get_rank() == 0 else None)
         if dist.get_rank() == 0:
             print(f"results: {_write(args.out, rows, mode)}")
+        # every rank past its work before any tears its group down: a gloo teardown while a peer is still at work can
+        # abort the process ("terminate called without an active exception")
+        dist.barrier()
     finally:
         dist.destroy_process_group()
     return 0
