@@ -75,6 +75,15 @@ def has_tma(device) -> bool:
     return str(device) == "cpu" or torch.cuda.get_device_capability()[0] >= 9
 
 
+def second_sequence_nan(tensors, poisoned: bool) -> list[torch.Tensor]:
+    """Copies of dense ``tensors``; ``poisoned``: with sequence 1 all NaN, the neighbour of sequence 0's tiles."""
+    copies = [x.clone() for x in tensors]
+    if poisoned:
+        for x in copies:
+            x[1] = float("nan")
+    return copies
+
+
 def assert_unchanged_by_nan(where: str, clean: torch.Tensor, poisoned: torch.Tensor, exact: bool = True) -> None:
     """A result computed beside another sequence's NaN: finite (a NaN that leaked fails here) and equal to the clean
     call's; not ``exact`` (a dQ added into float32 in whatever order the key tiles finish): within a bf16 unit of its

@@ -11,7 +11,7 @@ reference to the gradients' dtype.
 
 import pytest
 import torch
-from cases import assert_unchanged_by_nan
+from cases import assert_unchanged_by_nan, second_sequence_nan
 
 from flashattn import configs, flash_attn_func, fp8, fp8_backward, ops_fp8
 from flashattn.launch.forward import l2_section_units
@@ -439,10 +439,7 @@ def test_the_next_sequences_nan_stays_out_gpu(head_dim, deterministic):
     q, k, v, dout = (x.cuda() for x in make_inputs(2, 300, 300, 4, 2, head_dim, seed=5))
     results = {}
     for poisoned in (False, True):
-        inputs = [x.clone() for x in (q, k, v, dout)]
-        if poisoned:
-            for x in inputs:
-                x[1] = float("nan")
+        inputs = second_sequence_nan((q, k, v, dout), poisoned)
         for causal in (False, True):
             out, grads = fp8_gradients(*inputs[:3], inputs[3], causal=causal, seed=1, deterministic=deterministic)
             results[poisoned, causal] = [out[0], *(g[0] for g in grads)]

@@ -19,6 +19,7 @@ from cases import (
     heavy_reference,
     make_case,
     one_at_a_time,
+    second_sequence_nan,
 )
 
 from flashattn import flash_attn_func
@@ -140,10 +141,7 @@ def test_backward_keeps_the_next_sequences_nan_out(head_dim, seqlen, determinist
         cu = torch.tensor([0, first, 2 * seqlen], device="cuda", dtype=torch.int32)
         grads = {}
         for poisoned in (False, True):
-            inputs = [x.clone() for x in (q, k, v, dout)]
-            if poisoned:
-                for x in inputs:
-                    x[1] = float("nan")
+            inputs = second_sequence_nan((q, k, v, dout), poisoned)
             leaves = [x.clone().requires_grad_() for x in inputs[:3]]
             dense = flash_attn_func(*leaves, causal=causal, deterministic=deterministic)
             dense_grads = torch.autograd.grad(dense, leaves, inputs[3])
