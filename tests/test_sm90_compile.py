@@ -138,15 +138,16 @@ TILE_COUNTER = "atom.global.gpu.relaxed.add.u32"  # a persistent grid's tiles ta
 
 def check_dq_reductions(name: str, result: dict, head_dim: int, causal: bool, block_m: int = 64) -> None:
     """No per-element global reduction in a dK/dV build; the fused dK/dV/dQ kernel adds dQ^T by TMA tile reductions
-    (hdim 128: one a consumer, in its loop; hdim 64: those of a turn in each consumer's loop of two blocks, consumer
-    0's in an odd last block, and in the persistent form consumer 1's in a tile's odd first block; a turn's one for
-    each 64 queries of its ``block_m``-row block), stores nothing to local memory in its loops (with per-element
-    reductions its hdim-128 build spilled about 45 values a block) and fits one SM's shared memory. The persistent
-    form takes its tiles by one atomic add, and loads nothing from local memory in its loops either (its tiles' state
-    beside the hdim-128 loop's had ptxas reload 3-15 values a block), but one loop-invariant value a block in one
-    consumer's causal hdim-64 loop on 128-row blocks (as the one-tile kernel on 64-row blocks). A consumer stages
-    each 64 x 64 dQ^T tile in the registers' order, by eight 16-byte stores (8-byte ones into the TMA's swizzled tile
-    met two-way bank conflicts)."""
+    (hdim 128: one a consumer, in its loop, and causal in the one-tile kernel one in each of its two loops, the
+    masked blocks' and those out of the mask's reach, whose loop holds no select; hdim 64: those of a turn in each
+    consumer's loop of two blocks, consumer 0's in an odd last block, and in the persistent form consumer 1's in a
+    tile's odd first block; a turn's one for each 64 queries of its ``block_m``-row block), stores nothing to local
+    memory in its loops (with per-element reductions its hdim-128 build spilled about 45 values a block) and fits
+    one SM's shared memory. The persistent form takes its tiles by one atomic add, and loads nothing from local
+    memory in its loops either (its tiles' state beside the hdim-128 loop's had ptxas reload 3-15 values a block),
+    but one loop-invariant value a block in one consumer's causal hdim-64 loop on 128-row blocks (as the one-tile
+    kernel on 64-row blocks). A consumer stages each 64 x 64 dQ^T tile in the registers' order, by eight 16-byte
+    stores (8-byte ones into the TMA's swizzled tile met two-way bank conflicts)."""
     reductions = dict(result["ptx_reductions"])
     persistent = "persistent" in name
     if persistent:
@@ -154,8 +155,11 @@ def check_dq_reductions(name: str, result: dict, head_dim: int, causal: bool, bl
     assert not any(op.startswith(("red.", "atom.")) for op in reductions), f"{name}: {reductions}"
     if "fused dQ" in name or reductions:
         tiles = block_m // 64 if head_dim == 64 else 1
-        expected = {TMA_REDUCTION: 2 if head_dim == 128 else (4 if persistent else 3) * tiles}
+        unmasked_loop = head_dim == 128 and causal and not persistent
+        expected = {TMA_REDUCTION: (4 if unmasked_loop else 2) if head_dim == 128 else (4 if persistent else 3) * tiles}
         assert reductions == expected, f"{name}: {reductions}"
+        if unmasked_loop:
+            assert sorted(loop["FSEL"] for loop in result["loops"]) == [0, 0, 32, 32], f"{name}: {result['loops']}"
         assert all(loop["UTMAREDG"] == tiles and loop["STS.128"] == 8 * tiles for loop in result["loops"]), (
             f"{name}: {result['loops']}")
         assert result["loop_STL"] == 0, f"{name}: spills in its loops ({result['loops']})"

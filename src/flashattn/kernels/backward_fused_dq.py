@@ -74,16 +74,18 @@ DQ_TILE_COLUMNS = gl.constexpr(256)
 
 @gluon.jit
 def _probabilities(s, q_block, lse_log2, seqlen_q, seqlen_k, slice_start, qk_scale_log2, BLOCK_M: gl.constexpr,
-                   CAUSAL: gl.constexpr, s_layout: gl.constexpr):
+                   CAUSAL: gl.constexpr, VISIBLE: gl.constexpr, s_layout: gl.constexpr):
     """P^T of a query block as ``backward_hopper._slice_score_gradients`` computes it, and with keys past the sequence
-    masked: their rows of dK and dV are never stored, but their dS^T would reach dQ. The masks apply to every block:
-    a branch around them (a block's worth of selects) left two paths' registers live, and the 64-row consumer spilled
-    (five stores and 26 loads a block causal, two and 16 without the mask)."""
+    masked: their rows of dK and dV are never stored, but their dS^T would reach dQ. The masks apply to every block
+    but the causal ones out of the mask's reach (``VISIBLE``: ``walk_query_blocks`` runs those in a loop of their
+    own). A branch around the selects (a block's worth) left two paths' registers live, and the 64-row consumer
+    spilled (five stores and 26 loads a block causal, two and 16 without the mask)."""
     first_row = q_block * BLOCK_M
     if CAUSAL:
-        # bottom-right aligned: query i sees keys up to i + seqlen_k - seqlen_q (so no key past the sequence)
-        s = gl.where(hidden_queries(slice_start, first_row, seqlen_q, seqlen_k, SLICE_KEYS, BLOCK_M, s_layout),
-                     float("-inf"), s)
+        if not VISIBLE:
+            # bottom-right aligned: query i sees keys up to i + seqlen_k - seqlen_q (so no key past the sequence)
+            s = gl.where(hidden_queries(slice_start, first_row, seqlen_q, seqlen_k, SLICE_KEYS, BLOCK_M, s_layout),
+                         float("-inf"), s)
     else:
         keys = slice_start + gl.arange(0, SLICE_KEYS, layout=gl.SliceLayout(1, s_layout))
         s = gl.where((keys < seqlen_k)[:, None], s, float("-inf"))
@@ -198,9 +200,19 @@ def load_query_block(q_desc, do_desc, q_bufs, do_bufs, stats_bufs, q_ready, do_r
 
 
 @gluon.jit
+def _visible_from(slice_start, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr):
+    """The first query block whose every row sees every key of the slice under the causal mask (bottom-right
+    aligned: its first row sees keys up to BLOCK_M x block + seqlen_k - seqlen_q). From it on the mask hides
+    nothing: not the keys past seqlen_k either, which no row before seqlen_q sees, and rows past seqlen_q see every
+    key in the masked form too."""
+    return gl.cdiv(gl.maximum(slice_start + SLICE_KEYS - 1 - (seqlen_k - seqlen_q), 0), BLOCK_M)
+
+
+@gluon.jit
 def _scores_and_gradients(k_slice, v_slice, q_bufs, do_bufs, stats_bufs, q_ready, do_ready, stats_ready, stage, phase,
                           s, dp, q_block, seqlen_q, seqlen_k, slice_start, qk_scale_log2, BLOCK_M: gl.constexpr,
-                          CAUSAL: gl.constexpr, s_layout: gl.constexpr, operand: gl.constexpr):
+                          CAUSAL: gl.constexpr, s_layout: gl.constexpr, operand: gl.constexpr,
+                          VISIBLE: gl.constexpr = False):
     """A query block's S^T and dP^T over the slice's keys (into the last block's tiles), then its P^T and dS^T
     (``_operands``), lse and delta from the stage's shared memory."""
     columns: gl.constexpr = gl.SliceLayout(0, s_layout)
@@ -209,7 +221,7 @@ def _scores_and_gradients(k_slice, v_slice, q_bufs, do_bufs, stats_bufs, q_ready
     s, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s, dp))
     # delta read once P^T is computed and lse spent: both, beside S^T, dP^T, dK and dV, spilled
     p = _probabilities(s, q_block, stats_bufs.index(2 * stage).load(columns), seqlen_q, seqlen_k, slice_start,
-                       qk_scale_log2, BLOCK_M, CAUSAL, s_layout)
+                       qk_scale_log2, BLOCK_M, CAUSAL, VISIBLE, s_layout)
     p_op, ds_op, ds = _operands(p, dp, stats_bufs.index(2 * stage + 1).load(columns), k_slice.dtype, operand)
     return s, dp, p_op, ds_op, ds
 
@@ -218,7 +230,8 @@ def _scores_and_gradients(k_slice, v_slice, q_bufs, do_bufs, stats_bufs, q_ready
 def _halves_block(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready,
                   stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, stage, phase, ring,
                   first_q_block, per_head, last_head, seqlen_q, seqlen_k, nheads, slice_start, qk_scale_log2,
-                  BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, SLICE: gl.constexpr):
+                  BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, SLICE: gl.constexpr,
+                  VISIBLE: gl.constexpr = False):
     """One query block at head dim 128, the program's ``ring``-th: this consumer's dV and dK, and its head-dim half of
     dQ^T over the 128 keys, reduced from its staging buffer of the ring's parity. Returns the tiles and the walk's
     position after the block."""
@@ -230,7 +243,7 @@ def _halves_block(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready
                                                    v_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS), q_bufs, do_bufs,
                                                    stats_bufs, q_ready, do_ready, stats_ready, stage, phase, s, dp,
                                                    q_block, seqlen_q, seqlen_k, slice_start, qk_scale_log2, BLOCK_M,
-                                                   CAUSAL, s_layout, register_operand_layout(HEAD_DIM))
+                                                   CAUSAL, s_layout, register_operand_layout(HEAD_DIM), VISIBLE)
     dv = warpgroup_mma(p_op, do_bufs.index(stage), dv, is_async=True)
     # this block's dQ^T goes to the buffer whose reduction was issued two blocks ago: the issuing thread waits for it
     # here, and the barrier before _share_ds's arrive holds every other thread until it has
@@ -317,7 +330,8 @@ def _row_block_partition(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, d
     dk, dv, _, _ = walk_query_blocks(
         k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready, stats_ready,
         stage_free, dq_desc, batch, head_k * group_size, first_q_block, per_head, iterations, group_size, 0, 0, 0,
-        seqlen_q, seqlen_k, nheads, slice_start, qk_scale_log2, HEAD_DIM, BLOCK_M, NUM_STAGES, CAUSAL, SLICE)
+        seqlen_q, seqlen_k, nheads, slice_start, qk_scale_log2, HEAD_DIM, BLOCK_M, NUM_STAGES, CAUSAL, SLICE,
+        CAUSAL and HEAD_DIM == 2 * DQ_ROWS)
     # every product has completed (each block waits for its own)
     store_gradients(dk, dv, v_smem.slice(SLICE * SLICE_KEYS, SLICE_KEYS), DK, DV, batch, head_k, slice_start, seqlen_k,
                     stride_gb, stride_gm, stride_gh, softmax_scale, HEAD_DIM)
@@ -329,11 +343,17 @@ def walk_query_blocks(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_r
                       stats_ready, stage_free, dq_desc, batch, first_head, first_q_block, per_head, iterations,
                       group_size, ring, stage, phase, seqlen_q, seqlen_k, nheads, slice_start, qk_scale_log2,
                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr,
-                      CAUSAL: gl.constexpr, SLICE: gl.constexpr):
+                      CAUSAL: gl.constexpr, SLICE: gl.constexpr, UNMASKED_LOOP: gl.constexpr = False):
     """A tile's ``iterations`` query blocks (``per_head`` from ``first_q_block`` in each query head of the group from
     ``first_head``) on this consumer: its dK and dV (returned), its part of each block's dQ^T added into the
     accumulator, and the stage ring's position after the tile (``stage``, ``phase``: before it). ``ring``: the
-    program's query blocks before this tile, whose parity picks the dS^T buffer and the staging buffer."""
+    program's query blocks before this tile, whose parity picks the dS^T buffer and the staging buffer.
+
+    ``UNMASKED_LOOP`` (causal, head dim 128): each head's blocks from the first whose rows see every key of the
+    slice (``_visible_from``) run in a loop of their own, without the mask's compares and selects (38-39 of a
+    block's 473-479 instructions; that loop 404-426). A run-time branch around the mask inside one loop lost 2-10%
+    (docs/perf-notes.md, "Causal blocks out of the mask's reach"). The persistent form does not take it: its second
+    loop reloaded 7-9 spilled values a block in one consumer."""
     s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
     acc_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     s = gl.zeros([SLICE_KEYS, BLOCK_M], gl.float32, s_layout)
@@ -348,12 +368,31 @@ def walk_query_blocks(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_r
     stage = gl.to_tensor(stage)
     phase = gl.to_tensor(phase)
     if HEAD_DIM == 2 * DQ_ROWS:
-        for i in range(iterations):
-            s, dp, dq, dk, dv, head, q_block, stage, phase = _halves_block(
-                k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready,
-                stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, stage, phase, ring + i,
-                first_q_block, per_head, last_head, seqlen_q, seqlen_k, nheads, slice_start, qk_scale_log2, BLOCK_M,
-                NUM_STAGES, CAUSAL, SLICE)
+        if UNMASKED_LOOP:
+            masked = gl.minimum(_visible_from(slice_start, seqlen_q, seqlen_k, BLOCK_M) - first_q_block, per_head)
+            ring = gl.to_tensor(ring)
+            for _ in range(group_size):
+                for _ in range(masked):
+                    s, dp, dq, dk, dv, head, q_block, stage, phase = _halves_block(
+                        k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready,
+                        stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, stage, phase, ring,
+                        first_q_block, per_head, last_head, seqlen_q, seqlen_k, nheads, slice_start, qk_scale_log2,
+                        BLOCK_M, NUM_STAGES, CAUSAL, SLICE)
+                    ring += 1
+                for _ in range(per_head - masked):
+                    s, dp, dq, dk, dv, head, q_block, stage, phase = _halves_block(
+                        k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready,
+                        stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, stage, phase, ring,
+                        first_q_block, per_head, last_head, seqlen_q, seqlen_k, nheads, slice_start, qk_scale_log2,
+                        BLOCK_M, NUM_STAGES, CAUSAL, SLICE, True)
+                    ring += 1
+        else:
+            for i in range(iterations):
+                s, dp, dq, dk, dv, head, q_block, stage, phase = _halves_block(
+                    k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready,
+                    stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, stage, phase, ring + i,
+                    first_q_block, per_head, last_head, seqlen_q, seqlen_k, nheads, slice_start, qk_scale_log2,
+                    BLOCK_M, NUM_STAGES, CAUSAL, SLICE)
     else:
         # two blocks a round, so that each consumer's part in each is fixed at compile time (Gluon takes no wgmma
         # accumulator into a run-time branch); an odd last block is consumer 0's, and after it (a persistent
