@@ -32,7 +32,7 @@ def test_classes_follow_two_runs_of_three(values, expected):
     assert noise_rule.classify(values, target=1.0, floor=0.95, tolerance=0.98) == expected
 
 
-def test_two_thirds_of_other_run_counts():
+def test_two_thirds_of_the_runs_for_other_counts():
     assert [noise_rule.runs_needed(n) for n in (1, 2, 3, 4, 5, 6)] == [1, 2, 2, 3, 4, 4]
 
 
