@@ -23,8 +23,7 @@ import math
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import report  # noqa: E402  (benchmarks/ is not a package)
+import report
 
 DIRECTIONS = {"fwd": "fwd_tflops", "bwd": "bwd_tflops"}
 OURS = "flashattn"

@@ -350,11 +350,10 @@ def walk_query_blocks(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_r
     program's query blocks before this tile, whose parity picks the dS^T buffer and the staging buffer.
 
     ``UNMASKED_LOOP`` (causal, head dim 128): each head's blocks from the first whose rows see every key of the
-    slice (``_visible_from``) run in a loop of their own, without the mask's compares and selects (38-39 of a
-    block's 473-479 instructions; that loop 404-426). A run-time branch around the mask inside one loop lost 2-10%
-    (docs/perf-notes.md, "Causal blocks out of the mask's reach"). The persistent form does not take it: its second
-    loop reloaded 7-9 spilled values a block in one consumer. Head dim 64's turns, cut into a masked and an unmasked
-    run of rounds a head, lost 4-9% at 1k-4k (each run's lone first or last block)."""
+    slice (``_visible_from``) run in a loop of their own, compiled without the mask's compares and selects; a
+    run-time branch around the mask inside one loop costs more than the selects it saves. The persistent form keeps
+    one loop (a second one spills there), as does head dim 64, whose turns would leave each run a lone block
+    (docs/perf-notes.md, "Causal blocks out of the mask's reach")."""
     s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
     acc_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     s = gl.zeros([SLICE_KEYS, BLOCK_M], gl.float32, s_layout)
