@@ -328,8 +328,9 @@ def table_report(phase: str, head_dim: int, causal: bool, seqlen: int, seqlen_q:
 def hopper_forward_report(head_dim: int, causal: bool, config, varlen: bool = False) -> dict:
     """:func:`report` of the Hopper forward (``kernels/forward_hopper.py``) with ``config``'s tile, as
     ``launch.forward._hopper_forward`` launches it for bf16 inputs."""
+    from flashattn import configs
     from flashattn.kernels.forward_hopper import attention_forward_hopper_kernel
-    from flashattn.launch.forward import hopper_forward_constexprs
+    from flashattn.launch.forward import hopper_forward_constexprs, programs_per_sm
 
     seqlens = "*i32" if varlen else "*bf16"  # dense calls pass q there, never read
     dense = not varlen  # dense calls read through sequence descriptors
@@ -344,7 +345,8 @@ def hopper_forward_report(head_dim: int, causal: bool, config, varlen: bool = Fa
     if not constexprs["DYNAMIC_TILES"]:
         del signature["TileCounter"]
         constexprs["TileCounter"] = None  # the launcher passes None
-    return _gluon_report(attention_forward_hopper_kernel, signature, constexprs)
+    options = {"maxnreg": configs.HOPPER_TWO_PROGRAMS_REGISTERS} if programs_per_sm(config) == 2 else {}
+    return _gluon_report(attention_forward_hopper_kernel, signature, constexprs, options)
 
 
 def hopper_fp8_forward_report(head_dim: int, causal: bool, config, per_block: bool = True) -> dict:
@@ -561,14 +563,14 @@ def _bf16_descriptor(rows: int, head_dim: int, sequences: bool = False) -> str:
     return f"tensordesc<bf16[{box}],{tile_layout(rows, head_dim, torch.bfloat16, sequences)!r}>"
 
 
-def _gluon_report(kernel, signature: dict, constexprs: dict) -> dict:
+def _gluon_report(kernel, signature: dict, constexprs: dict, options: dict | None = None) -> dict:
     """:func:`report` of a Hopper (Gluon) kernel compiled for sm90 with 4 warps in its default partition, its pointers
     and strides 16-divisible as the launcher's tensors make them (the JIT specializes on it: 16-byte stores)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     signature = {**signature, **{name: "constexpr" for name in constexprs}}
     source = GluonASTSource(kernel, signature, constexprs, alignment_hints(signature))
-    return report(*compile_sm90(source, {"num_warps": 4}))
+    return report(*compile_sm90(source, {"num_warps": 4, **(options or {})}))
 
 
 def quantize_report(head_dim: int, phase: str, group: int = 1, delta: bool = False) -> dict:

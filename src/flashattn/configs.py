@@ -208,8 +208,12 @@ def paged_forward(config: TileConfig) -> TileConfig:
 
 # -- Budgets of the Hopper kernels --
 # registers per thread (setmaxnreg) of the consumer warpgroups, by their count: the SM's 65,536 over 3 or 4 warpgroups
-HOPPER_CONSUMER_REGISTERS = {2: 240, 3: 160}
+# (one consumer: two programs of two warpgroups, HOPPER_TWO_PROGRAMS_REGISTERS)
+HOPPER_CONSUMER_REGISTERS = {1: 232, 2: 240, 3: 160}
 HOPPER_LOADER_REGISTERS = 24
+# registers at launch of a one-consumer Hopper forward, two programs an SM (8 warps each): setmaxnreg then gives the
+# consumer 232 and the loader's warpgroup 24, (232 + 24) x 128 x 2 = 65,536
+HOPPER_TWO_PROGRAMS_REGISTERS = 128
 HOPPER_DECODE_LOADER_REGISTERS = 56  # it zeroes V past a sequence; at 24-48 ptxas spilled a two-consumer build
 HOPPER_DECODE_CONSUMER_REGISTERS = 152  # the second consumer warpgroup of a two-consumer decode program
 HOPPER_SHARED_BYTES = 227 * 1024  # the shared memory one program may take

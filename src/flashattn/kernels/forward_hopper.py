@@ -895,7 +895,7 @@ def attention_forward_hopper_kernel(
     ``Q_BUFFERS``: 2 gives a persistent program a second Q tile, so that the loader copies the next tile's Q, and
     then its first K/V blocks, while the consumers still work on this one; with 1 the copy waits for every
     consumer's release of Q. ``RESCALE_THRESHOLD``: ``lazy_max``'s (None: every block)."""
-    gl.static_assert(NUM_CONSUMERS == 2 or NUM_CONSUMERS == 3, "two or three consumer warpgroups")
+    gl.static_assert(NUM_CONSUMERS >= 1 and NUM_CONSUMERS <= 3, "one to three consumer warpgroups")
     total_tiles = row_tiles * batch_heads
     q_smem, q_ready, q_free, tile_slot = q_ring(q_desc, HEAD_DIM, Q_BUFFERS, NUM_CONSUMERS)
     k_bufs, v_bufs, k_ready, v_ready, k_free, v_free = key_ring(k_desc, v_desc, HEAD_DIM, BLOCK_N, NUM_STAGES,
@@ -904,7 +904,20 @@ def attention_forward_hopper_kernel(
     mbarrier.init(landed, count=1)
 
     # each consumer's partition spelled out: warp_specialize takes a literal list, one entry per partition
-    if NUM_CONSUMERS == 2:
+    if NUM_CONSUMERS == 1:
+        gl.warp_specialize([
+            (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, tile_slot,
+                                   Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh,
+                                   seqlen_q, seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section,
+                                   total_tiles, qk_scale_log2, 0, HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN,
+                                   NUM_CONSUMERS, STORE_THROUGH_Q, Q_BUFFERS, RESCALE_THRESHOLD)),
+            (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready,
+                               k_free, v_free, landed, tile_slot, TileCounter, CuSeqlensQ, CuSeqlensK, seqlen_q,
+                               seqlen_k, nheads, group_size, row_tiles, batch_heads, heads_per_section, total_tiles,
+                               HEAD_DIM, BLOCK_N, NUM_STAGES, CAUSAL, IS_VARLEN, NUM_CONSUMERS, DYNAMIC_TILES,
+                               Q_BUFFERS)),
+        ], [1], [LOADER_REGISTERS])
+    elif NUM_CONSUMERS == 2:
         gl.warp_specialize([
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, tile_slot,
                                    Out, Lse, CuSeqlensQ, CuSeqlensK, stride_om, stride_oh, stride_lb, stride_lh,

@@ -149,9 +149,10 @@ def _hopper_forward(q, k, v, out, lse, layout: Layout, config: configs.TileConfi
     head_dim = q.shape[-1]
     # a consumer warpgroup's 64 rows each
     tiles, plan = tile_plan_arguments(q, k, lse, layout, 64 * consumer_warpgroups(config), opts.window_right == 0)
-    # persistent: one program per SM walks the tiles, its loader fetching the next tile's Q, K and V while the
-    # consumers finish the last one
-    programs = min(tiles, sm_count(q.device.index)) if config.persistent else tiles
+    # persistent: one program per SM walks the tiles (two with one consumer), its loader fetching the next tile's Q,
+    # K and V while the consumers finish the last one
+    per_sm = programs_per_sm(config)
+    programs = min(tiles, per_sm * sm_count(q.device.index)) if config.persistent else tiles
     constexprs = hopper_forward_constexprs(config, head_dim, opts.window_right == 0, layout.is_varlen)
     # the tiles taken beyond each program's first (forward_hopper._next_tile): a fresh zero for every call, so that
     # calls on different streams never share it
@@ -162,6 +163,7 @@ def _hopper_forward(q, k, v, out, lse, layout: Layout, config: configs.TileConfi
         *rows_descriptors((q, 64), (k, config.block_n), (v, config.block_n)), out, lse, *layout.cu_seqlens,
         tile_counter,
         stride_om, stride_oh, *plan, opts.softmax_scale * LOG2E, **constexprs, num_warps=4,
+        **({"maxnreg": configs.HOPPER_TWO_PROGRAMS_REGISTERS} if per_sm == 2 else {}),
     )
 
 
@@ -235,9 +237,20 @@ def _fits_shared_memory(config: configs.TileConfig, head_dim: int, row_tiles: in
     ring."""
     tile_bytes = 64 * head_dim * 2
     ring_bytes = config.num_stages * 2 * config.block_n * head_dim * 2
-    return row_tiles * consumer_warpgroups(config) * tile_bytes + ring_bytes <= configs.HOPPER_SHARED_BYTES
+    budget = configs.HOPPER_SHARED_BYTES // programs_per_sm(config)
+    return row_tiles * consumer_warpgroups(config) * tile_bytes + ring_bytes <= budget
 
 
 def consumer_warpgroups(config: configs.TileConfig) -> int:
-    return 3 if config.three_consumers else 2
+    """The Hopper forward's and dQ's consumer warpgroups, 64 query rows each: three with ``three_consumers``, one for
+    a 64-row tile (the forward's), else two."""
+    if config.three_consumers:
+        return 3
+    return 1 if config.block_m == 64 else 2
+
+
+def programs_per_sm(config: configs.TileConfig) -> int:
+    """Programs of the Hopper forward an SM holds: two of one consumer warpgroup each (registers capped at launch,
+    ``configs.HOPPER_TWO_PROGRAMS_REGISTERS``; shared memory halved), else one."""
+    return 2 if consumer_warpgroups(config) == 1 else 1
 
