@@ -107,7 +107,13 @@ SWEPT_FORWARD_TILES = builds({  # name -> (head dim, causal, varlen, TileConfig 
     "persistent 128x128x8x2, hdim 128 varlen": (128, False, True, _PERSISTENT),
     "persistent three consumers 128x128x8x3, hdim 64 causal": (64, True, False,
                                                                 dict(_PERSISTENT, num_stages=3, three_consumers=True)),
-}, ["persistent 128x128x8x2, hdim 128 varlen", "persistent three consumers 128x128x8x3, hdim 64 causal"])
+    # one consumer a 64-row tile, two programs an SM (launch.forward.programs_per_sm)
+    "persistent one consumer 64x64x4x2, hdim 128 causal": (128, True, False,
+                                                          dict(_PERSISTENT, block_m=64, block_n=64, num_warps=4)),
+}, ["persistent 128x128x8x2, hdim 128 varlen", "persistent three consumers 128x128x8x3, hdim 64 causal",
+    "persistent one consumer 64x64x4x2, hdim 128 causal"])
+# the one-consumer builds' registers at launch and shared memory: two programs an SM
+TWO_PROGRAM_FORWARDS = {"persistent one consumer 64x64x4x2, hdim 128 causal"}
 # four swept tiles a child, as the table's builds: report(head dim, causal, tile[, varlen])
 SWEPT_BUILDS = {**{name: ("hopper_dkdv_report", head_dim, causal, fields, None)
                    for name, (head_dim, causal, fields) in SWEPT_DKDV_TILES.items()},
@@ -320,6 +326,10 @@ def test_swept_hopper_tiles_keep_wgmma_asynchronous(names):
             head_dim = SWEPT_BUILDS[name][1]
             assert result["STG.E.128"] >= 4 * head_dim // 16, f"{name}: {result['STG.E.128']} 16-byte stores"
         if name in SWEPT_DQ_TILES:  # 160 registers a consumer thread hold the three-consumer dQ without spills
+            assert result["STL"] == 0 and result["LDL"] == 0, f"{name}: spills"
+        if name in TWO_PROGRAM_FORWARDS:
+            assert result["registers"] * result["warps"] * 32 * 2 <= 65536, f"{name}: {result['registers']} registers"
+            assert 2 * (result["shared_bytes"] + 1024) <= 228 * 1024, f"{name}: {result['shared_bytes']} B shared"
             assert result["STL"] == 0 and result["LDL"] == 0, f"{name}: spills"
 
 
