@@ -47,8 +47,10 @@ def test_shortest_causal_hdim128_forward_takes_32_key_blocks():
     short = lookup("hopper", "forward", 128, True, torch.bfloat16, seqlen=SHORTEST_SEQLEN + 1)
     assert shortest == TileConfig(64, 32, 4, 3, tma=True, max_registers=168)
     assert short == TileConfig(64, 64, 4, 3, tma=True)
-    # for a call that fits it, the Hopper kernel's persistent grid
+    # for a call that fits it, the Hopper kernel's persistent grid: 64-row tiles up to 512 tokens, 128 past
     assert lookup("hopper", "forward", 128, True, torch.bfloat16, seqlen=SHORTEST_SEQLEN,
+                  hopper=True) == configs.HOPPER_FORWARD.hopper_shortest[(128, True)]
+    assert lookup("hopper", "forward", 128, True, torch.bfloat16, seqlen=SHORTEST_SEQLEN + 1,
                   hopper=True) == configs.HOPPER_FORWARD.hopper_short[(128, True)]
     # hdim 64: the short tile on pointer loads
     assert lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=SHORTEST_SEQLEN) == TileConfig(64, 64, 4, 3)
@@ -123,20 +125,18 @@ def test_hopper_forward_entries_only_where_the_call_fits():
     # a call the Hopper kernel does not cover keeps the Triton table
     assert lookup("hopper", "forward", 128, False, torch.bfloat16, seqlen=4096) == (
         configs.HOPPER_FORWARD.base[(128, False)])
-    # hdim 64: three consumers from 2k, causal or not; the Triton entries for shorter causal calls, as for short
-    # causal hdim 128
+    # hdim 64: three consumers past 1k, causal or not; causal up to 1k on 64-row tiles of one consumer, two programs
+    # an SM
     assert lookup("hopper", "forward", 64, False, torch.bfloat16, seqlen=4096, hopper=True).three_consumers
-    for seqlen in (2048, 4096, 0):  # 0: a length not known, as for the other buckets
+    for seqlen in (SHORT_SEQLEN + 1, 2048, 16384, 0):  # 0: a length not known, as for the other buckets
         assert lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=seqlen, hopper=True) == \
             configs.HOPPER_FORWARD.hopper[(64, True)]
-    assert lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=16384, hopper=True) == \
-        configs.HOPPER_FORWARD.hopper[(64, True)]
-    for seqlen in (2047, SHORT_SEQLEN + 1, SHORT_SEQLEN):
-        assert lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=seqlen, hopper=True) == \
-            lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=seqlen)
+    for head_dim, seqlen in ((64, SHORT_SEQLEN), (64, SHORTEST_SEQLEN), (128, SHORTEST_SEQLEN)):
+        one_consumer = lookup("hopper", "forward", head_dim, True, torch.bfloat16, seqlen=seqlen, hopper=True)
+        assert one_consumer.hopper and one_consumer.block_m == 64 and one_consumer.num_warps == 4
     assert not lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=2048).hopper
     # up to 1k tokens every other Hopper entry is a persistent grid
-    for head_dim, causal in ((64, False), (128, False), (128, True), (256, False), (256, True)):
+    for head_dim, causal in ((64, False), (64, True), (128, False), (128, True), (256, False), (256, True)):
         for seqlen in (SHORTEST_SEQLEN, SHORT_SEQLEN):
             short = lookup("hopper", "forward", head_dim, causal, torch.bfloat16, seqlen=seqlen,
                            hopper=True)

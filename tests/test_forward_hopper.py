@@ -30,7 +30,15 @@ HOPPER_TILES = {
     "n128-s3-consumers3": configs.TileConfig(128, 128, 8, 3, hopper=True, three_consumers=True),
     "n128-s3-consumers3-persistent": configs.TileConfig(128, 128, 8, 3, hopper=True, three_consumers=True,
                                                         persistent=True),
+    # one consumer warpgroup a 64-row tile, two programs an SM
+    "m64-n64-s2-persistent": configs.TileConfig(64, 64, 4, 2, hopper=True, persistent=True),
+    "m64-n128-s2-persistent": configs.TileConfig(64, 128, 4, 2, hopper=True, persistent=True),
 }
+
+
+def tile_head_dim(tile: str) -> int:
+    """The head dim a tile serves in the table: 64 for three consumers and the one-consumer 128-key tile, else 128."""
+    return 64 if HOPPER_TILES[tile].three_consumers or tile == "m64-n128-s2-persistent" else 128
 
 
 def forced_ws(tile: configs.TileConfig | None, monkeypatch, expect_launch: bool = True):
@@ -109,14 +117,15 @@ def test_persistent_grid_holds_a_second_q_tile_where_shared_memory_has_room():
 @pytest.mark.gpu
 @hopper
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("tile", ["n128-s2-persistent", "n128-s3-consumers3-persistent"])
+@pytest.mark.parametrize("tile", ["n128-s2-persistent", "n128-s3-consumers3-persistent",
+                                  "m64-n64-s2-persistent", "m64-n128-s2-persistent"])
 def test_persistent_forward_repeats_and_leaves_no_tile_out(tile, causal, monkeypatch):
     # the tiles come from a counter, a fresh one each call. Which program computes a tile does not change its
     # arithmetic, so back-to-back calls and a grid of one program a tile give the same bits; a tile taken twice
     # would give them too, but a tile left out would leave its rows unwritten. 16 heads: 3-6 tiles a program, so
     # that each of the two Q buffers is refilled more than once
     persistent = HOPPER_TILES[tile]
-    head_dim = 64 if persistent.three_consumers else 128
+    head_dim = tile_head_dim(tile)
     q, k, v = (torch.randn(3, 1500, 16, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     with forced_ws(persistent, monkeypatch):
         first = flash_attn_func(q, k, v, causal=causal)
@@ -167,6 +176,8 @@ def test_ws_forward_matches_reference(shape, option, tile, monkeypatch):
         pytest.skip("hdim 256 with 128-key blocks does not fit in registers")
     if HOPPER_TILES[tile].three_consumers and shape[-1] != 64:
         pytest.skip("three consumers are for hdim 64 (160 registers a thread)")
+    if HOPPER_TILES[tile].block_m == 64 and shape[-1] == 256:
+        pytest.skip("one consumer at hdim 256 does not fit in two programs' registers")
     with forced_ws(HOPPER_TILES[tile], monkeypatch):
         check_against_reference(make_case(shape, option, "cuda"), torch.bfloat16, "cuda", flash_attn_func,
                                 backward=shape[1] <= 1024)
@@ -174,7 +185,8 @@ def test_ws_forward_matches_reference(shape, option, tile, monkeypatch):
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize("tile", ["n128-s2-persistent", "n128-s3-consumers3-persistent"])
+@pytest.mark.parametrize("tile", ["n128-s2-persistent", "n128-s3-consumers3-persistent",
+                                  "m64-n64-s2-persistent", "m64-n128-s2-persistent"])
 @pytest.mark.parametrize("option", ["plain", "causal"])
 # tiles that may see no whole key block, on grids of 4-8 tiles a program, two Q tiles: the first two shapes are the
 # ones that ptxas once compiled wrong when not causal (it reused Q descriptors across the kernel's two key-block runs,
@@ -183,7 +195,7 @@ def test_ws_forward_matches_reference(shape, option, tile, monkeypatch):
 @pytest.mark.parametrize("shape", [(64, 89, 89, 16, 16), (4, 1024, 77, 16, 4), (4, 1024, 200, 16, 4)],
                          ids=["89x89", "1024x77", "1024x200"])
 def test_ws_forward_tiles_that_may_see_no_whole_block(shape, option, tile, monkeypatch):
-    head_dim = 64 if HOPPER_TILES[tile].three_consumers else 128
+    head_dim = tile_head_dim(tile)
     with forced_ws(HOPPER_TILES[tile], monkeypatch):
         check_against_reference(make_case((*shape, head_dim), option, "cuda"), torch.bfloat16, "cuda",
                                 flash_attn_func, backward=False)
@@ -262,7 +274,8 @@ def test_slices_of_longer_sequences_are_read_in_place(batch, seqlen_q, seqlen_k,
 @pytest.mark.parametrize("seqlens", [([1, 300, 129, 0, 64], [5, 300, 700, 3, 64]), ([1000, 17], [1000, 17]),
                                      ([17] * 40 + [300], [23] * 40 + [250])], ids=["mixed", "equal", "short"])
 @pytest.mark.parametrize(("tile", "head_dim"), [("n128-s2", 128), ("n128-s3-consumers3", 64),
-                                               ("n128-s2-persistent", 128), ("n128-s3-consumers3-persistent", 64)])
+                                               ("n128-s2-persistent", 128), ("n128-s3-consumers3-persistent", 64),
+                                               ("m64-n64-s2-persistent", 128), ("m64-n128-s2-persistent", 64)])
 def test_ws_varlen_matches_reference(seqlens, option, tile, head_dim, monkeypatch):
     case = make_varlen_case((*seqlens, 4, 2, head_dim), option, "cuda")
     with forced_ws(HOPPER_TILES[tile], monkeypatch):
@@ -282,7 +295,7 @@ def test_other_options_take_the_triton_kernel(option, monkeypatch):
 @hopper
 @pytest.mark.parametrize(("head_dim", "option", "dtype", "seqlen", "expect_launch"), [
     (128, "causal", torch.bfloat16, 2048, True), (256, "causal", torch.float16, 2048, True),
-    (64, "plain", torch.bfloat16, 2048, True), (64, "causal", torch.bfloat16, 1024, False),
+    (64, "plain", torch.bfloat16, 2048, True), (64, "causal", torch.bfloat16, 1024, True),
     (96, "causal", torch.bfloat16, 2048, False), (128, "causal", torch.float32, 2048, False)])
 def test_table_takes_the_hopper_kernel_where_it_fits(head_dim, option, dtype, seqlen, expect_launch, monkeypatch):
     case = make_case((1, seqlen, seqlen, 2, 2, head_dim), option, "cuda")
@@ -292,7 +305,10 @@ def test_table_takes_the_hopper_kernel_where_it_fits(head_dim, option, dtype, se
 
 @pytest.mark.gpu
 @hopper
-def test_table_takes_the_three_consumer_kernel_for_causal_hdim_64_from_2k(monkeypatch):
-    case = make_case((1, 2048, 2048, 2, 2, 64), "causal", "cuda")
+@pytest.mark.parametrize(("seqlen", "consumers"), [(512, 1), (1024, 1), (2048, 3)])
+def test_table_takes_one_consumer_then_three_for_causal_hdim_64(seqlen, consumers, monkeypatch):
+    case = make_case((1, seqlen, seqlen, 2, 2, 64), "causal", "cuda")
+    config = configs.lookup("hopper", "forward", 64, True, torch.bfloat16, seqlen=seqlen, hopper=True)
+    assert launch_forward.consumer_warpgroups(config) == consumers
     with forced_ws(None, monkeypatch, expect_launch=True):
         check_against_reference(case, torch.bfloat16, "cuda", flash_attn_func, backward=False)

@@ -110,10 +110,13 @@ SWEPT_FORWARD_TILES = builds({  # name -> (head dim, causal, varlen, TileConfig 
     # one consumer a 64-row tile, two programs an SM (launch.forward.programs_per_sm)
     "persistent one consumer 64x64x4x2, hdim 128 causal": (128, True, False,
                                                           dict(_PERSISTENT, block_m=64, block_n=64, num_warps=4)),
+    "persistent one consumer 64x128x4x2, hdim 64 causal": (64, True, False,
+                                                          dict(_PERSISTENT, block_m=64, num_warps=4)),
 }, ["persistent 128x128x8x2, hdim 128 varlen", "persistent three consumers 128x128x8x3, hdim 64 causal",
     "persistent one consumer 64x64x4x2, hdim 128 causal"])
 # the one-consumer builds' registers at launch and shared memory: two programs an SM
-TWO_PROGRAM_FORWARDS = {"persistent one consumer 64x64x4x2, hdim 128 causal"}
+TWO_PROGRAM_FORWARDS = {"persistent one consumer 64x64x4x2, hdim 128 causal",
+                        "persistent one consumer 64x128x4x2, hdim 64 causal"}
 # four swept tiles a child, as the table's builds: report(head dim, causal, tile[, varlen])
 SWEPT_BUILDS = {**{name: ("hopper_dkdv_report", head_dim, causal, fields, None)
                    for name, (head_dim, causal, fields) in SWEPT_DKDV_TILES.items()},

@@ -105,18 +105,20 @@ HOPPER_FORWARD = PhaseTable(
         # causal hdim 256: one program a tile (the persistent grid 5-10% slower at 2k-8k); lazy rescale at hdim 256 only
         (256, True): TileConfig(128, 64, 8, 2, hopper=True, rescale_threshold=8.0),
     },
-    # short sequences: every head dim on a persistent grid; causal hdim 128 on 64-key blocks
+    # short sequences: every head dim on a persistent grid; causal hdim 128 on 64-key blocks; causal hdim 64 on
+    # 64-row tiles, one consumer warpgroup a program and two programs an SM (the diagonal's waste halved)
     hopper_short={
         (64, False): TileConfig(128, 128, 8, 3, hopper=True, three_consumers=True, persistent=True),
+        (64, True): TileConfig(64, 128, 4, 2, hopper=True, persistent=True),
         (128, False): TileConfig(128, 128, 8, 2, hopper=True, persistent=True),
         (128, True): TileConfig(128, 64, 8, 3, hopper=True, persistent=True),
         (256, False): TileConfig(128, 64, 8, 2, hopper=True, persistent=True, rescale_threshold=8.0),
         (256, True): TileConfig(128, 64, 8, 2, hopper=True, persistent=True, rescale_threshold=8.0),
     },
+    # causal hdim 128 at <= 512 tokens: 64-row tiles, one consumer warpgroup, two programs an SM
+    hopper_shortest={(128, True): TileConfig(64, 64, 4, 2, hopper=True, persistent=True)},
     # causal hdim 128 from 8k: one program a tile on 3 stages (packed calls keep the persistent grid: ``lookup``)
     hopper_long={(128, True): TileConfig(128, 128, 8, 3, hopper=True)},
-    # causal hdim 64: the Triton tile overlaps the exponentials better below 2k
-    hopper_from={(64, True): 2048},
 )
 
 HOPPER_DKDV = PhaseTable(
