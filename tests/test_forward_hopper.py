@@ -121,19 +121,34 @@ def test_persistent_grid_holds_a_second_q_tile_where_shared_memory_has_room():
                                   "m64-n64-s2-persistent", "m64-n128-s2-persistent"])
 def test_persistent_forward_repeats_and_leaves_no_tile_out(tile, causal, monkeypatch):
     # the tiles come from a counter, a fresh one each call. Which program computes a tile does not change its
-    # arithmetic, so back-to-back calls and a grid of one program a tile give the same bits; a tile taken twice
-    # would give them too, but a tile left out would leave its rows unwritten. 16 heads: 3-6 tiles a program, so
-    # that each of the two Q buffers is refilled more than once
+    # arithmetic, so back-to-back calls and another grid give the same bits; a tile taken twice would give them too,
+    # but a tile left out would leave its rows unwritten. 16 heads: 3-6 tiles a program, so that each of the two Q
+    # buffers is refilled more than once
     persistent = HOPPER_TILES[tile]
     head_dim = tile_head_dim(tile)
     q, k, v = (torch.randn(3, 1500, 16, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     with forced_ws(persistent, monkeypatch):
         first = flash_attn_func(q, k, v, causal=causal)
         second = flash_attn_func(q, k, v, causal=causal)
-    with forced_ws(dataclasses.replace(persistent, persistent=False), monkeypatch):
-        one_program_a_tile = flash_attn_func(q, k, v, causal=causal)
+    if launch_forward.consumer_warpgroups(persistent) == 1:
+        # one consumer runs on a persistent grid only (launch_forward.programs_per_sm): 8 programs, every tile past
+        # the first 8 from the counter
+        monkeypatch.setattr(launch_forward, "sm_count", lambda index: 4)
+        other_grid = persistent
+    else:
+        other_grid = dataclasses.replace(persistent, persistent=False)  # one program a tile
+    with forced_ws(other_grid, monkeypatch):
+        other = flash_attn_func(q, k, v, causal=causal)
     assert torch.equal(first, second)
-    assert torch.equal(first, one_program_a_tile)
+    assert torch.equal(first, other)
+
+
+def test_one_consumer_forward_takes_a_persistent_grid_only():
+    one_consumer = HOPPER_TILES["m64-n64-s2-persistent"]
+    assert launch_forward.programs_per_sm(one_consumer) == 2
+    assert launch_forward.programs_per_sm(HOPPER_TILES["n128-s2"]) == 1
+    with pytest.raises(ValueError, match="config: a 64-row Hopper forward tile .* needs persistent=True"):
+        launch_forward.programs_per_sm(dataclasses.replace(one_consumer, persistent=False))
 
 
 def test_heads_per_section_fits_the_l2_budget(monkeypatch):

@@ -105,8 +105,8 @@ HOPPER_FORWARD = PhaseTable(
         # causal hdim 256: one program a tile (the persistent grid 5-10% slower at 2k-8k); lazy rescale at hdim 256 only
         (256, True): TileConfig(128, 64, 8, 2, hopper=True, rescale_threshold=8.0),
     },
-    # short sequences: every head dim on a persistent grid; causal hdim 128 on 64-key blocks; causal hdim 64 on
-    # 64-row tiles, one consumer warpgroup a program and two programs an SM (the diagonal's waste halved)
+    # short sequences: every head dim on a persistent grid; causal hdim 128 on 64-key blocks; causal hdim 64 on 64-row
+    # tiles of one consumer warpgroup, two programs an SM (a persistent grid only: launch.forward.programs_per_sm)
     hopper_short={
         (64, False): TileConfig(128, 128, 8, 3, hopper=True, three_consumers=True, persistent=True),
         (64, True): TileConfig(64, 128, 4, 2, hopper=True, persistent=True),
@@ -115,8 +115,7 @@ HOPPER_FORWARD = PhaseTable(
         (256, False): TileConfig(128, 64, 8, 2, hopper=True, persistent=True, rescale_threshold=8.0),
         (256, True): TileConfig(128, 64, 8, 2, hopper=True, persistent=True, rescale_threshold=8.0),
     },
-    # causal hdim 128 at <= 512 tokens: 64-row tiles, one consumer warpgroup, two programs an SM
-    hopper_shortest={(128, True): TileConfig(64, 64, 4, 2, hopper=True, persistent=True)},
+    hopper_shortest={(128, True): TileConfig(64, 64, 4, 2, hopper=True, persistent=True)},  # as hdim 64's, to 512
     # causal hdim 128 from 8k: one program a tile on 3 stages (packed calls keep the persistent grid: ``lookup``)
     hopper_long={(128, True): TileConfig(128, 128, 8, 3, hopper=True)},
 )
@@ -209,13 +208,9 @@ def paged_forward(config: TileConfig) -> TileConfig:
     return dataclasses.replace(config, block_n=min(config.block_n, 64), tma=False)
 
 # -- Budgets of the Hopper kernels --
-# registers per thread (setmaxnreg) of the consumer warpgroups, by their count: the SM's 65,536 over 3 or 4 warpgroups
-# (one consumer: two programs of two warpgroups, HOPPER_TWO_PROGRAMS_REGISTERS)
-HOPPER_CONSUMER_REGISTERS = {1: 232, 2: 240, 3: 160}
-HOPPER_LOADER_REGISTERS = 24
-# registers at launch of a one-consumer Hopper forward, two programs an SM (8 warps each): setmaxnreg then gives the
-# consumer 232 and the loader's warpgroup 24, (232 + 24) x 128 x 2 = 65,536
-HOPPER_TWO_PROGRAMS_REGISTERS = 128
+# registers a thread (setmaxnreg) of the consumer warpgroups by their count and of the loader: the SM's 65,536 over
+# its warpgroups; a one-consumer forward, two programs an SM, launches at 128 for (232 + 24) x 128 x 2 = 65,536
+HOPPER_CONSUMER_REGISTERS, HOPPER_LOADER_REGISTERS, HOPPER_TWO_PROGRAMS_REGISTERS = {1: 232, 2: 240, 3: 160}, 24, 128
 HOPPER_DECODE_LOADER_REGISTERS = 56  # it zeroes V past a sequence; at 24-48 ptxas spilled a two-consumer build
 HOPPER_DECODE_CONSUMER_REGISTERS = 152  # the second consumer warpgroup of a two-consumer decode program
 HOPPER_SHARED_BYTES = 227 * 1024  # the shared memory one program may take
