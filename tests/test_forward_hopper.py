@@ -130,25 +130,21 @@ def test_persistent_forward_repeats_and_leaves_no_tile_out(tile, causal, monkeyp
     with forced_ws(persistent, monkeypatch):
         first = flash_attn_func(q, k, v, causal=causal)
         second = flash_attn_func(q, k, v, causal=causal)
-    if launch_forward.consumer_warpgroups(persistent) == 1:
-        # one consumer runs on a persistent grid only (launch_forward.programs_per_sm): 8 programs, every tile past
-        # the first 8 from the counter
-        monkeypatch.setattr(launch_forward, "sm_count", lambda index: 4)
-        other_grid = persistent
-    else:
-        other_grid = dataclasses.replace(persistent, persistent=False)  # one program a tile
-    with forced_ws(other_grid, monkeypatch):
+    # one program a tile: programs start as others end. A one-consumer build once left an unused barrier
+    # initialized where its O was staged, and there some of its 1.8% of the tiles lost 8 bytes of O
+    # (forward_hopper.zeroing_barrier)
+    with forced_ws(dataclasses.replace(persistent, persistent=False), monkeypatch):
         other = flash_attn_func(q, k, v, causal=causal)
     assert torch.equal(first, second)
     assert torch.equal(first, other)
 
 
-def test_one_consumer_forward_takes_a_persistent_grid_only():
+def test_one_consumer_forward_runs_two_programs_an_sm():
     one_consumer = HOPPER_TILES["m64-n64-s2-persistent"]
     assert launch_forward.programs_per_sm(one_consumer) == 2
+    assert launch_forward.programs_per_sm(dataclasses.replace(one_consumer, persistent=False)) == 2
     assert launch_forward.programs_per_sm(HOPPER_TILES["n128-s2"]) == 1
-    with pytest.raises(ValueError, match="config: a 64-row Hopper forward tile .* needs persistent=True"):
-        launch_forward.programs_per_sm(dataclasses.replace(one_consumer, persistent=False))
+    assert launch_forward.programs_per_sm(HOPPER_TILES["n128-s3-consumers3-persistent"]) == 1
 
 
 def test_heads_per_section_fits_the_l2_budget(monkeypatch):

@@ -106,7 +106,7 @@ HOPPER_FORWARD = PhaseTable(
         (256, True): TileConfig(128, 64, 8, 2, hopper=True, rescale_threshold=8.0),
     },
     # short sequences: every head dim on a persistent grid; causal hdim 128 on 64-key blocks; causal hdim 64 on 64-row
-    # tiles of one consumer warpgroup, two programs an SM (a persistent grid only: launch.forward.programs_per_sm)
+    # tiles of one consumer warpgroup, two programs an SM (launch.forward.programs_per_sm)
     hopper_short={
         (64, False): TileConfig(128, 128, 8, 3, hopper=True, three_consumers=True, persistent=True),
         (64, True): TileConfig(64, 128, 4, 2, hopper=True, persistent=True),

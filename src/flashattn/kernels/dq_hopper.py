@@ -42,6 +42,7 @@ from .forward_hopper import (
     tile_layout_of,
     visible_keys,
     wgmma_layout,
+    zeroing_barrier,
 )
 
 LOG2E = gl.constexpr(1.4426950408889634)
@@ -200,8 +201,7 @@ def dq_hopper_kernel(
                                                                 NUM_CONSUMERS)
     rows_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(rows_ready, count=1)
-    landed = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    mbarrier.init(landed, count=1)
+    landed = zeroing_barrier(k_desc)
 
     # each consumer's partition spelled out: warp_specialize takes a literal list, one entry per partition, and
     # argument tuples built once and joined with + lose their constexprs in Triton 3.6's Gluon

@@ -362,6 +362,19 @@ def key_ring(k_desc, v_desc, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_
 
 
 @gluon.jit
+def zeroing_barrier(k_desc):
+    """The loader's own barrier behind the blocks it zeroes past a sequence's end (``load_key_block_within``),
+    initialized only where the loader uses it: with token descriptors. A sequence descriptor's build never touches
+    it, so the compiler gives its memory to other shared memory (the epilogue's staging of O), and an initialized
+    barrier's memory must not be read or written as data (PTX: ``mbarrier.inval`` first): there, 8 bytes of the
+    staged O read back as the barrier's state on grids of one program a tile (docs/perf-notes.md)."""
+    landed = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    if not counts_sequences(k_desc.block_type.shape):
+        mbarrier.init(landed, count=1)
+    return landed
+
+
+@gluon.jit
 def load_key_block(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_free, v_free, position, sequence, start, row,
                    column, NUM_STAGES: gl.constexpr):
     """A sequence's K and V rows [row, row + block) at ``column`` (``copy_rows``) into the ring's stage of key block
@@ -900,8 +913,7 @@ def attention_forward_hopper_kernel(
     q_smem, q_ready, q_free, tile_slot = q_ring(q_desc, HEAD_DIM, Q_BUFFERS, NUM_CONSUMERS)
     k_bufs, v_bufs, k_ready, v_ready, k_free, v_free = key_ring(k_desc, v_desc, HEAD_DIM, BLOCK_N, NUM_STAGES,
                                                                 NUM_CONSUMERS)
-    landed = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    mbarrier.init(landed, count=1)
+    landed = zeroing_barrier(k_desc)
 
     # each consumer's partition spelled out: warp_specialize takes a literal list, one entry per partition
     if NUM_CONSUMERS == 1:

@@ -251,12 +251,6 @@ def consumer_warpgroups(config: configs.TileConfig) -> int:
 
 def programs_per_sm(config: configs.TileConfig) -> int:
     """Programs of the Hopper forward an SM holds: two of one consumer warpgroup each (registers capped at launch,
-    ``configs.HOPPER_TWO_PROGRAMS_REGISTERS``; shared memory halved), else one. One consumer runs on a persistent
-    grid only: on a grid of one program a tile a few of its outputs come out NaN, a fault not yet found."""
-    if consumer_warpgroups(config) > 1:
-        return 1
-    if not config.persistent:
-        raise ValueError(f"config: a 64-row Hopper forward tile (one consumer warpgroup) needs persistent=True, "
-                         f"got {config}")
-    return 2
+    ``configs.HOPPER_TWO_PROGRAMS_REGISTERS``; shared memory halved), else one."""
+    return 1 if consumer_warpgroups(config) > 1 else 2
 
