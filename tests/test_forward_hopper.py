@@ -130,9 +130,8 @@ def test_persistent_forward_repeats_and_leaves_no_tile_out(tile, causal, monkeyp
     with forced_ws(persistent, monkeypatch):
         first = flash_attn_func(q, k, v, causal=causal)
         second = flash_attn_func(q, k, v, causal=causal)
-    # one program a tile: programs start as others end. A one-consumer build once left an unused barrier
-    # initialized where its O was staged, and there some of its 1.8% of the tiles lost 8 bytes of O
-    # (forward_hopper.zeroing_barrier)
+    # one program a tile: programs start as others end, the grid on which a barrier left initialized and unused cost
+    # 8 bytes of O in 1.8% of the one-consumer tiles (forward_hopper.zeroing_barrier)
     with forced_ws(dataclasses.replace(persistent, persistent=False), monkeypatch):
         other = flash_attn_func(q, k, v, causal=causal)
     assert torch.equal(first, second)
@@ -145,6 +144,14 @@ def test_one_consumer_forward_runs_two_programs_an_sm():
     assert launch_forward.programs_per_sm(dataclasses.replace(one_consumer, persistent=False)) == 2
     assert launch_forward.programs_per_sm(HOPPER_TILES["n128-s2"]) == 1
     assert launch_forward.programs_per_sm(HOPPER_TILES["n128-s3-consumers3-persistent"]) == 1
+
+
+def test_dq_and_fp8_forward_refuse_a_one_consumer_tile():
+    # they share the forward's tiles of two or three consumers; a 64-row tile is the 16-bit forward's alone
+    assert launch_forward.shared_consumer_warpgroups(HOPPER_TILES["n128-s2"], "dQ") == 2
+    assert launch_forward.shared_consumer_warpgroups(HOPPER_TILES["n128-s3-consumers3"], "dQ") == 3
+    with pytest.raises(ValueError, match="config: the Hopper FP8 forward takes 128-row tiles"):
+        launch_forward.shared_consumer_warpgroups(HOPPER_TILES["m64-n64-s2-persistent"], "FP8 forward")
 
 
 def test_heads_per_section_fits_the_l2_budget(monkeypatch):

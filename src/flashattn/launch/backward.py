@@ -32,10 +32,10 @@ from .common import (
     tma_loads,
 )
 from .forward import (
-    consumer_warpgroups,
     hopper_forward_fits,
     l2_section_units,
     room_for_wide_stores,
+    shared_consumer_warpgroups,
     tile_plan_arguments,
 )
 from .launcher import launch, zeros
@@ -103,7 +103,8 @@ def _hopper_dq(q, k, v, dout, lse, delta, dq, layout: Layout, config: configs.Ti
     from ..kernels.dq_hopper import dq_hopper_kernel
 
     head_dim = q.shape[-1]
-    tiles, plan = tile_plan_arguments(q, k, lse, layout, 64 * consumer_warpgroups(config), opts.window_right == 0)
+    rows = 64 * shared_consumer_warpgroups(config, "dQ")
+    tiles, plan = tile_plan_arguments(q, k, lse, layout, rows, opts.window_right == 0)
     _, stride_dqm, stride_dqh = strides(dq)
     launch(
         dq_hopper_kernel, (tiles,),
@@ -115,7 +116,7 @@ def _hopper_dq(q, k, v, dout, lse, delta, dq, layout: Layout, config: configs.Ti
 
 def hopper_dq_constexprs(config: configs.TileConfig, head_dim: int, causal: bool, is_varlen: bool) -> dict:
     """The Hopper dQ kernel's compile-time arguments for ``config`` (also what benchmarks/sass_report.py compiles)."""
-    consumers = consumer_warpgroups(config)
+    consumers = shared_consumer_warpgroups(config, "dQ")
     return dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, NUM_STAGES=config.num_stages, CAUSAL=causal,
                 IS_VARLEN=is_varlen, NUM_CONSUMERS=consumers,
                 CONSUMER_REGISTERS=configs.HOPPER_CONSUMER_REGISTERS[consumers],

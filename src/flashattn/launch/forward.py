@@ -249,6 +249,15 @@ def consumer_warpgroups(config: configs.TileConfig) -> int:
     return 1 if config.block_m == 64 else 2
 
 
+def shared_consumer_warpgroups(config: configs.TileConfig, kernel: str) -> int:
+    """``consumer_warpgroups`` for the kernels built on the forward's tiles with two or three consumers (the dQ, the
+    FP8 forward): a 64-row tile of one consumer is the 16-bit forward's alone."""
+    consumers = consumer_warpgroups(config)
+    if consumers == 1:
+        raise ValueError(f"config: the Hopper {kernel} takes 128-row tiles (192 with three_consumers), got {config}")
+    return consumers
+
+
 def programs_per_sm(config: configs.TileConfig) -> int:
     """Programs of the Hopper forward an SM holds: two of one consumer warpgroup each (registers capped at launch,
     ``configs.HOPPER_TWO_PROGRAMS_REGISTERS``; shared memory halved), else one."""

@@ -26,7 +26,7 @@ from .common import (
     token_descriptor,
     token_rows,
 )
-from .forward import consumer_warpgroups, tile_plan_arguments
+from .forward import shared_consumer_warpgroups, tile_plan_arguments
 from .launcher import launch
 
 
@@ -156,7 +156,8 @@ def _hopper_forward_fp8(q, k, v, descales, out, lse, layout: Layout, config: con
     from ..kernels.forward_fp8_hopper import attention_forward_fp8_hopper_kernel
 
     head_dim = q.shape[-1]
-    tiles, plan = tile_plan_arguments(q, k, lse, layout, 64 * consumer_warpgroups(config), opts.window_right == 0)
+    rows = 64 * shared_consumer_warpgroups(config, "FP8 forward")
+    tiles, plan = tile_plan_arguments(q, k, lse, layout, rows, opts.window_right == 0)
     programs = min(tiles, sm_count(q.device.index)) if config.persistent else tiles
     constexprs = hopper_fp8_constexprs(config, head_dim, opts.window_right == 0, has_blocks(descales))
     # the tiles taken beyond each program's first: a fresh zero for every call (``launch.forward._hopper_forward``)
@@ -175,7 +176,7 @@ def hopper_fp8_constexprs(config: configs.TileConfig, head_dim: int, causal: boo
     """The Gluon FP8 forward's compile-time arguments for ``config`` (also what benchmarks/sass_report.py compiles):
     the 16-bit Hopper forward's, with Q buffers and wide stores where shared memory has room for them at 1 byte an
     input element."""
-    consumers = consumer_warpgroups(config)
+    consumers = shared_consumer_warpgroups(config, "FP8 forward")
     room = configs.HOPPER_SHARED_BYTES
     q_buffers = 2 if config.persistent and _fp8_shared_bytes(config, head_dim, 2, False) <= room else 1
     return dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, NUM_STAGES=config.num_stages, CAUSAL=causal,
@@ -189,7 +190,7 @@ def hopper_fp8_constexprs(config: configs.TileConfig, head_dim: int, causal: boo
 def _fp8_shared_bytes(config: configs.TileConfig, head_dim: int, q_buffers: int, wide_stores: bool) -> int:
     """Shared memory of a Gluon FP8 forward program: each consumer's e4m3 64-row Q tiles, the e4m3 K/V ring and,
     for wide stores, each consumer's bfloat16 64-row result on its way to 16-byte stores."""
-    consumers = consumer_warpgroups(config)
+    consumers = shared_consumer_warpgroups(config, "FP8 forward")
     q_bytes = q_buffers * consumers * 64 * head_dim
     ring_bytes = config.num_stages * 2 * config.block_n * head_dim
     return q_bytes + ring_bytes + (consumers * 64 * head_dim * 2 if wide_stores else 0)
