@@ -915,7 +915,8 @@ def attention_forward_hopper_kernel(
                                                                 NUM_CONSUMERS)
     landed = zeroing_barrier(k_desc)
 
-    # each consumer's partition spelled out: warp_specialize takes a literal list, one entry per partition
+    # each consumer's partition spelled out: warp_specialize takes a literal list, one entry per partition, and an
+    # argument tuple built once (joined with +, or nested in each entry's) loses its constexprs in Triton 3.6's Gluon
     if NUM_CONSUMERS == 1:
         gl.warp_specialize([
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, tile_slot,
