@@ -134,7 +134,8 @@ def report(compiled, ptxas_log: str | None = None) -> dict:
     return {**report_cubin(cubin, compiled.metadata.shared, compiled.metadata.num_warps, listings),
             "wgmma_serialized": serialization_reason(ptxas_log or kept(
                 cache, PTXAS_LOG, lambda: assemble(compiled.asm["ptx"]))),
-            "ptx_reductions": ptx_reductions(compiled.asm["ptx"])}
+            "ptx_reductions": ptx_reductions(compiled.asm["ptx"]),
+            "idle_barriers": idle_barriers(compiled.asm["ttgir"])}
 
 
 # ptxas's log of a kernel's compile, kept beside the kernel in Triton's cache: a compile that Triton's cache answers
@@ -181,6 +182,32 @@ def ptx_reductions(ptx: str) -> dict:
         if name.startswith("cp.") or ".global" in name:
             found[name] = found.get(name, 0) + 1
     return found
+
+
+def idle_barriers(ttgir: str) -> list[str]:
+    """The barriers (int64 shared-memory allocations) that a build initializes and then never waits on, arrives at,
+    hands to a copy or passes to a partition, by their TTGIR names. Such a barrier is dead to the compiler, which gives
+    its memory to other shared memory (scratch, staging), while the memory still holds an initialized mbarrier: PTX
+    leaves any other access to it undefined, and an unused barrier of the Hopper forward once cost 8 bytes of O in
+    some tiles (``forward_hopper.zeroing_barrier``)."""
+    lines = ttgir.splitlines()
+    idle = []
+    for name in re.findall(r"^\s*(%[\w.]+) = ttg\.local_alloc : \(\) -> !ttg\.memdesc<[\dx]+xi64,", ttgir, re.M):
+        views = {name}  # the allocation and the views of it (an element of a barrier array)
+        used = False
+        for line in lines:
+            mentioned = {view for view in views if re.search(re.escape(view) + r"\b", line)}
+            if not mentioned or re.match(r"\s*" + re.escape(name) + r" = ttg\.local_alloc", line):
+                continue
+            view = re.match(r"\s*(%[\w.]+) = ttg\.memdesc_(?:index|subslice|reinterpret)\b", line)
+            if view:
+                views.add(view.group(1))
+            elif "ttng.init_barrier" not in line:
+                used = True
+                break
+        if not used:
+            idle.append(name)
+    return idle
 
 
 def assemble(ptx: str) -> str:

@@ -276,6 +276,7 @@ def test_table_kernels_keep_wgmma_asynchronous(group):
         assert result["HGMMA"] > 0, f"{name}: no wgmma at all (HMMA {result['HMMA']})"
         assert result["wgmma_serialized"] is None, f"{name}: ptxas serialized the wgmma: {result['wgmma_serialized']}"
         assert result["unwritten_uniform_reads"] == 0, f"{name}: {UNWRITTEN_READS}"
+        assert result["idle_barriers"] == [], f"{name}: barriers initialized and never used {result['idle_barriers']}"
         if phase.startswith("dkdv"):
             check_dq_reductions(name, result, head_dim, causal)
         if phase in ("forward_hopper", "dq_hopper"):
@@ -320,6 +321,7 @@ def test_swept_hopper_tiles_keep_wgmma_asynchronous(names):
         assert result["HGMMA"] > 0, f"{name}: no wgmma at all"
         assert result["wgmma_serialized"] is None, f"{name}: ptxas serialized the wgmma: {result['wgmma_serialized']}"
         assert result["unwritten_uniform_reads"] == 0, f"{name}: {UNWRITTEN_READS}"
+        assert result["idle_barriers"] == [], f"{name}: barriers initialized and never used {result['idle_barriers']}"
         if name in SWEPT_DKDV_TILES or name in SWEPT_FUSED_DQ_TILES:
             _, head_dim, causal, fields, _ = SWEPT_BUILDS[name]
             check_dq_reductions(name, result, head_dim, causal, fields["block_m"])
