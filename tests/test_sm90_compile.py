@@ -411,6 +411,7 @@ for head_dim, block_n, stages, new_keys, paged, query_rows, consumers, early in 
         assert result["STL"] == 0 and result["LDL"] == 0, (tile, result)
         assert result["shared_bytes"] <= HOPPER_SHARED_BYTES, (tile, result)
         assert result["unwritten_uniform_reads"] == 0, (tile, UNWRITTEN_READS)
+        assert result["idle_barriers"] == [], (tile, result["idle_barriers"])
 
 
 # (head dim, kernel, group, delta): the two passes, the one pass at each width's largest group (its registers' limit),
@@ -486,6 +487,7 @@ def test_fp8_gluon_forward_keeps_wgmma_asynchronous(group):
         assert result["QGMMA"] > 0, f"{name}: no e4m3 wgmma (HGMMA {result['HGMMA']})"
         assert result["wgmma_serialized"] is None, f"{name}: ptxas serialized the wgmma: {result['wgmma_serialized']}"
         assert result["unwritten_uniform_reads"] == 0, f"{name}: {UNWRITTEN_READS}"
+        assert result["idle_barriers"] == [], f"{name}: barriers initialized and never used {result['idle_barriers']}"
         if head_dim <= 128:
             assert result["loop_STL"] == 0 and result["loop_LDL"] == 0, f"{name}: spills in its loops"
 
@@ -563,6 +565,7 @@ def _assert_fp8_backward_build(name: str, result: dict, hgmma: int, loops: int, 
     assert result["HGMMA"] == hgmma, f"{name}: {result['HGMMA']} 16-bit wgmma, not {hgmma}"
     assert result["wgmma_serialized"] is None, f"{name}: ptxas serialized the wgmma: {result['wgmma_serialized']}"
     assert result["unwritten_uniform_reads"] == 0, f"{name}: {UNWRITTEN_READS}"
+    assert result["idle_barriers"] == [], f"{name}: barriers initialized and never used {result['idle_barriers']}"
     assert result["shared_bytes"] <= HOPPER_SHARED_BYTES, f"{name}: {result['shared_bytes']} B of shared memory"
     assert result["hot_loops"] == loops, f"{name}: {loops} hot loops, not {result['loops']}"
     stores, loads = spills

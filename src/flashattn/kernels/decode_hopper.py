@@ -560,9 +560,10 @@ def kvcache_decode_hopper_kernel(
                 (_decode_loader, (loads, BLOCK_N, NUM_STAGES, PAGED, EARLY_FIRST_BLOCK)),
             ], [1], [LOADER_REGISTERS])
     else:
-        # the forward's key loop takes a Q-release barrier, which the one consumer here never arrives on
+        # the forward's key loop takes a Q-release barrier, which the one consumer here never arrives on: left
+        # uninitialized, since the compiler gives an unused barrier's memory to other shared memory, and an initialized
+        # barrier's must not be used as data (forward_hopper.zeroing_barrier)
         q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        mbarrier.init(q_free, count=1)
         gl.warp_specialize([
             (_padded_consumer, (q_smem, k_bufs, v_bufs, q_ready, q_free, k_ready, v_ready, k_free, v_free, zeroed,
                                 Out, Lse, out_offset, lse_offset, stride_oh, stride_lh, group_size, span, has_new,
