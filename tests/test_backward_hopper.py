@@ -236,13 +236,12 @@ def test_table_fuses_dq_at_hdim_64_and_128():
     def fused(head_dim, causal, seqlen):
         return configs.lookup("hopper", "dkdv_dq", head_dim, causal, torch.bfloat16, seqlen=seqlen, hopper=True)
 
-    assert fused(128, False, 512) == fused(128, True, 1024) == fused(128, True, 16384) == FUSED_DQ
+    assert fused(128, False, 512) == fused(128, True, 512) == fused(128, True, 16384) == FUSED_DQ
     # hdim 64: the persistent form from 512, on 64-row query blocks there and 128-row ones from 1k
     assert fused(64, False, 1024) == fused(64, True, 1024) == fused(64, False, 16384) == PERSISTENT_FUSED_DQ[64]
     assert fused(64, False, 512) == fused(64, True, 512) == dataclasses.replace(PERSISTENT_FUSED_DQ[64], block_m=64)
     for head_dim in (64, 128):
         assert fused(head_dim, False, 256) is None and fused(head_dim, True, 256) is None
-    assert fused(128, True, 512) is None
     assert fused(256, False, 4096) is None and fused(256, True, 4096) is None
     q = torch.empty(1, 4096, 2, 128, dtype=torch.bfloat16)
     assert launch_backward.fused_dq_config(q, False, AttentionOptions(0.1), 4096) is None

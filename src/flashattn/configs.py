@@ -174,14 +174,14 @@ HOPPER_FORWARD_FP8 = PhaseTable({**_buckets(*(TileConfig(128, 128, 8, 3),) * 2, 
                                 hopper=_buckets(*(TileConfig(128, n, 8, stages, three_consumers=d == 64, **_FP8_GLUON)
                                                   for d, n, stages in ((64, 128, 3), (128, 128, 3), (256, 128, 2)))))
 PORTABLE_FORWARD_FP8 = PhaseTable(_buckets(*(TileConfig(64, 64, 4, 2),) * 2, TileConfig(64, 32, 4, 1)))
-# dK/dV with dQ (kernels/backward_fused_dq.py), non-deterministic calls from 512 tokens (causal hdim 128 from 1k: the
-# two passes level at 512); 2 stages; hdim 64 persistent (short tiles leave a tail), on 128-row blocks past 512
+# dK/dV with dQ (kernels/backward_fused_dq.py), non-deterministic calls from 512 tokens; 2 stages; hdim 64 persistent
+# (short tiles leave a tail), on 128-row blocks past 512
 _FUSED_DQ = TileConfig(64, 128, 8, 2, hopper=True, key_slices=True)
 _FUSED_DQ_64 = {rows: dataclasses.replace(_FUSED_DQ, block_m=rows, persistent=True) for rows in (64, 128)}
 HOPPER_DKDV_DQ = PhaseTable({}, hopper={(d, c): _FUSED_DQ_64[128] if d == 64 else _FUSED_DQ for d in (64, 128)
                                         for c in (False, True)},
                             hopper_shortest={(64, c): _FUSED_DQ_64[64] for c in (False, True)},
-                            hopper_from={(64, False): 512, (64, True): 512, (128, False): 512, (128, True): 1024})
+                            hopper_from={(d, c): 512 for d in (64, 128) for c in (False, True)})
 TABLES = {("hopper", "forward"): HOPPER_FORWARD, ("hopper", "dkdv"): HOPPER_DKDV, ("hopper", "dq"): HOPPER_DQ,
           ("hopper", "dkdv_dq"): HOPPER_DKDV_DQ, ("hopper", "forward_fp8"): HOPPER_FORWARD_FP8,
           ("portable", "forward"): PORTABLE_FORWARD, ("portable", "dkdv"): PORTABLE_DKDV,
