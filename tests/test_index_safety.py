@@ -116,12 +116,12 @@ def test_other_steps_stay_inside_the_tensors(backend, case, step):
     assert_guards_hold(inputs)
 
 
-@pytest.mark.parametrize("case", ["seqlens-negative", "seqlens-most-negative", "batch-idx"])
+@pytest.mark.parametrize("case", ["seqlens-negative", "seqlens-most-negative", "batch-idx", "leftpad"])
 def test_unchecked_indices_are_clamped_silently(backend, case):
     """check_indices=False: nothing raised or recorded, nothing written outside, and an element with a bad index
     appends nothing (no valid cache entry is overwritten)."""
     inputs, _ = bad_inputs(case, seqlen_new=2)
-    untouched = slice(None) if case == "batch-idx" else 0  # the cache rows no valid element appends to
+    untouched = slice(None) if case in ("batch-idx", "leftpad") else 0  # the cache rows no valid element appends to
     before = inputs["k_cache"][untouched].clone(), inputs["v_cache"][untouched].clone()
     out = call(inputs, check_indices=False)
     raise_recorded_faults()  # nothing recorded

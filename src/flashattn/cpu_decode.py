@@ -78,9 +78,11 @@ class CacheIndices:
         cache_rows = torch.where(row_ok, raw_row, 0)
         problems = {"cache_seqlens": ~len_ok, "cache_batch_idx": ~row_ok}
         leftpad = torch.zeros(batch, dtype=torch.long)
+        writes = len_ok & row_ok
         if cache_leftpad is not None:
             raw_pad = cache_leftpad.long().cpu()
             problems["cache_leftpad"] = (raw_pad < 0) | (raw_pad > raw_len)
+            writes &= ~problems["cache_leftpad"]
             leftpad = torch.minimum(raw_pad.clamp(min=0), torch.minimum(cache_len, total))
         pages = page_ok = None
         if paged:
@@ -97,7 +99,7 @@ class CacheIndices:
             for name, bad in problems.items():
                 if bad.any():
                     buffer[faults.FAULT_ARGUMENTS.index(name)] = int(bad.nonzero()[0, 0]) + 1
-        return cls(cache_len.to(device), cache_rows, total, leftpad, len_ok & row_ok, pages, page_ok)
+        return cls(cache_len.to(device), cache_rows, total, leftpad, writes, pages, page_ok)
 
     def rows(self, b: int, positions: torch.Tensor, k_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Indices (first dim, second dim) of the cache rows that hold ``positions`` of batch element ``b``."""

@@ -97,7 +97,8 @@ def flash_attn_with_kvcache(
               waits for the GPU and can be captured in a CUDA graph. On CPU tensors (no GPU to wait for) it raises
               before returning; on the GPU the library raises at points that synchronize anyway (a strict call, a
               varlen call that reads cu_seqlens), and a loop that never synchronizes calls
-              ``raise_recorded_faults()`` itself, e.g. at the end of each request.
+              ``raise_recorded_faults()`` itself, e.g. at the end of each request. The report comes after the
+              step: the elements whose indices are in range have attended and appended by then, on the CPU too.
             - ``True``: strict. Checks the values on the host before any kernel runs and raises ``ValueError``
               naming the first bad entry; costs a device-to-host copy (a synchronization) when any of them is a
               tensor.
@@ -252,6 +253,8 @@ def flash_attn_combine(out_partial: torch.Tensor, lse_partial: torch.Tensor, out
         dtype. Both carry gradients to out_partial and lse_partial.
     """
     validation.check_combine(out_partial, lse_partial)
+    if out_dtype is not None and out_dtype not in validation.COMBINE_DTYPES:
+        raise TypeError(f"out_dtype must be None or float16, bfloat16, float32 or float64, got {out_dtype!r}")
     out, lse = CombineFunction.apply(out_partial, lse_partial)
     if out_dtype is not None and out_dtype != out.dtype:
         out = out.to(out_dtype)

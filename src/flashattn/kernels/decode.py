@@ -158,7 +158,7 @@ def _cache_indices(CacheSeqlens, CacheBatchIdx, CacheLeftpad, Faults, batch, rec
         record_fault(Faults, SLOT_CACHE_SEQLENS, batch, records & ~len_ok)
         record_fault(Faults, SLOT_CACHE_BATCH_IDX, batch, records & ~batch_ok)
         record_fault(Faults, SLOT_CACHE_LEFTPAD, batch, records & ~pad_ok)
-    return cache_len, cache_batch, leftpad, total, len_ok & batch_ok
+    return cache_len, cache_batch, leftpad, total, len_ok & batch_ok & pad_ok
 
 
 @triton.jit
