@@ -3,6 +3,7 @@
 Each test runs on both backends: the torch path, and the Triton kernels (interpreter without a GPU).
 """
 
+import math
 import subprocess
 import sys
 
@@ -123,6 +124,8 @@ BAD_INPUTS = [
     ("window-int", lambda q, k, v: (q, k, v), {"window_size": 5}, TypeError, "window_size must be a pair"),
     ("window-none", lambda q, k, v: (q, k, v), {"window_size": None}, TypeError, "window_size must be a pair"),
     ("window-float", lambda q, k, v: (q, k, v), {"window_size": (2.5, 0)}, TypeError, "window_size must be a pair"),
+    ("window-nan", lambda q, k, v: (q, k, v), {"window_size": (math.nan, 0)}, TypeError, "window_size must be a pair"),
+    ("window-huge", lambda q, k, v: (q, k, v), {"window_size": (2**63, 0)}, ValueError, "window_size must be a pair"),
     ("scale-str", lambda q, k, v: (q, k, v), {"softmax_scale": "a"}, TypeError, "softmax_scale must be a finite"),
     ("scale-nan", lambda q, k, v: (q, k, v), {"softmax_scale": float("nan")}, ValueError, "softmax_scale must be"),
     ("scale-inf", lambda q, k, v: (q, k, v), {"softmax_scale": float("-inf")}, ValueError, "softmax_scale must be"),
@@ -130,7 +133,7 @@ BAD_INPUTS = [
     ("softcap-inf", lambda q, k, v: (q, k, v), {"softcap": float("inf")}, ValueError, "softcap must be a finite"),
     ("softcap-str", lambda q, k, v: (q, k, v), {"softcap": "1"}, TypeError, "softcap must be a float"),
     ("transposed", lambda q, k, v: (torch.randn(2, 4, 8, 16), torch.randn(2, 2, 10, 16), torch.randn(2, 2, 10, 16)),
-     {}, ValueError, r"look like \(batch, nheads, seqlen, headdim\).*transpose\(1, 2\)"),
+     {}, ValueError, r"if q, k and v are \(batch, nheads, seqlen, headdim\).*transpose\(1, 2\)"),
 ]
 
 

@@ -151,6 +151,9 @@ def test_bad_input_is_refused():
         flash_attn_combine(out_partial.int(), lse_partial)
     with pytest.raises(ValueError, match="at least one split"):
         flash_attn_combine(out_partial[:0], lse_partial[:0])
+    for out_dtype in (torch.int32, "float16"):
+        with pytest.raises(TypeError, match="out_dtype must be None or float16"):
+            flash_attn_combine(out_partial, lse_partial, out_dtype=out_dtype)
 
 
 def test_custom_ops_pass_opcheck(backend):

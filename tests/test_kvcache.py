@@ -238,6 +238,7 @@ def test_bad_shapes_and_dtypes_are_refused(backend):
     inputs = build(BASE, torch.float16, DEVICE)
     i64 = dict(dtype=torch.int64, device=DEVICE)
     _bad(inputs, "cache_seqlens must be int32", TypeError, cache_seqlens=torch.tensor([1, 2], **i64))
+    _bad(inputs, "cache_seqlens must be a torch.Tensor", TypeError, cache_seqlens=True)
     _bad(inputs, r"cache_seqlens must have shape \(2\)", cache_seqlens=torch.tensor([1], dtype=torch.int32,
                                                                                      device=DEVICE))
     _bad(inputs, "cache_batch_idx must be int32", TypeError, cache_batch_idx=torch.tensor([0, 1], **i64))

@@ -216,8 +216,8 @@ def ring_flash_attn_varlen_func(
             sums of the full sequences' lengths, as :func:`flashattn.flash_attn_varlen_func` takes them for the
             unsharded batch), the same on every rank; self-attention: cu_seqlens_k must equal cu_seqlens_q. They
             are read on the host (on a GPU, one small copy and a synchronization per call).
-        max_seqlen_q, max_seqlen_k: accepted as in ``flash_attn_varlen_func`` (the exact maxima come from
-            cu_seqlens).
+        max_seqlen_q, max_seqlen_k: type-checked as in ``flash_attn_varlen_func``, their values not read: the
+            exact maxima come from cu_seqlens, which each rank reads on the host to cut its shard.
         group, causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p, deterministic, mode: as in
             :func:`ring_flash_attn_func`, per sequence (each sequence's own mask and ALiBi, in its full positions;
             dropout draws the single packed call's mask); "auto" takes the ring here, whose whole sequences never

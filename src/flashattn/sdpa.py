@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import numbers
 import warnings
 
 import torch
@@ -80,6 +81,8 @@ def _check_inputs(query, key, value) -> None:
 
 
 def _check_heads(nheads: int, nheads_k: int, enable_gqa: bool) -> None:
+    if min(nheads, nheads_k) < 1:
+        raise ValueError(f"query, key and value must have at least one head, got {nheads} and {nheads_k}")
     if nheads == nheads_k or nheads_k == 1:  # one kv head broadcasts, as in torch
         return
     if not enable_gqa:
@@ -110,7 +113,9 @@ def check_arguments(query, key, value, attn_mask=None, dropout_p=0.0, enable_gqa
     """Raise TypeError / ValueError, naming the argument, for what flashattn's SDPA does not take."""
     _check_inputs(query, key, value)
     _check_heads(query.shape[-3], key.shape[-3], enable_gqa)
-    if not 0.0 <= float(dropout_p) < 1.0:
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
+        raise TypeError(f"dropout_p must be a float in [0, 1), got {type(dropout_p).__name__} {dropout_p!r}")
+    if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     if attn_mask is not None:
         _check_mask(attn_mask, query, (*query.shape[:-1], key.shape[-2]))

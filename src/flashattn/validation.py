@@ -51,10 +51,11 @@ def check_kv_like_q(q, k, v) -> None:
 
 
 def transposed_hint(q, k) -> str:
-    """A hint for 4-dim inputs whose dims 1 and 2 fit as (nheads, seqlen), torch SDPA's order, not as flashattn's."""
+    """A hint for 4-dim inputs whose dims 1 and 2 would fit as (nheads, seqlen), torch SDPA's order: a condition, since
+    (batch, seqlen, nheads, headdim) inputs with bad head counts can fit that order too."""
     if q.dim() != 4 or k.dim() != 4 or k.shape[1] == 0 or q.shape[1] % k.shape[1] != 0:
         return ""
-    return ("; q, k and v look like (batch, nheads, seqlen, headdim), torch's scaled_dot_product_attention layout: "
+    return ("; if q, k and v are (batch, nheads, seqlen, headdim), torch's scaled_dot_product_attention layout: "
             "flashattn takes (batch, seqlen, nheads, headdim), pass x.transpose(1, 2) (a view, read in place)")
 
 
@@ -77,15 +78,14 @@ def check_scale(name: str, value) -> None:
 def check_options(dropout_p, window_size, softcap) -> None:
     if not 0.0 <= _real("dropout_p", dropout_p, "a float in [0, 1)") < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    pair = "window_size must be a pair (left, right) of ints >= -1 (-1: unbounded), got"
     if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
-        raise TypeError(f"window_size must be a pair (left, right) of ints >= -1 (-1: unbounded), got "
-                        f"{type(window_size).__name__} {window_size!r}")
+        raise TypeError(f"{pair} {type(window_size).__name__} {window_size!r}")
     for w in window_size:
-        if isinstance(w, bool) or not isinstance(w, numbers.Real) or int(w) != w:
-            raise TypeError(f"window_size must be a pair (left, right) of ints >= -1 (-1: unbounded), got "
-                            f"{window_size!r}")
-        if w < -1:
-            raise ValueError(f"window_size must be a pair of ints >= -1 (-1: unbounded), got {window_size}")
+        if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(w) or int(w) != w:
+            raise TypeError(f"{pair} {window_size!r}")
+        if not -1 <= w < 2**63:  # an int64 beside the sequence lengths; wider than any sequence is unbounded
+            raise ValueError(f"window_size must be a pair of ints in [-1, 2**63) (-1: unbounded), got {window_size}")
     capped = _real("softcap", softcap, "a float >= 0 (0: off)")
     if not 0 <= capped < math.inf:  # NaN fails the comparisons
         raise ValueError(f"softcap must be a finite float >= 0 (0: off), got {softcap}")
@@ -157,8 +157,8 @@ def max_seqlen_argument(name: str, value) -> int:
         return DERIVE_MAX_SEQLEN
     if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
         raise TypeError(f"{name} must be an int or a 0-d integer tensor, got {type(value).__name__}")
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
+    if not 0 <= value < 2**31:  # cu_seqlens are int32: no sequence is longer
+        raise ValueError(f"{name} must be in [0, 2**31), got {value}")
     return value
 
 
@@ -316,7 +316,7 @@ def check_rotary(rotary_cos, rotary_sin, q, k, capacity: int) -> None:
 
 def cache_seqlens_tensor(cache_seqlens, batch: int, capacity: int, seqlen_new: int, device) -> torch.Tensor:
     """cache_seqlens as an int32 (batch,) tensor; an int (or None: a full cache) is checked here."""
-    if cache_seqlens is None or isinstance(cache_seqlens, int):
+    if cache_seqlens is None or (isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool)):
         length = capacity if cache_seqlens is None else cache_seqlens
         if length < 0:
             raise ValueError(f"cache_seqlens must be >= 0, got {length}")
