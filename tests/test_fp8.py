@@ -124,6 +124,49 @@ def test_hadamard_lowers_the_error_of_an_outlier_channel():
 # -- the checks --
 
 
+QKV_DENSE = ((2, 8, 4, 16), (2, 8, 2, 16), (2, 8, 2, 16))
+QKV_PACKED = ((10, 4, 16), (10, 2, 16), (10, 2, 16))
+
+
+@pytest.mark.parametrize("shapes,options,error,match", [
+    (((2, 8, 4, 16), (2, 8, 2, 16), (2, 4, 2, 16)), {}, ValueError, "k and v must have the same shape"),
+    (((2, 8, 4, 16), (2, 8, 2, 16), (3, 8, 2, 16)), {}, ValueError, "k and v must have the same shape"),
+    (((2, 8, 4, 16), (2, 8, 2, 16), (2, 8, 4, 16)), {}, ValueError, "k and v must have the same shape"),
+    (((2, 8, 4, 16), (2, 8, 2, 16), (2, 8, 2, 32)), {"hadamard": False}, ValueError, "k and v must have the same"),
+    (((2, 8, 4, 16), (3, 8, 2, 16), (3, 8, 2, 16)), {}, ValueError, "k must have q's batch size 2, got 3"),
+    (((2, 8, 4, 32), (2, 8, 2, 16), (2, 8, 2, 16)), {"hadamard": False}, ValueError, "k and v must have q's head dim"),
+    (((2, 8, 4, 16), (2, 8, 3, 16), (2, 8, 3, 16)), {}, ValueError, r"heads in q \(4\) .* heads in k \(3\)"),
+    (((2, 8, 2, 16), (2, 8, 4, 16), (2, 8, 4, 16)), {}, ValueError, r"heads in q \(2\) .* heads in k \(4\)"),
+    (((2, 8, 4, 16), (2, 8, 0, 16), (2, 8, 0, 16)), {}, ValueError, r"heads in k \(0\)"),
+    (((2, 8, 4, 0), (2, 8, 2, 0), (2, 8, 2, 0)), {}, ValueError, "q must have a head dim >= 1"),
+    (QKV_DENSE, {"seed": "x"}, TypeError, "seed must be an int or None, got str"),
+    (QKV_DENSE, {"seed": 1.5}, TypeError, "seed must be an int or None, got float"),
+    (QKV_DENSE, {"seed": 2**64}, ValueError, "seed must be in"),
+    (QKV_DENSE, {"hadamard": "no"}, TypeError, "hadamard must be a bool"),
+    (QKV_DENSE, {"granularity": "row"}, ValueError, "granularity must be"),
+    (QKV_PACKED, {"cu_seqlens_q": [0, 5, 9]}, ValueError, "cu_seqlens_q must end at the number of tokens"),
+    (QKV_PACKED, {"cu_seqlens_q": [1, 5, 10]}, ValueError, "cu_seqlens_q must start at 0"),
+    (QKV_PACKED, {"cu_seqlens_k": [0, 6, 4, 10]}, ValueError, "cu_seqlens_k must have cu_seqlens_q's length"),
+    (QKV_PACKED, {"cu_seqlens_k": [0, 12, 10]}, ValueError, "cu_seqlens_k must be non-decreasing"),
+    (((10, 4, 16), (10, 2, 16), (9, 2, 16)), {}, ValueError, "k and v must have the same shape"),
+])
+def test_quantize_checks_name_the_argument(shapes, options, error, match):
+    """q, k and v against each other (the shapes the docstring gives), the options, and packed inputs' cu_seqlens as
+    flash_attn_varlen_func checks them: a ValueError or TypeError naming the argument, not an error inside torch."""
+    q, k, v = (torch.randn(shape) for shape in shapes)
+    if len(shapes[0]) == 3:
+        options = {"cu_seqlens_q": [0, 5, 10], "cu_seqlens_k": [0, 4, 10], **options}
+        options = {name: torch.tensor(value, dtype=torch.int32) if name.startswith("cu_") else value
+                   for name, value in options.items()}
+    with pytest.raises(error, match=match):
+        fp8.quantize(q, k, v, **options)
+
+
+def test_quantize_takes_empty_query_sequences():
+    quantized = fp8.quantize(*(torch.randn(shape) for shape in ((2, 0, 4, 16), (2, 8, 2, 16), (2, 8, 2, 16))))
+    assert quantized.q.shape == (2, 0, 4, 16) and quantized.q_descale.shape == (2, 2, 0)
+
+
 def test_fp8_call_checks_name_the_argument():
     q, k, v = make_inputs(1, 8, 8, 2, 1, 32)
     quantized = fp8.quantize(q, k, v)
@@ -147,6 +190,9 @@ def test_fp8_call_checks_name_the_argument():
         flash_attn_varlen_func(q8[0], k8[0], v8[0], cu_seqlens, cu_seqlens, 8, 8, v_descale=torch.ones(1, 1, 1))
     with pytest.raises(ValueError, match="rotary_cos"):
         flash_attn_with_kvcache(q8, k8, v8, rotary_cos=torch.ones(8, 16), rotary_sin=torch.ones(8, 16))
+    cache = torch.zeros(1, 16, 3, 32, dtype=torch.float8_e4m3fn)  # 3 kv heads beside q's 2: before the descales fold
+    with pytest.raises(ValueError, match=r"key/value heads in k_cache \(3\)"):
+        flash_attn_with_kvcache(q8, cache, cache.clone(), cache_seqlens=4)
 
 
 # -- the PyTorch path: the dequantized inputs' attention, in float32, to bfloat16 --

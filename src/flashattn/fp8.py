@@ -35,6 +35,7 @@ from .fp8_format import hadamard_pieces as hadamard_pieces
 from .fp8_format import rotation_matrix as rotation_matrix
 from .fp8_quantize import Quantized as Quantized
 from .fp8_quantize import canonical_descales as canonical_descales
+from .fp8_quantize import check_quantize_options
 from .fp8_quantize import quantize as quantize
 from .fp8_quantize import quantize_packed as quantize_packed
 from .fp8_quantize import quantize_tensor as quantize_tensor
@@ -88,12 +89,7 @@ def flash_attn_func(
     if q.dtype not in (torch.bfloat16, torch.float16):
         raise TypeError(f"q must be bfloat16 or float16 (the FP8 attention quantizes 16-bit inputs), got {q.dtype}")
     refuse_options(dropout_p=dropout_p, alibi_slopes=alibi_slopes)
-    if granularity not in ("block", "head"):
-        raise ValueError(f"granularity must be 'block' or 'head', got {granularity!r}")
-    if not isinstance(hadamard, bool):
-        raise TypeError(f"hadamard must be a bool, got {type(hadamard).__name__}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+    check_quantize_options(hadamard, seed, granularity)
     if seed is None:
         seed = int(torch.randint(0, 2**62, (1,)))
     attention = AttentionOptions.build(q.shape[-1], softmax_scale, causal, window_size, softcap, 0.0, deterministic)

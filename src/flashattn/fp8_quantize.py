@@ -21,7 +21,7 @@ from .fp8_format import (
     hadamard_pieces,
     rotation_matrix,
 )
-from .validation import check_cu_seqlens_pair
+from .validation import PACKED, check_cu_seqlens_pair, resolve_packing, transposed_hint
 
 
 class Quantized(NamedTuple):
@@ -75,7 +75,7 @@ def quantize_tensor(x: torch.Tensor, nheads_k: int, granularity: str = "block") 
     else:
         blocks = -(-seqlen // SCALE_BLOCK)
         padded = torch.nn.functional.pad(grouped, (0, 0, 0, 0, 0, blocks * SCALE_BLOCK - seqlen))
-        amax = padded.abs().reshape(batch, blocks, SCALE_BLOCK, nheads_k, -1).amax(dim=(2, 4))  # (b, blocks, hk)
+        amax = padded.abs().unflatten(1, (blocks, SCALE_BLOCK)).amax(dim=(2, 4))  # (b, blocks, hk)
         per_row = amax.repeat_interleave(SCALE_BLOCK, dim=1)[:, :seqlen, :, None]
         amax = amax.transpose(1, 2)
     descale = e4m3_descale(amax).contiguous()
@@ -115,14 +115,13 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hadamard: bool =
     batch and kv head; what :func:`flashattn.flash_attn_with_kvcache` takes, and packed inputs always get).
     """
     packed = cu_seqlens_q is not None or cu_seqlens_k is not None
+    check_quantize_inputs(q, k, v, packed)
+    check_quantize_options(hadamard, seed, granularity)
     if packed:
         check_cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k, q.device)
-    rank, layout = (3, "(total, nheads, headdim)") if packed else (4, "(batch, seqlen, nheads, headdim)")
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor) or x.dim() != rank or not x.dtype.is_floating_point:
-            raise ValueError(f"{name} must be a {rank}-dim float tensor {layout}")
-    if granularity not in ("block", "head"):
-        raise ValueError(f"granularity must be 'block' or 'head', got {granularity!r}")
+        # their values as flash_attn_varlen_func checks them: where reading them costs no synchronization (CPU
+        # tensors); the totals stand for max_seqlen (a bound of any valid cu_seqlens)
+        resolve_packing(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], q.shape[0], k.shape[0])
     signs = random_signs(q.shape[-1], seed, q.device) if hadamard else None
     if not packed:
         return quantize_dense(q, k, v, signs, granularity)
@@ -131,6 +130,42 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hadamard: bool =
     (q8, q_descale), (k8, k_descale), (v8, v_descale) = (
         quantize_packed(x, cu, k.shape[-2]) for x, cu in ((q, cu_seqlens_q), (k, cu_seqlens_k), (v, cu_seqlens_k)))
     return Quantized(q8, k8, v8, q_descale, k_descale, v_descale)
+
+
+def check_quantize_inputs(q, k, v, packed: bool) -> None:
+    """q, k, v as :func:`quantize` takes them: float tensors on q's device, q (batch, seqlen_q, nheads, head_dim) and
+    k, v (batch, seqlen_k, nheads_k, head_dim) with nheads a multiple of nheads_k; packed, (total, heads, head_dim)."""
+    rank, layout = (3, PACKED) if packed else (4, "(batch, seqlen, nheads, headdim)")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor) or x.dim() != rank or not x.dtype.is_floating_point:
+            got = f"{x.dtype} of shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"{name} must be a {rank}-dim float tensor {layout}, got {got}")
+        if x.device != q.device:
+            raise ValueError(f"{name} must be on q's device {q.device}, got {x.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if not packed and k.shape[0] != q.shape[0]:
+        raise ValueError(f"k must have q's batch size {q.shape[0]}, got {k.shape[0]}")
+    head_dim, nheads, nheads_k = q.shape[-1], q.shape[-2], k.shape[-2]
+    if head_dim == 0:
+        raise ValueError(f"q must have a head dim >= 1, got shape {tuple(q.shape)}")
+    if k.shape[-1] != head_dim:
+        raise ValueError(f"k and v must have q's head dim {head_dim}, got {k.shape[-1]}")
+    if nheads == 0 or nheads_k == 0 or nheads % nheads_k != 0:
+        raise ValueError(f"the number of query heads in q ({nheads}) must be a positive multiple of the number of "
+                         f"key/value heads in k ({nheads_k}){transposed_hint(q, k)}")
+
+
+def check_quantize_options(hadamard, seed, granularity) -> None:
+    """The options of :func:`quantize` and of the trainable ``fp8.flash_attn_func``."""
+    if granularity not in ("block", "head"):
+        raise ValueError(f"granularity must be 'block' or 'head', got {granularity!r}")
+    if not isinstance(hadamard, bool):
+        raise TypeError(f"hadamard must be a bool, got {type(hadamard).__name__}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+    if seed is not None and not -2**63 <= seed < 2**64:  # what torch.Generator.manual_seed takes
+        raise ValueError(f"seed must be in [-2**63, 2**64), got {seed}")
 
 
 def quantize_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, signs: torch.Tensor | None,

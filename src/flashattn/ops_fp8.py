@@ -204,7 +204,10 @@ def kvcache(q, k_cache, v_cache, k, v, q_descale, k_descale, v_descale, attend):
     definition), bfloat16 on the kernels' (the decode kernel's products are 16-bit; P is not rounded to e4m3: a step
     reads the cache once, and its bytes, not its products, set its time). The output takes v_descale and becomes
     bfloat16."""
-    batch, nheads_k = q.shape[0], k_cache.shape[2]
+    batch, nheads, nheads_k = q.shape[0], q.shape[2], k_cache.shape[2]
+    if nheads_k == 0 or nheads % nheads_k != 0:  # the step's own check (validation.check_cache) comes after folding
+        raise ValueError(f"the number of query heads ({nheads}) must be a multiple of the number of key/value heads "
+                         f"in k_cache ({nheads_k})")
     q_descale, k_descale, v_descale = (_per_head(d, batch, nheads_k, q.device) for d in (q_descale, k_descale,
                                                                                         v_descale))
     rows = torch.arange(batch, device=q.device)[:, None]  # (batch, 1): each token takes its batch element's scale
