@@ -200,3 +200,88 @@ def test_readme_training_loop_reduces_the_loss(torch_backend):
     exec(compile(match.group(1), "README.md", "exec"), namespace)
     losses = namespace["losses"]
     assert losses[-1] < 0.5 * losses[0], losses
+
+
+# -- bad arguments: an error that names the argument and what was expected
+
+
+def bool_mask(*shape):
+    return torch.zeros(shape, dtype=torch.bool)
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+@pytest.mark.parametrize(("call", "error", "match"), [
+    *[({"attn_mask": bool_mask(*shape)}, ValueError,
+       rf"attn_mask must have shape \(L, S\) = \(8, 8\) or \(batch \* num_heads, L, S\) = \(8, 8, 8\), "
+       rf"got {re.escape(str(shape))}")
+      for shape in [(16, 8, 4), (4, 8, 16), (8, 4, 16), (8,), (1, 8, 8), (2, 4, 8, 8)]],
+    *[({"key_padding_mask": bool_mask(*shape)}, ValueError,
+       rf"key_padding_mask must have shape \(batch, S\) = \(2, 8\), got {re.escape(str(shape))}")
+      for shape in [(8, 2), (16,), (2, 8, 1), (2, 9)]],
+    ({"key_padding_mask": torch.zeros(2, 8, dtype=torch.long)}, TypeError, "key_padding_mask must be bool .*int64"),
+    ({"attn_mask": torch.zeros(8, 8, dtype=torch.float64)}, TypeError, "attn_mask must be bool .*float64"),
+    ({"query": torch.randn(2, 2, 8, 32)}, ValueError,
+     r"query must have shape \(batch, seqlen, embed_dim\) = \(\*, \*, 32\)"),
+    ({"query": torch.randn(2, 8, 33)}, ValueError, r"query must have shape .* got \(2, 8, 33\)"),
+    ({"key": torch.randn(3, 8, 32)}, ValueError, r"key must have shape \(batch, seqlen, kdim\) = \(2, \*, 32\)"),
+    ({"value": torch.randn(2, 9, 32)}, ValueError, r"value must have shape \(batch, seqlen, vdim\) = \(2, 8, 32\)"),
+    ({"query": torch.randn(2, 8, 32, dtype=torch.float16)}, TypeError, "query must have the module's parameter dtype "
+                                                                       "torch.float32"),
+])
+def test_multihead_attention_names_the_bad_argument(call, error, match, need_weights):
+    x = torch.randn(2, 8, 32)
+    inputs = {"query": x, "key": x, "value": x, **call}
+    with pytest.raises(error, match=match):
+        MultiheadAttention(32, 4)(**inputs, need_weights=need_weights)
+
+
+def test_multihead_attention_takes_unbatched_masks():
+    x = torch.randn(8, 32)
+    out, _ = MultiheadAttention(32, 4)(x, x, x, key_padding_mask=bool_mask(8), attn_mask=torch.zeros(4, 8, 8),
+                                       need_weights=False)
+    assert out.shape == (8, 32)
+    with pytest.raises(ValueError, match=r"key_padding_mask must have shape \(S,\) = \(8,\), got \(1, 8\)"):
+        MultiheadAttention(32, 4)(x, x, x, key_padding_mask=bool_mask(1, 8), need_weights=False)
+
+
+@pytest.mark.parametrize(("args", "kwargs", "match"), [
+    ((32, 4), {"num_kv_heads": 0}, "num_kv_heads must be an int >= 1 or None, got 0"),
+    ((32, 4), {"num_kv_heads": -2}, "num_kv_heads must be an int >= 1 or None, got -2"),
+    ((32, 4), {"num_kv_heads": 3}, r"num_heads \(4\) must be a multiple of num_kv_heads \(3\)"),
+    ((32, 0), {}, "num_heads must be an int >= 1, got 0"),
+    ((32, 4), {"head_dim": 0}, "head_dim must be an int >= 1 or None, got 0"),
+    ((30, 4), {}, r"dim \(30\) must be a multiple of num_heads \(4\), or pass head_dim"),
+    ((32, 4), {"context_parallel_mode": "bogus"}, "context_parallel_mode must be one of 'ring', 'all_to_all', 'auto'"),
+])
+def test_self_attention_constructor_names_the_bad_argument(args, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SelfAttention(*args, **kwargs)
+
+
+@pytest.mark.parametrize(("x", "call", "error", "match"), [
+    ((8, 32), {}, ValueError, r"x must have shape \(batch, seqlen, dim\) = \(\*, \*, 32\), got \(8, 32\)"),
+    ((2, 8, 33), {}, ValueError, r"x must have shape .* got \(2, 8, 33\)"),
+    ((2, 0, 32), {}, ValueError, r"x must hold at least one token"),
+    ((2, 8, 32), {"attention_mask": bool_mask(2, 9)}, ValueError,
+     r"attention_mask must have shape \(batch, seqlen\) = \(2, 8\), got \(2, 9\)"),
+    ((2, 8, 32), {"attention_mask": torch.ones(2, 8)}, TypeError, "attention_mask must be bool or integer"),
+    ((2, 8, 32), {"positions": torch.arange(9)}, ValueError,
+     r"positions must have shape \(seqlen,\) = \(8,\) .*got \(9,\)"),
+])
+def test_self_attention_forward_names_the_bad_argument(x, call, error, match):
+    block = SelfAttention(32, 4, num_kv_heads=2)
+    with pytest.raises(error, match=match):
+        block(torch.randn(x), **call)
+    with pytest.raises(TypeError, match="x must have the module's parameter dtype torch.float32"):
+        block(torch.randn(2, 8, 32, dtype=torch.float16))
+    x = torch.randn(2, 8, 32)  # integer masks (Hugging Face's) and (1, seqlen) positions are taken
+    torch.testing.assert_close(block(x, torch.ones(2, 8, dtype=torch.long), torch.arange(8)[None]), block(x))
+
+
+def test_rotary_embedding_names_the_bad_argument():
+    rotary = RotaryEmbedding(8)
+    with pytest.raises(ValueError, match=r"x must have shape \(batch, seqlen, heads, head_dim\) = \(\*, \*, \*, 8\)"):
+        rotary(torch.randn(2, 5, 3, 16), torch.arange(5))
+    with pytest.raises(ValueError, match=r"positions must have shape \(seqlen,\) = \(5,\) or \(batch, seqlen\) = "
+                                         r"\(2, 5\) .*got \(3, 5\)"):
+        rotary(torch.randn(2, 5, 3, 8), torch.arange(5).expand(3, 5))

@@ -12,6 +12,7 @@ runs context-parallel on this rank's shard of the sequence (``flashattn.distribu
 
 from __future__ import annotations
 
+import numbers
 import warnings
 from collections.abc import Callable
 
@@ -20,9 +21,44 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from .distributed import ring_flash_attn_func, shard
+from .distributed import _group_ring, ring_flash_attn_func, shard
+from .head_parallel import MODES
 from .interface import flash_attn_func
 from .sdpa import check_arguments, scaled_dot_product_attention
+
+
+def _sizes_text(sizes: tuple) -> str:
+    """(2, *, 8): sizes as the messages spell them, * for any."""
+    return "(" + ", ".join("*" if s is None else str(s) for s in sizes) + ("," if len(sizes) == 1 else "") + ")"
+
+
+def _check_shape(name: str, x, shapes: dict[str, tuple], device: torch.device | None = None) -> None:
+    """``x`` a tensor of one of ``shapes`` ({layout: sizes}, None for any size) on ``device``, or raise naming it."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not any(x.dim() == len(sizes) and all(s in (None, n) for s, n in zip(sizes, x.shape, strict=True))
+               for sizes in shapes.values()):
+        wanted = " or ".join(f"{layout} = {_sizes_text(sizes)}" for layout, sizes in shapes.items())
+        raise ValueError(f"{name} must have shape {wanted}, got {tuple(x.shape)}")
+    if device is not None and x.device != device:
+        raise ValueError(f"{name} must be on {device}, got {x.device}")
+
+
+def _check_like_module(name: str, x: torch.Tensor, weight: torch.Tensor) -> None:
+    """``x`` on the module's device, in its parameters' dtype unless autocast casts it for the projections."""
+    if x.device != weight.device:
+        raise ValueError(f"{name} must be on the module's device {weight.device}, got {x.device}")
+    if x.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type):
+        raise TypeError(f"{name} must have the module's parameter dtype {weight.dtype} (or run under torch.autocast), "
+                        f"got {x.dtype}")
+
+
+def _check_count(name: str, value, optional: bool = False) -> None:
+    """A positive int (or None where ``optional``)."""
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1{' or None' if optional else ''}, got {value!r}")
 
 
 def _as_keep_or_bias(mask: torch.Tensor | None, hides_where_true: bool) -> torch.Tensor | None:
@@ -53,7 +89,8 @@ class MultiheadAttention(nn.MultiheadAttention):
     Load a torch module's weights with ``load_state_dict``: the keys are the same (``in_proj_weight``,
     ``in_proj_bias``, ``out_proj.*``, or ``q/k/v_proj_weight`` when kdim/vdim differ, ``bias_k/v``).
     Masks follow torch's MHA: ``key_padding_mask`` (batch, S) and ``attn_mask`` (L, S) or
-    (batch * heads, L, S), bool True = NOT attended, or float biases. ``is_causal=True`` applies a
+    (batch * heads, L, S), bool True = NOT attended, or float biases (float32 or the query's dtype);
+    unbatched (L, E) inputs take (S,) and (L, S) or (heads, L, S). ``is_causal=True`` applies a
     top-left causal mask and ignores ``attn_mask`` (torch treats it as a hint that attn_mask is
     causal); unlike torch, it may also be given without ``attn_mask``.
 
@@ -69,6 +106,7 @@ class MultiheadAttention(nn.MultiheadAttention):
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False):
+        self._check_inputs(query, key, value, key_padding_mask, attn_mask)
         reason = None if need_weights else self._unsupported(query)
         if need_weights or reason is not None:
             if reason is not None:
@@ -89,6 +127,40 @@ class MultiheadAttention(nn.MultiheadAttention):
         if not batched:
             return out.squeeze(0), None
         return (out if self.batch_first else out.transpose(0, 1)), None
+
+    def _check_inputs(self, query, key, value, key_padding_mask, attn_mask) -> None:
+        """The shapes, dtypes and devices torch's module takes (and the docstring lists), whichever path runs."""
+        dims = "batch, seqlen" if self.batch_first else "seqlen, batch"
+        _check_shape("query", query, {f"({dims}, embed_dim)": (None, None, self.embed_dim),
+                                      "(seqlen, embed_dim)": (None, self.embed_dim)})
+        batched = query.dim() == 3
+        seq_dim = 1 if batched and self.batch_first else 0
+        batch = query.shape[1 - seq_dim] if batched else 1
+
+        def like_query(seqlen, size):  # sizes in query's layout, with query's batch
+            if not batched:
+                return (seqlen, size)
+            return (batch, seqlen, size) if self.batch_first else (seqlen, batch, size)
+
+        layout = f"({dims}, {{}})" if batched else "(seqlen, {})"
+        _check_shape("key", key, {layout.format("kdim"): like_query(None, self.kdim)})
+        _check_shape("value", value, {layout.format("vdim"): like_query(key.shape[seq_dim], self.vdim)})
+        for name, x in (("query", query), ("key", key), ("value", value)):
+            _check_like_module(name, x, self.out_proj.weight)
+        seqlen_q, seqlen_k = query.shape[seq_dim], key.shape[seq_dim]
+        autocast = torch.is_autocast_enabled(query.device.type)
+        dtype = torch.get_autocast_dtype(query.device.type) if autocast else query.dtype  # the projections'
+        masks = (("key_padding_mask", key_padding_mask, {"(batch, S)": (batch, seqlen_k)} if batched
+                  else {"(S,)": (seqlen_k,)}),
+                 ("attn_mask", attn_mask, {"(L, S)": (seqlen_q, seqlen_k),
+                                           "(batch * num_heads, L, S)": (batch * self.num_heads, seqlen_q, seqlen_k)}))
+        for name, mask, shapes in masks:
+            if mask is None:
+                continue
+            _check_shape(name, mask, shapes, query.device)
+            if mask.dtype not in (torch.bool, torch.float32, dtype):
+                raise TypeError(f"{name} must be bool (True = not attended) or a float bias, float32 or the "
+                                f"query's dtype {dtype}, got {mask.dtype}")
 
     def _causal_mask(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
         """The bool top-left causal mask (True = hidden) that torch's own path needs spelled out."""
@@ -123,8 +195,8 @@ class MultiheadAttention(nn.MultiheadAttention):
         keep_keys = _as_keep_or_bias(key_padding_mask, hides_where_true=True)
         if is_causal:
             attn_mask = None  # torch's hint: the causal mask is applied by the kernel instead
-        if attn_mask is not None and attn_mask.dim() == 3 and attn_mask.shape[0] != 1:
-            attn_mask = attn_mask.view(batch, self.num_heads, seqlen_q, -1)  # (B * H, L, S)
+        if attn_mask is not None and attn_mask.dim() == 3:
+            attn_mask = attn_mask.view(batch, self.num_heads, seqlen_q, -1)  # (B * H, L, S), checked
         attn_mask = _as_keep_or_bias(attn_mask, hides_where_true=True)
         if self.bias_k is not None:  # one more key and value, learned, that every query sees
             k = torch.cat([k, self.bias_k.expand(batch, 1, -1)], dim=1)
@@ -165,7 +237,11 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", base**-exponents, persistent=False)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x: (B, L, H, D); positions: (L,) or (B, L) integers. Returns x rotated, in x's dtype."""
+        """x: (B, L, H, D); positions: (L,), (B, L) or (1, L) integers. Returns x rotated, in x's dtype."""
+        _check_shape("x", x, {"(batch, seqlen, heads, head_dim)": (None, None, None, 2 * self.inv_freq.numel())})
+        batch, seqlen = x.shape[:2]
+        _check_shape("positions", positions, {"(seqlen,)": (seqlen,), "(batch, seqlen)": (batch, seqlen),
+                                              "(1, seqlen)": (1, seqlen)}, x.device)
         angles = positions.to(torch.float32)[..., None] * self.inv_freq  # (..., L, D/2)
         if angles.dim() == 2:
             angles = angles[None]
@@ -179,8 +255,9 @@ class SelfAttention(nn.Module):
     """Self-attention block: fused qkv projection, rotary embeddings, GQA, output projection.
 
     x: (batch, seqlen, dim) -> (batch, seqlen, dim). ``num_kv_heads`` < ``num_heads`` shares each key/
-    value head among ``num_heads // num_kv_heads`` query heads. ``attention_mask`` (batch, seqlen) bool
-    marks real tokens (True) against padding (False), Hugging Face's convention.
+    value head among ``num_heads // num_kv_heads`` query heads (None: ``num_heads``); ``head_dim`` defaults to
+    ``dim // num_heads``. ``attention_mask`` (batch, seqlen), bool or integer, marks real tokens (True, 1) against
+    padding (False, 0), Hugging Face's convention.
 
     ``process_group``: context parallelism. x is then this rank's shard of the sequence, (batch, local_seqlen,
     dim), in the zigzag layout of ``flashattn.distributed.shard``; the attention runs over the whole sequence
@@ -200,10 +277,19 @@ class SelfAttention(nn.Module):
         super().__init__()
         if attention is not flash_attn_func and process_group is not None:
             raise ValueError("attention: a process_group runs ring_flash_attn_func, not another attention function")
-        num_kv_heads = num_kv_heads or num_heads
-        head_dim = head_dim or dim // num_heads
+        for name, value in (("dim", dim), ("num_heads", num_heads)):
+            _check_count(name, value)
+        for name, value in (("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
+            _check_count(name, value, optional=True)
+        if head_dim is None and dim % num_heads:
+            raise ValueError(f"dim ({dim}) must be a multiple of num_heads ({num_heads}), or pass head_dim")
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        head_dim = dim // num_heads if head_dim is None else head_dim
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+        if context_parallel_mode not in MODES:
+            raise ValueError(f"context_parallel_mode must be one of {', '.join(map(repr, MODES))}, "
+                             f"got {context_parallel_mode!r}")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.causal, self.dropout = causal, dropout
         self.process_group, self.context_parallel_mode = process_group, context_parallel_mode
@@ -218,6 +304,8 @@ class SelfAttention(nn.Module):
         """``positions``: (seqlen,) or (batch, seqlen) token positions for the rotary embedding (default
         0..seqlen-1; with a process group, the global positions of the local tokens). ``seqlen``: with a process
         group, the whole sequence's length (default: the group's size x the local length)."""
+        _check_shape("x", x, {"(batch, seqlen, dim)": (None, None, self.qkv.in_features)})
+        _check_like_module("x", x, self.qkv.weight)
         batch, local_seqlen, _ = x.shape
         parallel = self.process_group is not None
         if parallel and attention_mask is not None:
@@ -226,11 +314,19 @@ class SelfAttention(nn.Module):
             raise ValueError("seqlen is the whole length of a sharded sequence: it needs a process_group")
         if attention_mask is not None and self.attention is not flash_attn_func:
             raise ValueError("attention_mask runs scaled_dot_product_attention, not the module's attention function")
+        if not parallel and local_seqlen == 0:
+            raise ValueError(f"x must hold at least one token (seqlen >= 1), got shape {tuple(x.shape)}")
+        if attention_mask is not None:
+            _check_shape("attention_mask", attention_mask, {"(batch, seqlen)": (batch, local_seqlen)}, x.device)
+            if attention_mask.is_floating_point() or attention_mask.is_complex():
+                raise TypeError(f"attention_mask must be bool or integer (True or 1 = real token, False or 0 = "
+                                f"padding), got {attention_mask.dtype}")
         sizes = (self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
                  self.num_kv_heads * self.head_dim)
         q, k, v = (t.unflatten(-1, (-1, self.head_dim)) for t in self.qkv(x).split(sizes, dim=-1))  # (B, L, H, D)
         if self.rotary is not None:
             if positions is None and parallel:
+                _group_ring(self.process_group, seqlen, local_seqlen, "x")  # the length checked, then its positions
                 full = seqlen if seqlen is not None else local_seqlen * dist.get_world_size(self.process_group)
                 positions = shard(torch.arange(full, device=x.device), self.process_group, dim=0)
             elif positions is None:
