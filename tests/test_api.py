@@ -129,6 +129,7 @@ BAD_INPUTS = [
     ("scale-str", lambda q, k, v: (q, k, v), {"softmax_scale": "a"}, TypeError, "softmax_scale must be a finite"),
     ("scale-nan", lambda q, k, v: (q, k, v), {"softmax_scale": float("nan")}, ValueError, "softmax_scale must be"),
     ("scale-inf", lambda q, k, v: (q, k, v), {"softmax_scale": float("-inf")}, ValueError, "softmax_scale must be"),
+    ("scale-past-float32", lambda q, k, v: (q, k, v), {"softmax_scale": 1e39}, ValueError, r"float \(in float32"),
     ("softcap-nan", lambda q, k, v: (q, k, v), {"softcap": float("nan")}, ValueError, "softcap must be a finite"),
     ("softcap-inf", lambda q, k, v: (q, k, v), {"softcap": float("inf")}, ValueError, "softcap must be a finite"),
     ("softcap-str", lambda q, k, v: (q, k, v), {"softcap": "1"}, TypeError, "softcap must be a float"),

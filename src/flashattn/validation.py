@@ -68,11 +68,11 @@ def _real(name: str, value, expected: str) -> float:
 
 
 def check_scale(name: str, value) -> None:
-    """A softmax scale: None (1 / sqrt(headdim)) or a finite number. NaN or infinity would turn every output to NaN."""
+    """A softmax scale: None (1 / sqrt(headdim)) or a number finite in float32 (NaN or infinity: every output NaN)."""
     if value is None:
         return
-    if not -math.inf < _real(name, value, "a finite float or None") < math.inf:  # NaN fails both comparisons
-        raise ValueError(f"{name} must be a finite float or None (1 / sqrt(headdim)), got {value}")
+    if not abs(_real(name, value, "a finite float or None")) <= torch.finfo(torch.float32).max:  # NaN fails too
+        raise ValueError(f"{name} must be a finite float (in float32) or None (1 / sqrt(headdim)), got {value}")
 
 
 def check_options(dropout_p, window_size, softcap) -> None:
