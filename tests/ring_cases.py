@@ -160,7 +160,7 @@ def run_varlen_case(case: VarlenRingCase, device: torch.device) -> None:
 def run_module_case(case: ModuleCase, device: torch.device) -> None:
     import copy
 
-    from flashattn.distributed import shard, unshard
+    from flashattn.distributed import shard, shard_positions, unshard
     from flashattn.nn import SelfAttention
 
     single = SelfAttention(64, num_heads=4, num_kv_heads=2, device=device)
@@ -169,6 +169,8 @@ def run_module_case(case: ModuleCase, device: torch.device) -> None:
     x = torch.randn(2, case.seqlen, 64, device=device, requires_grad=True)
     out = single(x)
     x_local = shard(x.detach()).requires_grad_()
+    positions = shard(torch.arange(case.seqlen, device=device), dim=0)
+    assert torch.equal(shard_positions(x_local.shape[1], seqlen=case.seqlen, device=device), positions)
     out_local = parallel(x_local, seqlen=case.seqlen)  # rotary at the global positions of the local tokens
     torch.testing.assert_close(unshard(out_local, seqlen=case.seqlen), out.detach())
     dout = torch.randn_like(out)

@@ -271,6 +271,16 @@ def _layout_ring(group, x: torch.Tensor, dim: int, cu_seqlens, seqlen: int | Non
     return _group_ring(group, seqlen, x.shape[dim], "x")
 
 
+def shard_positions(local_seqlen: int, group: dist.ProcessGroup | None = None, seqlen: int | None = None,
+                    device: torch.device | None = None) -> torch.Tensor:
+    """The global positions (int64) of this rank's ``local_seqlen`` tokens of a sequence of ``seqlen`` (default: W x
+    local_seqlen) in :func:`shard`'s layout, what ``shard(torch.arange(seqlen), group, dim=0)`` gives; ValueError,
+    naming x, where local_seqlen is not this rank's part of seqlen."""
+    ring = _group_ring(group, seqlen, local_seqlen, "x")
+    return torch.cat([torch.arange(start, start + length, device=device)
+                      for start, length in ring.layout.runs(ring.rank)])
+
+
 def shard(x: torch.Tensor, group: dist.ProcessGroup | None = None, dim: int | None = None,
           cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
     """This rank's part of a full tensor, in the layout :func:`ring_flash_attn_func` expects. Differentiable.

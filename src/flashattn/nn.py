@@ -17,11 +17,10 @@ import warnings
 from collections.abc import Callable
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from .distributed import _group_ring, ring_flash_attn_func, shard
+from .distributed import ring_flash_attn_func, shard_positions
 from .head_parallel import MODES
 from .interface import flash_attn_func
 from .sdpa import check_arguments, scaled_dot_product_attention
@@ -326,9 +325,7 @@ class SelfAttention(nn.Module):
         q, k, v = (t.unflatten(-1, (-1, self.head_dim)) for t in self.qkv(x).split(sizes, dim=-1))  # (B, L, H, D)
         if self.rotary is not None:
             if positions is None and parallel:
-                _group_ring(self.process_group, seqlen, local_seqlen, "x")  # the length checked, then its positions
-                full = seqlen if seqlen is not None else local_seqlen * dist.get_world_size(self.process_group)
-                positions = shard(torch.arange(full, device=x.device), self.process_group, dim=0)
+                positions = shard_positions(local_seqlen, self.process_group, seqlen, x.device)
             elif positions is None:
                 positions = torch.arange(local_seqlen, device=x.device)
             q, k = self.rotary(q, positions), self.rotary(k, positions)
