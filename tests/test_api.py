@@ -13,6 +13,7 @@ import torch
 from flashattn import configs, flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
 from flashattn.launch import backward as launch_backward
 from flashattn.launch import common
+from flashattn.options import AttentionOptions
 from flashattn.reference import attention_ref
 from flashattn.testing import Case, check_against_reference
 
@@ -35,6 +36,15 @@ def test_kvpacked_matches_unpacked_with_gqa(backend):
     out = flash_attn_kvpacked_func(q, kv, window_size=(4, 2))
     expected, _ = attention_ref(q, kv[:, :, 0], kv[:, :, 1], window_size=(4, 2))
     torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=1e-5)
+
+
+def test_any_negative_window_side_is_unbounded_as_in_flash_attn(torch_backend):
+    q, k, v = (torch.randn(1, n, 2, 16, device=DEVICE) for n in (9, 13, 13))
+    for given, same in (((-7, 3), (-1, 3)), ((2, -2**63), (2, -1)), ((-5, 0), (-1, 0))):
+        torch.testing.assert_close(flash_attn_func(q, k, v, window_size=given),
+                                   flash_attn_func(q, k, v, window_size=same), rtol=0, atol=0)
+    options = AttentionOptions.build(16, None, False, (-9, -3), 0.0, 0.0, False)
+    assert (options.window_left, options.window_right, options.masked) == (-1, -1, False)
 
 
 def test_strided_inputs_are_read_in_place(backend):
@@ -114,7 +124,7 @@ BAD_INPUTS = [
     ("kv-shape", lambda q, k, v: (q, k, v[:, :5]), {}, ValueError, "k and v must have the same shape"),
     ("batch", lambda q, k, v: (q, k[:1], v[:1]), {}, ValueError, "batch size"),
     ("dropout", lambda q, k, v: (q, k, v), {"dropout_p": 1.0}, ValueError, "dropout_p"),
-    ("window", lambda q, k, v: (q, k, v), {"window_size": (-2, 0)}, ValueError, "window_size"),
+    ("window", lambda q, k, v: (q, k, v), {"window_size": (-2**63 - 1, 0)}, ValueError, "window_size"),
     ("softcap", lambda q, k, v: (q, k, v), {"softcap": -1.0}, ValueError, "softcap"),
     ("alibi-shape", lambda q, k, v: (q, k, v), {"alibi_slopes": torch.ones(3)}, ValueError, "alibi_slopes"),
     ("alibi-dtype", lambda q, k, v: (q, k, v), {"alibi_slopes": torch.ones(4, dtype=torch.float64)},

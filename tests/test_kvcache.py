@@ -250,7 +250,7 @@ def test_bad_shapes_and_dtypes_are_refused(backend):
     _bad(inputs, "multiple of the number of key/value heads", q=inputs["q"][:, :, :3])
     _bad(inputs, "contiguous last dimension", k_cache=inputs["k_cache"].transpose(1, 3).contiguous().transpose(1, 3))
     _bad(inputs, "num_splits", num_splits=-1)
-    _bad(inputs, "window_size", window_size=(-2, 0))
+    _bad(inputs, "window_size", window_size=(0, -2**63 - 1))
     cos = torch.ones(48, 8, dtype=torch.float16, device=DEVICE)
     _bad(inputs, "rotary_cos and rotary_sin must be given together", rotary_cos=cos)
     _bad(inputs, "need k and v", rotary_cos=cos, rotary_sin=cos, k=None, v=None)

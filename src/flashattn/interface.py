@@ -52,7 +52,7 @@ def flash_attn_func(
         softmax_scale: defaults to 1 / sqrt(headdim).
         causal: bottom-right aligned causal mask (see the module docstring).
         window_size: (left, right); query i sees key j when
-            i + Sk - Sq - left <= j <= i + Sk - Sq + right; -1 means unbounded.
+            i + Sk - Sq - left <= j <= i + Sk - Sq + right; a negative side (-1) is unbounded.
         softcap: if > 0, scores become softcap * tanh(scores / softcap).
         alibi_slopes: float32 (nheads,) or (batch, nheads); adds -slope * |i + Sk - Sq - j|.
         deterministic: bitwise repeatable gradients. False (the default) lets the sm90 backward add dQ into float32

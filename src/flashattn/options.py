@@ -63,7 +63,7 @@ class AttentionOptions:
         dropout_p: float,
         deterministic: bool,
     ) -> AttentionOptions:
-        left, right = (int(w) for w in window_size)
+        left, right = (max(int(w), -1) for w in window_size)  # any negative side is unbounded: -1
         if causal:
             right = 0
         scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)

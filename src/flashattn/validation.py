@@ -78,14 +78,14 @@ def check_scale(name: str, value) -> None:
 def check_options(dropout_p, window_size, softcap) -> None:
     if not 0.0 <= _real("dropout_p", dropout_p, "a float in [0, 1)") < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    pair = "window_size must be a pair (left, right) of ints >= -1 (-1: unbounded), got"
+    pair = "window_size must be a pair (left, right) of ints (negative: unbounded), got"
     if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
         raise TypeError(f"{pair} {type(window_size).__name__} {window_size!r}")
     for w in window_size:
         if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(w) or int(w) != w:
             raise TypeError(f"{pair} {window_size!r}")
-        if not -1 <= w < 2**63:  # an int64 beside the sequence lengths; wider than any sequence is unbounded
-            raise ValueError(f"window_size must be a pair of ints in [-1, 2**63) (-1: unbounded), got {window_size}")
+        if not -2**63 <= w < 2**63:  # an int64; negative is unbounded (flash-attn's rule), as is a wide one
+            raise ValueError(f"{pair} {window_size!r}, each in [-2**63, 2**63)")
     capped = _real("softcap", softcap, "a float >= 0 (0: off)")
     if not 0 <= capped < math.inf:  # NaN fails the comparisons
         raise ValueError(f"softcap must be a finite float >= 0 (0: off), got {softcap}")
@@ -385,7 +385,7 @@ class Packing:
         return self.cu_seqlens_q.shape[0] - 1
 
 
-def _check_host_cu_seqlens(name: str, cu_seqlens: list[int], total: int | None, total_name: str) -> int:
+def check_host_cu_seqlens(name: str, cu_seqlens: list[int], total: int | None, total_name: str) -> int:
     """Check one host copy of cu_seqlens; return its longest sequence. ``total`` None: any end (paged keys)."""
     if cu_seqlens[0] != 0:
         raise ValueError(f"{name} must start at 0, got {cu_seqlens[0]}")
@@ -424,8 +424,8 @@ def resolve_packing(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, tota
             faults.raise_from_values(cu_seqlens_q.device, host[-recorded.numel():])
         size = cu_seqlens_q.numel()
         host_q, host_k = host[:size], host[size : 2 * size]
-        longest_q = _check_host_cu_seqlens("cu_seqlens_q", host_q, total_q, "q.shape[0]")
-        longest_k = _check_host_cu_seqlens("cu_seqlens_k", host_k, total_k, "k.shape[0]")
+        longest_q = check_host_cu_seqlens("cu_seqlens_q", host_q, total_q, "q.shape[0]")
+        longest_k = check_host_cu_seqlens("cu_seqlens_k", host_k, total_k, "k.shape[0]")
         for name, given, longest in (("max_seqlen_q", max_seqlen_q, longest_q), ("max_seqlen_k", max_seqlen_k,
                                                                                longest_k)):
             if given != DERIVE_MAX_SEQLEN and given < longest:
