@@ -162,6 +162,31 @@ def test_quantize_checks_name_the_argument(shapes, options, error, match):
         fp8.quantize(q, k, v, **options)
 
 
+CU_5 = torch.tensor([0, 2, 5], dtype=torch.int32)
+
+
+@pytest.mark.parametrize("call,error,match", [
+    (lambda x: fp8.quantize_tensor(x[0], 2), ValueError, "x must be a 4-dim float tensor"),
+    (lambda x: fp8.quantize_tensor(x.long(), 2), ValueError, "x must be a 4-dim float tensor"),
+    (lambda x: fp8.quantize_tensor(x, 3), ValueError, "nheads_k must be a positive int that divides x's 4 heads"),
+    (lambda x: fp8.quantize_tensor(x, 0), ValueError, "nheads_k must be a positive int"),
+    (lambda x: fp8.quantize_tensor(x, 2.0), ValueError, "nheads_k must be a positive int"),
+    (lambda x: fp8.quantize_tensor(x[..., :0], 2), ValueError, "x must have heads and a head dim"),
+    (lambda x: fp8.quantize_tensor(x, 2, "row"), ValueError, "granularity must be"),
+    (lambda x: fp8.quantize_packed(x, CU_5, 2), ValueError, "x must be a 3-dim float tensor"),
+    (lambda x: fp8.quantize_packed(x[0], CU_5.long(), 2), TypeError, "cu_seqlens must have dtype torch.int32"),
+    (lambda x: fp8.quantize_packed(x[0], CU_5[:2], 2), ValueError, "cu_seqlens must end at the number of tokens"),
+    (lambda x: fp8.quantize_packed(x[0], CU_5.flip(0), 2), ValueError, "cu_seqlens must start at 0"),
+    (lambda x: fp8.quantize_packed(x[0], CU_5, 8), ValueError, "nheads_k must be a positive int"),
+], ids=["rank", "dtype", "heads", "zero-heads", "float-heads", "head-dim", "granularity", "packed-rank",
+        "cu-dtype", "cu-end", "cu-start", "packed-heads"])
+def test_quantize_one_tensor_checks_name_the_argument(call, error, match):
+    """The one-tensor quantizers that ``fp8`` exports: a ValueError or TypeError naming the argument, never an error
+    from inside torch or a quantization of the wrong shape."""
+    with pytest.raises(error, match=match):
+        call(torch.randn(2, 5, 4, 16))
+
+
 def test_quantize_takes_empty_query_sequences():
     quantized = fp8.quantize(*(torch.randn(shape) for shape in ((2, 0, 4, 16), (2, 8, 2, 16), (2, 8, 2, 16))))
     assert quantized.q.shape == (2, 0, 4, 16) and quantized.q_descale.shape == (2, 2, 0)

@@ -21,7 +21,14 @@ from .fp8_format import (
     hadamard_pieces,
     rotation_matrix,
 )
-from .validation import PACKED, check_cu_seqlens_pair, resolve_packing, transposed_hint
+from .validation import (
+    PACKED,
+    check_cu_seqlens,
+    check_cu_seqlens_pair,
+    check_host_cu_seqlens,
+    resolve_packing,
+    transposed_hint,
+)
 
 
 class Quantized(NamedTuple):
@@ -64,8 +71,9 @@ def quantize_tensor(x: torch.Tensor, nheads_k: int, granularity: str = "block") 
     ceil(seqlen / SCALE_BLOCK)); "head": over the whole sequence, descale (batch, nheads_k). An all-zero block takes
     descale 1.
     """
-    if granularity not in ("block", "head"):
-        raise ValueError(f"granularity must be 'block' or 'head', got {granularity!r}")
+    check_quantize_options(True, None, granularity)
+    check_quantize_input("x", x, packed=False)
+    check_kv_heads(x, nheads_k)
     batch, seqlen, nheads, head_dim = x.shape
     group = nheads // nheads_k
     grouped = x.float().reshape(batch, seqlen, nheads_k, group * head_dim)
@@ -87,7 +95,14 @@ def quantize_tensor(x: torch.Tensor, nheads_k: int, granularity: str = "block") 
 def quantize_packed(x: torch.Tensor, cu_seqlens: torch.Tensor, nheads_k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """x (total, nheads, head_dim), sequence b its rows cu_seqlens[b]:cu_seqlens[b + 1] -> (e4m3 x, float32 descale
     (batch, nheads_k)): amax over each sequence's rows of a kv head's group of heads, read on the device (no copy of
-    the lengths to the host). An empty or all-zero sequence takes descale 1."""
+    the lengths to the host). An empty or all-zero sequence takes descale 1. cu_seqlens' values are checked where
+    that costs no synchronization (a CPU tensor); on a GPU they are trusted, as ``flash_attn_varlen_func`` trusts
+    them."""
+    check_quantize_input("x", x, packed=True)
+    check_kv_heads(x, nheads_k)
+    check_cu_seqlens("cu_seqlens", cu_seqlens, x.device)
+    if cu_seqlens.device.type == "cpu":
+        check_host_cu_seqlens("cu_seqlens", cu_seqlens.tolist(), x.shape[0], "x.shape[0]")
     total, nheads, head_dim = x.shape
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
     batch = lengths.numel()
@@ -135,11 +150,8 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hadamard: bool =
 def check_quantize_inputs(q, k, v, packed: bool) -> None:
     """q, k, v as :func:`quantize` takes them: float tensors on q's device, q (batch, seqlen_q, nheads, head_dim) and
     k, v (batch, seqlen_k, nheads_k, head_dim) with nheads a multiple of nheads_k; packed, (total, heads, head_dim)."""
-    rank, layout = (3, PACKED) if packed else (4, "(batch, seqlen, nheads, headdim)")
     for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor) or x.dim() != rank or not x.dtype.is_floating_point:
-            got = f"{x.dtype} of shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(f"{name} must be a {rank}-dim float tensor {layout}, got {got}")
+        check_quantize_input(name, x, packed)
         if x.device != q.device:
             raise ValueError(f"{name} must be on q's device {q.device}, got {x.device}")
     if k.shape != v.shape:
@@ -154,6 +166,23 @@ def check_quantize_inputs(q, k, v, packed: bool) -> None:
     if nheads == 0 or nheads_k == 0 or nheads % nheads_k != 0:
         raise ValueError(f"the number of query heads in q ({nheads}) must be a positive multiple of the number of "
                          f"key/value heads in k ({nheads_k}){transposed_hint(q, k)}")
+
+
+def check_quantize_input(name: str, x, packed: bool) -> None:
+    """One input of the quantizer: a float tensor (batch, seqlen, nheads, head_dim), or packed (total, nheads,
+    head_dim)."""
+    rank, layout = (3, PACKED) if packed else (4, "(batch, seqlen, nheads, headdim)")
+    if not isinstance(x, torch.Tensor) or x.dim() != rank or not x.dtype.is_floating_point:
+        got = f"{x.dtype} of shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"{name} must be a {rank}-dim float tensor {layout}, got {got}")
+
+
+def check_kv_heads(x: torch.Tensor, nheads_k) -> None:
+    """``nheads_k`` of :func:`quantize_tensor` and :func:`quantize_packed`: a positive int dividing x's heads."""
+    if isinstance(nheads_k, bool) or not isinstance(nheads_k, int) or nheads_k < 1 or x.shape[-2] % nheads_k:
+        raise ValueError(f"nheads_k must be a positive int that divides x's {x.shape[-2]} heads, got {nheads_k!r}")
+    if x.shape[-2] == 0 or x.shape[-1] == 0:
+        raise ValueError(f"x must have heads and a head dim >= 1, got shape {tuple(x.shape)}")
 
 
 def check_quantize_options(hadamard, seed, granularity) -> None:
