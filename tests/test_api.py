@@ -13,7 +13,7 @@ import torch
 from flashattn import configs, flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
 from flashattn.launch import backward as launch_backward
 from flashattn.launch import common
-from flashattn.options import AttentionOptions
+from flashattn.options import AttentionOptions, new_rng_state
 from flashattn.reference import attention_ref
 from flashattn.testing import Case, check_against_reference
 
@@ -313,6 +313,26 @@ def test_concurrent_gradient_kernels_replay_from_a_cuda_graph(monkeypatch):
     assert joins[0] == 3  # warm-up, capture, eager
 
 
+def test_dropout_is_refused_while_a_cuda_stream_captures(monkeypatch):
+    """The dropout seed is a launch argument drawn on the host: a captured call would replay one mask forever, so
+    drawing it while the stream captures raises, naming dropout_p; a CPU call, or one without capture, draws."""
+    if torch.cuda.is_available():
+        assert new_rng_state(torch.device("cuda")).shape == (2,)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="dropout_p > 0 cannot be captured in a CUDA graph"):
+        new_rng_state(torch.device("cuda"))
+    assert new_rng_state(torch.device("cpu")).dtype == torch.int64
+
+
+@pytest.mark.gpu
+def test_dropout_call_in_a_cuda_graph_capture_raises_before_launching():
+    q = torch.randn(1, 64, 2, 64, device="cuda", dtype=torch.bfloat16)
+    flash_attn_func(q, q, q, dropout_p=0.1)  # warm up off the capture
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="dropout_p"), torch.cuda.graph(graph):
+        flash_attn_func(q, q, q, dropout_p=0.1)
+
+
 def _count_gradient_stream_joins(monkeypatch) -> list[int]:
     """Use the two gradient streams at any size, and count the backward calls that joined them."""
 
@@ -332,7 +352,6 @@ def test_gradient_streams_are_kept_for_long_calls():
     """The FLOP rule: the bench's hdim-64 backward at 2k tokens (batch 8, 32 heads: 6.9e11 FLOPs) takes the two
     streams, the causal one at 512 tokens (batch 32: 8.6e10) does not; CPU tensors never do."""
     from flashattn import flops as convention
-    from flashattn.options import AttentionOptions
 
     def flops(batch, seqlen, causal):
         return convention.backward_flops(batch, seqlen, seqlen, 32, 64, causal)

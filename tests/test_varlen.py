@@ -4,6 +4,7 @@ The CPU path (torch backend) and the Triton kernels (the interpreter without a G
 the ``gpu``-marked grid adds long sequences. Sequence lengths include 0 and 1 on either side.
 """
 
+import numpy as np
 import pytest
 import torch
 from cases import COMPILE_BACKEND, DTYPES, OPTIONS, covering, heavy_varlen_reference, make_varlen_case, one_at_a_time
@@ -87,6 +88,12 @@ def test_max_seqlen_as_tensor_or_larger_bound(backend):
     check_varlen_against_reference(case, torch.float32, DEVICE, max_seqlens=(torch.tensor(23), torch.tensor(23)))
     # a loose bound launches extra query/key blocks, which exit at once
     check_varlen_against_reference(case, torch.float32, DEVICE, max_seqlens=(70, 50))
+
+
+def test_max_seqlen_takes_numpy_integers(torch_backend):
+    """As flash-attn's int parameters do: a collator's numpy maximum is an integer, not a type error."""
+    case = VarlenCase((5, 0, 23), (9, 4, 23), 2, 1, 32, {"causal": True})
+    check_varlen_against_reference(case, torch.float32, DEVICE, max_seqlens=(np.int64(23), np.int32(23)))
 
 
 def test_equal_lengths_match_the_dense_function(backend):

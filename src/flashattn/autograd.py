@@ -17,7 +17,7 @@ class FlashAttnFunction(torch.autograd.Function):
         """``rng_state``: the dropout (seed, offset) to use (the all-to-all mode's share of the group's stream);
         by default a fresh one."""
         if rng_state is None and opts.dropout_p > 0:
-            rng_state = new_rng_state()
+            rng_state = new_rng_state(q.device)
         out, lse = ops.eager_call(ops.attention_forward, ops.attention_forward_cuda, q, k, v, alibi_slopes, rng_state,
                                   *opts.op_arguments(), attn_mask)
         ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, rng_state, attn_mask)
@@ -69,7 +69,7 @@ class FlashAttnVarlenFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
                 opts: AttentionOptions, rng_state=None):
         if rng_state is None and opts.dropout_p > 0:
-            rng_state = new_rng_state()
+            rng_state = new_rng_state(q.device)
         cu_seqlens_k = cu_seqlens_q if cu_seqlens_k is None else cu_seqlens_k
         out, lse = ops.eager_call(ops.varlen_attention_forward, ops.varlen_attention_forward_cuda, q, k, v,
                                   cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, rng_state,
@@ -101,7 +101,7 @@ class FlashAttnVarlenPagedFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, block_table,
                 opts: AttentionOptions):
-        rng_state = new_rng_state() if opts.dropout_p > 0 else None
+        rng_state = new_rng_state(q.device) if opts.dropout_p > 0 else None
         out, lse = ops.eager_call(ops.varlen_attention_forward, ops.varlen_attention_forward_cuda, q, k, v,
                                   cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, rng_state,
                                   *opts.op_arguments(), block_table)

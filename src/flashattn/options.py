@@ -92,13 +92,20 @@ class AttentionOptions:
         return self.window_left >= 0 or self.window_right >= 0
 
 
-def new_rng_state() -> torch.Tensor:
-    """A (seed, offset) pair for the dropout stream, drawn from torch's default generator.
+def new_rng_state(device: torch.device | None = None) -> torch.Tensor:
+    """A (seed, offset) pair for the dropout stream of a call on ``device``, drawn from torch's default generator.
 
     It lives on the CPU so that drawing it never synchronizes the GPU; ``torch.manual_seed`` makes it
     reproducible. The seed keys a Philox stream; each score (b, h, i, j) takes counter
-    ``offset + ((b * H + h) * Sq + i) * Sk + j`` (varlen batches: see ``dropout.py``).
+    ``offset + ((b * H + h) * Sq + i) * Sk + j`` (varlen batches: see ``dropout.py``). The kernels take the pair as
+    launch arguments, so a CUDA graph would replay one seed: a call with dropout is refused while its stream captures.
     """
+    # (a compiled graph draws the pair as one of its ops, and a graph holding this CPU tensor is not captured)
+    on_gpu = device is not None and device.type == "cuda" and not torch.compiler.is_compiling()
+    if on_gpu and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("dropout_p > 0 cannot be captured in a CUDA graph: the dropout seed is drawn on the host "
+                           "when the call runs, so every replay would drop the same scores; capture the call with "
+                           "dropout_p=0, or run it outside the graph")
     seed = torch.randint(0, 2**62, (1,), dtype=torch.int64)
     return torch.cat([seed, torch.zeros(1, dtype=torch.int64)])
 

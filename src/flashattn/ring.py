@@ -115,7 +115,7 @@ class Ring:
 
 def shared_rng_state(group: dist.ProcessGroup, device: torch.device) -> torch.Tensor:
     """:meth:`Ring.shared_rng_state` for any group (the all-to-all mode's too)."""
-    state = new_rng_state().to(device)
+    state = new_rng_state(device).to(device)
     dist.broadcast(state, dist.get_global_rank(group, 0), group=group)
     return state.cpu()
 

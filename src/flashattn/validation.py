@@ -155,11 +155,11 @@ def max_seqlen_argument(name: str, value) -> int:
             raise TypeError(f"{name} must be an int or a 0-d integer tensor, got a {value.dtype} tensor of "
                             f"shape {tuple(value.shape)}")
         return DERIVE_MAX_SEQLEN
-    if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
+    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, torch.SymInt)):  # numpy's ints too
         raise TypeError(f"{name} must be an int or a 0-d integer tensor, got {type(value).__name__}")
     if not 0 <= value < 2**31:  # cu_seqlens are int32: no sequence is longer
         raise ValueError(f"{name} must be in [0, 2**31), got {value}")
-    return value
+    return value if isinstance(value, torch.SymInt) else int(value)
 
 
 def check_paging(block_table, k, batch: int, max_seqlen_k: int, device: torch.device) -> None:
