@@ -47,6 +47,19 @@ def test_any_negative_window_side_is_unbounded_as_in_flash_attn(torch_backend):
     assert (options.window_left, options.window_right, options.masked) == (-1, -1, False)
 
 
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(5, 0), (0, 7), (0, 0)])
+def test_a_call_without_queries_or_keys_is_empty_as_in_flash_attn(seqlen_q, seqlen_k):
+    """No kernel runs: out zeros (no key to attend to), the log-sum-exp +inf, zero gradients of the inputs' shapes."""
+    q = torch.randn(2, seqlen_q, 4, 16, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(2, seqlen_k, 2, 16, device=DEVICE, dtype=torch.bfloat16, requires_grad=True) for _ in "kv")
+    out, lse, _ = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert out.shape == (2, seqlen_q, 4, 16) and out.dtype == q.dtype and not out.any()
+    assert lse.shape == (2, 4, seqlen_q) and lse.dtype == torch.float32 and (lse == math.inf).all()
+    out.float().sum().backward()
+    for x in (q, k, v):
+        assert x.grad.shape == x.shape and not x.grad.any()
+
+
 def test_strided_inputs_are_read_in_place(backend):
     # (B, H, S, D) storage viewed as (B, S, H, D): the last dim is contiguous, the rest are not
     q, k, v = (torch.randn(2, 3, n, 40, device=DEVICE).transpose(1, 2) for n in (50, 70, 70))

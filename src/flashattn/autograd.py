@@ -39,6 +39,24 @@ class FlashAttnFunction(torch.autograd.Function):
         return dq, dk, dv, None, None, dmask if mask_needs_grad else None, None
 
 
+class EmptyAttentionFunction(torch.autograd.Function):
+    """A dense call with no queries or no keys, as flash-attn returns it: out zeros, the log-sum-exp +inf (no key
+    seen), and zero gradients for q, k and v."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        batch, seqlen_q, nheads, _ = q.shape
+        out = q.new_zeros(batch, seqlen_q, nheads, v.shape[-1])
+        lse = torch.full((batch, nheads, seqlen_q), float("inf"), dtype=torch.float32, device=q.device)
+        ctx.mark_non_differentiable(lse)
+        ctx.inputs = [(x.shape, x.dtype, x.device) for x in (q, k, v)]
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, _dout, _dlse):
+        return tuple(torch.zeros(shape, dtype=dtype, device=device) for shape, dtype, device in ctx.inputs)
+
+
 class FP8FlashAttnFunction(torch.autograd.Function):
     """16-bit q, k, v quantized to e4m3 inside (``fp8.flash_attn_func``). It saves the e4m3 tensors, a byte an
     element where the 16-bit function saves two, and the rotation's signs (head_dim floats, or None)."""

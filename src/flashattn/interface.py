@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from . import fp8, ops_fp8
-from .autograd import FlashAttnFunction
+from .autograd import EmptyAttentionFunction, FlashAttnFunction
 from .options import AttentionOptions
 from .validation import check_dense, check_kv_like_q, check_options, check_scale, check_tensor
 
@@ -67,15 +67,18 @@ def flash_attn_func(
     Returns:
         out of q's shape and dtype (bfloat16 for FP8 inputs); or, with ``return_attn_probs``,
         ``(out, softmax_lse, None)`` where softmax_lse is float32 (batch, nheads, seqlen_q) in natural log
-        (+inf for a row that sees no key). The third item, flash-attn's ``S_dmask`` debugging matrix, is
-        always None: flashattn never materializes the scores.
+        (+inf for a row that sees no key: with seqlen_k = 0 every row, and out is zeros). The third item,
+        flash-attn's ``S_dmask`` debugging matrix, is always None: flashattn never materializes the scores.
     """
     descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
     if fp8.is_fp8(q) or any(d is not None for d in descales.values()):
         out, lse = _fp8_attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                                   descales)
         return (out, lse, None) if return_attn_probs else out
-    check_dense(q, k, v, dropout_p, window_size, softcap, alibi_slopes, softmax_scale)
+    check_dense(q, k, v, dropout_p, window_size, softcap, alibi_slopes, softmax_scale, empty_ok=True)
+    if q.shape[1] == 0 or k.shape[1] == 0:  # as flash-attn: zeros, +inf log-sum-exps, zero gradients
+        out, lse = EmptyAttentionFunction.apply(q, k, v)
+        return (out, lse, None) if return_attn_probs else out
     opts = AttentionOptions.build(q.shape[-1], softmax_scale, causal, window_size, softcap, dropout_p,
                                   deterministic)
     out, lse = FlashAttnFunction.apply(q, k, v, alibi_slopes, opts)

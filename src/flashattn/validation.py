@@ -116,14 +116,14 @@ def check_alibi(alibi_slopes, batch: int, nheads: int, device: torch.device) -> 
         raise ValueError(f"alibi_slopes must be on q's device {device}, got {alibi_slopes.device}")
 
 
-def check_dense(q, k, v, dropout_p, window_size, softcap, alibi_slopes, softmax_scale=None) -> None:
+def check_dense(q, k, v, dropout_p, window_size, softcap, alibi_slopes, softmax_scale=None, empty_ok=False) -> None:
     for name, x in (("q", q), ("k", k), ("v", v)):
         check_tensor(name, x, 4)
     check_kv_like_q(q, k, v)
     batch, _, nheads, _ = q.shape
     if k.shape[0] != batch:
         raise ValueError(f"k must have q's batch size {batch}, got {k.shape[0]}")
-    if q.shape[1] == 0 or k.shape[1] == 0:
+    if not empty_ok and (q.shape[1] == 0 or k.shape[1] == 0):
         raise ValueError(f"seqlens must be >= 1, got seqlen_q={q.shape[1]}, seqlen_k={k.shape[1]}")
     check_options(dropout_p, window_size, softcap)
     check_scale("softmax_scale", softmax_scale)
