@@ -147,8 +147,9 @@ TILE_COUNTER = "atom.global.gpu.relaxed.add.u32"  # a persistent grid's tiles ta
 
 def check_dq_reductions(name: str, result: dict, head_dim: int, causal: bool, block_m: int = 64) -> None:
     """No per-element global reduction in a dK/dV build; the fused dK/dV/dQ kernel adds dQ^T by TMA tile reductions
-    (hdim 128: one a consumer, in its loop, and causal in the one-tile kernel one in each of its two loops, the
-    masked blocks' and those out of the mask's reach, whose loop holds no select; hdim 64: those of a turn in each
+    (hdim 128: one a consumer in its loop, the previous block's, and causal in the one-tile kernel one in each of
+    its two loops, the masked blocks' and those out of the mask's reach, whose loop holds no select, and one after
+    them, the walk's last block's; hdim 64: those of a turn in each
     consumer's loop of two blocks, consumer 0's in an odd last block, and in the persistent form consumer 1's in a
     tile's odd first block; a turn's one for each 64 queries of its ``block_m``-row block), stores nothing to local
     memory in its loops (with per-element reductions its hdim-128 build spilled about 45 values a block) and fits
@@ -165,7 +166,7 @@ def check_dq_reductions(name: str, result: dict, head_dim: int, causal: bool, bl
     if "fused dQ" in name or reductions:
         tiles = block_m // 64 if head_dim == 64 else 1
         unmasked_loop = head_dim == 128 and causal and not persistent
-        expected = {TMA_REDUCTION: (4 if unmasked_loop else 2) if head_dim == 128 else (4 if persistent else 3) * tiles}
+        expected = {TMA_REDUCTION: (6 if unmasked_loop else 4) if head_dim == 128 else (4 if persistent else 3) * tiles}
         assert reductions == expected, f"{name}: {reductions}"
         if unmasked_loop:
             assert sorted(loop["FSEL"] for loop in result["loops"]) == [0, 0, 32, 32], f"{name}: {result['loops']}"

@@ -138,20 +138,28 @@ def _register_order(dq):
 
 
 @gluon.jit
-def _add_dq(dq, dq_smem, dq_desc, batch, head, dq_block, seqlen_q, nheads, HEAD_DIM: gl.constexpr,
-            FIRST_ROW: gl.constexpr):
-    """This consumer's DQ_ROWS rows of dQ^T over one or two DQ_QUERIES-query blocks from ``dq_block`` (float32, the
-    wgmma layout) added into the accumulator's tiles of (batch, head, those blocks, FIRST_ROW // DQ_ROWS) by TMA
-    reductions through ``dq_smem``, whose last reductions the caller has waited for (columns past seqlen_q add zeros:
-    rows of dS there are 0)."""
-    TILES: gl.constexpr = dq.shape[1] // DQ_QUERIES
-    dq_smem.store(_register_order(dq))
-    fence_async_shared()
-    gl.thread_barrier()  # every warp's part is in shared memory before the one thread issues the reductions
+def _reduce_dq(dq_smem, dq_desc, batch, head, dq_block, seqlen_q, nheads, HEAD_DIM: gl.constexpr,
+               FIRST_ROW: gl.constexpr):
+    """The reductions of a consumer's staged dQ^T tile (``dq_smem``: DQ_ROWS rows over one or two DQ_QUERIES-query
+    blocks from ``dq_block``, in the registers' order) into the accumulator's tiles of (batch, head, those blocks,
+    FIRST_ROW // DQ_ROWS), issued by one thread once every warp's stores are fenced and past a barrier (columns past
+    seqlen_q add zeros: rows of dS there are 0)."""
+    TILES: gl.constexpr = dq_smem.shape[0] // DQ_TILE_ROWS
     q_blocks = DQ_BLOCK_PAIR * gl.cdiv(seqlen_q, DQ_BLOCK_PAIR * DQ_QUERIES)
     tile = ((batch * nheads + head) * q_blocks + dq_block) * (HEAD_DIM // DQ_ROWS) + FIRST_ROW // DQ_ROWS
     for t in gl.static_range(TILES):  # at head dim 64 the next query block's tile is the next one
         _tma_reduce_add(dq_desc, [(tile + t) * DQ_TILE_ROWS, 0], dq_smem.slice(t * DQ_TILE_ROWS, DQ_TILE_ROWS))
+
+
+@gluon.jit
+def _add_dq(dq, dq_smem, dq_desc, batch, head, dq_block, seqlen_q, nheads, HEAD_DIM: gl.constexpr,
+            FIRST_ROW: gl.constexpr):
+    """This consumer's DQ_ROWS rows of dQ^T (float32, the wgmma layout) staged in ``dq_smem``, whose last
+    reductions the caller has waited for, and added into the accumulator at once (``_reduce_dq``)."""
+    dq_smem.store(_register_order(dq))
+    fence_async_shared()
+    gl.thread_barrier()  # every warp's part is in shared memory before the one thread issues the reductions
+    _reduce_dq(dq_smem, dq_desc, batch, head, dq_block, seqlen_q, nheads, HEAD_DIM, FIRST_ROW)
 
 
 @gluon.jit
@@ -228,13 +236,15 @@ def _scores_and_gradients(k_slice, v_slice, q_bufs, do_bufs, stats_bufs, q_ready
 
 @gluon.jit
 def _halves_block(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready,
-                  stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, stage, phase, ring,
-                  first_q_block, per_head, last_head, seqlen_q, seqlen_k, nheads, slice_start, qk_scale_log2,
-                  BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, SLICE: gl.constexpr,
-                  VISIBLE: gl.constexpr = False):
+                  stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, prev_head, prev_q_block,
+                  stage, phase, ring, first_ring, first_q_block, per_head, last_head, seqlen_q, seqlen_k, nheads,
+                  slice_start, qk_scale_log2, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                  SLICE: gl.constexpr, VISIBLE: gl.constexpr = False):
     """One query block at head dim 128, the program's ``ring``-th: this consumer's dV and dK, and its head-dim half of
-    dQ^T over the 128 keys, reduced from its staging buffer of the ring's parity. Returns the tiles and the walk's
-    position after the block."""
+    dQ^T over the 128 keys, staged in its buffer of the ring's parity. The previous block's staged half
+    (of ``prev_head``'s ``prev_q_block``, when ``ring > first_ring``) is reduced here, after the fence and the barrier
+    that share this block's dS^T: its stores need no fence or barrier of their own (``walk_query_blocks`` reduces
+    the walk's last). Returns the tiles, this block's (head, q_block) and the walk's position after the block."""
     HEAD_DIM: gl.constexpr = 2 * DQ_ROWS
     DS_BUFFERS: gl.constexpr = ds_bufs.shape[0]
     s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
@@ -245,23 +255,28 @@ def _halves_block(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready
                                                    q_block, seqlen_q, seqlen_k, slice_start, qk_scale_log2, BLOCK_M,
                                                    CAUSAL, s_layout, register_operand_layout(HEAD_DIM), VISIBLE)
     dv = warpgroup_mma(p_op, do_bufs.index(stage), dv, is_async=True)
-    # this block's dQ^T goes to the buffer whose reduction was issued two blocks ago: the issuing thread waits for it
-    # here, and the barrier before _share_ds's arrive holds every other thread until it has
-    tma.store_wait(1)
+    # this block's dQ^T goes to the buffer that the reductions issued in the last block read: the issuing thread
+    # waits for them here, and the barrier before _share_ds's arrive holds every other thread until it has
+    tma.store_wait(0)
+    # its fence and barrier also cover the previous block's dQ^T stores
     _share_ds(ds, ds_bufs.index(ring % DS_BUFFERS), ds_ready.index(ring % DS_BUFFERS), SLICE)
+    if ring > first_ring:
+        _reduce_dq(dq_bufs.index(2 * SLICE + (ring + 1) % 2), dq_desc, batch, prev_head, prev_q_block, seqlen_q, nheads,
+                   HEAD_DIM, SLICE * DQ_ROWS)
     mbarrier.wait(ds_ready.index(ring % DS_BUFFERS), (ring // DS_BUFFERS) & 1)
     dq = warpgroup_mma(k_half_t, ds_bufs.index(ring % DS_BUFFERS), dq, use_acc=False, is_async=True)
     dk = warpgroup_mma(ds_op, q_bufs.index(stage), dk, is_async=True)
-    # dV and dQ^T complete; dK runs on while dQ^T goes to the accumulator
+    # dV and dQ^T complete; dK runs on while dQ^T goes to its staging buffer
     dv, dq, p_op = warpgroup_mma_wait(num_outstanding=1, deps=(dv, dq, p_op))
-    _add_dq(dq, dq_bufs.index(2 * SLICE + ring % 2), dq_desc, batch, head, q_block, seqlen_q, nheads, HEAD_DIM,
-            SLICE * DQ_ROWS)
+    dq_bufs.index(2 * SLICE + ring % 2).store(_register_order(dq))
     dk, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ds_op))
     mbarrier.arrive(stage_free.index(stage), count=1)
+    prev_head = head
+    prev_q_block = q_block
     head, q_block = _next_query_block(head, q_block, first_q_block, per_head, last_head)
     stage = gl.where(stage == NUM_STAGES - 1, 0, stage + 1)
     phase = gl.where(stage == 0, phase ^ 1, phase)
-    return s, dp, dq, dk, dv, head, q_block, stage, phase
+    return s, dp, dq, dk, dv, head, q_block, prev_head, prev_q_block, stage, phase
 
 
 @gluon.jit
@@ -368,31 +383,41 @@ def walk_query_blocks(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_r
     stage = gl.to_tensor(stage)
     phase = gl.to_tensor(phase)
     if HEAD_DIM == 2 * DQ_ROWS:
+        first_ring = gl.to_tensor(ring)
+        ring = gl.to_tensor(ring)
+        prev_head = head
+        prev_q_block = q_block
         if UNMASKED_LOOP:
             masked = gl.minimum(_visible_from(slice_start, seqlen_q, seqlen_k, BLOCK_M) - first_q_block, per_head)
-            ring = gl.to_tensor(ring)
             for _ in range(group_size):
                 for _ in range(masked):
-                    s, dp, dq, dk, dv, head, q_block, stage, phase = _halves_block(
+                    s, dp, dq, dk, dv, head, q_block, prev_head, prev_q_block, stage, phase = _halves_block(
                         k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready,
-                        stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, stage, phase, ring,
-                        first_q_block, per_head, last_head, seqlen_q, seqlen_k, nheads, slice_start, qk_scale_log2,
-                        BLOCK_M, NUM_STAGES, CAUSAL, SLICE)
+                        stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, prev_head,
+                        prev_q_block, stage, phase, ring, first_ring, first_q_block, per_head, last_head, seqlen_q,
+                        seqlen_k, nheads, slice_start, qk_scale_log2, BLOCK_M, NUM_STAGES, CAUSAL, SLICE)
                     ring += 1
                 for _ in range(per_head - masked):
-                    s, dp, dq, dk, dv, head, q_block, stage, phase = _halves_block(
+                    s, dp, dq, dk, dv, head, q_block, prev_head, prev_q_block, stage, phase = _halves_block(
                         k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready,
-                        stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, stage, phase, ring,
-                        first_q_block, per_head, last_head, seqlen_q, seqlen_k, nheads, slice_start, qk_scale_log2,
-                        BLOCK_M, NUM_STAGES, CAUSAL, SLICE, True)
+                        stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, prev_head,
+                        prev_q_block, stage, phase, ring, first_ring, first_q_block, per_head, last_head, seqlen_q,
+                        seqlen_k, nheads, slice_start, qk_scale_log2, BLOCK_M, NUM_STAGES, CAUSAL, SLICE, True)
                     ring += 1
         else:
-            for i in range(iterations):
-                s, dp, dq, dk, dv, head, q_block, stage, phase = _halves_block(
+            for _ in range(iterations):
+                s, dp, dq, dk, dv, head, q_block, prev_head, prev_q_block, stage, phase = _halves_block(
                     k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready,
-                    stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, stage, phase, ring + i,
-                    first_q_block, per_head, last_head, seqlen_q, seqlen_k, nheads, slice_start, qk_scale_log2,
-                    BLOCK_M, NUM_STAGES, CAUSAL, SLICE)
+                    stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, prev_head, prev_q_block,
+                    stage, phase, ring, first_ring, first_q_block, per_head, last_head, seqlen_q, seqlen_k, nheads,
+                    slice_start, qk_scale_log2, BLOCK_M, NUM_STAGES, CAUSAL, SLICE)
+                ring += 1
+        # the walk's last staged dQ^T, which no next block's fence and barrier cover
+        fence_async_shared()
+        gl.thread_barrier()
+        if ring > first_ring:
+            _reduce_dq(dq_bufs.index(2 * SLICE + (ring + 1) % 2), dq_desc, batch, prev_head, prev_q_block, seqlen_q,
+                       nheads, HEAD_DIM, SLICE * DQ_ROWS)
     else:
         # two blocks a round, so that each consumer's part in each is fixed at compile time (Gluon takes no wgmma
         # accumulator into a run-time branch); an odd last block is consumer 0's, and after it (a persistent
