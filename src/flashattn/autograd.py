@@ -9,34 +9,42 @@ from . import head_parallel, ops, ops_fp8, ring, ring_varlen
 from .fp8_quantize import Quantized
 from .options import AttentionOptions, FP8Options, new_rng_state
 from .ring import shared_rng_state
+from .sinks import apply_sinks, sink_backward
 
 
 class FlashAttnFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, alibi_slopes, opts: AttentionOptions, attn_mask=None, rng_state=None):
+    def forward(ctx, q, k, v, alibi_slopes, opts: AttentionOptions, attn_mask=None, rng_state=None, sinks=None):
         """``rng_state``: the dropout (seed, offset) to use (the all-to-all mode's share of the group's stream);
-        by default a fresh one."""
+        by default a fresh one. ``sinks``: a logit per query head that joins each row's softmax (``sinks.py``);
+        the log-sum-exp returned then counts it."""
         if rng_state is None and opts.dropout_p > 0:
             rng_state = new_rng_state(q.device)
         out, lse = ops.eager_call(ops.attention_forward, ops.attention_forward_cuda, q, k, v, alibi_slopes, rng_state,
                                   *opts.op_arguments(), attn_mask)
-        ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, rng_state, attn_mask)
+        lse_out, weights = lse, None
+        if sinks is not None:
+            out, lse_out, weights = apply_sinks(out, lse, sinks)
+        ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, rng_state, attn_mask, sinks, weights)
         ctx.opts = opts
-        ctx.mark_non_differentiable(lse)
+        ctx.mark_non_differentiable(lse_out)
         # lse never has a gradient (so dout always has one): without this the engine would allocate and
         # zero a gradient for lse on every backward
         ctx.set_materialize_grads(False)
-        return out, lse
+        return out, lse_out
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        q, k, v, out, lse, alibi_slopes, rng_state, attn_mask = ctx.saved_tensors
+        q, k, v, out, lse, alibi_slopes, rng_state, attn_mask, sinks, weights = ctx.saved_tensors
         mask_needs_grad = attn_mask is not None and ctx.needs_input_grad[5]
+        dsinks = None
+        if sinks is not None:
+            dout, dsinks = sink_backward(dout, out, weights, sinks)
         dq, dk, dv, dmask = ops.eager_call(
             ops.attention_backward, ops.attention_backward_cuda, dout, q, k, v, out, lse, alibi_slopes, rng_state,
             *ctx.opts.op_arguments(), attn_mask, mask_needs_grad, ctx.opts.frame_argument(), ctx.opts.deterministic,
         )
-        return dq, dk, dv, None, None, dmask if mask_needs_grad else None, None
+        return dq, dk, dv, None, None, dmask if mask_needs_grad else None, None, dsinks
 
 
 class EmptyAttentionFunction(torch.autograd.Function):

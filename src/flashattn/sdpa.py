@@ -22,9 +22,9 @@ through (i, i).
 mask costs Lq x Lk, not batch x heads x Lq x Lk. A float mask that requires grad gets its gradient;
 that gradient is built as a float32 (batch, heads, Lq, Lk) buffer and summed over the mask's broadcast
 dims, so it costs O(Lq x Lk) memory per batch and head, and only when it is asked for. The kernels
-compute the tiles that ``is_causal`` (or, from the transformers integration, the causal window) leaves,
-less those that ``attn_mask`` hides entirely (all False, or all -inf): ``flashattn.mask_blocks``
-summarizes the mask per tile once per call, and the kernels walk only the tiles with a visible score.
+compute the tiles that ``is_causal`` leaves, less those that ``attn_mask`` hides entirely (all False,
+or all -inf): ``launch/mask_blocks.py`` summarizes the mask per tile once per call, and the kernels walk
+only the tiles with a visible score (so a causal mask costs the causal half).
 
 A row that no key may be seen by (its mask all False or -inf) gives 0, with zero gradients, as torch
 2.5+ does. Unlike torch, ``attn_mask`` and ``is_causal`` may be given together (both apply).
@@ -78,6 +78,18 @@ def _check_inputs(query, key, value) -> None:
         raise ValueError(f"head dim must be between 1 and {MAX_HEAD_DIM}, got {head_dim}")
     if query.shape[-2] == 0 or key.shape[-2] == 0:
         raise ValueError(f"seqlens must be >= 1, got Lq={query.shape[-2]}, Lk={key.shape[-2]}")
+
+
+def _check_sinks(sinks, query: torch.Tensor) -> None:
+    if not isinstance(sinks, torch.Tensor):
+        raise TypeError(f"sinks must be a torch.Tensor or None, got {type(sinks).__name__}")
+    if sinks.shape != (query.shape[1],):
+        raise ValueError(f"sinks must have one logit per query head, shape ({query.shape[1]},), got shape "
+                         f"{tuple(sinks.shape)}")
+    if not sinks.is_floating_point():
+        raise TypeError(f"sinks must be floating point, got {sinks.dtype}")
+    if sinks.device != query.device:
+        raise ValueError(f"sinks must be on query's device {query.device}, got {sinks.device}")
 
 
 def _check_heads(nheads: int, nheads_k: int, enable_gqa: bool) -> None:
@@ -158,15 +170,14 @@ def scaled_dot_product_attention(
 
 def attention_bhle(query, key, value, attn_mask, dropout_p: float, is_causal: bool, scale: float | None,
                    softcap: float = 0.0, sliding_window: int | None = None,
-                   mask_is_causal: bool = False) -> torch.Tensor:
+                   sinks: torch.Tensor | None = None) -> torch.Tensor:
     """The SDPA computation on checked 4-dim inputs, plus options torch's signature lacks.
 
     ``softcap`` > 0 caps the scores (``softcap * tanh(scores / softcap)``) before the mask is added;
     ``sliding_window`` w, with ``is_causal``, lets query i see keys i - w + 1 .. i (Hugging Face's
-    sliding window), applied by the kernels' window, not by a mask. ``mask_is_causal`` promises that
-    ``attn_mask`` hides every key past the bottom-right diagonal (true of a KV cache's causal masks,
-    whose last query sits at or before the last key); the kernels then skip the tiles above it.
-    Returns (batch, heads, Lq, E).
+    sliding window), applied by the kernels' window, not by a mask. ``sinks`` (heads,): a learned logit
+    per query head that joins every row's softmax without a value (GPT-OSS's attention sinks; it gets
+    its gradient). Returns (batch, heads, Lq, E).
     """
     head_dim, seqlen_q, seqlen_k = query.shape[-1], query.shape[-2], key.shape[-2]
     mask = None if attn_mask is None else attn_mask[(None,) * (4 - attn_mask.dim())]  # 4 dims, as a view
@@ -186,11 +197,11 @@ def attention_bhle(query, key, value, attn_mask, dropout_p: float, is_causal: bo
             raise ValueError("sliding_window with is_causal needs Lq <= Lk")
     elif sliding_window is not None:
         raise ValueError("sliding_window needs is_causal=True")
-    elif mask is not None and mask_is_causal:
-        window = (-1, 0)  # bottom-right: hides nothing that the mask shows
     check_scale("scale", scale)
+    if sinks is not None:
+        _check_sinks(sinks, query)
     opts = AttentionOptions.build(head_dim, scale, False, window, softcap, dropout_p, False)
-    out, _ = FlashAttnFunction.apply(q, k, v, None, opts, mask)
+    out, _ = FlashAttnFunction.apply(q, k, v, None, opts, mask, None, sinks)
     return out.transpose(1, 2)
 
 
