@@ -93,6 +93,21 @@ def test_bias_kv_zero_attn_sequence_first_and_unbatched(torch_backend):
     check_mha(reference, ours, query[:, 0], key[:, 0], key[:, 0], key_padding_mask=padding[0])
 
 
+@pytest.mark.parametrize("extra", [dict(add_bias_kv=True), dict(add_zero_attn=True)], ids=str)
+def test_causal_with_an_appended_key_that_every_query_sees(torch_backend, extra):
+    """is_causal with add_bias_kv / add_zero_attn: the causal mask over the given keys, the appended key seen by
+    every query, as torch's path with a key_padding_mask computes it (and as need_weights=True does here)."""
+    reference, ours = torch_and_flash(batch_first=True, **extra)
+    x = torch.randn(2, 9, 64)
+    causal = torch.ones(9, 9, dtype=torch.bool).triu(1)
+    padding = torch.zeros(2, 9, dtype=torch.bool)
+    check_mha(reference, ours, x, x, x, attn_mask=causal, key_padding_mask=padding, is_causal=True)
+    with torch.no_grad():
+        flash = ours(x, x, x, attn_mask=causal, is_causal=True, need_weights=False)[0]
+        weighted = ours(x, x, x, attn_mask=causal, is_causal=True, need_weights=True)[0]
+    torch.testing.assert_close(flash, weighted, rtol=1e-5, atol=2e-6)
+
+
 def test_need_weights_runs_torch_and_returns_its_weights(torch_backend):
     reference, ours = torch_and_flash(batch_first=True)
     x = torch.randn(2, 11, 64)
@@ -140,6 +155,17 @@ def test_rotary_embedding_is_a_complex_rotation():
     torch.testing.assert_close(got, torch.cat([turned.real, turned.imag], -1))
     with pytest.raises(ValueError, match="even head dim"):
         RotaryEmbedding(7)
+
+
+@pytest.mark.parametrize("cast", ["to", "half", "bfloat16"])
+def test_rotary_frequencies_stay_float32_when_the_module_is_cast(cast):
+    rotary = RotaryEmbedding(128)
+    x, positions = torch.randn(1, 4096, 1, 128), torch.arange(4096)
+    expected = rotary(x, positions)
+    cast_rotary = rotary.to(torch.bfloat16) if cast == "to" else getattr(rotary, cast)()
+    assert cast_rotary.inv_freq.dtype == torch.float32
+    assert torch.equal(cast_rotary(x, positions), expected)
+    assert SelfAttention(64, 4, 2).to(torch.bfloat16).rotary.inv_freq.dtype == torch.float32
 
 
 def explicit_self_attention(block: SelfAttention, x: torch.Tensor, attention_mask=None) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """flashattn.sdpa_override: torch's SDPA routed to flashattn inside the block, and only there."""
 
 import copy
+import threading
 import warnings
 
 import pytest
@@ -158,9 +159,45 @@ def test_torch_is_restored_after_an_exception_and_when_nested():
     with flashattn.sdpa_override():
         outer = F.scaled_dot_product_attention
         with flashattn.sdpa_override():
-            assert F.scaled_dot_product_attention is not outer
+            assert F.scaled_dot_product_attention is outer
         assert F.scaled_dot_product_attention is outer
     assert F.scaled_dot_product_attention is ORIGINAL
+
+
+def test_blocks_of_two_threads_that_end_out_of_order_restore_torch():
+    """Thread A opens, B opens, A closes, B closes: the patch lasts while either block is open, and not after."""
+    original_mha = F.multi_head_attention_forward
+    a_open, b_open, a_closed = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def a():
+        with flashattn.sdpa_override():
+            a_open.set()
+            b_open.wait()
+        a_closed.set()
+
+    def b():
+        a_open.wait()
+        with flashattn.sdpa_override():
+            b_open.set()
+            a_closed.wait()
+            seen["patched while B is open"] = F.scaled_dot_product_attention is not ORIGINAL
+
+    threads = [threading.Thread(target=f) for f in (a, b)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert seen == {"patched while B is open": True}
+    assert F.scaled_dot_product_attention is ORIGINAL and F.multi_head_attention_forward is original_mha
+    assert torch.backends.mha.get_fastpath_enabled()
+
+
+def test_a_scale_flashattn_refuses_goes_to_torch():
+    query = torch.randn(1, 2, 5, 16)
+    with flashattn.sdpa_override(), pytest.warns(UserWarning, match="using torch's.*scale"):
+        out = F.scaled_dot_product_attention(query, query, query, scale=float("inf"))
+    torch.testing.assert_close(out, ORIGINAL(query, query, query, scale=float("inf")), equal_nan=True, rtol=0, atol=0)
 
 
 def test_a_fast_path_turned_off_by_the_user_stays_off():

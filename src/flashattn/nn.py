@@ -193,7 +193,13 @@ class MultiheadAttention(nn.MultiheadAttention):
         q, k, v = self._project(query, key, value)
         keep_keys = _as_keep_or_bias(key_padding_mask, hides_where_true=True)
         if is_causal:
-            attn_mask = None  # torch's hint: the causal mask is applied by the kernel instead
+            # torch's hint: attn_mask is the causal mask, which the kernels apply instead; with a learned or zero
+            # key appended past the given ones, that key is seen by every query (as attn_mask padded by a visible
+            # column, torch's path with a key_padding_mask or weights), so the mask is spelled out over the rest
+            attn_mask = None
+            if self.bias_k is not None or self.add_zero_attn:
+                attn_mask = torch.ones(seqlen_q, key.shape[1], dtype=torch.bool, device=query.device).triu(1)
+                is_causal = False
         if attn_mask is not None and attn_mask.dim() == 3:
             attn_mask = attn_mask.view(batch, self.num_heads, seqlen_q, -1)  # (B * H, L, S), checked
         attn_mask = _as_keep_or_bias(attn_mask, hides_where_true=True)
@@ -225,7 +231,8 @@ class RotaryEmbedding(nn.Module):
     """Rotary position embedding (the rotate-half form of GPT-NeoX and Llama) for (B, L, H, D) tensors.
 
     Pairs (x[i], x[i + D/2]) rotate by position * base^(-2i/D). The frequencies are a buffer kept out of
-    the state_dict; the angles are computed in float32 for the positions asked for.
+    the state_dict, and stay float32 when the module is cast (``.to(torch.bfloat16)``, ``.half()``): the
+    angles are computed in float32 for the positions asked for.
     """
 
     def __init__(self, head_dim: int, base: float = 10000.0, device=None) -> None:
@@ -234,6 +241,15 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"rotary embeddings need an even head dim, got {head_dim}")
         exponents = torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim
         self.register_buffer("inv_freq", base**-exponents, persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        # Module.to(dtype) casts every floating buffer: frequencies in bfloat16 turn position 4096's angles by
+        # whole radians. The buffer follows the module's device, and keeps its float32 values.
+        inv_freq = self.inv_freq
+        super()._apply(fn, recurse)
+        if self.inv_freq.dtype != torch.float32:
+            self.inv_freq = inv_freq.to(self.inv_freq.device)
+        return self
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x: (B, L, H, D); positions: (L,), (B, L) or (1, L) integers. Returns x rotated, in x's dtype."""

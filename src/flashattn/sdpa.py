@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import numbers
+import threading
 import warnings
 
 import torch
@@ -228,18 +229,57 @@ def sdpa_override():
     (MultiheadAttention's default) asks for the attention matrix, which flashattn never builds: those
     calls run torch's computation, with one warning.
 
-    Torch's function, ``F.multi_head_attention_forward`` and the fast-path setting are restored on exit,
-    exceptions included. The patch is process-wide: other threads see it too.
+    Torch's function, ``F.multi_head_attention_forward`` and the fast-path setting are restored when the
+    last open block exits, exceptions included. The patch is process-wide: other threads see it too, and
+    blocks of several threads may overlap in any order.
 
     Example::
 
         with flashattn.sdpa_override():
             out = model(tokens)
     """
-    original = F.scaled_dot_product_attention
-    original_mha = F.multi_head_attention_forward
+    _OVERRIDE.open()
+    try:
+        yield
+    finally:
+        _OVERRIDE.close()
+
+
+class _Override:
+    """``sdpa_override``'s process-wide patch: installed when the first block opens, undone when the last one
+    closes, in whatever order the threads' blocks end (each block restoring what it found would leave the patch in
+    place when two threads' blocks overlap)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.blocks = 0
+        self.saved = None
+
+    def open(self) -> None:
+        with self.lock:
+            if self.blocks == 0:
+                self.saved = (F.scaled_dot_product_attention, F.multi_head_attention_forward,
+                              torch.backends.mha.get_fastpath_enabled())
+                F.scaled_dot_product_attention, F.multi_head_attention_forward = _routed(*self.saved[:2])
+                torch.backends.mha.set_fastpath_enabled(False)
+            self.blocks += 1
+
+    def close(self) -> None:
+        with self.lock:
+            self.blocks -= 1
+            if self.blocks == 0:
+                F.scaled_dot_product_attention, F.multi_head_attention_forward, fastpath = self.saved
+                torch.backends.mha.set_fastpath_enabled(fastpath)
+                self.saved = None
+
+
+_OVERRIDE = _Override()
+
+
+def _routed(original, original_mha):
+    """The functions the override installs in place of ``original`` (torch's SDPA) and ``original_mha``
+    (``F.multi_head_attention_forward``), with one warning per reason while installed."""
     mha_parameters = inspect.signature(original_mha)
-    fastpath = torch.backends.mha.get_fastpath_enabled()
     warned: set[str] = set()
 
     def warn_once(reason: str) -> None:
@@ -253,6 +293,7 @@ def sdpa_override():
         if reason is None:
             try:
                 check_arguments(query, key, value, attn_mask, dropout_p, enable_gqa)
+                check_scale("scale", scale)
             except (TypeError, ValueError) as exc:
                 reason = str(exc)
         if reason is None:
@@ -269,12 +310,4 @@ def sdpa_override():
             warn_once(NEED_WEIGHTS_WARNING)
         return original_mha(*args, **kwargs)
 
-    F.scaled_dot_product_attention = routed
-    F.multi_head_attention_forward = routed_mha
-    torch.backends.mha.set_fastpath_enabled(False)
-    try:
-        yield
-    finally:
-        F.scaled_dot_product_attention = original
-        F.multi_head_attention_forward = original_mha
-        torch.backends.mha.set_fastpath_enabled(fastpath)
+    return routed, routed_mha
