@@ -176,6 +176,18 @@ def test_kernels_match_torch_large(triton_backend, shape, mask_kind, is_causal, 
     torch.cuda.synchronize()
 
 
+@pytest.mark.parametrize(("seqlen_q", "seqlen_k"), [(0, 5), (4, 0), (0, 0)])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_empty_sequences_give_what_torch_gives(torch_backend, seqlen_q, seqlen_k, is_causal):
+    """No queries: an empty output; no keys: zeros (torch 2.5+), and zero gradients either way."""
+    query, key, value = (x.requires_grad_() for x in sdpa_inputs(2, 4, 2, seqlen_q, seqlen_k, 16, torch.float32))
+    out = scaled_dot_product_attention(query, key, value, is_causal=is_causal, enable_gqa=True)
+    expected = F.scaled_dot_product_attention(query, key, value, is_causal=is_causal, enable_gqa=True)
+    assert torch.equal(out, expected)
+    grads = torch.autograd.grad(out.sum(), (query, key, value))
+    assert all(torch.equal(g, torch.zeros_like(x)) for g, x in zip(grads, (query, key, value), strict=True))
+
+
 def test_scale_gqa_unbatched_and_mask_with_causal(backend):
     # an explicit scale; 3-dim inputs (heads, L, E); a kv head shared by all query heads without
     # enable_gqa (torch broadcasts it); and a float mask with is_causal (torch refuses the pair)

@@ -41,7 +41,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from .autograd import FlashAttnFunction
+from .autograd import EmptyAttentionFunction, FlashAttnFunction
 from .options import AttentionOptions
 from .validation import MAX_HEAD_DIM, SUPPORTED_DTYPES, check_scale
 
@@ -77,8 +77,6 @@ def _check_inputs(query, key, value) -> None:
                          f"got {value.shape[-1]}")
     if not 1 <= head_dim <= MAX_HEAD_DIM:
         raise ValueError(f"head dim must be between 1 and {MAX_HEAD_DIM}, got {head_dim}")
-    if query.shape[-2] == 0 or key.shape[-2] == 0:
-        raise ValueError(f"seqlens must be >= 1, got Lq={query.shape[-2]}, Lk={key.shape[-2]}")
 
 
 def _check_sinks(sinks, query: torch.Tensor) -> None:
@@ -201,6 +199,9 @@ def attention_bhle(query, key, value, attn_mask, dropout_p: float, is_causal: bo
     check_scale("scale", scale)
     if sinks is not None:
         _check_sinks(sinks, query)
+    if seqlen_q == 0 or seqlen_k == 0:  # zeros, and zero gradients, as torch and flash_attn_func give
+        out, _ = EmptyAttentionFunction.apply(q, k, v)
+        return out.transpose(1, 2)
     opts = AttentionOptions.build(head_dim, scale, False, window, softcap, dropout_p, False)
     out, _ = FlashAttnFunction.apply(q, k, v, None, opts, mask, None, sinks)
     return out.transpose(1, 2)
