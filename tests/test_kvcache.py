@@ -425,6 +425,27 @@ def test_decode_step_compiles_fullgraph(torch_backend):
     assert torch.equal(arguments[1], eager_arguments[1]), "the compiled step must append into the cache in place"
 
 
+def test_deferred_index_check_under_compile_reports_on_request(torch_backend):
+    """check_indices="deferred" inside a compiled step: no graph break, a bad index recorded, and reported by
+    raise_recorded_faults() (the CPU's eager call raises at once: a compiled graph cannot read the buffer)."""
+    from flashattn import raise_recorded_faults
+
+    torch._dynamo.reset()
+    q, k, v = torch.randn(2, 1, 4, 16), torch.randn(2, 1, 2, 16), torch.randn(2, 1, 2, 16)
+    k_cache, v_cache = torch.zeros(2, 32, 2, 16), torch.zeros(2, 32, 2, 16)
+
+    def step(cache_seqlens):
+        return flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens, causal=True)
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    compiled(torch.tensor([40, 3], dtype=torch.int32))
+    with pytest.raises(ValueError, match="cache_seqlens out of range at batch element 0"):
+        raise_recorded_faults()
+    seqlens = torch.tensor([4, 3], dtype=torch.int32)
+    torch.testing.assert_close(compiled(seqlens), step(seqlens), rtol=0, atol=0)
+    raise_recorded_faults()  # nothing recorded
+
+
 def test_chained_launch_only_on_hopper_gpus():
     assert not launch_decode.chained_launch(torch.device("cpu"))
 

@@ -361,3 +361,18 @@ def test_fullgraph_compile_matches_eager(torch_backend):
         k_pages, v_pages, table = page_keys(k, v, cu_k, 16)
         arguments = (q, k_pages, v_pages, cu_q, cu_k, cu_q.diff().max(), cu_k.diff().max(), table)
         assert torch.equal(compiled(*arguments), _paged_call(*arguments))
+
+
+def test_fullgraph_compile_with_queries_that_need_grad(torch_backend):
+    """A forward whose q needs grad compiles (the refusal is an op of the backward graph, run only by a backward),
+    and the backward raises as in eager."""
+    torch._dynamo.reset()
+    case = VarlenCase((3, 4), (20, 1), 2, 1, 16)
+    cu_q, cu_k = case.cu_seqlens("cpu")
+    q, k, v = case.random_inputs(torch.float32, "cpu")
+    k_pages, v_pages, table = page_keys(k, v, cu_k, 16)
+    arguments = (q.requires_grad_(), k_pages, v_pages, cu_q, cu_k, 4, 20, table)
+    out = torch.compile(_paged_call, fullgraph=True, backend=COMPILE_BACKEND)(*arguments)
+    assert torch.equal(out, _paged_call(*arguments))
+    with pytest.raises(RuntimeError, match="block_table .* is forward only"):
+        out.sum().backward()

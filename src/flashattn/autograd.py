@@ -136,8 +136,8 @@ class FlashAttnVarlenPagedFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        raise RuntimeError("flash_attn_varlen_func with a block_table (paged KV) is forward only, as in flash-attn: "
-                           "for gradients, gather the pages into packed k and v and call it without block_table")
+        # q's gradient is the op that raises (the shapes of q and out agree): a graph keeps it
+        return ops.paged_backward_refused(dout), None, None, None, None, None, None, None, None, None
 
 
 class RingFlashAttnFunction(torch.autograd.Function):

@@ -99,6 +99,7 @@ def flash_attn_with_kvcache(
               varlen call that reads cu_seqlens), and a loop that never synchronizes calls
               ``raise_recorded_faults()`` itself, e.g. at the end of each request. The report comes after the
               step: the elements whose indices are in range have attended and appended by then, on the CPU too.
+              Inside a function compiled by ``torch.compile`` the CPU, too, leaves the report to such a call.
             - ``True``: strict. Checks the values on the host before any kernel runs and raises ``ValueError``
               naming the first bad entry; costs a device-to-host copy (a synchronization) when any of them is a
               tensor.
@@ -206,7 +207,9 @@ def _step(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftp
             ops.kvcache_attention, ops.kvcache_attention_cuda, q, k_cache, v_cache, seqlens, cache_batch_idx,
             cache_leftpad, block_table, rotary_cos, rotary_sin, alibi_slopes, 0, *scalars,
         )
-    if record and q.device.type == "cpu":  # nothing to wait for: report now
+    # nothing to wait for on the CPU: report now, but not from a graph torch.compile traces (the buffer is host
+    # state it would guard on, and its read a data-dependent branch): there the report waits, as on the GPU
+    if record and q.device.type == "cpu" and not torch.compiler.is_compiling():
         raise_recorded_faults(q.device)
     return out, lse
 

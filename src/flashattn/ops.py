@@ -271,6 +271,22 @@ def _varlen_attention_backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_se
             torch.empty_like(v, memory_format=torch.contiguous_format))
 
 
+PAGED_BACKWARD_ERROR = ("flash_attn_varlen_func with a block_table (paged KV) is forward only, as in flash-attn: for "
+                        "gradients, gather the pages into packed k and v and call it without block_table")
+
+
+@torch.library.custom_op("flashattn::paged_backward_refused", mutates_args=())
+def paged_backward_refused(dout: torch.Tensor) -> torch.Tensor:
+    """A paged call's backward: an error when it runs, an op of the graph until then (a raise in the
+    autograd.Function's backward would stop torch.compile from tracing the forward that needs grad)."""
+    raise RuntimeError(PAGED_BACKWARD_ERROR)
+
+
+@paged_backward_refused.register_fake
+def _paged_backward_refused_fake(dout):
+    return torch.empty_like(dout)
+
+
 
 # ---------------------------------------------------------------------------------------------
 # KV cache: append + attention over the cache, and the merge of partial results
