@@ -136,6 +136,9 @@ def test_unsupported_calls_fall_back_to_torch_with_one_warning(calls, case):
         query, key, value = query.float(), key.float(), torch.randn(1, 2, 9, 24)
     with flashattn.sdpa_override(), pytest.warns(UserWarning, match="using torch's") as record:
         outs = [F.scaled_dot_product_attention(query, key, value) for _ in range(3)]
+        # the same reason at other sizes does not warn again
+        other_value = torch.randn(1, 2, 9, 32) if case == "value-head-dim" else value
+        F.scaled_dot_product_attention(query, key, other_value)
     assert len(record) == 1 and not calls
     assert ("float16, bfloat16 or float32" if case == "float64" else "value must have") in str(record[0].message)
     assert torch.equal(outs[0], ORIGINAL(query, key, value))

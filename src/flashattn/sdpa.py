@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import numbers
+import re
 import threading
 import warnings
 
@@ -284,8 +285,9 @@ def _routed(original, original_mha):
     warned: set[str] = set()
 
     def warn_once(reason: str) -> None:
-        if reason not in warned:
-            warned.add(reason)
+        kind = re.sub(r"\d+", "#", reason)  # a reason once, whatever the sizes and values it quotes
+        if kind not in warned:
+            warned.add(kind)
             warnings.warn(f"flashattn.sdpa_override: {reason}", stacklevel=3)
 
     def routed(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
