@@ -27,7 +27,8 @@ or all -inf): ``launch/mask_blocks.py`` summarizes the mask per tile once per ca
 only the tiles with a visible score (so a causal mask costs the causal half).
 
 A row that no key may be seen by (its mask all False or -inf) gives 0, with zero gradients, as torch
-2.5+ does. Unlike torch, ``attn_mask`` and ``is_causal`` may be given together (both apply).
+2.5+ does; so do calls without keys (Lk = 0), and calls without queries give an empty output. Unlike
+torch, ``attn_mask`` and ``is_causal`` may be given together (both apply).
 """
 
 from __future__ import annotations
