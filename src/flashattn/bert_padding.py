@@ -43,7 +43,8 @@ def unpad_input(hidden_states: torch.Tensor, attention_mask: torch.Tensor, unuse
     (int32, batch + 1), the longest sequence (int), seqused (int32, batch): each sequence's tokens in
     ``attention_mask``)."""
     _check_mask("attention_mask", attention_mask, hidden_states)
-    kept = attention_mask.bool()
+    used = attention_mask.bool()
+    kept = used
     if unused_mask is not None:
         _check_mask("unused_mask", unused_mask, hidden_states)
         kept = kept | unused_mask.bool()
@@ -51,7 +52,7 @@ def unpad_input(hidden_states: torch.Tensor, attention_mask: torch.Tensor, unuse
     indices = kept.flatten().nonzero().flatten()
     cu_seqlens = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
     rows = hidden_states.flatten(0, 1)[indices]
-    return rows, indices, cu_seqlens, int(lengths.max()), attention_mask.bool().sum(-1, dtype=torch.int32)
+    return rows, indices, cu_seqlens, int(lengths.max()), used.sum(-1, dtype=torch.int32)
 
 
 def pad_input(hidden_states: torch.Tensor, indices: torch.Tensor, batch: int, seqlen: int) -> torch.Tensor:

@@ -164,8 +164,7 @@ class MultiheadAttention(nn.MultiheadAttention):
     def _causal_mask(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
         """The bool top-left causal mask (True = hidden) that torch's own path needs spelled out."""
         seq_dim = 1 if self.batch_first and query.dim() == 3 else 0
-        seqlen_q, seqlen_k = query.shape[seq_dim], key.shape[seq_dim]
-        return torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=query.device).triu(1)
+        return _hidden_above_diagonal(query.shape[seq_dim], key.shape[seq_dim], query.device)
 
     def _unsupported(self, query: torch.Tensor) -> str | None:
         probe = query.new_empty((1, self.num_heads, 1, self.head_dim))
@@ -198,7 +197,7 @@ class MultiheadAttention(nn.MultiheadAttention):
             # column, torch's path with a key_padding_mask or weights), so the mask is spelled out over the rest
             attn_mask = None
             if self.bias_k is not None or self.add_zero_attn:
-                attn_mask = torch.ones(seqlen_q, key.shape[1], dtype=torch.bool, device=query.device).triu(1)
+                attn_mask = _hidden_above_diagonal(seqlen_q, key.shape[1], query.device)
                 is_causal = False
         if attn_mask is not None and attn_mask.dim() == 3:
             attn_mask = attn_mask.view(batch, self.num_heads, seqlen_q, -1)  # (B * H, L, S), checked
@@ -218,6 +217,11 @@ class MultiheadAttention(nn.MultiheadAttention):
         out = scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask,
                                            dropout_p, is_causal)
         return self.out_proj(out.transpose(1, 2).flatten(2))
+
+
+def _hidden_above_diagonal(seqlen_q: int, seqlen_k: int, device) -> torch.Tensor:
+    """torch's top-left causal mask as MultiheadAttention takes it: bool (L, S), True = hidden."""
+    return torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device).triu(1)
 
 
 def _pad_keys(mask: torch.Tensor | None) -> torch.Tensor | None:
