@@ -9,11 +9,12 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 from cases import COMPILE_BACKEND
 
 import flashattn
-from flashattn import flash_attn_func
+from flashattn import flash_attn_func, fp8
 
 
 def _compile_counter():
@@ -96,3 +97,50 @@ def test_custom_ops_pass_opcheck_with_a_mask(torch_backend):
     for mask_grad in (True, False):
         torch.library.opcheck(ops.attention_backward,
                               (torch.randn_like(out), q, k, v, out, lse, None, None, *scalars, mask, mask_grad))
+
+
+def _fp8_attention(q, k, v, seed):
+    return fp8.flash_attn_func(q, k, v, causal=True, seed=seed, deterministic=True)
+
+
+def _fp8_compiled_against_eager(device, seeds):
+    """fp8.flash_attn_func's training step (the rotation drawn inside, the quantizer and both directions' ops) under
+    torch.compile(fullgraph=True) against eager: the same output and gradients for each of ``seeds`` (None: the draw
+    from torch's generator, repeated by torch.manual_seed)."""
+    from torch._inductor import config
+
+    counter = _compile_counter()
+    compiled = torch.compile(_fp8_attention, fullgraph=True, backend=counter)
+    leaves = [torch.randn(1, 150, 4, 128, device=device).to(torch.bfloat16).requires_grad_() for _ in range(3)]
+    dout = torch.randn(1, 150, 4, 128, device=device).to(torch.bfloat16)
+    for seed in seeds:
+        results = []
+        for step in (compiled, _fp8_attention):
+            torch.manual_seed(5)
+            with config.patch(fallback_random=True):  # inductor's own random streams would draw other signs
+                out = step(*leaves, seed)
+            results.append((out, *torch.autograd.grad(out, leaves, dout)))
+        for a, b in zip(*results, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert counter.frame_count == len(set(seeds))  # the seed is a constant of the graph
+
+
+def test_fp8_training_compiles_whole_with_the_rotation(torch_backend):
+    _fp8_compiled_against_eager("cpu", (3, None))
+
+
+@pytest.mark.gpu
+def test_fp8_training_compiles_whole_with_the_rotation_gpu():
+    _fp8_compiled_against_eager("cuda", (3, None))
+
+
+@pytest.mark.parametrize("granularity", ["block", "head"])
+def test_fp8_train_forward_op_passes_opcheck(torch_backend, granularity):
+    """The trainable FP8 forward's op: its fake outputs (e4m3 tensors, descales, out, lse) match the real ones, with
+    the rotation and without."""
+    from flashattn import ops_fp8
+
+    q = torch.randn(2, 130, 4, 32).to(torch.bfloat16)
+    k, v = (torch.randn(2, 70, 2, 32).to(torch.bfloat16) for _ in range(2))
+    for signs in (fp8.random_signs(32, seed=1, device=torch.device("cpu")), None):
+        torch.library.opcheck(ops_fp8.fp8_train_forward, (q, k, v, signs, 0.2, -1, 0, 0.0, granularity))

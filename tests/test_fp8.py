@@ -54,6 +54,23 @@ def test_rotation_is_orthogonal(head_dim):
     assert sum(fp8.hadamard_pieces(head_dim)) == head_dim
 
 
+def test_seeded_signs_repeat_and_differ_between_seeds():
+    """A seed's signs are a fixed function of it (the same on any device and in any process); seeds that differ by a
+    bit, or are one 64-bit value written signed and unsigned, give other and the same signs; about half are -1."""
+    cpu = torch.device("cpu")
+    one = fp8.random_signs(256, seed=7, device=cpu)
+    assert torch.equal(one, fp8.random_signs(256, seed=7, device=cpu))
+    assert set(one.tolist()) == {-1.0, 1.0} and one.dtype == torch.float32
+    assert 96 < int((one < 0).sum()) < 160  # a fair coin's 256 flips: 128 +- 32 at four sigma
+    assert not torch.equal(one, fp8.random_signs(256, seed=6, device=cpu))
+    assert torch.equal(fp8.random_signs(64, seed=-1, device=cpu), fp8.random_signs(64, seed=2**64 - 1, device=cpu))
+    assert torch.equal(one[:40], fp8.random_signs(40, seed=7, device=cpu))  # a stream: head dims share a prefix
+    torch.manual_seed(11)
+    drawn = fp8.random_signs(128, seed=None, device=cpu)
+    torch.manual_seed(11)
+    assert torch.equal(drawn, fp8.random_signs(128, seed=None, device=cpu))
+
+
 def test_rotation_spreads_an_outlier_channel():
     x = torch.zeros(1, 1, 1, 128, dtype=torch.float64)
     x[..., 5] = 1.0

@@ -90,8 +90,6 @@ def flash_attn_func(
         raise TypeError(f"q must be bfloat16 or float16 (the FP8 attention quantizes 16-bit inputs), got {q.dtype}")
     refuse_options(dropout_p=dropout_p, alibi_slopes=alibi_slopes)
     check_quantize_options(hadamard, seed, granularity)
-    if seed is None:
-        seed = int(torch.randint(0, 2**62, (1,)))
     attention = AttentionOptions.build(q.shape[-1], softmax_scale, causal, window_size, softcap, 0.0, deterministic)
     out, lse = FP8FlashAttnFunction.apply(q, k, v, FP8Options(attention, hadamard, seed, granularity))
     return (out, lse, None) if return_attn_probs else out

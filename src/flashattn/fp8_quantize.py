@@ -7,6 +7,7 @@ without an import circle. The module docstring of :mod:`flashattn.fp8` describes
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -43,15 +44,36 @@ class Quantized(NamedTuple):
 
 
 def random_signs(head_dim: int, seed: int | None, device: torch.device) -> torch.Tensor:
-    """+-1 float32 signs of the rotation, drawn from ``seed`` (None: from torch's default generator) on the CPU, so
-    that a seed gives the same rotation on any device. The copy to a GPU is from pinned memory, asynchronous: from
-    pageable memory the driver may wait for the stream's earlier work, which would drain a quantize call's queue."""
-    generator = torch.Generator()
-    generator.manual_seed(int(torch.randint(0, 2**62, (1,))) if seed is None else seed)
-    signs = torch.randint(0, 2, (head_dim,), generator=generator).to(torch.float32) * 2 - 1
-    if device.type == "cuda":
+    """+-1 float32 signs of the rotation: from ``seed`` by a hash (:func:`seeded_signs`), the same on any device, or
+    with None drawn from torch's default generator (``torch.manual_seed`` repeats them). No ``torch.Generator``, so
+    that torch.compile traces the draw with ``fullgraph=True``. The copy to a GPU is from pinned memory, asynchronous:
+    from pageable memory the driver may wait for the stream's earlier work, which would drain a quantize call's queue
+    (a compiled graph makes its own copy)."""
+    if seed is None:
+        signs = torch.randint(0, 2, (head_dim,)).to(torch.float32) * 2 - 1
+    else:
+        # a compiled graph folds the hash's Python arithmetic into constants while tracing: no cache to consult there
+        hashed = seeded_signs.__wrapped__ if torch.compiler.is_compiling() else seeded_signs
+        signs = torch.tensor(hashed(head_dim, seed), dtype=torch.float32)
+    if device.type == "cuda" and not torch.compiler.is_compiling():
         return signs.pin_memory().to(device, non_blocking=True)
     return signs.to(device)
+
+
+@functools.lru_cache(maxsize=64)
+def seeded_signs(head_dim: int, seed: int) -> tuple[float, ...]:
+    """The rotation's ``head_dim`` signs of ``seed`` (any int in [-2**63, 2**64)): the top bit of SplitMix64's output
+    at position i of the stream that ``seed`` starts, in Python's integers, so that no device or library version
+    changes them."""
+    mask = 2**64 - 1
+
+    def mix(z: int) -> int:  # SplitMix64's finalizer (Steele, Lea and Flood, 2014)
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        return z ^ (z >> 31)
+
+    start = seed & mask
+    return tuple(1.0 - 2.0 * (mix((start + (i + 1) * 0x9E3779B97F4A7C15) & mask) >> 63) for i in range(head_dim))
 
 
 def rotate(x: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
@@ -193,7 +215,7 @@ def check_quantize_options(hadamard, seed, granularity) -> None:
         raise TypeError(f"hadamard must be a bool, got {type(hadamard).__name__}")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
-    if seed is not None and not -2**63 <= seed < 2**64:  # what torch.Generator.manual_seed takes
+    if seed is not None and not -2**63 <= seed < 2**64:  # a 64-bit seed, signed or not (torch.manual_seed's range)
         raise ValueError(f"seed must be in [-2**63, 2**64), got {seed}")
 
 

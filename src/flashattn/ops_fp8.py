@@ -24,7 +24,7 @@ import torch
 from . import cpu, fp8_backward, validation
 from .backend import backend_for_cpu_tensors, backend_override
 from .configs import padded_head_dim
-from .fp8_format import dequantize, hadamard_pieces
+from .fp8_format import FP8_DTYPE, SCALE_BLOCK, dequantize, hadamard_pieces
 from .fp8_quantize import Quantized, canonical_descales, kernels_quantize, quantize_dense, random_signs
 from .launch import plans
 from .launch.backward_fp8 import hopper_fp8_backward_fits, launch_backward_fp8
@@ -230,23 +230,63 @@ def _kernels(q: torch.Tensor) -> bool:
 
 def train_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: FP8Options):
     """(quantized, out in q's dtype, lse, signs) of 16-bit q, k, v: quantized as ``fp8.quantize`` does (the rotation's
-    signs drawn from ``options.seed``; None without a rotation), then the FP8 forward (the kernel on a GPU, the
-    dequantized attention on the CPU).
-
-    On a GPU the quantizer's kernels and the forward's replay from one launch plan, keyed without the seed: a call's
-    signs are one of its inputs."""
+    signs drawn from ``options.seed``; None without a rotation), then the FP8 forward: :func:`fp8_train_forward`."""
     signs = random_signs(q.shape[-1], options.seed, q.device) if options.hadamard else None
+    opts = options.attention
+    # eager CUDA calls skip the op's dispatch, as the forward op's do
+    *quantized, out, lse = eager_call(fp8_train_forward, _fp8_train_forward_cuda, q, k, v, signs, opts.softmax_scale,
+                                      opts.window_left, opts.window_right, opts.softcap, options.granularity)
+    return Quantized(*quantized), out.to(q.dtype), lse, signs
+
+
+@torch.library.custom_op("flashattn::fp8_train_forward", mutates_args=(), device_types="cpu")
+def fp8_train_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    signs: torch.Tensor | None,
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    granularity: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+           torch.Tensor]:
+    """The trainable FP8 forward as one op, so that torch.compile sees a call whole (the quantizer's kernels and the
+    launch plan are no graph's ops): e4m3 q, k, v and their descales (``quantize_dense``, rotated by ``signs`` unless
+    None), then bfloat16 out and float32 lse (B, Hq, Sq) of the FP8 forward on them."""
+    quantized = quantize_dense(q, k, v, signs, granularity)
+    return (*quantized, *dense(*quantized, _options(softmax_scale, window_left, window_right, softcap)))
+
+
+@fp8_train_forward.register_kernel("cuda")
+def _fp8_train_forward_cuda(q, k, v, signs, softmax_scale, window_left, window_right, softcap, granularity):
+    """The quantizer's kernels and the forward's replay from one launch plan, keyed without the signs: a call's signs
+    are one of its inputs."""
+    opts = _options(softmax_scale, window_left, window_right, softcap)
     inputs = (q, k, v, signs, *_rotation_constants(signs, q.shape[-1]))
 
     def call():
-        quantized = quantize_dense(q, k, v, signs, options.granularity)
-        return (*quantized, *dense(*quantized, options.attention))
+        quantized = quantize_dense(q, k, v, signs, granularity)
+        return (*quantized, *dense(*quantized, opts))
 
     # a plan only where the quantizer's kernels run (its PyTorch path's tensors are no kernel's outputs)
-    plannable = kernels_quantize(q, k, v) and _plannable(inputs, options.granularity)
-    key = (options.attention, options.hadamard, options.granularity)
-    *quantized, out, lse = plans.planned("fp8_train_forward", inputs, key, call) if plannable else call()
-    return Quantized(*quantized), out.to(q.dtype), lse, signs
+    if kernels_quantize(q, k, v) and _plannable(inputs, granularity):
+        return tuple(plans.planned("fp8_train_forward", inputs, (opts, signs is not None, granularity), call))
+    return call()
+
+
+@fp8_train_forward.register_fake
+def _fp8_train_forward_fake(q, k, v, signs, softmax_scale, window_left, window_right, softcap, granularity):
+    (batch, seqlen_q, nheads, _), (seqlen_k, nheads_k) = q.shape, k.shape[1:3]
+
+    def descale(seqlen):
+        blocks = () if granularity == "head" else (-(-seqlen // SCALE_BLOCK),)
+        return q.new_empty((batch, nheads_k, *blocks), dtype=torch.float32)
+
+    return (*(x.new_empty(x.shape, dtype=FP8_DTYPE) for x in (q, k, v)), descale(seqlen_q), descale(seqlen_k),
+            descale(seqlen_k), q.new_empty(q.shape, dtype=torch.bfloat16),
+            q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32))
 
 
 def _rotation_constants(signs: torch.Tensor | None, head_dim: int) -> tuple:

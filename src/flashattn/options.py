@@ -114,11 +114,11 @@ def new_rng_state(device: torch.device | None = None) -> torch.Tensor:
 class FP8Options:
     """What a trainable FP8 call (``fp8.flash_attn_func``) computes: the attention's options and the quantizer's.
 
-    ``seed`` is always a number here (the public function draws one when given None): the rotation's signs are
-    drawn from it, the same on any device.
+    ``seed``: the rotation's signs are hashed from it, the same on any device; None draws them from torch's default
+    generator at each call (``fp8_quantize.random_signs``).
     """
 
     attention: AttentionOptions
     hadamard: bool = True
-    seed: int = 0
+    seed: int | None = None
     granularity: str = "block"
