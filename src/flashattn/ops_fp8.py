@@ -236,7 +236,9 @@ def train_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: FP
     # eager CUDA calls skip the op's dispatch, as the forward op's do
     *quantized, out, lse = eager_call(fp8_train_forward, _fp8_train_forward_cuda, q, k, v, signs, opts.softmax_scale,
                                       opts.window_left, opts.window_right, opts.softcap, options.granularity)
-    return Quantized(*quantized), out.to(q.dtype), lse, signs
+    # no .to() when out is already q's dtype: its alias of the op's output, returned by the autograd.Function, left
+    # torch.compile (torch 2.11) giving zero gradients
+    return Quantized(*quantized), out if out.dtype == q.dtype else out.to(q.dtype), lse, signs
 
 
 @torch.library.custom_op("flashattn::fp8_train_forward", mutates_args=(), device_types="cpu")
