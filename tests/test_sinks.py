@@ -6,6 +6,7 @@ import pytest
 import torch
 from test_sdpa import make_mask, sdpa_inputs
 
+from flashattn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 from flashattn.sdpa import attention_bhle
 from flashattn.testing import assert_within_rule
 
@@ -109,3 +110,166 @@ def test_bad_sinks_are_refused(torch_backend, sinks, error, match):
     query, key, value = sdpa_inputs(1, 2, 2, 3, 5, 16, torch.float32, "cpu")
     with pytest.raises(error, match=match):
         attention_bhle(query, key, value, None, 0.0, False, None, sinks=sinks)
+
+
+# -- the public functions' learnable_sink (FlashAttention-4's argument) --
+
+
+def visible_keys(seqlens_q, seqlens_k, causal: bool, device) -> torch.Tensor:
+    """(total_q, total_k) bool: a packed batch's block-diagonal mask, each block bottom-right causal when asked."""
+    rows = []
+    for index, (sq, sk) in enumerate(zip(seqlens_q, seqlens_k, strict=True)):
+        i, j = torch.arange(sq, device=device)[:, None], torch.arange(sk, device=device)[None, :]
+        block = j <= i + sk - sq if causal else torch.ones(sq, sk, dtype=torch.bool, device=device)
+        row = [block if other == index else torch.zeros(sq, n, dtype=torch.bool, device=device)
+               for other, n in enumerate(seqlens_k)]
+        rows.append(torch.cat(row, 1))
+    return torch.cat(rows, 0)
+
+
+def packed_sink_attention(q, k, v, sinks, mask, with_lse=False):
+    """The sink reference on packed (total, heads, d) tensors under a (total_q, total_k) mask: (out in q's layout,
+    and the lse (heads, total_q) over the keys alone)."""
+    result = sink_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)), sinks, mask[None, None], False, with_lse)
+    if with_lse:
+        return result[0][0].transpose(0, 1), result[1][0]
+    return result[0].transpose(0, 1)
+
+
+def output_rounding_floor(q, k, v, sinks, mask, grad, dtype) -> float:
+    """The sinks' gradient error that rounding the kernels' output to ``dtype`` brings (the backward reads that
+    output, as flash-attn's reads O for delta), at four standard deviations: each row adds (1 - w) rowsum(dO O) w
+    to its head's gradient, and each O element carries a rounding error uniform within half an ulp."""
+    with torch.no_grad():
+        no_sink = torch.full_like(sinks, -1e300, dtype=torch.float64)
+        out, lse = packed_sink_attention(*(x.double() for x in (q, k, v)), no_sink, mask, with_lse=True)
+        weights = torch.sigmoid(lse - sinks.double()[:, None]).transpose(0, 1).unsqueeze(-1)
+        unit = torch.finfo(dtype).eps / 2
+        terms = ((1 - weights) * weights) ** 2 * ((grad.double() * out) ** 2).sum(-1, keepdim=True)
+        variance = terms.movedim(-2, 0).reshape(sinks.shape[0], -1).sum(1) * unit**2 / 3
+    return 4 * variance.sqrt().max().item()
+
+
+def check_public_sinks(call, seqlens_q, seqlens_k, nheads, nheads_k, head_dim, dtype, causal, device) -> None:
+    """``call(q, k, v, sinks)`` (packed (total, heads, d) tensors of the sequences ``seqlens_q`` / ``seqlens_k``,
+    returning out in q's layout) against the reference: the output by the 2x rule, the gradients of q, k, v and the
+    sinks by the 3x rule."""
+    q = torch.randn(sum(seqlens_q), nheads, head_dim, dtype=dtype, device=device)
+    k, v = (torch.randn(sum(seqlens_k), nheads_k, head_dim, dtype=dtype, device=device) for _ in range(2))
+    sinks = 2 * torch.randn(nheads, device=device)
+    mask = visible_keys(seqlens_q, seqlens_k, causal, device)
+    leaves = [x.requires_grad_() for x in (q, k, v, sinks)]
+    out = call(*leaves)
+    grad = torch.randn_like(out)
+    grads = torch.autograd.grad(out, leaves, grad)
+
+    def run(precision):
+        inputs = [x.detach().to(precision) for x in leaves[:3]]
+        inputs.append(leaves[3].detach().to(torch.float64 if precision == torch.float64 else torch.float32))
+        inputs = [x.requires_grad_() for x in inputs]
+        result = packed_sink_attention(*inputs, mask)
+        return result, torch.autograd.grad(result, inputs, grad.to(precision))
+
+    oracle, oracle_grads = run(torch.float64)
+    baseline, baseline_grads = run(dtype)
+    assert_within_rule("out", out, oracle, baseline, factor=2)
+    for name, ours, exact, plain in zip(("dq", "dk", "dv"), grads, oracle_grads, baseline_grads, strict=False):
+        assert_within_rule(name, ours, exact, plain, factor=3)
+    with torch.no_grad():
+        exact_out, exact_lse = packed_sink_attention(*(x.double() for x in leaves), mask, with_lse=True)
+    floor = max(lse_floor(exact_out.transpose(0, 1)[None], exact_lse[None], leaves[3].detach().double(),
+                          grad.double().transpose(0, 1)[None]),
+                output_rounding_floor(*(x.detach() for x in leaves), mask, grad, dtype))
+    assert_within_rule("dsinks", grads[3], oracle_grads[3], baseline_grads[3], factor=3, floor=floor)
+
+
+def dense_call(batch, causal):
+    def call(q, k, v, sinks):  # packed tensors of equal sequences, as flash_attn_func's (batch, seqlen, ...)
+        out = flash_attn_func(*(x.unflatten(0, (batch, -1)) for x in (q, k, v)), causal=causal,
+                              learnable_sink=sinks)
+        return out.flatten(0, 1)
+    return call
+
+
+def varlen_call(seqlens_q, seqlens_k, causal):
+    def call(q, k, v, sinks):
+        cu_q, cu_k = (torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32, device=q.device)
+                      for n in (seqlens_q, seqlens_k))
+        return flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k), causal=causal,
+                                      learnable_sink=sinks)
+    return call
+
+
+# (batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, dtype, causal)
+DENSE_SINK_CASES = [(2, 37, 53, 4, 2, 40, torch.float32, True), (1, 113, 113, 2, 2, 96, torch.bfloat16, False),
+                    (3, 1, 1, 2, 1, 16, torch.float16, True), (1, 70, 29, 6, 2, 64, torch.float32, True)]
+
+
+@pytest.mark.parametrize("case", DENSE_SINK_CASES, ids=str)
+def test_flash_attn_func_learnable_sink(torch_backend, case):
+    batch, sq, sk, nheads, nheads_k, head_dim, dtype, causal = case
+    check_public_sinks(dense_call(batch, causal), [sq] * batch, [sk] * batch, nheads, nheads_k, head_dim, dtype,
+                       causal, "cpu")
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_flash_attn_varlen_func_learnable_sink(torch_backend, causal):
+    seqlens_q, seqlens_k = [37, 1, 70], [53, 20, 41]
+    check_public_sinks(varlen_call(seqlens_q, seqlens_k, causal), seqlens_q, seqlens_k, 4, 2, 32, torch.bfloat16,
+                       causal, "cpu")
+
+
+@pytest.mark.interpreter
+def test_learnable_sink_on_the_kernels(triton_backend):
+    check_public_sinks(dense_call(2, True), [19] * 2, [33] * 2, 4, 2, 32, torch.float32, True, triton_backend)
+    check_public_sinks(varlen_call([19, 7], [12, 30], True), [19, 7], [12, 30], 2, 1, 32, torch.float32, True,
+                       triton_backend)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_learnable_sink_on_the_gpu(dtype):
+    check_public_sinks(dense_call(2, True), [1023] * 2, [1024] * 2, 8, 2, 128, dtype, True, "cuda")
+    check_public_sinks(varlen_call([300, 1, 513], [257, 64, 513], False), [300, 1, 513], [257, 64, 513], 4, 4, 64,
+                       dtype, False, "cuda")
+
+
+def test_kvcache_learnable_sink(backend):
+    """A decode step with sinks: the step's output and log-sum-exp against the reference over each batch element's
+    cache (its first cache_seqlens[b] keys), the new key appended first."""
+    dtype, device = torch.float16, "cpu"
+    batch, capacity, nheads, nheads_k, head_dim = 3, 40, 4, 2, 32
+    k_cache, v_cache = (torch.randn(batch, capacity, nheads_k, head_dim, dtype=dtype, device=device)
+                        for _ in range(2))
+    q = torch.randn(batch, 1, nheads, head_dim, dtype=dtype, device=device)
+    k, v = (torch.randn(batch, 1, nheads_k, head_dim, dtype=dtype, device=device) for _ in range(2))
+    cache_seqlens = torch.tensor([0, 17, 39], dtype=torch.int32, device=device)
+    sinks = torch.randn(nheads, device=device)
+    out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens, causal=True,
+                                       return_softmax_lse=True, learnable_sink=sinks)
+    lengths = (cache_seqlens + 1).tolist()
+
+    def run(precision):
+        keys = [k_cache[b, :n].to(precision) for b, n in enumerate(lengths)]
+        values = [v_cache[b, :n].to(precision) for b, n in enumerate(lengths)]
+        mask = visible_keys([1] * batch, lengths, True, device)
+        return packed_sink_attention(q.flatten(0, 1).to(precision), torch.cat(keys), torch.cat(values),
+                                     sinks.to(precision), mask, with_lse=True)
+
+    (oracle, oracle_lse), (baseline, _) = run(torch.float64), run(dtype)
+    assert_within_rule("out", out.flatten(0, 1), oracle, baseline, factor=2)
+    expected_lse = torch.logaddexp(oracle_lse, sinks.double()[:, None]).transpose(0, 1).unsqueeze(-1)
+    # the log-sum-exp is float32 (flash-attn's contract): float32's tolerance
+    torch.testing.assert_close(lse, expected_lse.reshape(batch, 1, nheads).transpose(1, 2).float())
+
+
+def test_learnable_sink_is_checked_and_refused_with_fp8(torch_backend):
+    q = torch.randn(1, 5, 2, 16)
+    with pytest.raises(ValueError, match=r"learnable_sink must have one logit per query head, shape \(2,\)"):
+        flash_attn_func(q, q, q, learnable_sink=torch.zeros(3))
+    with pytest.raises(TypeError, match="learnable_sink must be floating point"):
+        flash_attn_varlen_func(q[0], q[0], q[0], torch.tensor([0, 5], dtype=torch.int32),
+                               torch.tensor([0, 5], dtype=torch.int32), 5, 5, learnable_sink=torch.zeros(2).long())
+    e4m3 = q.to(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="learnable_sink is not supported with float8 inputs"):
+        flash_attn_func(e4m3, e4m3, e4m3, learnable_sink=torch.zeros(2))

@@ -287,6 +287,36 @@ def test_packed_batch_by_cu_seq_lens_matches_separate_sequences(torch_backend, n
     assert_within_rule("packed logits", logits, oracle, baseline, factor=2)
 
 
+def test_packed_batch_takes_sinks(torch_backend):
+    """GPT-OSS's sinks (``s_aux``) on a packed row (``cu_seq_lens_q``): each sequence's causal attention with the
+    sinks, output and gradients (the sinks' included) within the rule against the float64 reference."""
+    from flashattn.integrations.transformers import attention_forward
+
+    lengths, cu_seqlens = (11, 5, 8), torch.tensor([0, 11, 16, 24], dtype=torch.int32)
+    module = torch.nn.Module()
+    module.is_causal = True
+    query, key, value = torch.randn(1, 4, 24, 16), torch.randn(1, 2, 24, 16), torch.randn(1, 2, 24, 16)
+    sinks, grad = torch.randn(4), torch.randn(1, 24, 4, 16)
+    leaves = [x.requires_grad_() for x in (query, key, value, sinks)]
+    out, _ = attention_forward(module, *leaves[:3], None, scaling=0.25, s_aux=leaves[3], cu_seq_lens_q=cu_seqlens,
+                               cu_seq_lens_k=cu_seqlens)
+    grads = torch.autograd.grad(out, leaves, grad)
+
+    def run(dtype):
+        inputs = [x.detach().to(dtype).requires_grad_() for x in leaves]
+        # the reference's scale, 1 / sqrt(16), is the call's scaling
+        parts = [sink_attention(*(x[:, :, start:start + n] for x in inputs[:3]), inputs[3], None, True)
+                 for start, n in zip(cu_seqlens.tolist(), lengths, strict=False)]
+        result = torch.cat(parts, 2).transpose(1, 2)
+        return result, torch.autograd.grad(result, inputs, grad.to(dtype))
+
+    (oracle, oracle_grads), (baseline, baseline_grads) = run(torch.float64), run(torch.float32)
+    assert_within_rule("out", out, oracle, baseline, factor=2)
+    for name, ours, exact, plain in zip(("dq", "dk", "dv", "dsinks"), grads, oracle_grads, baseline_grads,
+                                        strict=True):
+        assert_within_rule(name, ours, exact, plain, factor=3)
+
+
 def test_output_attentions_warns():
     from flashattn.integrations.transformers import attention_forward
 

@@ -22,10 +22,10 @@ class FlashAttnFunction(torch.autograd.Function):
             rng_state = new_rng_state(q.device)
         out, lse = ops.eager_call(ops.attention_forward, ops.attention_forward_cuda, q, k, v, alibi_slopes, rng_state,
                                   *opts.op_arguments(), attn_mask)
-        lse_out, weights = lse, None
+        kernel_out, lse_out, weights = out, lse, None
         if sinks is not None:
             out, lse_out, weights = apply_sinks(out, lse, sinks)
-        ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, rng_state, attn_mask, sinks, weights)
+        ctx.save_for_backward(q, k, v, kernel_out, lse, alibi_slopes, rng_state, attn_mask, sinks, weights)
         ctx.opts = opts
         ctx.mark_non_differentiable(lse_out)
         # lse never has a gradient (so dout always has one): without this the engine would allocate and
@@ -39,7 +39,7 @@ class FlashAttnFunction(torch.autograd.Function):
         mask_needs_grad = attn_mask is not None and ctx.needs_input_grad[5]
         dsinks = None
         if sinks is not None:
-            dout, dsinks = sink_backward(dout, out, weights, sinks)
+            dout, out, dsinks = sink_backward(dout, out, weights, sinks)
         dq, dk, dv, dmask = ops.eager_call(
             ops.attention_backward, ops.attention_backward_cuda, dout, q, k, v, out, lse, alibi_slopes, rng_state,
             *ctx.opts.op_arguments(), attn_mask, mask_needs_grad, ctx.opts.frame_argument(), ctx.opts.deterministic,
@@ -93,29 +93,37 @@ class FlashAttnVarlenFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
-                opts: AttentionOptions, rng_state=None):
+                opts: AttentionOptions, rng_state=None, sinks=None):
+        """``sinks``: as in FlashAttnFunction, the log-sum-exp's layout (nheads, total_q)."""
         if rng_state is None and opts.dropout_p > 0:
             rng_state = new_rng_state(q.device)
         cu_seqlens_k = cu_seqlens_q if cu_seqlens_k is None else cu_seqlens_k
         out, lse = ops.eager_call(ops.varlen_attention_forward, ops.varlen_attention_forward_cuda, q, k, v,
                                   cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, rng_state,
                                   *opts.op_arguments())
-        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state)
+        kernel_out, lse_out, weights = out, lse, None
+        if sinks is not None:
+            out, lse_out, weights = apply_sinks(out, lse, sinks)
+        ctx.save_for_backward(q, k, v, kernel_out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state, sinks,
+                              weights)
         ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
         ctx.opts = opts
-        ctx.mark_non_differentiable(lse)
+        ctx.mark_non_differentiable(lse_out)
         ctx.set_materialize_grads(False)  # as in FlashAttnFunction
-        return out, lse
+        return out, lse_out
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state = ctx.saved_tensors
+        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state, sinks, weights = ctx.saved_tensors
+        dsinks = None
+        if sinks is not None:
+            dout, out, dsinks = sink_backward(dout, out, weights, sinks)
         dq, dk, dv = ops.eager_call(
             ops.varlen_attention_backward, ops.varlen_attention_backward_cuda, dout, q, k, v, out, lse, cu_seqlens_q,
             cu_seqlens_k, *ctx.max_seqlens, alibi_slopes, rng_state, *ctx.opts.op_arguments(),
         )
         # no gradient for cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, opts, rng_state
-        return dq, dk, dv, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, dsinks
 
 
 class FlashAttnVarlenPagedFunction(torch.autograd.Function):

@@ -22,7 +22,7 @@ import torch
 from . import fp8, ops_fp8
 from .autograd import EmptyAttentionFunction, FlashAttnFunction
 from .options import AttentionOptions
-from .validation import check_dense, check_kv_like_q, check_options, check_scale, check_tensor
+from .validation import check_dense, check_kv_like_q, check_options, check_scale, check_sinks, check_tensor
 
 
 def flash_attn_func(
@@ -41,6 +41,7 @@ def flash_attn_func(
     q_descale: torch.Tensor | None = None,
     k_descale: torch.Tensor | None = None,
     v_descale: torch.Tensor | None = None,
+    learnable_sink: torch.Tensor | None = None,
 ):
     """Exact attention softmax(q k^T * scale) v, computed in tiles without the N x N matrix.
 
@@ -63,6 +64,10 @@ def flash_attn_func(
             (batch, kv head), shape (batch, nheads_k), or per ``fp8.SCALE_BLOCK`` = 128 sequence rows, shape
             (batch, nheads_k, ceil(seqlen / 128)) with seqlen_q for q_descale and seqlen_k for the others; None
             means 1. The FP8 call is forward only and returns bfloat16; dropout_p and alibi_slopes are refused.
+        learnable_sink: attention sinks (FlashAttention-4's argument; GPT-OSS's sinks): (nheads,) floating point,
+            one logit per query head that joins every row's softmax without a value, so a row's probabilities
+            are exp(s_ij) / (sum_j exp(s_ij) + exp(sink_h)). It gets a gradient; the log-sum-exp returned counts
+            it. Not with FP8 inputs.
 
     Returns:
         out of q's shape and dtype (bfloat16 for FP8 inputs); or, with ``return_attn_probs``,
@@ -72,16 +77,18 @@ def flash_attn_func(
     """
     descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
     if fp8.is_fp8(q) or any(d is not None for d in descales.values()):
+        fp8.refuse_options(learnable_sink=learnable_sink)
         out, lse = _fp8_attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                                   descales)
         return (out, lse, None) if return_attn_probs else out
     check_dense(q, k, v, dropout_p, window_size, softcap, alibi_slopes, softmax_scale, empty_ok=True)
+    check_sinks("learnable_sink", learnable_sink, q.shape[2], q.device)
     if q.shape[1] == 0 or k.shape[1] == 0:  # as flash-attn: zeros, +inf log-sum-exps, zero gradients
         out, lse = EmptyAttentionFunction.apply(q, k, v)
         return (out, lse, None) if return_attn_probs else out
     opts = AttentionOptions.build(q.shape[-1], softmax_scale, causal, window_size, softcap, dropout_p,
                                   deterministic)
-    out, lse = FlashAttnFunction.apply(q, k, v, alibi_slopes, opts)
+    out, lse = FlashAttnFunction.apply(q, k, v, alibi_slopes, opts, None, None, learnable_sink)
     return (out, lse, None) if return_attn_probs else out
 
 

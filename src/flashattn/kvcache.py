@@ -21,6 +21,7 @@ import torch
 from . import fp8, ops, ops_fp8, validation
 from .faults import raise_recorded_faults
 from .options import AttentionOptions
+from .sinks import apply_sinks
 
 # ---------------------------------------------------------------------------------------------
 # flash_attn_with_kvcache
@@ -52,6 +53,7 @@ def flash_attn_with_kvcache(
     q_descale: torch.Tensor | None = None,
     k_descale: torch.Tensor | None = None,
     v_descale: torch.Tensor | None = None,
+    learnable_sink: torch.Tensor | None = None,
 ):
     """Attention of q over a KV cache, after appending the new keys/values k, v to it in place.
 
@@ -109,6 +111,9 @@ def flash_attn_with_kvcache(
             keys and values must be quantized with their cache's descales); None means 1. Returns bfloat16.
             No rotary tables and no ALiBi then. It runs the PyTorch path on upcast copies of the caches (no FP8
             decode kernel): on the GPU only under ``FLASHATTN_BACKEND=torch``.
+        learnable_sink: attention sinks, (nheads,), as in :func:`flashattn.flash_attn_func`: each query's output
+            is scaled by sigmoid(lse - sink) after the step, and the log-sum-exp returned counts the sink (a row
+            that sees no key keeps its zeros and +inf). Not with FP8 caches.
 
     Returns:
         out (batch, seqlen_q, nheads, headdim) in q's dtype, or ``(out, softmax_lse)``.
@@ -118,8 +123,12 @@ def flash_attn_with_kvcache(
     options = (softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits, check_indices)
     descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
     if fp8.is_fp8(q) or any(d is not None for d in descales.values()):
+        fp8.refuse_options(learnable_sink=learnable_sink)
         out, lse = _fp8_step(tensors, options, descales)
         return (out, lse) if return_softmax_lse else out
+    if learnable_sink is not None:
+        validation.check_tensor("q", q, 4)
+        validation.check_sinks("learnable_sink", learnable_sink, q.shape[2], q.device)
     if check_indices is not True and _plannable_step(tensors, options):
         # the whole step (checks, choices, launches) replayed from the plan of an earlier step of the same signature,
         # which holds everything the checks read: a serving loop's step, whose host time would otherwise be several
@@ -127,6 +136,8 @@ def flash_attn_with_kvcache(
         out, lse = ops.planned_step("flash_attn_with_kvcache", tensors, options, lambda: _step(*tensors, *options))
     else:
         out, lse = _step(*tensors, *options)
+    if learnable_sink is not None:  # no kernel sees the sink: its weights scale the step's output
+        out, lse, _ = apply_sinks(out, lse, learnable_sink)
     return (out, lse) if return_softmax_lse else out
 
 

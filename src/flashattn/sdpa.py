@@ -45,7 +45,7 @@ import torch.nn.functional as F
 
 from .autograd import EmptyAttentionFunction, FlashAttnFunction
 from .options import AttentionOptions
-from .validation import MAX_HEAD_DIM, SUPPORTED_DTYPES, check_scale
+from .validation import MAX_HEAD_DIM, SUPPORTED_DTYPES, check_scale, check_sinks
 
 
 def _check_inputs(query, key, value) -> None:
@@ -79,18 +79,6 @@ def _check_inputs(query, key, value) -> None:
                          f"got {value.shape[-1]}")
     if not 1 <= head_dim <= MAX_HEAD_DIM:
         raise ValueError(f"head dim must be between 1 and {MAX_HEAD_DIM}, got {head_dim}")
-
-
-def _check_sinks(sinks, query: torch.Tensor) -> None:
-    if not isinstance(sinks, torch.Tensor):
-        raise TypeError(f"sinks must be a torch.Tensor or None, got {type(sinks).__name__}")
-    if sinks.shape != (query.shape[1],):
-        raise ValueError(f"sinks must have one logit per query head, shape ({query.shape[1]},), got shape "
-                         f"{tuple(sinks.shape)}")
-    if not sinks.is_floating_point():
-        raise TypeError(f"sinks must be floating point, got {sinks.dtype}")
-    if sinks.device != query.device:
-        raise ValueError(f"sinks must be on query's device {query.device}, got {sinks.device}")
 
 
 def _check_heads(nheads: int, nheads_k: int, enable_gqa: bool) -> None:
@@ -199,8 +187,7 @@ def attention_bhle(query, key, value, attn_mask, dropout_p: float, is_causal: bo
     elif sliding_window is not None:
         raise ValueError("sliding_window needs is_causal=True")
     check_scale("scale", scale)
-    if sinks is not None:
-        _check_sinks(sinks, query)
+    check_sinks("sinks", sinks, query.shape[1], query.device)
     if seqlen_q == 0 or seqlen_k == 0:  # zeros, and zero gradients, as torch and flash_attn_func give
         out, _ = EmptyAttentionFunction.apply(q, k, v)
         return out.transpose(1, 2)

@@ -41,12 +41,14 @@ import torch
 from . import fp8, ops_fp8
 from .autograd import FlashAttnVarlenFunction, FlashAttnVarlenPagedFunction
 from .options import AttentionOptions
+from .sinks import apply_sinks
 from .validation import (
     check_cu_seqlens_pair,
     check_kv_like_q,
     check_options,
     check_paging,
     check_scale,
+    check_sinks,
     check_tensor,
     check_varlen,
     max_seqlen_argument,
@@ -74,6 +76,7 @@ def flash_attn_varlen_func(
     q_descale: torch.Tensor | None = None,
     k_descale: torch.Tensor | None = None,
     v_descale: torch.Tensor | None = None,
+    learnable_sink: torch.Tensor | None = None,
 ):
     """Exact attention over a packed batch of sequences of different lengths (see the module docstring).
 
@@ -104,6 +107,8 @@ def flash_attn_varlen_func(
         q_descale, k_descale, v_descale: FP8 inputs only (q, k, v ``torch.float8_e4m3fn``): float32 descales of
             shape (batch, nheads_k), one per sequence and kv head (see :func:`flashattn.flash_attn_func`); the
             call is forward only and returns bfloat16. On the GPU, FP8 paged keys are refused (no kernel).
+        learnable_sink: attention sinks, (nheads,), as in :func:`flashattn.flash_attn_func` (with paged keys the
+            call stays forward only). Not with FP8 inputs.
 
     Returns:
         out of q's shape and dtype (bfloat16 for FP8 inputs); or, with ``return_attn_probs``,
@@ -126,11 +131,13 @@ def flash_attn_varlen_func(
     paged = block_table is not None
     descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
     if fp8.is_fp8(q) or any(d is not None for d in descales.values()):
+        fp8.refuse_options(learnable_sink=learnable_sink)
         out, lse = _fp8_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                                softmax_scale, causal, window_size, softcap, alibi_slopes, block_table, descales)
         return (out, lse, None) if return_attn_probs else out
     check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, dropout_p, window_size, softcap, alibi_slopes, paged,
                  softmax_scale)
+    check_sinks("learnable_sink", learnable_sink, q.shape[1], q.device)
     max_q = max_seqlen_argument("max_seqlen_q", max_seqlen_q)
     max_k = max_seqlen_argument("max_seqlen_k", max_seqlen_k)
     opts = AttentionOptions.build(q.shape[-1], softmax_scale, causal, window_size, softcap, dropout_p,
@@ -139,12 +146,14 @@ def flash_attn_varlen_func(
         check_paging(block_table, k, cu_seqlens_q.shape[0] - 1, max_k, q.device)
         out, lse = FlashAttnVarlenPagedFunction.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k,
                                                       alibi_slopes, block_table, opts)
+        if learnable_sink is not None:  # the sink's weights on the output; a backward still raises, as without
+            out, lse, _ = apply_sinks(out, lse, learnable_sink)
         return (out, lse, None) if return_attn_probs else out
     # torch.compile refuses one tensor passed twice to an autograd.Function (qkvpacked does): None stands
     # for "the same as cu_seqlens_q"
     shared_cu_seqlens = None if cu_seqlens_k is cu_seqlens_q else cu_seqlens_k
     out, lse = FlashAttnVarlenFunction.apply(q, k, v, cu_seqlens_q, shared_cu_seqlens, max_q, max_k, alibi_slopes,
-                                             opts)
+                                             opts, None, learnable_sink)
     return (out, lse, None) if return_attn_probs else out
 
 

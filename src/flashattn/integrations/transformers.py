@@ -61,10 +61,11 @@ def attention_forward(
     if kwargs.get("cu_seq_lens_q") is not None:
         # a packed batch: each token sees its own sequence's, so the mask (built without the packing, when the
         # sliding window asked for one) is not needed
-        if s_aux is not None or position_bias is not None:
-            raise ValueError("a packed batch (cu_seq_lens_q) takes no attention sinks (s_aux) or position_bias: "
-                             "pass position_ids and an attention mask instead of cu_seq_lens_q")
-        out = _packed(query, key, value, dropout, scaling, bool(causal_model), sliding_window, softcap, kwargs)
+        if position_bias is not None:
+            raise ValueError("a packed batch (cu_seq_lens_q) takes no position_bias: pass position_ids and an "
+                             "attention mask instead of cu_seq_lens_q")
+        out = _packed(query, key, value, dropout, scaling, bool(causal_model), sliding_window, softcap, s_aux,
+                      kwargs)
         return out[..., :value_dim], None
     check_arguments(query, key, value, attention_mask, dropout, enable_gqa=True)
     # as in transformers' sdpa: a mask, when given, already holds the causal part; one query (decoding)
@@ -97,9 +98,9 @@ def _common_head_dim(query, key, value):
     return query, key, value
 
 
-def _packed(query, key, value, dropout, scaling, causal: bool, sliding_window, softcap, kwargs):
+def _packed(query, key, value, dropout, scaling, causal: bool, sliding_window, softcap, sinks, kwargs):
     """A packed batch (B = 1, its sequences delimited by ``cu_seq_lens_q`` and ``cu_seq_lens_k``) by the varlen
-    kernels: (1, total_q, H, D)."""
+    kernels, with the attention sinks ``sinks`` (or None): (1, total_q, H, D)."""
     if query.shape[0] != 1:
         raise ValueError(f"cu_seq_lens_q delimits the sequences of a packed batch, whose batch size must be 1, got "
                          f"query of shape {tuple(query.shape)}")
@@ -116,7 +117,8 @@ def _packed(query, key, value, dropout, scaling, causal: bool, sliding_window, s
     max_q, max_k = (cu.new_zeros(()) if kwargs.get(name) is None else kwargs[name]
                     for name, cu in (("max_length_q", cu_seqlens_q), ("max_length_k", cu_seqlens_k)))
     out = flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, dropout_p=dropout,
-                                 softmax_scale=scaling, causal=causal, window_size=window, softcap=softcap or 0.0)
+                                 softmax_scale=scaling, causal=causal, window_size=window, softcap=softcap or 0.0,
+                                 learnable_sink=sinks)
     return out.unsqueeze(0)
 
 
