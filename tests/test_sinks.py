@@ -37,6 +37,25 @@ def lse_floor(out, lse, sinks, grad) -> float:
     return (spread * rows).sum((0, 2)).max().item()
 
 
+def reference_leaves(leaves, precision) -> list[torch.Tensor]:
+    """q, k, v in ``precision`` and the sinks in float32 (float64 for the oracle), as fresh leaves: a reference's
+    inputs."""
+    sinks_dtype = torch.float64 if precision == torch.float64 else torch.float32
+    inputs = [x.detach().to(precision) for x in leaves[:3]] + [leaves[3].detach().to(sinks_dtype)]
+    return [x.requires_grad_() for x in inputs]
+
+
+def assert_sinks_within_rule(out, grads, run, dtype, dsinks_floor: float) -> None:
+    """``out`` and the gradients of q, k, v and the sinks against ``run(precision)``'s (output, gradients): the
+    float64 oracle, and ``dtype``'s as the baseline (2x for the output, 3x for the gradients)."""
+    oracle, oracle_grads = run(torch.float64)
+    baseline, baseline_grads = run(dtype)
+    assert_within_rule("out", out, oracle, baseline, factor=2)
+    for name, ours, exact, plain in zip(("dq", "dk", "dv", "dsinks"), grads, oracle_grads, baseline_grads,
+                                        strict=True):
+        assert_within_rule(name, ours, exact, plain, factor=3, floor=dsinks_floor if name == "dsinks" else 0.0)
+
+
 def check_sinks(shape, dtype, mask_kind: str, is_causal: bool, device) -> None:
     batch, nheads, nheads_k, seqlen_q, seqlen_k, head_dim = shape
     query, key, value = sdpa_inputs(*shape, dtype, device)
@@ -49,22 +68,15 @@ def check_sinks(shape, dtype, mask_kind: str, is_causal: bool, device) -> None:
     grads = torch.autograd.grad(out, leaves, grad)
 
     def run(precision):
-        inputs = [x.detach().to(precision).requires_grad_() for x in leaves]
-        inputs[3] = leaves[3].detach().to(torch.float64 if precision == torch.float64 else torch.float32)
-        inputs[3].requires_grad_()
+        inputs = reference_leaves(leaves, precision)
         result = sink_attention(*inputs[:3], inputs[3], None if mask is None else
                                 (mask if mask.dtype == torch.bool else mask.to(precision)), is_causal)
         return result, torch.autograd.grad(result, inputs, grad.to(precision))
 
-    oracle, oracle_grads = run(torch.float64)
-    baseline, baseline_grads = run(dtype)
-    assert_within_rule("out", out, oracle, baseline, factor=2)
-    for name, ours, exact, plain in zip(("dq", "dk", "dv"), grads, oracle_grads, baseline_grads, strict=False):
-        assert_within_rule(name, ours, exact, plain, factor=3)
     with torch.no_grad():
         exact_out, exact_lse = sink_attention(*(x.double() for x in leaves), mask, is_causal, with_lse=True)
     floor = lse_floor(exact_out, exact_lse, leaves[3].detach().double(), grad.double())
-    assert_within_rule("dsinks", grads[3], oracle_grads[3], baseline_grads[3], factor=3, floor=floor)
+    assert_sinks_within_rule(out, grads, run, dtype, floor)
 
 
 @pytest.mark.parametrize(("shape", "mask_kind", "is_causal", "dtype"), [
@@ -79,7 +91,11 @@ def test_sinks_match_reference(torch_backend, shape, mask_kind, is_causal, dtype
 
 @pytest.mark.interpreter
 def test_sinks_on_the_kernels(triton_backend):
+    """SDPA's sinks, and the public functions' learnable_sink (dense and packed), on the kernels."""
     check_sinks((1, 4, 2, 19, 33, 32), torch.float32, "bool-padding", True, triton_backend)
+    check_public_sinks(dense_call(2, True), [19] * 2, [33] * 2, 4, 2, 32, torch.float32, True, triton_backend)
+    check_public_sinks(varlen_call([19, 7], [12, 30], True), [19, 7], [12, 30], 2, 1, 32, torch.float32, True,
+                       triton_backend)
 
 
 @pytest.mark.gpu
@@ -164,23 +180,16 @@ def check_public_sinks(call, seqlens_q, seqlens_k, nheads, nheads_k, head_dim, d
     grads = torch.autograd.grad(out, leaves, grad)
 
     def run(precision):
-        inputs = [x.detach().to(precision) for x in leaves[:3]]
-        inputs.append(leaves[3].detach().to(torch.float64 if precision == torch.float64 else torch.float32))
-        inputs = [x.requires_grad_() for x in inputs]
+        inputs = reference_leaves(leaves, precision)
         result = packed_sink_attention(*inputs, mask)
         return result, torch.autograd.grad(result, inputs, grad.to(precision))
 
-    oracle, oracle_grads = run(torch.float64)
-    baseline, baseline_grads = run(dtype)
-    assert_within_rule("out", out, oracle, baseline, factor=2)
-    for name, ours, exact, plain in zip(("dq", "dk", "dv"), grads, oracle_grads, baseline_grads, strict=False):
-        assert_within_rule(name, ours, exact, plain, factor=3)
     with torch.no_grad():
         exact_out, exact_lse = packed_sink_attention(*(x.double() for x in leaves), mask, with_lse=True)
     floor = max(lse_floor(exact_out.transpose(0, 1)[None], exact_lse[None], leaves[3].detach().double(),
                           grad.double().transpose(0, 1)[None]),
                 output_rounding_floor(*(x.detach() for x in leaves), mask, grad, dtype))
-    assert_within_rule("dsinks", grads[3], oracle_grads[3], baseline_grads[3], factor=3, floor=floor)
+    assert_sinks_within_rule(out, grads, run, dtype, floor)
 
 
 def dense_call(batch, causal):
@@ -219,13 +228,6 @@ def test_flash_attn_varlen_func_learnable_sink(torch_backend, causal):
                        causal, "cpu")
 
 
-@pytest.mark.interpreter
-def test_learnable_sink_on_the_kernels(triton_backend):
-    check_public_sinks(dense_call(2, True), [19] * 2, [33] * 2, 4, 2, 32, torch.float32, True, triton_backend)
-    check_public_sinks(varlen_call([19, 7], [12, 30], True), [19, 7], [12, 30], 2, 1, 32, torch.float32, True,
-                       triton_backend)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_learnable_sink_on_the_gpu(dtype):
@@ -234,9 +236,10 @@ def test_learnable_sink_on_the_gpu(dtype):
                        dtype, False, "cuda")
 
 
-def test_kvcache_learnable_sink(backend):
+def test_kvcache_learnable_sink(torch_backend):
     """A decode step with sinks: the step's output and log-sum-exp against the reference over each batch element's
-    cache (its first cache_seqlens[b] keys), the new key appended first."""
+    cache (its first cache_seqlens[b] keys), the new key appended first. The sinks scale the step's result after
+    the kernels, whichever ran: the PyTorch path suffices."""
     dtype, device = torch.float16, "cpu"
     batch, capacity, nheads, nheads_k, head_dim = 3, 40, 4, 2, 32
     k_cache, v_cache = (torch.randn(batch, capacity, nheads_k, head_dim, dtype=dtype, device=device)

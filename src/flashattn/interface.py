@@ -22,7 +22,8 @@ import torch
 from . import fp8, ops_fp8
 from .autograd import EmptyAttentionFunction, FlashAttnFunction
 from .options import AttentionOptions
-from .validation import check_dense, check_kv_like_q, check_options, check_scale, check_sinks, check_tensor
+from .sinks import check_sinks
+from .validation import check_dense, check_kv_like_q, check_options, check_scale, check_tensor
 
 
 def flash_attn_func(

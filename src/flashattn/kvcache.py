@@ -21,7 +21,7 @@ import torch
 from . import fp8, ops, ops_fp8, validation
 from .faults import raise_recorded_faults
 from .options import AttentionOptions
-from .sinks import apply_sinks
+from .sinks import apply_sinks, check_sinks
 
 # ---------------------------------------------------------------------------------------------
 # flash_attn_with_kvcache
@@ -128,7 +128,7 @@ def flash_attn_with_kvcache(
         return (out, lse) if return_softmax_lse else out
     if learnable_sink is not None:
         validation.check_tensor("q", q, 4)
-        validation.check_sinks("learnable_sink", learnable_sink, q.shape[2], q.device)
+        check_sinks("learnable_sink", learnable_sink, q.shape[2], q.device)
     if check_indices is not True and _plannable_step(tensors, options):
         # the whole step (checks, choices, launches) replayed from the plan of an earlier step of the same signature,
         # which holds everything the checks read: a serving loop's step, whose host time would otherwise be several

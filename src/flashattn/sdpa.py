@@ -45,7 +45,8 @@ import torch.nn.functional as F
 
 from .autograd import EmptyAttentionFunction, FlashAttnFunction
 from .options import AttentionOptions
-from .validation import MAX_HEAD_DIM, SUPPORTED_DTYPES, check_scale, check_sinks
+from .sinks import check_sinks
+from .validation import MAX_HEAD_DIM, SUPPORTED_DTYPES, check_scale
 
 
 def _check_inputs(query, key, value) -> None:

@@ -20,6 +20,22 @@ from __future__ import annotations
 import torch
 
 
+def check_sinks(name: str, sinks, nheads: int, device: torch.device) -> None:
+    """Attention sinks: None, or a floating-point tensor of one logit per query head, (nheads,), on the inputs'
+    device."""
+    if sinks is None:
+        return
+    if not isinstance(sinks, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(sinks).__name__}")
+    if sinks.shape != (nheads,):
+        raise ValueError(f"{name} must have one logit per query head, shape ({nheads},), got shape "
+                         f"{tuple(sinks.shape)}")
+    if not sinks.is_floating_point():
+        raise TypeError(f"{name} must be floating point, got {sinks.dtype}")
+    if sinks.device != device:
+        raise ValueError(f"{name} must be on q's device {device}, got {sinks.device}")
+
+
 def _row_weights(lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
     """w = sigmoid(lse - sink), float32, in the output's layout: lse (batch, heads, seqlen) gives (batch, seqlen,
     heads, 1), a packed batch's (heads, total) gives (total, heads, 1)."""

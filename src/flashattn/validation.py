@@ -91,22 +91,6 @@ def check_options(dropout_p, window_size, softcap) -> None:
         raise ValueError(f"softcap must be a finite float >= 0 (0: off), got {softcap}")
 
 
-def check_sinks(name: str, sinks, nheads: int, device: torch.device) -> None:
-    """Attention sinks: None, or a floating-point tensor of one logit per query head, (nheads,), on the inputs'
-    device."""
-    if sinks is None:
-        return
-    if not isinstance(sinks, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(sinks).__name__}")
-    if sinks.shape != (nheads,):
-        raise ValueError(f"{name} must have one logit per query head, shape ({nheads},), got shape "
-                         f"{tuple(sinks.shape)}")
-    if not sinks.is_floating_point():
-        raise TypeError(f"{name} must be floating point, got {sinks.dtype}")
-    if sinks.device != device:
-        raise ValueError(f"{name} must be on q's device {device}, got {sinks.device}")
-
-
 def check_cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k, device: torch.device) -> int:
     """Both offset tensors valid and of one length; returns the batch."""
     check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, device)

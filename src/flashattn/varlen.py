@@ -41,14 +41,13 @@ import torch
 from . import fp8, ops_fp8
 from .autograd import FlashAttnVarlenFunction, FlashAttnVarlenPagedFunction
 from .options import AttentionOptions
-from .sinks import apply_sinks
+from .sinks import apply_sinks, check_sinks
 from .validation import (
     check_cu_seqlens_pair,
     check_kv_like_q,
     check_options,
     check_paging,
     check_scale,
-    check_sinks,
     check_tensor,
     check_varlen,
     max_seqlen_argument,
