@@ -144,3 +144,58 @@ def test_fp8_train_forward_op_passes_opcheck(torch_backend, granularity):
     k, v = (torch.randn(2, 70, 2, 32).to(torch.bfloat16) for _ in range(2))
     for signs in (fp8.random_signs(32, seed=1, device=torch.device("cpu")), None):
         torch.library.opcheck(ops_fp8.fp8_train_forward, (q, k, v, signs, 0.2, -1, 0, 0.0, granularity))
+
+
+class _Exported(torch.nn.Module):
+    def __init__(self, call):
+        super().__init__()
+        self.call = call
+
+    def forward(self, *inputs):
+        return self.call(*inputs)
+
+
+def _exported_matches_eager(call, inputs, needs_grad) -> None:
+    """``call`` exported by torch.export and run as a module: its output and the gradients of the inputs marked in
+    ``needs_grad`` equal eager's bitwise (the op's own gradient formula against the autograd.Function's)."""
+    program = torch.export.export(_Exported(call), tuple(inputs))
+    results = []
+    for step in (program.module(), call):
+        leaves = [x.detach().clone().requires_grad_(grad) for x, grad in zip(inputs, needs_grad, strict=True)]
+        out = step(*leaves)
+        grad = torch.ones_like(out).cumsum(-1).sin()  # a fixed cotangent, not a constant one
+        results.append((out, *torch.autograd.grad(out, [x for x in leaves if x.requires_grad], grad)))
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_exported_programs_are_differentiable(torch_backend):
+    """torch.export keeps the forward's op and drops the autograd.Function: the op's registered gradient makes the
+    exported program trainable (dense with GQA and a window, an SDPA float mask's gradient, packed batches)."""
+    q, k, v = torch.randn(2, 17, 4, 32), torch.randn(2, 23, 2, 32), torch.randn(2, 23, 2, 32)
+    _exported_matches_eager(lambda q, k, v: flash_attn_func(q, k, v, causal=True, window_size=(5, -1)), (q, k, v),
+                            (True, True, True))
+    mask = torch.randn(1, 4, 17, 23)
+    _exported_matches_eager(
+        lambda q, k, v, m: flashattn.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True),
+        (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask), (True, True, True, True))
+    cu_seqlens = torch.tensor([0, 5, 17], dtype=torch.int32)
+    _exported_matches_eager(
+        lambda q, k, v, cu: flashattn.flash_attn_varlen_func(q, k, v, cu, cu, 12, 12, causal=True),
+        (q[0], k[0, :17], v[0, :17], cu_seqlens), (True, True, True, False))
+
+
+def test_exported_paged_call_refuses_a_backward(torch_backend):
+    """A paged varlen call stays forward only when exported: the backward raises, as the eager call's does."""
+    pages, block_table = torch.randn(4, 16, 2, 32), torch.tensor([[2, 0], [1, 3]], dtype=torch.int32)
+    cu_seqlens_q, cu_seqlens_k = (torch.tensor(c, dtype=torch.int32) for c in ([0, 3, 8], [0, 20, 31]))
+
+    def call(q, k, v):
+        return flashattn.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, 5, 20, block_table=block_table)
+
+    q = torch.randn(8, 4, 32)
+    program = torch.export.export(_Exported(call), (q, pages, pages))
+    leaf = q.clone().requires_grad_()
+    out = program.module()(leaf, pages, pages)
+    with pytest.raises(RuntimeError, match="forward only"):
+        out.sum().backward()

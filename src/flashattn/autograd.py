@@ -1,5 +1,6 @@
 """The autograd layer: bookkeeping only. It saves q, k, v, out, the LSE, the dropout seed and the SDPA mask (the
-trainable FP8 attention: the e4m3 q, k, v and their descales instead of q, k, v)."""
+trainable FP8 attention: the e4m3 q, k, v and their descales instead of q, k, v). It also registers the dense and
+packed forward ops' own gradients, for programs that torch.export traced (the end of this module)."""
 
 from __future__ import annotations
 
@@ -190,3 +191,45 @@ class HeadParallelFunction(torch.autograd.Function):
         *saved, alibi_slopes, rng_state = ctx.saved_tensors
         dq, dk, dv = head_parallel.backward(dout, saved, alibi_slopes, rng_state, ctx.opts, ctx.call)
         return dq, dk, dv, None, None, None
+
+
+# ---------------------------------------------------------------------------------------------
+# The ops' own gradients: what differentiates a program that torch.export traced through the functions above (it
+# keeps their forward's op and drops the autograd.Function around it). Eager calls and torch.compile go through the
+# functions, whose forward runs the op with grad mode off.
+# ---------------------------------------------------------------------------------------------
+
+
+def _dense_setup(ctx, inputs, output):
+    q, k, v, alibi_slopes, rng_state, *scalars = inputs[:10]
+    attn_mask, frame = (*inputs[10:], None, None)[:2]
+    ctx.save_for_backward(q, k, v, *output, alibi_slopes, rng_state, attn_mask)
+    ctx.scalars, ctx.frame = scalars, frame
+
+
+def _dense_backward(ctx, dout, _dlse):
+    q, k, v, out, lse, alibi_slopes, rng_state, attn_mask = ctx.saved_tensors
+    mask_needs_grad = attn_mask is not None and ctx.needs_input_grad[10]
+    dq, dk, dv, dmask = ops.attention_backward(dout, q, k, v, out, lse, alibi_slopes, rng_state, *ctx.scalars,
+                                               attn_mask, mask_needs_grad, ctx.frame)
+    return dq, dk, dv, *(None,) * 7, dmask if mask_needs_grad else None, None
+
+
+def _varlen_setup(ctx, inputs, output):
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, rng_state, *scalars = inputs[:14]
+    block_table = (*inputs[14:], None)[0]
+    ctx.save_for_backward(q, k, v, *output, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state)
+    ctx.max_seqlens, ctx.scalars, ctx.paged = (max_seqlen_q, max_seqlen_k), scalars, block_table is not None
+
+
+def _varlen_backward(ctx, dout, _dlse):
+    if ctx.paged:  # forward only, as flash_attn_varlen_func's paged calls
+        return ops.paged_backward_refused(dout), *(None,) * 14
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state = ctx.saved_tensors
+    dq, dk, dv = ops.varlen_attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlens,
+                                               alibi_slopes, rng_state, *ctx.scalars)
+    return dq, dk, dv, *(None,) * 12
+
+
+torch.library.register_autograd("flashattn::attention_forward", _dense_backward, setup_context=_dense_setup)
+torch.library.register_autograd("flashattn::varlen_attention_forward", _varlen_backward, setup_context=_varlen_setup)
