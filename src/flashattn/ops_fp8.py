@@ -257,8 +257,13 @@ def fp8_train_forward(
     """The trainable FP8 forward as one op, so that torch.compile sees a call whole (the quantizer's kernels and the
     launch plan are no graph's ops): e4m3 q, k, v and their descales (``quantize_dense``, rotated by ``signs`` unless
     None), then bfloat16 out and float32 lse (B, Hq, Sq) of the FP8 forward on them."""
+    return _quantize_and_attend(q, k, v, signs, granularity, _options(softmax_scale, window_left, window_right,
+                                                                       softcap))
+
+
+def _quantize_and_attend(q, k, v, signs, granularity: str, opts: AttentionOptions) -> tuple:
     quantized = quantize_dense(q, k, v, signs, granularity)
-    return (*quantized, *dense(*quantized, _options(softmax_scale, window_left, window_right, softcap)))
+    return (*quantized, *dense(*quantized, opts))
 
 
 @fp8_train_forward.register_kernel("cuda")
@@ -269,8 +274,7 @@ def _fp8_train_forward_cuda(q, k, v, signs, softmax_scale, window_left, window_r
     inputs = (q, k, v, signs, *_rotation_constants(signs, q.shape[-1]))
 
     def call():
-        quantized = quantize_dense(q, k, v, signs, granularity)
-        return (*quantized, *dense(*quantized, opts))
+        return _quantize_and_attend(q, k, v, signs, granularity, opts)
 
     # a plan only where the quantizer's kernels run (its PyTorch path's tensors are no kernel's outputs)
     if kernels_quantize(q, k, v) and _plannable(inputs, granularity):
