@@ -23,9 +23,8 @@ class FlashAttnFunction(torch.autograd.Function):
             rng_state = new_rng_state(q.device)
         out, lse = ops.eager_call(ops.attention_forward, ops.attention_forward_cuda, q, k, v, alibi_slopes, rng_state,
                                   *opts.op_arguments(), attn_mask)
-        kernel_out, lse_out, weights = out, lse, None
-        if sinks is not None:
-            out, lse_out, weights = apply_sinks(out, lse, sinks)
+        kernel_out = out
+        out, lse_out, weights = apply_sinks(out, lse, sinks)
         ctx.save_for_backward(q, k, v, kernel_out, lse, alibi_slopes, rng_state, attn_mask, sinks, weights)
         ctx.opts = opts
         ctx.mark_non_differentiable(lse_out)
@@ -38,9 +37,7 @@ class FlashAttnFunction(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse, alibi_slopes, rng_state, attn_mask, sinks, weights = ctx.saved_tensors
         mask_needs_grad = attn_mask is not None and ctx.needs_input_grad[5]
-        dsinks = None
-        if sinks is not None:
-            dout, out, dsinks = sink_backward(dout, out, weights, sinks)
+        dout, out, dsinks = sink_backward(dout, out, weights, sinks)
         dq, dk, dv, dmask = ops.eager_call(
             ops.attention_backward, ops.attention_backward_cuda, dout, q, k, v, out, lse, alibi_slopes, rng_state,
             *ctx.opts.op_arguments(), attn_mask, mask_needs_grad, ctx.opts.frame_argument(), ctx.opts.deterministic,
@@ -102,9 +99,8 @@ class FlashAttnVarlenFunction(torch.autograd.Function):
         out, lse = ops.eager_call(ops.varlen_attention_forward, ops.varlen_attention_forward_cuda, q, k, v,
                                   cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, rng_state,
                                   *opts.op_arguments())
-        kernel_out, lse_out, weights = out, lse, None
-        if sinks is not None:
-            out, lse_out, weights = apply_sinks(out, lse, sinks)
+        kernel_out = out
+        out, lse_out, weights = apply_sinks(out, lse, sinks)
         ctx.save_for_backward(q, k, v, kernel_out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state, sinks,
                               weights)
         ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
@@ -116,9 +112,7 @@ class FlashAttnVarlenFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state, sinks, weights = ctx.saved_tensors
-        dsinks = None
-        if sinks is not None:
-            dout, out, dsinks = sink_backward(dout, out, weights, sinks)
+        dout, out, dsinks = sink_backward(dout, out, weights, sinks)
         dq, dk, dv = ops.eager_call(
             ops.varlen_attention_backward, ops.varlen_attention_backward_cuda, dout, q, k, v, out, lse, cu_seqlens_q,
             cu_seqlens_k, *ctx.max_seqlens, alibi_slopes, rng_state, *ctx.opts.op_arguments(),

@@ -136,8 +136,7 @@ def flash_attn_with_kvcache(
         out, lse = ops.planned_step("flash_attn_with_kvcache", tensors, options, lambda: _step(*tensors, *options))
     else:
         out, lse = _step(*tensors, *options)
-    if learnable_sink is not None:  # no kernel sees the sink: its weights scale the step's output
-        out, lse, _ = apply_sinks(out, lse, learnable_sink)
+    out, lse, _ = apply_sinks(out, lse, learnable_sink)  # no kernel sees a sink: its weights scale the step's output
     return (out, lse) if return_softmax_lse else out
 
 

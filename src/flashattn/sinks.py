@@ -42,18 +42,24 @@ def _row_weights(lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
     return torch.sigmoid(lse - sinks.float()[:, None]).transpose(-1, -2).unsqueeze(-1)
 
 
-def apply_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor):
+def apply_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor | None):
     """(out w, the log-sum-exp with the sink counted, w) for the kernels' ``out`` (batch, seqlen, heads, d), or a
-    packed batch's (total, heads, d), and their ``lse`` (batch, heads, seqlen) or (heads, total)."""
+    packed batch's (total, heads, d), and their ``lse`` (batch, heads, seqlen) or (heads, total); without sinks
+    (None), (out, lse, None)."""
+    if sinks is None:
+        return out, lse, None
     weights = _row_weights(lse, sinks)
     return (out.float() * weights).to(out.dtype), torch.logaddexp(lse, sinks.float()[:, None]), weights
 
 
-def sink_backward(dout: torch.Tensor, out: torch.Tensor, weights: torch.Tensor, sinks: torch.Tensor):
+def sink_backward(dout: torch.Tensor, out: torch.Tensor, weights: torch.Tensor | None, sinks: torch.Tensor | None):
     """(the dO and the O to give the kernels' backward, the sinks' gradient) for the gradient ``dout`` of the scaled
-    output, from the kernels' own ``out`` (unscaled) and ``weights``. The sinks' gradient takes O w in float32: from
-    the scaled output as returned, rounded twice (the kernels' rounding, then the scaled product's), a sum over many
-    rows drifted several times further from the exact gradient than PyTorch's in the same precision."""
+    output, from the kernels' own ``out`` (unscaled) and ``weights``; without sinks (None), (dout, out, None).
+    The sinks' gradient takes O w in float32: from the scaled output as returned, rounded twice (the kernels'
+    rounding, then the scaled product's), a sum over many rows drifted several times further from the exact
+    gradient than PyTorch's in the same precision."""
+    if sinks is None:
+        return dout, out, None
     scaled = out.float() * weights
     rows = (dout.float() * scaled).sum(-1, keepdim=True)  # rowsum(dO O) w
     dsinks = -((1 - weights) * rows).movedim(-2, 0).reshape(sinks.shape[0], -1).sum(1)

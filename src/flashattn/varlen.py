@@ -145,8 +145,7 @@ def flash_attn_varlen_func(
         check_paging(block_table, k, cu_seqlens_q.shape[0] - 1, max_k, q.device)
         out, lse = FlashAttnVarlenPagedFunction.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k,
                                                       alibi_slopes, block_table, opts)
-        if learnable_sink is not None:  # the sink's weights on the output; a backward still raises, as without
-            out, lse, _ = apply_sinks(out, lse, learnable_sink)
+        out, lse, _ = apply_sinks(out, lse, learnable_sink)  # a backward still raises, as without sinks
         return (out, lse, None) if return_attn_probs else out
     # torch.compile refuses one tensor passed twice to an autograd.Function (qkvpacked does): None stands
     # for "the same as cu_seqlens_q"
