@@ -280,6 +280,38 @@ def _halves_block(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready
 
 
 @gluon.jit
+def _hidden_halves_block(k_smem, ds_bufs, ds_ready, dq_bufs, stage_free, dq_desc, dq, batch, head, q_block, prev_head,
+                         prev_q_block, stage, phase, ring, first_ring, first_q_block, per_head, last_head, seqlen_q,
+                         nheads, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, SLICE: gl.constexpr):
+    """``_halves_block`` for a query block whose rows see none of this consumer's keys (under the causal mask,
+    consumer 1's first block of each head: its 64 keys start past the block's last row). P^T and dS^T are 0, so it adds
+    nothing to dV and dK: the consumer shares zero rows of dS^T and computes its head-dim half of dQ^T from the other
+    consumer's rows, without S^T, dP^T, their exponentials or the dV and dK products. It reads no Q, dO, lse or delta
+    of the stage: the other consumer's waits for them precede its dS^T rows, which this block waits for."""
+    HEAD_DIM: gl.constexpr = 2 * DQ_ROWS
+    DS_BUFFERS: gl.constexpr = ds_bufs.shape[0]
+    s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
+    k_half_t = k_smem.slice(SLICE * DQ_ROWS, DQ_ROWS, dim=1).permute((1, 0))
+    tma.store_wait(0)
+    _share_ds(gl.zeros([SLICE_KEYS, BLOCK_M], k_smem.dtype, s_layout), ds_bufs.index(ring % DS_BUFFERS),
+              ds_ready.index(ring % DS_BUFFERS), SLICE)
+    if ring > first_ring:
+        _reduce_dq(dq_bufs.index(2 * SLICE + (ring + 1) % 2), dq_desc, batch, prev_head, prev_q_block, seqlen_q, nheads,
+                   HEAD_DIM, SLICE * DQ_ROWS)
+    mbarrier.wait(ds_ready.index(ring % DS_BUFFERS), (ring // DS_BUFFERS) & 1)
+    dq = warpgroup_mma(k_half_t, ds_bufs.index(ring % DS_BUFFERS), dq, use_acc=False, is_async=True)
+    dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
+    dq_bufs.index(2 * SLICE + ring % 2).store(_register_order(dq))
+    mbarrier.arrive(stage_free.index(stage), count=1)
+    prev_head = head
+    prev_q_block = q_block
+    head, q_block = _next_query_block(head, q_block, first_q_block, per_head, last_head)
+    stage = gl.where(stage == NUM_STAGES - 1, 0, stage + 1)
+    phase = gl.where(stage == 0, phase ^ 1, phase)
+    return dq, head, q_block, prev_head, prev_q_block, stage, phase
+
+
+@gluon.jit
 def _turn_block(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready,
                 stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, stage, phase, ds_phase,
                 first_q_block, per_head, last_head, seqlen_q, seqlen_k, nheads, slice_start, qk_scale_log2,
@@ -368,7 +400,8 @@ def walk_query_blocks(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_r
     slice (``_visible_from``) run in a loop of their own, compiled without the mask's compares and selects; a
     run-time branch around the mask inside one loop costs more than the selects it saves. The persistent form keeps
     one loop (a second one spills there), as does head dim 64, whose turns would leave each run a lone block
-    (docs/perf-notes.md, "Causal blocks out of the mask's reach")."""
+    (docs/perf-notes.md, "Causal blocks out of the mask's reach"). There consumer 1 also takes the first head's
+    first block, which the mask hides from its keys whole, without its own products (``_hidden_halves_block``)."""
     s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
     acc_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     s = gl.zeros([SLICE_KEYS, BLOCK_M], gl.float32, s_layout)
@@ -389,8 +422,19 @@ def walk_query_blocks(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_r
         prev_q_block = q_block
         if UNMASKED_LOOP:
             masked = gl.minimum(_visible_from(slice_start, seqlen_q, seqlen_k, BLOCK_M) - first_q_block, per_head)
+            skipped = 0
+            if SLICE == 1:  # noqa: SIM102 - the consumer (constexpr) around the tile's test (run time)
+                # bottom-right aligned, the first head's first block's last row sees keys up to (first_q_block + 1)
+                # * BLOCK_M - 1 + seqlen_k - seqlen_q. Only the first head's (a branch in the heads' loop spilled)
+                if (per_head > 0) & ((first_q_block + 1) * BLOCK_M + seqlen_k - seqlen_q <= slice_start):
+                    dq, head, q_block, prev_head, prev_q_block, stage, phase = _hidden_halves_block(
+                        k_smem, ds_bufs, ds_ready, dq_bufs, stage_free, dq_desc, dq, batch, head, q_block, prev_head,
+                        prev_q_block, stage, phase, ring, first_ring, first_q_block, per_head, last_head, seqlen_q,
+                        nheads, BLOCK_M, NUM_STAGES, SLICE)
+                    ring += 1
+                    skipped = 1
             for _ in range(group_size):
-                for _ in range(masked):
+                for _ in range(masked - skipped):
                     s, dp, dq, dk, dv, head, q_block, prev_head, prev_q_block, stage, phase = _halves_block(
                         k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready, dq_bufs, q_ready, do_ready,
                         stats_ready, stage_free, dq_desc, s, dp, dq, dk, dv, batch, head, q_block, prev_head,
@@ -404,6 +448,7 @@ def walk_query_blocks(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_r
                         prev_q_block, stage, phase, ring, first_ring, first_q_block, per_head, last_head, seqlen_q,
                         seqlen_k, nheads, slice_start, qk_scale_log2, BLOCK_M, NUM_STAGES, CAUSAL, SLICE, True)
                     ring += 1
+                skipped = 0
         else:
             for _ in range(iterations):
                 s, dp, dq, dk, dv, head, q_block, prev_head, prev_q_block, stage, phase = _halves_block(
