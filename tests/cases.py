@@ -1,11 +1,26 @@
 """The grids of shapes and options the correctness tests walk."""
 
+import contextlib
+
 import pytest
 import torch
 
 from flashattn.testing import Case, VarlenCase
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+@contextlib.contextmanager
+def deterministic_algorithms(enabled: bool = True):
+    """``torch.use_deterministic_algorithms(enabled)`` inside, torch's own setting restored after (warn_only: torch's
+    ops without a deterministic form warn where they would raise)."""
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(enabled, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
 
 # torch.compile's backend in the tests: inductor on a CPU spends most of a test building C++ for the ops around
 # flashattn's (torch's own concern); "aot_eager" traces the same graph through the fake implementations and autograd

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+from cases import deterministic_algorithms
 
 from flashattn import configs, flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
 from flashattn.launch import backward as launch_backward
@@ -45,6 +46,18 @@ def test_any_negative_window_side_is_unbounded_as_in_flash_attn(torch_backend):
                                    flash_attn_func(q, k, v, window_size=same), rtol=0, atol=0)
     options = AttentionOptions.build(16, None, False, (-9, -3), 0.0, 0.0, False)
     assert (options.window_left, options.window_right, options.masked) == (-1, -1, False)
+
+
+def test_torch_deterministic_switch_asks_for_a_repeatable_backward():
+    """A call's backward is bitwise repeatable with ``deterministic=True`` or under
+    ``torch.use_deterministic_algorithms(True)``, read when the backward runs (an exported program keeps no
+    ``deterministic`` of its own); the launcher's choice (the fused sm90 kernel or two passes) follows it on the GPU."""
+    options = AttentionOptions.build(16, None, True, (-1, -1), 0.0, 0.0, False)
+    assert not options.repeatable
+    with deterministic_algorithms():
+        assert options.repeatable
+    assert not options.repeatable
+    assert AttentionOptions.build(16, None, True, (-1, -1), 0.0, 0.0, True).repeatable
 
 
 @pytest.mark.parametrize("seqlen_q, seqlen_k", [(5, 0), (0, 7), (0, 0)])

@@ -12,7 +12,7 @@ import dataclasses
 
 import pytest
 import torch
-from cases import make_case
+from cases import deterministic_algorithms, make_case
 from hopper_kernels import forced_launch, gpu_cases, hopper
 
 from flashattn import configs, flash_attn_func
@@ -199,18 +199,20 @@ def test_fused_dq_fp16_and_scale(head_dim, stages, monkeypatch):
 @hopper
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_deterministic_backward_keeps_two_passes_and_repeats(head_dim, causal, monkeypatch):
-    """deterministic=True: the two passes, bitwise repeatable over 10 runs, even with the fused tile forced."""
+@pytest.mark.parametrize("switch", ["argument", "torch"])
+def test_deterministic_backward_keeps_two_passes_and_repeats(head_dim, causal, switch, monkeypatch):
+    """deterministic=True, or torch.use_deterministic_algorithms(True): the two passes, bitwise repeatable over 10
+    runs, even with the fused tile forced."""
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 1023, 4, head_dim, dtype=torch.bfloat16, device="cuda") for _ in range(3))
     dout = torch.randn_like(q)
 
     def gradients():
         inputs = [x.detach().requires_grad_() for x in (q, k, v)]
-        out = flash_attn_func(*inputs, causal=causal, deterministic=True)
+        out = flash_attn_func(*inputs, causal=causal, deterministic=switch == "argument")
         return torch.autograd.grad(out, inputs, dout)
 
-    with fused_dq_passes(monkeypatch, False):
+    with fused_dq_passes(monkeypatch, False), deterministic_algorithms(switch == "torch"):
         runs = [gradients() for _ in range(10)]
     for run in runs[1:]:
         for a, b in zip(runs[0], run, strict=True):

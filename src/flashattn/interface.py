@@ -58,7 +58,8 @@ def flash_attn_func(
         softcap: if > 0, scores become softcap * tanh(scores / softcap).
         alibi_slopes: float32 (nheads,) or (batch, nheads); adds -slope * |i + Sk - Sq - j|.
         deterministic: bitwise repeatable gradients. False (the default) lets the sm90 backward add dQ into float32
-            by TMA reductions in no fixed order (the fused dK/dV/dQ kernel); True keeps its two passes.
+            by TMA reductions in no fixed order (the fused dK/dV/dQ kernel); True keeps its two passes, as does
+            ``torch.use_deterministic_algorithms(True)``.
         return_attn_probs: also return the log-sum-exp.
         q_descale, k_descale, v_descale: FP8 inputs only (q, k, v all ``torch.float8_e4m3fn``; see
             ``flashattn.fp8``): float32 descales, the real value of an element being ``x_fp8 * descale``, per

@@ -69,6 +69,13 @@ class AttentionOptions:
         scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
         return cls(scale, left, right, float(softcap), float(dropout_p), bool(deterministic))
 
+    @property
+    def repeatable(self) -> bool:
+        """Whether the backward must be bitwise repeatable: ``deterministic``, or torch's own switch
+        (``torch.use_deterministic_algorithms(True)``), read when the backward runs: a program that torch.export
+        traced keeps no ``deterministic`` of its own."""
+        return self.deterministic or torch.are_deterministic_algorithms_enabled()
+
     def op_arguments(self) -> tuple[float, int, int, float, float]:
         """The scalars a custom op takes in this object's place (ops take only tensors and scalars), in their order:
         ``ops`` rebuilds the object from them."""

@@ -165,9 +165,10 @@ def fused_dq_config(q: torch.Tensor, fits_hopper: bool, opts: AttentionOptions,
     """The tile of the dK/dV kernel that computes dQ too (five products; ``configs`` phase "dkdv_dq"), or None for
     the two passes: the key-slice kernel at head dim 64 or 128 (dQ^T's rows in wgmma row blocks of 64: a consumer's
     head-dim half at 128, the consumers' turns at 64), where the table has an entry, unless the call is
-    deterministic (its reductions add in no fixed order; the two passes are bitwise repeatable)."""
+    to be repeatable (``AttentionOptions.repeatable``: its reductions add in no fixed order; the two passes are
+    bitwise repeatable)."""
     head_dim = q.shape[-1]
-    if not fits_hopper or opts.deterministic or head_dim not in (64, 128):
+    if not fits_hopper or opts.repeatable or head_dim not in (64, 128):
         return None
     forced = dict(configs.forced_configs())
     if "dkdv" in forced and "dkdv_dq" not in forced:

@@ -67,8 +67,8 @@ def takes_fused_dq(head_dim: int, opts: AttentionOptions) -> bool:
     """Whether dQ is computed inside the dK/dV kernel (``kernels/backward_fp8_fused_hopper.py``) rather than by a
     second pass: at the head dims configs gives that kernel stages (64: at 128 its loops spill and the two passes are
     faster, docs/perf-notes.md), for calls without ``deterministic``, since its TMA reductions add dQ into float32 in
-    any order."""
-    return head_dim in configs.HOPPER_DKDV_DQ_FP8_STAGES and not opts.deterministic
+    any order (``AttentionOptions.repeatable``)."""
+    return head_dim in configs.HOPPER_DKDV_DQ_FP8_STAGES and not opts.repeatable
 
 
 def _descales(descales: tuple, do_descale: torch.Tensor, blocks: int) -> tuple[torch.Tensor, ...]:

@@ -45,14 +45,15 @@ def varlen_plannable(inputs: tuple, max_seqlen_q: int, max_seqlen_k: int, alibi_
 def planned(phase: str, inputs: tuple, options, call):
     """``call()`` (the ``phase`` op's own path on ``inputs``) through its launch plan, keyed on what decides every
     launch of the call: the options (the op's scalars), the inputs' shapes, strides, dtypes, devices and 16-byte
-    alignment (None for an absent one), the current device and the forced tiles."""
+    alignment (None for an absent one), the current device, the forced tiles and torch's deterministic switch
+    (``AttentionOptions.repeatable``)."""
     from triton import knobs
 
     # a list comprehension, not a generator: this key is most of a short replayed call's host time
     signatures = [None if x is None else (x.shape, x.stride(), x.dtype, x.get_device(), x.data_ptr() % 16 == 0)
                   for x in inputs]
     key = (phase, options, *signatures, torch.cuda.current_device(), configs.forced_configs(), knobs.runtime.debug,
-           knobs.compilation.instrumentation_mode)
+           knobs.compilation.instrumentation_mode, torch.are_deterministic_algorithms_enabled())
     return record_or_replay(key, inputs, call, GradientStreams, tma_workspace)
 
 
