@@ -271,11 +271,9 @@ def _halves_block(k_smem, v_smem, q_bufs, do_bufs, stats_bufs, ds_bufs, ds_ready
     dq_bufs.index(2 * SLICE + ring % 2).store(_register_order(dq))
     dk, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ds_op))
     mbarrier.arrive(stage_free.index(stage), count=1)
-    prev_head = head
-    prev_q_block = q_block
-    head, q_block = _next_query_block(head, q_block, first_q_block, per_head, last_head)
-    stage = gl.where(stage == NUM_STAGES - 1, 0, stage + 1)
-    phase = gl.where(stage == 0, phase ^ 1, phase)
+    head, q_block, prev_head, prev_q_block, stage, phase = _next_halves_block(head, q_block, stage, phase,
+                                                                              first_q_block, per_head, last_head,
+                                                                              NUM_STAGES)
     return s, dp, dq, dk, dv, head, q_block, prev_head, prev_q_block, stage, phase
 
 
@@ -284,7 +282,7 @@ def _hidden_halves_block(k_smem, ds_bufs, ds_ready, dq_bufs, stage_free, dq_desc
                          prev_q_block, stage, phase, ring, first_ring, first_q_block, per_head, last_head, seqlen_q,
                          nheads, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, SLICE: gl.constexpr):
     """``_halves_block`` for a query block whose rows see none of this consumer's keys (under the causal mask,
-    consumer 1's first block of each head: its 64 keys start past the block's last row). P^T and dS^T are 0, so it adds
+    consumer 1's first block of a head: its 64 keys start past the block's last row). P^T and dS^T are 0, so it adds
     nothing to dV and dK: the consumer shares zero rows of dS^T and computes its head-dim half of dQ^T from the other
     consumer's rows, without S^T, dP^T, their exponentials or the dV and dK products. It reads no Q, dO, lse or delta
     of the stage: the other consumer's waits for them precede its dS^T rows, which this block waits for."""
@@ -303,12 +301,20 @@ def _hidden_halves_block(k_smem, ds_bufs, ds_ready, dq_bufs, stage_free, dq_desc
     dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
     dq_bufs.index(2 * SLICE + ring % 2).store(_register_order(dq))
     mbarrier.arrive(stage_free.index(stage), count=1)
-    prev_head = head
-    prev_q_block = q_block
-    head, q_block = _next_query_block(head, q_block, first_q_block, per_head, last_head)
+    head, q_block, prev_head, prev_q_block, stage, phase = _next_halves_block(head, q_block, stage, phase,
+                                                                              first_q_block, per_head, last_head,
+                                                                              NUM_STAGES)
+    return dq, head, q_block, prev_head, prev_q_block, stage, phase
+
+
+@gluon.jit
+def _next_halves_block(head, q_block, stage, phase, first_q_block, per_head, last_head, NUM_STAGES: gl.constexpr):
+    """The walk's position after a block at head dim 128: the next block's (head, q_block), the block just done's,
+    whose staged dQ^T the next block reduces, and the stage ring's position."""
+    next_head, next_q_block = _next_query_block(head, q_block, first_q_block, per_head, last_head)
     stage = gl.where(stage == NUM_STAGES - 1, 0, stage + 1)
     phase = gl.where(stage == 0, phase ^ 1, phase)
-    return dq, head, q_block, prev_head, prev_q_block, stage, phase
+    return next_head, next_q_block, head, q_block, stage, phase
 
 
 @gluon.jit
